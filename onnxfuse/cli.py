@@ -1,0 +1,291 @@
+"""The `onnxfuse` command line: each command parses, calls the Python API, prints.
+
+Exit codes: 0 ok, 1 a verification or benchmark goal failed, 2 bad input (one line on stderr naming the fix).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import warnings
+
+from . import __version__
+from .errors import OnnxfuseError
+
+DEFAULT_OUT = pathlib.Path("models")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own errors: one line, exit 2
+        self.exit(2, f"onnxfuse: error: {message} (see '{self.prog} --help')\n")
+
+
+def _console(quiet: bool = False):
+    from rich.console import Console
+    return Console(stderr=False, quiet=quiet, highlight=False)
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.replace(",", "-").split("-") if v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected sizes like 512-256-64-16")
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: sizes must be positive, like 512-256-64-16")
+    return values
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be positive")
+    return v
+
+
+# ------------------------------------------------------------------------------------------------------ export
+
+def _add_common_export(p):
+    p.add_argument("-o", "--output", help="output .onnx path (default: models/<name>.onnx)")
+    p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default="fp32", help="parameter dtype (default fp32)")
+    p.add_argument("--seed", type=int, default=0, help="random seed for weights and inputs (default 0)")
+    p.add_argument("--batch", type=_positive, help="batch size of the example inputs")
+    p.add_argument("--dynamic", action="store_true", help="symbolic batch (and sequence) dimensions")
+    p.add_argument("--exporter", choices=["auto", "dynamo", "torchscript"], default="auto",
+                   help="torch.onnx exporter (auto: dynamo, falling back to TorchScript with a warning)")
+    p.add_argument("--external-data", action="store_true", default=None,
+                   help="store weights in '<output>.data' (automatic above 2 GB)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _export_llama(args) -> int:
+    from . import export, zoo
+    overrides = {k: getattr(args, k) for k in (
+        "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
+        "max_position_embeddings", "rms_norm_eps", "rope_theta", "batch", "seq", "attn_implementation",
+        "hidden_act") if getattr(args, k) is not None}
+    overrides["num_hidden_layers"] = args.layers
+    overrides["mlp_only"] = args.mlp_only
+    overrides["mlp_bias"] = args.mlp_bias
+    if args.lora_rank:
+        overrides.update(lora_rank=args.lora_rank, lora_alpha=args.lora_alpha or 0.0)
+        if args.lora_targets:
+            overrides["lora_targets"] = tuple(args.lora_targets)
+    spec = zoo.LlamaSpec.from_preset(args.preset, **overrides)
+    name = f"llama-{args.preset}-{'mlp' if args.mlp_only else f'{args.layers}l'}{f'-lora{args.lora_rank}' if args.lora_rank else ''}-{args.dtype}"
+    return _run_export(args, "llama", spec, name)
+
+
+def _export_dlrm(args) -> int:
+    from . import export, zoo
+    overrides = {k: getattr(args, k) for k in ("bottom_mlp", "top_mlp", "embedding_dim", "table_cap", "interaction",
+                                                 "batch", "num_dense") if getattr(args, k) is not None}
+    if args.cardinalities:
+        overrides["cardinalities"] = args.cardinalities
+    if args.lora_rank:
+        overrides.update(lora_rank=args.lora_rank, lora_alpha=args.lora_alpha or 0.0)
+    spec = zoo.DlrmSpec.from_preset(args.preset, **overrides)
+    name = f"dlrm-{args.preset}{f'-lora{args.lora_rank}' if args.lora_rank else ''}-{args.dtype}"
+    return _run_export(args, "dlrm", spec, name)
+
+
+def _run_export(args, kind, spec, name) -> int:
+    from . import export
+    out = pathlib.Path(args.output) if args.output else DEFAULT_OUT / f"{name}.onnx"
+    if not args.output:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    con = _console(args.quiet or args.json)
+    with con.status(f"exporting {kind} to {out} ...", spinner="dots") if not (args.quiet or args.json) else _null():
+        res = export.export(kind, spec, out, seed=args.seed, dtype=args.dtype, exporter=args.exporter,
+                            dynamic=args.dynamic, external_data=args.external_data, force=args.force,
+                            quiet=args.quiet)
+    for w in res.warnings:
+        print(f"onnxfuse: warning: {w}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"path": str(res.path), "exporter": res.exporter, "seconds": round(res.seconds, 2),
+                          "op_counts": res.op_counts, "recipe": res.recipe}, indent=2))
+    else:
+        con.print(f"wrote {res.path} ({res.exporter} exporter, {res.seconds:.1f} s, {sum(res.op_counts.values())} nodes)")
+        con.print("  " + ", ".join(f"{k} {v}" for k, v in res.op_counts.items()))
+    return 0
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+# ------------------------------------------------------------------------------------------------------ verify/run
+
+def _verify(args) -> int:
+    from . import verify as v
+    module = inputs = None
+    if args.module:
+        made = v.load_factory(args.module)
+        module, inputs = made if isinstance(made, tuple) else (made, None)
+    res = v.verify(args.model, module=module, inputs=inputs, provider=args.provider, tolerance=args.tolerance,
+                   graph_optimization=not args.no_graph_opt)
+    if args.json:
+        print(json.dumps(res.to_dict(), indent=2))
+    elif not args.quiet:
+        from rich.table import Table
+        t = Table(title=f"verify {args.model} ({res.provider}, {res.dtype}, {res.fused_nodes} onnxfuse nodes)")
+        for col in ("output", "shape", "max abs err", "max rel err", "rel L2 err", "tolerance", "result"):
+            t.add_column(col)
+        for o in res.outputs:
+            t.add_row(o.name, "x".join(map(str, o.shape)), f"{o.max_abs_err:.3e}", f"{o.max_rel_err:.3e}",
+                      f"{o.rel_l2_err:.3e}", f"{o.tolerance:.0e}", "[green]PASS[/]" if o.passed else "[red]FAIL[/]")
+        _console().print(t)
+    return 0 if res.passed else 1
+
+
+def _run(args) -> int:
+    import numpy as np
+    from . import export, onnxio, runtime, zoo
+    model = onnxio.load(args.model, load_external_data=False)
+    if args.output:
+        onnxio.check_output_path(args.output, force=args.force)
+    sess = runtime.session(args.model, args.provider)
+    if args.inputs:
+        feeds = runtime.load_npz(args.inputs)
+    else:
+        recipe = export.read_recipe(model)
+        if recipe:
+            spec = zoo.spec_from_dict(recipe["kind"], recipe["spec"])
+            feeds = {k: t.numpy() for k, t in zoo.make_inputs(recipe["kind"], spec, recipe["seed"], recipe["dtype"]).items()}
+        else:
+            feeds = runtime.random_feeds(sess)
+    feeds = runtime.check_feeds(sess, feeds)
+    outs = sess.run(None, feeds)
+    names = [o.name for o in sess.get_outputs()]
+    if args.output:
+        tmp = pathlib.Path(args.output).with_suffix(".tmp.npz")
+        np.savez(tmp, **dict(zip(names, outs)))
+        os.replace(tmp, args.output)
+    summary = {n: {"shape": list(o.shape), "dtype": str(o.dtype), "mean": float(np.mean(o)), "std": float(np.std(o))}
+               for n, o in zip(names, outs)}
+    if args.json:
+        print(json.dumps({"provider": args.provider, "outputs": summary}, indent=2))
+    elif not args.quiet:
+        for n, s in summary.items():
+            print(f"{n}: shape {s['shape']} {s['dtype']} mean {s['mean']:.5g} std {s['std']:.5g}")
+        if args.output:
+            print(f"wrote {args.output}")
+    return 0
+
+
+def _info(args) -> int:
+    from . import info
+    data = info.collect(check=args.check)
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        info.print_info(data)
+    return 0 if data.get("check_passed", True) else 1
+
+
+# ------------------------------------------------------------------------------------------------------ parser
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="onnxfuse", description="Export PyTorch models to ONNX, fuse subgraphs into onnxfuse custom ops, "
+                "and run them in onnxruntime with CPU, CUDA and Triton kernels.")
+    p.add_argument("--version", action="version", version=f"onnxfuse {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    ex = sub.add_parser("export", help="export a PyTorch model (llama, dlrm) to ONNX with a rebuild recipe")
+    exsub = ex.add_subparsers(dest="model", metavar="MODEL", parser_class=_Parser, required=True)
+    ll = exsub.add_parser("llama", help="a transformers Llama decoder (random weights, no downloads)")
+    ll.add_argument("--preset", choices=["seed", "tiny", "llama2-7b"], default="seed",
+                    help="base shapes: seed (the notebook's h1024/i11008, 4 heads, 2x1024 tokens), tiny (tests), "
+                         "llama2-7b (h4096/i11008, 32 heads)")
+    ll.add_argument("--layers", type=_positive, default=1, help="number of decoder layers (default 1)")
+    ll.add_argument("--mlp-only", action="store_true", help="export one LlamaMLP alone (input x: batch x seq x hidden)")
+    ll.add_argument("--seq", type=_positive, help="sequence length of the example inputs")
+    for flag, typ in (("hidden-size", _positive), ("intermediate-size", _positive), ("num-attention-heads", _positive),
+                      ("num-key-value-heads", _positive), ("vocab-size", _positive),
+                      ("max-position-embeddings", _positive), ("rms-norm-eps", float), ("rope-theta", float)):
+        ll.add_argument(f"--{flag}", type=typ, help="LlamaConfig field (default from --preset)")
+    ll.add_argument("--attn-implementation", choices=["eager", "sdpa"], help="attention implementation (default eager)")
+    ll.add_argument("--hidden-act", help="MLP activation (default silu)")
+    ll.add_argument("--mlp-bias", action="store_true", help="bias on the MLP projections")
+    ll.add_argument("--lora-rank", type=int, default=0, help="wrap linears with peft LoRA adapters of this rank")
+    ll.add_argument("--lora-alpha", type=float, help="LoRA alpha (default 2 x rank)")
+    ll.add_argument("--lora-targets", nargs="+", metavar="MODULE",
+                    help="modules to adapt (default gate_proj up_proj down_proj)")
+    _add_common_export(ll)
+    ll.set_defaults(func=_export_llama)
+
+    dl = exsub.add_parser("dlrm", help="a DLRM recommender (13 dense + 26 sparse Criteo-style features)")
+    dl.add_argument("--preset", choices=["criteo-kaggle", "small"], default="criteo-kaggle",
+                    help="criteo-kaggle: Kaggle cardinalities capped by --table-cap; small: tables capped at 1000")
+    dl.add_argument("--bottom-mlp", type=_sizes, help="bottom MLP sizes (default 512-256-64-16)")
+    dl.add_argument("--top-mlp", type=_sizes, help="top MLP sizes (default 512-256-1)")
+    dl.add_argument("--embedding-dim", type=_positive, help="embedding dimension (default 16)")
+    dl.add_argument("--cardinalities", type=_sizes, help="table sizes, 26 values like 1460-583-...")
+    dl.add_argument("--table-cap", type=_positive, help="cap on each table's rows (default 262144)")
+    dl.add_argument("--num-dense", type=_positive, help="number of dense features (default 13)")
+    dl.add_argument("--interaction", choices=["dot", "cat"], help="feature interaction (default dot)")
+    dl.add_argument("--lora-rank", type=int, default=0, help="add a plain-PyTorch LoRA branch to every MLP layer")
+    dl.add_argument("--lora-alpha", type=float, help="LoRA alpha (default 2 x rank)")
+    _add_common_export(dl)
+    dl.set_defaults(func=_export_dlrm)
+
+    ve = sub.add_parser("verify", help="compare a model's outputs with the PyTorch module it came from")
+    ve.add_argument("model", help="the .onnx model (fused or not)")
+    ve.add_argument("--module", metavar="PATH.py:FACTORY", help="the PyTorch module (default: rebuilt from the recipe)")
+    ve.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="execution provider (default cpu)")
+    ve.add_argument("--tolerance", type=float, help="max |out-ref|/max|ref| (default by dtype and provider)")
+    ve.add_argument("--no-graph-opt", action="store_true", help="turn onnxruntime's graph optimisations off")
+    ve.add_argument("-q", "--quiet", action="store_true", help="print nothing; the exit code says it")
+    ve.add_argument("--json", action="store_true", help="print the result as JSON")
+    ve.set_defaults(func=_verify)
+
+    ru = sub.add_parser("run", help="run a model in onnxruntime (the kernel library registered when needed)")
+    ru.add_argument("model", help="the .onnx model")
+    ru.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="execution provider (default cpu)")
+    ru.add_argument("--inputs", metavar="FILE.npz", help="inputs (default: the recipe's seeded inputs, else random)")
+    ru.add_argument("-o", "--output", metavar="FILE.npz", help="write the outputs here")
+    ru.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    ru.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    ru.add_argument("--json", action="store_true", help="print a summary of the outputs as JSON")
+    ru.set_defaults(func=_run)
+
+    inf = sub.add_parser("info", help="versions, providers, GPU, headers and kernel library status")
+    inf.add_argument("--check", action="store_true", help="also build/load the kernel library and test every op")
+    inf.add_argument("--json", action="store_true", help="print as JSON")
+    inf.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    inf.set_defaults(func=_info)
+
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        with warnings.catch_warnings():
+            if getattr(args, "quiet", False):
+                warnings.simplefilter("ignore")
+            return args.func(args)
+    except OnnxfuseError as e:
+        print(f"onnxfuse: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("onnxfuse: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

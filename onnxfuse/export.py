@@ -1,0 +1,145 @@
+"""Export the zoo's PyTorch modules to ONNX with a recipe that rebuilds the module bit-identically.
+
+The recipe (JSON in the model's ``metadata_props`` under ``onnxfuse.recipe``) holds the kind, the full config, the
+seed, the dtype, the input spec and the versions that made it; ``onnxfuse verify`` rebuilds the module from it.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import io
+import json
+import pathlib
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import onnx
+import torch
+
+from . import __version__, onnxio, zoo
+from .errors import OnnxfuseError
+from .schema import IR_VERSION, ONNX_OPSET
+
+RECIPE_KEY = "onnxfuse.recipe"
+EXPORTERS = ("auto", "dynamo", "torchscript")
+
+
+@dataclass
+class ExportResult:
+    path: pathlib.Path
+    exporter: str
+    seconds: float
+    op_counts: dict[str, int]
+    recipe: dict
+    warnings: list[str] = field(default_factory=list)
+
+
+def output_names(kind: str, spec) -> list[str]:
+    if kind == "llama":
+        return ["y"] if spec.mlp_only else ["last_hidden_state"]
+    return ["probability"]
+
+
+def _dynamic(kind: str, spec, names: list[str]):
+    """Symbolic batch (and sequence) dims, for both exporters."""
+    if kind == "llama":
+        return {n: {0: "batch", 1: "sequence"} for n in names}
+    return {n: {0: "batch"} for n in names}
+
+
+def _versions() -> dict:
+    import transformers
+    out = {"onnxfuse": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+           "onnx": onnx.__version__}
+    try:
+        import peft
+        out["peft"] = peft.__version__
+    except ImportError:
+        pass
+    return out
+
+
+def make_recipe(kind: str, spec, seed: int, dtype: str, inputs: dict[str, torch.Tensor], exporter: str,
+                dynamic: bool) -> dict:
+    return {
+        "kind": kind, "spec": zoo.spec_to_dict(spec), "seed": seed, "dtype": dtype,
+        "inputs": [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+                   for n, t in inputs.items()],
+        "outputs": output_names(kind, spec), "dynamic": dynamic, "exporter": exporter, "versions": _versions(),
+    }
+
+
+def read_recipe(model: onnx.ModelProto) -> dict | None:
+    raw = onnxio.get_metadata(model, RECIPE_KEY)
+    return json.loads(raw) if raw else None
+
+
+def op_counts(model: onnx.ModelProto) -> dict[str, int]:
+    """Node counts per op type ('domain::Op' for non-standard domains), main graph only, sorted by count."""
+    c = collections.Counter(f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
+                            for n in model.graph.node)
+    return dict(sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: str = "fp32", exporter: str = "auto",
+           dynamic: bool = False, external_data: bool | None = None, force: bool = False,
+           quiet: bool = False) -> ExportResult:
+    """Build the module from (kind, spec, seed, dtype), export it to ``out`` and attach the recipe."""
+    if dtype not in zoo.DTYPES:
+        raise OnnxfuseError(f"--dtype must be one of {', '.join(zoo.DTYPES)} (got {dtype!r})")
+    if exporter not in EXPORTERS:
+        raise OnnxfuseError(f"--exporter must be one of {', '.join(EXPORTERS)} (got {exporter!r})")
+    spec.validate()
+    out = onnxio.check_output_path(out, force=force)
+    module = zoo.build_module(kind, spec, seed, dtype)
+    inputs = zoo.make_inputs(kind, spec, seed, dtype)
+    names = list(inputs)
+    outs = output_names(kind, spec)
+    t0 = time.perf_counter()
+    notes: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="onnxfuse-export-") as tmp:
+        tmp_path = pathlib.Path(tmp) / "model.onnx"
+        order = ["dynamo", "torchscript"] if exporter == "auto" else [exporter]
+        used, errors = None, []
+        for name in order:
+            try:
+                _torch_export(module, inputs, tmp_path, name, names, outs, _dynamic(kind, spec, names) if dynamic else None,
+                              quiet)
+                used = name
+                break
+            except Exception as e:  # exporter failures are many and varied; keep the first line of each
+                msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                errors.append(f"{name}: {type(e).__name__}: {msg[:300]}")
+                if exporter == "auto" and name == "dynamo":
+                    notes.append(f"dynamo exporter failed ({msg[:200]}); fell back to the TorchScript exporter")
+                    warnings.warn(notes[-1])
+        if used is None:
+            raise OnnxfuseError("export failed: " + " | ".join(errors) + "; try --exporter torchscript or a smaller config")
+        model = onnx.load(str(tmp_path), load_external_data=True)
+    model.ir_version = min(model.ir_version, onnxio.MAX_IR_VERSION) if model.ir_version else IR_VERSION
+    recipe = make_recipe(kind, spec, seed, dtype, inputs, used, dynamic)
+    onnxio.set_metadata(model, RECIPE_KEY, json.dumps(recipe))
+    model.producer_name = "onnxfuse"
+    model.producer_version = __version__
+    if model.ByteSize() < onnxio.EXTERNAL_DATA_THRESHOLD:  # the checker cannot take a proto over 2 GiB in memory
+        onnx.checker.check_model(model)
+    onnxio.save(model, out, external_data=external_data)
+    return ExportResult(out, used, time.perf_counter() - t0, op_counts(model), recipe, notes)
+
+
+def _torch_export(module, inputs, path, exporter, input_names, output_names_, dynamic_axes, quiet):
+    args = tuple(inputs.values())
+    kwargs = dict(input_names=input_names, output_names=output_names_, opset_version=ONNX_OPSET)
+    sink = io.StringIO()
+    with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        warnings.simplefilter("ignore")
+        if exporter == "dynamo":
+            dyn = None
+            if dynamic_axes:
+                dyn = tuple({ax: torch.export.Dim.AUTO for ax in axes} for axes in dynamic_axes.values())
+            torch.onnx.export(module, args, str(path), dynamo=True, dynamic_shapes=dyn, external_data=True,
+                              verbose=False, **kwargs)
+        else:
+            torch.onnx.export(module, args, str(path), dynamo=False, dynamic_axes=dynamic_axes, **kwargs)

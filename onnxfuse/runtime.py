@@ -1,0 +1,152 @@
+"""onnxruntime sessions for onnxfuse models: provider choice, the kernel library registered when a model has
+onnxfuse nodes, and input checking that fails with a message instead of an onnxruntime stack trace."""
+from __future__ import annotations
+
+import os
+import pathlib
+import warnings
+
+import numpy as np
+import onnx
+
+from .errors import OnnxfuseError
+from .schema import DOMAIN
+
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+_ORT_TO_NUMPY = {
+    "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(bool)": np.bool_, "tensor(uint8)": np.uint8,
+    "tensor(int8)": np.int8,
+}
+
+
+def ort():
+    try:
+        import onnxruntime
+    except ImportError:
+        raise OnnxfuseError("onnxruntime is not installed; pip install 'onnxfuse[cpu]' (or 'onnxfuse[gpu]' on a GPU machine)")
+    return onnxruntime
+
+
+def has_onnxfuse_nodes(model: onnx.ModelProto) -> bool:
+    return any(n.domain == DOMAIN for n in model.graph.node)
+
+
+def session(model: onnx.ModelProto | str | os.PathLike, provider: str = "cpu", *, library: bool | None = None,
+            graph_optimization: bool = True, cuda_graph: bool = False, provider_options: dict | None = None):
+    """An InferenceSession for ``model``.
+
+    library=None registers the onnxfuse kernel library when the model has onnxfuse nodes; if the library cannot be
+    built or loaded, the nodes run through their model-local ONNX function bodies and a warning says how to fix it.
+    """
+    rt = ort()
+    if provider not in PROVIDERS:
+        raise OnnxfuseError(f"--provider must be one of {', '.join(PROVIDERS)} (got {provider!r})")
+    ep = PROVIDERS[provider]
+    if provider == "cuda":
+        if hasattr(rt, "preload_dlls"):
+            try:
+                rt.preload_dlls()
+            except Exception:
+                pass
+        if ep not in rt.get_available_providers():
+            raise OnnxfuseError("the CUDA execution provider is not available in this onnxruntime; install "
+                                "onnxruntime-gpu (pip install 'onnxfuse[gpu]') on a machine with an NVIDIA GPU")
+    proto = model if isinstance(model, onnx.ModelProto) else None
+    path = None if proto is not None else str(model)
+    if proto is None:
+        from . import onnxio
+        proto = onnxio.load(path, load_external_data=False)
+    so = rt.SessionOptions()
+    if not graph_optimization:
+        so.graph_optimization_level = rt.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 3
+    fused = has_onnxfuse_nodes(proto)
+    if library is None:
+        library = fused
+    if library:
+        try:
+            from . import kernels
+            so.register_custom_ops_library(str(kernels.library_path()))
+        except OnnxfuseError as e:
+            if not _has_functions(proto):
+                raise OnnxfuseError(f"this model has onnxfuse ops and no ONNX function bodies, and the kernel library is "
+                                    f"unavailable ({e}); run 'onnxfuse build' (see 'onnxfuse info')") from None
+            warnings.warn(f"onnxfuse kernel library unavailable ({e}); onnxfuse nodes run as their ONNX function "
+                          "bodies (slower). Run 'onnxfuse build' to get the kernels.")
+    opts = dict(provider_options or {})
+    if cuda_graph:
+        opts["enable_cuda_graph"] = "1"
+    providers = [(ep, opts)] if provider == "cuda" else [ep]
+    if provider == "cuda":
+        providers.append("CPUExecutionProvider")
+    src = path if path is not None else proto.SerializeToString()
+    try:
+        return rt.InferenceSession(src, so, providers=providers)
+    except Exception as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "onnxfuse" in msg and "not a registered function/op" in msg.replace("is not a registered", "not a registered"):
+            raise OnnxfuseError(f"onnxruntime cannot run this fused model's onnxfuse ops: {msg[:300]}; register the "
+                                "kernel library (onnxfuse.kernels.library_path(), or 'onnxfuse run', which does it)") from None
+        if "Unsupported model IR version" in msg or "opset" in msg.lower() and "support" in msg.lower():
+            raise OnnxfuseError(f"onnxruntime {rt.__version__} cannot load this model: {msg[:300]}; re-export it with "
+                                "'onnxfuse export' (IR version <= 13, opset <= 23)") from None
+        raise OnnxfuseError(f"onnxruntime could not load the model: {msg[:400]}") from None
+
+
+def _has_functions(model: onnx.ModelProto) -> bool:
+    return any(f.domain == DOMAIN for f in model.functions)
+
+
+def check_feeds(sess, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Check names, ranks, static dims and dtypes against the session's inputs; one-line errors naming the fix."""
+    expected = {i.name: i for i in sess.get_inputs()}
+    missing = [n for n in expected if n not in feeds]
+    extra = [n for n in feeds if n not in expected]
+    if missing or extra:
+        raise OnnxfuseError(f"inputs do not match the model: missing {missing or 'none'}, unexpected {extra or 'none'}; "
+                            f"the model takes {', '.join(f'{n}{_shape_str(i.shape)}' for n, i in expected.items())}")
+    out = {}
+    for name, arg in expected.items():
+        value = np.asarray(feeds[name])
+        want = _ORT_TO_NUMPY.get(arg.type)
+        if want is not None and value.dtype != want:
+            raise OnnxfuseError(f"input {name!r} has dtype {value.dtype}, the model wants {np.dtype(want).name}; "
+                                f"convert it (e.g. arr.astype(np.{np.dtype(want).name}))")
+        if len(value.shape) != len(arg.shape):
+            raise OnnxfuseError(f"input {name!r} has shape {list(value.shape)}, the model wants {_shape_str(arg.shape)}")
+        for got, dim in zip(value.shape, arg.shape):
+            if isinstance(dim, int) and dim != got:
+                raise OnnxfuseError(f"input {name!r} has shape {list(value.shape)}, the model wants "
+                                    f"{_shape_str(arg.shape)}; re-export with --batch/--seq or --dynamic")
+        out[name] = value
+    return out
+
+
+def _shape_str(shape) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def random_feeds(sess, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs for a model without a recipe (symbolic dims become 1)."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for arg in sess.get_inputs():
+        shape = [d if isinstance(d, int) else 1 for d in arg.shape]
+        dt = _ORT_TO_NUMPY.get(arg.type, np.float32)
+        if np.issubdtype(dt, np.integer):
+            feeds[arg.name] = rng.integers(0, 100, size=shape).astype(dt)
+        else:
+            feeds[arg.name] = rng.standard_normal(shape).astype(dt)
+    return feeds
+
+
+def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    p = pathlib.Path(path)
+    if not p.is_file():
+        raise OnnxfuseError(f"{p}: no such inputs file; give an .npz written with numpy.savez(name=array, ...)")
+    try:
+        with np.load(p) as data:
+            return {k: data[k] for k in data.files}
+    except Exception as e:
+        raise OnnxfuseError(f"{p}: not a readable .npz ({type(e).__name__}); write it with numpy.savez(name=array, ...)") from None

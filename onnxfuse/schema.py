@@ -1,0 +1,101 @@
+"""The onnxfuse ONNX domain: one place that names every fused op, its inputs, outputs, attributes and math.
+
+Rules (`onnxfuse/rewrites/<op>.py`), the kernel library (`onnxfuse/kernels/*/<op>.*`), Netron annotations, the
+model-local ONNX functions that keep a fused model runnable without the library, and the tests all read this module
+instead of repeating it.
+
+Layout conventions (shared by every op):
+  * X is ``[..., K]`` (any leading dims, flattened to M rows by the kernels; row-major, contiguous).
+  * Weights are ``[K, N]`` row-major, the layout of ONNX ``MatMul``'s second input (what the TorchScript exporter
+    and the dynamo exporter on 3-D activations emit). A ``Gemm(transB=1)`` weight is transposed once at fuse time.
+  * LoRA ``A`` is ``[K, r]`` and ``B`` is ``[r, N]`` (so the branch is ``(X @ A) @ B``).
+  * Bias is always present, ``[N]`` (a zero bias is added by the rule where the source had none), so one function
+    body serves every node of an op.
+  * All tensors of a node share one element type T in {float, float16, bfloat16}; kernels accumulate in fp32 and
+    compute transcendentals in fp32.
+  * Every op has a string attribute ``backend`` in {auto, cpu, cuda, triton}; ``auto`` lets the library choose
+    (environment override: ``ONNXFUSE_BACKEND``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DOMAIN = "onnxfuse"
+DOMAIN_VERSION = 1
+# Standard ONNX opset the exporters and the function bodies use.
+ONNX_OPSET = 18
+# Highest IR version onnxruntime 1.31 accepts is 13; 10 is what the dynamo exporter writes and all we need.
+IR_VERSION = 10
+
+TYPES = ("float", "float16", "bfloat16")
+BACKENDS = ("auto", "cpu", "cuda", "triton")
+BACKEND_ENV = "ONNXFUSE_BACKEND"
+
+
+@dataclass(frozen=True)
+class Attr:
+    name: str
+    kind: str  # "float" | "string" | "int"
+    default: object
+    doc: str
+
+
+@dataclass(frozen=True)
+class OpSchema:
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    math: str
+    attrs: tuple[Attr, ...] = field(default_factory=tuple)
+    doc: str = ""
+
+    @property
+    def attr_names(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.attrs)
+
+
+_BACKEND = Attr("backend", "string", "auto", "kernel family: auto|cpu|cuda|triton (env ONNXFUSE_BACKEND overrides)")
+
+LINEAR_RELU = OpSchema(
+    "LinearRelu", ("X", "W", "bias"), ("Y",), "Y = relu(X @ W + bias)", (_BACKEND,),
+    "A Linear layer with its ReLU: Gemm/MatMul + Add + Relu (DLRM MLP layers).")
+LINEAR_SIGMOID = OpSchema(
+    "LinearSigmoid", ("X", "W", "bias"), ("Y",), "Y = sigmoid(X @ W + bias)", (_BACKEND,),
+    "A Linear layer with its sigmoid: the prediction head of DLRM's top MLP.")
+SWIGLU = OpSchema(
+    "SwiGLU", ("X", "W_gate", "W_up"), ("Y",), "Y = silu(X @ W_gate) * (X @ W_up)", (_BACKEND,),
+    "The gate and up projections of a Llama MLP with the SiLU-gate-mul in their epilogue; the down projection "
+    "stays a plain MatMul/Gemm.")
+LORA_LINEAR = OpSchema(
+    "LoRALinear", ("X", "W", "A", "B", "bias"), ("Y",), "Y = X @ W + bias + scale * ((X @ A) @ B)",
+    (Attr("scale", "float", 1.0, "LoRA scaling alpha / r"), _BACKEND),
+    "A LoRA-adapted linear (peft or plain PyTorch), base GEMM and rank-r branch in one op.")
+LORA_LINEAR_RELU = OpSchema(
+    "LoRALinearRelu", ("X", "W", "A", "B", "bias"), ("Y",), "Y = relu(X @ W + bias + scale * ((X @ A) @ B))",
+    (Attr("scale", "float", 1.0, "LoRA scaling alpha / r"), _BACKEND),
+    "A LoRA-adapted linear followed by ReLU (the DLRM lecture's fused add*mul+relu case).")
+
+OPS: dict[str, OpSchema] = {s.name: s for s in (LINEAR_RELU, LINEAR_SIGMOID, SWIGLU, LORA_LINEAR, LORA_LINEAR_RELU)}
+
+
+def reference(op: str, inputs, attrs: dict | None = None):
+    """PyTorch reference of an op (fp32 math on whatever tensors are given); tests and `doctor` compare to it."""
+    import torch
+
+    attrs = attrs or {}
+    x = inputs[0].float()
+    if op in ("LinearRelu", "LinearSigmoid"):
+        w, b = inputs[1].float(), inputs[2].float()
+        z = x @ w + b
+        y = torch.relu(z) if op == "LinearRelu" else torch.sigmoid(z)
+    elif op == "SwiGLU":
+        g, u = x @ inputs[1].float(), x @ inputs[2].float()
+        y = torch.nn.functional.silu(g) * u
+    elif op in ("LoRALinear", "LoRALinearRelu"):
+        w, a, bm, b = (t.float() for t in inputs[1:5])
+        y = x @ w + b + float(attrs.get("scale", 1.0)) * ((x @ a) @ bm)
+        if op == "LoRALinearRelu":
+            y = torch.relu(y)
+    else:
+        raise KeyError(f"unknown onnxfuse op {op!r}; known: {', '.join(OPS)}")
+    return y.to(inputs[0].dtype)

@@ -1,0 +1,128 @@
+"""Verify an ONNX model (fused or not) against the PyTorch module it came from.
+
+The module is rebuilt from the model's recipe (or given by the caller), both get the same seeded inputs, and each
+output is compared against the module run in fp32 on the same (possibly fp16/bf16-rounded) weights.
+"""
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import onnx
+import torch
+
+from . import export, onnxio, runtime, zoo
+from .errors import OnnxfuseError
+
+# Max |out - ref| / max|ref| allowed, by the model's dtype. fp32 on the CUDA EP gets TF32's bound (ORT uses TF32
+# for fp32 GEMMs by default); the half types get bounds their 8/11-bit mantissas can meet after a decoder layer.
+TOLERANCES = {("fp32", "cpu"): 1e-4, ("fp32", "cuda"): 5e-3, ("fp16", "cpu"): 1e-2, ("fp16", "cuda"): 1e-2,
+              ("bf16", "cpu"): 4e-2, ("bf16", "cuda"): 4e-2}
+
+
+@dataclass
+class OutputCheck:
+    name: str
+    shape: list[int]
+    max_abs_err: float
+    max_rel_err: float     # max |d| / max|ref|
+    rel_l2_err: float      # ||d|| / ||ref||
+    tolerance: float
+    passed: bool
+
+
+@dataclass
+class VerifyResult:
+    model: str
+    provider: str
+    dtype: str
+    fused_nodes: int
+    library: bool
+    outputs: list[OutputCheck]
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outputs)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["passed"] = self.passed
+        return d
+
+
+def load_factory(spec: str):
+    """'path/to/file.py:factory' -> the factory's result: a module, or (module, inputs dict)."""
+    if ":" not in spec:
+        raise OnnxfuseError(f"--module {spec!r}: expected PATH.py:FACTORY (a function returning an nn.Module)")
+    path, name = spec.rsplit(":", 1)
+    p = pathlib.Path(path)
+    if not p.is_file():
+        raise OnnxfuseError(f"--module: {p} does not exist; give PATH.py:FACTORY")
+    mod_spec = importlib.util.spec_from_file_location(p.stem, p)
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    if not hasattr(mod, name):
+        raise OnnxfuseError(f"--module: {p} has no function {name!r}")
+    return getattr(mod, name)()
+
+
+def verify(model_path: str | pathlib.Path, *, module: torch.nn.Module | None = None,
+           inputs: dict[str, torch.Tensor] | None = None, provider: str = "cpu", tolerance: float | None = None,
+           library: bool | None = None, graph_optimization: bool = True) -> VerifyResult:
+    model = onnxio.load(model_path, load_external_data=False)
+    recipe = export.read_recipe(model)
+    dtype = recipe["dtype"] if recipe else None
+    if module is None:
+        if recipe is None:
+            raise OnnxfuseError(f"{model_path}: has no onnxfuse recipe (not written by 'onnxfuse export'); pass "
+                                "--module PATH.py:FACTORY to give the PyTorch module")
+        kind = recipe["kind"]
+        spec = zoo.spec_from_dict(kind, recipe["spec"])
+        module = zoo.build_module(kind, spec, recipe["seed"], recipe["dtype"])
+        if inputs is None:
+            inputs = zoo.make_inputs(kind, spec, recipe["seed"], recipe["dtype"])
+    if inputs is None:
+        if recipe is None:
+            raise OnnxfuseError("verify needs inputs for a module without a recipe: return (module, inputs) from the factory")
+        kind = recipe["kind"]
+        inputs = zoo.make_inputs(kind, zoo.spec_from_dict(kind, recipe["spec"]), recipe["seed"], recipe["dtype"])
+    if dtype is None:
+        floats = [t.dtype for t in module.parameters() if t.is_floating_point()]
+        dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(floats[0] if floats else torch.float32, "fp32")
+    if dtype == "bf16" and provider == "cpu" and any(t.dtype == torch.bfloat16 for t in inputs.values()):
+        raise OnnxfuseError("bf16 inputs cannot be fed from numpy on the CPU provider; verify bf16 models with "
+                            "--provider cuda, or export with --dtype fp16/fp32")
+
+    # Reference: the same (rounded) weights, computed in fp32.
+    ref_module = module.float()
+    with torch.no_grad():
+        ref = ref_module(*[t.float() if t.is_floating_point() else t for t in inputs.values()])
+    refs = list(ref) if isinstance(ref, (tuple, list)) else [ref]
+
+    sess = runtime.session(str(model_path), provider, library=library, graph_optimization=graph_optimization)
+    feeds = runtime.check_feeds(sess, {k: v.numpy() for k, v in inputs.items()})
+    outs = sess.run(None, feeds)
+    names = [o.name for o in sess.get_outputs()]
+    if len(outs) != len(refs):
+        raise OnnxfuseError(f"the model has {len(outs)} outputs and the module {len(refs)}; check --module")
+    tol = tolerance if tolerance is not None else TOLERANCES[(dtype, provider)]
+    checks = []
+    for name, out, r in zip(names, outs, refs):
+        checks.append(compare(name, np.asarray(out, dtype=np.float64), r.double().numpy(), tol))
+    fused = sum(1 for n in model.graph.node if n.domain == "onnxfuse")
+    return VerifyResult(str(model_path), provider, dtype, fused, runtime.has_onnxfuse_nodes(model) if library is None
+                        else bool(library), checks)
+
+
+def compare(name: str, out: np.ndarray, ref: np.ndarray, tol: float) -> OutputCheck:
+    if out.shape != ref.shape:
+        return OutputCheck(name, list(out.shape), float("inf"), float("inf"), float("inf"), tol, False)
+    diff = np.abs(out - ref)
+    scale = max(float(np.max(np.abs(ref))), 1e-30)
+    max_abs = float(np.max(diff)) if diff.size else 0.0
+    rel = max_abs / scale
+    l2 = float(np.linalg.norm(diff) / max(np.linalg.norm(ref), 1e-30))
+    ok = bool(np.all(np.isfinite(out))) and rel <= tol
+    return OutputCheck(name, list(out.shape), max_abs, rel, l2, tol, ok)
