@@ -1,0 +1,14 @@
+// Every op of onnxfuse/schema.py for the CPU EP, each for float, float16 and bfloat16.
+#include "ops.h"
+
+namespace onnxfuse {
+namespace cpu {
+
+void RegisterOps(Ort::CustomOpDomain& domain) {
+  RegisterLinearAct(domain);
+  RegisterSwiGLU(domain);
+  RegisterLoRALinear(domain);
+}
+
+}  // namespace cpu
+}  // namespace onnxfuse

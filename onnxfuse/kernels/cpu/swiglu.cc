@@ -1,0 +1,54 @@
+// SwiGLU on the CPU EP: Y = silu(X @ W_gate) * (X @ W_up). Both GEMMs share the packed X and run tile by tile, so
+// the gate and up accumulators of a tile meet in the epilogue without a full-size intermediate.
+#include "ops.h"
+
+namespace onnxfuse {
+namespace cpu {
+namespace {
+
+template <typename T>
+struct SwiGLUEpilogue final : Epilogue {
+  T* y;
+  int64_t N;
+  void Apply(int64_t m0, int64_t mb, int64_t n0, int64_t nc, const float* const* acc, int64_t ld) const override {
+    for (int64_t i = 0; i < mb; ++i) {
+      const float* g = acc[0] + i * ld;
+      const float* u = acc[1] + i * ld;
+      T* out = y + (m0 + i) * N + n0;
+      for (int64_t j = 0; j < nc; ++j) out[j] = FromF32<T>(g[j] * Sigmoid(g[j]) * u[j]);
+    }
+  }
+};
+
+template <typename T>
+struct SwiGLUCpu {
+  SwiGLUCpu(const OrtApi* api, const OrtKernelInfo* info) : attrs(ReadOpAttrs(api, info, "SwiGLU")) {}
+  Ort::Status Compute(const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& W_gate,
+                      const Ort::Custom::Tensor<T>& W_up, Ort::Custom::Tensor<T>& Y) {
+    return GuardCompute([&] {
+      const LinearDims d = SwiGLUDims("SwiGLU", X.Shape(), W_gate.Shape(), W_up.Shape());
+      T* y = Y.Allocate(d.out_shape);
+      if (d.M == 0 || d.N == 0) return;
+      SwiGLUEpilogue<T> epi;
+      epi.y = y;
+      epi.N = d.N;
+      GemmArgs g;
+      g.fmt = FormatOf<T>::value;
+      g.M = d.M, g.K = d.K, g.N = d.N;
+      g.x = X.Data();
+      g.num_b = 2;
+      g.b[0] = BOperand{W_gate.Data(), d.K, nullptr};
+      g.b[1] = BOperand{W_up.Data(), d.K, nullptr};
+      g.epilogue = &epi;
+      Gemm(g);
+    });
+  }
+  OpAttrs attrs;
+};
+
+}  // namespace
+
+void RegisterSwiGLU(Ort::CustomOpDomain& domain) { AddOpAllTypes<SwiGLUCpu>(domain, "SwiGLU", kCpuEp); }
+
+}  // namespace cpu
+}  // namespace onnxfuse

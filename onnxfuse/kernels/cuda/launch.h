@@ -1,0 +1,58 @@
+// C interface between the ORT glue (ort/ops_cuda.cc, compiled by g++ with the ORT headers) and the GPU kernels
+// (cuda/*.cu compiled by nvcc, and cuda/triton_launch.cc over the Triton AOT cubins). Plain C types only, so neither
+// side needs the other's headers: device pointers, int64 sizes, a dtype enum, the CUDA stream as void*.
+//
+// Every launcher enqueues its work on `stream` and returns at once: no host synchronisation, no device allocation,
+// no host read of device data, so ORT can capture it in a CUDA graph. It returns 0 on success, a cudaError_t (> 0)
+// when the CUDA runtime refused, or one of the negative ONNXFUSE_ERR_* codes; onnxfuse_cuda_error_string() names it.
+//
+// Layouts (onnxfuse/schema.py): X [M, K], weights [K, N], LoRA A [K, R] and B [R, N], bias [N], Y [M, N]; all
+// row-major and contiguous, all of one element type; fp32 accumulation; sigmoid and silu in fp32.
+#pragma once
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum onnxfuse_dtype { ONNXFUSE_FP32 = 0, ONNXFUSE_FP16 = 1, ONNXFUSE_BF16 = 2 };
+enum onnxfuse_act { ONNXFUSE_ACT_RELU = 1, ONNXFUSE_ACT_SIGMOID = 2 };
+
+enum onnxfuse_error {
+  ONNXFUSE_OK = 0,
+  ONNXFUSE_ERR_BAD_ARGUMENT = -1,       // negative size, unknown dtype / activation, null pointer
+  ONNXFUSE_ERR_RANK_TOO_LARGE = -2,     // LoRA rank R > ONNXFUSE_MAX_LORA_RANK
+  ONNXFUSE_ERR_NO_TRITON = -3,          // library built without Triton kernels (ONNXFUSE_WITH_TRITON off)
+  ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH = -4, // no cubin for this GPU's compute capability in the library
+  ONNXFUSE_ERR_TOO_LARGE = -5,          // a dimension past what the kernel indexes (Triton: 2^31 - 1 per dim)
+};
+
+#define ONNXFUSE_MAX_LORA_RANK 64
+
+// LinearRelu (act = ONNXFUSE_ACT_RELU) and LinearSigmoid (ONNXFUSE_ACT_SIGMOID): Y = act(X @ W + bias).
+int onnxfuse_cuda_linear_act(int dtype, int act, const void* x, const void* w, const void* bias, void* y, int64_t m,
+                             int64_t k, int64_t n, void* stream);
+// SwiGLU: Y = silu(X @ W_gate) * (X @ W_up).
+int onnxfuse_cuda_swiglu(int dtype, const void* x, const void* w_gate, const void* w_up, void* y, int64_t m, int64_t k,
+                         int64_t n, void* stream);
+// LoRALinear (relu = 0) and LoRALinearRelu (relu = 1): Y = [relu](X @ W + bias + scale * ((X @ A) @ B)).
+int onnxfuse_cuda_lora_linear(int dtype, int relu, const void* x, const void* w, const void* a, const void* b,
+                              const void* bias, float scale, void* y, int64_t m, int64_t k, int64_t n, int64_t r,
+                              void* stream);
+
+// The same ops from the Triton AOT cubins (cuda/triton_launch.cc); ONNXFUSE_ERR_NO_TRITON when not built.
+int onnxfuse_triton_available(void);
+int onnxfuse_triton_linear_act(int dtype, int act, const void* x, const void* w, const void* bias, void* y, int64_t m,
+                               int64_t k, int64_t n, void* stream);
+int onnxfuse_triton_swiglu(int dtype, const void* x, const void* w_gate, const void* w_up, void* y, int64_t m,
+                           int64_t k, int64_t n, void* stream);
+int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, const void* w, const void* a, const void* b,
+                                const void* bias, float scale, void* y, int64_t m, int64_t k, int64_t n, int64_t r,
+                                void* stream);
+
+// Human-readable text for any code the launchers return (static storage, never null).
+const char* onnxfuse_cuda_error_string(int code);
+
+#ifdef __cplusplus
+}
+#endif

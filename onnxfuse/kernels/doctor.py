@@ -1,0 +1,315 @@
+"""`run_doctor`: check every onnxfuse op on every backend this machine can run against the PyTorch reference.
+
+For each op x backend x dtype x shape it builds a one-node model (float32 graph inputs and output, with Cast nodes
+to and from the op's type T, because numpy has no bfloat16), runs it in onnxruntime and compares with
+`onnxfuse.schema.reference` computed in fp32 from the same T-rounded inputs. Modes:
+
+  * ``plain``       — CPU EP (backend cpu) or CUDA EP (backends cuda, triton) with `session.run`;
+  * ``user_stream`` — CUDA EP on a user-created stream (provider option ``user_compute_stream``);
+  * ``cuda_graph``  — CUDA EP with ``enable_cuda_graph``: IOBinding of device OrtValues, a few runs (ORT captures
+                      the graph), then new X values written into the same device buffer and the replay checked
+                      against the reference for the new X.
+
+CUDA sessions are created with ``session.disable_cpu_ep_fallback`` so a node ORT could not place on the GPU fails
+loudly instead of silently running on the CPU. GPU rows say ``SKIP`` with the reason when onnxruntime-gpu, a GPU or
+the library's CUDA kernels are missing. ``ONNXFUSE_BACKEND`` is unset while the doctor runs (it would override the
+backend attribute under test).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+from .. import schema
+
+# (atol, rtol) on |y - ref| <= atol + rtol * max|ref| per element type: tight enough that a wrong index, a missing
+# bias or a wrong activation fails (those give errors of order max|ref|).
+TOLERANCES = {"float": (2e-4, 2e-4), "float16": (4e-3, 4e-3), "bfloat16": (3e-2, 1.6e-2)}
+
+# Default shapes: (M, K, N, r); r only for the LoRA ops. Small, odd and one realistic each.
+DEFAULT_SHAPES = {
+    "LinearRelu": [(1, 13, 512, 0), (37, 129, 67, 0), (256, 512, 256, 0)],
+    "LinearSigmoid": [(1, 256, 1, 0), (37, 129, 67, 0), (256, 512, 256, 0)],
+    "SwiGLU": [(1, 256, 688, 0), (37, 129, 67, 0), (200, 1024, 512, 0)],
+    "LoRALinear": [(1, 256, 256, 16), (37, 129, 67, 7), (200, 512, 512, 16)],
+    "LoRALinearRelu": [(1, 256, 256, 16), (37, 129, 67, 7), (200, 512, 512, 64)],
+}
+ALL_MODES = ("plain", "user_stream", "cuda_graph")
+
+
+def _onnx_type(dtype: str) -> int:
+    from onnx import TensorProto
+    return {"float": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}[dtype]
+
+
+def input_shapes(op: str, m: int, k: int, n: int, r: int) -> dict[str, list[int]]:
+    names = schema.OPS[op].inputs
+    dims = {"X": [m, k], "W": [k, n], "W_gate": [k, n], "W_up": [k, n], "A": [k, r], "B": [r, n], "bias": [n]}
+    return {name: dims[name] for name in names}
+
+
+def make_model(op: str, dtype: str, shapes: dict[str, list[int]], backend: str, scale: float | None = None) -> bytes:
+    """One onnxfuse node between Casts: float32 inputs -> T -> op -> float32 output."""
+    from onnx import TensorProto, helper
+
+    s = schema.OPS[op]
+    t = _onnx_type(dtype)
+    nodes, inputs = [], []
+    for name in s.inputs:
+        inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shapes[name]))
+        nodes.append(helper.make_node("Cast", [name], [name + "_t"], to=t))
+    attrs = {"backend": backend}
+    if "scale" in s.attr_names and scale is not None:
+        attrs["scale"] = float(scale)
+    nodes.append(helper.make_node(op, [n + "_t" for n in s.inputs], ["Y_t"], domain=schema.DOMAIN, **attrs))
+    nodes.append(helper.make_node("Cast", ["Y_t"], ["Y"], to=TensorProto.FLOAT))
+    m, n = shapes["X"][0], (shapes.get("W") or shapes["W_gate"])[1]
+    out = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [m, n])
+    graph = helper.make_graph(nodes, f"doctor_{op}", inputs, [out])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", schema.ONNX_OPSET),
+                                                    helper.make_opsetid(schema.DOMAIN, schema.DOMAIN_VERSION)],
+                              ir_version=schema.IR_VERSION)
+    return model.SerializeToString()
+
+
+def make_inputs(op: str, dtype: str, shapes: dict[str, list[int]], seed: int, device: str = "cpu"):
+    """Random inputs already rounded to T (returned as T tensors); weights scaled so outputs stay O(1)."""
+    import torch
+
+    tdt = {"float": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    g = torch.Generator(device=device).manual_seed(seed)
+    out = []
+    for name, shp in shapes.items():
+        t = torch.randn(*shp, generator=g, device=device, dtype=torch.float32)
+        if name in ("W", "W_gate", "W_up", "A"):
+            t = t / max(shp[0], 1) ** 0.5
+        elif name == "B":
+            t = t / max(shp[0], 1) ** 0.5 * 0.5
+        elif name == "bias":
+            t = t * 0.5
+        out.append(t.to(tdt))
+    return out
+
+
+def compare(y, ref, dtype: str) -> tuple[bool, float, float]:
+    import numpy as np
+
+    y = np.asarray(y, dtype=np.float32)
+    ref = np.asarray(ref, dtype=np.float32)
+    if y.shape != ref.shape:
+        return False, float("inf"), 0.0
+    atol, rtol = TOLERANCES[dtype]
+    tol = atol + rtol * float(np.abs(ref).max(initial=0.0))
+    err = float(np.abs(y - ref).max(initial=0.0)) if y.size else 0.0
+    ok = bool(np.isfinite(y).all()) and err <= tol
+    return ok, err, tol
+
+
+@contextlib.contextmanager
+def _without_backend_env():
+    saved = os.environ.pop(schema.BACKEND_ENV, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[schema.BACKEND_ENV] = saved
+
+
+def gpu_status(lib_path) -> tuple[bool, str]:
+    """(usable, reason) for the CUDA EP rows: onnxruntime-gpu, a GPU, and CUDA kernels in the library."""
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return False, f"onnxruntime {ort.__version__} has no CUDAExecutionProvider (needs onnxruntime-gpu)"
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            return False, "no CUDA GPU visible to torch"
+    except ImportError:
+        return False, "torch not installed (the doctor uses it for references and streams)"
+    try:
+        from . import build_info
+        info = build_info(lib_path)
+        if "cuda" not in info.get("backends", []):
+            return False, f"library {lib_path} was built without CUDA kernels (backends {info.get('backends')})"
+    except Exception as e:  # an old library without build info: let the sessions tell
+        return True, f"could not read build info ({e})"
+    return True, ""
+
+
+class _Runner:
+    """Creates sessions and runs one model in one mode; keeps the stream alive for user_stream runs."""
+
+    def __init__(self, lib_path):
+        import onnxruntime as ort
+
+        self.ort = ort
+        self.lib_path = str(lib_path)
+        self._stream = None
+
+    def session(self, model: bytes, provider: str, cuda_opts: dict | None = None):
+        so = self.ort.SessionOptions()
+        so.register_custom_ops_library(self.lib_path)
+        so.log_severity_level = 3
+        if provider == "cuda":
+            so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+            providers = [("CUDAExecutionProvider", dict(cuda_opts or {}))]  # no CPU EP: fallback is off
+        else:
+            providers = ["CPUExecutionProvider"]
+        return self.ort.InferenceSession(model, so, providers=providers)
+
+    def user_stream(self):
+        import torch
+        if self._stream is None:
+            self._stream = torch.cuda.Stream()
+        return self._stream
+
+    def run(self, model, provider, mode, feeds, feeds2=None, out_shape=None):
+        """Returns (y, y2): y for `feeds`; y2 (cuda_graph only) after X is rewritten in place with feeds2['X']."""
+        import numpy as np
+
+        if mode == "plain":
+            return self.session(model, provider).run(None, feeds)[0], None
+        if mode == "user_stream":
+            s = self.user_stream()
+            opts = {"has_user_compute_stream": "1", "user_compute_stream": str(s.cuda_stream)}
+            return self.session(model, "cuda", opts).run(None, feeds)[0], None
+        if mode == "cuda_graph":
+            sess = self.session(model, "cuda", {"enable_cuda_graph": "1"})
+            vals = {k: self.ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v), "cuda", 0)
+                    for k, v in feeds.items()}
+            yv = self.ort.OrtValue.ortvalue_from_shape_and_type(list(out_shape), np.float32, "cuda", 0)
+            io = sess.io_binding()
+            for k, v in vals.items():
+                io.bind_ortvalue_input(k, v)
+            io.bind_ortvalue_output("Y", yv)
+            for _ in range(3):  # warm-up, capture, replay
+                sess.run_with_iobinding(io)
+            y = yv.numpy().copy()
+            vals["X"].update_inplace(np.ascontiguousarray(feeds2["X"]))
+            sess.run_with_iobinding(io)
+            return y, yv.numpy().copy()
+        raise ValueError(f"unknown mode {mode!r}")
+
+
+def run_doctor(providers=("cpu", "cuda"), backends=None, *, ops=None, dtypes=schema.TYPES, shapes=None,
+               modes=ALL_MODES, lib_path=None, seed=0, verbose=False, on_row=None) -> list[dict]:
+    """Check ops against `schema.reference`; returns one dict per (op, provider, backend, dtype, shape, mode).
+
+    providers: subset of ("cpu", "cuda"). backends: subset of ("cpu", "cuda", "triton") (default: all that apply;
+    cpu runs on the CPU EP, cuda and triton on the CUDA EP). shapes: {op: [(M, K, N, r), ...]} (DEFAULT_SHAPES).
+    modes apply to the CUDA EP; the CPU EP runs plain only. Row keys: op, provider, backend, dtype, M, K, N, r,
+    mode, status (PASS / FAIL / ERROR / SKIP), max_err, tol, seconds, detail.
+    """
+    import numpy as np
+
+    from . import library_path
+
+    ops = list(ops or schema.OPS)
+    shapes = shapes or DEFAULT_SHAPES
+    backends = list(backends or ("cpu", "cuda", "triton"))
+    lib = lib_path or library_path()
+    rows: list[dict] = []
+
+    plan = []  # (provider, backend, modes)
+    if "cpu" in providers and "cpu" in backends:
+        plan.append(("cpu", "cpu", ("plain",)))
+    gpu_ok, gpu_reason = (False, "")
+    if "cuda" in providers:
+        gpu_ok, gpu_reason = gpu_status(lib)
+        if gpu_ok:
+            import onnxruntime as ort
+            if hasattr(ort, "preload_dlls"):
+                ort.preload_dlls()
+        for b in ("cuda", "triton"):
+            if b in backends:
+                plan.append(("cuda", b, tuple(modes)))
+
+    torch_device = "cpu"
+    if gpu_ok:
+        torch_device = "cuda"
+    runner = _Runner(lib)
+
+    def emit(row):
+        rows.append(row)
+        if on_row:
+            on_row(row)
+        elif verbose:
+            print(format_row(row), flush=True)
+
+    with _without_backend_env():
+        for op in ops:
+            for (m, k, n, r) in shapes.get(op, []):
+                shp = input_shapes(op, m, k, n, r)
+                scale = 0.5 if op.startswith("LoRA") else None
+                attrs = {"scale": scale} if scale is not None else {}
+                for dtype in dtypes:
+                    cache = {}
+
+                    def data():
+                        if not cache:
+                            import torch
+                            ins = make_inputs(op, dtype, shp, seed, torch_device)
+                            x2 = make_inputs(op, dtype, {"X": shp["X"]}, seed + 1, torch_device)[0]
+                            ref = schema.reference(op, ins, attrs).float().cpu().numpy()
+                            ref2 = schema.reference(op, [x2] + ins[1:], attrs).float().cpu().numpy()
+                            feeds = {name: t.float().cpu().numpy() for name, t in zip(shp, ins)}
+                            cache.update(feeds=feeds, feeds2={"X": x2.float().cpu().numpy()}, ref=ref, ref2=ref2)
+                            del ins, x2
+                            if torch_device == "cuda":
+                                torch.cuda.empty_cache()
+                        return cache
+
+                    for provider, backend, pmodes in plan:
+                        for mode in pmodes:
+                            row = dict(op=op, provider=provider, backend=backend, dtype=dtype, M=m, K=k, N=n, r=r,
+                                       mode=mode, status="SKIP", max_err=None, tol=None, seconds=0.0, detail="")
+                            if provider == "cuda" and not gpu_ok:
+                                row["detail"] = "skipped: " + gpu_reason
+                                emit(row)
+                                continue
+                            t0 = time.time()
+                            try:
+                                d = data()
+                                model = make_model(op, dtype, shp, backend, scale)
+                                y, y2 = runner.run(model, provider, mode, d["feeds"], d["feeds2"], (m, n))
+                                ok, err, tol = compare(y, d["ref"], dtype)
+                                detail = ""
+                                if y2 is not None:
+                                    ok2, err2, tol2 = compare(y2, d["ref2"], dtype)
+                                    detail = f"rebound X: max_err {err2:.3g} (tol {tol2:.3g})"
+                                    ok, err, tol = ok and ok2, max(err, err2), max(tol, tol2)
+                                row.update(status="PASS" if ok else "FAIL", max_err=err, tol=tol, detail=detail)
+                            except Exception as e:  # report, keep going
+                                row.update(status="ERROR", detail=f"{type(e).__name__}: {str(e)[:500]}")
+                            row["seconds"] = round(time.time() - t0, 3)
+                            emit(row)
+    return rows
+
+
+def format_row(r: dict) -> str:
+    err = "" if r["max_err"] is None else f"err {r['max_err']:.3g} / tol {r['tol']:.3g}"
+    shape = f"M{r['M']} K{r['K']} N{r['N']}" + (f" r{r['r']}" if r["r"] else "")
+    return (f"{r['status']:5} {r['op']:15} {r['provider']:4} {r['backend']:6} {r['dtype']:8} {shape:26} "
+            f"{r['mode']:11} {err} {r['detail']}")
+
+
+def main(argv=None):
+    import argparse
+
+    p = argparse.ArgumentParser(description="Check onnxfuse kernels against the PyTorch reference.")
+    p.add_argument("--providers", default="cpu,cuda")
+    p.add_argument("--backends", default=None, help="comma list of cpu,cuda,triton")
+    p.add_argument("--lib", default=None, help="libonnxfuse_ops.so to test (default: build / cached build)")
+    args = p.parse_args(argv)
+    rows = run_doctor(providers=tuple(args.providers.split(",")),
+                      backends=args.backends.split(",") if args.backends else None, lib_path=args.lib, verbose=True)
+    bad = [r for r in rows if r["status"] in ("FAIL", "ERROR")]
+    print(f"{len(rows)} checks: {sum(r['status'] == 'PASS' for r in rows)} pass, {len(bad)} fail/error, "
+          f"{sum(r['status'] == 'SKIP' for r in rows)} skipped")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

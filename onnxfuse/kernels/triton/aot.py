@@ -1,0 +1,193 @@
+"""Compile every Triton kernel specialisation of onnxfuse to cubin ahead of time and write them as a C++ header.
+
+Run by the CMake build (cuda/cuda.cmake) on a machine that needs no GPU:
+
+    python aot.py --out BUILD/triton_kernels.h --archs 90 [--archs 80] [--configs tuned.json] [--jobs 2]
+
+The header holds one byte array per cubin and a table `kTritonSpecs` that `cuda/triton_launch.cc` (hand-written)
+searches at launch time: (kernel, dtype, size class, aligned, r_pad, arch) -> cubin, entry name, warps, shared memory,
+block shape. Specialisations:
+  * dtype: fp32, fp16, bf16 (fp32 GEMMs use tl.dot with input_precision="ieee": exact fp32, no TF32 rounding);
+  * size class by M, chosen by the launcher: "small" (M <= 16, the decode path: one 16-row tile, narrow column tiles
+    so that N / BLOCK_N programs cover every SM and the weights are streamed once), "medium" (M <= 128) and "large";
+  * aligned: pointers 16-byte aligned and K, N multiples of 16 (divisibility hints give vectorised loads), or not;
+  * LoRA only: r padded to 16, 32 or 64.
+Tile configs live in CONFIGS per arch; `--configs FILE` (JSON of the same shape) overrides entries, the hook for
+autotuned configs. Triton 3.6 ABI: kernel params are the non-constexpr args, then two scratch pointers (global,
+profile); specialisations that need either scratch are refused here, since the launcher passes null.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import hashlib
+import importlib.util
+import json
+import os
+import pathlib
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+KERNEL_FILES = ("linear_act", "swiglu", "lora_linear")
+# Order is the C enum in cuda/launch.h (onnxfuse_dtype) and in triton_launch.cc.
+DTYPES = (("fp32", 0), ("fp16", 1), ("bf16", 2))
+SIZE_CLASSES = ("small", "medium", "large")  # index = enum used by triton_launch.cc
+KERNEL_IDS = {"linear_act": 0, "swiglu": 1, "lora_linear": 2}
+R_PADS = (16, 32, 64)
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) per arch / kernel / dtype group / size class.
+# "h" = fp16 and bf16, "f" = fp32. Shared memory per config stays below 160 KB so sm_80 fits as well.
+_H_COMMON = {"small": (16, 32, 256, 1, 4, 4), "medium": (64, 128, 64, 8, 4, 4), "large": (128, 128, 64, 8, 8, 4)}
+_F_COMMON = {"small": (16, 32, 64, 1, 4, 3), "medium": (64, 64, 32, 8, 4, 3), "large": (128, 64, 32, 8, 8, 3)}
+CONFIGS: dict[str, dict[str, dict[str, dict[str, tuple]]]] = {
+    "90": {
+        "linear_act": {"h": dict(_H_COMMON, large=(128, 256, 64, 8, 8, 3)), "f": _F_COMMON},
+        "swiglu": {"h": dict(_H_COMMON, large=(128, 128, 64, 8, 8, 3)), "f": _F_COMMON},
+        "lora_linear": {"h": dict(_H_COMMON, large=(128, 128, 64, 8, 8, 3)), "f": _F_COMMON},
+    },
+    "80": {
+        "linear_act": {"h": _H_COMMON, "f": _F_COMMON},
+        "swiglu": {"h": dict(_H_COMMON, large=(128, 128, 32, 8, 8, 3)), "f": _F_COMMON},
+        "lora_linear": {"h": dict(_H_COMMON, large=(128, 128, 32, 8, 8, 3)), "f": _F_COMMON},
+    },
+}
+
+
+def _load_kernels():
+    """Import the kernel files as a private package (not through onnxfuse.kernels, whose __init__ may need more)."""
+    name = "_onnxfuse_triton_kernels"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_loader(name, loader=None, is_package=True)
+        pkg = importlib.util.module_from_spec(spec)
+        pkg.__path__ = [str(HERE)]
+        sys.modules[name] = pkg
+    kernels = {}
+    for f in KERNEL_FILES:
+        mod = importlib.import_module(f"{name}.{f}")
+        kernels.update(mod.KERNELS)
+    return kernels
+
+
+def configs_for(arch: str, overrides: dict | None = None) -> dict:
+    base = CONFIGS.get(arch) or CONFIGS["90" if int(arch) >= 90 else "80"]
+    out = json.loads(json.dumps(base))  # deep copy, tuples -> lists
+    for kernel, groups in (overrides or {}).get(arch, {}).items():
+        for group, classes in groups.items():
+            out[kernel][group].update(classes)
+    return out
+
+
+def specialisations(archs, overrides=None):
+    """Every (kernel, dtype, size class, aligned, r_pad, arch, config) the launcher may ask for."""
+    for arch in archs:
+        cfgs = configs_for(arch, overrides)
+        for kernel in KERNEL_IDS:
+            for dtype, _ in DTYPES:
+                group = "f" if dtype == "fp32" else "h"
+                for size in SIZE_CLASSES:
+                    for aligned in (1, 0):
+                        for r_pad in (R_PADS if kernel == "lora_linear" else (0,)):
+                            yield dict(kernel=kernel, dtype=dtype, size=size, aligned=aligned, r_pad=r_pad,
+                                       arch=arch, config=tuple(cfgs[kernel][group][size]))
+
+
+def compile_one(spec: dict) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    kernels = _load_kernels()
+    fn, params = kernels[spec["kernel"]]
+    bm, bn, bk, group_m, warps, stages = spec["config"]
+    signature, attrs = {}, {}
+    for i, (pname, ptype) in enumerate(params):
+        signature[pname] = ptype.replace("T", spec["dtype"]) if ptype.startswith("*") else ptype
+        # Alignment hints: every pointer and the K, N sizes (row strides) divisible by 16.
+        if spec["aligned"] and (ptype.startswith("*") or pname in ("K", "N")):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m,
+                  "DOT_PRECISION": "ieee" if spec["dtype"] == "fp32" else "tf32"}
+    if spec["r_pad"]:
+        constexprs["R_PAD"] = spec["r_pad"]
+    for k in constexprs:
+        signature[k] = "constexpr"
+    src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    t0 = time.time()
+    compiled = triton.compile(src, target=GPUTarget("cuda", int(spec["arch"]), 32),
+                              options={"num_warps": warps, "num_stages": stages})
+    md = compiled.metadata
+    if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):
+        raise RuntimeError(f"{spec}: needs Triton global/profile scratch, which the AOT launcher does not provide")
+    if tuple(getattr(md, "cluster_dims", (1, 1, 1)) or (1, 1, 1)) not in ((1, 1, 1), (0, 0, 0)) \
+            or getattr(md, "num_ctas", 1) != 1:
+        raise RuntimeError(f"{spec}: thread-block clusters are not supported by the AOT launcher")
+    if getattr(md, "launch_cooperative_grid", False) or getattr(md, "launch_pdl", False):
+        raise RuntimeError(f"{spec}: cooperative / PDL launches are not supported by the AOT launcher")
+    return dict(spec, cubin=compiled.asm["cubin"], name=md.name, num_warps=md.num_warps, shared=md.shared,
+                seconds=round(time.time() - t0, 2), n_params=len(params))
+
+
+def _c_ident(spec):
+    return "k_{kernel}_{dtype}_{size}_{a}_r{r_pad}_sm{arch}".format(a="al" if spec["aligned"] else "un", **spec)
+
+
+def write_header(results, out: pathlib.Path, triton_version: str):
+    lines = ["// Generated by onnxfuse/kernels/triton/aot.py: do not edit. Triton " + triton_version,
+             "#pragma once", "#include <cstddef>", "", "namespace onnxfuse::triton_aot {", ""]
+    for r in results:
+        data = r["cubin"]
+        body = ",".join(str(b) for b in data)
+        lines.append(f"alignas(16) static const unsigned char {_c_ident(r)}[{len(data)}] = {{{body}}};")
+    lines += ["", "struct TritonSpec {", "  int kernel, dtype, size_class, aligned, r_pad, arch;",
+              "  const unsigned char* cubin; size_t cubin_size; const char* name;",
+              "  int num_warps, shared, block_m, block_n;", "};", "",
+              "static const TritonSpec kTritonSpecs[] = {"]
+    dt = dict(DTYPES)
+    for r in results:
+        bm, bn = r["config"][0], r["config"][1]
+        lines.append(f"  {{{KERNEL_IDS[r['kernel']]}, {dt[r['dtype']]}, {SIZE_CLASSES.index(r['size'])}, "
+                     f"{r['aligned']}, {r['r_pad']}, {r['arch']}, {_c_ident(r)}, sizeof({_c_ident(r)}), "
+                     f"\"{r['name']}\", {r['num_warps']}, {r['shared']}, {bm}, {bn}}},  "
+                     f"// {r['kernel']} {r['dtype']} {r['size']} cfg={list(r['config'])}")
+    lines += ["};", f"static const int kNumTritonSpecs = {len(results)};", "",
+              "}  // namespace onnxfuse::triton_aot", ""]
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text("\n".join(lines))
+    os.replace(tmp, out)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, type=pathlib.Path, help="header to write")
+    p.add_argument("--archs", default="90", help="semicolon/comma separated compute capabilities, e.g. '80;90'")
+    p.add_argument("--configs", type=pathlib.Path, help="JSON overrides of CONFIGS (autotuned tiles per arch)")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--manifest", type=pathlib.Path, help="also write a JSON summary (configs, shared, warps)")
+    args = p.parse_args(argv)
+    import triton
+
+    archs = [a.strip() for a in args.archs.replace(",", ";").split(";") if a.strip()]
+    overrides = json.loads(args.configs.read_text()) if args.configs else None
+    specs = list(specialisations(archs, overrides))
+    t0 = time.time()
+    if args.jobs > 1:
+        import multiprocessing
+        ctx = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=ctx) as pool:
+            results = list(pool.map(compile_one, specs))
+    else:
+        results = [compile_one(s) for s in specs]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write_header(results, args.out, triton.__version__)
+    if args.manifest:
+        summary = [{k: v for k, v in r.items() if k != "cubin"} | {"cubin_bytes": len(r["cubin"]),
+                   "cubin_sha256": hashlib.sha256(r["cubin"]).hexdigest()[:16]} for r in results]
+        args.manifest.write_text(json.dumps({"triton": triton.__version__, "archs": archs, "kernels": summary},
+                                            indent=1))
+    total = sum(len(r["cubin"]) for r in results)
+    print(f"onnxfuse triton aot: {len(results)} cubins for sm_{'/sm_'.join(archs)}, {total / 1e6:.1f} MB, "
+          f"{time.time() - t0:.0f} s -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()

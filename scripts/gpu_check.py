@@ -1,0 +1,285 @@
+"""GPU check of the onnxfuse kernel library on an H100/H200 (run by the lead; needs no network and no rebuild).
+
+    PYTHONPATH=/path/to/ort-gpu:$PWD python scripts/gpu_check.py --lib libonnxfuse_ops.so --out gpu_check_out
+
+1. Correctness: `onnxfuse.kernels.doctor.run_doctor` for every op x {cuda, triton} x {fp32, fp16, bf16} over the
+   shapes below (M in {1, 16, 333, 2048}, odd K/N, Llama MLP 1024/11008 and 4096/11008, LoRA 4096^2 r16), in the
+   modes plain, user stream and CUDA graph (large shapes: plain only, to stay within a few minutes).
+2. Timing (fp16, median of >= 50 runs with CUDA events, IOBinding on torch tensors, ORT on torch's stream via
+   user_compute_stream): fused op per backend vs torch eager, vs the plain GEMMs alone, vs ORT's unfused graph.
+   Each ORT number includes ORT's per-run host overhead; `ort_floor` (an Identity on 4 floats) shows that floor.
+Writes doctor.json, timing.json and env.json under --out and prints a compact table last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SHAPES_FULL = {
+    "LinearRelu": [(1, 13, 512, 0), (16, 512, 256, 0), (333, 257, 129, 0), (2048, 512, 256, 0), (2048, 13, 512, 0)],
+    "LinearSigmoid": [(1, 256, 1, 0), (16, 512, 256, 0), (333, 257, 129, 0), (2048, 256, 1, 0)],
+    "SwiGLU": [(1, 1024, 11008, 0), (16, 4096, 11008, 0), (333, 77, 133, 0), (2048, 1024, 11008, 0),
+               (2048, 4096, 11008, 0)],
+    "LoRALinear": [(1, 4096, 4096, 16), (16, 4096, 4096, 16), (333, 129, 257, 7), (64, 96, 80, 64),
+                   (2048, 4096, 4096, 16)],
+    "LoRALinearRelu": [(1, 4096, 4096, 16), (16, 4096, 4096, 16), (333, 129, 257, 33), (2048, 4096, 4096, 16)],
+}
+# Shapes at or above this many multiply-adds run in plain mode only.
+BIG_MACS = 2 ** 31
+
+
+def check_correctness(lib, out_dir, quick):
+    from onnxfuse.kernels import doctor
+
+    rows = []
+    t0 = time.time()
+    for op, shapes in SHAPES_FULL.items():
+        for shp in shapes:
+            m, k, n, _ = shp
+            big = m * k * n >= BIG_MACS
+            if quick and big:
+                continue
+            modes = ("plain",) if big else doctor.ALL_MODES
+            rows += doctor.run_doctor(providers=("cuda",), backends=("cuda", "triton"), ops=[op],
+                                      shapes={op: [shp]}, modes=modes, lib_path=lib,
+                                      on_row=lambda r: (r["status"] != "PASS") and print(doctor.format_row(r),
+                                                                                          flush=True))
+        print(f"  {op}: done ({time.time() - t0:.0f} s)", flush=True)
+    (out_dir / "doctor.json").write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def _native_model(op, dtype, shapes, backend):
+    """The op alone with T-typed inputs (no Casts), for timing."""
+    from onnx import helper
+
+    from onnxfuse import schema
+    from onnxfuse.kernels.doctor import _onnx_type
+
+    t = _onnx_type(dtype)
+    s = schema.OPS[op]
+    attrs = {"backend": backend}
+    if "scale" in s.attr_names:
+        attrs["scale"] = 0.5
+    node = helper.make_node(op, list(s.inputs), ["Y"], domain=schema.DOMAIN, **attrs)
+    m, n = shapes["X"][0], (shapes.get("W") or shapes["W_gate"])[1]
+    g = helper.make_graph([node], "t", [helper.make_tensor_value_info(k, t, v) for k, v in shapes.items()],
+                          [helper.make_tensor_value_info("Y", t, [m, n])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", schema.ONNX_OPSET),
+                                               helper.make_opsetid(schema.DOMAIN, 1)],
+                             ir_version=schema.IR_VERSION).SerializeToString()
+
+
+def _unfused_model(op, dtype, shapes):
+    """What the graph looked like before fusion (standard ONNX ops only)."""
+    from onnx import helper
+
+    from onnxfuse import schema
+    from onnxfuse.kernels.doctor import _onnx_type
+
+    t = _onnx_type(dtype)
+    if op == "SwiGLU":
+        nodes = [helper.make_node("MatMul", ["X", "W_gate"], ["g"]), helper.make_node("MatMul", ["X", "W_up"], ["u"]),
+                 helper.make_node("Sigmoid", ["g"], ["sg"]), helper.make_node("Mul", ["g", "sg"], ["silu"]),
+                 helper.make_node("Mul", ["silu", "u"], ["Y"])]
+    elif op.startswith("LoRA"):
+        nodes = [helper.make_node("MatMul", ["X", "W"], ["xw"]), helper.make_node("Add", ["xw", "bias"], ["base"]),
+                 helper.make_node("MatMul", ["X", "A"], ["xa"]), helper.make_node("MatMul", ["xa", "B"], ["xab"]),
+                 helper.make_node("Constant", [], ["s"], value=helper.make_tensor("s", t, [], [0.5])),
+                 helper.make_node("Mul", ["xab", "s"], ["lora"]),
+                 helper.make_node("Add", ["base", "lora"], ["Y" if op == "LoRALinear" else "z"])]
+        if op == "LoRALinearRelu":
+            nodes.append(helper.make_node("Relu", ["z"], ["Y"]))
+    else:
+        act = "Relu" if op == "LinearRelu" else "Sigmoid"
+        nodes = [helper.make_node("MatMul", ["X", "W"], ["xw"]), helper.make_node("Add", ["xw", "bias"], ["z"]),
+                 helper.make_node(act, ["z"], ["Y"])]
+    m, n = shapes["X"][0], (shapes.get("W") or shapes["W_gate"])[1]
+    g = helper.make_graph(nodes, "u", [helper.make_tensor_value_info(k, t, v) for k, v in shapes.items()],
+                          [helper.make_tensor_value_info("Y", t, [m, n])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", schema.ONNX_OPSET)],
+                             ir_version=schema.IR_VERSION).SerializeToString()
+
+
+def _time_cuda(fn, iters, warmup=10):
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1))
+    return statistics.median(times)
+
+
+def _ort_runner(model, lib, tensors, y, np_dtype):
+    import onnxruntime as ort
+    import torch
+
+    so = ort.SessionOptions()
+    if lib:
+        so.register_custom_ops_library(str(lib))
+    so.log_severity_level = 3
+    so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    stream = torch.cuda.current_stream().cuda_stream
+    sess = ort.InferenceSession(model, so, providers=[("CUDAExecutionProvider", {
+        "has_user_compute_stream": "1", "user_compute_stream": str(stream), "use_tf32": "0"})])
+    io = sess.io_binding()
+    for name, t in tensors.items():
+        io.bind_input(name, "cuda", 0, np_dtype, list(t.shape), t.data_ptr())
+    io.bind_output("Y", "cuda", 0, np_dtype, list(y.shape), y.data_ptr())
+    return lambda: sess.run_with_iobinding(io)
+
+
+def timing(lib, out_dir, iters):
+    import numpy as np
+    import torch
+
+    from onnxfuse import schema
+    from onnxfuse.kernels.doctor import input_shapes, make_inputs
+
+    cases = [("SwiGLU", (2048, 4096, 11008, 0)), ("SwiGLU", (16, 4096, 11008, 0)), ("SwiGLU", (2048, 1024, 11008, 0)),
+             ("LoRALinearRelu", (2048, 4096, 4096, 16)), ("LoRALinear", (16, 4096, 4096, 16)),
+             ("LinearRelu", (2048, 512, 256, 0)), ("LinearSigmoid", (2048, 512, 256, 0))]
+    results = []
+    x4 = torch.zeros(4, device="cuda")
+    y4 = torch.zeros(4, device="cuda")
+    from onnx import TensorProto, helper
+    ident = helper.make_model(helper.make_graph([helper.make_node("Identity", ["X"], ["Y"])], "i",
+                                                [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4])],
+                                                [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [4])]),
+                              opset_imports=[helper.make_opsetid("", 18)], ir_version=10).SerializeToString()
+    floor = _time_cuda(_ort_runner(ident, None, {"X": x4}, y4, np.float32), iters)
+    print(f"  ort_floor (Identity, per-run ORT overhead seen by CUDA events): {floor * 1e3:.1f} us", flush=True)
+    for op, (m, k, n, r) in cases:
+        shp = input_shapes(op, m, k, n, r)
+        ins = make_inputs(op, "float16", shp, 0, "cuda")
+        tensors = dict(zip(shp, ins))
+        y = torch.empty(m, n, device="cuda", dtype=torch.float16)
+        row = dict(op=op, M=m, K=k, N=n, r=r, dtype="float16", ort_floor_ms=floor)
+        for backend in ("cuda", "triton"):
+            try:
+                row[f"onnxfuse_{backend}_ms"] = _time_cuda(
+                    _ort_runner(_native_model(op, "float16", shp, backend), lib, tensors, y, np.float16), iters)
+                ref = schema.reference(op, ins, {"scale": 0.5}).float()
+                err = (y.float() - ref).abs().max().item()
+                row[f"onnxfuse_{backend}_max_err"] = err
+            except Exception as e:
+                row[f"onnxfuse_{backend}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        try:
+            row["ort_unfused_ms"] = _time_cuda(_ort_runner(_unfused_model(op, "float16", shp), None, tensors, y,
+                                                           np.float16), iters)
+        except Exception as e:
+            row["ort_unfused_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        x = tensors["X"]
+        with torch.no_grad():
+            if op == "SwiGLU":
+                wg, wu = tensors["W_gate"], tensors["W_up"]
+                row["torch_eager_ms"] = _time_cuda(lambda: torch.nn.functional.silu(x @ wg) * (x @ wu), iters)
+                row["torch_gemms_only_ms"] = _time_cuda(lambda: (x @ wg, x @ wu), iters)
+                macs = 2 * m * k * n
+            elif op.startswith("LoRA"):
+                w, a, b, bias = tensors["W"], tensors["A"], tensors["B"], tensors["bias"]
+                relu = op == "LoRALinearRelu"
+                row["torch_eager_ms"] = _time_cuda(
+                    lambda: (lambda z: torch.relu(z) if relu else z)(torch.addmm(bias, x, w) + 0.5 * ((x @ a) @ b)),
+                    iters)
+                row["torch_gemms_only_ms"] = _time_cuda(lambda: x @ w, iters)  # the base GEMM alone
+                macs = m * k * n + m * k * r + m * r * n
+            else:
+                w, bias = tensors["W"], tensors["bias"]
+                act = torch.relu if op == "LinearRelu" else torch.sigmoid
+                row["torch_eager_ms"] = _time_cuda(lambda: act(torch.addmm(bias, x, w)), iters)
+                row["torch_gemms_only_ms"] = _time_cuda(lambda: x @ w, iters)
+                macs = m * k * n
+        row["tflops_at_best"] = 2 * macs / (min(v for kk, v in row.items() if kk.startswith("onnxfuse_")
+                                                 and kk.endswith("_ms")) * 1e-3) / 1e12 \
+            if any(kk.startswith("onnxfuse_") and kk.endswith("_ms") for kk in row) else None
+        results.append(row)
+        print("  " + "  ".join(f"{kk}={v:.4g}" if isinstance(v, float) else f"{kk}={v}" for kk, v in row.items()),
+              flush=True)
+        del ins, tensors, y
+        torch.cuda.empty_cache()
+    (out_dir / "timing.json").write_text(json.dumps(results, indent=1))
+    return results
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--lib", required=True, help="prebuilt libonnxfuse_ops.so (built on the CPU machine)")
+    p.add_argument("--out", default="gpu_check_out", type=pathlib.Path)
+    p.add_argument("--quick", action="store_true", help="skip the large shapes in the correctness part")
+    p.add_argument("--no-timing", action="store_true")
+    p.add_argument("--iters", type=int, default=50)
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    import onnxruntime as ort
+    if hasattr(ort, "preload_dlls"):
+        ort.preload_dlls()
+    import torch
+
+    from onnxfuse.kernels import build_info
+    env = {"onnxruntime": ort.__version__, "providers": ort.get_available_providers(), "torch": torch.__version__,
+           "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "lib": args.lib}
+    try:
+        env["build_info"] = build_info(args.lib)
+    except Exception as e:
+        env["build_info_error"] = str(e)
+    (args.out / "env.json").write_text(json.dumps(env, indent=1))
+    print(json.dumps(env)[:600], flush=True)
+
+    t0 = time.time()
+    print("== correctness (only non-PASS rows are printed as they come)", flush=True)
+    rows = check_correctness(args.lib, args.out, args.quick)
+    t_correct = time.time() - t0
+    tim = []
+    if not args.no_timing:
+        print("== timing (fp16, median ms)", flush=True)
+        try:
+            tim = timing(args.lib, args.out, args.iters)
+        except Exception as e:
+            print(f"timing failed: {type(e).__name__}: {e}", flush=True)
+
+    # Compact table last: per op x backend x dtype, pass counts and worst error / tolerance ratio.
+    print(f"\n== summary (correctness {t_correct:.0f} s, total {time.time() - t0:.0f} s)")
+    groups = {}
+    for r in rows:
+        key = (r["op"], r["backend"], r["dtype"])
+        g = groups.setdefault(key, {"pass": 0, "n": 0, "worst": 0.0, "bad": []})
+        g["n"] += 1
+        if r["status"] == "PASS":
+            g["pass"] += 1
+        else:
+            g["bad"].append(f"M{r['M']}K{r['K']}N{r['N']}/{r['mode']}:{r['status']}")
+        if r["max_err"] is not None and r["tol"]:
+            g["worst"] = max(g["worst"], r["max_err"] / r["tol"])
+    print(f"{'op':15} {'backend':7} {'dtype':9} {'pass':>7}  worst err/tol  failures")
+    for (op, b, d), g in groups.items():
+        print(f"{op:15} {b:7} {d:9} {g['pass']:>3}/{g['n']:<3}  {g['worst']:.3f}        {' '.join(g['bad'])[:200]}")
+    if tim:
+        print(f"\n{'op':15} {'M,K,N,r':22} {'cuda':>8} {'triton':>8} {'torch':>8} {'gemms':>8} {'ort-unf':>8}  ms")
+        for t in tim:
+            f = lambda k: f"{t[k]:8.3f}" if isinstance(t.get(k), float) else f"{'err':>8}"
+            print(f"{t['op']:15} {str((t['M'], t['K'], t['N'], t['r'])):22} {f('onnxfuse_cuda_ms')} "
+                  f"{f('onnxfuse_triton_ms')} {f('torch_eager_ms')} {f('torch_gemms_only_ms')} {f('ort_unfused_ms')}")
+    bad = sum(r["status"] in ("FAIL", "ERROR") for r in rows)
+    print(f"\n{len(rows)} checks, {bad} FAIL/ERROR; JSON in {args.out}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,268 @@
+"""CPU kernels of the onnxfuse custom-op library against onnxfuse.schema.reference, run through onnxruntime.
+
+Every op of schema.OPS x {float, float16, bfloat16} as a single-node model on the CPU EP, plus hypothesis property
+tests over shapes (M=1, odd K/N, 3-D X, LoRA ranks 1/4/16, scales). ONNXFUSE_HYPOTHESIS_PROFILE=nightly runs
+thousands of examples instead of the quick default.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper
+
+from onnxfuse import kernels, schema
+
+# The package re-exports the build() function under the module's name; take the module itself.
+kbuild = importlib.import_module("onnxfuse.kernels.build")
+
+settings.register_profile("quick", max_examples=25, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+settings.register_profile("nightly", max_examples=3000, deadline=None,
+                          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+settings.load_profile(os.environ.get("ONNXFUSE_HYPOTHESIS_PROFILE", "quick"))
+
+ONNX_TYPE = {"float": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
+TORCH_TYPE = {"float": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Relative to the output scale. fp16/bf16 outputs are rounded by both sides, so one ulp of disagreement is expected:
+# fp16 ulp is 2^-11 relative, bf16 2^-8. A kernel that drops the bias, the LoRA branch or the scale is off by > 10%.
+TOLERANCE = {  # dtype: (max ||out-ref||/||ref||, max |out-ref| / max(1, max|ref|))
+    "float": (1e-5, 1e-4),
+    "float16": (2e-3, 1e-2),
+    "bfloat16": (1.5e-2, 3e-2),
+}
+
+
+@pytest.fixture(scope="module")
+def lib() -> pathlib.Path:
+    return kernels.build(backends=["cpu"], quiet=True).path
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def make_model(op: str, dtype: str, shapes: list[tuple[int, ...]], attrs: dict | None = None) -> onnx.ModelProto:
+    s = schema.OPS[op]
+    et = ONNX_TYPE[dtype]
+    inputs = [helper.make_tensor_value_info(n, et, list(shape)) for n, shape in zip(s.inputs, shapes)]
+    node = helper.make_node(op, list(s.inputs), list(s.outputs), domain=schema.DOMAIN, **(attrs or {}))
+    graph = helper.make_graph([node], f"single_{op}", inputs, [helper.make_tensor_value_info(s.outputs[0], et, None)])
+    return helper.make_model(graph, ir_version=schema.IR_VERSION,
+                             opset_imports=[helper.make_opsetid("", schema.ONNX_OPSET),
+                                            helper.make_opsetid(schema.DOMAIN, schema.DOMAIN_VERSION)])
+
+
+def _ortvalue(t: torch.Tensor, dtype: str) -> ort.OrtValue:
+    if dtype == "bfloat16":  # numpy has no bfloat16: hand ORT the raw 16-bit patterns
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(t.contiguous().view(torch.uint16).numpy(),
+                                                                TensorProto.BFLOAT16)
+    return ort.OrtValue.ortvalue_from_numpy(t.contiguous().numpy())
+
+
+def run_op(lib, op: str, inputs: list[torch.Tensor], attrs: dict | None = None) -> torch.Tensor:
+    """Run one onnxfuse node on the CPU EP; returns Y as a torch tensor of the inputs' dtype."""
+    dtype = {v: k for k, v in TORCH_TYPE.items()}[inputs[0].dtype]
+    model = make_model(op, dtype, [tuple(t.shape) for t in inputs], attrs)
+    so = kernels.session_options(path=lib)
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    out_shape = tuple(inputs[0].shape[:-1]) + (inputs[2].shape[-1] if op == "SwiGLU" else inputs[1].shape[-1],)
+    y = torch.empty(out_shape, dtype=inputs[0].dtype)
+    binding = sess.io_binding()
+    for name, t in zip(schema.OPS[op].inputs, inputs):
+        binding.bind_ortvalue_input(name, _ortvalue(t, dtype))
+    binding.bind_ortvalue_output(schema.OPS[op].outputs[0], _ortvalue(y, dtype))  # ORT writes into y's memory
+    sess.run_with_iobinding(binding)
+    return y
+
+
+def random_inputs(op: str, lead: tuple[int, ...], K: int, N: int, r: int, dtype: str, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(TORCH_TYPE[dtype])
+
+    x = rnd(*lead, K)
+    w_scale = 1.0 / math.sqrt(K)
+    if op == "SwiGLU":
+        return [x, rnd(K, N, scale=w_scale), rnd(K, N, scale=w_scale)]
+    if op.startswith("LoRA"):
+        return [x, rnd(K, N, scale=w_scale), rnd(K, r, scale=w_scale), rnd(r, N, scale=1.0 / math.sqrt(r)), rnd(N)]
+    return [x, rnd(K, N, scale=w_scale), rnd(N)]
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: str, what: str) -> None:
+    assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
+    o, r = out.float(), ref.float()
+    assert torch.isfinite(o).all(), f"{what}: non-finite output"
+    rel_tol, abs_tol = TOLERANCE[dtype]
+    err = (o - r).abs()
+    scale = max(1.0, r.abs().max().item()) if r.numel() else 1.0
+    rel = (err.norm() / r.norm().clamp_min(1e-30)).item() if r.numel() else 0.0
+    max_abs = err.max().item() if r.numel() else 0.0
+    assert rel <= rel_tol or r.norm().item() < 1e-6, f"{what}: ||out-ref||/||ref|| = {rel:.3g} > {rel_tol}"
+    assert max_abs <= abs_tol * scale, f"{what}: max |out-ref| = {max_abs:.3g} > {abs_tol * scale:.3g}"
+
+
+def check(lib, op, lead, K, N, r, dtype, scale=1.0, seed=0):
+    inputs = random_inputs(op, lead, K, N, r, dtype, seed)
+    attrs = {"scale": float(scale)} if "scale" in schema.OPS[op].attr_names else {}
+    out = run_op(lib, op, inputs, attrs)
+    ref = schema.reference(op, inputs, attrs)
+    assert_close(out, ref, dtype, f"{op}[{dtype}] X{(*lead, K)} N={N} r={r} scale={scale}")
+
+
+# ------------------------------------------------------------------------------------------------ correctness
+@pytest.mark.parametrize("dtype", schema.TYPES)
+@pytest.mark.parametrize("op", list(schema.OPS))
+def test_op_matches_reference(lib, op, dtype):
+    check(lib, op, (2, 9), 70, 45, 4, dtype, scale=0.5)
+
+
+@pytest.mark.parametrize("op", list(schema.OPS))
+def test_crosses_every_block_boundary(lib, op):
+    # M > MB (240), K > KC (256), N > NC (512), none a multiple of the micro-tile: every edge path runs.
+    check(lib, op, (251,), 601, 530, 16, "float", scale=0.25, seed=1)
+
+
+@given(op=st.sampled_from(list(schema.OPS)), dtype=st.sampled_from(schema.TYPES),
+       lead=st.one_of(st.tuples(st.integers(1, 40)), st.tuples(st.integers(1, 3), st.integers(1, 17))),
+       K=st.integers(1, 300), N=st.integers(1, 200), r=st.sampled_from([1, 4, 16]),
+       scale=st.sampled_from([0.0, 0.125, 1.0, -2.0, 3.5]), seed=st.integers(0, 2**16))
+def test_property_matches_reference(lib, op, dtype, lead, K, N, r, scale, seed):
+    check(lib, op, lead, K, N, r, dtype, scale=scale, seed=seed)
+
+
+@pytest.mark.parametrize("op", ["LinearSigmoid", "SwiGLU", "LoRALinearRelu"])
+def test_single_row(lib, op):
+    for dtype in schema.TYPES:
+        check(lib, op, (1,), 1024, 33, 4, dtype, seed=3)
+
+
+def test_thread_count_does_not_change_results(lib, monkeypatch):
+    inputs = random_inputs("SwiGLU", (97,), 300, 700, 0, "float", 5)
+    monkeypatch.setenv("ONNXFUSE_CPU_THREADS", "1")
+    one = run_op(lib, "SwiGLU", inputs)
+    monkeypatch.setenv("ONNXFUSE_CPU_THREADS", "3")
+    three = run_op(lib, "SwiGLU", inputs)
+    assert torch.equal(one, three)  # same per-element accumulation order whatever the tiling
+
+
+_ISA_SCRIPT = r"""
+import sys, pathlib
+sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]) / "tests")]
+import test_kernels_cpu as t
+from onnxfuse import schema
+lib = pathlib.Path(sys.argv[1])
+for op in schema.OPS:
+    for dtype in schema.TYPES:
+        t.check(lib, op, (13,), 37, 29, 4, dtype, scale=0.5, seed=7)
+    t.check(lib, op, (251,), 300, 530, 16, "float", scale=0.5, seed=8)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("isa", ["generic", "avx2"])
+def test_other_instruction_sets(lib, isa):
+    """The AVX2 and baseline micro-kernels (normally shadowed by AVX-512 here) give the same answers."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = {**os.environ, "ONNXFUSE_CPU_ISA": isa}
+    p = subprocess.run([sys.executable, "-c", _ISA_SCRIPT, str(lib), str(root)], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0 and "ok" in p.stdout, p.stdout + p.stderr
+
+
+# ------------------------------------------------------------------------------------------------ errors, attributes
+def test_k_mismatch_is_an_ort_error_naming_the_op(lib):
+    x = torch.randn(4, 8)
+    w = torch.randn(9, 5)
+    b = torch.randn(5)
+    with pytest.raises(Exception) as info:
+        run_op(lib, "LinearRelu", [x, w, b])
+    msg = str(info.value)
+    assert "LinearRelu" in msg and "[4,8]" in msg and "[9,5]" in msg, msg
+
+
+def test_lora_rank_mismatch_is_an_error(lib):
+    x, w, a, bm, b = torch.randn(3, 8), torch.randn(8, 5), torch.randn(8, 4), torch.randn(3, 5), torch.randn(5)
+    with pytest.raises(Exception, match="LoRALinear: B must be"):
+        run_op(lib, "LoRALinear", [x, w, a, bm, b])
+
+
+def test_backend_attribute_accepted_on_cpu(lib):
+    inputs = random_inputs("LinearRelu", (5,), 16, 8, 0, "float", 0)
+    for backend in schema.BACKENDS:
+        out = run_op(lib, "LinearRelu", inputs, {"backend": backend})
+        assert_close(out, schema.reference("LinearRelu", inputs), "float", backend)
+
+
+def test_bad_backend_fails_session_creation(lib, monkeypatch):
+    inputs = random_inputs("LinearRelu", (5,), 16, 8, 0, "float", 0)
+    with pytest.raises(Exception, match="unknown backend 'gpu'"):
+        run_op(lib, "LinearRelu", inputs, {"backend": "gpu"})
+    monkeypatch.setenv(schema.BACKEND_ENV, "bogus")
+    with pytest.raises(Exception, match="ONNXFUSE_BACKEND"):
+        run_op(lib, "LinearRelu", inputs)
+
+
+# ------------------------------------------------------------------------------------------------ build
+def test_build_info_is_json_and_cpu_only(lib):
+    info = kernels.build_info(lib)
+    json.dumps(info)
+    assert info["backends"] == ["cpu"]
+    assert info["ort_headers"].startswith("api")
+    assert info["cache_key"] == lib.parent.name
+
+
+def test_build_is_cached(lib):
+    again = kernels.build(backends=["cpu"], quiet=True)
+    assert again.cached and again.path == lib and again.backends == ["cpu"]
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs binutils nm")
+def test_exports_only_the_entry_points(lib):
+    out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True).stdout
+    symbols = sorted(line.split()[-1] for line in out.splitlines() if line.strip())
+    assert symbols == ["RegisterCustomOps", "onnxfuse_build_info"], symbols
+
+
+def test_header_discovery_honours_ort_include_dir(lib, monkeypatch, tmp_path):
+    good, _ = kbuild.find_ort_headers(fetch=False)
+    copy = tmp_path / "include"
+    shutil.copytree(good, copy)
+    monkeypatch.setenv("ORT_INCLUDE_DIR", str(copy))
+    found, source = kbuild.find_ort_headers(fetch=False)
+    assert found == copy and "ORT_INCLUDE_DIR" in source
+
+
+def test_header_discovery_bad_dir_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("ORT_INCLUDE_DIR", str(tmp_path))
+    with pytest.raises(kbuild.BuildError, match="ORT_INCLUDE_DIR=.*onnxruntime_lite_custom_op.h"):
+        kbuild.find_ort_headers(fetch=False)
+
+
+def test_no_headers_anywhere_names_the_fix(monkeypatch, tmp_path):
+    monkeypatch.delenv("ORT_INCLUDE_DIR", raising=False)
+    monkeypatch.setenv("ONNXFUSE_BUILD_DIR", str(tmp_path))
+    if kbuild._has_headers(pathlib.Path("/usr/include/onnxruntime")):
+        pytest.skip("system headers installed")
+    with pytest.raises(kbuild.BuildError, match="set ORT_INCLUDE_DIR"):
+        kbuild.find_ort_headers(fetch=False)
+
+
+def test_unknown_backend_and_arch_rejected():
+    with pytest.raises(kbuild.BuildError, match="unknown backend"):
+        kbuild.build(backends=["cpu", "metal"], quiet=True)
+    with pytest.raises(kbuild.BuildError, match="bad CUDA arch"):
+        kbuild.parse_archs("90,hopper")
+    assert kbuild.parse_archs("sm_80;90") == ["80", "90"]
