@@ -1,0 +1,61 @@
+"""Model-local ONNX functions for the onnxfuse ops: their bodies are the subgraphs the ops replace.
+
+A fused model carries one function per onnxfuse op it uses. onnxruntime inlines the function when the kernel
+library is not registered (so the model stays runnable and meaningful anywhere) and runs the custom kernel when it
+is; onnx.checker and shape inference see through the function to type every fused node.
+"""
+from __future__ import annotations
+
+import onnx
+from onnx import AttributeProto, helper
+
+from .schema import DOMAIN, ONNX_OPSET, OPS
+
+
+def _scale_constant(out: str) -> onnx.NodeProto:
+    """Constant(value_float = @scale): the node attribute flows into the body when the function is inlined."""
+    node = helper.make_node("Constant", [], [out])
+    attr = AttributeProto(name="value_float", ref_attr_name="scale", type=AttributeProto.FLOAT)
+    node.attribute.append(attr)
+    return node
+
+
+def _body(op: str) -> list[onnx.NodeProto]:
+    mk = helper.make_node
+    if op in ("LinearRelu", "LinearSigmoid"):
+        act = "Relu" if op == "LinearRelu" else "Sigmoid"
+        return [mk("MatMul", ["X", "W"], ["xw"]), mk("Add", ["xw", "bias"], ["z"]), mk(act, ["z"], ["Y"])]
+    if op == "SwiGLU":
+        return [mk("MatMul", ["X", "W_gate"], ["g"]), mk("Sigmoid", ["g"], ["sg"]), mk("Mul", ["g", "sg"], ["silu"]),
+                mk("MatMul", ["X", "W_up"], ["u"]), mk("Mul", ["silu", "u"], ["Y"])]
+    if op in ("LoRALinear", "LoRALinearRelu"):
+        last = "Y" if op == "LoRALinear" else "z"
+        nodes = [mk("MatMul", ["X", "W"], ["xw"]), mk("Add", ["xw", "bias"], ["base"]),
+                 mk("MatMul", ["X", "A"], ["xa"]), mk("MatMul", ["xa", "B"], ["xab"]),
+                 _scale_constant("s32"), mk("CastLike", ["s32", "X"], ["s"]), mk("Mul", ["xab", "s"], ["branch"]),
+                 mk("Add", ["base", "branch"], [last])]
+        if op == "LoRALinearRelu":
+            nodes.append(mk("Relu", ["z"], ["Y"]))
+        return nodes
+    raise KeyError(op)
+
+
+def function_proto(op: str) -> onnx.FunctionProto:
+    schema = OPS[op]
+    defaults = []
+    for a in schema.attrs:
+        defaults.append(helper.make_attribute(a.name, a.default))
+    return helper.make_function(
+        DOMAIN, op, list(schema.inputs), list(schema.outputs), _body(op),
+        opset_imports=[helper.make_opsetid("", ONNX_OPSET)],
+        attributes=[], attribute_protos=defaults, doc_string=f"{schema.math}. {schema.doc}")
+
+
+def add_functions(model: onnx.ModelProto) -> None:
+    """Give every onnxfuse op used in the main graph its function (once), and import the domain."""
+    used = {n.op_type for n in model.graph.node if n.domain == DOMAIN}
+    have = {f.name for f in model.functions if f.domain == DOMAIN}
+    for op in sorted(used - have):
+        model.functions.append(function_proto(op))
+    if used and not any(o.domain == DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))

@@ -1,0 +1,112 @@
+"""lora_linear: a LoRA-adapted linear, base GEMM and rank-r branch -> `LoRALinear` / `LoRALinearRelu`.
+
+    Y = [relu](X @ W + bias + scale * ((X @ A) @ B))
+
+Spellings matched: peft's unmerged adapter (base_layer MatMul [+ bias Add], lora_A and lora_B MatMuls, the
+scaling Mul, dropout gone in eval, and under the TorchScript exporter the Cast back to the input dtype), and the
+plain-PyTorch LoRA of onnxfuse's DLRM (Gemm with bias, x @ Aᵀ @ Bᵀ, scaling, + ReLU). Base as MatMul, MatMul+Add,
+Gemm(X, W[, C]) with transB 0|1; every commutation of Add/Mul.
+
+Why one op: unfused, the rank-r branch costs two skinny GEMMs, a scaling pass and an add pass over the full
+[M, N] output, each launch and each pass paid in memory traffic; fused, X @ A is a thin [M, r] product and the
+scaled (X @ A) @ B is accumulated into the base GEMM's tile before the epilogue, so the branch adds about r/K to
+the base GEMM's work and nothing to its memory traffic. Refused: non-constant W/A/B or scale, a non-scalar scale,
+shapes that do not chain ([K,N], [K,r], [r,N]), a bias not along the last axis, a Cast to another dtype.
+"""
+from __future__ import annotations
+
+import numpy as np
+from onnxscript import ir
+from onnxscript.rewriter import MatchResult
+
+from ._base import (FusionRule, bias_n, check_float_dtypes, const, dims, gemm_flops, new_initializer, rule_set,
+                    weight_kn)
+
+BASES = ("matmul", "matmul_add", "gemm_c", "gemm")
+TAILS = ("cast_relu", "relu", "cast", "none")  # longest first: see rules()
+
+
+class LoRALinear(FusionRule):
+    pattern_name = "lora_linear"
+
+    def __init__(self, recorder, base: str, tail: str):
+        self.base, self.tail = base, tail
+        self.op = "LoRALinearRelu" if tail.endswith("relu") else "LoRALinear"
+        self.pattern_name = "lora_linear_relu" if self.op == "LoRALinearRelu" else "lora_linear"
+        super().__init__(recorder, f"{base}_{tail}")
+
+    def pattern(self, op, x, w, b, a, bm, s):
+        if self.base == "matmul":
+            base = op.MatMul(x, w, _outputs=["lin"])
+        elif self.base == "matmul_add":
+            base = op.Add(op.MatMul(x, w, _outputs=["lin"]), b)
+        elif self.base == "gemm_c":
+            base = op.Gemm(x, w, b, _outputs=["lin"])
+        else:
+            base = op.Gemm(x, w, _outputs=["lin"])
+        branch = op.Mul(op.MatMul(op.MatMul(x, a), bm), s)
+        y = op.Add(base, branch)
+        if self.tail.startswith("cast"):
+            y = op.Cast(y, _outputs=["cast"])
+        if self.tail.endswith("relu"):
+            y = op.Relu(y)
+        return y
+
+    def check(self, context, x, w, a, bm, s, lin, b=None, cast=None, **_):
+        self.remember(context)
+        result = MatchResult()
+        trans = False
+        node = lin.producer()
+        if node.op_type == "Gemm":
+            attrs = node.attributes
+            if attrs.get_int("transA", 0) or attrs.get_float("alpha", 1.0) != 1.0 or attrs.get_float("beta", 1.0) != 1.0:
+                return result.fail("Gemm with transA=1 or alpha/beta != 1 is not fused", lin)
+            trans = bool(attrs.get_int("transB", 0))
+        dtype = check_float_dtypes(result, X=x, W=w, A=a, B=bm, bias=b)
+        if not result:
+            return result
+        if cast is not None:
+            to = cast.producer().attributes.get_int("to", 0)
+            if dtype is not None and to != dtype.value:
+                return result.fail(f"the Cast after the LoRA sum changes the type (to={to})", cast)
+        scale = const(s)
+        if scale is None or scale.size != 1:
+            return result.fail("the LoRA scaling is not a constant scalar", s)
+        wkn = weight_kn(result, w, "the base weight", trans)
+        wa = weight_kn(result, a, "lora_A", False) if wkn is not None else None
+        wb = weight_kn(result, bm, "lora_B", False) if wa is not None else None
+        if wkn is None or wa is None or wb is None:
+            return result
+        k, n = wkn.shape
+        if wa.shape[0] != k or wb.shape[1] != n or wa.shape[1] != wb.shape[0]:
+            return result.fail(f"shapes do not chain: W {list(wkn.shape)}, A {list(wa.shape)}, B {list(wb.shape)} "
+                               "(expected [K,N], [K,r], [r,N])", a)
+        xd = dims(x)
+        if xd is not None and (len(xd) < 2 or (isinstance(xd[-1], int) and xd[-1] != k)):
+            return result.fail(f"X {xd} does not end in K={k}", x)
+        if b is not None and bias_n(result, b, n, None) is None:
+            return result
+        self._w, self._trans, self._scale, self._r = wkn, trans, float(scale.reshape(-1)[0]), wa.shape[1]
+        return result
+
+    def rewrite(self, op, x, w, a, bm, lin, b=None, **_):
+        k, n = self._w.shape
+        w_new = w if not self._trans else new_initializer(op, self.recorder, f"{w.name}_KxN", self._w)
+        if b is None:
+            b_new = new_initializer(op, self.recorder, f"{w.name}_zero_bias", np.zeros(n, dtype=self._w.dtype))
+        elif list(b.shape or []) == [n]:
+            b_new = b
+        else:
+            b_new = new_initializer(op, self.recorder, f"{b.name}_N", bias_n(MatchResult(), b, n, None))
+        r = self._r
+        base = gemm_flops(x, k, n)
+        flops = None if base is None else base + base // n * r + base // k * r  # + 2MKr + 2MrN
+        shapes = {"X": dims(x), "W": [k, n], "A": [k, r], "B": [r, n], "bias": [n]}
+        return self.emit(op, self.op, [x, w_new, a, bm, b_new], {"scale": self._scale, "backend": "auto"}, shapes,
+                         x.dtype or w.dtype, flops)
+
+
+def rules(recorder):
+    # Longest tails first, one pass each: the rewriter visits nodes in order, and at the LoRA sum the bare variant
+    # would otherwise fire before the Cast/Relu after it is considered.
+    return [rule_set([(LoRALinear, (recorder, base, tail)) for base in BASES]) for tail in TAILS]

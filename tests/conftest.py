@@ -1,0 +1,52 @@
+"""Shared fixtures: tiny exports made once per session, and the GPU marker that skips cleanly without a GPU."""
+from __future__ import annotations
+
+import functools
+import os
+import pathlib
+import warnings
+
+import pytest
+
+warnings.filterwarnings("ignore")
+
+
+def _gpu_available() -> bool:
+    try:
+        import onnxruntime as ort
+        return "CUDAExecutionProvider" in ort.get_available_providers() and os.path.exists("/dev/nvidia0")
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _gpu_available():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU and onnxruntime-gpu (CUDAExecutionProvider)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def export_dir(tmp_path_factory) -> pathlib.Path:
+    return tmp_path_factory.mktemp("exports")
+
+
+@pytest.fixture(scope="session")
+def exported(export_dir):
+    """exported(kind, exporter='dynamo', dtype='fp32', **spec overrides) -> path of a tiny exported model (cached)."""
+    from onnxfuse import export, zoo
+
+    @functools.lru_cache(maxsize=None)
+    def make(kind: str, exporter: str = "dynamo", dtype: str = "fp32", **overrides):
+        name = "-".join([kind, exporter, dtype] + [f"{k}{v}" for k, v in sorted(overrides.items())]) + ".onnx"
+        path = export_dir / name
+        if kind == "llama":
+            spec = zoo.LlamaSpec.from_preset("tiny", **overrides)
+        else:
+            spec = zoo.DlrmSpec.from_preset("small", **overrides)
+        export.export(kind, spec, path, exporter=exporter, dtype=dtype, force=True)
+        return path
+
+    return lambda kind, exporter="dynamo", dtype="fp32", **kw: make(kind, exporter, dtype, **kw)
