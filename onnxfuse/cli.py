@@ -24,7 +24,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _console(quiet: bool = False):
     from rich.console import Console
-    return Console(stderr=False, quiet=quiet, highlight=False)
+    # rich wraps to 80 columns when stdout is not a terminal: too narrow for the report tables in CI logs.
+    return Console(stderr=False, quiet=quiet, highlight=False, width=None if sys.stdout.isatty() else 140)
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -183,6 +184,85 @@ def _run(args) -> int:
     return 0
 
 
+def _fuse(args) -> int:
+    from . import fuse as f
+    out = args.output
+    if out is None:
+        src = pathlib.Path(args.model)
+        out = src.with_name(src.name.removesuffix(".onnx") + ".fused.onnx")
+    res = f.fuse(args.model, out, patterns=args.patterns, report_path=args.report, explain=args.explain,
+                 force=args.force, write_unchanged=args.write_unchanged,
+                 external_data=args.external_data)
+    if args.json:
+        print(json.dumps(res.report(), indent=2))
+        return 0
+    con = _console(args.quiet)
+    if not res.matches:
+        if res.already_fused:
+            con.print(f"{args.model} is already fused ({res.already_fused} onnxfuse nodes); nothing matched, "
+                      f"{'wrote an unchanged copy to ' + str(out) if res.output else 'nothing written'}")
+        else:
+            con.print(f"no subgraph of {args.model} matched {', '.join(args.patterns or f.PATTERNS)}; "
+                      f"{'wrote an unchanged copy to ' + str(out) if res.output else 'nothing written (pass --write-unchanged to copy it anyway)'}")
+    else:
+        from rich.table import Table
+        t = Table(title=f"fusion report: {args.model} -> {res.output}")
+        for col in ("pattern", "op", "matches", "nodes removed", "nodes added", "FLOP share"):
+            t.add_column(col)
+        for row in res.table():
+            share = "n/a" if row["flop_share"] is None else f"{100 * row['flop_share']:.1f}%"
+            t.add_row(row["pattern"], f"onnxfuse::{row['op']}", str(row["matches"]), str(row["nodes_removed"]),
+                      str(row["nodes_added"]), share)
+        con.print(t)
+        total = "n/a (dynamic shapes)" if res.flop_share is None else f"{100 * res.flop_share:.1f}%"
+        con.print(f"nodes {res.nodes_before} -> {res.nodes_after}; MatMul/Gemm FLOPs inside fused ops: {total}; "
+                  f"{res.seconds:.2f} s")
+    if args.explain:
+        if res.refusals:
+            con.print("candidates that did not fuse:")
+            for r in res.refusals:
+                con.print(f"  {r['node']} ({r['op_type']}): rule {r['rule']} refused: {r['reason']}")
+        else:
+            con.print("no candidate subgraph was refused by a check")
+    return 0
+
+
+def _build(args) -> int:
+    from . import kernels
+    backends = args.backends.split(",") if args.backends else None
+    try:
+        res = kernels.build(arch=args.arch, backends=backends, force=args.force, quiet=args.quiet or args.json)
+    except kernels.BuildError as e:
+        raise OnnxfuseError(f"kernel library build failed: {e}") from None
+    data = {"path": str(res.path), "backends": res.backends, "archs": res.archs, "headers": res.header_source,
+            "cached": res.cached, "cache_key": res.cache_key}
+    if args.json:
+        print(json.dumps(data, indent=2))
+    elif not args.quiet:
+        print(f"{'cached' if res.cached else 'built'} {res.path}")
+        print(f"  backends: {', '.join(res.backends)}; archs: {', '.join('sm_' + a for a in res.archs) or '-'}; "
+              f"headers: {res.header_source}")
+    return 0
+
+
+def _doctor(args) -> int:
+    from .kernels import doctor
+    rows = doctor.run_doctor()
+    failed = [r for r in rows if str(r.get("status", "")).upper().startswith("FAIL")]
+    if args.json:
+        print(json.dumps({"rows": rows, "passed": not failed}, indent=2))
+    elif not args.quiet:
+        from rich.table import Table
+        cols = sorted({k for r in rows for k in r})
+        t = Table(title="onnxfuse doctor: every op x backend against PyTorch")
+        for c in cols:
+            t.add_column(c)
+        for r in rows:
+            t.add_row(*[str(r.get(c, "")) for c in cols])
+        _console().print(t)
+    return 1 if failed else 0
+
+
 def _info(args) -> int:
     from . import info
     data = info.collect(check=args.check)
@@ -259,6 +339,34 @@ def build_parser() -> argparse.ArgumentParser:
     ru.add_argument("--json", action="store_true", help="print a summary of the outputs as JSON")
     ru.set_defaults(func=_run)
 
+    fu = sub.add_parser("fuse", help="replace fusable subgraphs with onnxfuse custom ops")
+    fu.add_argument("model", help="the exported .onnx model")
+    fu.add_argument("-o", "--output", help="fused model path (default: <model>.fused.onnx)")
+    fu.add_argument("--patterns", nargs="+", metavar="PATTERN", choices=["lora_linear", "swiglu", "linear_act"],
+                    help="patterns to apply (default all: lora_linear swiglu linear_act)")
+    fu.add_argument("--report", metavar="FILE.json", help="write the fusion report as JSON")
+    fu.add_argument("--explain", action="store_true", help="say, for candidates that did not fuse, which check refused")
+    fu.add_argument("--write-unchanged", action="store_true", help="write the output even when nothing matched")
+    fu.add_argument("--external-data", action="store_true", default=None,
+                    help="store weights in '<output>.data' (automatic above 2 GB)")
+    fu.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    fu.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    fu.add_argument("--json", action="store_true", help="print the fusion report as JSON")
+    fu.set_defaults(func=_fuse)
+
+    bu = sub.add_parser("build", help="build the kernel library (CPU, CUDA, Triton) into the cache")
+    bu.add_argument("--arch", help="CUDA architectures, e.g. 90 or 80,90 (default 90)")
+    bu.add_argument("--backends", help="comma list of cpu,cuda,triton (default: all this machine can build)")
+    bu.add_argument("--force", action="store_true", help="rebuild even if a cached build exists")
+    bu.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    bu.add_argument("--json", action="store_true", help="print the result as JSON")
+    bu.set_defaults(func=_build)
+
+    do = sub.add_parser("doctor", help="build/load the library and check every op per backend against PyTorch")
+    do.add_argument("-q", "--quiet", action="store_true", help="print nothing; the exit code says it")
+    do.add_argument("--json", action="store_true", help="print the result as JSON")
+    do.set_defaults(func=_doctor)
+
     inf = sub.add_parser("info", help="versions, providers, GPU, headers and kernel library status")
     inf.add_argument("--check", action="store_true", help="also build/load the kernel library and test every op")
     inf.add_argument("--json", action="store_true", help="print as JSON")
@@ -270,7 +378,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) and argparse's errors (2): return the code, as for every other path
+        return e.code if isinstance(e.code, int) else 2
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

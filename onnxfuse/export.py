@@ -9,6 +9,7 @@ import collections
 import contextlib
 import io
 import json
+import logging
 import pathlib
 import tempfile
 import time
@@ -23,6 +24,8 @@ from .errors import OnnxfuseError
 from .schema import IR_VERSION, ONNX_OPSET
 
 RECIPE_KEY = "onnxfuse.recipe"
+# torch.onnx logs a warning per missing torchvision op at every export: noise for onnxfuse's users.
+logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
 EXPORTERS = ("auto", "dynamo", "torchscript")
 
 

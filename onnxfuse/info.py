@@ -27,11 +27,7 @@ def collect(check: bool = False) -> dict:
         data["providers"] = []
     data["gpu"] = _gpus()
     data["nvcc"] = shutil.which("nvcc") or (shutil.which("/usr/local/cuda/bin/nvcc") and "/usr/local/cuda/bin/nvcc")
-    try:
-        from . import kernels
-        data["kernels"] = kernels.status()
-    except Exception as e:  # the library is optional for info: report, don't fail
-        data["kernels"] = {"error": f"{type(e).__name__}: {e}"}
+    data["kernels"] = kernel_status()
     if check:
         from .kernels import doctor
         rows = doctor.run_doctor()
@@ -39,6 +35,28 @@ def collect(check: bool = False) -> dict:
         data["check_passed"] = all(r.get("status") in ("PASS", "skipped") or str(r.get("status", "")).startswith("skipped")
                                    for r in rows)
     return data
+
+
+def kernel_status() -> dict:
+    """Headers, buildable backends and the newest cached library, without compiling or downloading anything."""
+    from . import kernels
+    import importlib
+    kb = importlib.import_module("onnxfuse.kernels.build")  # the package re-exports a function named build
+    out: dict = {"buildable backends": ", ".join(kernels.available_backends())}
+    try:
+        _, source = kb.find_ort_headers(fetch=False)
+        out["ORT headers"] = source
+    except Exception as e:
+        out["ORT headers"] = f"not found locally ({str(e).splitlines()[0]}); 'onnxfuse build' fetches them"
+    try:
+        lib = kernels.library_path(build_if_missing=False)
+        info = kernels.build_info(lib)
+        out["library"] = str(lib)
+        out["library backends"] = ", ".join(info.get("backends", []))
+        out["library archs"] = ", ".join(info.get("archs", [])) or "-"
+    except Exception as e:
+        out["library"] = f"not built ({str(e).splitlines()[0]}); run 'onnxfuse build'"
+    return out
 
 
 def _gpus() -> list[str]:

@@ -61,19 +61,21 @@ def session(model: onnx.ModelProto | str | os.PathLike, provider: str = "cpu", *
     if not graph_optimization:
         so.graph_optimization_level = rt.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 3
-    fused = has_onnxfuse_nodes(proto)
+    explicit = library is not None
     if library is None:
-        library = fused
+        library = has_onnxfuse_nodes(proto)
     if library:
+        from . import kernels
         try:
-            from . import kernels
             so.register_custom_ops_library(str(kernels.library_path()))
-        except OnnxfuseError as e:
-            if not _has_functions(proto):
-                raise OnnxfuseError(f"this model has onnxfuse ops and no ONNX function bodies, and the kernel library is "
-                                    f"unavailable ({e}); run 'onnxfuse build' (see 'onnxfuse info')") from None
-            warnings.warn(f"onnxfuse kernel library unavailable ({e}); onnxfuse nodes run as their ONNX function "
-                          "bodies (slower). Run 'onnxfuse build' to get the kernels.")
+        except (OnnxfuseError, kernels.BuildError, OSError) as e:
+            reason = str(e).splitlines()[0]
+            if explicit or not _has_functions(proto):
+                raise OnnxfuseError(f"the onnxfuse kernel library is unavailable ({reason}); run 'onnxfuse build' "
+                                    "and see 'onnxfuse info'") from None
+            # Without the library the fused nodes still run: onnxruntime inlines their ONNX function bodies.
+            warnings.warn(f"onnxfuse kernel library unavailable ({reason}); onnxfuse nodes run as their ONNX "
+                          "function bodies (slower). Run 'onnxfuse build' to get the kernels.")
     opts = dict(provider_options or {})
     if cuda_graph:
         opts["enable_cuda_graph"] = "1"
