@@ -91,9 +91,9 @@ def verify(model_path: str | pathlib.Path, *, module: torch.nn.Module | None = N
     if dtype is None:
         floats = [t.dtype for t in module.parameters() if t.is_floating_point()]
         dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(floats[0] if floats else torch.float32, "fp32")
-    if dtype == "bf16" and provider == "cpu" and any(t.dtype == torch.bfloat16 for t in inputs.values()):
-        raise OnnxfuseError("bf16 inputs cannot be fed from numpy on the CPU provider; verify bf16 models with "
-                            "--provider cuda, or export with --dtype fp16/fp32")
+    if dtype == "bf16" and provider == "cpu":
+        raise OnnxfuseError("onnxruntime's CPU provider has no bf16 kernels for these models; verify bf16 models "
+                            "with --provider cuda, or export with --dtype fp16/fp32 for the CPU")
 
     # Reference: the same (rounded) weights, computed in fp32.
     ref_module = module.float()
@@ -101,8 +101,12 @@ def verify(model_path: str | pathlib.Path, *, module: torch.nn.Module | None = N
         ref = ref_module(*[t.float() if t.is_floating_point() else t for t in inputs.values()])
     refs = list(ref) if isinstance(ref, (tuple, list)) else [ref]
 
-    sess = runtime.session(str(model_path), provider, library=library, graph_optimization=graph_optimization)
-    feeds = runtime.check_feeds(sess, {k: v.numpy() for k, v in inputs.items()})
+    source = str(model_path)
+    if _has_bf16_io(model):
+        source = _float_io(onnxio.load(model_path))  # numpy has no bf16: feed and read float32 through Casts
+    sess = runtime.session(source, provider, library=library, graph_optimization=graph_optimization)
+    feeds = runtime.check_feeds(sess, {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy()
+                                       for k, v in inputs.items()})
     outs = sess.run(None, feeds)
     names = [o.name for o in sess.get_outputs()]
     if len(outs) != len(refs):
@@ -114,6 +118,36 @@ def verify(model_path: str | pathlib.Path, *, module: torch.nn.Module | None = N
     fused = sum(1 for n in model.graph.node if n.domain == "onnxfuse")
     return VerifyResult(str(model_path), provider, dtype, fused, runtime.has_onnxfuse_nodes(model) if library is None
                         else bool(library), checks)
+
+
+def _has_bf16_io(model: onnx.ModelProto) -> bool:
+    return any(v.type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16
+               for v in list(model.graph.input) + list(model.graph.output))
+
+
+def _float_io(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with every bf16 graph input and output seen as float32 through a Cast (for verification only)."""
+    bf16, f32 = onnx.TensorProto.BFLOAT16, onnx.TensorProto.FLOAT
+    g = model.graph
+    pre, post = [], []
+    for v in g.input:
+        if v.type.tensor_type.elem_type == bf16:
+            inner = v.name + "__onnxfuse_bf16"
+            for node in g.node:
+                node.input[:] = [inner if i == v.name else i for i in node.input]
+            pre.append(onnx.helper.make_node("Cast", [v.name], [inner], to=bf16))
+            v.type.tensor_type.elem_type = f32
+    for v in g.output:
+        if v.type.tensor_type.elem_type == bf16:
+            inner = v.name + "__onnxfuse_bf16"
+            for node in g.node:
+                node.output[:] = [inner if o == v.name else o for o in node.output]
+            post.append(onnx.helper.make_node("Cast", [inner], [v.name], to=f32))
+            v.type.tensor_type.elem_type = f32
+    nodes = pre + list(g.node) + post
+    del g.node[:]
+    g.node.extend(nodes)
+    return model
 
 
 def compare(name: str, out: np.ndarray, ref: np.ndarray, tol: float) -> OutputCheck:

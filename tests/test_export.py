@@ -135,3 +135,25 @@ def test_run_writes_outputs_and_checks_inputs(exported, tmp_path, capsys):
     np.savez(bad, dense=np.zeros((32, 13), np.float64), sparse=np.zeros((32, 26), np.int64))
     assert cli.main(["run", str(path), "--inputs", str(bad)]) == 2
     assert "float32" in capsys.readouterr().err
+
+
+def test_bf16_models_are_fed_and_read_through_float_casts():
+    """numpy has no bf16: verify wraps bf16 graph inputs/outputs in Casts so a bf16 model can be checked."""
+    from onnx import TensorProto, helper
+    from onnxfuse import runtime
+    g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [3])],
+                          [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [3])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    assert verify._has_bf16_io(m)
+    wrapped = verify._float_io(m)
+    assert not verify._has_bf16_io(wrapped)
+    x = np.array([1.0, 1.00390625, -3.1], np.float32)  # 1 + 2^-8 is not representable in bf16: rounds to 1
+    y = runtime.session(wrapped, "cpu").run(None, {"x": x})[0]
+    np.testing.assert_array_equal(y, torch.tensor(x).bfloat16().float().numpy())
+
+
+def test_bf16_on_cpu_names_the_fix(exported, capsys):
+    path = exported("llama", dtype="bf16", mlp_only=True)
+    assert cli.main(["verify", str(path)]) == 2
+    assert "--provider cuda" in capsys.readouterr().err

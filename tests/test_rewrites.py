@@ -232,3 +232,22 @@ def test_two_d_dynamo_mlp_gemm_transb(tmp_path):
     assert [mm.op for mm in res.matches] == ["SwiGLU"]
     out = runtime.session(str(tmp_path / "f.onnx"), "cpu").run(None, {"x": x.numpy()})[0]
     np.testing.assert_allclose(out, mlp(x).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("graph_opt", [True, False])
+@pytest.mark.parametrize("case", ["dlrm", "llama2"])
+def test_fp16_fused_equals_unfused_with_ort_optimisations(exported, tmp_path, case, graph_opt):
+    """onnxruntime's own Gemm+activation fusion has broken fp16 models before: compare with it on and off."""
+    src = _export(exported, case, "dynamo", "fp16")
+    fuse.fuse(src, tmp_path / "f.onnx")
+    sess = runtime.session(str(src), "cpu", graph_optimization=graph_opt)
+    feeds = runtime.random_feeds(sess, seed=3)
+    if "sparse" in feeds:
+        feeds["sparse"] = np.abs(feeds["sparse"])
+    if "attention_mask" in feeds:
+        feeds["attention_mask"] = np.ones_like(feeds["attention_mask"])
+    ref = sess.run(None, feeds)[0].astype(np.float32)
+    out = runtime.session(str(tmp_path / "f.onnx"), "cpu", library=True,
+                          graph_optimization=graph_opt).run(None, feeds)[0].astype(np.float32)
+    assert np.isfinite(out).all()
+    assert np.abs(out - ref).max() <= 1e-2 * max(1.0, float(np.abs(ref).max()))
