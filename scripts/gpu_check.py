@@ -8,7 +8,12 @@
 2. Timing (fp16, median of >= 50 runs with CUDA events, IOBinding on torch tensors, ORT on torch's stream via
    user_compute_stream): fused op per backend vs torch eager, vs the plain GEMMs alone, vs ORT's unfused graph.
    Each ORT number includes ORT's per-run host overhead; `ort_floor` (an Identity on 4 floats) shows that floor.
-Writes doctor.json, timing.json and env.json under --out and prints a compact table last.
+3. Triton A/B variants (same timing method, one process): the library reads ONNXFUSE_TRITON_SMALL_CFG (decode tile
+   config 0|1|2) and ONNXFUSE_LORA_ONEPASS (0: two-phase LoRA, 1: one-pass) when a session creates its kernels, so
+   each variant is a fresh session created with the env set: LoRALinearRelu M=2048 two-phase vs one-pass,
+   LoRALinear M=16 and SwiGLU M=16 under every small config (LoRA also one-pass); ONNXFUSE_TRITON_SMALL_CFG=1 with
+   ONNXFUSE_LORA_ONEPASS=1 is the previous behaviour. Skipped with --no-variants.
+Writes doctor.json, timing.json, variants.json and env.json under --out and prints compact tables last.
 """
 from __future__ import annotations
 
@@ -217,6 +222,62 @@ def timing(lib, out_dir, iters):
     return results
 
 
+VARIANT_ENVS = ("ONNXFUSE_TRITON_SMALL_CFG", "ONNXFUSE_LORA_ONEPASS")
+VARIANT_CASES = [
+    ("LoRALinearRelu", (2048, 4096, 4096, 16), [{"ONNXFUSE_LORA_ONEPASS": "0"}, {"ONNXFUSE_LORA_ONEPASS": "1"}]),
+    ("LoRALinear", (16, 4096, 4096, 16),
+     [{"ONNXFUSE_TRITON_SMALL_CFG": c, "ONNXFUSE_LORA_ONEPASS": o} for o in "01" for c in "012"]),
+    ("SwiGLU", (16, 4096, 11008, 0), [{"ONNXFUSE_TRITON_SMALL_CFG": c} for c in "012"]),
+    ("LinearRelu", (16, 4096, 4096, 0), [{"ONNXFUSE_TRITON_SMALL_CFG": c} for c in "012"]),
+]
+
+
+def variants(lib, out_dir, iters):
+    """Triton backend under each env variant: a fresh session per variant (the env is read at kernel creation)."""
+    import os
+
+    import numpy as np
+    import torch
+
+    from onnxfuse import schema
+    from onnxfuse.kernels.doctor import input_shapes, make_inputs
+
+    saved = {k: os.environ.get(k) for k in VARIANT_ENVS}
+    results = []
+    try:
+        for op, (m, k, n, r), envs in VARIANT_CASES:
+            shp = input_shapes(op, m, k, n, r)
+            ins = make_inputs(op, "float16", shp, 0, "cuda")
+            tensors = dict(zip(shp, ins))
+            y = torch.empty(m, n, device="cuda", dtype=torch.float16)
+            ref = schema.reference(op, ins, {"scale": 0.5}).float()
+            model = _native_model(op, "float16", shp, "triton")
+            for env in envs:
+                for key in VARIANT_ENVS:
+                    os.environ.pop(key, None)
+                os.environ.update(env)
+                row = dict(op=op, M=m, K=k, N=n, r=r, env=" ".join(f"{a}={b}" for a, b in env.items()))
+                try:
+                    y.zero_()
+                    row["triton_ms"] = _time_cuda(_ort_runner(model, lib, tensors, y, np.float16), iters)
+                    row["max_err"] = (y.float() - ref).abs().max().item()
+                except Exception as e:
+                    row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                results.append(row)
+                print("  " + "  ".join(f"{a}={b:.4g}" if isinstance(b, float) else f"{a}={b}" for a, b in row.items()),
+                      flush=True)
+            del ins, tensors, y, ref
+            torch.cuda.empty_cache()
+    finally:
+        for key, v in saved.items():
+            if v is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = v
+    (out_dir / "variants.json").write_text(json.dumps(results, indent=1))
+    return results
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--lib", required=True, help="prebuilt libonnxfuse_ops.so (built on the CPU machine)")
@@ -224,6 +285,7 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="skip the large shapes in the correctness part")
     p.add_argument("--no-timing", action="store_true")
     p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--no-variants", action="store_true", help="skip the Triton env-variant timings")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -253,6 +315,13 @@ def main(argv=None):
             tim = timing(args.lib, args.out, args.iters)
         except Exception as e:
             print(f"timing failed: {type(e).__name__}: {e}", flush=True)
+    var = []
+    if not args.no_timing and not args.no_variants:
+        print("== triton variants (fp16, median ms; fresh session per env)", flush=True)
+        try:
+            var = variants(args.lib, args.out, args.iters)
+        except Exception as e:
+            print(f"variants failed: {type(e).__name__}: {e}", flush=True)
 
     # Compact table last: per op x backend x dtype, pass counts and worst error / tolerance ratio.
     print(f"\n== summary (correctness {t_correct:.0f} s, total {time.time() - t0:.0f} s)")
@@ -276,6 +345,12 @@ def main(argv=None):
             f = lambda k: f"{t[k]:8.3f}" if isinstance(t.get(k), float) else f"{'err':>8}"
             print(f"{t['op']:15} {str((t['M'], t['K'], t['N'], t['r'])):22} {f('onnxfuse_cuda_ms')} "
                   f"{f('onnxfuse_triton_ms')} {f('torch_eager_ms')} {f('torch_gemms_only_ms')} {f('ort_unfused_ms')}")
+    if var:
+        print(f"\n{'op':15} {'M,K,N,r':22} {'triton':>8}  {'max_err':>8}  env")
+        for t in var:
+            ms = f"{t['triton_ms']:8.3f}" if "triton_ms" in t else f"{'err':>8}"
+            er = f"{t['max_err']:8.2g}" if "max_err" in t else t.get("error", "")[:60]
+            print(f"{t['op']:15} {str((t['M'], t['K'], t['N'], t['r'])):22} {ms}  {er:>8}  {t['env']}")
     bad = sum(r["status"] in ("FAIL", "ERROR") for r in rows)
     print(f"\n{len(rows)} checks, {bad} FAIL/ERROR; JSON in {args.out}")
     return 1 if bad else 0

@@ -41,14 +41,30 @@ int onnxfuse_cuda_lora_linear(int dtype, int relu, const void* x, const void* w,
                               void* stream);
 
 // The same ops from the Triton AOT cubins (cuda/triton_launch.cc); ONNXFUSE_ERR_NO_TRITON when not built.
+//
+// Tuning knobs (read from the environment by ort/ops_cuda.cc when a session creates the kernel, so two sessions
+// of one process may differ; see onnxfuse_triton_read_env):
+//   small_cfg    0, 1 or 2: tile config of the decode path (M <= 16), env ONNXFUSE_TRITON_SMALL_CFG; a variant
+//                that was not built for the call (fp32, unaligned) falls back to 0;
+//   lora_onepass 0: two-phase LoRA (T = X @ A into scratch, then the GEMM), 1: one-pass kernel, env
+//                ONNXFUSE_LORA_ONEPASS.
 int onnxfuse_triton_available(void);
 int onnxfuse_triton_linear_act(int dtype, int act, const void* x, const void* w, const void* bias, void* y, int64_t m,
-                               int64_t k, int64_t n, void* stream);
+                               int64_t k, int64_t n, int small_cfg, void* stream);
 int onnxfuse_triton_swiglu(int dtype, const void* x, const void* w_gate, const void* w_up, void* y, int64_t m,
-                           int64_t k, int64_t n, void* stream);
+                           int64_t k, int64_t n, int small_cfg, void* stream);
+// Device scratch (bytes) the Triton LoRA launcher needs for these sizes on the current device: 0 for the one-pass
+// kernel, else the fp32 partial sums of X @ A ([SPLIT, M, r_pad]); a negative ONNXFUSE_ERR_* / -cudaError_t when it
+// cannot tell (e.g. ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH). The caller allocates it (from onnxruntime's allocator, so the
+// launch stays CUDA-graph safe), passes it to onnxfuse_triton_lora_linear and may free it right after that returns:
+// only work enqueued later on the same stream can reuse the memory.
+int64_t onnxfuse_triton_lora_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t r, int lora_onepass);
 int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, const void* w, const void* a, const void* b,
                                 const void* bias, float scale, void* y, int64_t m, int64_t k, int64_t n, int64_t r,
-                                void* stream);
+                                int small_cfg, int lora_onepass, void* scratch, int64_t scratch_bytes, void* stream);
+// Parses ONNXFUSE_TRITON_SMALL_CFG and ONNXFUSE_LORA_ONEPASS (unset or empty -> 0). Returns 0, or
+// ONNXFUSE_ERR_BAD_ARGUMENT when a value is not one of the allowed digits (the knobs are then left at 0).
+int onnxfuse_triton_read_env(int* small_cfg, int* lora_onepass);
 
 // Human-readable text for any code the launchers return (static storage, never null).
 const char* onnxfuse_cuda_error_string(int code);

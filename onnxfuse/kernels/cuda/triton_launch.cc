@@ -8,11 +8,18 @@
 //
 // Config choice by M (size classes of aot.py): M <= 16 "small" (decode: 16-row tiles, narrow column tiles so the
 // weights stream once over all SMs), M <= 128 "medium", else "large". Autotuned tiles go into aot.py's CONFIGS
-// (or its --configs JSON); this file only maps M to a class.
+// (or its --configs JSON); this file only maps M to a class, and picks the small-class variant (small_cfg) the
+// caller asks for, falling back to variant 0 where that variant was not built.
+//
+// LoRA runs in two phases unless lora_onepass: "lora_xa" writes fp32 partial sums of X @ A to the caller's
+// scratch [SPLIT, M, r_pad] (grid: row tiles x SPLIT slices of K, SPLIT chosen so that about one program per SM
+// runs; no atomics), then "lora_main" (the linear_act main loop + one T @ B dot) reads them. Both launches go to
+// the same stream, so the second sees the first's writes.
 #include <cuda_runtime_api.h>
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 
 #include "cuda/launch.h"
@@ -26,7 +33,7 @@ using onnxfuse::triton_aot::kNumTritonSpecs;
 using onnxfuse::triton_aot::kTritonSpecs;
 using onnxfuse::triton_aot::TritonSpec;
 
-constexpr int kKernelLinearAct = 0, kKernelSwiglu = 1, kKernelLoRA = 2;
+constexpr int kKernelLinearAct = 0, kKernelSwiglu = 1, kKernelLoRA = 2, kKernelLoRAXA = 3, kKernelLoRAMain = 4;
 constexpr int kMaxDevices = 64;
 
 struct LoadedKernel {
@@ -65,14 +72,26 @@ int CurrentArch(int* device_out) {
   return arch;
 }
 
-// The spec for (kernel, dtype, size class, aligned, r_pad) whose cubin runs on `arch`: Triton builds sm_90 as
-// sm_90a (runs on 9.0 only); an sm_8x cubin runs on later minors of major 8. Picks the highest such arch.
-const TritonSpec* Find(int kernel, int dtype, int size_class, int aligned, int r_pad, int arch, int* index) {
+// Number of SMs of the current device (cached per device); 132 if the query fails (H100 SXM).
+int NumSMs(int device) {
+  static std::atomic<int> sms_of[kMaxDevices] = {};
+  int sms = sms_of[device].load(std::memory_order_relaxed);
+  if (sms == 0) {
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) sms = 132;
+    sms_of[device].store(sms, std::memory_order_relaxed);
+  }
+  return sms;
+}
+
+// The spec for (kernel, dtype, size class, aligned, r_pad, variant) whose cubin runs on `arch`: Triton builds sm_90
+// as sm_90a (runs on 9.0 only); an sm_8x cubin runs on later minors of major 8. Picks the highest such arch.
+const TritonSpec* FindExact(int kernel, int dtype, int size_class, int aligned, int r_pad, int variant, int arch,
+                            int* index) {
   const TritonSpec* best = nullptr;
   for (int i = 0; i < kNumTritonSpecs; ++i) {
     const TritonSpec& s = kTritonSpecs[i];
     if (s.kernel != kernel || s.dtype != dtype || s.size_class != size_class || s.aligned != aligned ||
-        s.r_pad != r_pad)
+        s.r_pad != r_pad || s.variant != variant)
       continue;
     const bool runs = (s.arch == arch) || (s.arch / 10 == arch / 10 && s.arch < arch && s.arch / 10 != 9);
     if (runs && (best == nullptr || s.arch > best->arch)) {
@@ -83,13 +102,17 @@ const TritonSpec* Find(int kernel, int dtype, int size_class, int aligned, int r
   return best;
 }
 
-int Launch(int kernel, int dtype, int64_t m, int64_t n, bool aligned, int r_pad, void** args, void* stream) {
-  int device = 0;
-  const int arch = CurrentArch(&device);
-  if (arch < 0) return -arch;
-  int index = -1;
-  const TritonSpec* spec = Find(kernel, dtype, SizeClass(m), aligned ? 1 : 0, r_pad, arch, &index);
-  if (spec == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
+// Variants exist for the small class only (and not for every dtype / alignment): fall back to variant 0.
+const TritonSpec* Find(int kernel, int dtype, int64_t m, bool aligned, int r_pad, int variant, int arch, int* index) {
+  const int size_class = SizeClass(m);
+  const TritonSpec* s = nullptr;
+  if (size_class == 0 && variant != 0) s = FindExact(kernel, dtype, 0, aligned ? 1 : 0, r_pad, variant, arch, index);
+  if (s == nullptr) s = FindExact(kernel, dtype, size_class, aligned ? 1 : 0, r_pad, 0, arch, index);
+  return s;
+}
+
+// Launches the cubin `spec` (table entry `index`) with `grid` programs.
+int LaunchSpec(const TritonSpec* spec, int index, int device, int64_t grid, void** args, void* stream) {
   LoadedKernel& k = Loaded()[index];
   std::call_once(k.load_once, [&] {
     k.load_error = cudaLibraryLoadData(&k.library, spec->cubin, nullptr, nullptr, 0, nullptr, nullptr, 0);
@@ -103,11 +126,58 @@ int Launch(int kernel, int dtype, int64_t m, int64_t n, bool aligned, int r_pad,
                                                                spec->shared, device);
   });
   if (k.device_error[device] != cudaSuccess) return int(k.device_error[device]);
-  const int64_t tiles = ((m + spec->block_m - 1) / spec->block_m) * ((n + spec->block_n - 1) / spec->block_n);
-  if (tiles > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;
-  return int(cudaLaunchKernel(reinterpret_cast<const void*>(k.kernel), dim3(unsigned(tiles)),
+  if (grid > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;
+  if (grid <= 0) return 0;
+  return int(cudaLaunchKernel(reinterpret_cast<const void*>(k.kernel), dim3(unsigned(grid)),
                               dim3(unsigned(spec->num_warps * 32)), args, size_t(spec->shared),
                               static_cast<cudaStream_t>(stream)));
+}
+
+int64_t Tiles(int64_t m, int64_t n, const TritonSpec* spec) {
+  return ((m + spec->block_m - 1) / spec->block_m) * ((n + spec->block_n - 1) / spec->block_n);
+}
+
+// One GEMM-shaped launch: grid = row tiles x column tiles of the spec's block.
+int Launch(int kernel, int dtype, int64_t m, int64_t n, bool aligned, int r_pad, int variant, void** args,
+           void* stream) {
+  int device = 0;
+  const int arch = CurrentArch(&device);
+  if (arch < 0) return -arch;
+  int index = -1;
+  const TritonSpec* spec = Find(kernel, dtype, m, aligned, r_pad, variant, arch, &index);
+  if (spec == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
+  return LaunchSpec(spec, index, device, Tiles(m, n, spec), args, stream);
+}
+
+int RPad(int64_t r) { return r <= 16 ? 16 : (r <= 32 ? 32 : 64); }
+
+// Phase-1 plan of two-phase LoRA: the lora_xa spec and the K split. SPLIT slices of KB_PER_SPLIT blocks of BLOCK_K
+// so that row tiles x SPLIT is about one program per SM (at most 16 slices, at least one block each).
+struct LoRAPlan {
+  const TritonSpec* xa = nullptr;
+  int xa_index = -1, device = 0, arch = 0;
+  int64_t split = 1, kb_per_split = 1;
+};
+
+int PlanLoRA(int dtype, int64_t m, int64_t k, int64_t r, bool aligned, LoRAPlan* plan) {
+  const int arch = CurrentArch(&plan->device);
+  if (arch < 0) return -arch;
+  plan->arch = arch;
+  plan->xa = Find(kKernelLoRAXA, dtype, m, aligned, RPad(r), 0, arch, &plan->xa_index);
+  if (plan->xa == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
+  const int64_t grid_m = (m + plan->xa->block_m - 1) / plan->xa->block_m;
+  const int64_t k_blocks = (k + plan->xa->block_k - 1) / plan->xa->block_k;
+  int64_t split = (NumSMs(plan->device) + grid_m - 1) / grid_m;
+  if (split > 16) split = 16;
+  if (split > k_blocks) split = k_blocks;
+  if (split < 1) split = 1;
+  plan->kb_per_split = k_blocks > 0 ? (k_blocks + split - 1) / split : 1;
+  plan->split = k_blocks > 0 ? (k_blocks + plan->kb_per_split - 1) / plan->kb_per_split : 1;
+  return 0;
+}
+
+int64_t LoRAScratchBytes(int64_t m, int64_t r, const LoRAPlan& plan) {
+  return plan.split * m * RPad(r) * int64_t(sizeof(float));
 }
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -126,7 +196,7 @@ extern "C" int onnxfuse_triton_available(void) { return 1; }
 // The argument order of each launch matches the kernel's KERNELS table in triton/*.py; Triton 3.6 appends two scratch
 // pointers (global, profile), passed as null (aot.py refuses kernels that need either).
 extern "C" int onnxfuse_triton_linear_act(int dtype, int act, const void* x, const void* w, const void* bias, void* y,
-                                          int64_t m, int64_t k, int64_t n, void* stream) {
+                                          int64_t m, int64_t k, int64_t n, int small_cfg, void* stream) {
   if (BadCommon(dtype, m, k, n) || (act != ONNXFUSE_ACT_RELU && act != ONNXFUSE_ACT_SIGMOID))
     return ONNXFUSE_ERR_BAD_ARGUMENT;
   if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
@@ -136,11 +206,11 @@ extern "C" int onnxfuse_triton_linear_act(int dtype, int act, const void* x, con
   void* scratch_profile = nullptr;
   void* args[] = {&x, &w, &bias, &y, &M, &N, &K, &ACT, &scratch_global, &scratch_profile};
   const bool aligned = Aligned16(x) && Aligned16(w) && Aligned16(bias) && Aligned16(y) && k % 16 == 0 && n % 16 == 0;
-  return Launch(kKernelLinearAct, dtype, m, n, aligned, 0, args, stream);
+  return Launch(kKernelLinearAct, dtype, m, n, aligned, 0, small_cfg, args, stream);
 }
 
 extern "C" int onnxfuse_triton_swiglu(int dtype, const void* x, const void* w_gate, const void* w_up, void* y,
-                                      int64_t m, int64_t k, int64_t n, void* stream) {
+                                      int64_t m, int64_t k, int64_t n, int small_cfg, void* stream) {
   if (BadCommon(dtype, m, k, n)) return ONNXFUSE_ERR_BAD_ARGUMENT;
   if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
   if (m == 0 || n == 0) return 0;
@@ -150,12 +220,35 @@ extern "C" int onnxfuse_triton_swiglu(int dtype, const void* x, const void* w_ga
   void* args[] = {&x, &w_gate, &w_up, &y, &M, &N, &K, &scratch_global, &scratch_profile};
   const bool aligned = Aligned16(x) && Aligned16(w_gate) && Aligned16(w_up) && Aligned16(y) && k % 16 == 0 &&
                        n % 16 == 0;
-  return Launch(kKernelSwiglu, dtype, m, n, aligned, 0, args, stream);
+  return Launch(kKernelSwiglu, dtype, m, n, aligned, 0, small_cfg, args, stream);
+}
+
+namespace {
+bool LoRAAligned(const void* x, const void* w, const void* a, const void* b, const void* bias, const void* y,
+                 int64_t k, int64_t n, int64_t r) {
+  // r % 8: 16-byte rows of A (fp16/bf16), so its tiles load with cp.async and the phase-1 loop pipelines.
+  return Aligned16(x) && Aligned16(w) && Aligned16(a) && Aligned16(b) && Aligned16(bias) && Aligned16(y) &&
+         k % 16 == 0 && n % 16 == 0 && r % 8 == 0;
+}
+}  // namespace
+
+extern "C" int64_t onnxfuse_triton_lora_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t r,
+                                                       int lora_onepass) {
+  if (BadCommon(dtype, m, k, n) || r < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (r > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
+  if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
+  if (lora_onepass || m == 0 || n == 0) return 0;
+  LoRAPlan plan;
+  // The xa configs of the aligned and unaligned builds share BLOCK_M / BLOCK_K, so the plan does not depend on it.
+  const int err = PlanLoRA(dtype, m, k, r, true, &plan);
+  if (err != 0) return err > 0 ? -int64_t(err) : int64_t(err);
+  return LoRAScratchBytes(m, r, plan);
 }
 
 extern "C" int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, const void* w, const void* a,
                                            const void* b, const void* bias, float scale, void* y, int64_t m, int64_t k,
-                                           int64_t n, int64_t r, void* stream) {
+                                           int64_t n, int64_t r, int small_cfg, int lora_onepass, void* scratch,
+                                           int64_t scratch_bytes, void* stream) {
   if (BadCommon(dtype, m, k, n) || r < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
   if (r > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
   if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
@@ -164,27 +257,66 @@ extern "C" int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, c
   float SCALE = scale;
   void* scratch_global = nullptr;
   void* scratch_profile = nullptr;
-  void* args[] = {&x, &w, &a, &b, &bias, &y, &M, &N, &K, &R, &SCALE, &RELU, &scratch_global, &scratch_profile};
-  const int r_pad = r <= 16 ? 16 : (r <= 32 ? 32 : 64);
-  const bool aligned = Aligned16(x) && Aligned16(w) && Aligned16(a) && Aligned16(b) && Aligned16(bias) &&
-                       Aligned16(y) && k % 16 == 0 && n % 16 == 0;
-  return Launch(kKernelLoRA, dtype, m, n, aligned, r_pad, args, stream);
+  const int r_pad = RPad(r);
+  const bool aligned = LoRAAligned(x, w, a, b, bias, y, k, n, r);
+  if (lora_onepass) {
+    void* args[] = {&x, &w, &a, &b, &bias, &y, &M, &N, &K, &R, &SCALE, &RELU, &scratch_global, &scratch_profile};
+    return Launch(kKernelLoRA, dtype, m, n, aligned, r_pad, small_cfg, args, stream);
+  }
+  LoRAPlan plan;
+  int err = PlanLoRA(dtype, m, k, r, aligned, &plan);
+  if (err != 0) return err;
+  if (scratch == nullptr || !Aligned16(scratch) || scratch_bytes < LoRAScratchBytes(m, r, plan))
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  int index = -1;
+  const TritonSpec* main_spec = Find(kKernelLoRAMain, dtype, m, aligned, r_pad, small_cfg, plan.arch, &index);
+  if (main_spec == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
+  // Phase 1: T partials = X @ A per K slice, fp32, into scratch [SPLIT, M, r_pad].
+  int32_t KB_PER_SPLIT = int32_t(plan.kb_per_split), SPLIT = int32_t(plan.split);
+  void* xa_args[] = {&x, &a, &scratch, &M, &K, &R, &KB_PER_SPLIT, &scratch_global, &scratch_profile};
+  const int64_t grid_xa = ((m + plan.xa->block_m - 1) / plan.xa->block_m) * plan.split;
+  if ((err = LaunchSpec(plan.xa, plan.xa_index, plan.device, grid_xa, xa_args, stream)) != 0) return err;
+  // Phase 2: Y = X @ W + (scale * sum T) @ B + bias [relu].
+  void* main_args[] = {&x, &w, &scratch, &b, &bias, &y, &M, &N, &K, &R, &SPLIT, &SCALE, &RELU, &scratch_global,
+                       &scratch_profile};
+  return LaunchSpec(main_spec, index, plan.device, Tiles(m, n, main_spec), main_args, stream);
 }
 
 #else  // built without Triton: the launchers exist and say so.
 
 extern "C" int onnxfuse_triton_available(void) { return 0; }
 extern "C" int onnxfuse_triton_linear_act(int, int, const void*, const void*, const void*, void*, int64_t, int64_t,
-                                          int64_t, void*) {
+                                          int64_t, int, void*) {
   return ONNXFUSE_ERR_NO_TRITON;
 }
 extern "C" int onnxfuse_triton_swiglu(int, const void*, const void*, const void*, void*, int64_t, int64_t, int64_t,
-                                      void*) {
+                                      int, void*) {
+  return ONNXFUSE_ERR_NO_TRITON;
+}
+extern "C" int64_t onnxfuse_triton_lora_scratch_bytes(int, int64_t, int64_t, int64_t, int64_t, int) {
   return ONNXFUSE_ERR_NO_TRITON;
 }
 extern "C" int onnxfuse_triton_lora_linear(int, int, const void*, const void*, const void*, const void*, const void*,
-                                           float, void*, int64_t, int64_t, int64_t, int64_t, void*) {
+                                           float, void*, int64_t, int64_t, int64_t, int64_t, int, int, void*, int64_t,
+                                           void*) {
   return ONNXFUSE_ERR_NO_TRITON;
 }
 
 #endif
+
+namespace {
+// "" or unset -> 0; one digit in [0, max_value] -> it; anything else -> -1.
+int EnvKnob(const char* name, int max_value) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return 0;
+  if (v[0] >= '0' && v[0] <= '9' && v[1] == '\0' && v[0] - '0' <= max_value) return v[0] - '0';
+  return -1;
+}
+}  // namespace
+
+extern "C" int onnxfuse_triton_read_env(int* small_cfg, int* lora_onepass) {
+  const int s = EnvKnob("ONNXFUSE_TRITON_SMALL_CFG", 2), o = EnvKnob("ONNXFUSE_LORA_ONEPASS", 1);
+  *small_cfg = s < 0 ? 0 : s;
+  *lora_onepass = o < 0 ? 0 : o;
+  return (s < 0 || o < 0) ? ONNXFUSE_ERR_BAD_ARGUMENT : 0;
+}

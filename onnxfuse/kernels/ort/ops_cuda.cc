@@ -2,9 +2,15 @@
 //
 // The structs follow ort/common.h's pattern; Compute takes ORT's compute stream from the kernel context and calls a
 // launcher of cuda/launch.h (hand-written CUDA in cuda/*.cu, or the Triton AOT cubins through
-// cuda/triton_launch.cc). Nothing here synchronises, allocates device memory or reads device data, so the ops run
-// on a user stream and under CUDA-graph capture. Errors come back as an Ort::Status naming the op, the backend
-// and the CUDA (or onnxfuse) error.
+// cuda/triton_launch.cc). Nothing here synchronises, reads device data or calls cudaMalloc, so the ops run on a
+// user stream and under CUDA-graph capture. The one device buffer (the Triton two-phase LoRA's scratch for
+// X @ A) comes from onnxruntime's allocator of the kernel's device (KernelContext_GetAllocator, the CUDA EP's
+// arena) and is freed as soon as the launches are enqueued: the arena may hand it to a later kernel, which runs
+// after ours on the same stream (the pattern of onnxruntime's own CUDA kernels' scratch buffers). Errors come back
+// as an Ort::Status naming the op, the backend and the CUDA (or onnxfuse) error.
+//
+// Triton tuning knobs, read from the environment when a session creates a kernel (so each session may differ):
+// ONNXFUSE_TRITON_SMALL_CFG=0|1|2 (decode-path tile config) and ONNXFUSE_LORA_ONEPASS=0|1; see cuda/launch.h.
 //
 // Backend per node: attribute `backend`, replaced by env ONNXFUSE_BACKEND when set (ReadOpAttrs, at session
 // creation). On the CUDA EP:
@@ -13,6 +19,7 @@
 //   auto   -> Triton when built with a cubin for this GPU's arch, else CUDA;
 //   cpu    -> treated as auto: the node was placed on the CUDA EP, whose inputs live in device memory, so a CPU
 //             kernel cannot serve it here; the CPU kernels run when the node is placed on the CPU EP.
+#include <memory>
 #include <string>
 
 #include "common.h"
@@ -64,10 +71,60 @@ void Dispatch(const char* op, const OpAttrs& attrs, CudaFn&& cuda_fn, TritonFn&&
 
 inline void* StreamOf(OrtKernelContext* ctx) { return Ort::KernelContext(ctx).GetGPUComputeStream(); }
 
+// Triton knobs of one kernel instance, from the environment at kernel creation.
+struct TritonKnobs {
+  int small_cfg = 0, lora_onepass = 0;
+  explicit TritonKnobs(const char* op) {
+    if (onnxfuse_triton_read_env(&small_cfg, &lora_onepass) != 0)
+      Fail(std::string(op) + ": bad ONNXFUSE_TRITON_SMALL_CFG (expected 0, 1 or 2) or ONNXFUSE_LORA_ONEPASS "
+                             "(expected 0 or 1) in the environment");
+  }
+};
+
+// Device memory from onnxruntime's allocator for the device of the kernel's input `like_input`; freed (returned to
+// the arena) on destruction. Throws Ort::Exception when no allocator or memory is available.
+class DeviceScratch {
+ public:
+  DeviceScratch(OrtKernelContext* ctx, size_t like_input, size_t bytes) {
+    const OrtApi& api = Ort::GetApi();
+    Ort::ConstMemoryInfo input_info = Ort::KernelContext(ctx).GetInput(like_input).GetTensorMemoryInfo();
+    // The CUDA EP's device memory on the input's device; if the runtime does not match that description, the
+    // input's own memory info names the same device.
+    Ort::MemoryInfo cuda_info("Cuda", OrtArenaAllocator, input_info.GetDeviceId(), OrtMemTypeDefault);
+    OrtStatus* st = api.KernelContext_GetAllocator(ctx, cuda_info, &allocator_);
+    if (st != nullptr) {
+      api.ReleaseStatus(st);
+      allocator_ = nullptr;
+      Ort::ThrowOnError(api.KernelContext_GetAllocator(ctx, input_info, &allocator_));
+    }
+    st = api.AllocatorAlloc(allocator_, bytes, &p_);
+    if (st != nullptr) {
+      api.ReleaseAllocator(allocator_);
+      allocator_ = nullptr;
+      p_ = nullptr;
+      Ort::ThrowOnError(st);
+    }
+  }
+  ~DeviceScratch() {
+    const OrtApi& api = Ort::GetApi();
+    if (p_ != nullptr) {
+      if (OrtStatus* st = api.AllocatorFree(allocator_, p_)) api.ReleaseStatus(st);
+    }
+    if (allocator_ != nullptr) api.ReleaseAllocator(allocator_);  // the wrapper KernelContext_GetAllocator made
+  }
+  DeviceScratch(const DeviceScratch&) = delete;
+  DeviceScratch& operator=(const DeviceScratch&) = delete;
+  void* get() const { return p_; }
+
+ private:
+  OrtAllocator* allocator_ = nullptr;
+  void* p_ = nullptr;
+};
+
 template <typename T, int Act>
 struct LinearActCuda {
   static constexpr const char* kName = Act == ONNXFUSE_ACT_RELU ? "LinearRelu" : "LinearSigmoid";
-  LinearActCuda(const OrtApi* api, const OrtKernelInfo* info) : attrs(ReadOpAttrs(api, info, kName)) {}
+  LinearActCuda(const OrtApi* api, const OrtKernelInfo* info) : attrs(ReadOpAttrs(api, info, kName)), knobs(kName) {}
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& W,
                       const Ort::Custom::Tensor<T>& bias, Ort::Custom::Tensor<T>& Y) {
     return GuardCompute([&] {
@@ -79,10 +136,13 @@ struct LinearActCuda {
       Dispatch(
           kName, attrs,
           [&] { return onnxfuse_cuda_linear_act(DtypeCode<T>(), Act, x, w, b, y, d.M, d.K, d.N, stream); },
-          [&] { return onnxfuse_triton_linear_act(DtypeCode<T>(), Act, x, w, b, y, d.M, d.K, d.N, stream); });
+          [&] {
+            return onnxfuse_triton_linear_act(DtypeCode<T>(), Act, x, w, b, y, d.M, d.K, d.N, knobs.small_cfg, stream);
+          });
     });
   }
   OpAttrs attrs;
+  TritonKnobs knobs;
 };
 template <typename T>
 using LinearReluCuda = LinearActCuda<T, ONNXFUSE_ACT_RELU>;
@@ -91,7 +151,7 @@ using LinearSigmoidCuda = LinearActCuda<T, ONNXFUSE_ACT_SIGMOID>;
 
 template <typename T>
 struct SwiGLUCuda {
-  SwiGLUCuda(const OrtApi* api, const OrtKernelInfo* info) : attrs(ReadOpAttrs(api, info, "SwiGLU")) {}
+  SwiGLUCuda(const OrtApi* api, const OrtKernelInfo* info) : attrs(ReadOpAttrs(api, info, "SwiGLU")), knobs("SwiGLU") {}
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& Wg,
                       const Ort::Custom::Tensor<T>& Wu, Ort::Custom::Tensor<T>& Y) {
     return GuardCompute([&] {
@@ -102,16 +162,17 @@ struct SwiGLUCuda {
       const void *x = X.Data(), *wg = Wg.Data(), *wu = Wu.Data();
       Dispatch(
           "SwiGLU", attrs, [&] { return onnxfuse_cuda_swiglu(DtypeCode<T>(), x, wg, wu, y, d.M, d.K, d.N, stream); },
-          [&] { return onnxfuse_triton_swiglu(DtypeCode<T>(), x, wg, wu, y, d.M, d.K, d.N, stream); });
+          [&] { return onnxfuse_triton_swiglu(DtypeCode<T>(), x, wg, wu, y, d.M, d.K, d.N, knobs.small_cfg, stream); });
     });
   }
   OpAttrs attrs;
+  TritonKnobs knobs;
 };
 
 template <typename T, int Relu>
 struct LoRACuda {
   static constexpr const char* kName = Relu ? "LoRALinearRelu" : "LoRALinear";
-  LoRACuda(const OrtApi* api, const OrtKernelInfo* info) : attrs(ReadOpAttrs(api, info, kName)) {}
+  LoRACuda(const OrtApi* api, const OrtKernelInfo* info) : attrs(ReadOpAttrs(api, info, kName)), knobs(kName) {}
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& W,
                       const Ort::Custom::Tensor<T>& A, const Ort::Custom::Tensor<T>& B,
                       const Ort::Custom::Tensor<T>& bias, Ort::Custom::Tensor<T>& Y) {
@@ -128,11 +189,19 @@ struct LoRACuda {
             return onnxfuse_cuda_lora_linear(DtypeCode<T>(), Relu, x, w, a, b, bi, s, y, d.M, d.K, d.N, d.r, stream);
           },
           [&] {
-            return onnxfuse_triton_lora_linear(DtypeCode<T>(), Relu, x, w, a, b, bi, s, y, d.M, d.K, d.N, d.r, stream);
+            const int onepass = knobs.lora_onepass;
+            const int64_t bytes = onnxfuse_triton_lora_scratch_bytes(DtypeCode<T>(), d.M, d.K, d.N, d.r, onepass);
+            if (bytes < 0) return int(bytes);  // e.g. no cubin for this GPU: Dispatch may fall back to CUDA
+            std::unique_ptr<DeviceScratch> scratch;
+            if (bytes > 0) scratch = std::make_unique<DeviceScratch>(ctx, 0, size_t(bytes));
+            return onnxfuse_triton_lora_linear(DtypeCode<T>(), Relu, x, w, a, b, bi, s, y, d.M, d.K, d.N, d.r,
+                                               knobs.small_cfg, onepass, scratch ? scratch->get() : nullptr, bytes,
+                                               stream);
           });
     });
   }
   OpAttrs attrs;
+  TritonKnobs knobs;
 };
 template <typename T>
 using LoRALinearCuda = LoRACuda<T, 0>;

@@ -5,13 +5,19 @@ Run by the CMake build (cuda/cuda.cmake) on a machine that needs no GPU:
     python aot.py --out BUILD/triton_kernels.h --archs 90 [--archs 80] [--configs tuned.json] [--jobs 2]
 
 The header holds one byte array per cubin and a table `kTritonSpecs` that `cuda/triton_launch.cc` (hand-written)
-searches at launch time: (kernel, dtype, size class, aligned, r_pad, arch) -> cubin, entry name, warps, shared memory,
-block shape. Specialisations:
+searches at launch time: (kernel, dtype, size class, aligned, r_pad, arch, variant) -> cubin, entry name, warps,
+shared memory, block shape. Specialisations:
   * dtype: fp32, fp16, bf16 (fp32 GEMMs use tl.dot with input_precision="ieee": exact fp32, no TF32 rounding);
   * size class by M, chosen by the launcher: "small" (M <= 16, the decode path: one 16-row tile, narrow column tiles
     so that N / BLOCK_N programs cover every SM and the weights are streamed once), "medium" (M <= 128) and "large";
-  * aligned: pointers 16-byte aligned and K, N multiples of 16 (divisibility hints give vectorised loads), or not;
-  * LoRA only: r padded to 16, 32 or 64.
+  * aligned: pointers 16-byte aligned and K, N multiples of 16, for LoRA also r a multiple of 8 (divisibility hints
+    give vectorised, cp.async-pipelined loads), or not;
+  * LoRA only: r padded to 16, 32 or 64. LoRA has three kernels: "lora_linear" (one pass, T = X @ A in the main
+    loop), and the two-phase pair "lora_xa" (fp32 partials of X @ A into scratch; its config's BLOCK_N is unused)
+    and "lora_main" (linear_act's main loop plus one T @ B dot);
+  * variant: 0 for every kernel; the "small" class of fp16/bf16 kernels also has variants 1 and 2 (SMALL_VARIANTS,
+    aligned build only), picked at run time by env ONNXFUSE_TRITON_SMALL_CFG=0|1|2 for A/B timing of the decode path
+    (the launcher falls back to variant 0 where a variant was not built).
 Tile configs live in CONFIGS per arch; `--configs FILE` (JSON of the same shape) overrides entries, the hook for
 autotuned configs. Triton 3.6 ABI: kernel params are the non-constexpr args, then two scratch pointers (global,
 profile); specialisations that need either scratch are refused here, since the launcher passes null.
@@ -33,24 +39,54 @@ KERNEL_FILES = ("linear_act", "swiglu", "lora_linear")
 # Order is the C enum in cuda/launch.h (onnxfuse_dtype) and in triton_launch.cc.
 DTYPES = (("fp32", 0), ("fp16", 1), ("bf16", 2))
 SIZE_CLASSES = ("small", "medium", "large")  # index = enum used by triton_launch.cc
-KERNEL_IDS = {"linear_act": 0, "swiglu": 1, "lora_linear": 2}
+KERNEL_IDS = {"linear_act": 0, "swiglu": 1, "lora_linear": 2, "lora_xa": 3, "lora_main": 4}
+LORA_KERNELS = ("lora_linear", "lora_xa", "lora_main")
 R_PADS = (16, 32, 64)
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) per arch / kernel / dtype group / size class.
 # "h" = fp16 and bf16, "f" = fp32. Shared memory per config stays below 160 KB so sm_80 fits as well.
-_H_COMMON = {"small": (16, 32, 256, 1, 4, 4), "medium": (64, 128, 64, 8, 4, 4), "large": (128, 128, 64, 8, 8, 4)}
+#
+# "small" (M <= 16, decode) is memory bound: the goal is streaming the weights once at full bandwidth with every
+# program resident in ONE wave (no tail) and enough bytes in flight (~3 TB/s x ~0.7 us ~ 2-3 MB over the chip).
+# H100: 132 SMs, 228 KB shared memory per SM. Per K step a program loads W BLOCK_K x BLOCK_N (x2 for SwiGLU) and
+# X 16 x BLOCK_K (from L2; re-read by every column tile, 16 / BLOCK_N of the W bytes).
+# (compiled.metadata.shared shows num_stages - 1 buffers for these mma.sync pipelines.)
+#   * swiglu N=11008: BLOCK_N=64, BLOCK_K=128, 4 stages -> 172 programs, 36 KB per stage (108 KB): 2 per SM, all
+#     resident (264 slots), 128-byte row segments of W, ~2 stages (72 KB) in flight each -> ~12 MB over the chip;
+#   * linear_act / LoRA, N=4096: BLOCK_N=32, BLOCK_K=128, 5 stages -> 128 programs (one per SM), 12 KB per stage,
+#     48 KB of shared memory, ~3 stages in flight each (~4.6 MB); with N=11008, 344 programs: 3-4 per SM, one wave.
+# The previous small config (16, 32, 256, 1, 4, 4) is variant 1 (SMALL_VARIANTS) for A/B timing.
+_H_SMALL_OLD = (16, 32, 256, 1, 4, 4)
+_H_COMMON = {"small": (16, 32, 128, 1, 4, 5), "medium": (64, 128, 64, 8, 4, 4), "large": (128, 128, 64, 8, 8, 4)}
 _F_COMMON = {"small": (16, 32, 64, 1, 4, 3), "medium": (64, 64, 32, 8, 4, 3), "large": (128, 64, 32, 8, 8, 3)}
+_H_SWIGLU_SMALL = (16, 64, 128, 1, 4, 4)
+# lora_xa: (BLOCK_M, unused, BLOCK_K, unused, warps, stages). Grid = row tiles x SPLIT slices of K (the launcher
+# picks SPLIT so that about one program per SM runs); memory bound (reads X once, A per program from L2).
+_H_XA = {"small": (16, 0, 128, 1, 4, 3), "medium": (16, 0, 128, 1, 4, 3), "large": (64, 0, 64, 1, 4, 4)}
+_F_XA = {"small": (16, 0, 64, 1, 4, 3), "medium": (16, 0, 64, 1, 4, 3), "large": (64, 0, 32, 1, 4, 3)}
 CONFIGS: dict[str, dict[str, dict[str, dict[str, tuple]]]] = {
     "90": {
         "linear_act": {"h": dict(_H_COMMON, large=(128, 256, 64, 8, 8, 3)), "f": _F_COMMON},
-        "swiglu": {"h": dict(_H_COMMON, large=(128, 128, 64, 8, 8, 3)), "f": _F_COMMON},
+        "swiglu": {"h": dict(_H_COMMON, small=_H_SWIGLU_SMALL, large=(128, 128, 64, 8, 8, 3)), "f": _F_COMMON},
         "lora_linear": {"h": dict(_H_COMMON, large=(128, 128, 64, 8, 8, 3)), "f": _F_COMMON},
+        "lora_xa": {"h": _H_XA, "f": _F_XA},
+        "lora_main": {"h": dict(_H_COMMON, large=(128, 256, 64, 8, 8, 3)), "f": _F_COMMON},
     },
     "80": {
         "linear_act": {"h": _H_COMMON, "f": _F_COMMON},
-        "swiglu": {"h": dict(_H_COMMON, large=(128, 128, 32, 8, 8, 3)), "f": _F_COMMON},
+        "swiglu": {"h": dict(_H_COMMON, small=_H_SWIGLU_SMALL, large=(128, 128, 32, 8, 8, 3)), "f": _F_COMMON},
         "lora_linear": {"h": dict(_H_COMMON, large=(128, 128, 32, 8, 8, 3)), "f": _F_COMMON},
+        "lora_xa": {"h": _H_XA, "f": _F_XA},
+        "lora_main": {"h": _H_COMMON, "f": _F_COMMON},
     },
+}
+# Alternative "small" configs (variants 1 and 2) for fp16/bf16, aligned build only; variant 0 is CONFIGS' "small".
+# Selected at run time with env ONNXFUSE_TRITON_SMALL_CFG (read when a session creates the kernel).
+_SMALL_ALT_LINEAR = [_H_SMALL_OLD, (16, 64, 128, 1, 4, 4)]
+SMALL_VARIANTS: dict[str, dict[str, list[tuple]]] = {
+    arch: {"linear_act": _SMALL_ALT_LINEAR, "swiglu": [_H_SMALL_OLD, (16, 32, 128, 1, 4, 4)],
+           "lora_linear": _SMALL_ALT_LINEAR, "lora_main": _SMALL_ALT_LINEAR}
+    for arch in ("90", "80")
 }
 
 
@@ -79,17 +115,21 @@ def configs_for(arch: str, overrides: dict | None = None) -> dict:
 
 
 def specialisations(archs, overrides=None):
-    """Every (kernel, dtype, size class, aligned, r_pad, arch, config) the launcher may ask for."""
+    """Every (kernel, dtype, size class, aligned, r_pad, arch, variant, config) the launcher may ask for."""
     for arch in archs:
         cfgs = configs_for(arch, overrides)
+        variants = SMALL_VARIANTS.get(arch) or SMALL_VARIANTS["90" if int(arch) >= 90 else "80"]
         for kernel in KERNEL_IDS:
             for dtype, _ in DTYPES:
                 group = "f" if dtype == "fp32" else "h"
                 for size in SIZE_CLASSES:
                     for aligned in (1, 0):
-                        for r_pad in (R_PADS if kernel == "lora_linear" else (0,)):
-                            yield dict(kernel=kernel, dtype=dtype, size=size, aligned=aligned, r_pad=r_pad,
-                                       arch=arch, config=tuple(cfgs[kernel][group][size]))
+                        for r_pad in (R_PADS if kernel in LORA_KERNELS else (0,)):
+                            base = dict(kernel=kernel, dtype=dtype, size=size, aligned=aligned, r_pad=r_pad, arch=arch)
+                            yield dict(base, variant=0, config=tuple(cfgs[kernel][group][size]))
+                            if size == "small" and group == "h" and aligned:
+                                for v, cfg in enumerate(variants.get(kernel, ()), start=1):
+                                    yield dict(base, variant=v, config=tuple(cfg))
 
 
 def compile_one(spec: dict) -> dict:
@@ -105,10 +145,13 @@ def compile_one(spec: dict) -> dict:
         # Alignment hints: every pointer and the K, N sizes (row strides) divisible by 16.
         if spec["aligned"] and (ptype.startswith("*") or pname in ("K", "N")):
             attrs[(i,)] = [["tt.divisibility", 16]]
+        elif spec["aligned"] and pname == "R":  # LoRA: rank a multiple of 8 (16-byte rows of A for fp16/bf16)
+            attrs[(i,)] = [["tt.divisibility", 8]]
     constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m,
                   "DOT_PRECISION": "ieee" if spec["dtype"] == "fp32" else "tf32"}
     if spec["r_pad"]:
         constexprs["R_PAD"] = spec["r_pad"]
+    constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}  # lora_xa has no BLOCK_N / GROUP_M
     for k in constexprs:
         signature[k] = "constexpr"
     src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
@@ -128,7 +171,8 @@ def compile_one(spec: dict) -> dict:
 
 
 def _c_ident(spec):
-    return "k_{kernel}_{dtype}_{size}_{a}_r{r_pad}_sm{arch}".format(a="al" if spec["aligned"] else "un", **spec)
+    return "k_{kernel}_{dtype}_{size}_{a}_r{r_pad}_sm{arch}_v{variant}".format(a="al" if spec["aligned"] else "un",
+                                                                               **spec)
 
 
 def write_header(results, out: pathlib.Path, triton_version: str):
@@ -138,16 +182,16 @@ def write_header(results, out: pathlib.Path, triton_version: str):
         data = r["cubin"]
         body = ",".join(str(b) for b in data)
         lines.append(f"alignas(16) static const unsigned char {_c_ident(r)}[{len(data)}] = {{{body}}};")
-    lines += ["", "struct TritonSpec {", "  int kernel, dtype, size_class, aligned, r_pad, arch;",
+    lines += ["", "struct TritonSpec {", "  int kernel, dtype, size_class, aligned, r_pad, arch, variant;",
               "  const unsigned char* cubin; size_t cubin_size; const char* name;",
-              "  int num_warps, shared, block_m, block_n;", "};", "",
+              "  int num_warps, shared, block_m, block_n, block_k;", "};", "",
               "static const TritonSpec kTritonSpecs[] = {"]
     dt = dict(DTYPES)
     for r in results:
-        bm, bn = r["config"][0], r["config"][1]
+        bm, bn, bk = r["config"][0], r["config"][1], r["config"][2]
         lines.append(f"  {{{KERNEL_IDS[r['kernel']]}, {dt[r['dtype']]}, {SIZE_CLASSES.index(r['size'])}, "
-                     f"{r['aligned']}, {r['r_pad']}, {r['arch']}, {_c_ident(r)}, sizeof({_c_ident(r)}), "
-                     f"\"{r['name']}\", {r['num_warps']}, {r['shared']}, {bm}, {bn}}},  "
+                     f"{r['aligned']}, {r['r_pad']}, {r['arch']}, {r['variant']}, {_c_ident(r)}, "
+                     f"sizeof({_c_ident(r)}), \"{r['name']}\", {r['num_warps']}, {r['shared']}, {bm}, {bn}, {bk}}},  "
                      f"// {r['kernel']} {r['dtype']} {r['size']} cfg={list(r['config'])}")
     lines += ["};", f"static const int kNumTritonSpecs = {len(results)};", "",
               "}  // namespace onnxfuse::triton_aot", ""]

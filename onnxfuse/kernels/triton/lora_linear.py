@@ -1,9 +1,18 @@
-"""Triton kernel for LoRALinear and LoRALinearRelu (onnxfuse.schema): base GEMM and rank-r branch in one kernel.
+"""Triton kernels for LoRALinear and LoRALinearRelu (onnxfuse.schema): base GEMM plus the rank-r branch.
 
-Each program computes its row tile of ``T = X @ A`` in the same K loop as ``X @ W`` (the X tile is loaded once for
-both), then adds ``(scale * T) @ B`` for its column tile. T never leaves registers, so the op needs no scratch
-memory; the price is recomputing T once per column tile, r / BLOCK_N extra tensor-core work (12.5 % at r=16,
-BLOCK_N=128). ``R_PAD`` is r rounded up to a tensor-core friendly size (16, 32 or 64); ``RELU`` is a run-time flag.
+Two ways, picked by the launcher (cuda/triton_launch.cc; env ONNXFUSE_LORA_ONEPASS):
+
+* two-phase (default): ``_lora_xa_kernel`` writes fp32 partial sums of ``T = X @ A`` into a scratch buffer
+  ``[SPLIT, M, R_PAD]`` (grid: row tiles x SPLIT slices of K, no atomics, so the result is deterministic; padded
+  columns r..R_PAD are written as zeros), then ``_lora_main_kernel`` runs the plain GEMM main loop of
+  linear_act (one tl.dot per K step, so Hopper keeps its wgmma pipeline) and after the loop sums the SPLIT partials
+  of its row tile, rounds ``scale * T`` to the input type and adds ``T @ B`` with one more tl.dot before the
+  bias (+ relu) epilogue. The scratch comes from onnxruntime's allocator (ort/ops_cuda.cc).
+* one-pass (``_lora_linear_kernel``): T accumulated in the same K loop as ``X @ W`` (two dots per K step, the
+  [BLOCK_K, R] tile of A loaded with an R-dependent mask), T recomputed once per column tile; no scratch.
+
+Both round ``scale * T`` to the input type before the small GEMM (as a 16-bit PyTorch LoRA would); fp32
+accumulation. ``R_PAD`` is r rounded up to 16, 32 or 64; ``RELU`` is a run-time flag.
 """
 import triton
 import triton.language as tl
@@ -53,8 +62,89 @@ def _lora_linear_kernel(x_ptr, w_ptr, a_ptr, b_ptr, bias_ptr, y_ptr, M, N, K, R,
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(offs_m < M)[:, None] & n_ok[None, :])
 
 
+@triton.jit
+def _lora_xa_kernel(x_ptr, a_ptr, t_ptr, M, K, R, KB_PER_SPLIT,
+                    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Phase 1: ``t[s, m, :R] = x[m, ks] @ a[ks, :]`` in fp32 over the K slice ``ks`` of split s (KB_PER_SPLIT blocks
+    of BLOCK_K), zeros in columns R..R_PAD. Grid: (cdiv(M, BLOCK_M) * SPLIT,), program id = split * num_m + m tile.
+    t is [SPLIT, M, R_PAD] fp32, row-major."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    pid_m = pid % num_m
+    split = pid // num_m
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_r = tl.arange(0, R_PAD)
+    rows = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
+    r_ok = offs_r < R
+    k_begin = split * KB_PER_SPLIT * BLOCK_K  # a multiple of BLOCK_K, known to the compiler: vectorised X loads
+    x_ptrs = x_ptr + rows[:, None] * K + (k_begin + offs_k)[None, :]
+    a_ptrs = a_ptr + (k_begin + offs_k).to(tl.int64)[:, None] * R + offs_r[None, :]
+    t = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
+    n_blocks = tl.minimum(KB_PER_SPLIT, tl.cdiv(K, BLOCK_K) - split * KB_PER_SPLIT)
+    for kb in range(0, n_blocks):
+        # Only the last block of K is partial: masking by K (divisibility hint in the aligned build) keeps the loads
+        # vectorised.
+        k_ok = (k_begin + kb * BLOCK_K + offs_k) < K
+        x = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
+        a = tl.load(a_ptrs, mask=k_ok[:, None] & r_ok[None, :], other=0.0)
+        t = tl.dot(x, a, t, input_precision=DOT_PRECISION)
+        x_ptrs += BLOCK_K
+        a_ptrs += BLOCK_K * R
+    t_ptrs = t_ptr + (split.to(tl.int64) * M + offs_m.to(tl.int64))[:, None] * R_PAD + offs_r[None, :]
+    tl.store(t_ptrs, t, mask=(offs_m < M)[:, None])
+
+
+@triton.jit
+def _lora_main_kernel(x_ptr, w_ptr, t_ptr, b_ptr, bias_ptr, y_ptr, M, N, K, R, SPLIT, scale, RELU,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                      R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Phase 2: ``y = [relu](x @ w + bias + (scale * sum_s t[s]).to(x.dtype) @ b)``; t from _lora_xa_kernel.
+
+    The K loop is linear_act's (one dot per step); the rank-r term is one extra dot after it.
+    """
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_r = tl.arange(0, R_PAD)
+    rows = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
+    n_ok = offs_n < N
+    x_ptrs = x_ptr + rows[:, None] * K + offs_k[None, :]
+    w_ptrs = w_ptr + offs_k.to(tl.int64)[:, None] * N + offs_n[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+        k0 = kb * BLOCK_K
+        k_ok = (k0 + offs_k) < K
+        x = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        acc = tl.dot(x, w, acc, input_precision=DOT_PRECISION)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K * N.to(tl.int64)
+    # Rank-r term: T row tile (sum of the SPLIT fp32 partials; padded columns are zero) times the B column tile.
+    t_ptrs = t_ptr + rows[:, None] * R_PAD + offs_r[None, :]
+    t = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
+    for s in range(0, SPLIT):
+        t += tl.load(t_ptrs)
+        t_ptrs += M.to(tl.int64) * R_PAD
+    b = tl.load(b_ptr + offs_r[:, None] * N + offs_n[None, :], mask=(offs_r < R)[:, None] & n_ok[None, :],
+                other=0.0)
+    acc = tl.dot((t * scale).to(b.dtype), b, acc, input_precision=DOT_PRECISION)
+    acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    if RELU != 0:
+        acc = tl.maximum(acc, 0.0)
+    y_ptrs = y_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(offs_m < M)[:, None] & n_ok[None, :])
+
+
 KERNELS = {
     "lora_linear": (_lora_linear_kernel, [("x_ptr", "*T"), ("w_ptr", "*T"), ("a_ptr", "*T"), ("b_ptr", "*T"),
                                           ("bias_ptr", "*T"), ("y_ptr", "*T"), ("M", "i32"), ("N", "i32"),
                                           ("K", "i32"), ("R", "i32"), ("scale", "fp32"), ("RELU", "i32")]),
+    # t_ptr is fp32 scratch whatever T is: "*fp32".
+    "lora_xa": (_lora_xa_kernel, [("x_ptr", "*T"), ("a_ptr", "*T"), ("t_ptr", "*fp32"), ("M", "i32"), ("K", "i32"),
+                                  ("R", "i32"), ("KB_PER_SPLIT", "i32")]),
+    "lora_main": (_lora_main_kernel, [("x_ptr", "*T"), ("w_ptr", "*T"), ("t_ptr", "*fp32"), ("b_ptr", "*T"),
+                                      ("bias_ptr", "*T"), ("y_ptr", "*T"), ("M", "i32"), ("N", "i32"), ("K", "i32"),
+                                      ("R", "i32"), ("SPLIT", "i32"), ("scale", "fp32"), ("RELU", "i32")]),
 }
