@@ -28,24 +28,7 @@ def _console(quiet: bool = False):
     return Console(stderr=False, quiet=quiet, highlight=False, width=None if sys.stdout.isatty() else 140)
 
 
-def _sizes(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.replace(",", "-").split("-") if v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected sizes like 512-256-64-16")
-    if not values or min(values) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: sizes must be positive, like 512-256-64-16")
-    return values
-
-
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"{text} must be positive")
-    return v
+from .argtypes import layer_sizes as _sizes, positive_int as _positive  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------------------ export
@@ -134,7 +117,7 @@ def _verify(args) -> int:
         made = v.load_factory(args.module)
         module, inputs = made if isinstance(made, tuple) else (made, None)
     res = v.verify(args.model, module=module, inputs=inputs, provider=args.provider, tolerance=args.tolerance,
-                   graph_optimization=not args.no_graph_opt)
+                   graph_optimization=not args.no_graph_opt, library=True if args.require_library else None)
     if args.json:
         print(json.dumps(res.to_dict(), indent=2))
     elif not args.quiet:
@@ -155,7 +138,7 @@ def _run(args) -> int:
     model = onnxio.load(args.model, load_external_data=False)
     if args.output:
         onnxio.check_output_path(args.output, force=args.force)
-    sess = runtime.session(args.model, args.provider)
+    sess = runtime.session(args.model, args.provider, library=True if args.require_library else None)
     if args.inputs:
         feeds = runtime.load_npz(args.inputs)
     else:
@@ -275,6 +258,13 @@ def _info(args) -> int:
 
 # ------------------------------------------------------------------------------------------------------ parser
 
+def _add_session_args(p) -> None:
+    """Flags of the commands that run a model in onnxruntime (verify, run)."""
+    p.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="execution provider (default cpu)")
+    p.add_argument("--require-library", action="store_true",
+                   help="fail (exit 2) instead of falling back to the function bodies when the kernel library is unavailable")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="onnxfuse", description="Export PyTorch models to ONNX, fuse subgraphs into onnxfuse custom ops, "
                 "and run them in onnxruntime with CPU, CUDA and Triton kernels.")
@@ -322,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     ve = sub.add_parser("verify", help="compare a model's outputs with the PyTorch module it came from")
     ve.add_argument("model", help="the .onnx model (fused or not)")
     ve.add_argument("--module", metavar="PATH.py:FACTORY", help="the PyTorch module (default: rebuilt from the recipe)")
-    ve.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="execution provider (default cpu)")
+    _add_session_args(ve)
     ve.add_argument("--tolerance", type=float, help="max |out-ref|/max|ref| (default by dtype and provider)")
     ve.add_argument("--no-graph-opt", action="store_true", help="turn onnxruntime's graph optimisations off")
     ve.add_argument("-q", "--quiet", action="store_true", help="print nothing; the exit code says it")
@@ -331,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ru = sub.add_parser("run", help="run a model in onnxruntime (the kernel library registered when needed)")
     ru.add_argument("model", help="the .onnx model")
-    ru.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="execution provider (default cpu)")
+    _add_session_args(ru)
     ru.add_argument("--inputs", metavar="FILE.npz", help="inputs (default: the recipe's seeded inputs, else random)")
     ru.add_argument("-o", "--output", metavar="FILE.npz", help="write the outputs here")
     ru.add_argument("--force", action="store_true", help="overwrite an existing output file")
@@ -367,6 +357,10 @@ def build_parser() -> argparse.ArgumentParser:
     do.add_argument("--json", action="store_true", help="print the result as JSON")
     do.set_defaults(func=_doctor)
 
+    from . import bench, view
+    bench.register(sub, _Parser)
+    view.register(sub, _Parser)
+
     inf = sub.add_parser("info", help="versions, providers, GPU, headers and kernel library status")
     inf.add_argument("--check", action="store_true", help="also build/load the kernel library and test every op")
     inf.add_argument("--json", action="store_true", help="print as JSON")
@@ -374,6 +368,11 @@ def build_parser() -> argparse.ArgumentParser:
     inf.set_defaults(func=_info)
 
     return p
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """Warnings the user should see: one line on stderr, no source location."""
+    print(f"onnxfuse: warning: {str(message).splitlines()[0] if str(message) else category.__name__}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -389,6 +388,10 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings():
             if getattr(args, "quiet", False):
                 warnings.simplefilter("ignore")
+            else:
+                from .runtime import LibraryUnavailableWarning
+                warnings.filterwarnings("always", category=LibraryUnavailableWarning)
+            warnings.showwarning = _show_warning
             return args.func(args)
     except OnnxfuseError as e:
         print(f"onnxfuse: error: {e}", file=sys.stderr)

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import gc
 import io
 import json
 import logging
+import os
 import pathlib
+import shutil
 import tempfile
 import time
 import warnings
@@ -98,12 +101,20 @@ def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: st
     out = onnxio.check_output_path(out, force=force)
     module = zoo.build_module(kind, spec, seed, dtype)
     inputs = zoo.make_inputs(kind, spec, seed, dtype)
+    weight_bytes = sum(t.numel() * t.element_size() for t in module.state_dict().values())
+    if external_data is None:  # automatic: protobuf cannot hold a model past 2 GiB
+        external_data = weight_bytes > onnxio.EXTERNAL_DATA_THRESHOLD
     names = list(inputs)
     outs = output_names(kind, spec)
     t0 = time.perf_counter()
     notes: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="onnxfuse-export-") as tmp:
-        tmp_path = pathlib.Path(tmp) / "model.onnx"
+    parent = out.parent if str(out.parent) else pathlib.Path(".")
+    # A temporary folder beside the output: the weights file is renamed into place, never copied across filesystems.
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=".onnxfuse-", dir=parent))
+    try:
+        # The model is written under its final name, so a dynamo export's '<name>.data' is already the file that
+        # onnxfuse's convention (and the model's external-data locations) name.
+        tmp_path = tmp / out.name
         order = ["dynamo", "torchscript"] if exporter == "auto" else [exporter]
         used, errors = None, []
         for name in order:
@@ -118,18 +129,43 @@ def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: st
                 if exporter == "auto" and name == "dynamo":
                     notes.append(f"dynamo exporter failed ({msg[:200]}); fell back to the TorchScript exporter")
                     warnings.warn(notes[-1])
+                for f in tmp.iterdir():  # a failed exporter's partial files
+                    f.unlink()
         if used is None:
             raise OnnxfuseError("export failed: " + " | ".join(errors) + "; try --exporter torchscript or a smaller config")
-        model = onnx.load(str(tmp_path), load_external_data=True)
-    model.ir_version = min(model.ir_version, onnxio.MAX_IR_VERSION) if model.ir_version else IR_VERSION
-    recipe = make_recipe(kind, spec, seed, dtype, inputs, used, dynamic)
-    onnxio.set_metadata(model, RECIPE_KEY, json.dumps(recipe))
-    model.producer_name = "onnxfuse"
-    model.producer_version = __version__
-    if model.ByteSize() < onnxio.EXTERNAL_DATA_THRESHOLD:  # the checker cannot take a proto over 2 GiB in memory
-        onnx.checker.check_model(model)
-    onnxio.save(model, out, external_data=external_data)
+        recipe = make_recipe(kind, spec, seed, dtype, inputs, used, dynamic)
+        del module  # the exported weights are on disk now; do not hold a second copy while writing
+        gc.collect()
+        data_name = out.name + ".data"
+        lean = external_data and _single_data_file(tmp_path, data_name)
+        # Small models (or an exporter that wrote its weights some other way): load everything, re-save. Big ones:
+        # edit only the small graph file and rename the exporter's weights file into place (no copy of the weights).
+        model = onnx.load(str(tmp_path), load_external_data=not lean)
+        model.ir_version = min(model.ir_version, onnxio.MAX_IR_VERSION) if model.ir_version else IR_VERSION
+        onnxio.set_metadata(model, RECIPE_KEY, json.dumps(recipe))
+        model.producer_name = "onnxfuse"
+        model.producer_version = __version__
+        if lean:
+            onnx.save_model(model, str(tmp_path))
+            onnx.checker.check_model(str(tmp_path))  # by path: reads the graph, checks the weights file exists
+            os.replace(tmp / data_name, parent / data_name)
+            os.replace(tmp_path, out)
+        else:
+            if onnxio._weight_bytes(model) < onnxio.EXTERNAL_DATA_THRESHOLD:  # the checker cannot take a proto over 2 GiB
+                onnx.checker.check_model(model)
+            onnxio.save(model, out, external_data=external_data)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return ExportResult(out, used, time.perf_counter() - t0, op_counts(model), recipe, notes)
+
+
+def _single_data_file(path: pathlib.Path, data_name: str) -> bool:
+    """True when every external tensor of the model at ``path`` lives in ``data_name`` beside it (dynamo's layout)."""
+    from onnx.external_data_helper import uses_external_data
+    m = onnx.load(str(path), load_external_data=False)
+    locations = {e.value for t in m.graph.initializer if uses_external_data(t) for e in t.external_data
+                 if e.key == "location"}
+    return locations == {data_name} and (path.parent / data_name).is_file()
 
 
 def _torch_export(module, inputs, path, exporter, input_names, output_names_, dynamic_axes, quiet):

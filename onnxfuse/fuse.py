@@ -11,6 +11,8 @@ import dataclasses
 import json
 import os
 import pathlib
+import shutil
+import tempfile
 import time
 
 import onnx
@@ -105,6 +107,12 @@ def fuse_model(model: ir.Model, patterns: list[str] | None = None, explain: bool
         if name in patterns:
             for rs in _as_list(PATTERNS[name](recorder)):
                 rs.apply_to_model(model)
+    for node in model.graph:
+        if node.domain == DOMAIN:
+            # The rewriter copies the exporter's per-node metadata (stack traces, fx dumps) of one replaced node
+            # onto the fused node, where it misleads: keep only onnxfuse's own keys.
+            for key in [k for k in node.metadata_props if k.startswith("pkg.torch") or k == "namespace"]:
+                del node.metadata_props[key]
     refusals = []
     if explain:
         tracer = _base.ExplainTracer()
@@ -139,23 +147,32 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
     if report_path is not None:
         onnxio.check_output_path(report_path, force=True)
     already = sum(1 for n in proto.graph.node if n.domain == DOMAIN)
+    src_external = not onnxio._all_data_inline(proto)
     del proto
-    model = ir.load(str(src))  # external data stays on disk until written
+    model = ir.load(str(src))  # external data stays on disk (memory-mapped on use) until written
     nodes_before = len(model.graph)
     recorder, removed, total, fused_flops, refusals = fuse_model(model, patterns, explain)
     result = FuseResult(None, recorder.matches, nodes_before, len(model.graph), removed, total, fused_flops,
                         refusals, already, 0.0)
     if recorder.matches or write_unchanged:
         model.ir_version = min(model.ir_version or 10, onnxio.MAX_IR_VERSION)
-        proto = ir.serde.serialize_model(model) if _fits_in_memory(src) else None
-        if proto is not None:
+        if external_data is None:  # automatic: keep the source's layout, and go external past protobuf's limit
+            external_data = src_external or not _fits_in_memory(src)
+        if not external_data:
+            # Small and inline: one proto in memory, written atomically by onnxio.save.
+            proto = ir.serde.serialize_model(model)
+            if src_external:  # --no external data asked for a model whose weights are in a file: pull them in
+                from onnx.external_data_helper import load_external_data_for_model
+                load_external_data_for_model(proto, str(src.parent))
             functions.add_functions(proto)
             onnxio.set_metadata(proto, REPORT_KEY, json.dumps(_metadata_report(result)))
             result.model = proto
             if out is not None:
-                onnxio.save(proto, out, external_data=external_data)
+                onnxio.save(proto, out, external_data=False)
                 result.output = str(out)
         elif out is not None:
+            # Weights stream from the source's data file (or memory, for tensors the rules made) into the output's
+            # own '<out>.data': the fused model never points at the source's weights file.
             _save_large(model, out, result)
     result.seconds = time.perf_counter() - t0
     if report_path is not None:
@@ -178,14 +195,25 @@ def _fits_in_memory(src: pathlib.Path) -> bool:
 
 
 def _save_large(model: ir.Model, out, result: FuseResult) -> None:
-    """Models past protobuf's 2 GiB: add functions and metadata on the IR and let onnx_ir stream the weights."""
+    """Models with external data (any size, past protobuf's 2 GiB included): functions and metadata are added on
+    the IR and onnx_ir streams the weights, tensor by tensor, into '<out>.data'. Both files are written in a
+    temporary folder beside the output and renamed into place, so a failure leaves no partial output and an
+    in-place fuse (out == src) never overwrites the weights it is reading."""
     for op in sorted({n.op_type for n in model.graph if n.domain == DOMAIN}):
         f = ir.serde.deserialize_function(functions.function_proto(op))
         model.functions[f.identifier()] = f
-    model.opset_imports.setdefault(DOMAIN, 1)
+    if any(n.domain == DOMAIN for n in model.graph):
+        model.opset_imports.setdefault(DOMAIN, 1)
     model.metadata_props[REPORT_KEY] = json.dumps(_metadata_report(result))
     out = pathlib.Path(out)
-    tmp = out.with_name(f".{out.name}.tmp")
-    ir.save(model, str(tmp), external_data=out.name + ".data")
-    os.replace(tmp, out)
+    parent = out.parent if str(out.parent) else pathlib.Path(".")
+    data_name = out.name + ".data"
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=".onnxfuse-", dir=parent))
+    try:
+        ir.save(model, str(tmp / out.name), external_data=data_name)
+        if (tmp / data_name).exists():
+            os.replace(tmp / data_name, parent / data_name)
+        os.replace(tmp / out.name, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     result.output = str(out)

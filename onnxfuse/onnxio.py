@@ -45,9 +45,22 @@ def check_output_path(path: str | os.PathLike, force: bool = False) -> pathlib.P
     parent = p.parent if str(p.parent) else pathlib.Path(".")
     if not parent.exists():
         raise OnnxfuseError(f"{parent}: output directory does not exist; create it first or choose another path with -o")
-    if not os.access(parent, os.W_OK):
+    if not parent.is_dir():
+        raise OnnxfuseError(f"{parent}: is not a directory; choose another output path with -o")
+    if not os.access(parent, os.W_OK) or not _can_create_in(parent):
         raise OnnxfuseError(f"{parent}: output directory is not writable; choose another path with -o")
     return p
+
+
+def _can_create_in(folder: pathlib.Path) -> bool:
+    """Try it (os.access says yes to root even on a read-only filesystem)."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".onnxfuse-probe-", dir=folder)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(name)
+    return True
 
 
 def save(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool | None = None) -> pathlib.Path:
@@ -59,7 +72,7 @@ def save(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool | 
     if model.ir_version > MAX_IR_VERSION or model.ir_version == 0:
         model.ir_version = IR_VERSION
     if external_data is None:
-        external_data = model.ByteSize() > EXTERNAL_DATA_THRESHOLD if _all_data_inline(model) else True
+        external_data = _weight_bytes(model) > EXTERNAL_DATA_THRESHOLD if _all_data_inline(model) else True
     parent = p.parent if str(p.parent) else pathlib.Path(".")
     tmpdir = tempfile.mkdtemp(prefix=".onnxfuse-", dir=parent)
     try:
@@ -79,6 +92,12 @@ def save(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool | 
             f.unlink()
         os.rmdir(tmpdir)
     return p
+
+
+def _weight_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the initializers' data (ByteSize() of a proto past 2 GiB is not reliable, and costs a pass)."""
+    from onnx.external_data_helper import _get_all_tensors
+    return sum(len(t.raw_data) or t.ByteSize() for t in _get_all_tensors(model))
 
 
 def _all_data_inline(model: onnx.ModelProto) -> bool:

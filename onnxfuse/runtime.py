@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import warnings
 
 import numpy as np
 import onnx
 
 from .errors import OnnxfuseError
-from .schema import DOMAIN
+from .onnxio import MAX_IR_VERSION as _MAX_IR_VERSION
+from .schema import DOMAIN, ONNX_OPSET
+
+
+class LibraryUnavailableWarning(UserWarning):
+    """A fused model runs through its ONNX function bodies because the kernel library could not be loaded."""
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 _ORT_TO_NUMPY = {
@@ -75,18 +81,31 @@ def session(model: onnx.ModelProto | str | os.PathLike, provider: str = "cpu", *
                                     "and see 'onnxfuse info'") from None
             # Without the library the fused nodes still run: onnxruntime inlines their ONNX function bodies.
             warnings.warn(f"onnxfuse kernel library unavailable ({reason}); onnxfuse nodes run as their ONNX "
-                          "function bodies (slower). Run 'onnxfuse build' to get the kernels.")
+                          "function bodies (slower). Run 'onnxfuse build' to get the kernels.",
+                          LibraryUnavailableWarning, stacklevel=2)
     opts = dict(provider_options or {})
     if cuda_graph:
         opts["enable_cuda_graph"] = "1"
     providers = [(ep, opts)] if provider == "cuda" else [ep]
     if provider == "cuda":
         providers.append("CPUExecutionProvider")
+    if proto.ir_version > _MAX_IR_VERSION:
+        raise OnnxfuseError(f"the model has IR version {proto.ir_version}, newer than onnxruntime {rt.__version__} loads "
+                            f"(<= {_MAX_IR_VERSION}); re-export it with 'onnxfuse export' (or re-save it with "
+                            "onnx.save after setting model.ir_version = 10)")
     src = path if path is not None else proto.SerializeToString()
     try:
         return rt.InferenceSession(src, so, providers=providers)
     except Exception as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        missing = re.search(r"Could not find an implementation for (\w+\(\d+\))", msg)
+        if missing and provider == "cpu" and _has_bf16(proto):
+            raise OnnxfuseError(f"onnxruntime's CPU provider has no bfloat16 kernel for {missing.group(1)}; run bf16 "
+                                "models with --provider cuda, or export with --dtype fp16/fp32 for the CPU") from None
+        opset = re.search(r"[Oo]pset (\d+)", msg)
+        if opset and ("under development" in msg or "support" in msg.lower()):
+            raise OnnxfuseError(f"onnxruntime {rt.__version__} cannot load this model: opset {opset.group(1)} is newer "
+                                f"than it supports; re-export it with 'onnxfuse export' (opset {ONNX_OPSET})") from None
         if "onnxfuse" in msg and "not a registered function/op" in msg.replace("is not a registered", "not a registered"):
             raise OnnxfuseError(f"onnxruntime cannot run this fused model's onnxfuse ops: {msg[:300]}; register the "
                                 "kernel library (onnxfuse.kernels.library_path(), or 'onnxfuse run', which does it)") from None
@@ -94,6 +113,12 @@ def session(model: onnx.ModelProto | str | os.PathLike, provider: str = "cpu", *
             raise OnnxfuseError(f"onnxruntime {rt.__version__} cannot load this model: {msg[:300]}; re-export it with "
                                 "'onnxfuse export' (IR version <= 13, opset <= 23)") from None
         raise OnnxfuseError(f"onnxruntime could not load the model: {msg[:400]}") from None
+
+
+def _has_bf16(model: onnx.ModelProto) -> bool:
+    bf16 = onnx.TensorProto.BFLOAT16
+    return (any(t.data_type == bf16 for t in model.graph.initializer)
+            or any(v.type.tensor_type.elem_type == bf16 for v in [*model.graph.input, *model.graph.output]))
 
 
 def _has_functions(model: onnx.ModelProto) -> bool:
@@ -116,7 +141,8 @@ def check_feeds(sess, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             raise OnnxfuseError(f"input {name!r} has dtype {value.dtype}, the model wants {np.dtype(want).name}; "
                                 f"convert it (e.g. arr.astype(np.{np.dtype(want).name}))")
         if len(value.shape) != len(arg.shape):
-            raise OnnxfuseError(f"input {name!r} has shape {list(value.shape)}, the model wants {_shape_str(arg.shape)}")
+            raise OnnxfuseError(f"input {name!r} has shape {list(value.shape)}, the model wants {_shape_str(arg.shape)}; "
+                                "give an array of that rank")
         for got, dim in zip(value.shape, arg.shape):
             if isinstance(dim, int) and dim != got:
                 raise OnnxfuseError(f"input {name!r} has shape {list(value.shape)}, the model wants "

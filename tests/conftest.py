@@ -7,8 +7,19 @@ import pathlib
 import warnings
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 warnings.filterwarnings("ignore")
+
+# Hypothesis profiles shared by every property test: "quick" (CI, the default) and "nightly" (thousands of
+# examples), chosen with ONNXFUSE_HYPOTHESIS_PROFILE=nightly. Tests whose examples are expensive lower the quick
+# count only under the quick profile (see tests/test_properties.py).
+HYPOTHESIS_PROFILE = os.environ.get("ONNXFUSE_HYPOTHESIS_PROFILE", "quick")
+settings.register_profile("quick", max_examples=25, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+settings.register_profile("nightly", max_examples=3000, deadline=None,
+                          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+settings.load_profile(HYPOTHESIS_PROFILE)
 
 
 def _gpu_available() -> bool:

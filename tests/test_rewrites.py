@@ -28,6 +28,16 @@ def _counts(model):
     return collections.Counter((n.domain or "", n.op_type) for n in model.graph.node)
 
 
+def _valid_feeds(sess, seed):
+    """Random feeds the models accept: non-negative categorical ids, an all-ones attention mask."""
+    feeds = runtime.random_feeds(sess, seed=seed)
+    if "sparse" in feeds:
+        feeds["sparse"] = np.abs(feeds["sparse"])
+    if "attention_mask" in feeds:
+        feeds["attention_mask"] = np.ones_like(feeds["attention_mask"])
+    return feeds
+
+
 def _export(exported, case, exporter, dtype):
     kw = dict(CASES[case][0])
     return exported(kw.pop("kind"), exporter=exporter, dtype=dtype, **kw)
@@ -75,11 +85,7 @@ def test_fused_equals_unfused(exported, tmp_path, case, graph_opt):
     src = _export(exported, case, "dynamo", "fp32")
     fuse.fuse(src, tmp_path / "f.onnx")
     sess = runtime.session(str(src), "cpu", graph_optimization=graph_opt)
-    feeds = runtime.random_feeds(sess, seed=1)
-    if "dense" in feeds:
-        feeds["sparse"] = np.abs(feeds["sparse"])
-    if "attention_mask" in feeds:
-        feeds["attention_mask"] = np.ones_like(feeds["attention_mask"])
+    feeds = _valid_feeds(sess, seed=1)
     ref = sess.run(None, feeds)[0]
     for library in (False, True):
         s = runtime.session(str(tmp_path / "f.onnx"), "cpu", library=library, graph_optimization=graph_opt)
@@ -102,9 +108,11 @@ def test_annotations_and_report(exported, tmp_path):
     nodes = [n for n in m.graph.node if n.domain == "onnxfuse"]
     assert [n.name for n in nodes] == ["onnxfuse/swiglu/model.layers.0.mlp", "onnxfuse/swiglu/model.layers.1.mlp"]
     doc = nodes[0].doc_string
-    for needle in ("replaced 5 nodes", "(MatMul)", "(Sigmoid)", "shapes: X [2, 16, 64]", "float", "triton", "cuda", "cpu",
+    for needle in ("replaced 5 nodes", "(MatMul)", "(Sigmoid)", "  X [2,16,64]", "module: model.layers.0.mlp", "float", "triton", "cuda", "cpu",
                    "chosen"):
         assert needle in doc, needle
+    assert max(len(line) for line in doc.splitlines()) <= 64, "Netron shows doc lines unwrapped in a narrow panel"
+    assert not [p.key for p in nodes[0].metadata_props if p.key.startswith("pkg.torch")]
     report = json.loads(next(p.value for p in m.metadata_props if p.key == fuse.REPORT_KEY))
     assert report["patterns"][0]["matches"] == 2 and 0.3 < report["flop_share"] < 0.6
     assert {f.name for f in m.functions if f.domain == "onnxfuse"} == {"SwiGLU"}
@@ -241,11 +249,7 @@ def test_fp16_fused_equals_unfused_with_ort_optimisations(exported, tmp_path, ca
     src = _export(exported, case, "dynamo", "fp16")
     fuse.fuse(src, tmp_path / "f.onnx")
     sess = runtime.session(str(src), "cpu", graph_optimization=graph_opt)
-    feeds = runtime.random_feeds(sess, seed=3)
-    if "sparse" in feeds:
-        feeds["sparse"] = np.abs(feeds["sparse"])
-    if "attention_mask" in feeds:
-        feeds["attention_mask"] = np.ones_like(feeds["attention_mask"])
+    feeds = _valid_feeds(sess, seed=3)
     ref = sess.run(None, feeds)[0].astype(np.float32)
     out = runtime.session(str(tmp_path / "f.onnx"), "cpu", library=True,
                           graph_optimization=graph_opt).run(None, feeds)[0].astype(np.float32)

@@ -18,9 +18,17 @@ from onnxscript.rewriter import MatchingTracer, MatchResult, MatchStatus, Rewrit
 from ..schema import DOMAIN, OPS
 
 FLOAT_TYPES = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
-KERNELS = "cpu (CPUExecutionProvider); cuda, triton (CUDAExecutionProvider)"
-CHOICE = ("backend=auto: the library picks per node at run time (cpu on the CPU EP; on the CUDA EP the faster of "
-          "cuda/triton for the dtype and shape); override with the node's backend attribute or ONNXFUSE_BACKEND")
+KERNELS_DOC = (
+    "kernels: cpu (CPU EP); cuda, triton (CUDA EP)",
+    "chosen: backend=auto picks per node at run time:",
+    "  cpu on the CPU EP; triton on the CUDA EP",
+    "  (measured faster), cuda where no cubin fits",
+    "  override: backend attribute or ONNXFUSE_BACKEND",
+)
+
+
+def _shape_txt(dims_: list | None) -> str:
+    return "?" if dims_ is None else "[" + ",".join(str(d) for d in dims_) + "]"
 
 
 @dataclasses.dataclass
@@ -128,13 +136,17 @@ class FusionRule(RewriteRuleClassBase):
         node.name = self.recorder.unique(f"onnxfuse/{self.pattern_name}/{module}")
         schema = OPS[op_type]
         replaced = [(n.name or "?", n.op_type) for n in matched]
-        shape_txt = ", ".join(f"{k} {v}" for k, v in shapes.items())
+        # Netron shows each line unwrapped in a narrow panel: one fact per line, short lines.
         node.doc_string = "\n".join([
-            f"onnxfuse {op_type} ({self.pattern_name}, rule {self.name}) for module '{module}': {schema.math}",
-            f"replaced {len(matched)} nodes: " + ", ".join(f"{name} ({t})" for name, t in replaced),
-            f"shapes: {shape_txt}; dtype {dtype.name.lower()}",
-            f"kernels: {KERNELS}",
-            f"chosen: {CHOICE}",
+            schema.math,
+            f"module: {module}",
+            f"rule: {self.name}",
+            f"replaced {len(matched)} nodes:",
+            *(f"  {name} ({t})" for name, t in replaced),
+            "shapes:",
+            *(f"  {k} {_shape_txt(v)}" for k, v in shapes.items()),
+            f"dtype: {dtype.name.lower()}",
+            *KERNELS_DOC,
         ])
         node.metadata_props["onnxfuse.pattern"] = self.pattern_name
         node.metadata_props["onnxfuse.module"] = module
