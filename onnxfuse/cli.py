@@ -213,8 +213,11 @@ def _fuse(args) -> int:
 def _build(args) -> int:
     from . import kernels
     backends = args.backends.split(",") if args.backends else None
+    quiet = args.quiet or args.json
     try:
-        res = kernels.build(arch=args.arch, backends=backends, force=args.force, quiet=args.quiet or args.json)
+        with _console(quiet).status("building the kernel library (first build: a few minutes) ...",
+                                    spinner="dots") if not quiet else _null():
+            res = kernels.build(arch=args.arch, backends=backends, force=args.force, quiet=True)
     except kernels.BuildError as e:
         raise OnnxfuseError(f"kernel library build failed: {e}") from None
     data = {"path": str(res.path), "backends": res.backends, "archs": res.archs, "headers": res.header_source,

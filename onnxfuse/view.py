@@ -415,7 +415,7 @@ def add_arguments(p) -> None:
     p.add_argument("--allow-remote", action="store_true",
                    help="allow a non-loopback --host (the model and the files beside it become readable there)")
     p.add_argument("--no-browser", action="store_true", help="do not open a web browser; just print the URL")
-    p.add_argument("--screenshot", metavar="PNG",
+    p.add_argument("--screenshot", "-o", metavar="PNG",
                    help="render the model in headless Chromium, write this PNG and exit (no server left running)")
     p.add_argument("--node", help="with --screenshot: the node to center and select (default: the first onnxfuse node)")
     p.add_argument("--window", type=_window, default=DEFAULT_WINDOW, metavar="WxH",
@@ -424,6 +424,8 @@ def add_arguments(p) -> None:
     p.add_argument("--timeout", type=float, default=60.0, help="with --screenshot: seconds to wait for Netron (default 60)")
     p.add_argument("--force", action="store_true", help="with --screenshot: overwrite an existing PNG")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    p.add_argument("--json", action="store_true",
+                   help="print JSON: the screenshot's summary, or one line per served model with its URL")
 
 
 def run(args, *, block: bool = True) -> int:
@@ -440,7 +442,9 @@ def run(args, *, block: bool = True) -> int:
             raise OnnxfuseError("--screenshot takes one MODEL, not --diff; run it once per model")
         res = screenshot(models[0], args.screenshot, node=args.node, window=args.window, force=args.force,
                          sidebar=not args.no_sidebar, timeout=args.timeout)
-        if not args.quiet:
+        if getattr(args, "json", False):
+            print(json.dumps({k: str(v) if isinstance(v, pathlib.Path) else v for k, v in res.items()}))
+        elif not args.quiet:
             sel = f", {res['selected']} selected" if res["selected"] else ""
             print(f"wrote {res['path']} ({res['bytes'] // 1024} KB; {res['nodes_drawn']} nodes drawn, "
                   f"{res['fused_nodes']} onnxfuse nodes{sel})")
@@ -472,7 +476,12 @@ def _serve_all(args, models, *, block: bool) -> int:
         for s in served:
             stop(s)
         raise
-    if not args.quiet:
+    if getattr(args, "json", False):
+        labels = ["unfused", "fused"] if args.diff else ["model"]
+        for s, label in zip(served, labels):
+            print(json.dumps({"role": label, "path": str(s.path), "url": s.url, "host": s.host, "port": s.port,
+                              "onnxfuse_nodes": list(s.fused_nodes)}), flush=True)
+    elif not args.quiet:
         labels = ["unfused", "fused"] if args.diff else [None]
         for s, label in zip(served, labels):
             fused = f"{len(s.fused_nodes)} onnxfuse node{'s' if len(s.fused_nodes) != 1 else ''}"

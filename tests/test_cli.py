@@ -1,0 +1,48 @@
+"""The CLI's contract: every command has help, -q and --json, and exit codes 0 ok / 1 goal or check failed / 2 bad input."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from onnxfuse import cli
+
+COMMANDS = [["export", "llama"], ["export", "dlrm"], ["fuse"], ["verify"], ["run"], ["build"], ["doctor"], ["bench"],
+            ["view"], ["info"]]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_every_command_has_help_quiet_and_json(command, capsys):
+    assert cli.main(command + ["--help"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: onnxfuse " + " ".join(command))
+    assert "-q, --quiet" in text and "--json" in text
+
+
+@pytest.mark.parametrize("command", [c for c in COMMANDS if c[0] in ("export", "fuse", "run", "bench", "view")],
+                         ids=" ".join)
+def test_commands_that_write_files_take_dash_o(command, capsys):
+    cli.main(command + ["--help"])
+    assert " -o " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [
+    ["no-such-command"], ["export"], ["export", "llama", "--dtype", "fp64"], ["fuse"], ["verify"],
+    ["run", "/nonexistent.onnx"], ["view", "/nonexistent.onnx", "--no-browser"], ["bench", "no-such-case", "--device", "cpu"],
+    ["build", "--backends", "fortran"],
+])
+def test_bad_input_exits_2_with_one_line(argv, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err and len(err.splitlines()) == 1 and "error" in err
+
+
+def test_no_command_prints_help_and_exits_2(capsys):
+    assert cli.main([]) == 2
+    assert "usage: onnxfuse" in capsys.readouterr().out
+
+
+def test_info_json(capsys):
+    assert cli.main(["info", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["versions"]["onnx"] and "CPUExecutionProvider" in data["providers"] and "kernels" in data
