@@ -795,8 +795,16 @@ def run(targets: list[str] | None = None, options: Options | None = None) -> dic
         work = [_file_workload(files[0], opts)]
     else:
         work = workloads(names, opts.dtype, opts.seed, opts.quick, opts.sizes, opts.layers)
-    for w in work:
-        result["cases"].append(run_workload(w, opts, dev, result))
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    # On stderr, so that --json output on stdout stays machine-readable.
+    with Progress(TextColumn("[bench] {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True, disable=opts.quiet) as bar:
+        task = bar.add_task("cases", total=len(work))
+        for w in work:
+            bar.update(task, description=f"{getattr(w, 'case', 'model')} {getattr(w, 'size', '')}".strip())
+            result["cases"].append(run_workload(w, opts, dev, result))
+            bar.advance(task)
     result["seconds"] = round(time.perf_counter() - t_start, 1)
     result["target"] = (pathlib.Path(files[0]).stem if files else
                         "all" if names == list(CASES) else "+".join(names))
