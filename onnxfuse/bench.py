@@ -78,6 +78,11 @@ GOALS: tuple[Goal, ...] = (
     Goal("dlrm", 128, "fused_vs_unfused", 2.0, "whole DLRM, batch 128: fused >= 2x unfused"),
     Goal("dlrm", 2048, "fused_vs_unfused", 1.5, "whole DLRM, batch 2048: fused >= 1.5x unfused"),
     Goal("llama", 2048, "fused_vs_unfused", 1.1, "Llama decoder (1 layer, 2x1024 tokens): fused >= 1.1x unfused"),
+    Goal("llama-mlp", 2048, "gemms_over_fused", 1.0, "Llama MLP, 2048 tokens: fused MLP no slower than its GEMMs alone"),
+    Goal("llama-mlp", 2048, "roofline_pct", 85.0, "Llama MLP, 2048 tokens: >= 85% of the GEMM peak of the same run"),
+    Goal("llama-mlp", 16, "roofline_pct", 85.0, "Llama MLP, 16 tokens: >= 85% of the bandwidth of the same run"),
+    Goal("lora-linear", 2048, "gemms_over_fused", round(1 / 1.15, 4),
+         "LoRA linear, 2048 tokens: <= 1.15x the time of the base GEMM alone"),
     Goal("*", None, "fused_vs_compile", 1.0, "every fused case at least as fast as torch.compile"),
 )
 
@@ -161,6 +166,8 @@ def compute_ratios(variants: dict) -> dict:
         "unfused_vs_eager": ratio(_median(variants, "torch-eager"), best_u),
         # > 1: the fused op costs more than the bare GEMMs (the activation is not free); about 1: it is free.
         "fused_over_gemms": ratio(best_f, _median(variants, "torch-gemms")),
+        "gemms_over_fused": ratio(_median(variants, "torch-gemms"), best_f),  # goal form of the line above
+        "roofline_pct": (variants.get(best_f_name) or {}).get("roofline_pct") if best_f_name else None,
         "eager_over_gemms": ratio(_median(variants, "torch-eager"), _median(variants, "torch-gemms")),
     }
     return out
@@ -263,8 +270,14 @@ def _make_lora(size, dtype, seed, quick, layers):
         g = torch.Generator().manual_seed(seed)
         return {"x": torch.randn(size, k, generator=g).to(zoo.DTYPES[dtype])}
 
+    def gemms(module, inputs):
+        """The base GEMM alone (x @ Wᵀ through torch.matmul): what the LoRA branch's cost is measured against."""
+        import torch
+        x, w = inputs["x"], module.lora.base.weight.t()
+        return lambda: torch.matmul(x, w)
+
     return Workload("lora-linear", size, "tokens", {"tokens": size, "in": k, "out": n, "rank": rank},
-                    _key("lora-linear", size, dtype, seed, params), build, inputs, quick=quick)
+                    _key("lora-linear", size, dtype, seed, params), build, inputs, gemms=gemms, quick=quick)
 
 
 def _make_mlp_stack(case: str, sizes: list[int], final: str):
@@ -990,7 +1003,7 @@ def run_workload(w: Workload, opts: Options, dev: _Device, result: dict) -> dict
                     torch._dynamo.reset()
         # the GEMMs alone (no activation)
         if w.gemms is None or module is None:
-            skip("torch-gemms", "only for the Llama MLP cases")
+            skip("torch-gemms", "only for the Llama MLP and LoRA cases")
         elif selected("torch-gemms"):
             try:
                 record("torch-gemms", w.gemms(module, inputs))

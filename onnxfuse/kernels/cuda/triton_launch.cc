@@ -6,7 +6,7 @@
 // once per (kernel, device). Loading happens on a kernel's first launch, under std::call_once, so concurrent
 // sessions are safe. Errors are returned as codes (cudaError_t or ONNXFUSE_ERR_*), never printed.
 //
-// Config choice by M (size classes of aot.py): M <= 16 "small" (decode: 16-row tiles, narrow column tiles so the
+// Config choice by M (size classes of aot.py), then by grid size (FindForShape): M <= 16 "small" (decode: 16-row tiles, narrow column tiles so the
 // weights stream once over all SMs), M <= 128 "medium", else "large". Autotuned tiles go into aot.py's CONFIGS
 // (or its --configs JSON); this file only maps M to a class, and picks the small-class variant (small_cfg) the
 // caller asks for, falling back to variant 0 where that variant was not built.
@@ -111,6 +111,26 @@ const TritonSpec* Find(int kernel, int dtype, int64_t m, bool aligned, int r_pad
   return s;
 }
 
+int64_t Tiles(int64_t m, int64_t n, const TritonSpec* spec) {
+  return ((m + spec->block_m - 1) / spec->block_m) * ((n + spec->block_n - 1) / spec->block_n);
+}
+
+// Find() by M, then by the grid it makes: a large-M GEMM with few columns (DLRM layers, N <= 512) gets fewer large
+// tiles than the GPU has SMs and runs latency-bound on a fraction of the chip; the medium tile then gives up to 4x
+// the programs. Shapes that fill the chip with large tiles (Llama, LoRA 4096^2) keep them.
+const TritonSpec* FindForShape(int kernel, int dtype, int64_t m, int64_t n, bool aligned, int r_pad, int variant,
+                               int arch, int device, int* index) {
+  const TritonSpec* spec = Find(kernel, dtype, m, aligned, r_pad, variant, arch, index);
+  if (spec == nullptr || SizeClass(m) != 2 || Tiles(m, n, spec) >= NumSMs(device)) return spec;
+  int medium_index = -1;
+  const TritonSpec* medium = FindExact(kernel, dtype, 1, aligned ? 1 : 0, r_pad, 0, arch, &medium_index);
+  if (medium != nullptr && Tiles(m, n, medium) > Tiles(m, n, spec)) {
+    *index = medium_index;
+    return medium;
+  }
+  return spec;
+}
+
 // Launches the cubin `spec` (table entry `index`) with `grid` programs.
 int LaunchSpec(const TritonSpec* spec, int index, int device, int64_t grid, void** args, void* stream) {
   LoadedKernel& k = Loaded()[index];
@@ -133,10 +153,6 @@ int LaunchSpec(const TritonSpec* spec, int index, int device, int64_t grid, void
                               static_cast<cudaStream_t>(stream)));
 }
 
-int64_t Tiles(int64_t m, int64_t n, const TritonSpec* spec) {
-  return ((m + spec->block_m - 1) / spec->block_m) * ((n + spec->block_n - 1) / spec->block_n);
-}
-
 // One GEMM-shaped launch: grid = row tiles x column tiles of the spec's block.
 int Launch(int kernel, int dtype, int64_t m, int64_t n, bool aligned, int r_pad, int variant, void** args,
            void* stream) {
@@ -144,7 +160,7 @@ int Launch(int kernel, int dtype, int64_t m, int64_t n, bool aligned, int r_pad,
   const int arch = CurrentArch(&device);
   if (arch < 0) return -arch;
   int index = -1;
-  const TritonSpec* spec = Find(kernel, dtype, m, aligned, r_pad, variant, arch, &index);
+  const TritonSpec* spec = FindForShape(kernel, dtype, m, n, aligned, r_pad, variant, arch, device, &index);
   if (spec == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
   return LaunchSpec(spec, index, device, Tiles(m, n, spec), args, stream);
 }
@@ -269,7 +285,8 @@ extern "C" int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, c
   if (scratch == nullptr || !Aligned16(scratch) || scratch_bytes < LoRAScratchBytes(m, r, plan))
     return ONNXFUSE_ERR_BAD_ARGUMENT;
   int index = -1;
-  const TritonSpec* main_spec = Find(kKernelLoRAMain, dtype, m, aligned, r_pad, small_cfg, plan.arch, &index);
+  const TritonSpec* main_spec =
+      FindForShape(kKernelLoRAMain, dtype, m, n, aligned, r_pad, small_cfg, plan.arch, plan.device, &index);
   if (main_spec == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
   // Phase 1: T partials = X @ A per K slice, fp32, into scratch [SPLIT, M, r_pad].
   int32_t KB_PER_SPLIT = int32_t(plan.kb_per_split), SPLIT = int32_t(plan.split);
