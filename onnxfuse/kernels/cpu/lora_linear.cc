@@ -15,20 +15,12 @@ void RunLoRA(const char* op, float scale, const Ort::Custom::Tensor<T>& X, const
   const LinearDims d = LoRADims(op, X.Shape(), W.Shape(), LA.Shape(), LB.Shape(), bias.Shape());
   T* y = Y.Allocate(d.out_shape);
   if (d.M == 0 || d.N == 0) return;
-  const std::vector<float> bias_f32 = ToF32Vector(bias.Data(), d.N);
-  BiasActEpilogue<T, A> epi;
-  epi.bias = bias_f32.data();
-  epi.y = y;
-  epi.N = d.N;
-  GemmArgs g;
-  g.fmt = FormatOf<T>::value;
-  g.M = d.M, g.K = d.K, g.N = d.N;
-  g.x = X.Data();
+  const BiasAct<T, A> epi(bias.Data(), d.N, y);
+  GemmArgs g = GemmFor(d, X.Data(), &epi.epilogue);
   g.r = d.r;
   g.lora_a = LA.Data();
   g.lora_scale = scale;
   g.b[0] = BOperand{W.Data(), d.K, LB.Data()};
-  g.epilogue = &epi;
   Gemm(g);
 }
 

@@ -58,6 +58,32 @@ std::vector<float> ToF32Vector(const T* p, int64_t n) {
   return out;
 }
 
+// The GEMM every op runs: X [M, K] (row-major, type T) times the B operands the caller adds, fp32 accumulation,
+// `epilogue` applied per output tile.
+template <typename T>
+GemmArgs GemmFor(const LinearDims& d, const T* x, const Epilogue* epilogue) {
+  GemmArgs g;
+  g.fmt = FormatOf<T>::value;
+  g.M = d.M, g.K = d.K, g.N = d.N;
+  g.x = x;
+  g.epilogue = epilogue;
+  return g;
+}
+
+// Bias + activation epilogue that owns the bias converted to fp32 once per call.
+template <typename T, Act A>
+struct BiasAct {
+  std::vector<float> bias_f32;
+  BiasActEpilogue<T, A> epilogue;
+  BiasAct(const T* bias, int64_t n, T* y) : bias_f32(ToF32Vector(bias, n)) {
+    epilogue.bias = bias_f32.data();
+    epilogue.y = y;
+    epilogue.N = n;
+  }
+  BiasAct(const BiasAct&) = delete;
+  BiasAct& operator=(const BiasAct&) = delete;
+};
+
 void RegisterLinearAct(Ort::CustomOpDomain& domain);
 void RegisterSwiGLU(Ort::CustomOpDomain& domain);
 void RegisterLoRALinear(Ort::CustomOpDomain& domain);

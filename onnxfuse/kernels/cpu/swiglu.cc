@@ -32,14 +32,10 @@ struct SwiGLUCpu {
       SwiGLUEpilogue<T> epi;
       epi.y = y;
       epi.N = d.N;
-      GemmArgs g;
-      g.fmt = FormatOf<T>::value;
-      g.M = d.M, g.K = d.K, g.N = d.N;
-      g.x = X.Data();
+      GemmArgs g = GemmFor(d, X.Data(), &epi);
       g.num_b = 2;
       g.b[0] = BOperand{W_gate.Data(), d.K, nullptr};
       g.b[1] = BOperand{W_up.Data(), d.K, nullptr};
-      g.epilogue = &epi;
       Gemm(g);
     });
   }
