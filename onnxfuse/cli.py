@@ -5,6 +5,7 @@ Exit codes: 0 ok, 1 a verification or benchmark goal failed, 2 bad input (one li
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -85,12 +86,10 @@ def _run_export(args, kind, spec, name) -> int:
     if not args.output:
         out.parent.mkdir(parents=True, exist_ok=True)
     con = _console(args.quiet or args.json)
-    with con.status(f"exporting {kind} to {out} ...", spinner="dots") if not (args.quiet or args.json) else _null():
+    with con.status(f"exporting {kind} to {out} ...", spinner="dots") if not (args.quiet or args.json) else contextlib.nullcontext():
         res = export.export(kind, spec, out, seed=args.seed, dtype=args.dtype, exporter=args.exporter,
-                            dynamic=args.dynamic, external_data=args.external_data, force=args.force,
-                            quiet=args.quiet)
-    for w in res.warnings:
-        print(f"onnxfuse: warning: {w}", file=sys.stderr)
+                            dynamic=args.dynamic, external_data=args.external_data, force=args.force)
+    # res.warnings (e.g. the TorchScript fallback) were already issued as Python warnings, printed by main().
     if args.json:
         print(json.dumps({"path": str(res.path), "exporter": res.exporter, "seconds": round(res.seconds, 2),
                           "op_counts": res.op_counts, "recipe": res.recipe}, indent=2))
@@ -98,14 +97,6 @@ def _run_export(args, kind, spec, name) -> int:
         con.print(f"wrote {res.path} ({res.exporter} exporter, {res.seconds:.1f} s, {sum(res.op_counts.values())} nodes)")
         con.print("  " + ", ".join(f"{k} {v}" for k, v in res.op_counts.items()))
     return 0
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
 
 
 # ------------------------------------------------------------------------------------------------------ verify/run
@@ -216,7 +207,7 @@ def _build(args) -> int:
     quiet = args.quiet or args.json
     try:
         with _console(quiet).status("building the kernel library (first build: a few minutes) ...",
-                                    spinner="dots") if not quiet else _null():
+                                    spinner="dots") if not quiet else contextlib.nullcontext():
             res = kernels.build(arch=args.arch, backends=backends, force=args.force, quiet=True)
     except kernels.BuildError as e:
         raise OnnxfuseError(f"kernel library build failed: {e}") from None

@@ -90,8 +90,7 @@ def op_counts(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: str = "fp32", exporter: str = "auto",
-           dynamic: bool = False, external_data: bool | None = None, force: bool = False,
-           quiet: bool = False) -> ExportResult:
+           dynamic: bool = False, external_data: bool | None = None, force: bool = False) -> ExportResult:
     """Build the module from (kind, spec, seed, dtype), export it to ``out`` and attach the recipe."""
     if dtype not in zoo.DTYPES:
         raise OnnxfuseError(f"--dtype must be one of {', '.join(zoo.DTYPES)} (got {dtype!r})")
@@ -119,8 +118,7 @@ def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: st
         used, errors = None, []
         for name in order:
             try:
-                _torch_export(module, inputs, tmp_path, name, names, outs, _dynamic(kind, spec, names) if dynamic else None,
-                              quiet)
+                _torch_export(module, inputs, tmp_path, name, names, outs, _dynamic(kind, spec, names) if dynamic else None)
                 used = name
                 break
             except Exception as e:  # exporter failures are many and varied; keep the first line of each
@@ -168,7 +166,8 @@ def _single_data_file(path: pathlib.Path, data_name: str) -> bool:
     return locations == {data_name} and (path.parent / data_name).is_file()
 
 
-def _torch_export(module, inputs, path, exporter, input_names, output_names_, dynamic_axes, quiet):
+def _torch_export(module, inputs, path, exporter, input_names, output_names_, dynamic_axes):
+    """torch.onnx.export with its progress prints and warnings captured (onnxfuse reports the outcome itself)."""
     args = tuple(inputs.values())
     kwargs = dict(input_names=input_names, output_names=output_names_, opset_version=ONNX_OPSET)
     sink = io.StringIO()
