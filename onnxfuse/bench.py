@@ -373,7 +373,7 @@ def _export_module(module, inputs: dict, path: pathlib.Path, output_names) -> No
     from . import export, onnxio
     with tempfile.TemporaryDirectory(prefix="onnxfuse-bench-") as tmp:
         tmp_path = pathlib.Path(tmp) / "model.onnx"
-        export._torch_export(module, inputs, tmp_path, "dynamo", list(inputs), list(output_names), None, True)
+        export._torch_export(module, inputs, tmp_path, "dynamo", list(inputs), list(output_names), None)
         model = onnx.load(str(tmp_path), load_external_data=True)
     model.ir_version = min(model.ir_version or 10, onnxio.MAX_IR_VERSION)
     model.producer_name = "onnxfuse-bench"
