@@ -392,8 +392,7 @@ def prepare_models(w: Workload, dtype: str, seed: int, cache_dir: pathlib.Path, 
         _log(f"exporting {w.case} ({w.size_name} {w.size}, {dtype}) -> {src}", quiet)
         t0 = time.perf_counter()
         if w.export_kind:
-            export.export(w.export_kind, w.export_spec, src, seed=seed, dtype=dtype, exporter="auto", force=True,
-                          quiet=True)
+            export.export(w.export_kind, w.export_spec, src, seed=seed, dtype=dtype, exporter="auto", force=True)
         else:
             _export_module(w.build_module(), w.build_inputs(), src, w.output_names)
         info["export_s"] = round(time.perf_counter() - t0, 2)

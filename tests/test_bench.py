@@ -199,3 +199,12 @@ def test_cli_main_when_wired(cache_dir, tmp_path):
                    str(cache_dir), "-o", str(out), "--variants", "ort-unfused,fused-cpu", "--no-plot", "-q"])
     assert rc == 0 and json.loads(out.read_text())["cases"][0]["variants"]["fused-cpu"]["median_ms"] > 0
     assert cli.main(["bench", "nope", "--device", "cpu", "-q"]) == 2
+
+
+def test_llama_cases_export_through_onnxfuse_export(tmp_path):
+    """The Llama cases go through onnxfuse.export (the DLRM/LoRA ones through a plain torch export): cover that path."""
+    from onnxfuse import bench
+    res = bench.run(["seed-mlp"], bench.Options(device="cpu", quick=True, runs=3, warmup=1, cache_dir=tmp_path))
+    case = res["cases"][0]
+    assert case["models"]["fused_ops"] == {"SwiGLU": 1}
+    assert case["variants"]["fused-cpu"]["median_ms"] > 0 and case["variants"]["ort-unfused"]["median_ms"] > 0
