@@ -158,6 +158,102 @@ def test_thread_count_does_not_change_results(lib, monkeypatch):
     assert torch.equal(one, three)  # same per-element accumulation order whatever the tiling
 
 
+# ------------------------------------------------------------------------------------------------ constant weights
+def _initializer(name: str, t: torch.Tensor, dtype: str) -> onnx.TensorProto:
+    raw = t.contiguous().view(torch.uint16 if dtype != "float" else torch.float32).numpy().tobytes()
+    return helper.make_tensor(name, ONNX_TYPE[dtype], list(t.shape), vals=raw, raw=True)
+
+
+def _weights_session(lib, op: str, inputs: list[torch.Tensor], attrs: dict, mode: str) -> ort.InferenceSession:
+    """One-node session whose weights (every input but X) are: 'const' initializers, 'input' graph inputs, or
+    'overridable' initializers that are also graph inputs (ORT does not treat those as constant)."""
+    dtype = {v: k for k, v in TORCH_TYPE.items()}[inputs[0].dtype]
+    s = schema.OPS[op]
+    et = ONNX_TYPE[dtype]
+    graph_inputs = [helper.make_tensor_value_info(s.inputs[0], et, [None, inputs[0].shape[-1]])]
+    inits = []
+    for name, t in zip(s.inputs[1:], inputs[1:]):
+        if mode in ("input", "overridable"):
+            graph_inputs.append(helper.make_tensor_value_info(name, et, list(t.shape)))
+        if mode in ("const", "overridable"):
+            inits.append(_initializer(name, t, dtype))
+    node = helper.make_node(op, list(s.inputs), list(s.outputs), domain=schema.DOMAIN, **attrs)
+    graph = helper.make_graph([node], f"weights_{op}", graph_inputs,
+                              [helper.make_tensor_value_info(s.outputs[0], et, None)], initializer=inits)
+    model = helper.make_model(graph, ir_version=schema.IR_VERSION,
+                              opset_imports=[helper.make_opsetid("", schema.ONNX_OPSET),
+                                             helper.make_opsetid(schema.DOMAIN, schema.DOMAIN_VERSION)])
+    return ort.InferenceSession(model.SerializeToString(), kernels.session_options(path=lib),
+                                providers=["CPUExecutionProvider"])
+
+
+def _run_session(sess, op: str, feeds: dict[str, torch.Tensor], out_shape: tuple[int, ...]) -> torch.Tensor:
+    x = next(iter(feeds.values()))
+    dtype = {v: k for k, v in TORCH_TYPE.items()}[x.dtype]
+    y = torch.empty(out_shape, dtype=x.dtype)
+    binding = sess.io_binding()
+    for name, t in feeds.items():
+        binding.bind_ortvalue_input(name, _ortvalue(t, dtype))
+    binding.bind_ortvalue_output(schema.OPS[op].outputs[0], _ortvalue(y, dtype))
+    sess.run_with_iobinding(binding)
+    return y
+
+
+@pytest.mark.parametrize("dtype", ["float", "bfloat16"])
+@pytest.mark.parametrize("op", list(schema.OPS))
+def test_constant_weights_are_prepacked_once_and_match(lib, op, dtype, monkeypatch, capfd):
+    """Initializer weights take the prepacked path (the kernel says so with ONNXFUSE_CPU_LOG_PREPACK=1), graph-input
+    weights the per-call path; both match the reference, and one session run twice with different X (and, for the
+    non-constant cases, different weights) is right both times: the cache holds weights only, never X."""
+    monkeypatch.setenv("ONNXFUSE_CPU_LOG_PREPACK", "1")
+    lead, K, N, r = (37,), 300, 70, 4  # K > KC (256): prepacked panels are entered at k0 > 0
+    attrs = {"scale": 0.5} if "scale" in schema.OPS[op].attr_names else {}
+    names = schema.OPS[op].inputs
+    out_shape = lead + (N,)
+    for mode in ("const", "input", "overridable"):
+        base = random_inputs(op, lead, K, N, r, dtype, seed=11)
+        sess = _weights_session(lib, op, base, attrs, mode)
+        created = capfd.readouterr().err
+        if mode == "const":
+            assert f"onnxfuse[cpu] {op}: prepacked " in created and "nothing" not in created, created
+        else:
+            assert f"onnxfuse[cpu] {op}: prepacked nothing" in created, created
+        for run in range(2):
+            inputs = random_inputs(op, lead, K, N, r, dtype, seed=100 + run)  # new X every run
+            weights = base[1:] if mode == "const" else inputs[1:]  # non-constant weights change too
+            feeds = {names[0]: inputs[0]}
+            if mode != "const":
+                feeds.update(zip(names[1:], weights))
+            out = _run_session(sess, op, feeds, out_shape)
+            ref = schema.reference(op, [inputs[0], *weights], attrs)
+            assert_close(out, ref, dtype, f"{op}[{dtype}] weights={mode} run {run}")
+        used = capfd.readouterr().err
+        assert ("computing with prepacked weights" in used) == (mode == "const"), (mode, used)
+
+
+def test_concurrent_sessions_share_the_pool(lib):
+    """Two threads running multi-threaded GEMMs at once: one gets the pool, the other runs inline; both right."""
+    import threading
+
+    cases = [random_inputs("SwiGLU", (300,), 300, 600, 0, "float", seed) for seed in (1, 2)]
+    refs = [schema.reference("SwiGLU", c) for c in cases]
+    errors = []
+
+    def work(i):
+        try:
+            for _ in range(5):
+                assert_close(run_op(lib, "SwiGLU", cases[i]), refs[i], "float", f"thread {i}")
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
 _ISA_SCRIPT = r"""
 import sys, pathlib
 sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]) / "tests")]

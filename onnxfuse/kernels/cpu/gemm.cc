@@ -3,12 +3,17 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <new>
 #include <string>
 #include <thread>
+
+#include <unistd.h>
 
 #define ONNXFUSE_INLINE inline __attribute__((always_inline))
 
@@ -20,8 +25,12 @@ int NumThreads() {
     int n = std::atoi(env);
     if (n > 0) return n;
   }
-  unsigned hw = std::thread::hardware_concurrency();
-  return hw > 0 ? static_cast<int>(hw) : 1;
+  // hardware_concurrency() reads /sys (several system calls) on every call: ask once.
+  static const int hw = [] {
+    unsigned n = std::thread::hardware_concurrency();
+    return n > 0 ? static_cast<int>(n) : 1;
+  }();
+  return hw;
 }
 
 namespace {
@@ -40,7 +49,196 @@ FloatBuffer AllocFloats(size_t n) {
   return FloatBuffer(static_cast<float*>(p));
 }
 
+// Per-thread scratch kept between calls: fresh multi-MB allocations are mmap'd and page-faulted in on every call,
+// which costs as much as a small GEMM. Slot 0: the calling thread's packed X; 1-4: a tile worker's accumulators
+// and B blocks. A request above kKeepFloats is served by a buffer that is dropped after the call (Release).
+constexpr size_t kKeepFloats = size_t(4) << 20;  // 16 MiB
+struct ThreadScratch {
+  FloatBuffer buf[5];
+  size_t cap[5] = {0, 0, 0, 0, 0};
+  float* Get(int slot, size_t n) {
+    n = std::max<size_t>(n, 1);
+    if (cap[slot] < n) {
+      buf[slot].reset();
+      cap[slot] = 0;
+      buf[slot] = AllocFloats(n);
+      cap[slot] = n;
+    }
+    return buf[slot].get();
+  }
+  void Release(int slot) {
+    if (cap[slot] > kKeepFloats) {
+      buf[slot].reset();
+      cap[slot] = 0;
+    }
+  }
+};
+ThreadScratch& LocalScratch() {
+  static thread_local ThreadScratch scratch;
+  return scratch;
+}
+
 // ------------------------------------------------------------------------------------------------ threads
+// Persistent worker pool. Run() offers one job to helpers 1..threads-1 and runs part 0 on the caller. Jobs are
+// work-sharing loops (ParallelFor), so a helper that wakes late is not needed: when the caller finishes its part it
+// closes the job, and only helpers that had already claimed a seat are waited for. One job at a time: a call that
+// finds the pool busy (another session's GEMM) gets false and runs its loop on its own thread instead of waiting. Helpers are added on demand (ONNXFUSE_CPU_THREADS may grow between calls). An idle helper
+// spins for ~kSpinMicros before parking on a condition variable, so the back-to-back GEMMs of one model run do not
+// pay a wake-up (tens of microseconds in a VM) each. The pool is rebuilt in a forked child (its threads did not
+// survive the fork) and shut down, helpers joined, when the library is unloaded or the process exits.
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// Spins until pred() or about `micros` have passed; returns pred().
+template <typename Pred>
+bool SpinFor(int micros, Pred&& pred) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(micros);
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (pred()) return true;
+      CpuRelax();
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return pred();
+  }
+}
+
+class ThreadPool {
+ public:
+  static constexpr int kSpinMicros = 100;
+
+  // job(part) must not throw. Returns false (job not run) when the pool is busy or shut down.
+  static bool Run(int threads, const std::function<void(int)>& job) {
+    ThreadPool* pool = Instance();
+    if (pool == nullptr) return false;
+    std::unique_lock<std::mutex> run_lock(pool->run_mu_, std::try_to_lock);
+    if (!run_lock.owns_lock() || pool->shutdown_) return false;
+    const int helpers = pool->EnsureWorkers(threads - 1);
+    const uint64_t ticket = ++pool->ticket_ & 0xffffffffu;
+    pool->job_ = &job;
+    pool->finished_.store(0, std::memory_order_relaxed);
+    pool->state_.store(ticket << 32 | uint64_t(helpers), std::memory_order_release);
+    {
+      std::lock_guard<std::mutex> lock(pool->mu_);  // a helper checks its slot under mu_ before parking
+      for (int i = 0; i < helpers; ++i) pool->slots_[i]->go.store(ticket, std::memory_order_release);
+    }
+    pool->work_cv_.notify_all();
+    job(0);
+    // Close the job: seats not yet claimed stay empty; wait only for the helpers that joined.
+    const uint64_t left = pool->state_.exchange(ticket << 32, std::memory_order_acq_rel) & 0xffffffffu;
+    const int joined = helpers - static_cast<int>(left);
+    auto done = [pool, joined] { return pool->finished_.load(std::memory_order_acquire) == joined; };
+    if (!SpinFor(kSpinMicros, done)) {
+      std::unique_lock<std::mutex> lock(pool->mu_);
+      pool->done_cv_.wait(lock, done);
+    }
+    pool->job_ = nullptr;
+    return true;
+  }
+
+ private:
+  struct Slot {
+    std::atomic<uint64_t> go{0};  // ticket of the latest job offered to this helper
+  };
+  struct Holder {
+    std::mutex mu;
+    ThreadPool* pool = nullptr;
+    pid_t pid = 0;
+    ~Holder() {  // library unload / process exit: stop and join the helpers of this process's pool
+      std::lock_guard<std::mutex> lock(mu);
+      if (pool != nullptr && pid == getpid()) pool->Shutdown();
+    }
+  };
+
+  static ThreadPool* Instance() {
+    static Holder holder;
+    std::lock_guard<std::mutex> lock(holder.mu);
+    const pid_t pid = getpid();
+    if (holder.pool == nullptr || holder.pid != pid) {
+      // A pool inherited through fork() has no threads in this process: leak it (its std::thread objects are
+      // still joinable, so destroying it would terminate) and start a fresh one.
+      holder.pool = new ThreadPool();
+      holder.pid = pid;
+    }
+    return holder.pool;
+  }
+
+  // Caller holds run_mu_. Returns how many helpers are available (fewer than wanted if a thread cannot start).
+  int EnsureWorkers(int wanted) {
+    while (static_cast<int>(workers_.size()) < wanted) {
+      try {
+        slots_.reserve(workers_.size() + 1);
+        workers_.reserve(workers_.size() + 1);
+        auto slot = std::make_unique<Slot>();
+        Slot* sp = slot.get();
+        const uint64_t start = ticket_ & 0xffffffffu;  // ticket_ only changes under run_mu_, which we hold
+        sp->go.store(start, std::memory_order_relaxed);
+        const int part = static_cast<int>(workers_.size()) + 1;
+        // The thread may first look at its slot after Run has already posted the next ticket: hand it the
+        // starting value rather than letting it read one.
+        workers_.emplace_back([this, sp, part, start] { WorkerLoop(sp, part, start); });
+        slots_.push_back(std::move(slot));
+      } catch (...) {
+        break;  // could not start a thread: run with the ones we have
+      }
+    }
+    return std::min<int>(wanted, static_cast<int>(workers_.size()));
+  }
+
+  void WorkerLoop(Slot* slot, int part, uint64_t seen) {
+    auto ready = [&] { return slot->go.load(std::memory_order_acquire) != seen || stop_.load(); };
+    for (;;) {
+      if (!SpinFor(kSpinMicros, ready)) {
+        std::unique_lock<std::mutex> lock(mu_);
+        work_cv_.wait(lock, ready);
+      }
+      if (stop_.load()) return;
+      seen = slot->go.load(std::memory_order_acquire);
+      // Claim a seat of job `seen` if it is still open (the caller may have finished and closed it already, or
+      // even posted a newer job, whose ticket we will see on the next turn).
+      uint64_t st = state_.load(std::memory_order_acquire);
+      while ((st >> 32) == seen && (st & 0xffffffffu) > 0) {
+        if (state_.compare_exchange_weak(st, st - 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
+          (*job_)(part);
+          finished_.fetch_add(1, std::memory_order_acq_rel);
+          std::lock_guard<std::mutex> lock(mu_);
+          done_cv_.notify_all();
+          break;
+        }
+      }
+    }
+  }
+
+  void Shutdown() {
+    std::lock_guard<std::mutex> run_lock(run_mu_);  // waits for a running job
+    shutdown_ = true;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_.store(true);
+    }
+    work_cv_.notify_all();
+    for (auto& t : workers_)
+      if (t.joinable()) t.join();
+    workers_.clear();
+  }
+
+  std::mutex run_mu_;  // held for a whole Run (and by Shutdown); guards everything not atomic below
+  bool shutdown_ = false;
+  uint64_t ticket_ = 0;
+  std::vector<std::thread> workers_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  const std::function<void(int)>* job_ = nullptr;  // published to helpers through state_ (release/acquire)
+  std::atomic<uint64_t> state_{0};                 // (ticket << 32) | seats still open in the current job
+  std::atomic<int> finished_{0};                   // helpers that joined the current job and are done
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;  // pairs with the condition variables (parking and completion)
+  std::condition_variable work_cv_, done_cv_;
+};
+
 // Runs f(worker, item) for item in [0, n) on up to `threads` threads (the caller is worker 0). The first exception
 // stops the other workers and is rethrown here.
 template <typename F>
@@ -53,7 +251,7 @@ void ParallelFor(int64_t n, int threads, F&& f) {
   std::atomic<int64_t> next{0};
   std::exception_ptr error;
   std::mutex mu;
-  auto run = [&](int worker) {
+  const std::function<void(int)> run = [&](int worker) {
     try {
       for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) f(worker, i);
     } catch (...) {
@@ -62,17 +260,7 @@ void ParallelFor(int64_t n, int threads, F&& f) {
       next.store(n);
     }
   };
-  std::vector<std::thread> pool;
-  pool.reserve(threads - 1);
-  try {
-    for (int w = 1; w < threads; ++w) pool.emplace_back(run, w);
-  } catch (...) {
-    next.store(n);  // could not start a thread: let the started ones finish, then report
-    for (auto& t : pool) t.join();
-    throw;
-  }
-  run(0);
-  for (auto& t : pool) t.join();
+  if (!ThreadPool::Run(threads, run)) run(0);  // pool busy: the whole loop on this thread
   if (error) std::rethrow_exception(error);
 }
 
@@ -117,9 +305,11 @@ ONNXFUSE_INLINE void MicroKernel(int64_t kc, const float* __restrict a, const fl
     for (int j = 0; j < NV; ++j) std::memcpy(&bv[j], b + k * NR + j * W, sizeof(V));
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
-      V ai = V{} + a[k * MR + i];
+      // vector * scalar: GCC splats the scalar (a broadcast load). `V{} + x` would add 0.0 first (x may be -0.0),
+      // an extra dependent instruction per row in the hot loop.
+      const float ai = a[k * MR + i];
 #pragma GCC unroll 4
-      for (int j = 0; j < NV; ++j) acc[i][j] += ai * bv[j];
+      for (int j = 0; j < NV; ++j) acc[i][j] += bv[j] * ai;
     }
   }
 #pragma GCC unroll 16
@@ -134,12 +324,13 @@ ONNXFUSE_INLINE void MicroKernel(int64_t kc, const float* __restrict a, const fl
 }
 
 // All micro-panels of one (MB x KC) x (KC x NC) block. B's micro-panel (kc x NR) stays in L1 across the M panels.
+// B panel jp starts at b + jp * b_panel_stride (kc * NR when packed per call, K_total * NR when prepacked).
 template <int MR, int NV, int W>
-ONNXFUSE_INLINE void BlockImpl(const float* a, int64_t a_panel_stride, const float* b, float* c, int64_t ldc,
-                               int64_t m_panels, int64_t n_panels, int64_t kc) {
+ONNXFUSE_INLINE void BlockImpl(const float* a, int64_t a_panel_stride, const float* b, int64_t b_panel_stride,
+                               float* c, int64_t ldc, int64_t m_panels, int64_t n_panels, int64_t kc) {
   constexpr int NR = NV * W;
   for (int64_t jp = 0; jp < n_panels; ++jp) {
-    const float* bp = b + jp * kc * NR;
+    const float* bp = b + jp * b_panel_stride;
     for (int64_t ip = 0; ip < m_panels; ++ip)
       MicroKernel<MR, NV, W>(kc, a + ip * a_panel_stride, bp, c + ip * MR * ldc + jp * NR, ldc);
   }
@@ -180,7 +371,7 @@ ONNXFUSE_INLINE void PackAImpl(int MR, const void* x, int64_t M, int64_t K, int6
   }
 }
 
-using BlockFn = void (*)(const float*, int64_t, const float*, float*, int64_t, int64_t, int64_t, int64_t);
+using BlockFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t, int64_t, int64_t);
 using PackBFn = void (*)(int, const BOperand&, int64_t, int64_t, int64_t, int64_t, int64_t, float*);
 using PackAFn = void (*)(int, const void*, int64_t, int64_t, int64_t, int64_t, float*);
 
@@ -194,9 +385,9 @@ struct Isa {
 
 // One set of entry points per instruction set; the bodies are the inline templates above, compiled for the target.
 #define ONNXFUSE_ISA_FUNCTIONS(SUFFIX, TARGET, MR, NV, W)                                                            \
-  TARGET void Block##SUFFIX(const float* a, int64_t s, const float* b, float* c, int64_t ldc, int64_t mp, int64_t np, \
-                            int64_t kc) {                                                                            \
-    BlockImpl<MR, NV, W>(a, s, b, c, ldc, mp, np, kc);                                                               \
+  TARGET void Block##SUFFIX(const float* a, int64_t s, const float* b, int64_t bs, float* c, int64_t ldc, int64_t mp, \
+                            int64_t np, int64_t kc) {                                                                \
+    BlockImpl<MR, NV, W>(a, s, b, bs, c, ldc, mp, np, kc);                                                           \
   }                                                                                                                  \
   TARGET void PackBF32##SUFFIX(int nr, const BOperand& s, int64_t N, int64_t k0, int64_t kc, int64_t n0, int64_t nc, \
                                float* d) { PackBImpl<Format::F32>(nr, s, N, k0, kc, n0, nc, d); }                    \
@@ -257,6 +448,18 @@ constexpr int64_t kMinWorkPerThread = int64_t(1) << 21;
 
 const char* GemmIsa() { return SelectIsa().name; }
 
+PackedB PackB(Format fmt, const BOperand& src, int64_t k_total, int64_t n) {
+  const Isa& isa = SelectIsa();
+  PackedB p;
+  p.k = k_total;
+  p.n = n;
+  p.nr = isa.NR;
+  const int64_t n_panels = (n + isa.NR - 1) / isa.NR;
+  p.data.reset(AllocFloats(size_t(n_panels) * size_t(std::max<int64_t>(k_total, 1)) * isa.NR).release());
+  if (n > 0 && k_total > 0) isa.pack_b[FormatIndex(fmt)](isa.NR, src, n, 0, k_total, 0, n, p.data.get());
+  return p;
+}
+
 void Gemm(const GemmArgs& g) {
   const Isa& isa = SelectIsa();
   const int MR = isa.MR, NR = isa.NR;
@@ -269,25 +472,35 @@ void Gemm(const GemmArgs& g) {
 
   // 1. X -> fp32 MR-row panels, once per call (shared read-only by all workers).
   const int64_t a_panels = (M + MR - 1) / MR;
-  FloatBuffer a_pack = AllocFloats(size_t(a_panels) * KT * MR);
+  ThreadScratch& caller_scratch = LocalScratch();
+  struct ReleaseA {
+    ThreadScratch& s;
+    ~ReleaseA() { s.Release(0); }
+  } release_a{caller_scratch};
+  float* const a_pack = caller_scratch.Get(0, size_t(a_panels) * KT * MR);
   const void* x = g.x;
-  float* ap = a_pack.get();
+  float* ap = a_pack;
   ParallelFor(a_panels, threads, [&](int, int64_t p) { isa.pack_a[fi](MR, x, M, K, KT, p, ap); });
 
   // 2. LoRA: columns [K, K+r) of the packed A = scale * (X @ A), computed in fp32 from the packed (fp32) X.
   if (g.r > 0) {
     const int64_t r = g.r;
-    std::vector<float> a_f32(size_t(K * r));
-    for (int64_t i = 0; i < K * r; ++i)
-      a_f32[i] = g.fmt == Format::F32 ? static_cast<const float*>(g.lora_a)[i]
-                 : g.fmt == Format::F16 ? F16BitsToF32(static_cast<const uint16_t*>(g.lora_a)[i])
-                                        : Bf16BitsToF32(static_cast<const uint16_t*>(g.lora_a)[i]);
+    std::vector<float> a_conv;
+    const float* a_f32 = g.lora_a_f32;
+    if (a_f32 == nullptr) {
+      a_conv.resize(size_t(K * r));
+      for (int64_t i = 0; i < K * r; ++i)
+        a_conv[i] = g.fmt == Format::F32 ? static_cast<const float*>(g.lora_a)[i]
+                    : g.fmt == Format::F16 ? F16BitsToF32(static_cast<const uint16_t*>(g.lora_a)[i])
+                                           : Bf16BitsToF32(static_cast<const uint16_t*>(g.lora_a)[i]);
+      a_f32 = a_conv.data();
+    }
     const float scale = g.lora_scale;
     ParallelFor(a_panels, threads, [&](int, int64_t p) {
       std::vector<float> t(size_t(MR * r), 0.f);
       float* panel = ap + p * KT * MR;
       for (int64_t k = 0; k < K; ++k) {
-        const float* arow = a_f32.data() + k * r;
+        const float* arow = a_f32 + k * r;
         for (int i = 0; i < MR; ++i) {
           const float xv = panel[k * MR + i];
           float* ti = t.data() + i * r;
@@ -301,39 +514,52 @@ void Gemm(const GemmArgs& g) {
 
   // 3. Output tiles. Shrink NC when there are too few tiles to keep every thread busy (small M).
   int64_t nc_max = std::min<int64_t>(kNC, (N + NR - 1) / NR * NR);
-  const int64_t m_tiles = (M + kMB - 1) / kMB;
+  int64_t m_tiles = (M + kMB - 1) / kMB;
   while (nc_max > 4 * NR && m_tiles * ((N + nc_max - 1) / nc_max) < 4 * threads) nc_max = (nc_max / 2 + NR - 1) / NR * NR;
   const int64_t n_tiles = (N + nc_max - 1) / nc_max;
+  // With several threads and M spanning a few MB row blocks, halve MB (keeping it a multiple of 24, so of every
+  // MR) until there are >= 8 tiles per thread: 9 tiles on 2 threads would leave one idle for a ninth of the run.
+  int64_t mb_max = kMB;
+  while (threads > 1 && m_tiles >= threads && m_tiles * n_tiles < 8 * threads && mb_max > 48) {
+    mb_max = (mb_max / 2 + 23) / 24 * 24;
+    m_tiles = (M + mb_max - 1) / mb_max;
+  }
   const int64_t acc_ld = nc_max;
-  const int64_t acc_size = ((std::min<int64_t>(kMB, M) + MR - 1) / MR * MR) * acc_ld;
+  const int64_t acc_size = ((std::min<int64_t>(mb_max, M) + MR - 1) / MR * MR) * acc_ld;
   const int64_t b_size = std::min<int64_t>(kKC, std::max<int64_t>(KT, 1)) * nc_max;
 
-  struct Scratch {
-    FloatBuffer acc[2], bpack[2];
-  };
-  std::vector<Scratch> scratch(threads);
+  // Prepacked operands (constant weights) are read in place; the others are packed per tile into scratch.
+  const PackedB* packed[2] = {nullptr, nullptr};
+  for (int b = 0; b < g.num_b; ++b) {
+    const PackedB* p = g.b[b].packed;
+    if (p != nullptr && p->data && p->nr == NR && p->k == KT && p->n == N) packed[b] = p;
+  }
 
-  ParallelFor(m_tiles * n_tiles, threads, [&](int worker, int64_t tile) {
-    Scratch& s = scratch[worker];
+  ParallelFor(m_tiles * n_tiles, threads, [&](int, int64_t tile) {
+    ThreadScratch& s = LocalScratch();  // per executing thread (pool worker or caller), reused across calls
+    float* accs[2] = {nullptr, nullptr};
+    float* bpack[2] = {nullptr, nullptr};
     for (int b = 0; b < g.num_b; ++b) {
-      if (!s.acc[b]) {
-        s.acc[b] = AllocFloats(acc_size);
-        s.bpack[b] = AllocFloats(b_size);
-      }
+      accs[b] = s.Get(1 + b, acc_size);
+      if (packed[b] == nullptr) bpack[b] = s.Get(3 + b, b_size);
     }
     // Consecutive tiles walk down M for one column block, so a thread's successive B blocks overlap in L3.
     const int64_t tm = tile % m_tiles, tn = tile / m_tiles;
-    const int64_t m0 = tm * kMB, mb = std::min<int64_t>(kMB, M - m0);
+    const int64_t m0 = tm * mb_max, mb = std::min<int64_t>(mb_max, M - m0);
     const int64_t n0 = tn * nc_max, nc = std::min<int64_t>(nc_max, N - n0);
     const int64_t m_panels = (mb + MR - 1) / MR, n_panels = (nc + NR - 1) / NR;
     const float* a_tile = ap + (m0 / MR) * KT * MR;
-    float* accs[2] = {s.acc[0].get(), g.num_b > 1 ? s.acc[1].get() : nullptr};
     for (int b = 0; b < g.num_b; ++b) std::memset(accs[b], 0, sizeof(float) * m_panels * MR * acc_ld);
     for (int64_t k0 = 0; k0 < KT; k0 += kKC) {
       const int64_t kc = std::min<int64_t>(kKC, KT - k0);
       for (int b = 0; b < g.num_b; ++b) {
-        isa.pack_b[fi](NR, g.b[b], N, k0, kc, n0, nc, s.bpack[b].get());
-        isa.block(a_tile + k0 * MR, KT * MR, s.bpack[b].get(), accs[b], acc_ld, m_panels, n_panels, kc);
+        if (packed[b] != nullptr) {  // n0 is a multiple of NR (nc_max is), so the tile starts on a panel
+          const float* bp = packed[b]->data.get() + ((n0 / NR) * KT + k0) * NR;
+          isa.block(a_tile + k0 * MR, KT * MR, bp, KT * NR, accs[b], acc_ld, m_panels, n_panels, kc);
+        } else {
+          isa.pack_b[fi](NR, g.b[b], N, k0, kc, n0, nc, bpack[b]);
+          isa.block(a_tile + k0 * MR, KT * MR, bpack[b], kc * NR, accs[b], acc_ld, m_panels, n_panels, kc);
+        }
       }
     }
     g.epilogue->Apply(m0, mb, n0, nc, accs, acc_ld);

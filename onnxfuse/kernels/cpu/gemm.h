@@ -9,11 +9,17 @@
 //     applies the fused epilogue (bias + activation, or silu(gate) * up) to that tile only and writes Y.
 //   * The micro-kernel and packers are compiled three times (AVX-512, AVX2+FMA+F16C, baseline x86-64) with GCC
 //     target attributes and chosen at run time, so the binary stays portable.
-// Threads: std::thread per call (ONNXFUSE_CPU_THREADS overrides std::thread::hardware_concurrency()); ORT's own
-// intra-op pool is not visible through the custom-op API. Small problems run on the calling thread.
+//   * Constant weights (initializers) can be packed once, at kernel creation, with PackB(): the whole [K_total, N]
+//     operand as [N/NR panels][K_total][NR] fp32, which is exactly the per-tile block layout above with the panel
+//     stride K_total*NR instead of kc*NR; Gemm then reads it in place and skips the per-call conversion.
+// Threads: a persistent pool created on first use (ONNXFUSE_CPU_THREADS overrides
+// std::thread::hardware_concurrency(); the caller is one of the threads); ORT's own intra-op pool is not visible
+// through the custom-op API. Small problems run on the calling thread, and so does a call that finds the pool busy
+// with another call (two sessions running at once).
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -90,13 +96,30 @@ inline uint16_t F32ToF16Bits(float v) {
 int NumThreads();
 
 // ------------------------------------------------------------------------------------------------ GEMM
+struct AlignedFree {
+  void operator()(float* p) const { std::free(p); }
+};
+
+// A B operand converted to fp32 and packed once for the micro-kernel of this CPU (see PackB).
+struct PackedB {
+  int64_t k = 0, n = 0;  // rows (K_total) and columns of the operand
+  int nr = 0;            // panel width it was packed for (the selected ISA's NR)
+  std::unique_ptr<float, AlignedFree> data;  // [ceil(n / nr)][k][nr], zero-padded columns
+};
+
 // One B operand: rows [0, k_main) come from `main` ([k_main, N]), rows [k_main, K_total) from `extra`
 // ([K_total - k_main, N]); both row-major with N columns, element format `fmt`.
+// `packed`, when set, is the same operand prepacked by PackB (main/extra are then not read).
 struct BOperand {
   const void* main = nullptr;
   int64_t k_main = 0;
   const void* extra = nullptr;
+  const PackedB* packed = nullptr;
 };
+
+// Converts + packs a whole B operand (K_total rows, N columns, element format fmt) for Gemm; throws
+// std::bad_alloc. The result does not refer to src afterwards.
+PackedB PackB(Format fmt, const BOperand& src, int64_t k_total, int64_t n);
 
 // Writes one finished output tile. acc[b] points at operand b's fp32 accumulator for rows [m0, m0+mb) and
 // columns [n0, n0+nc), row stride ld.
@@ -113,6 +136,7 @@ struct GemmArgs {
   // BOperand::extra. r = 0 disables it.
   int64_t r = 0;
   const void* lora_a = nullptr;
+  const float* lora_a_f32 = nullptr;  // optional: lora_a already converted to fp32 ([K, r]); then lora_a is unused
   float lora_scale = 1.0f;
   int num_b = 1;  // 1, or 2 (SwiGLU: gate and up share X)
   BOperand b[2];

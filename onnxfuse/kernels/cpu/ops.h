@@ -2,7 +2,13 @@
 // bias + activation epilogue, and the per-file registration hooks that register_cpu.cc calls.
 #pragma once
 
+#include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "../ort/common.h"
 #include "gemm.h"
@@ -70,18 +76,126 @@ GemmArgs GemmFor(const LinearDims& d, const T* x, const Epilogue* epilogue) {
   return g;
 }
 
-// Bias + activation epilogue that owns the bias converted to fp32 once per call.
+// Bias + activation epilogue. `bias_pre`, when non-null, is the bias already in fp32 (a constant converted at
+// kernel creation); otherwise the bias is converted once per call into an owned copy.
 template <typename T, Act A>
 struct BiasAct {
   std::vector<float> bias_f32;
   BiasActEpilogue<T, A> epilogue;
-  BiasAct(const T* bias, int64_t n, T* y) : bias_f32(ToF32Vector(bias, n)) {
-    epilogue.bias = bias_f32.data();
+  BiasAct(const float* bias_pre, const T* bias, int64_t n, T* y) {
+    if (bias_pre == nullptr) bias_f32 = ToF32Vector(bias, n);
+    epilogue.bias = bias_pre != nullptr ? bias_pre : bias_f32.data();
     epilogue.y = y;
     epilogue.N = n;
   }
   BiasAct(const BiasAct&) = delete;
   BiasAct& operator=(const BiasAct&) = delete;
+};
+
+// ------------------------------------------------------------------------------------------------ constant inputs
+// Inputs that are constant initializers are converted/packed once, when ORT creates the kernel (once per node and
+// session). ORT keeps a constant's OrtValue alive for the session, so its data pointer identifies it: Compute uses
+// the prepared copy only when it is handed that same pointer, and falls back to the per-call path otherwise (an
+// initializer that is also a graph input can be overridden per run, and ORT does not report it as constant).
+// KernelInfoGetConstantInput_tensor is in the OrtApi since version 15 (onnxruntime 1.15); we ask for 21.
+
+struct ConstInput {
+  const void* data = nullptr;
+  std::vector<int64_t> shape;
+};
+
+// The tensor of input `index` if it is a constant initializer, else nullopt (also on any API error).
+inline std::optional<ConstInput> GetConstantInput(const OrtApi* api, const OrtKernelInfo* info, size_t index) {
+  auto ok = [api](OrtStatus* st) {
+    if (st == nullptr) return true;
+    api->ReleaseStatus(st);
+    return false;
+  };
+  int is_constant = 0;
+  const OrtValue* value = nullptr;
+  if (!ok(api->KernelInfoGetConstantInput_tensor(info, index, &is_constant, &value)) || !is_constant || !value)
+    return std::nullopt;
+  OrtTensorTypeAndShapeInfo* ti = nullptr;
+  if (!ok(api->GetTensorTypeAndShape(value, &ti))) return std::nullopt;
+  size_t rank = 0;
+  ConstInput c;
+  bool good = ok(api->GetDimensionsCount(ti, &rank));
+  if (good) {
+    c.shape.resize(rank);
+    good = ok(api->GetDimensions(ti, c.shape.data(), rank));
+  }
+  api->ReleaseTensorTypeAndShapeInfo(ti);
+  void* data = nullptr;
+  if (!good || !ok(api->GetTensorMutableData(const_cast<OrtValue*>(value), &data)) || data == nullptr)
+    return std::nullopt;
+  c.data = data;
+  return c;
+}
+
+// ONNXFUSE_CPU_LOG_PREPACK=1: say on stderr which inputs were prepacked (at kernel creation) and when a kernel
+// first computes with them. For tests and debugging.
+inline bool PrepackLogOn() {
+  const char* e = std::getenv("ONNXFUSE_CPU_LOG_PREPACK");
+  return e != nullptr && *e != '\0' && *e != '0';
+}
+inline void PrepackLog(const char* op, const std::string& msg) {
+  std::fprintf(stderr, "onnxfuse[cpu] %s: %s\n", op, msg.c_str());
+}
+
+// A B operand ([main ; extra], K + r rows) packed at kernel creation when every part of it is a constant.
+struct ConstB {
+  const void* main = nullptr;  // the constants' data pointers, to recognise them in Compute
+  const void* extra = nullptr;
+  PackedB packed;
+  bool valid = false;
+
+  // main [K, N] (+ extra [r, N]) as the schema requires; other shapes are left to Compute's checks.
+  void Init(Format fmt, const std::optional<ConstInput>& m, const std::optional<ConstInput>* e = nullptr) {
+    if (!m || m->shape.size() != 2) return;
+    const int64_t K = m->shape[0], N = m->shape[1];
+    int64_t r = 0;
+    if (e != nullptr) {
+      if (!*e || (*e)->shape.size() != 2 || (*e)->shape[1] != N) return;
+      r = (*e)->shape[0];
+      extra = (*e)->data;
+    }
+    main = m->data;
+    packed = PackB(fmt, BOperand{main, K, extra}, K + r, N);
+    valid = true;
+  }
+  // The prepacked operand if `m` / `e` are the constants it was built from, else nullptr.
+  const PackedB* Match(const void* m, const void* e = nullptr) const {
+    return valid && m == main && e == extra ? &packed : nullptr;
+  }
+};
+
+// A constant input of the given rank (bias, LoRA's A) converted to fp32 at kernel creation.
+struct ConstF32 {
+  const void* src = nullptr;
+  std::vector<float> data;
+  bool valid = false;
+  template <typename T>
+  void Init(const std::optional<ConstInput>& c, size_t rank) {
+    if (!c || c->shape.size() != rank) return;
+    int64_t n = 1;
+    for (int64_t s : c->shape) n *= s;
+    data = ToF32Vector(static_cast<const T*>(c->data), n);
+    src = c->data;
+    valid = true;
+  }
+  const float* Match(const void* p) const { return valid && p == src ? data.data() : nullptr; }
+};
+
+// Logging of the prepacked path for one kernel: what was prepared, and the first Compute that used it.
+struct PrepackLogger {
+  bool on = PrepackLogOn();
+  std::atomic<bool> said{false};
+  void Created(const char* op, const std::string& what) const {
+    if (on) PrepackLog(op, "prepacked " + (what.empty() ? std::string("nothing (no constant weights)") : what));
+  }
+  void Used(const char* op) {
+    if (on && !said.exchange(true)) PrepackLog(op, "computing with prepacked weights");
+  }
 };
 
 void RegisterLinearAct(Ort::CustomOpDomain& domain);

@@ -20,9 +20,14 @@ struct SwiGLUEpilogue final : Epilogue {
   }
 };
 
+// Inputs: 0 X, 1 W_gate, 2 W_up. Constant W_gate / W_up are packed once, at kernel creation.
 template <typename T>
 struct SwiGLUCpu {
-  SwiGLUCpu(const OrtApi* api, const OrtKernelInfo* info) : attrs(ReadOpAttrs(api, info, "SwiGLU")) {}
+  SwiGLUCpu(const OrtApi* api, const OrtKernelInfo* info) : attrs(ReadOpAttrs(api, info, "SwiGLU")) {
+    wg.Init(FormatOf<T>::value, GetConstantInput(api, info, 1));
+    wu.Init(FormatOf<T>::value, GetConstantInput(api, info, 2));
+    log.Created("SwiGLU", std::string(wg.valid ? "W_gate " : "") + (wu.valid ? "W_up" : ""));
+  }
   Ort::Status Compute(const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& W_gate,
                       const Ort::Custom::Tensor<T>& W_up, Ort::Custom::Tensor<T>& Y) {
     return GuardCompute([&] {
@@ -34,12 +39,15 @@ struct SwiGLUCpu {
       epi.N = d.N;
       GemmArgs g = GemmFor(d, X.Data(), &epi);
       g.num_b = 2;
-      g.b[0] = BOperand{W_gate.Data(), d.K, nullptr};
-      g.b[1] = BOperand{W_up.Data(), d.K, nullptr};
+      g.b[0] = BOperand{W_gate.Data(), d.K, nullptr, wg.Match(W_gate.Data())};
+      g.b[1] = BOperand{W_up.Data(), d.K, nullptr, wu.Match(W_up.Data())};
+      if (g.b[0].packed != nullptr || g.b[1].packed != nullptr) log.Used("SwiGLU");
       Gemm(g);
     });
   }
   OpAttrs attrs;
+  ConstB wg, wu;
+  PrepackLogger log;
 };
 
 }  // namespace
