@@ -45,8 +45,7 @@ def _add_common_export(p):
     p.add_argument("--external-data", action="store_true", default=None,
                    help="store weights in '<output>.data' (automatic above 2 GB)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
-    p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    _add_output_flags(p, "print the result as JSON")
 
 
 def _export_llama(args) -> int:
@@ -252,6 +251,12 @@ def _info(args) -> int:
 
 # ------------------------------------------------------------------------------------------------------ parser
 
+def _add_output_flags(p, json_help: str, quiet_help: str = "print nothing but errors") -> None:
+    """-q and --json, which every command takes (issue contract: consistent flags)."""
+    p.add_argument("-q", "--quiet", action="store_true", help=quiet_help)
+    p.add_argument("--json", action="store_true", help=json_help)
+
+
 def _add_session_args(p) -> None:
     """Flags of the commands that run a model in onnxruntime (verify, run)."""
     p.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="execution provider (default cpu)")
@@ -309,8 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_session_args(ve)
     ve.add_argument("--tolerance", type=float, help="max |out-ref|/max|ref| (default by dtype and provider)")
     ve.add_argument("--no-graph-opt", action="store_true", help="turn onnxruntime's graph optimisations off")
-    ve.add_argument("-q", "--quiet", action="store_true", help="print nothing; the exit code says it")
-    ve.add_argument("--json", action="store_true", help="print the result as JSON")
+    _add_output_flags(ve, "print the result as JSON", quiet_help="print nothing; the exit code says it")
     ve.set_defaults(func=_verify)
 
     ru = sub.add_parser("run", help="run a model in onnxruntime (the kernel library registered when needed)")
@@ -319,8 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     ru.add_argument("--inputs", metavar="FILE.npz", help="inputs (default: the recipe's seeded inputs, else random)")
     ru.add_argument("-o", "--output", metavar="FILE.npz", help="write the outputs here")
     ru.add_argument("--force", action="store_true", help="overwrite an existing output file")
-    ru.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-    ru.add_argument("--json", action="store_true", help="print a summary of the outputs as JSON")
+    _add_output_flags(ru, "print a summary of the outputs as JSON")
     ru.set_defaults(func=_run)
 
     fu = sub.add_parser("fuse", help="replace fusable subgraphs with onnxfuse custom ops")
@@ -334,21 +337,18 @@ def build_parser() -> argparse.ArgumentParser:
     fu.add_argument("--external-data", action="store_true", default=None,
                     help="store weights in '<output>.data' (automatic above 2 GB)")
     fu.add_argument("--force", action="store_true", help="overwrite an existing output file")
-    fu.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-    fu.add_argument("--json", action="store_true", help="print the fusion report as JSON")
+    _add_output_flags(fu, "print the fusion report as JSON")
     fu.set_defaults(func=_fuse)
 
     bu = sub.add_parser("build", help="build the kernel library (CPU, CUDA, Triton) into the cache")
     bu.add_argument("--arch", help="CUDA architectures, e.g. 90 or 80,90 (default 90)")
     bu.add_argument("--backends", help="comma list of cpu,cuda,triton (default: all this machine can build)")
     bu.add_argument("--force", action="store_true", help="rebuild even if a cached build exists")
-    bu.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-    bu.add_argument("--json", action="store_true", help="print the result as JSON")
+    _add_output_flags(bu, "print the result as JSON")
     bu.set_defaults(func=_build)
 
     do = sub.add_parser("doctor", help="build/load the library and check every op per backend against PyTorch")
-    do.add_argument("-q", "--quiet", action="store_true", help="print nothing; the exit code says it")
-    do.add_argument("--json", action="store_true", help="print the result as JSON")
+    _add_output_flags(do, "print the result as JSON", quiet_help="print nothing; the exit code says it")
     do.set_defaults(func=_doctor)
 
     from . import bench, view
@@ -357,8 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     inf = sub.add_parser("info", help="versions, providers, GPU, headers and kernel library status")
     inf.add_argument("--check", action="store_true", help="also build/load the kernel library and test every op")
-    inf.add_argument("--json", action="store_true", help="print as JSON")
-    inf.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    _add_output_flags(inf, "print as JSON")
     inf.set_defaults(func=_info)
 
     return p
