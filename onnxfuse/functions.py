@@ -9,7 +9,7 @@ from __future__ import annotations
 import onnx
 from onnx import AttributeProto, helper
 
-from .schema import DOMAIN, ONNX_OPSET, OPS
+from .schema import DOMAIN, ONNX_OPSET, OPS, STACK_ACTIVATIONS, stack_input_names, stack_overload
 
 
 def _scale_constant(out: str) -> onnx.NodeProto:
@@ -40,22 +40,47 @@ def _body(op: str) -> list[onnx.NodeProto]:
     raise KeyError(op)
 
 
-def function_proto(op: str) -> onnx.FunctionProto:
+def _stack_body(activations: list[str]) -> list[onnx.NodeProto]:
+    """MLPStack's body for one activation list: MatMul, Add, activation per layer."""
+    mk = helper.make_node
+    nodes, h = [], "X"
+    for i, act in enumerate(activations, start=1):
+        if act not in STACK_ACTIVATIONS:
+            raise ValueError(f"MLPStack: activation {act!r} is not one of {', '.join(STACK_ACTIVATIONS)}")
+        out = "Y" if i == len(activations) else f"h{i}"
+        nodes += [mk("MatMul", [h, f"W_{i}"], [f"xw{i}"]), mk("Add", [f"xw{i}", f"bias_{i}"], [f"z{i}"]),
+                  mk("Relu" if act == "relu" else "Sigmoid", [f"z{i}"], [out])]
+        h = out
+    return nodes
+
+
+def function_proto(op: str, overload: str = "") -> onnx.FunctionProto:
+    """The model-local function of `op`; for MLPStack, of the overload naming its activations (relu.relu.sigmoid),
+    since an ONNX function has a fixed number of inputs."""
     schema = OPS[op]
     defaults = []
     for a in schema.attrs:
         defaults.append(helper.make_attribute(a.name, a.default))
-    return helper.make_function(
-        DOMAIN, op, list(schema.inputs), list(schema.outputs), _body(op),
+    if schema.variadic:
+        acts = overload.split(".") if overload else []
+        if not acts or stack_overload(acts) != overload:
+            raise ValueError(f"{op}: function overload {overload!r} does not name the layers' activations")
+        inputs, body = stack_input_names(len(acts)), _stack_body(acts)
+    else:
+        inputs, body = list(schema.inputs), _body(op)
+    f = helper.make_function(
+        DOMAIN, op, inputs, list(schema.outputs), body,
         opset_imports=[helper.make_opsetid("", ONNX_OPSET)],
         attributes=[], attribute_protos=defaults, doc_string=f"{schema.math}. {schema.doc}")
+    f.overload = overload
+    return f
 
 
 def add_functions(model: onnx.ModelProto) -> None:
-    """Give every onnxfuse op used in the main graph its function (once), and import the domain."""
-    used = {n.op_type for n in model.graph.node if n.domain == DOMAIN}
-    have = {f.name for f in model.functions if f.domain == DOMAIN}
-    for op in sorted(used - have):
-        model.functions.append(function_proto(op))
+    """Give every onnxfuse op (and overload) used in the main graph its function (once), and import the domain."""
+    used = {(n.op_type, n.overload) for n in model.graph.node if n.domain == DOMAIN}
+    have = {(f.name, f.overload) for f in model.functions if f.domain == DOMAIN}
+    for op, overload in sorted(used - have):
+        model.functions.append(function_proto(op, overload))
     if used and not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))

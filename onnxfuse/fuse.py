@@ -1,7 +1,8 @@
 """`onnxfuse fuse`: find the fusable subgraphs of an exported model and replace them with onnxfuse ops.
 
 Rules run in a fixed order: LoRA first (a LoRA-wrapped projection must not be half-taken by the plain-linear
-rules), then SwiGLU, then Linear+activation. The result carries one model-local function per onnxfuse op (so it
+rules), then SwiGLU, then Linear+activation, then the MLP-stack pass that chains consecutive Linear+activation
+nodes into one MLPStack. The result carries one model-local function per onnxfuse op (so it
 also runs without the kernel library), the fusion report in its metadata, and annotated nodes for Netron.
 """
 from __future__ import annotations
@@ -20,12 +21,13 @@ from onnxscript import ir
 
 from . import functions, onnxio
 from .errors import OnnxfuseError
-from .rewrites import _base, linear_act, lora_linear, swiglu
+from .rewrites import _base, linear_act, lora_linear, mlp_stack, swiglu
 from .schema import DOMAIN
 
 REPORT_KEY = "onnxfuse.fusion_report"
 # pattern family -> rule-set factory, in application order
-PATTERNS = {"lora_linear": lora_linear.rules, "swiglu": swiglu.rules, "linear_act": linear_act.rules}
+PATTERNS = {"lora_linear": lora_linear.rules, "swiglu": swiglu.rules, "linear_act": linear_act.rules,
+            "mlp_stack": mlp_stack.rules}
 
 
 @dataclasses.dataclass
@@ -103,17 +105,25 @@ def fuse_model(model: ir.Model, patterns: list[str] | None = None, explain: bool
     total = model_flops(model)
     before = collections.Counter(n.op_type for n in model.graph)
     recorder = _base.Recorder()
+    refusals = []
     for name in PATTERNS:  # fixed order, whatever order the user listed them in
         if name in patterns:
             for rs in _as_list(PATTERNS[name](recorder)):
                 rs.apply_to_model(model)
+                refusals += getattr(rs, "refusals", [])  # graph passes say why during the real pass
+    if recorder.matches:
+        # A Gemm(transB=1) weight the rules transposed into a new [K, N] initializer is dead now: drop it (and any
+        # other node or initializer the rewrite orphaned) so the fused model does not carry the weights twice.
+        from onnx_ir.passes.common import RemoveUnusedNodesPass
+        RemoveUnusedNodesPass()(model)
     for node in model.graph:
         if node.domain == DOMAIN:
             # The rewriter copies the exporter's per-node metadata (stack traces, fx dumps) of one replaced node
             # onto the fused node, where it misleads: keep only onnxfuse's own keys.
             for key in [k for k in node.metadata_props if k.startswith("pkg.torch") or k == "namespace"]:
                 del node.metadata_props[key]
-    refusals = []
+    if not explain:
+        refusals = []
     if explain:
         tracer = _base.ExplainTracer()
         for name in PATTERNS:
@@ -199,8 +209,8 @@ def _save_large(model: ir.Model, out, result: FuseResult) -> None:
     the IR and onnx_ir streams the weights, tensor by tensor, into '<out>.data'. Both files are written in a
     temporary folder beside the output and renamed into place, so a failure leaves no partial output and an
     in-place fuse (out == src) never overwrites the weights it is reading."""
-    for op in sorted({n.op_type for n in model.graph if n.domain == DOMAIN}):
-        f = ir.serde.deserialize_function(functions.function_proto(op))
+    for op, overload in sorted({(n.op_type, n.overload) for n in model.graph if n.domain == DOMAIN}):
+        f = ir.serde.deserialize_function(functions.function_proto(op, overload))
         model.functions[f.identifier()] = f
     if any(n.domain == DOMAIN for n in model.graph):
         model.opset_imports.setdefault(DOMAIN, 1)

@@ -48,6 +48,8 @@ class OpSchema:
     math: str
     attrs: tuple[Attr, ...] = field(default_factory=tuple)
     doc: str = ""
+    # Variadic ops (MLPStack) repeat the inputs after the first one per layer: X, W_1, bias_1, W_2, bias_2, ...
+    variadic: bool = False
 
     @property
     def attr_names(self) -> tuple[str, ...]:
@@ -75,7 +77,34 @@ LORA_LINEAR_RELU = OpSchema(
     (Attr("scale", "float", 1.0, "LoRA scaling alpha / r"), _BACKEND),
     "A LoRA-adapted linear followed by ReLU (the DLRM lecture's fused add*mul+relu case).")
 
-OPS: dict[str, OpSchema] = {s.name: s for s in (LINEAR_RELU, LINEAR_SIGMOID, SWIGLU, LORA_LINEAR, LORA_LINEAR_RELU)}
+MLP_STACK = OpSchema(
+    "MLPStack", ("X", "W_i", "bias_i"), ("Y",),
+    "h_0 = X; h_i = act_i(h_{i-1} @ W_i + bias_i) for i = 1..L; Y = h_L",
+    (Attr("activations", "string", "relu", "the layers' activations joined by dots, each relu or sigmoid "
+                                           "(e.g. relu.relu.sigmoid; L = their number)"), _BACKEND),
+    "A chain of Linear+activation layers (a DLRM bottom or top MLP) in one op: on the GPU one kernel keeps the "
+    "intermediate activations of a row block on chip instead of a launch and an HBM round trip per layer. "
+    "Inputs X, W_1, bias_1, ..., W_L, bias_L; the node's function overload names the activations "
+    "(e.g. relu.relu.sigmoid), so the model-local function body matches the node's depth.",
+    variadic=True)
+
+OPS: dict[str, OpSchema] = {s.name: s for s in (LINEAR_RELU, LINEAR_SIGMOID, SWIGLU, LORA_LINEAR, LORA_LINEAR_RELU,
+                                                MLP_STACK)}
+# Per-layer activations MLPStack supports, and the most layers one node may have (the Triton kernel's unrolling).
+STACK_ACTIVATIONS = ("relu", "sigmoid")
+MAX_STACK_LAYERS = 4
+
+
+def stack_overload(activations) -> str:
+    """The function overload of an MLPStack node: its activations joined with dots (relu.relu.sigmoid)."""
+    return ".".join(activations)
+
+
+def stack_input_names(n_layers: int) -> list[str]:
+    names = ["X"]
+    for i in range(1, n_layers + 1):
+        names += [f"W_{i}", f"bias_{i}"]
+    return names
 
 
 def reference(op: str, inputs, attrs: dict | None = None):
@@ -96,6 +125,15 @@ def reference(op: str, inputs, attrs: dict | None = None):
         y = x @ w + b + float(attrs.get("scale", 1.0)) * ((x @ a) @ bm)
         if op == "LoRALinearRelu":
             y = torch.relu(y)
+    elif op == "MLPStack":
+        acts = str(attrs.get("activations", "")).split(".")
+        if len(inputs) != 1 + 2 * len(acts):
+            raise ValueError(f"MLPStack: {len(inputs)} inputs for {len(acts)} activations (need 1 + 2 per layer)")
+        y = x
+        for i, act in enumerate(acts):
+            z = y @ inputs[1 + 2 * i].float() + inputs[2 + 2 * i].float()
+            # Intermediates are rounded to the op's type between layers, as the unfused graph stores them.
+            y = (torch.relu(z) if act == "relu" else torch.sigmoid(z)).to(inputs[0].dtype).float()
     else:
         raise KeyError(f"unknown onnxfuse op {op!r}; known: {', '.join(OPS)}")
     return y.to(inputs[0].dtype)

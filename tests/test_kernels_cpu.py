@@ -52,11 +52,34 @@ def lib() -> pathlib.Path:
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+# MLPStack under test: three layers K -> N -> N//2+1 -> N, so relu and sigmoid each appear, a narrow odd hidden
+# width, and an intermediate that must stay in the op's type between layers.
+STACK_ACTS = "relu.sigmoid.relu"
+
+
+def input_names(op: str, n_inputs: int) -> list[str]:
+    s = schema.OPS[op]
+    return schema.stack_input_names((n_inputs - 1) // 2) if s.variadic else list(s.inputs)
+
+
+def op_attrs(op: str, scale: float = 0.5) -> dict:
+    names = schema.OPS[op].attr_names
+    attrs = {"scale": float(scale)} if "scale" in names else {}
+    if op == "MLPStack":
+        attrs["activations"] = STACK_ACTS
+    return attrs
+
+
+def out_width(op: str, inputs: list[torch.Tensor]) -> int:
+    return inputs[-2].shape[-1] if op == "MLPStack" else inputs[2 if op == "SwiGLU" else 1].shape[-1]
+
+
 def make_model(op: str, dtype: str, shapes: list[tuple[int, ...]], attrs: dict | None = None) -> onnx.ModelProto:
     s = schema.OPS[op]
     et = ONNX_TYPE[dtype]
-    inputs = [helper.make_tensor_value_info(n, et, list(shape)) for n, shape in zip(s.inputs, shapes)]
-    node = helper.make_node(op, list(s.inputs), list(s.outputs), domain=schema.DOMAIN, **(attrs or {}))
+    names = input_names(op, len(shapes))
+    inputs = [helper.make_tensor_value_info(n, et, list(shape)) for n, shape in zip(names, shapes)]
+    node = helper.make_node(op, names, list(s.outputs), domain=schema.DOMAIN, **(attrs or {}))
     graph = helper.make_graph([node], f"single_{op}", inputs, [helper.make_tensor_value_info(s.outputs[0], et, None)])
     return helper.make_model(graph, ir_version=schema.IR_VERSION,
                              opset_imports=[helper.make_opsetid("", schema.ONNX_OPSET),
@@ -76,10 +99,10 @@ def run_op(lib, op: str, inputs: list[torch.Tensor], attrs: dict | None = None) 
     model = make_model(op, dtype, [tuple(t.shape) for t in inputs], attrs)
     so = kernels.session_options(path=lib)
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    out_shape = tuple(inputs[0].shape[:-1]) + (inputs[2].shape[-1] if op == "SwiGLU" else inputs[1].shape[-1],)
+    out_shape = tuple(inputs[0].shape[:-1]) + (out_width(op, inputs),)
     y = torch.empty(out_shape, dtype=inputs[0].dtype)
     binding = sess.io_binding()
-    for name, t in zip(schema.OPS[op].inputs, inputs):
+    for name, t in zip(input_names(op, len(inputs)), inputs):
         binding.bind_ortvalue_input(name, _ortvalue(t, dtype))
     binding.bind_ortvalue_output(schema.OPS[op].outputs[0], _ortvalue(y, dtype))  # ORT writes into y's memory
     sess.run_with_iobinding(binding)
@@ -98,6 +121,12 @@ def random_inputs(op: str, lead: tuple[int, ...], K: int, N: int, r: int, dtype:
         return [x, rnd(K, N, scale=w_scale), rnd(K, N, scale=w_scale)]
     if op.startswith("LoRA"):
         return [x, rnd(K, N, scale=w_scale), rnd(K, r, scale=w_scale), rnd(r, N, scale=1.0 / math.sqrt(r)), rnd(N)]
+    if op == "MLPStack":
+        widths = [K, N, N // 2 + 1, N]
+        out = [x]
+        for k, n in zip(widths[:-1], widths[1:]):
+            out += [rnd(k, n, scale=1.0 / math.sqrt(k)), rnd(n)]
+        return out
     return [x, rnd(K, N, scale=w_scale), rnd(N)]
 
 
@@ -116,7 +145,7 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: str, what: str) ->
 
 def check(lib, op, lead, K, N, r, dtype, scale=1.0, seed=0):
     inputs = random_inputs(op, lead, K, N, r, dtype, seed)
-    attrs = {"scale": float(scale)} if "scale" in schema.OPS[op].attr_names else {}
+    attrs = op_attrs(op, scale)
     out = run_op(lib, op, inputs, attrs)
     ref = schema.reference(op, inputs, attrs)
     assert_close(out, ref, dtype, f"{op}[{dtype}] X{(*lead, K)} N={N} r={r} scale={scale}")
@@ -170,14 +199,15 @@ def _weights_session(lib, op: str, inputs: list[torch.Tensor], attrs: dict, mode
     dtype = {v: k for k, v in TORCH_TYPE.items()}[inputs[0].dtype]
     s = schema.OPS[op]
     et = ONNX_TYPE[dtype]
-    graph_inputs = [helper.make_tensor_value_info(s.inputs[0], et, [None, inputs[0].shape[-1]])]
+    names = input_names(op, len(inputs))
+    graph_inputs = [helper.make_tensor_value_info(names[0], et, [None, inputs[0].shape[-1]])]
     inits = []
-    for name, t in zip(s.inputs[1:], inputs[1:]):
+    for name, t in zip(names[1:], inputs[1:]):
         if mode in ("input", "overridable"):
             graph_inputs.append(helper.make_tensor_value_info(name, et, list(t.shape)))
         if mode in ("const", "overridable"):
             inits.append(_initializer(name, t, dtype))
-    node = helper.make_node(op, list(s.inputs), list(s.outputs), domain=schema.DOMAIN, **attrs)
+    node = helper.make_node(op, names, list(s.outputs), domain=schema.DOMAIN, **attrs)
     graph = helper.make_graph([node], f"weights_{op}", graph_inputs,
                               [helper.make_tensor_value_info(s.outputs[0], et, None)], initializer=inits)
     model = helper.make_model(graph, ir_version=schema.IR_VERSION,
@@ -207,8 +237,8 @@ def test_constant_weights_are_prepacked_once_and_match(lib, op, dtype, monkeypat
     non-constant cases, different weights) is right both times: the cache holds weights only, never X."""
     monkeypatch.setenv("ONNXFUSE_CPU_LOG_PREPACK", "1")
     lead, K, N, r = (37,), 300, 70, 4  # K > KC (256): prepacked panels are entered at k0 > 0
-    attrs = {"scale": 0.5} if "scale" in schema.OPS[op].attr_names else {}
-    names = schema.OPS[op].inputs
+    attrs = op_attrs(op)
+    names = input_names(op, len(random_inputs(op, lead, K, N, r, dtype, seed=11)))
     out_shape = lead + (N,)
     for mode in ("const", "input", "overridable"):
         base = random_inputs(op, lead, K, N, r, dtype, seed=11)
@@ -293,6 +323,22 @@ def test_lora_rank_mismatch_is_an_error(lib):
     x, w, a, bm, b = torch.randn(3, 8), torch.randn(8, 5), torch.randn(8, 4), torch.randn(3, 5), torch.randn(5)
     with pytest.raises(Exception, match="LoRALinear: B must be"):
         run_op(lib, "LoRALinear", [x, w, a, bm, b])
+
+
+def test_mlp_stack_bad_inputs_are_errors_naming_the_layer(lib):
+    x, w1, b1, w2, b2 = torch.randn(3, 8), torch.randn(8, 6), torch.randn(6), torch.randn(5, 4), torch.randn(4)
+    with pytest.raises(Exception, match=r"MLPStack: layer 2: W must be \[K, N\] with K = the previous width 6"):
+        run_op(lib, "MLPStack", [x, w1, b1, w2, b2], {"activations": "relu.relu"})
+    w2 = torch.randn(6, 4)
+    with pytest.raises(Exception, match="MLPStack: 5 inputs, but the 'activations' attribute names 3 layers"):
+        run_op(lib, "MLPStack", [x, w1, b1, w2, b2], {"activations": "relu.relu.relu"})
+    with pytest.raises(Exception, match="MLPStack: activation 'gelu' in 'relu.gelu' is not relu or sigmoid"):
+        run_op(lib, "MLPStack", [x, w1, b1, w2, b2], {"activations": "relu.gelu"})
+    with pytest.raises(Exception, match="MLPStack: missing attribute 'activations'"):
+        run_op(lib, "MLPStack", [x, w1, b1, w2, b2])
+    out = run_op(lib, "MLPStack", [x, w1, b1, w2, b2], {"activations": "sigmoid.relu"})
+    assert_close(out, schema.reference("MLPStack", [x, w1, b1, w2, b2], {"activations": "sigmoid.relu"}), "float",
+                 "sigmoid.relu")
 
 
 def test_backend_attribute_accepted_on_cpu(lib):

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onnxfuse import export, fuse, verify, zoo
+from onnxfuse import schema, export, fuse, verify, zoo
 
 QUICK = os.environ.get("ONNXFUSE_HYPOTHESIS_PROFILE", "quick") == "quick"
 
@@ -44,7 +44,16 @@ def expected_ops(kind: str, spec) -> dict[str, int]:
     relu_layers = len(spec.bottom_mlp) + len(spec.top_mlp) - 1
     if spec.lora_rank:
         return {"LoRALinearRelu": relu_layers, "LoRALinear": 1}
-    return {"LinearRelu": relu_layers, "LinearSigmoid": 1}
+    # each MLP of two or more layers becomes MLPStack nodes of at most 4 layers; a lone layer stays a Linear op
+    out: collections.Counter = collections.Counter()
+    for sizes, last in ((spec.bottom_mlp, "LinearRelu"), (spec.top_mlp, "LinearSigmoid")):
+        for i in range(0, len(sizes), schema.MAX_STACK_LAYERS):
+            part = sizes[i:i + schema.MAX_STACK_LAYERS]
+            if len(part) >= 2:
+                out["MLPStack"] += 1
+            else:
+                out[last if i + 1 == len(sizes) else "LinearRelu"] += 1
+    return dict(out)
 
 
 def make_spec(kind: str, overrides: dict):

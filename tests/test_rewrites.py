@@ -18,7 +18,8 @@ DATA = pathlib.Path(__file__).parent / "data"
 CASES = {
     "llama2": (dict(kind="llama", num_hidden_layers=2), {"SwiGLU": 2}),
     "llama-lora": (dict(kind="llama", lora_rank=8), {"LoRALinear": 3}),
-    "dlrm": (dict(kind="dlrm"), {"LinearRelu": 6, "LinearSigmoid": 1}),
+    # bottom 13-512-256-64-16 (4 x relu) and top 367-512-256-1 (relu, relu, sigmoid): one MLPStack each
+    "dlrm": (dict(kind="dlrm"), {"MLPStack": 2}),
     "dlrm-lora": (dict(kind="dlrm", lora_rank=4), {"LoRALinearRelu": 6, "LoRALinear": 1}),
 }
 COMBOS = [(e, d) for e in ("dynamo", "torchscript") for d in ("fp32", "fp16")]
@@ -69,7 +70,11 @@ def test_fusion_counts_and_nothing_else_changed(exported, tmp_path, case, export
     for m in res.matches:
         removed.update(("", t) for _, t in m.replaced)
     for key in before:
-        assert after.get(key, 0) == before[key] - removed.get(key, 0), key
+        if key == ("", "Constant"):
+            # Constants only the replaced nodes read (the TorchScript exporter's LoRA scale) are dropped as dead
+            assert after.get(key, 0) <= before[key] - removed.get(key, 0), key
+        else:
+            assert after.get(key, 0) == before[key] - removed.get(key, 0), key
     # shape inference types every output of every fused node
     inferred = onnx.shape_inference.infer_shapes(fused, strict_mode=True)
     typed = {v.name for v in list(inferred.graph.value_info) + list(inferred.graph.output)}

@@ -133,27 +133,35 @@ class FusionRule(RewriteRuleClassBase):
         matched = self._matched
         naming = [n for n in matched if n.op_type in self.naming_ops] or matched
         module = module_path(naming)
-        node.name = self.recorder.unique(f"onnxfuse/{self.pattern_name}/{module}")
-        schema = OPS[op_type]
         replaced = [(n.name or "?", n.op_type) for n in matched]
-        # Netron shows each line unwrapped in a narrow panel: one fact per line, short lines.
-        node.doc_string = "\n".join([
-            schema.math,
-            f"module: {module}",
-            f"rule: {self.name}",
-            f"replaced {len(matched)} nodes:",
-            *(f"  {name} ({t})" for name, t in replaced),
-            "shapes:",
-            *(f"  {k} {_shape_txt(v)}" for k, v in shapes.items()),
-            f"dtype: {dtype.name.lower()}",
-            *KERNELS_DOC,
-        ])
-        node.metadata_props["onnxfuse.pattern"] = self.pattern_name
-        node.metadata_props["onnxfuse.module"] = module
-        node.metadata_props["onnxfuse.replaced"] = ";".join(f"{n}:{t}" for n, t in replaced)
-        self.recorder.matches.append(Match(self.pattern_name, op_type, node.name, module, replaced, shapes,
-                                           dtype.name.lower(), flops))
+        annotate(node, self.recorder, self.pattern_name, self.name, op_type, module, replaced, shapes, dtype, flops)
         return out
+
+
+def annotate(node: ir.Node, recorder: Recorder, pattern_name: str, rule_name: str, op_type: str, module: str,
+             replaced: list[tuple[str, str]], shapes: dict, dtype: ir.DataType, flops: int | None,
+             extra_doc: tuple[str, ...] = ()) -> None:
+    """Name a fused node `onnxfuse/<pattern>/<module>`, write its Netron doc string and metadata, record the match."""
+    node.name = recorder.unique(f"onnxfuse/{pattern_name}/{module}")
+    schema = OPS[op_type]
+    # Netron shows each line unwrapped in a narrow panel: one fact per line, short lines.
+    node.doc_string = "\n".join([
+        schema.math,
+        f"module: {module}",
+        f"rule: {rule_name}",
+        f"replaced {len(replaced)} nodes:",
+        *(f"  {name} ({t})" for name, t in replaced),
+        "shapes:",
+        *(f"  {k} {_shape_txt(v)}" for k, v in shapes.items()),
+        f"dtype: {dtype.name.lower() if dtype is not None else '?'}",
+        *KERNELS_DOC,
+        *extra_doc,
+    ])
+    node.metadata_props["onnxfuse.pattern"] = pattern_name
+    node.metadata_props["onnxfuse.module"] = module
+    node.metadata_props["onnxfuse.replaced"] = ";".join(f"{n}:{t}" for n, t in replaced)
+    recorder.matches.append(Match(pattern_name, op_type, node.name, module, replaced, shapes,
+                                  dtype.name.lower() if dtype is not None else "?", flops))
 
 
 def check_float_dtypes(result: MatchResult, **values: ir.Value) -> ir.DataType | None:

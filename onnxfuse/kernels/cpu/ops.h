@@ -201,6 +201,7 @@ struct PrepackLogger {
 void RegisterLinearAct(Ort::CustomOpDomain& domain);
 void RegisterSwiGLU(Ort::CustomOpDomain& domain);
 void RegisterLoRALinear(Ort::CustomOpDomain& domain);
+void RegisterMLPStack(Ort::CustomOpDomain& domain);
 
 }  // namespace cpu
 }  // namespace onnxfuse

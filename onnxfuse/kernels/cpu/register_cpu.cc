@@ -8,6 +8,7 @@ void RegisterOps(Ort::CustomOpDomain& domain) {
   RegisterLinearAct(domain);
   RegisterSwiGLU(domain);
   RegisterLoRALinear(domain);
+  RegisterMLPStack(domain);
 }
 
 }  // namespace cpu

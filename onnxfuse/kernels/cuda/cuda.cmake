@@ -30,6 +30,7 @@ target_sources(onnxfuse_ops PRIVATE
   ${_onnxfuse_cuda_dir}/linear_act.cu
   ${_onnxfuse_cuda_dir}/swiglu.cu
   ${_onnxfuse_cuda_dir}/lora_linear.cu
+  ${_onnxfuse_cuda_dir}/mlp_stack.cu
   ${_onnxfuse_cuda_dir}/triton_launch.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/ort/ops_cuda.cc)
 
@@ -74,7 +75,8 @@ if(ONNXFUSE_WITH_TRITON)
     ${_onnxfuse_triton_dir}/aot.py
     ${_onnxfuse_triton_dir}/linear_act.py
     ${_onnxfuse_triton_dir}/swiglu.py
-    ${_onnxfuse_triton_dir}/lora_linear.py)
+    ${_onnxfuse_triton_dir}/lora_linear.py
+    ${_onnxfuse_triton_dir}/mlp_stack.py)
   if(ONNXFUSE_TRITON_CONFIGS)
     list(APPEND _onnxfuse_aot_args --configs "${ONNXFUSE_TRITON_CONFIGS}")
     list(APPEND _onnxfuse_aot_deps "${ONNXFUSE_TRITON_CONFIGS}")

@@ -28,6 +28,10 @@ enum onnxfuse_error {
 };
 
 #define ONNXFUSE_MAX_LORA_RANK 64
+// MLPStack: layers per node (what the Triton stack kernel unrolls; schema.MAX_STACK_LAYERS).
+#define ONNXFUSE_MAX_STACK_LAYERS 4
+// How the Triton backend runs an MLPStack (env ONNXFUSE_MLP_STACK, read at kernel creation).
+enum onnxfuse_stack_mode { ONNXFUSE_STACK_AUTO = 0, ONNXFUSE_STACK_FUSED = 1, ONNXFUSE_STACK_LAYERS = 2 };
 
 // LinearRelu (act = ONNXFUSE_ACT_RELU) and LinearSigmoid (ONNXFUSE_ACT_SIGMOID): Y = act(X @ W + bias).
 int onnxfuse_cuda_linear_act(int dtype, int act, const void* x, const void* w, const void* bias, void* y, int64_t m,
@@ -39,6 +43,14 @@ int onnxfuse_cuda_swiglu(int dtype, const void* x, const void* w_gate, const voi
 int onnxfuse_cuda_lora_linear(int dtype, int relu, const void* x, const void* w, const void* a, const void* b,
                               const void* bias, float scale, void* y, int64_t m, int64_t k, int64_t n, int64_t r,
                               void* stream);
+// MLPStack: n_layers (1..ONNXFUSE_MAX_STACK_LAYERS) layers h_i = act_i(h_{i-1} @ w[i] + b[i]) with widths[0] = K
+// and widths[i + 1] = N of layer i; acts[i] is ONNXFUSE_ACT_RELU or ONNXFUSE_ACT_SIGMOID. The intermediates live
+// in the caller's device scratch of onnxfuse_mlp_stack_scratch_bytes() bytes (two [M, SW] buffers of the element
+// type, SW = the widest hidden layer rounded up to 16). The CUDA backend runs one linear_act launch per layer.
+int64_t onnxfuse_mlp_stack_scratch_bytes(int dtype, int n_layers, int64_t m, const int64_t* widths);
+int onnxfuse_cuda_mlp_stack(int dtype, int n_layers, const int* acts, const void* x, const void* const* w,
+                            const void* const* b, void* y, int64_t m, const int64_t* widths, void* scratch,
+                            int64_t scratch_bytes, void* stream);
 
 // The same ops from the Triton AOT cubins (cuda/triton_launch.cc); ONNXFUSE_ERR_NO_TRITON when not built.
 //
@@ -62,6 +74,12 @@ int64_t onnxfuse_triton_lora_scratch_bytes(int dtype, int64_t m, int64_t k, int6
 int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, const void* w, const void* a, const void* b,
                                 const void* bias, float scale, void* y, int64_t m, int64_t k, int64_t n, int64_t r,
                                 int small_cfg, int lora_onepass, void* scratch, int64_t scratch_bytes, void* stream);
+// MLPStack from the Triton cubins: mode ONNXFUSE_STACK_FUSED runs the whole stack as ONE kernel (each program
+// carries BLOCK_M rows through every layer), ONNXFUSE_STACK_LAYERS one Triton linear_act launch per layer, and
+// ONNXFUSE_STACK_AUTO the first while M and the widths are small (see triton_launch.cc), else the second.
+int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* acts, const void* x, const void* const* w,
+                              const void* const* b, void* y, int64_t m, const int64_t* widths, int mode,
+                              int small_cfg, void* scratch, int64_t scratch_bytes, void* stream);
 // Parses ONNXFUSE_TRITON_SMALL_CFG and ONNXFUSE_LORA_ONEPASS (unset or empty -> 0). Returns 0, or
 // ONNXFUSE_ERR_BAD_ARGUMENT when a value is not one of the allowed digits (the knobs are then left at 0).
 int onnxfuse_triton_read_env(int* small_cfg, int* lora_onepass);

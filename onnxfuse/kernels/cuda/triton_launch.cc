@@ -33,7 +33,8 @@ using onnxfuse::triton_aot::kNumTritonSpecs;
 using onnxfuse::triton_aot::kTritonSpecs;
 using onnxfuse::triton_aot::TritonSpec;
 
-constexpr int kKernelLinearAct = 0, kKernelSwiglu = 1, kKernelLoRA = 2, kKernelLoRAXA = 3, kKernelLoRAMain = 4;
+constexpr int kKernelLinearAct = 0, kKernelSwiglu = 1, kKernelLoRA = 2, kKernelLoRAXA = 3, kKernelLoRAMain = 4,
+              kKernelMLPStack = 5;
 constexpr int kMaxDevices = 64;
 
 struct LoadedKernel {
@@ -299,6 +300,89 @@ extern "C" int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, c
   return LaunchSpec(main_spec, index, plan.device, Tiles(m, n, main_spec), main_args, stream);
 }
 
+namespace {
+// The one-kernel stack pays while the work is latency-bound: few rows per SM and narrow layers (every program
+// reads every weight, from L2). Past that, a GEMM per layer with the full grid of linear_act wins.
+constexpr int64_t kStackMaxWidth = 1024;
+bool UseFusedStack(int64_t m, int n_layers, const int64_t* widths, int device) {
+  for (int i = 0; i <= n_layers; ++i)
+    if (widths[i] > kStackMaxWidth) return false;
+  return m <= 2 * 64 * int64_t(NumSMs(device));
+}
+}  // namespace
+
+extern "C" int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* acts, const void* x,
+                                         const void* const* w, const void* const* b, void* y, int64_t m,
+                                         const int64_t* widths, int mode, int small_cfg, void* scratch,
+                                         int64_t scratch_bytes, void* stream) {
+  const int64_t need = onnxfuse_mlp_stack_scratch_bytes(dtype, n_layers, m, widths);
+  if (need < 0) return int(need);
+  if (acts == nullptr || w == nullptr || b == nullptr || mode < 0 || mode > 2) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  for (int i = 0; i < n_layers; ++i) {
+    if ((acts[i] != ONNXFUSE_ACT_RELU && acts[i] != ONNXFUSE_ACT_SIGMOID) || w[i] == nullptr || b[i] == nullptr)
+      return ONNXFUSE_ERR_BAD_ARGUMENT;
+  }
+  for (int i = 0; i <= n_layers; ++i) {
+    if (widths[i] < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
+    if (TooLarge(m, widths[i], 0)) return ONNXFUSE_ERR_TOO_LARGE;
+  }
+  if (need > 0 && (scratch == nullptr || !Aligned16(scratch) || scratch_bytes < need)) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (m == 0 || widths[n_layers] == 0) return 0;
+  int device = 0;
+  const int arch = CurrentArch(&device);
+  if (arch < 0) return -arch;
+  const bool fused = mode == ONNXFUSE_STACK_FUSED || (mode == ONNXFUSE_STACK_AUTO && UseFusedStack(m, n_layers, widths, device));
+  if (!fused) {
+    char* buf[2] = {static_cast<char*>(scratch), static_cast<char*>(scratch) + need / 2};
+    const void* in = x;
+    for (int i = 0; i < n_layers; ++i) {
+      void* out = i == n_layers - 1 ? y : buf[i % 2];
+      const int err = onnxfuse_triton_linear_act(dtype, acts[i], in, w[i], b[i], out, m, widths[i], widths[i + 1],
+                                                 small_cfg, stream);
+      if (err != 0) return err;
+      in = out;
+    }
+    return 0;
+  }
+  // BLOCK_M (size class 0/1/2 = 16/32/64 rows): the smallest whose grid fits on the SMs, else the largest.
+  bool aligned = Aligned16(x) && Aligned16(y) && (need == 0 || Aligned16(scratch));
+  for (int i = 0; i < n_layers; ++i) aligned = aligned && Aligned16(w[i]) && Aligned16(b[i]);
+  for (int i = 1; i < n_layers; ++i) aligned = aligned && widths[i] % 16 == 0;
+  const TritonSpec* spec = nullptr;
+  int index = -1;
+  for (int size_class = 0; size_class < 3; ++size_class) {
+    int idx = -1;
+    const TritonSpec* s = FindExact(kKernelMLPStack, dtype, size_class, aligned ? 1 : 0, 0, 0, arch, &idx);
+    if (s == nullptr) continue;
+    spec = s;
+    index = idx;
+    if ((m + s->block_m - 1) / s->block_m <= NumSMs(device)) break;
+  }
+  if (spec == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
+  int32_t M = int32_t(m), K0 = int32_t(widths[0]), L = n_layers;
+  int32_t SW = int32_t(need / (2 * (m > 0 ? m : 1) * (dtype == ONNXFUSE_FP32 ? 4 : 2)));
+  const void* s_ptr = need > 0 ? scratch : y;  // never read or written when L == 1
+  // Hidden layers 1..3 (unused ones: null pointers, zero widths) and the final layer.
+  const void* hw[3] = {nullptr, nullptr, nullptr};
+  const void* hb[3] = {nullptr, nullptr, nullptr};
+  int32_t hn[3] = {0, 0, 0}, ha[3] = {ONNXFUSE_ACT_RELU, ONNXFUSE_ACT_RELU, ONNXFUSE_ACT_RELU};
+  for (int i = 0; i + 1 < n_layers; ++i) {
+    hw[i] = w[i];
+    hb[i] = b[i];
+    hn[i] = int32_t(widths[i + 1]);
+    ha[i] = acts[i];
+  }
+  const void* wf = w[n_layers - 1];
+  const void* bf = b[n_layers - 1];
+  int32_t nf = int32_t(widths[n_layers]), af = acts[n_layers - 1];
+  void* scratch_global = nullptr;
+  void* scratch_profile = nullptr;
+  void* args[] = {&x, &y, &s_ptr, &M, &K0, &SW, &L,
+                  &hw[0], &hb[0], &hn[0], &ha[0], &hw[1], &hb[1], &hn[1], &ha[1], &hw[2], &hb[2], &hn[2], &ha[2],
+                  &wf, &bf, &nf, &af, &scratch_global, &scratch_profile};
+  return LaunchSpec(spec, index, device, (m + spec->block_m - 1) / spec->block_m, args, stream);
+}
+
 #else  // built without Triton: the launchers exist and say so.
 
 extern "C" int onnxfuse_triton_available(void) { return 0; }
@@ -316,6 +400,10 @@ extern "C" int64_t onnxfuse_triton_lora_scratch_bytes(int, int64_t, int64_t, int
 extern "C" int onnxfuse_triton_lora_linear(int, int, const void*, const void*, const void*, const void*, const void*,
                                            float, void*, int64_t, int64_t, int64_t, int64_t, int, int, void*, int64_t,
                                            void*) {
+  return ONNXFUSE_ERR_NO_TRITON;
+}
+extern "C" int onnxfuse_triton_mlp_stack(int, int, const int*, const void*, const void* const*, const void* const*,
+                                         void*, int64_t, const int64_t*, int, int, void*, int64_t, void*) {
   return ONNXFUSE_ERR_NO_TRITON;
 }
 

@@ -70,6 +70,7 @@
 #undef ORT_API_MANUAL_INIT
 #include "onnxruntime_lite_custom_op.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -95,9 +96,21 @@ inline constexpr const char* kCudaEp = "CUDAExecutionProvider";
 // A small integer tag to hand the element type to launchers that cannot see Ort::Float16_t (nvcc side).
 enum class DType : int { F32 = 0, F16 = 1, BF16 = 2 };
 template <typename T> struct DTypeOf;
-template <> struct DTypeOf<float> { static constexpr DType value = DType::F32; static constexpr const char* name = "float"; };
-template <> struct DTypeOf<Ort::Float16_t> { static constexpr DType value = DType::F16; static constexpr const char* name = "float16"; };
-template <> struct DTypeOf<Ort::BFloat16_t> { static constexpr DType value = DType::BF16; static constexpr const char* name = "bfloat16"; };
+template <> struct DTypeOf<float> {
+  static constexpr DType value = DType::F32;
+  static constexpr const char* name = "float";
+  static constexpr ONNXTensorElementDataType onnx = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+};
+template <> struct DTypeOf<Ort::Float16_t> {
+  static constexpr DType value = DType::F16;
+  static constexpr const char* name = "float16";
+  static constexpr ONNXTensorElementDataType onnx = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+};
+template <> struct DTypeOf<Ort::BFloat16_t> {
+  static constexpr DType value = DType::BF16;
+  static constexpr const char* name = "bfloat16";
+  static constexpr ONNXTensorElementDataType onnx = ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+};
 
 // ------------------------------------------------------------------------------------------------ errors
 [[noreturn]] inline void Fail(std::string message, OrtErrorCode code = ORT_INVALID_ARGUMENT) {
@@ -277,6 +290,117 @@ void AddOpAllTypes(Ort::CustomOpDomain& domain, const char* op_name, const char*
   KeepAlive(std::unique_ptr<Ort::Custom::OrtLiteCustomOp>(Ort::Custom::CreateLiteCustomOp<Kernel<float>>(op_name, ep)), domain);
   KeepAlive(std::unique_ptr<Ort::Custom::OrtLiteCustomOp>(Ort::Custom::CreateLiteCustomOp<Kernel<Ort::Float16_t>>(op_name, ep)), domain);
   KeepAlive(std::unique_ptr<Ort::Custom::OrtLiteCustomOp>(Ort::Custom::CreateLiteCustomOp<Kernel<Ort::BFloat16_t>>(op_name, ep)), domain);
+}
+
+// ------------------------------------------------------------------------------------------------ variadic ops
+// MLPStack has a variable number of inputs (X, then W_i, bias_i per layer). The lite API's Variadic cannot carry
+// float16/bfloat16 tensors (its TensorArray knows no 16-bit float types), so these ops use Ort::CustomOpBase
+// directly: input 0 is X of type T, input 1 a homogeneous variadic list of T (at least one W, bias pair), output
+// 0 is Y of type T; registered for float, float16 and bfloat16 under one name like the lite ops. Kernel<T> has a
+// constructor (const OrtApi*, const OrtKernelInfo*) that may throw, and `OrtStatusPtr ComputeV2(OrtKernelContext*)`.
+
+// The node's `activations` attribute ("relu.relu.sigmoid"): ONNXFUSE act codes (1 relu, 2 sigmoid), one per layer.
+inline std::vector<int> ReadStackActivations(const OrtApi* api, const OrtKernelInfo* info, const char* op) {
+  std::string s;
+  if (!detail::TryGetString(api, info, "activations", s) || s.empty())
+    Fail(std::string(op) + ": missing attribute 'activations' (the layers' activations joined by dots, e.g. "
+                           "relu.relu.sigmoid)");
+  std::vector<int> acts;
+  size_t start = 0;
+  while (start <= s.size()) {
+    const size_t dot = std::min(s.find('.', start), s.size());
+    const std::string a = s.substr(start, dot - start);
+    if (a == "relu") acts.push_back(1);
+    else if (a == "sigmoid") acts.push_back(2);
+    else Fail(std::string(op) + ": activation '" + a + "' in '" + s + "' is not relu or sigmoid");
+    start = dot + 1;
+  }
+  return acts;
+}
+
+// Shapes of a stack's inputs: X [..., K], W_i [n_{i-1}, n_i] with n_0 = K, bias_i [n_i]. widths = n_0..n_L.
+struct StackDims {
+  int64_t M = 0;
+  std::vector<int64_t> widths;
+  std::vector<int64_t> out_shape;
+};
+
+inline StackDims MLPStackDims(const char* op, size_t n_layers, const std::vector<std::vector<int64_t>>& shapes) {
+  if (shapes.size() != 1 + 2 * n_layers)
+    Fail(std::string(op) + ": " + std::to_string(shapes.size()) + " inputs, but the 'activations' attribute names " +
+         std::to_string(n_layers) + " layers (need X and a W, bias pair per layer: " +
+         std::to_string(1 + 2 * n_layers) + ")");
+  LinearDims x = detail::RowsOf(op, shapes[0]);
+  StackDims d;
+  d.M = x.M;
+  d.widths.push_back(x.K);
+  for (size_t i = 0; i < n_layers; ++i) {
+    const auto& w = shapes[1 + 2 * i];
+    const auto& b = shapes[2 + 2 * i];
+    const std::string layer = "layer " + std::to_string(i + 1) + ": ";
+    detail::Need(w.size() == 2 && w[0] == d.widths.back(), op,
+                 layer + "W must be [K, N] with K = the previous width " + std::to_string(d.widths.back()) + "; got " +
+                     ShapeStr(w));
+    detail::Need(b.size() == 1 && b[0] == w[1], op, layer + "bias must be [N]; got W " + ShapeStr(w) + ", bias " +
+                                                        ShapeStr(b));
+    d.widths.push_back(w[1]);
+  }
+  d.out_shape = x.out_shape;
+  d.out_shape.push_back(d.widths.back());
+  return d;
+}
+
+// Inputs of a variadic-op call: shapes and raw data pointers of all inputs, in order.
+struct VariadicInputs {
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<const void*> data;
+  explicit VariadicInputs(Ort::KernelContext& ctx) {
+    const size_t n = ctx.GetInputCount();
+    for (size_t i = 0; i < n; ++i) {
+      Ort::ConstValue v = ctx.GetInput(i);
+      shapes.push_back(v.GetTensorTypeAndShapeInfo().GetShape());
+      data.push_back(v.GetTensorRawData());
+    }
+  }
+};
+
+template <template <typename> class Kernel, typename T>
+struct VariadicOp : Ort::CustomOpBase<VariadicOp<Kernel, T>, Kernel<T>, true> {
+  VariadicOp(const char* name, const char* ep) : name_(name), ep_(ep) {}
+  OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
+    try {
+      *kernel = new Kernel<T>(&api, info);
+      return nullptr;
+    } catch (const Ort::Exception& e) {
+      return api.CreateStatus(e.GetOrtErrorCode(), e.what());
+    } catch (const std::exception& e) {
+      return api.CreateStatus(ORT_FAIL, e.what());
+    }
+  }
+  const char* GetName() const { return name_; }
+  const char* GetExecutionProviderType() const { return ep_; }
+  size_t GetInputTypeCount() const { return 2; }
+  ONNXTensorElementDataType GetInputType(size_t) const { return DTypeOf<T>::onnx; }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
+    return i == 0 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_VARIADIC;
+  }
+  int GetVariadicInputMinArity() const { return 2; }
+  bool GetVariadicInputHomogeneity() const { return true; }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return DTypeOf<T>::onnx; }
+
+ private:
+  const char* name_;
+  const char* ep_;
+};
+
+// Registers VariadicOp<Kernel, T> for the three element types. The op objects are never freed (ORT keeps raw
+// pointers to them for the life of the process; BuildDomain runs once per process).
+template <template <typename> class Kernel>
+void AddVariadicOpAllTypes(Ort::CustomOpDomain& domain, const char* op_name, const char* ep) {
+  domain.Add(new VariadicOp<Kernel, float>(op_name, ep));
+  domain.Add(new VariadicOp<Kernel, Ort::Float16_t>(op_name, ep));
+  domain.Add(new VariadicOp<Kernel, Ort::BFloat16_t>(op_name, ep));
 }
 
 }  // namespace onnxfuse

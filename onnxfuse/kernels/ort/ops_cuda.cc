@@ -19,8 +19,10 @@
 //   auto   -> Triton when built with a cubin for this GPU's arch, else CUDA;
 //   cpu    -> treated as auto: the node was placed on the CUDA EP, whose inputs live in device memory, so a CPU
 //             kernel cannot serve it here; the CPU kernels run when the node is placed on the CPU EP.
+#include <cstdlib>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common.h"
 #include "cuda/launch.h"
@@ -208,6 +210,63 @@ using LoRALinearCuda = LoRACuda<T, 0>;
 template <typename T>
 using LoRALinearReluCuda = LoRACuda<T, 1>;
 
+// How the Triton backend runs a stack: env ONNXFUSE_MLP_STACK = auto (default) | fused | layers.
+inline int StackModeFromEnv(const char* op) {
+  const char* v = std::getenv("ONNXFUSE_MLP_STACK");
+  if (v == nullptr || *v == '\0' || std::string(v) == "auto") return ONNXFUSE_STACK_AUTO;
+  if (std::string(v) == "fused") return ONNXFUSE_STACK_FUSED;
+  if (std::string(v) == "layers") return ONNXFUSE_STACK_LAYERS;
+  Fail(std::string(op) + ": bad ONNXFUSE_MLP_STACK='" + v + "' in the environment (expected auto, fused or layers)");
+}
+
+template <typename T>
+struct MLPStackCuda {
+  static constexpr const char* kName = "MLPStack";
+  MLPStackCuda(const OrtApi* api, const OrtKernelInfo* info)
+      : attrs(ReadOpAttrs(api, info, kName)), acts(ReadStackActivations(api, info, kName)), knobs(kName),
+        mode(StackModeFromEnv(kName)) {
+    if (acts.size() > ONNXFUSE_MAX_STACK_LAYERS)
+      Fail(std::string(kName) + ": " + std::to_string(acts.size()) + " layers; the GPU kernels take at most " +
+           std::to_string(ONNXFUSE_MAX_STACK_LAYERS) + " (fuse splits longer chains)");
+  }
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
+    return GuardCompute([&] {
+      Ort::KernelContext ctx(context);
+      const VariadicInputs in(ctx);
+      const StackDims d = MLPStackDims(kName, acts.size(), in.shapes);
+      void* y = ctx.GetOutput(0, d.out_shape).GetTensorMutableRawData();
+      if (d.M == 0 || d.widths.back() == 0) return;
+      const int n = int(acts.size());
+      std::vector<const void*> w(n), b(n);
+      for (int i = 0; i < n; ++i) {
+        w[i] = in.data[1 + 2 * i];
+        b[i] = in.data[2 + 2 * i];
+      }
+      const int dt = DtypeCode<T>();
+      const int64_t bytes = onnxfuse_mlp_stack_scratch_bytes(dt, n, d.M, d.widths.data());
+      if (bytes < 0) Fail(std::string(kName) + ": " + onnxfuse_cuda_error_string(int(bytes)), ORT_RUNTIME_EXCEPTION);
+      std::unique_ptr<DeviceScratch> scratch;
+      if (bytes > 0) scratch = std::make_unique<DeviceScratch>(context, 0, size_t(bytes));
+      void* sp = scratch ? scratch->get() : nullptr;
+      void* stream = StreamOf(context);
+      Dispatch(
+          kName, attrs,
+          [&] {
+            return onnxfuse_cuda_mlp_stack(dt, n, acts.data(), in.data[0], w.data(), b.data(), y, d.M,
+                                           d.widths.data(), sp, bytes, stream);
+          },
+          [&] {
+            return onnxfuse_triton_mlp_stack(dt, n, acts.data(), in.data[0], w.data(), b.data(), y, d.M,
+                                             d.widths.data(), mode, knobs.small_cfg, sp, bytes, stream);
+          });
+    }).release();
+  }
+  OpAttrs attrs;
+  std::vector<int> acts;
+  TritonKnobs knobs;
+  int mode;
+};
+
 }  // namespace
 
 void RegisterOps(Ort::CustomOpDomain& domain) {
@@ -216,6 +275,7 @@ void RegisterOps(Ort::CustomOpDomain& domain) {
   AddOpAllTypes<SwiGLUCuda>(domain, "SwiGLU", kCudaEp);
   AddOpAllTypes<LoRALinearCuda>(domain, "LoRALinear", kCudaEp);
   AddOpAllTypes<LoRALinearReluCuda>(domain, "LoRALinearRelu", kCudaEp);
+  AddVariadicOpAllTypes<MLPStackCuda>(domain, "MLPStack", kCudaEp);
 }
 
 }  // namespace cuda

@@ -35,11 +35,11 @@ import sys
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
-KERNEL_FILES = ("linear_act", "swiglu", "lora_linear")
+KERNEL_FILES = ("linear_act", "swiglu", "lora_linear", "mlp_stack")
 # Order is the C enum in cuda/launch.h (onnxfuse_dtype) and in triton_launch.cc.
 DTYPES = (("fp32", 0), ("fp16", 1), ("bf16", 2))
 SIZE_CLASSES = ("small", "medium", "large")  # index = enum used by triton_launch.cc
-KERNEL_IDS = {"linear_act": 0, "swiglu": 1, "lora_linear": 2, "lora_xa": 3, "lora_main": 4}
+KERNEL_IDS = {"linear_act": 0, "swiglu": 1, "lora_linear": 2, "lora_xa": 3, "lora_main": 4, "mlp_stack": 5}
 LORA_KERNELS = ("lora_linear", "lora_xa", "lora_main")
 R_PADS = (16, 32, 64)
 
@@ -64,6 +64,10 @@ _H_SWIGLU_SMALL = (16, 64, 128, 1, 4, 4)
 # picks SPLIT so that about one program per SM runs); memory bound (reads X once, A per program from L2).
 _H_XA = {"small": (16, 0, 128, 1, 4, 3), "medium": (16, 0, 128, 1, 4, 3), "large": (64, 0, 64, 1, 4, 4)}
 _F_XA = {"small": (16, 0, 64, 1, 4, 3), "medium": (16, 0, 64, 1, 4, 3), "large": (64, 0, 32, 1, 4, 3)}
+# mlp_stack: the size class is BLOCK_M (the rows one program carries through every layer), picked by the launcher
+# so that the grid covers the SMs: "small" 16 rows, "medium" 32, "large" 64. GROUP_M is unused.
+_H_STACK = {"small": (16, 64, 64, 1, 4, 3), "medium": (32, 64, 64, 1, 4, 3), "large": (64, 64, 64, 1, 4, 3)}
+_F_STACK = {"small": (16, 64, 32, 1, 4, 2), "medium": (32, 64, 32, 1, 4, 2), "large": (64, 64, 32, 1, 4, 2)}
 CONFIGS: dict[str, dict[str, dict[str, dict[str, tuple]]]] = {
     "90": {
         "linear_act": {"h": dict(_H_COMMON, large=(128, 256, 64, 8, 8, 3)), "f": _F_COMMON},
@@ -71,6 +75,7 @@ CONFIGS: dict[str, dict[str, dict[str, dict[str, tuple]]]] = {
         "lora_linear": {"h": dict(_H_COMMON, large=(128, 128, 64, 8, 8, 3)), "f": _F_COMMON},
         "lora_xa": {"h": _H_XA, "f": _F_XA},
         "lora_main": {"h": dict(_H_COMMON, large=(128, 256, 64, 8, 8, 3)), "f": _F_COMMON},
+        "mlp_stack": {"h": _H_STACK, "f": _F_STACK},
     },
     "80": {
         "linear_act": {"h": _H_COMMON, "f": _F_COMMON},
@@ -78,6 +83,7 @@ CONFIGS: dict[str, dict[str, dict[str, dict[str, tuple]]]] = {
         "lora_linear": {"h": dict(_H_COMMON, large=(128, 128, 32, 8, 8, 3)), "f": _F_COMMON},
         "lora_xa": {"h": _H_XA, "f": _F_XA},
         "lora_main": {"h": _H_COMMON, "f": _F_COMMON},
+        "mlp_stack": {"h": _H_STACK, "f": _F_STACK},
     },
 }
 # Alternative "small" configs (variants 1 and 2) for fp16/bf16, aligned build only; variant 0 is CONFIGS' "small".
@@ -141,9 +147,11 @@ def compile_one(spec: dict) -> dict:
     bm, bn, bk, group_m, warps, stages = spec["config"]
     signature, attrs = {}, {}
     for i, (pname, ptype) in enumerate(params):
+        hinted = ptype.endswith(":16")  # an int the kernel file marks for the divisibility hint
+        ptype = ptype.removesuffix(":16")
         signature[pname] = ptype.replace("T", spec["dtype"]) if ptype.startswith("*") else ptype
         # Alignment hints: every pointer and the K, N sizes (row strides) divisible by 16.
-        if spec["aligned"] and (ptype.startswith("*") or pname in ("K", "N")):
+        if spec["aligned"] and (ptype.startswith("*") or pname in ("K", "N") or hinted):
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif spec["aligned"] and pname == "R":  # LoRA: rank a multiple of 8 (16-byte rows of A for fp16/bf16)
             attrs[(i,)] = [["tt.divisibility", 8]]

@@ -1,0 +1,76 @@
+// MLPStack on the CPU EP: h_i = act_i(h_{i-1} @ W_i + bias_i) for each layer, each layer one fused GEMM with its
+// bias + activation epilogue (gemm.h), the intermediates in per-call buffers of the op's element type (rounded as
+// the unfused graph stores them). Constant W_i are packed and constant bias_i converted to fp32 once, at kernel
+// creation, like LinearRelu's.
+#include "ops.h"
+
+namespace onnxfuse {
+namespace cpu {
+namespace {
+
+template <typename T>
+struct MLPStackCpu {
+  static constexpr const char* kName = "MLPStack";
+  MLPStackCpu(const OrtApi* api, const OrtKernelInfo* info)
+      : attrs(ReadOpAttrs(api, info, kName)), acts(ReadStackActivations(api, info, kName)) {
+    w.resize(acts.size());
+    bias.resize(acts.size());
+    std::string what;
+    for (size_t i = 0; i < acts.size(); ++i) {
+      w[i].Init(FormatOf<T>::value, GetConstantInput(api, info, 1 + 2 * i));
+      bias[i].template Init<T>(GetConstantInput(api, info, 2 + 2 * i), 1);
+      what += std::string(w[i].valid ? " W_" + std::to_string(i + 1) : "") +
+              (bias[i].valid ? " bias_" + std::to_string(i + 1) : "");
+    }
+    log.Created(kName, what);
+  }
+
+  template <Act A>
+  void Layer(const T* in, const void* wd, const T* bd, T* out, int64_t m, int64_t k, int64_t n, size_t i) {
+    LinearDims d;
+    d.M = m, d.K = k, d.N = n;
+    const BiasAct<T, A> epi(bias[i].Match(bd), bd, n, out);
+    GemmArgs g = GemmFor(d, in, &epi.epilogue);
+    g.b[0] = BOperand{wd, k, nullptr, w[i].Match(wd)};
+    if (g.b[0].packed != nullptr) log.Used(kName);
+    Gemm(g);
+  }
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
+    return GuardCompute([&] {
+      Ort::KernelContext ctx(context);
+      const VariadicInputs in(ctx);
+      const StackDims d = MLPStackDims(kName, acts.size(), in.shapes);
+      T* y = static_cast<T*>(ctx.GetOutput(0, d.out_shape).GetTensorMutableRawData());
+      if (d.M == 0 || d.widths.back() == 0) return;
+      std::vector<T> buf[2];
+      const T* h = static_cast<const T*>(in.data[0]);
+      for (size_t i = 0; i < acts.size(); ++i) {
+        const int64_t k = d.widths[i], n = d.widths[i + 1];
+        T* out = y;
+        if (i + 1 < acts.size()) {
+          buf[i % 2].resize(static_cast<size_t>(d.M * n));
+          out = buf[i % 2].data();
+        }
+        const void* wd = in.data[1 + 2 * i];
+        const T* bd = static_cast<const T*>(in.data[2 + 2 * i]);
+        if (acts[i] == 1) Layer<Act::Relu>(h, wd, bd, out, d.M, k, n, i);
+        else Layer<Act::Sigmoid>(h, wd, bd, out, d.M, k, n, i);
+        h = out;
+      }
+    }).release();
+  }
+
+  OpAttrs attrs;  // backend is irrelevant once the node sits on the CPU EP (see ort/common.h, point 3)
+  std::vector<int> acts;
+  std::vector<ConstB> w;
+  std::vector<ConstF32> bias;
+  PrepackLogger log;
+};
+
+}  // namespace
+
+void RegisterMLPStack(Ort::CustomOpDomain& domain) { AddVariadicOpAllTypes<MLPStackCpu>(domain, "MLPStack", kCpuEp); }
+
+}  // namespace cpu
+}  // namespace onnxfuse

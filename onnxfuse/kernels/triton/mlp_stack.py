@@ -1,0 +1,99 @@
+"""Triton kernel for MLPStack (onnxfuse.schema): up to four Linear+activation layers in ONE launch.
+
+    h_0 = x;  h_i = act_i(h_{i-1} @ w_i + b_i);  y = h_L           (L <= 4, act_i: 1 = relu, 2 = sigmoid)
+
+Each program owns BLOCK_M rows and runs them through every layer: per layer it walks the output columns in
+BLOCK_N tiles, each a K loop of tl.dot with the bias and activation in the epilogue. The intermediate h_i of its
+rows goes to a scratch row block that only this program touches ([2, M, SW] ping-pong in the op's type, so it is
+rounded exactly as the unfused graph stores it) and is read back by the next layer after a CTA barrier
+(__syncthreads orders the global writes of the block's threads before its later reads). The scratch is a few KB
+per program and stays in L1/L2: what the stack saves over one kernel per layer is the launch per layer, the HBM
+round trip of every intermediate and the tail of each small grid.
+
+Compiled ahead of time by `aot.py`; the launcher (cuda/triton_launch.cc) picks BLOCK_M so the grid covers the
+SMs, and runs wide or long-M stacks as one linear_act launch per layer instead.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _stack_layer(in_ptr, in_ld, out_ptr, out_ld, w_ptr, b_ptr, K, N, ACT, rows, offs_m, m_ok,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr):
+    """out[rows, :N] = act(in[rows, :K] @ w[K, N] + b[N]); rows past M were clamped to a valid row of this
+    program on load and are masked on store."""
+    offs_k = tl.arange(0, BLOCK_K)
+    for n0 in range(0, N, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + offs_k
+            k_ok = kk < K
+            a = tl.load(in_ptr + rows[:, None] * in_ld + kk[None, :], mask=k_ok[None, :], other=0.0)
+            w = tl.load(w_ptr + kk.to(tl.int64)[:, None] * N + offs_n[None, :], mask=k_ok[:, None] & n_ok[None, :],
+                        other=0.0)
+            acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
+        z = acc + tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        if ACT == 1:
+            z = tl.maximum(z, 0.0)
+        else:
+            z = 1.0 / (1.0 + tl.exp(-z))
+        tl.store(out_ptr + offs_m.to(tl.int64)[:, None] * out_ld + offs_n[None, :], z.to(out_ptr.dtype.element_ty),
+                 mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _mlp_stack_kernel(x_ptr, y_ptr, s_ptr, M, K0, SW, L,
+                      w1, b1, n1, a1, w2, b2, n2, a2, w3, b3, n3, a3, wf, bf, nf, af,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      DOT_PRECISION: tl.constexpr):
+    """PyTorch: ``h = x; for w, b, act in layers: h = act(h.float() @ w.float() + b.float()).to(x.dtype)``.
+
+    L layers (1..4): L - 1 hidden layers (w_i [n_{i-1}, n_i] with n_0 = K0, b_i [n_i]) then the final layer
+    (wf [n_{L-1}, nf], bf [nf]) that writes y [M, nf]. Scratch s is [2, M, SW] with SW >= every hidden width.
+    Hidden layers past L - 1 are never touched (the launcher passes null pointers and zeros). The hidden widths and
+    SW carry the aligned build's divisibility hints; K0 and nf (13 dense features, a 1-wide prediction head) do not.
+    """
+    pid = tl.program_id(0)
+    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = offs_m < M
+    rows = tl.where(m_ok, offs_m, pid * BLOCK_M).to(tl.int64)  # pid * BLOCK_M < M: a row this program owns
+    s0 = s_ptr
+    s1 = s_ptr + M.to(tl.int64) * SW
+    in_ptr = x_ptr
+    in_ld = K0
+    k = K0
+    if L >= 2:
+        _stack_layer(x_ptr, K0, s0, SW, w1, b1, K0, n1, a1, rows, offs_m, m_ok, BLOCK_N, BLOCK_K, DOT_PRECISION,
+                     BLOCK_M)
+        tl.debug_barrier()
+        in_ptr = s0
+        in_ld = SW
+        k = n1
+    if L >= 3:
+        _stack_layer(s0, SW, s1, SW, w2, b2, n1, n2, a2, rows, offs_m, m_ok, BLOCK_N, BLOCK_K, DOT_PRECISION,
+                     BLOCK_M)
+        tl.debug_barrier()
+        in_ptr = s1
+        k = n2
+    if L >= 4:
+        _stack_layer(s1, SW, s0, SW, w3, b3, n2, n3, a3, rows, offs_m, m_ok, BLOCK_N, BLOCK_K, DOT_PRECISION,
+                     BLOCK_M)
+        tl.debug_barrier()
+        in_ptr = s0
+        k = n3
+    _stack_layer(in_ptr, in_ld, y_ptr, nf, wf, bf, k, nf, af, rows, offs_m, m_ok, BLOCK_N, BLOCK_K, DOT_PRECISION,
+                 BLOCK_M)
+
+
+# "i32:16": an int that gets the aligned build's divisibility-by-16 hint (aot.py).
+_LAYER_PARAMS = []
+for _i in range(1, 4):
+    _LAYER_PARAMS += [(f"w{_i}", "*T"), (f"b{_i}", "*T"), (f"n{_i}", "i32:16"), (f"a{_i}", "i32")]
+_LAYER_PARAMS += [("wf", "*T"), ("bf", "*T"), ("nf", "i32"), ("af", "i32")]
+
+KERNELS = {
+    "mlp_stack": (_mlp_stack_kernel, [("x_ptr", "*T"), ("y_ptr", "*T"), ("s_ptr", "*T"), ("M", "i32"),
+                                      ("K0", "i32"), ("SW", "i32:16"), ("L", "i32")] + _LAYER_PARAMS),
+}
