@@ -520,6 +520,33 @@ def measure_ceilings(dev: _Device, dtype: str, quick: bool) -> dict:
             "bandwidth_gbs": round(bw, 1), "bandwidth_copy": f"copy_ of {numel * 4 >> 20} MiB (read + write counted), best of {runs}"}
 
 
+def measure_ort_floor(dev: _Device, opts) -> dict:
+    """The smallest time one onnxruntime run can take here: an Identity on 4 floats through the same IOBinding
+    harness, without and with CUDA graphs. Every ORT variant's median contains this floor (host work per run and,
+    with the synchronising timer, the launch latency), so a fused model can never beat unfused by more than
+    unfused / floor."""
+    import tempfile
+
+    import onnx
+    import torch
+    from onnx import TensorProto, helper
+    out = {}
+    with tempfile.TemporaryDirectory() as d:
+        path = pathlib.Path(d) / "identity.onnx"
+        g = helper.make_graph([helper.make_node("Identity", ["X"], ["Y"])], "floor",
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [4])])
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), str(path))
+        x = torch.zeros(4, device=dev.kind)
+        for graph in ((False, True) if dev.kind == "cuda" else (False,)):
+            try:
+                r = _OrtRun(path, dev.kind, None, None, graph, {"X": x}, [x], False)
+                out["graph" if graph else "plain"] = _stats(dev.measure(r, opts.warmup, opts.runs))["median_ms"]
+            except Exception as e:  # reported, not fatal
+                out["graph" if graph else "plain"] = f"failed: {type(e).__name__}: {str(e)[:200]}"
+    return out
+
+
 # ------------------------------------------------------------------------------------------------------------ sessions
 
 _NP = {}
@@ -780,6 +807,7 @@ def run(targets: list[str] | None = None, options: Options | None = None) -> dic
     t_start = time.perf_counter()
     _log(f"device {_device_name(opts.device)}; measuring peak GEMM rate and copy bandwidth", opts.quiet)
     ceilings = measure_ceilings(dev, opts.dtype, opts.quick)
+    ort_floor = measure_ort_floor(dev, opts)
     result = {
         "schema_version": SCHEMA_VERSION,
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
@@ -787,6 +815,7 @@ def run(targets: list[str] | None = None, options: Options | None = None) -> dic
         "versions": _versions(),
         "peak_tflops": ceilings["peak_tflops"], "bandwidth_gbs": ceilings["bandwidth_gbs"],
         "ceilings": ceilings,
+        "ort_floor_ms": ort_floor,
         "dtype": opts.dtype,
         "fp32_math": ("n/a (fp16)" if opts.dtype == "fp16" else
                       "cpu: fp32" if opts.device == "cpu" else
@@ -1108,6 +1137,10 @@ def format_table(result: dict) -> str:
     """Plain-text tables (one per case, then the goals): readable in CI logs and with or without rich."""
     lines = [f"onnxfuse bench on {result['device']} ({result['dtype']}; peak {result['peak_tflops']} TFLOP/s, "
              f"copy {result['bandwidth_gbs']} GB/s; {result.get('method', {}).get('runs', '?')} runs, median)"]
+    floor = result.get("ort_floor_ms") or {}
+    if floor:
+        lines.append("onnxruntime floor (Identity on 4 floats, same harness): " +
+                     ", ".join(f"{k} {_fmt(v, '.4f') if isinstance(v, float) else v} ms" for k, v in floor.items()))
     for c in result["cases"]:
         shape = ", ".join(f"{k} {v}" for k, v in c.get("shape", {}).items())
         lines.append("")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import collections
 import json
 import os
 import pathlib
@@ -224,18 +225,31 @@ def _build(args) -> int:
 def _doctor(args) -> int:
     from .kernels import doctor
     rows = doctor.run_doctor()
-    failed = [r for r in rows if str(r.get("status", "")).upper().startswith("FAIL")]
+    failed = [r for r in rows if str(r.get("status", "")).upper() in ("FAIL", "ERROR")]
     if args.json:
         print(json.dumps({"rows": rows, "passed": not failed}, indent=2))
     elif not args.quiet:
         from rich.table import Table
-        cols = sorted({k for r in rows for k in r})
         t = Table(title="onnxfuse doctor: every op x backend against PyTorch")
-        for c in cols:
-            t.add_column(c)
+        for c in ("status", "op", "EP", "backend", "dtype", "shape", "mode", "max err / tol", "detail"):
+            t.add_column(c, overflow="fold")
+        skipped = collections.Counter()
         for r in rows:
-            t.add_row(*[str(r.get(c, "")) for c in cols])
-        _console().print(t)
+            if r["status"] == "SKIP":  # one line per reason instead of a row per skipped check
+                skipped[r["detail"]] += 1
+                continue
+            shape = f"M{r['M']} K{r['K']} N{r['N']}" + (f" r{r['r']}" if r.get("r") else "") + \
+                (f" {r['layers']}" if r.get("layers") else "")
+            err = "" if r["max_err"] is None else f"{r['max_err']:.2g} / {r['tol']:.2g}"
+            style = {"PASS": "green", "FAIL": "red", "ERROR": "red"}.get(r["status"], "")
+            t.add_row(f"[{style}]{r['status']}[/]", r["op"], r["provider"], r["backend"], r["dtype"], shape,
+                      r["mode"], err, r["detail"])
+        console = _console()
+        console.print(t)
+        for reason, n in skipped.items():
+            console.print(f"SKIP {n} checks: {reason}")
+        console.print(f"{sum(r['status'] == 'PASS' for r in rows)} passed, {len(failed)} failed, "
+                      f"{sum(skipped.values())} skipped")
     return 1 if failed else 0
 
 

@@ -35,7 +35,13 @@ SHAPES_FULL = {
     "LoRALinear": [(1, 4096, 4096, 16), (16, 4096, 4096, 16), (333, 129, 257, 7), (64, 96, 80, 64),
                    (2048, 4096, 4096, 16)],
     "LoRALinearRelu": [(1, 4096, 4096, 16), (16, 4096, 4096, 16), (333, 129, 257, 33), (2048, 4096, 4096, 16)],
+    # (M, widths, activations); M=20000 takes the per-layer path under ONNXFUSE_MLP_STACK=auto.
+    "MLPStack": [(1, (13, 512, 256, 64, 16), "relu.relu.relu.relu"), (16, (367, 512, 256, 1), "relu.relu.sigmoid"),
+                 (333, (129, 67, 33, 1), "relu.relu.sigmoid"), (2048, (13, 512, 256, 64, 16), "relu.relu.relu.relu"),
+                 (2048, (367, 512, 256, 1), "relu.relu.sigmoid"), (20000, (13, 512, 256, 64, 16), "relu.relu.relu.relu"),
+                 (64, (40, 24), "sigmoid")],
 }
+DLRM_STACKS = [((13, 512, 256, 64, 16), "relu.relu.relu.relu"), ((367, 512, 256, 1), "relu.relu.sigmoid")]
 # Shapes at or above this many multiply-adds run in plain mode only.
 BIG_MACS = 2 ** 31
 
@@ -47,7 +53,7 @@ def check_correctness(lib, out_dir, quick):
     t0 = time.time()
     for op, shapes in SHAPES_FULL.items():
         for shp in shapes:
-            m, k, n, _ = shp
+            m, k, n = (shp[0], shp[1][0], shp[1][-1]) if op == "MLPStack" else shp[:3]
             big = m * k * n >= BIG_MACS
             if quick and big:
                 continue
@@ -278,6 +284,84 @@ def variants(lib, out_dir, iters):
     return results
 
 
+def stack_modes(lib, out_dir, iters):
+    """MLPStack on the Triton backend forced to one kernel (ONNXFUSE_MLP_STACK=fused) and to a launch per layer
+    (=layers), on the CUDA backend, and the unfused chain in ORT: correctness (doctor, plain + CUDA graph) under
+    each forced mode, then timings at DLRM's sizes. A fresh session per mode (the env is read at kernel creation)."""
+    import os
+
+    import numpy as np
+    import onnx
+    import torch
+    from onnx import helper
+
+    from onnxfuse import schema
+    from onnxfuse.kernels import doctor
+
+    saved = os.environ.get("ONNXFUSE_MLP_STACK")
+    rows, timings = [], []
+    try:
+        for mode in ("fused", "layers"):
+            os.environ["ONNXFUSE_MLP_STACK"] = mode
+            shapes = {"MLPStack": [(m, w, a) for m in (1, 333, 2048, 20000) for w, a in DLRM_STACKS]}
+            rows += [dict(r, stack_mode=mode) for r in doctor.run_doctor(
+                providers=("cuda",), backends=("triton",), ops=["MLPStack"], shapes=shapes,
+                modes=("plain", "cuda_graph"), lib_path=lib,
+                on_row=lambda r: (r["status"] != "PASS") and print(doctor.format_row(r), flush=True))]
+        print(f"  forced-mode correctness: {sum(r['status'] == 'PASS' for r in rows)}/{len(rows)} pass", flush=True)
+        for m in (128, 2048, 16384):
+            for widths, acts in DLRM_STACKS:
+                shp = doctor.stack_shapes(m, widths)
+                ins = doctor.make_inputs("MLPStack", "float16", shp, 0, "cuda")
+                tensors = dict(zip(shp, ins))
+                y = torch.empty(m, widths[-1], device="cuda", dtype=torch.float16)
+                ref = schema.reference("MLPStack", ins, {"activations": acts}).float()
+                t = onnx.TensorProto.FLOAT16
+                vi = [helper.make_tensor_value_info(k, t, v) for k, v in shp.items()]
+                out = [helper.make_tensor_value_info("Y", t, [m, widths[-1]])]
+                ops = [helper.make_opsetid("", schema.ONNX_OPSET), helper.make_opsetid(schema.DOMAIN, 1)]
+
+                def fused_model(backend):
+                    node = helper.make_node("MLPStack", list(shp), ["Y"], domain=schema.DOMAIN, activations=acts,
+                                            backend=backend)
+                    return helper.make_model(helper.make_graph([node], "s", vi, out), opset_imports=ops,
+                                             ir_version=schema.IR_VERSION).SerializeToString()
+
+                nodes, h = [], "X"
+                for i, a in enumerate(acts.split("."), start=1):
+                    o = "Y" if i == len(acts.split(".")) else f"h{i}"
+                    nodes += [helper.make_node("MatMul", [h, f"W_{i}"], [f"m{i}"]),
+                              helper.make_node("Add", [f"m{i}", f"bias_{i}"], [f"z{i}"]),
+                              helper.make_node("Relu" if a == "relu" else "Sigmoid", [f"z{i}"], [o])]
+                    h = o
+                unfused = helper.make_model(helper.make_graph(nodes, "u", vi, out), opset_imports=ops[:1],
+                                            ir_version=schema.IR_VERSION).SerializeToString()
+                row = dict(M=m, layers="-".join(map(str, widths)), activations=acts)
+                for name, model, env in (("triton_fused", fused_model("triton"), "fused"),
+                                         ("triton_layers", fused_model("triton"), "layers"),
+                                         ("triton_auto", fused_model("triton"), "auto"),
+                                         ("cuda_layers", fused_model("cuda"), "auto"),
+                                         ("ort_unfused", unfused, "auto")):
+                    os.environ["ONNXFUSE_MLP_STACK"] = env
+                    try:
+                        y.zero_()
+                        row[f"{name}_ms"] = _time_cuda(_ort_runner(model, lib if name != "ort_unfused" else None,
+                                                                   tensors, y, np.float16), iters)
+                        row[f"{name}_max_err"] = (y.float() - ref).abs().max().item()
+                    except Exception as e:
+                        row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                timings.append(row)
+                print("  " + "  ".join(f"{a}={b:.4g}" if isinstance(b, float) else f"{a}={b}"
+                                       for a, b in row.items()), flush=True)
+    finally:
+        if saved is None:
+            os.environ.pop("ONNXFUSE_MLP_STACK", None)
+        else:
+            os.environ["ONNXFUSE_MLP_STACK"] = saved
+    (out_dir / "stack_modes.json").write_text(json.dumps({"correctness": rows, "timing": timings}, indent=1))
+    return rows, timings
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--lib", required=True, help="prebuilt libonnxfuse_ops.so (built on the CPU machine)")
@@ -286,6 +370,7 @@ def main(argv=None):
     p.add_argument("--no-timing", action="store_true")
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--no-variants", action="store_true", help="skip the Triton env-variant timings")
+    p.add_argument("--only-stack", action="store_true", help="only the MLPStack checks and its mode timings")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -305,8 +390,21 @@ def main(argv=None):
     print(json.dumps(env)[:600], flush=True)
 
     t0 = time.time()
+    if args.only_stack:
+        SHAPES_FULL.clear()
+        SHAPES_FULL["MLPStack"] = [(1, (13, 512, 256, 64, 16), "relu.relu.relu.relu"),
+                                   (333, (129, 67, 33, 1), "relu.relu.sigmoid"), (64, (40, 24), "sigmoid")]
+        args.no_timing = args.no_variants = True
     print("== correctness (only non-PASS rows are printed as they come)", flush=True)
     rows = check_correctness(args.lib, args.out, args.quick)
+    print("== MLPStack modes", flush=True)
+    try:
+        srows, _ = stack_modes(args.lib, args.out, args.iters)
+        rows += srows
+    except Exception as e:
+        print(f"stack modes failed: {type(e).__name__}: {e}", flush=True)
+        rows.append(dict(op="MLPStack", backend="triton", dtype="?", M=0, K=0, N=0, mode="modes", status="ERROR",
+                         max_err=None, tol=None, detail=str(e)))
     t_correct = time.time() - t0
     tim = []
     if not args.no_timing:

@@ -34,6 +34,10 @@ def test_api_schema_and_variants(cpu_result):
     assert RUN_KEYS <= set(r)
     assert r["device_type"] == "cpu" and r["dtype"] == "fp32" and r["quick"] is True
     assert r["peak_tflops"] > 0 and r["bandwidth_gbs"] > 0
+    # the ORT floor (an Identity through the same harness) is below every ORT variant it bounds
+    floor = r["ort_floor_ms"]["plain"]
+    assert 0 < floor < min(c["variants"]["ort-unfused"]["median_ms"] for c in r["cases"])
+    assert "onnxruntime floor" in bench.format_table(r)
     assert r["versions"]["onnxruntime"] and r["versions"]["torch"]
     assert r["method"]["rotate_inputs"] is False
     assert [c["case"] for c in r["cases"]] == ["dlrm-bottom", "lora-linear"]

@@ -34,6 +34,9 @@ DEFAULT_SHAPES = {
     "SwiGLU": [(1, 256, 688, 0), (37, 129, 67, 0), (200, 1024, 512, 0)],
     "LoRALinear": [(1, 256, 256, 16), (37, 129, 67, 7), (200, 512, 512, 16)],
     "LoRALinearRelu": [(1, 256, 256, 16), (37, 129, 67, 7), (200, 512, 512, 64)],
+    # MLPStack: (M, layer widths, activations). DLRM's bottom MLP, an odd narrow stack, DLRM's top MLP.
+    "MLPStack": [(1, (13, 512, 256, 64, 16), "relu.relu.relu.relu"), (37, (129, 67, 33, 1), "relu.relu.sigmoid"),
+                 (256, (367, 512, 256, 1), "relu.relu.sigmoid")],
 }
 ALL_MODES = ("plain", "user_stream", "cuda_graph")
 
@@ -43,28 +46,47 @@ def _onnx_type(dtype: str) -> int:
     return {"float": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}[dtype]
 
 
+def stack_shapes(m: int, widths) -> dict[str, list[int]]:
+    shapes = {"X": [m, widths[0]]}
+    for i, (k, n) in enumerate(zip(widths[:-1], widths[1:]), start=1):
+        shapes[f"W_{i}"], shapes[f"bias_{i}"] = [k, n], [n]
+    return shapes
+
+
+def shape_entry(op: str, entry) -> tuple[dict[str, list[int]], dict, tuple]:
+    """(input shapes, extra node attributes, (M, K, N, r, layers) for the report) of one DEFAULT_SHAPES entry."""
+    if op == "MLPStack":
+        m, widths, acts = entry
+        return stack_shapes(m, widths), {"activations": acts}, (m, widths[0], widths[-1], 0,
+                                                                 "-".join(map(str, widths)) + " " + acts)
+    m, k, n, r = entry
+    return input_shapes(op, m, k, n, r), {}, (m, k, n, r, "")
+
+
 def input_shapes(op: str, m: int, k: int, n: int, r: int) -> dict[str, list[int]]:
     names = schema.OPS[op].inputs
     dims = {"X": [m, k], "W": [k, n], "W_gate": [k, n], "W_up": [k, n], "A": [k, r], "B": [r, n], "bias": [n]}
     return {name: dims[name] for name in names}
 
 
-def make_model(op: str, dtype: str, shapes: dict[str, list[int]], backend: str, scale: float | None = None) -> bytes:
-    """One onnxfuse node between Casts: float32 inputs -> T -> op -> float32 output."""
+def make_model(op: str, dtype: str, shapes: dict[str, list[int]], backend: str, scale: float | None = None,
+               extra_attrs: dict | None = None) -> bytes:
+    """One onnxfuse node between Casts: float32 inputs -> T -> op -> float32 output. `shapes` lists the node's
+    inputs in order (for MLPStack: X, W_1, bias_1, ...)."""
     from onnx import TensorProto, helper
 
     s = schema.OPS[op]
     t = _onnx_type(dtype)
     nodes, inputs = [], []
-    for name in s.inputs:
+    for name in shapes:
         inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shapes[name]))
         nodes.append(helper.make_node("Cast", [name], [name + "_t"], to=t))
-    attrs = {"backend": backend}
+    attrs = {"backend": backend, **(extra_attrs or {})}
     if "scale" in s.attr_names and scale is not None:
         attrs["scale"] = float(scale)
-    nodes.append(helper.make_node(op, [n + "_t" for n in s.inputs], ["Y_t"], domain=schema.DOMAIN, **attrs))
+    nodes.append(helper.make_node(op, [n + "_t" for n in shapes], ["Y_t"], domain=schema.DOMAIN, **attrs))
     nodes.append(helper.make_node("Cast", ["Y_t"], ["Y"], to=TensorProto.FLOAT))
-    m, n = shapes["X"][0], (shapes.get("W") or shapes["W_gate"])[1]
+    m, n = shapes["X"][0], list(shapes.values())[-1][0] if op == "MLPStack" else (shapes.get("W") or shapes["W_gate"])[1]
     out = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [m, n])
     graph = helper.make_graph(nodes, f"doctor_{op}", inputs, [out])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", schema.ONNX_OPSET),
@@ -82,11 +104,11 @@ def make_inputs(op: str, dtype: str, shapes: dict[str, list[int]], seed: int, de
     out = []
     for name, shp in shapes.items():
         t = torch.randn(*shp, generator=g, device=device, dtype=torch.float32)
-        if name in ("W", "W_gate", "W_up", "A"):
+        if name in ("W", "W_gate", "W_up", "A") or name.startswith("W_"):
             t = t / max(shp[0], 1) ** 0.5
         elif name == "B":
             t = t / max(shp[0], 1) ** 0.5 * 0.5
-        elif name == "bias":
+        elif name == "bias" or name.startswith("bias_"):
             t = t * 0.5
         out.append(t.to(tdt))
     return out
@@ -198,7 +220,8 @@ def run_doctor(providers=("cpu", "cuda"), backends=None, *, ops=None, dtypes=sch
     """Check ops against `schema.reference`; returns one dict per (op, provider, backend, dtype, shape, mode).
 
     providers: subset of ("cpu", "cuda"). backends: subset of ("cpu", "cuda", "triton") (default: all that apply;
-    cpu runs on the CPU EP, cuda and triton on the CUDA EP). shapes: {op: [(M, K, N, r), ...]} (DEFAULT_SHAPES).
+    cpu runs on the CPU EP, cuda and triton on the CUDA EP). shapes: {op: [(M, K, N, r), ...]}, for MLPStack
+    [(M, widths, activations), ...] (DEFAULT_SHAPES).
     modes apply to the CUDA EP; the CPU EP runs plain only. Row keys: op, provider, backend, dtype, M, K, N, r,
     mode, status (PASS / FAIL / ERROR / SKIP), max_err, tol, seconds, detail.
     """
@@ -240,10 +263,10 @@ def run_doctor(providers=("cpu", "cuda"), backends=None, *, ops=None, dtypes=sch
 
     with _without_backend_env():
         for op in ops:
-            for (m, k, n, r) in shapes.get(op, []):
-                shp = input_shapes(op, m, k, n, r)
+            for entry in shapes.get(op, []):
+                shp, extra, (m, k, n, r, layers) = shape_entry(op, entry)
                 scale = 0.5 if op.startswith("LoRA") else None
-                attrs = {"scale": scale} if scale is not None else {}
+                attrs = {"scale": scale} if scale is not None else dict(extra)
                 for dtype in dtypes:
                     cache = {}
 
@@ -264,7 +287,7 @@ def run_doctor(providers=("cpu", "cuda"), backends=None, *, ops=None, dtypes=sch
                     for provider, backend, pmodes in plan:
                         for mode in pmodes:
                             row = dict(op=op, provider=provider, backend=backend, dtype=dtype, M=m, K=k, N=n, r=r,
-                                       mode=mode, status="SKIP", max_err=None, tol=None, seconds=0.0, detail="")
+                                       layers=layers, mode=mode, status="SKIP", max_err=None, tol=None, seconds=0.0, detail="")
                             if provider == "cuda" and not gpu_ok:
                                 row["detail"] = "skipped: " + gpu_reason
                                 emit(row)
@@ -272,7 +295,7 @@ def run_doctor(providers=("cpu", "cuda"), backends=None, *, ops=None, dtypes=sch
                             t0 = time.time()
                             try:
                                 d = data()
-                                model = make_model(op, dtype, shp, backend, scale)
+                                model = make_model(op, dtype, shp, backend, scale, extra)
                                 y, y2 = runner.run(model, provider, mode, d["feeds"], d["feeds2"], (m, n))
                                 ok, err, tol = compare(y, d["ref"], dtype)
                                 detail = ""
@@ -290,7 +313,8 @@ def run_doctor(providers=("cpu", "cuda"), backends=None, *, ops=None, dtypes=sch
 
 def format_row(r: dict) -> str:
     err = "" if r["max_err"] is None else f"err {r['max_err']:.3g} / tol {r['tol']:.3g}"
-    shape = f"M{r['M']} K{r['K']} N{r['N']}" + (f" r{r['r']}" if r["r"] else "")
+    shape = f"M{r['M']} K{r['K']} N{r['N']}" + (f" r{r['r']}" if r["r"] else "") + \
+        (f" {r['layers']}" if r.get("layers") else "")
     return (f"{r['status']:5} {r['op']:15} {r['provider']:4} {r['backend']:6} {r['dtype']:8} {shape:26} "
             f"{r['mode']:11} {err} {r['detail']}")
 
