@@ -299,34 +299,43 @@ def stack_modes(lib, out_dir, iters):
     from onnxfuse.kernels import doctor
 
     saved = os.environ.get("ONNXFUSE_MLP_STACK")
+    os.environ.pop("ONNXFUSE_MLP_STACK_CFG", None)
     rows, timings = [], []
     try:
-        for mode in ("fused", "layers"):
+        for mode, cfg in (("fused", "0"), ("fused", "1"), ("fused", "2"), ("layers", "0")):
             os.environ["ONNXFUSE_MLP_STACK"] = mode
+            os.environ["ONNXFUSE_MLP_STACK_CFG"] = cfg
             shapes = {"MLPStack": [(m, w, a) for m in (1, 333, 2048, 20000) for w, a in DLRM_STACKS]}
-            rows += [dict(r, stack_mode=mode) for r in doctor.run_doctor(
+            rows += [dict(r, stack_mode=f"{mode} cfg{cfg}") for r in doctor.run_doctor(
                 providers=("cuda",), backends=("triton",), ops=["MLPStack"], shapes=shapes,
                 modes=("plain", "cuda_graph"), lib_path=lib,
                 on_row=lambda r: (r["status"] != "PASS") and print(doctor.format_row(r), flush=True))]
         print(f"  forced-mode correctness: {sum(r['status'] == 'PASS' for r in rows)}/{len(rows)} pass", flush=True)
+        from onnxfuse import bench
+        import tempfile
+        dev = bench._Device("cuda")
+        tmp = pathlib.Path(tempfile.mkdtemp())
+        variants_ = [("triton_fused_cfg0", "triton", {"ONNXFUSE_MLP_STACK": "fused", "ONNXFUSE_MLP_STACK_CFG": "0"}),
+                     ("triton_fused_cfg1", "triton", {"ONNXFUSE_MLP_STACK": "fused", "ONNXFUSE_MLP_STACK_CFG": "1"}),
+                     ("triton_fused_cfg2", "triton", {"ONNXFUSE_MLP_STACK": "fused", "ONNXFUSE_MLP_STACK_CFG": "2"}),
+                     ("triton_layers", "triton", {"ONNXFUSE_MLP_STACK": "layers"}),
+                     ("triton_auto", "triton", {}),
+                     ("cuda_layers", "cuda", {}),
+                     ("ort_unfused", None, {})]
         for m in (128, 2048, 16384):
             for widths, acts in DLRM_STACKS:
                 shp = doctor.stack_shapes(m, widths)
                 ins = doctor.make_inputs("MLPStack", "float16", shp, 0, "cuda")
                 tensors = dict(zip(shp, ins))
-                y = torch.empty(m, widths[-1], device="cuda", dtype=torch.float16)
                 ref = schema.reference("MLPStack", ins, {"activations": acts}).float()
                 t = onnx.TensorProto.FLOAT16
                 vi = [helper.make_tensor_value_info(k, t, v) for k, v in shp.items()]
                 out = [helper.make_tensor_value_info("Y", t, [m, widths[-1]])]
                 ops = [helper.make_opsetid("", schema.ONNX_OPSET), helper.make_opsetid(schema.DOMAIN, 1)]
-
-                def fused_model(backend):
-                    node = helper.make_node("MLPStack", list(shp), ["Y"], domain=schema.DOMAIN, activations=acts,
-                                            backend=backend)
-                    return helper.make_model(helper.make_graph([node], "s", vi, out), opset_imports=ops,
-                                             ir_version=schema.IR_VERSION).SerializeToString()
-
+                node = helper.make_node("MLPStack", list(shp), ["Y"], domain=schema.DOMAIN, activations=acts)
+                fused_path, unfused_path = tmp / "fused.onnx", tmp / "unfused.onnx"
+                onnx.save(helper.make_model(helper.make_graph([node], "s", vi, out), opset_imports=ops,
+                                            ir_version=schema.IR_VERSION), str(fused_path))
                 nodes, h = [], "X"
                 for i, a in enumerate(acts.split("."), start=1):
                     o = "Y" if i == len(acts.split(".")) else f"h{i}"
@@ -334,26 +343,30 @@ def stack_modes(lib, out_dir, iters):
                               helper.make_node("Add", [f"m{i}", f"bias_{i}"], [f"z{i}"]),
                               helper.make_node("Relu" if a == "relu" else "Sigmoid", [f"z{i}"], [o])]
                     h = o
-                unfused = helper.make_model(helper.make_graph(nodes, "u", vi, out), opset_imports=ops[:1],
-                                            ir_version=schema.IR_VERSION).SerializeToString()
+                onnx.save(helper.make_model(helper.make_graph(nodes, "u", vi, out), opset_imports=ops[:1],
+                                            ir_version=schema.IR_VERSION), str(unfused_path))
                 row = dict(M=m, layers="-".join(map(str, widths)), activations=acts)
-                for name, model, env in (("triton_fused", fused_model("triton"), "fused"),
-                                         ("triton_layers", fused_model("triton"), "layers"),
-                                         ("triton_auto", fused_model("triton"), "auto"),
-                                         ("cuda_layers", fused_model("cuda"), "auto"),
-                                         ("ort_unfused", unfused, "auto")):
-                    os.environ["ONNXFUSE_MLP_STACK"] = env
-                    try:
-                        y.zero_()
-                        row[f"{name}_ms"] = _time_cuda(_ort_runner(model, lib if name != "ort_unfused" else None,
-                                                                   tensors, y, np.float16), iters)
-                        row[f"{name}_max_err"] = (y.float() - ref).abs().max().item()
-                    except Exception as e:
-                        row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                for name, backend, env in variants_:
+                    for graph in (False, True):
+                        key = name + ("+graph" if graph else "")
+                        for k in ("ONNXFUSE_MLP_STACK", "ONNXFUSE_MLP_STACK_CFG"):
+                            os.environ.pop(k, None)
+                        os.environ.update(env)
+                        try:
+                            r = bench._OrtRun(fused_path if backend else unfused_path, "cuda", lib if backend else None,
+                                              backend, graph, tensors, [ref.half()], False)
+                            row[f"{key}_ms"] = statistics.median(dev.measure(r, 20, iters))
+                            row[f"{key}_max_err"] = (r.outputs[0].float() - ref).abs().max().item()
+                        except Exception as e:
+                            row[f"{key}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
                 timings.append(row)
                 print("  " + "  ".join(f"{a}={b:.4g}" if isinstance(b, float) else f"{a}={b}"
-                                       for a, b in row.items()), flush=True)
+                                       for a, b in row.items() if not a.endswith("_max_err")), flush=True)
+                bad = {a: b for a, b in row.items() if a.endswith("_max_err") and b > 0.05}
+                if bad:
+                    print(f"  LARGE ERRORS: {bad}", flush=True)
     finally:
+        os.environ.pop("ONNXFUSE_MLP_STACK_CFG", None)
         if saved is None:
             os.environ.pop("ONNXFUSE_MLP_STACK", None)
         else:

@@ -77,9 +77,10 @@ int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, const void* 
 // MLPStack from the Triton cubins: mode ONNXFUSE_STACK_FUSED runs the whole stack as ONE kernel (each program
 // carries BLOCK_M rows through every layer), ONNXFUSE_STACK_LAYERS one Triton linear_act launch per layer, and
 // ONNXFUSE_STACK_AUTO the first while M and the widths are small (see triton_launch.cc), else the second.
+// stack_cfg 0|1|2 picks the one-kernel tile variant (env ONNXFUSE_MLP_STACK_CFG; fp32 has variant 0 only).
 int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* acts, const void* x, const void* const* w,
                               const void* const* b, void* y, int64_t m, const int64_t* widths, int mode,
-                              int small_cfg, void* scratch, int64_t scratch_bytes, void* stream);
+                              int stack_cfg, int small_cfg, void* scratch, int64_t scratch_bytes, void* stream);
 // Parses ONNXFUSE_TRITON_SMALL_CFG and ONNXFUSE_LORA_ONEPASS (unset or empty -> 0). Returns 0, or
 // ONNXFUSE_ERR_BAD_ARGUMENT when a value is not one of the allowed digits (the knobs are then left at 0).
 int onnxfuse_triton_read_env(int* small_cfg, int* lora_onepass);

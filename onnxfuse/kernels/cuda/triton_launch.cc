@@ -313,8 +313,8 @@ bool UseFusedStack(int64_t m, int n_layers, const int64_t* widths, int device) {
 
 extern "C" int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* acts, const void* x,
                                          const void* const* w, const void* const* b, void* y, int64_t m,
-                                         const int64_t* widths, int mode, int small_cfg, void* scratch,
-                                         int64_t scratch_bytes, void* stream) {
+                                         const int64_t* widths, int mode, int stack_cfg, int small_cfg,
+                                         void* scratch, int64_t scratch_bytes, void* stream) {
   const int64_t need = onnxfuse_mlp_stack_scratch_bytes(dtype, n_layers, m, widths);
   if (need < 0) return int(need);
   if (acts == nullptr || w == nullptr || b == nullptr || mode < 0 || mode > 2) return ONNXFUSE_ERR_BAD_ARGUMENT;
@@ -352,7 +352,9 @@ extern "C" int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* act
   int index = -1;
   for (int size_class = 0; size_class < 3; ++size_class) {
     int idx = -1;
-    const TritonSpec* s = FindExact(kKernelMLPStack, dtype, size_class, aligned ? 1 : 0, 0, 0, arch, &idx);
+    const TritonSpec* s = nullptr;
+    if (stack_cfg != 0) s = FindExact(kKernelMLPStack, dtype, size_class, aligned ? 1 : 0, 0, stack_cfg, arch, &idx);
+    if (s == nullptr) s = FindExact(kKernelMLPStack, dtype, size_class, aligned ? 1 : 0, 0, 0, arch, &idx);
     if (s == nullptr) continue;
     spec = s;
     index = idx;
@@ -403,7 +405,7 @@ extern "C" int onnxfuse_triton_lora_linear(int, int, const void*, const void*, c
   return ONNXFUSE_ERR_NO_TRITON;
 }
 extern "C" int onnxfuse_triton_mlp_stack(int, int, const int*, const void*, const void* const*, const void* const*,
-                                         void*, int64_t, const int64_t*, int, int, void*, int64_t, void*) {
+                                         void*, int64_t, const int64_t*, int, int, int, void*, int64_t, void*) {
   return ONNXFUSE_ERR_NO_TRITON;
 }
 

@@ -219,12 +219,20 @@ inline int StackModeFromEnv(const char* op) {
   Fail(std::string(op) + ": bad ONNXFUSE_MLP_STACK='" + v + "' in the environment (expected auto, fused or layers)");
 }
 
+// Tile variant of the one-kernel stack: env ONNXFUSE_MLP_STACK_CFG = 0 (default) | 1 | 2 (triton/aot.py).
+inline int StackCfgFromEnv(const char* op) {
+  const char* v = std::getenv("ONNXFUSE_MLP_STACK_CFG");
+  if (v == nullptr || *v == '\0') return 0;
+  if ((v[0] == '0' || v[0] == '1' || v[0] == '2') && v[1] == '\0') return v[0] - '0';
+  Fail(std::string(op) + ": bad ONNXFUSE_MLP_STACK_CFG='" + v + "' in the environment (expected 0, 1 or 2)");
+}
+
 template <typename T>
 struct MLPStackCuda {
   static constexpr const char* kName = "MLPStack";
   MLPStackCuda(const OrtApi* api, const OrtKernelInfo* info)
       : attrs(ReadOpAttrs(api, info, kName)), acts(ReadStackActivations(api, info, kName)), knobs(kName),
-        mode(StackModeFromEnv(kName)) {
+        mode(StackModeFromEnv(kName)), stack_cfg(StackCfgFromEnv(kName)) {
     if (acts.size() > ONNXFUSE_MAX_STACK_LAYERS)
       Fail(std::string(kName) + ": " + std::to_string(acts.size()) + " layers; the GPU kernels take at most " +
            std::to_string(ONNXFUSE_MAX_STACK_LAYERS) + " (fuse splits longer chains)");
@@ -257,14 +265,14 @@ struct MLPStackCuda {
           },
           [&] {
             return onnxfuse_triton_mlp_stack(dt, n, acts.data(), in.data[0], w.data(), b.data(), y, d.M,
-                                             d.widths.data(), mode, knobs.small_cfg, sp, bytes, stream);
+                                             d.widths.data(), mode, stack_cfg, knobs.small_cfg, sp, bytes, stream);
           });
     }).release();
   }
   OpAttrs attrs;
   std::vector<int> acts;
   TritonKnobs knobs;
-  int mode;
+  int mode, stack_cfg;
 };
 
 }  // namespace

@@ -96,6 +96,13 @@ SMALL_VARIANTS: dict[str, dict[str, list[tuple]]] = {
 }
 
 
+# mlp_stack fp16/bf16 variants 1 and 2 per size class (both alignments): wider column tiles, so a program walks a
+# 512-wide layer in 4 or 2 steps instead of 8 (fewer serial dot/epilogue rounds per row block). Picked at run time
+# with env ONNXFUSE_MLP_STACK_CFG=0|1|2 for A/B timing.
+STACK_VARIANTS = {size: [(bm, 128, 64, 1, 4, 3), (bm, 256, 64, 1, 4 if bm < 64 else 8, 3)]
+                  for size, bm in (("small", 16), ("medium", 32), ("large", 64))}
+
+
 def _load_kernels():
     """Import the kernel files as a private package (not through onnxfuse.kernels, whose __init__ may need more)."""
     name = "_onnxfuse_triton_kernels"
@@ -133,6 +140,9 @@ def specialisations(archs, overrides=None):
                         for r_pad in (R_PADS if kernel in LORA_KERNELS else (0,)):
                             base = dict(kernel=kernel, dtype=dtype, size=size, aligned=aligned, r_pad=r_pad, arch=arch)
                             yield dict(base, variant=0, config=tuple(cfgs[kernel][group][size]))
+                            if kernel == "mlp_stack" and group == "h":
+                                for v, cfg in enumerate(STACK_VARIANTS[size], start=1):
+                                    yield dict(base, variant=v, config=tuple(cfg))
                             if size == "small" and group == "h" and aligned:
                                 for v, cfg in enumerate(variants.get(kernel, ()), start=1):
                                     yield dict(base, variant=v, config=tuple(cfg))
