@@ -406,7 +406,9 @@ def main(argv=None):
     if args.only_stack:
         SHAPES_FULL.clear()
         SHAPES_FULL["MLPStack"] = [(1, (13, 512, 256, 64, 16), "relu.relu.relu.relu"),
-                                   (333, (129, 67, 33, 1), "relu.relu.sigmoid"), (64, (40, 24), "sigmoid")]
+                                   (333, (129, 67, 33, 1), "relu.relu.sigmoid"), (64, (40, 24), "sigmoid"),
+                                   (2048, (13, 512, 256, 64, 16), "relu.relu.relu.relu"),
+                                   (8192, (367, 512, 256, 1), "relu.relu.sigmoid")]
         args.no_timing = args.no_variants = True
     print("== correctness (only non-PASS rows are printed as they come)", flush=True)
     rows = check_correctness(args.lib, args.out, args.quick)

@@ -301,13 +301,18 @@ extern "C" int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, c
 }
 
 namespace {
-// The one-kernel stack pays while the work is latency-bound: few rows per SM and narrow layers (every program
-// reads every weight, from L2). Past that, a GEMM per layer with the full grid of linear_act wins.
+// When the one-kernel stack beats a linear_act launch per layer, measured on the H100 (132 SMs) for DLRM's bottom
+// 13-512-256-64-16 and top 367-512-256-1 MLPs with CUDA graphs (benchmarks/results/h100-2026-11-22/
+// stack-modes-v2.json): at M = 128 the stack saves the launches (bottom 0.036 vs 0.041 ms per run); at M = 2048 a
+// 16-row block per program leaves each program a long serial chain and the per-layer grids win (0.043 vs 0.034);
+// at M = 16384 the 64-row blocks are efficient and the stack skips the HBM round trips (0.059 vs 0.099, top 0.088
+// vs 0.170). Layers wider than 1024 (every program reads every weight) always go per layer.
 constexpr int64_t kStackMaxWidth = 1024;
 bool UseFusedStack(int64_t m, int n_layers, const int64_t* widths, int device) {
   for (int i = 0; i <= n_layers; ++i)
     if (widths[i] > kStackMaxWidth) return false;
-  return m <= 2 * 64 * int64_t(NumSMs(device));
+  const int64_t sms = NumSMs(device);
+  return m <= 4 * sms || m >= 32 * sms;
 }
 }  // namespace
 

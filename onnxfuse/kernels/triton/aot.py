@@ -65,8 +65,10 @@ _H_SWIGLU_SMALL = (16, 64, 128, 1, 4, 4)
 _H_XA = {"small": (16, 0, 128, 1, 4, 3), "medium": (16, 0, 128, 1, 4, 3), "large": (64, 0, 64, 1, 4, 4)}
 _F_XA = {"small": (16, 0, 64, 1, 4, 3), "medium": (16, 0, 64, 1, 4, 3), "large": (64, 0, 32, 1, 4, 3)}
 # mlp_stack: the size class is BLOCK_M (the rows one program carries through every layer), picked by the launcher
-# so that the grid covers the SMs: "small" 16 rows, "medium" 32, "large" 64. GROUP_M is unused.
-_H_STACK = {"small": (16, 64, 64, 1, 4, 3), "medium": (32, 64, 64, 1, 4, 3), "large": (64, 64, 64, 1, 4, 3)}
+# so that the grid covers the SMs: "small" 16 rows, "medium" 32, "large" 64. GROUP_M is unused. BLOCK_N = 128 is
+# the best of 64 / 128 / 256 measured on the H100 for DLRM's bottom and top MLPs at M = 128 and 16384
+# (benchmarks/results/h100-2026-11-22/stack-modes-v2.json; the others are variants 1 and 2 below).
+_H_STACK = {"small": (16, 128, 64, 1, 4, 3), "medium": (32, 128, 64, 1, 4, 3), "large": (64, 128, 64, 1, 4, 3)}
 _F_STACK = {"small": (16, 64, 32, 1, 4, 2), "medium": (32, 64, 32, 1, 4, 2), "large": (64, 64, 32, 1, 4, 2)}
 CONFIGS: dict[str, dict[str, dict[str, dict[str, tuple]]]] = {
     "90": {
@@ -96,10 +98,10 @@ SMALL_VARIANTS: dict[str, dict[str, list[tuple]]] = {
 }
 
 
-# mlp_stack fp16/bf16 variants 1 and 2 per size class (both alignments): wider column tiles, so a program walks a
-# 512-wide layer in 4 or 2 steps instead of 8 (fewer serial dot/epilogue rounds per row block). Picked at run time
-# with env ONNXFUSE_MLP_STACK_CFG=0|1|2 for A/B timing.
-STACK_VARIANTS = {size: [(bm, 128, 64, 1, 4, 3), (bm, 256, 64, 1, 4 if bm < 64 else 8, 3)]
+# mlp_stack fp16/bf16 variants 1 and 2 per size class (both alignments): column tiles of 64 and 256 (the default
+# is 128), i.e. a 512-wide layer in 8 or 2 steps per row block. Picked at run time with env
+# ONNXFUSE_MLP_STACK_CFG=0|1|2 for A/B timing.
+STACK_VARIANTS = {size: [(bm, 64, 64, 1, 4, 3), (bm, 256, 64, 1, 4 if bm < 64 else 8, 3)]
                   for size, bm in (("small", 16), ("medium", 32), ("large", 64))}
 
 
