@@ -97,6 +97,11 @@ def module_path(nodes: list[ir.Node]) -> str:
             for seg in [s for s in n.name.split("/") if s][:-1]:
                 path = seg if not path or seg.startswith(path + ".") else f"{path}.{seg}"
             paths.append(path.split(".") if path else [])
+    return common_module(paths)
+
+
+def common_module(paths: list[list[str]]) -> str:
+    """The longest dotted module prefix all paths (split on '.') share, or 'root'."""
     paths = [p for p in paths if p and p != [""]]
     if not paths:
         return "root"

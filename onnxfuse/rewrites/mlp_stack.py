@@ -71,14 +71,7 @@ def _next_layer(node: ir.Node, refusals: list[dict] | None) -> ir.Node | None:
 
 
 def _common_module(nodes: list[ir.Node]) -> str:
-    paths = [n.metadata_props.get("onnxfuse.module", "root").split(".") for n in nodes]
-    common = []
-    for parts in zip(*paths):
-        if all(p == parts[0] for p in parts):
-            common.append(parts[0])
-        else:
-            break
-    return ".".join(common) or "root"
+    return _base.common_module([n.metadata_props.get("onnxfuse.module", "root").split(".") for n in nodes])
 
 
 def _width(value: ir.Value | None, axis: int):
