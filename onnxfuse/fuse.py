@@ -110,7 +110,8 @@ def fuse_model(model: ir.Model, patterns: list[str] | None = None, explain: bool
         if name in patterns:
             for rs in _as_list(PATTERNS[name](recorder)):
                 rs.apply_to_model(model)
-                refusals += getattr(rs, "refusals", [])  # graph passes say why during the real pass
+                if explain:  # graph passes (mlp_stack) say why during the real pass
+                    refusals += getattr(rs, "refusals", [])
     if recorder.matches:
         # A Gemm(transB=1) weight the rules transposed into a new [K, N] initializer is dead now: drop it (and any
         # other node or initializer the rewrite orphaned) so the fused model does not carry the weights twice.
@@ -122,8 +123,6 @@ def fuse_model(model: ir.Model, patterns: list[str] | None = None, explain: bool
             # onto the fused node, where it misleads: keep only onnxfuse's own keys.
             for key in [k for k in node.metadata_props if k.startswith("pkg.torch") or k == "namespace"]:
                 del node.metadata_props[key]
-    if not explain:
-        refusals = []
     if explain:
         tracer = _base.ExplainTracer()
         for name in PATTERNS:

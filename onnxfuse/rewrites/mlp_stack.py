@@ -43,7 +43,6 @@ def _next_layer(node: ir.Node, refusals: list[dict] | None) -> ir.Node | None:
     """The layer this one feeds, if the pair can be chained; else None (with the reason, when the consumer is a
     layer that could have been chained)."""
     out = node.outputs[0]
-    users = [u.node for u in out.uses()]
     layer_users = [u for u in out.uses() if _is_layer(u.node)]
     if not layer_users:
         return None
@@ -56,7 +55,7 @@ def _next_layer(node: ir.Node, refusals: list[dict] | None) -> ir.Node | None:
     if out.is_graph_output():
         refuse(f"the output {out.name} of this layer is a graph output, so it must be written to memory")
         return None
-    if len(users) != 1 or len(out.uses()) != 1:
+    if len(out.uses()) != 1:
         refuse(f"the output {out.name} of this layer has {len(out.uses())} uses; a stack only chains a layer whose "
                "output feeds the next layer alone")
         return None
@@ -112,7 +111,7 @@ class MLPStackPass:
         return out
 
     def apply_to_model(self, model: ir.Model, tracer=None) -> int:
-        self.refusals = getattr(tracer, "refusals", None) if tracer is not None else []
+        self.refusals = tracer.refusals if tracer is not None else []
         count = 0
         for chain in self.chains(model.graph, self.refusals):
             self._replace(model.graph, chain)

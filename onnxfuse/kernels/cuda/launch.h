@@ -48,6 +48,12 @@ int onnxfuse_cuda_lora_linear(int dtype, int relu, const void* x, const void* w,
 // in the caller's device scratch of onnxfuse_mlp_stack_scratch_bytes() bytes (two [M, SW] buffers of the element
 // type, SW = the widest hidden layer rounded up to 16). The CUDA backend runs one linear_act launch per layer.
 int64_t onnxfuse_mlp_stack_scratch_bytes(int dtype, int n_layers, int64_t m, const int64_t* widths);
+// SW of that scratch: the widest hidden layer (widths[1 .. n_layers-1]) rounded up to 16 elements.
+static inline int64_t onnxfuse_mlp_stack_scratch_width(int n_layers, const int64_t* widths) {
+  int64_t sw = 0;
+  for (int i = 1; i < n_layers; ++i) sw = widths[i] > sw ? widths[i] : sw;
+  return (sw + 15) / 16 * 16;
+}
 int onnxfuse_cuda_mlp_stack(int dtype, int n_layers, const int* acts, const void* x, const void* const* w,
                             const void* const* b, void* y, int64_t m, const int64_t* widths, void* scratch,
                             int64_t scratch_bytes, void* stream);
@@ -81,9 +87,9 @@ int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, const void* 
 int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* acts, const void* x, const void* const* w,
                               const void* const* b, void* y, int64_t m, const int64_t* widths, int mode,
                               int stack_cfg, int small_cfg, void* scratch, int64_t scratch_bytes, void* stream);
-// Parses ONNXFUSE_TRITON_SMALL_CFG and ONNXFUSE_LORA_ONEPASS (unset or empty -> 0). Returns 0, or
-// ONNXFUSE_ERR_BAD_ARGUMENT when a value is not one of the allowed digits (the knobs are then left at 0).
-int onnxfuse_triton_read_env(int* small_cfg, int* lora_onepass);
+// Parses ONNXFUSE_TRITON_SMALL_CFG, ONNXFUSE_LORA_ONEPASS and ONNXFUSE_MLP_STACK_CFG (unset or empty -> 0).
+// Returns 0, or ONNXFUSE_ERR_BAD_ARGUMENT when a value is not one of the allowed digits (that knob is then 0).
+int onnxfuse_triton_read_env(int* small_cfg, int* lora_onepass, int* stack_cfg);
 
 // Human-readable text for any code the launchers return (static storage, never null).
 const char* onnxfuse_cuda_error_string(int code);

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "launch.h"
+#include "stack_chain.h"
 
 namespace {
 int64_t ElemBytes(int dtype) { return dtype == ONNXFUSE_FP32 ? 4 : 2; }
@@ -17,10 +18,7 @@ extern "C" int64_t onnxfuse_mlp_stack_scratch_bytes(int dtype, int n_layers, int
   if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || n_layers < 1 || n_layers > ONNXFUSE_MAX_STACK_LAYERS ||
       m < 0 || widths == nullptr)
     return ONNXFUSE_ERR_BAD_ARGUMENT;
-  int64_t sw = 0;
-  for (int i = 1; i < n_layers; ++i) sw = widths[i] > sw ? widths[i] : sw;
-  sw = (sw + 15) / 16 * 16;
-  return 2 * m * sw * ElemBytes(dtype);
+  return 2 * m * onnxfuse_mlp_stack_scratch_width(n_layers, widths) * ElemBytes(dtype);
 }
 
 extern "C" int onnxfuse_cuda_mlp_stack(int dtype, int n_layers, const int* acts, const void* x, const void* const* w,
@@ -30,13 +28,7 @@ extern "C" int onnxfuse_cuda_mlp_stack(int dtype, int n_layers, const int* acts,
   if (need < 0) return int(need);
   if (acts == nullptr || w == nullptr || b == nullptr || (need > 0 && (scratch == nullptr || scratch_bytes < need)))
     return ONNXFUSE_ERR_BAD_ARGUMENT;
-  char* buf[2] = {static_cast<char*>(scratch), static_cast<char*>(scratch) + need / 2};
-  const void* in = x;
-  for (int i = 0; i < n_layers; ++i) {
-    void* out = i == n_layers - 1 ? y : buf[i % 2];
-    const int err = onnxfuse_cuda_linear_act(dtype, acts[i], in, w[i], b[i], out, m, widths[i], widths[i + 1], stream);
-    if (err != 0) return err;
-    in = out;
-  }
-  return 0;
+  return onnxfuse::StackPerLayer(n_layers, x, y, scratch, need, [&](int i, const void* in, void* out) {
+    return onnxfuse_cuda_linear_act(dtype, acts[i], in, w[i], b[i], out, m, widths[i], widths[i + 1], stream);
+  });
 }

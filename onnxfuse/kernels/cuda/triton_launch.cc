@@ -23,6 +23,7 @@
 #include <mutex>
 
 #include "cuda/launch.h"
+#include "cuda/stack_chain.h"
 
 #ifdef ONNXFUSE_WITH_TRITON
 #include "triton_kernels.h"  // generated in the build directory
@@ -338,16 +339,10 @@ extern "C" int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* act
   if (arch < 0) return -arch;
   const bool fused = mode == ONNXFUSE_STACK_FUSED || (mode == ONNXFUSE_STACK_AUTO && UseFusedStack(m, n_layers, widths, device));
   if (!fused) {
-    char* buf[2] = {static_cast<char*>(scratch), static_cast<char*>(scratch) + need / 2};
-    const void* in = x;
-    for (int i = 0; i < n_layers; ++i) {
-      void* out = i == n_layers - 1 ? y : buf[i % 2];
-      const int err = onnxfuse_triton_linear_act(dtype, acts[i], in, w[i], b[i], out, m, widths[i], widths[i + 1],
-                                                 small_cfg, stream);
-      if (err != 0) return err;
-      in = out;
-    }
-    return 0;
+    return onnxfuse::StackPerLayer(n_layers, x, y, scratch, need, [&](int i, const void* in, void* out) {
+      return onnxfuse_triton_linear_act(dtype, acts[i], in, w[i], b[i], out, m, widths[i], widths[i + 1], small_cfg,
+                                        stream);
+    });
   }
   // BLOCK_M (size class 0/1/2 = 16/32/64 rows): the smallest whose grid fits on the SMs, else the largest.
   bool aligned = Aligned16(x) && Aligned16(y) && (need == 0 || Aligned16(scratch));
@@ -367,7 +362,7 @@ extern "C" int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* act
   }
   if (spec == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
   int32_t M = int32_t(m), K0 = int32_t(widths[0]), L = n_layers;
-  int32_t SW = int32_t(need / (2 * (m > 0 ? m : 1) * (dtype == ONNXFUSE_FP32 ? 4 : 2)));
+  int32_t SW = int32_t(onnxfuse_mlp_stack_scratch_width(n_layers, widths));
   const void* s_ptr = need > 0 ? scratch : y;  // never read or written when L == 1
   // Hidden layers 1..3 (unused ones: null pointers, zero widths) and the final layer.
   const void* hw[3] = {nullptr, nullptr, nullptr};
@@ -426,9 +421,11 @@ int EnvKnob(const char* name, int max_value) {
 }
 }  // namespace
 
-extern "C" int onnxfuse_triton_read_env(int* small_cfg, int* lora_onepass) {
-  const int s = EnvKnob("ONNXFUSE_TRITON_SMALL_CFG", 2), o = EnvKnob("ONNXFUSE_LORA_ONEPASS", 1);
+extern "C" int onnxfuse_triton_read_env(int* small_cfg, int* lora_onepass, int* stack_cfg) {
+  const int s = EnvKnob("ONNXFUSE_TRITON_SMALL_CFG", 2), o = EnvKnob("ONNXFUSE_LORA_ONEPASS", 1),
+            c = EnvKnob("ONNXFUSE_MLP_STACK_CFG", 2);
   *small_cfg = s < 0 ? 0 : s;
   *lora_onepass = o < 0 ? 0 : o;
-  return (s < 0 || o < 0) ? ONNXFUSE_ERR_BAD_ARGUMENT : 0;
+  *stack_cfg = c < 0 ? 0 : c;
+  return (s < 0 || o < 0 || c < 0) ? ONNXFUSE_ERR_BAD_ARGUMENT : 0;
 }

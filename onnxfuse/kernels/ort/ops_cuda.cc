@@ -10,7 +10,8 @@
 // as an Ort::Status naming the op, the backend and the CUDA (or onnxfuse) error.
 //
 // Triton tuning knobs, read from the environment when a session creates a kernel (so each session may differ):
-// ONNXFUSE_TRITON_SMALL_CFG=0|1|2 (decode-path tile config) and ONNXFUSE_LORA_ONEPASS=0|1; see cuda/launch.h.
+// ONNXFUSE_TRITON_SMALL_CFG=0|1|2 (decode-path tile config), ONNXFUSE_LORA_ONEPASS=0|1 and ONNXFUSE_MLP_STACK_CFG=0|1|2
+// (one-kernel stack tiles); ONNXFUSE_MLP_STACK=auto|fused|layers picks how a stack runs. See cuda/launch.h.
 //
 // Backend per node: attribute `backend`, replaced by env ONNXFUSE_BACKEND when set (ReadOpAttrs, at session
 // creation). On the CUDA EP:
@@ -75,11 +76,11 @@ inline void* StreamOf(OrtKernelContext* ctx) { return Ort::KernelContext(ctx).Ge
 
 // Triton knobs of one kernel instance, from the environment at kernel creation.
 struct TritonKnobs {
-  int small_cfg = 0, lora_onepass = 0;
+  int small_cfg = 0, lora_onepass = 0, stack_cfg = 0;
   explicit TritonKnobs(const char* op) {
-    if (onnxfuse_triton_read_env(&small_cfg, &lora_onepass) != 0)
-      Fail(std::string(op) + ": bad ONNXFUSE_TRITON_SMALL_CFG (expected 0, 1 or 2) or ONNXFUSE_LORA_ONEPASS "
-                             "(expected 0 or 1) in the environment");
+    if (onnxfuse_triton_read_env(&small_cfg, &lora_onepass, &stack_cfg) != 0)
+      Fail(std::string(op) + ": bad ONNXFUSE_TRITON_SMALL_CFG (expected 0, 1 or 2), ONNXFUSE_LORA_ONEPASS "
+                             "(expected 0 or 1) or ONNXFUSE_MLP_STACK_CFG (expected 0, 1 or 2) in the environment");
   }
 };
 
@@ -219,20 +220,12 @@ inline int StackModeFromEnv(const char* op) {
   Fail(std::string(op) + ": bad ONNXFUSE_MLP_STACK='" + v + "' in the environment (expected auto, fused or layers)");
 }
 
-// Tile variant of the one-kernel stack: env ONNXFUSE_MLP_STACK_CFG = 0 (default) | 1 | 2 (triton/aot.py).
-inline int StackCfgFromEnv(const char* op) {
-  const char* v = std::getenv("ONNXFUSE_MLP_STACK_CFG");
-  if (v == nullptr || *v == '\0') return 0;
-  if ((v[0] == '0' || v[0] == '1' || v[0] == '2') && v[1] == '\0') return v[0] - '0';
-  Fail(std::string(op) + ": bad ONNXFUSE_MLP_STACK_CFG='" + v + "' in the environment (expected 0, 1 or 2)");
-}
-
 template <typename T>
 struct MLPStackCuda {
   static constexpr const char* kName = "MLPStack";
   MLPStackCuda(const OrtApi* api, const OrtKernelInfo* info)
       : attrs(ReadOpAttrs(api, info, kName)), acts(ReadStackActivations(api, info, kName)), knobs(kName),
-        mode(StackModeFromEnv(kName)), stack_cfg(StackCfgFromEnv(kName)) {
+        mode(StackModeFromEnv(kName)) {
     if (acts.size() > ONNXFUSE_MAX_STACK_LAYERS)
       Fail(std::string(kName) + ": " + std::to_string(acts.size()) + " layers; the GPU kernels take at most " +
            std::to_string(ONNXFUSE_MAX_STACK_LAYERS) + " (fuse splits longer chains)");
@@ -265,14 +258,15 @@ struct MLPStackCuda {
           },
           [&] {
             return onnxfuse_triton_mlp_stack(dt, n, acts.data(), in.data[0], w.data(), b.data(), y, d.M,
-                                             d.widths.data(), mode, stack_cfg, knobs.small_cfg, sp, bytes, stream);
+                                             d.widths.data(), mode, knobs.stack_cfg, knobs.small_cfg, sp, bytes,
+                                             stream);
           });
     }).release();
   }
   OpAttrs attrs;
   std::vector<int> acts;
   TritonKnobs knobs;
-  int mode, stack_cfg;
+  int mode;
 };
 
 }  // namespace
