@@ -191,13 +191,18 @@ def _fuse(args) -> int:
         total = "n/a (dynamic shapes)" if res.flop_share is None else f"{100 * res.flop_share:.1f}%"
         con.print(f"nodes {res.nodes_before} -> {res.nodes_after}; MatMul/Gemm FLOPs inside fused ops: {total}; "
                   f"{res.seconds:.2f} s")
+    if res.in_functions and not args.explain:
+        con.print(f"{res.in_functions} candidate(s) inside model-local functions were left alone (onnxfuse rewrites "
+                  "the main graph and If/Loop/Scan bodies; --explain names them)", soft_wrap=True)
     if args.explain:
         if res.refusals:
             con.print("candidates that did not fuse:")
             for r in res.refusals:
-                con.print(f"  {r['node']} ({r['op_type']}): rule {r['rule']} refused: {r['reason']}")
+                # one line per candidate, never wrapped: users grep these
+                con.print(f"  {r['node']} ({r['op_type']}): rule {r['rule']} refused: {r['reason']}", soft_wrap=True)
         else:
-            con.print("no candidate subgraph was refused by a check")
+            con.print("no candidate subgraph was refused, and no near miss (a GEMM before an unfused activation, a "
+                      "non-SiLU gate) was seen", soft_wrap=True)
     return 0
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import onnx
 from onnx import AttributeProto, helper
 
-from .schema import DOMAIN, ONNX_OPSET, OPS, STACK_ACTIVATIONS, stack_input_names, stack_overload
+from .schema import DOMAIN, DOMAIN_VERSION, ONNX_OPSET, OPS, STACK_ACTIVATIONS, stack_input_names, stack_overload
 
 
 def _scale_constant(out: str) -> onnx.NodeProto:
@@ -54,9 +54,11 @@ def _stack_body(activations: list[str]) -> list[onnx.NodeProto]:
     return nodes
 
 
-def function_proto(op: str, overload: str = "") -> onnx.FunctionProto:
+def function_proto(op: str, overload: str = "", opset: int = ONNX_OPSET) -> onnx.FunctionProto:
     """The model-local function of `op`; for MLPStack, of the overload naming its activations (relu.relu.sigmoid),
-    since an ONNX function has a fixed number of inputs."""
+    since an ONNX function has a fixed number of inputs. `opset` is the model's default-domain opset: a function
+    must import the same version as the model (onnx.checker), and the rules only fuse where the body is valid in
+    it (rewrites/_base.py MIN_OPSET)."""
     schema = OPS[op]
     defaults = []
     for a in schema.attrs:
@@ -70,17 +72,32 @@ def function_proto(op: str, overload: str = "") -> onnx.FunctionProto:
         inputs, body = list(schema.inputs), _body(op)
     f = helper.make_function(
         DOMAIN, op, inputs, list(schema.outputs), body,
-        opset_imports=[helper.make_opsetid("", ONNX_OPSET)],
+        opset_imports=[helper.make_opsetid("", opset)],
         attributes=[], attribute_protos=defaults, doc_string=f"{schema.math}. {schema.doc}")
     f.overload = overload
     return f
 
 
+def nodes(graph: onnx.GraphProto):
+    """Every node of `graph` and of the If/Loop/Scan bodies nested in it."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            for g in ([attr.g] if attr.type == AttributeProto.GRAPH else list(attr.graphs)):
+                yield from nodes(g)
+
+
+def model_opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), ONNX_OPSET)
+
+
 def add_functions(model: onnx.ModelProto) -> None:
-    """Give every onnxfuse op (and overload) used in the main graph its function (once), and import the domain."""
-    used = {(n.op_type, n.overload) for n in model.graph.node if n.domain == DOMAIN}
+    """Give every onnxfuse op (and overload) used in the model, control-flow bodies included, its function (once,
+    in the model's opset), and import the domain."""
+    used = {(n.op_type, n.overload) for n in nodes(model.graph) if n.domain == DOMAIN}
     have = {(f.name, f.overload) for f in model.functions if f.domain == DOMAIN}
+    opset = model_opset(model)
     for op, overload in sorted(used - have):
-        model.functions.append(function_proto(op, overload))
+        model.functions.append(function_proto(op, overload, opset))
     if used and not any(o.domain == DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+        model.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))

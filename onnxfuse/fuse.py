@@ -19,10 +19,10 @@ import time
 import onnx
 from onnxscript import ir
 
-from . import functions, onnxio
+from . import functions, onnxio, soundness
 from .errors import OnnxfuseError
-from .rewrites import _base, linear_act, lora_linear, mlp_stack, swiglu
-from .schema import DOMAIN
+from .rewrites import _base, _explain, linear_act, lora_linear, mlp_stack, swiglu
+from .schema import DOMAIN, DOMAIN_VERSION
 
 REPORT_KEY = "onnxfuse.fusion_report"
 # pattern family -> rule-set factory, in application order
@@ -43,6 +43,8 @@ class FuseResult:
     already_fused: int
     seconds: float
     output: str | None = None
+    # candidates inside model-local functions, which onnxfuse does not rewrite (see --explain)
+    in_functions: int = 0
 
     def table(self) -> list[dict]:
         rows: dict[str, dict] = {}
@@ -67,7 +69,8 @@ class FuseResult:
         return {"patterns": self.table(), "matches": [dataclasses.asdict(m) for m in self.matches],
                 "nodes_before": self.nodes_before, "nodes_after": self.nodes_after, "total_flops": self.total_flops,
                 "fused_flops": self.fused_flops, "flop_share": self.flop_share, "refusals": self.refusals,
-                "already_fused": self.already_fused, "seconds": round(self.seconds, 3), "output": self.output}
+                "already_fused": self.already_fused, "in_functions": self.in_functions,
+                "seconds": round(self.seconds, 3), "output": self.output}
 
 
 def model_flops(model: ir.Model) -> int | None:
@@ -88,12 +91,38 @@ def model_flops(model: ir.Model) -> int | None:
 
 
 def _infer_shapes(model: ir.Model) -> None:
-    # Shape inference without weight data (dims suffice): cheap even for models with external data.
+    """Shape inference without weight data (dims suffice): cheap even for models with external data. The rules'
+    checks use the shapes (output ranks, K and N); a model that ONNX type/shape inference rejects outright is one
+    onnxruntime would reject too, so it stops here with one line instead of onnx_ir's logged traceback."""
+    import logging
+
     from onnx_ir.passes.common import ShapeInferencePass
+
+    log = logging.getLogger("onnx_ir.passes.common.shape_inference")
+    failures: list[logging.LogRecord] = []
+
+    class _Catch(logging.Handler):
+        def emit(self, record):
+            failures.append(record)
+
+    catch, propagate = _Catch(), log.propagate
+    log.addHandler(catch)
+    log.propagate = False
     try:
         ShapeInferencePass(strict_mode=False)(model)
-    except Exception:
-        pass  # shapes only feed the FLOP report and checks that skip unknown dims
+    finally:
+        log.removeHandler(catch)
+        log.propagate = propagate
+    for record in failures:
+        if record.exc_info and record.exc_info[1] is not None:
+            raise OnnxfuseError(f"the input model fails ONNX type and shape inference "
+                                f"({soundness.first_line(record.exc_info[1])}); onnxruntime would refuse it too: fix "
+                                "the model (onnx.shape_inference.infer_shapes(model, check_type=True) shows it)")
+
+
+def _op_counts(model: ir.Model) -> collections.Counter:
+    """Node counts by op type over the main graph and its If/Loop/Scan bodies (onnxfuse nodes left out)."""
+    return collections.Counter(n.op_type for g in _base.graphs(model.graph) for n in g if n.domain != DOMAIN)
 
 
 def fuse_model(model: ir.Model, patterns: list[str] | None = None, explain: bool = False):
@@ -103,42 +132,52 @@ def fuse_model(model: ir.Model, patterns: list[str] | None = None, explain: bool
         raise OnnxfuseError(f"--patterns: unknown pattern(s) {', '.join(unknown)}; choose from {', '.join(PATTERNS)}")
     _infer_shapes(model)
     total = model_flops(model)
-    before = collections.Counter(n.op_type for n in model.graph)
+    before = _op_counts(model)
     recorder = _base.Recorder()
-    refusals = []
+    recorder.seed(model)
+    stack_refusals = []
     for name in PATTERNS:  # fixed order, whatever order the user listed them in
         if name in patterns:
             for rs in _as_list(PATTERNS[name](recorder)):
-                rs.apply_to_model(model)
+                _base.apply(rs, model)
                 if explain:  # graph passes (mlp_stack) say why during the real pass
-                    refusals += getattr(rs, "refusals", [])
+                    stack_refusals += getattr(rs, "refusals", [])
     if recorder.matches:
         # A Gemm(transB=1) weight the rules transposed into a new [K, N] initializer is dead now: drop it (and any
         # other node or initializer the rewrite orphaned) so the fused model does not carry the weights twice.
         from onnx_ir.passes.common import RemoveUnusedNodesPass
         RemoveUnusedNodesPass()(model)
-    for node in model.graph:
-        if node.domain == DOMAIN:
-            # The rewriter copies the exporter's per-node metadata (stack traces, fx dumps) of one replaced node
-            # onto the fused node, where it misleads: keep only onnxfuse's own keys.
-            for key in [k for k in node.metadata_props if k.startswith("pkg.torch") or k == "namespace"]:
-                del node.metadata_props[key]
-    if explain:
+    for graph in _base.graphs(model.graph):
+        for node in graph:
+            if node.domain == DOMAIN:
+                # The rewriter copies the exporter's per-node metadata (stack traces, fx dumps) of one replaced node
+                # onto the fused node, where it misleads: keep only onnxfuse's own keys.
+                for key in [k for k in node.metadata_props if k.startswith("pkg.torch") or k == "namespace"]:
+                    del node.metadata_props[key]
+    in_functions = 0
+    if not explain and any(f.domain != DOMAIN for f in model.functions.values()):
         tracer = _base.ExplainTracer()
         for name in PATTERNS:
             if name in patterns:
                 for rs in _as_list(PATTERNS[name](_base.Recorder())):
-                    rs.apply_to_model(model, tracer=tracer)
-        seen = set()
-        for r in tracer.refusals:
-            key = (r["node"], r["reason"])
-            if key not in seen:
-                seen.add(key)
-                refusals.append(r)
-    after = collections.Counter(n.op_type for n in model.graph if n.domain != DOMAIN)
+                    _base.trace_functions(rs, model, tracer)
+        in_functions = len({id(r["root"]) for r in tracer.records if r["function"]})
+    refusals = []
+    if explain:
+        # Over the fused model: what is left is what did not fuse. A throwaway recorder: nothing is rewritten.
+        tracer = _base.ExplainTracer()
+        scratch = _base.Recorder()
+        scratch.seed(model)
+        for name in PATTERNS:
+            if name in patterns:
+                for rs in _as_list(PATTERNS[name](scratch)):
+                    _base.apply(rs, model, tracer=tracer)
+        refusals = _explain.refusals(model, tracer, stack_refusals)
+        in_functions = len({id(r["root"]) for r in tracer.records if r["function"]})
+    after = _op_counts(model)
     removed = {k: before[k] - after.get(k, 0) for k in before if before[k] - after.get(k, 0) > 0}
     fused = sum(m.flops for m in recorder.matches) if all(m.flops is not None for m in recorder.matches) else None
-    return recorder, removed, total, fused, refusals
+    return recorder, removed, total, fused, refusals, in_functions
 
 
 def _as_list(rule_sets):
@@ -155,14 +194,15 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
         onnxio.check_output_path(out, force=force)
     if report_path is not None:
         onnxio.check_output_path(report_path, force=True)
-    already = sum(1 for n in proto.graph.node if n.domain == DOMAIN)
+    already = sum(1 for n in functions.nodes(proto.graph) if n.domain == DOMAIN)
     src_external = not onnxio._all_data_inline(proto)
+    before = soundness.source_signature(proto)  # what the soundness gate holds the output to
     del proto
     model = ir.load(str(src))  # external data stays on disk (memory-mapped on use) until written
     nodes_before = len(model.graph)
-    recorder, removed, total, fused_flops, refusals = fuse_model(model, patterns, explain)
+    recorder, removed, total, fused_flops, refusals, in_functions = fuse_model(model, patterns, explain)
     result = FuseResult(None, recorder.matches, nodes_before, len(model.graph), removed, total, fused_flops,
-                        refusals, already, 0.0)
+                        refusals, already, 0.0, in_functions=in_functions)
     if recorder.matches or write_unchanged:
         model.ir_version = min(model.ir_version or 10, onnxio.MAX_IR_VERSION)
         if external_data is None:  # automatic: keep the source's layout, and go external past protobuf's limit
@@ -175,6 +215,8 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
                 load_external_data_for_model(proto, str(src.parent))
             functions.add_functions(proto)
             onnxio.set_metadata(proto, REPORT_KEY, json.dumps(_metadata_report(result)))
+            if recorder.matches:
+                soundness.check(proto, src, before)
             result.model = proto
             if out is not None:
                 onnxio.save(proto, out, external_data=False)
@@ -182,7 +224,7 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
         elif out is not None:
             # Weights stream from the source's data file (or memory, for tensors the rules made) into the output's
             # own '<out>.data': the fused model never points at the source's weights file.
-            _save_large(model, out, result)
+            _save_large(model, out, result, src, before if recorder.matches else None)
     result.seconds = time.perf_counter() - t0
     if report_path is not None:
         tmp = pathlib.Path(str(report_path) + ".tmp")
@@ -203,16 +245,18 @@ def _fits_in_memory(src: pathlib.Path) -> bool:
     return size < onnxio.EXTERNAL_DATA_THRESHOLD
 
 
-def _save_large(model: ir.Model, out, result: FuseResult) -> None:
+def _save_large(model: ir.Model, out, result: FuseResult, src: pathlib.Path, before: list | None) -> None:
     """Models with external data (any size, past protobuf's 2 GiB included): functions and metadata are added on
     the IR and onnx_ir streams the weights, tensor by tensor, into '<out>.data'. Both files are written in a
-    temporary folder beside the output and renamed into place, so a failure leaves no partial output and an
-    in-place fuse (out == src) never overwrites the weights it is reading."""
-    for op, overload in sorted({(n.op_type, n.overload) for n in model.graph if n.domain == DOMAIN}):
-        f = ir.serde.deserialize_function(functions.function_proto(op, overload))
+    temporary folder beside the output, checked by the soundness gate there, and renamed into place, so a failure
+    leaves no partial output and an in-place fuse (out == src) never overwrites the weights it is reading."""
+    used = {(n.op_type, n.overload) for g in _base.graphs(model.graph) for n in g if n.domain == DOMAIN}
+    opset = _base.default_opset(model) or functions.ONNX_OPSET
+    for op, overload in sorted(used):
+        f = ir.serde.deserialize_function(functions.function_proto(op, overload, opset))
         model.functions[f.identifier()] = f
-    if any(n.domain == DOMAIN for n in model.graph):
-        model.opset_imports.setdefault(DOMAIN, 1)
+    if used:
+        model.opset_imports.setdefault(DOMAIN, DOMAIN_VERSION)
     model.metadata_props[REPORT_KEY] = json.dumps(_metadata_report(result))
     out = pathlib.Path(out)
     parent = out.parent if str(out.parent) else pathlib.Path(".")
@@ -220,6 +264,8 @@ def _save_large(model: ir.Model, out, result: FuseResult) -> None:
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=".onnxfuse-", dir=parent))
     try:
         ir.save(model, str(tmp / out.name), external_data=data_name)
+        if before is not None:  # the gate, before anything is renamed into place
+            soundness.check(tmp / out.name, src, before)
         if (tmp / data_name).exists():
             os.replace(tmp / data_name, parent / data_name)
         os.replace(tmp / out.name, out)

@@ -35,7 +35,10 @@ def ort():
 
 
 def has_onnxfuse_nodes(model: onnx.ModelProto) -> bool:
-    return any(n.domain == DOMAIN for n in model.graph.node)
+    """Whether any node of the model, in If/Loop/Scan bodies and model-local functions too, is an onnxfuse op."""
+    from .functions import nodes
+    return (any(n.domain == DOMAIN for n in nodes(model.graph))
+            or any(n.domain == DOMAIN for f in model.functions for n in f.node))
 
 
 def session(model: onnx.ModelProto | str | os.PathLike, provider: str = "cpu", *, library: bool | None = None,

@@ -15,6 +15,8 @@ import torch
 
 from . import export, onnxio, runtime, zoo
 from .errors import OnnxfuseError
+from .functions import nodes as _nodes
+from .schema import DOMAIN
 
 # Max |out - ref| / max|ref| allowed, by the model's dtype. fp32 on the CUDA EP gets TF32's bound (ORT uses TF32
 # for fp32 GEMMs by default); the half types get bounds their 8/11-bit mantissas can meet after a decoder layer.
@@ -115,7 +117,7 @@ def verify(model_path: str | pathlib.Path, *, module: torch.nn.Module | None = N
     checks = []
     for name, out, r in zip(names, outs, refs):
         checks.append(compare(name, np.asarray(out, dtype=np.float64), r.double().numpy(), tol))
-    fused = sum(1 for n in model.graph.node if n.domain == "onnxfuse")
+    fused = sum(1 for n in _nodes(model.graph) if n.domain == DOMAIN)
     return VerifyResult(str(model_path), provider, dtype, fused, runtime.has_onnxfuse_nodes(model) if library is None
                         else bool(library), checks)
 

@@ -166,7 +166,7 @@ def _linear_relu_graph(bias_shape=(8,), weight_is_input=False, reuse_intermediat
 @pytest.mark.parametrize("variant,reason", [
     (dict(bias_shape=(4, 1)), "does not broadcast along the last axis"),
     (dict(weight_is_input=True), "not a constant"),
-    (dict(reuse_intermediate=True), "other uses"),
+    (dict(reuse_intermediate=True), "z is also used by Neg->Z2"),
 ])
 def test_rule_refuses_and_explains(tmp_path, variant, reason, capsys):
     path = tmp_path / "m.onnx"

@@ -11,7 +11,8 @@ Spellings matched (as the dynamo and TorchScript exporters emit them, fp32/fp16/
 Why this granularity: a GEMM's bias and activation are elementwise epilogues; done in the GEMM's registers they
 cost nothing, while unfused they are a full extra read and write of the output (the DLRM lecture's fused add+relu,
 which torch.compile also emits). Refused: non-constant weights or bias, a bias that broadcasts along any axis but
-the last, Gemm with transA or alpha/beta != 1, rank-1 X, mixed element types, intermediates used elsewhere.
+the last or that raises the output's rank, initializers that are also graph inputs (defaults a caller may
+override), Gemm with transA or alpha/beta != 1, rank-1 X, mixed element types, intermediates used elsewhere.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ import numpy as np
 from onnxscript import ir
 from onnxscript.rewriter import MatchResult
 
-from ._base import FusionRule, bias_n, new_initializer, check_float_dtypes, dims, gemm_flops, rule_set, weight_kn
+from . import _base
+from ._base import FusionRule, bias_n, check_float_dtypes, dims, gemm_flops, rule_set, weight_kn
 
 ACTIVATIONS = {"relu": ("Relu", "LinearRelu"), "sigmoid": ("Sigmoid", "LinearSigmoid")}
 SPELLINGS = ("gemm_c", "gemm_add", "matmul_add", "matmul", "gemm")
@@ -53,44 +55,49 @@ class LinearAct(FusionRule):
             return False
         a = node.attributes
         if a.get_int("transA", 0):
-            result.fail("Gemm with transA=1 (X transposed) is not fused", lin)
+            result.fail(f"{_base.node_label(node)} is a Gemm with transA=1 (X transposed): not fused", lin)
             return None
         if a.get_float("alpha", 1.0) != 1.0 or a.get_float("beta", 1.0) != 1.0:
-            result.fail("Gemm with alpha or beta != 1 is not fused", lin)
+            result.fail(f"{_base.node_label(node)} is a Gemm with alpha {a.get_float('alpha', 1.0)} and beta "
+                        f"{a.get_float('beta', 1.0)}: only alpha = beta = 1 is fused", lin)
             return None
         return bool(a.get_int("transB", 0))
 
     def check(self, context, x, w, lin, b=None, **_):
         self.remember(context)
         result = MatchResult()
+        if not self.guard(context, result, x):
+            return result
         trans = self._gemm_trans(result, lin)
         if trans is None:
             return result
         xd = dims(x)
         if xd is not None and len(xd) < 2:
-            return result.fail(f"X has rank {len(xd)}: a rank-1 MatMul is a vector product, not a Linear layer", x)
+            return result.fail(f"X {x.name} has rank {len(xd)}: a rank-1 MatMul is a vector product, not a Linear layer", x)
         if check_float_dtypes(result, X=x, W=w, bias=b) is None and not result:
             return result
         wkn = weight_kn(result, w, "the weight", trans)
         if wkn is None:
             return result
         if xd is not None and isinstance(xd[-1], int) and xd[-1] != wkn.shape[0]:
-            return result.fail(f"X's last dim {xd[-1]} does not match the weight's K {wkn.shape[0]}", w)
+            return result.fail(f"X {x.name} ends in {xd[-1]}, the weight {w.name} has K = {wkn.shape[0]}", w)
         if b is not None and bias_n(result, b, wkn.shape[1], None) is None:
+            return result
+        if not self.guard_output(context, result, x, wkn.shape[1]):
             return result
         self._w, self._trans = wkn, trans
         return result
 
     def rewrite(self, op, x, w, lin, b=None, **_):
-        wkn = self._w
+        wkn, rec, graph = self._w, self.recorder, self._graph
         k, n = wkn.shape
-        w_new = w if not self._trans else new_initializer(op, self.recorder, f"{w.name}_KxN", wkn)
+        w_new = w if not self._trans else rec.derived(op, graph, w, "_KxN", lambda: wkn)
         if b is None:
-            b_new = new_initializer(op, self.recorder, f"{w.name}_zero_bias", np.zeros(n, dtype=wkn.dtype))
+            b_new = rec.derived(op, graph, w, "_zero_bias", lambda: np.zeros(n, dtype=wkn.dtype))
         elif list(b.shape or []) == [n]:
             b_new = b
         else:
-            b_new = new_initializer(op, self.recorder, f"{b.name}_N", bias_n(MatchResult(), b, n, None))
+            b_new = rec.derived(op, graph, b, "_N", lambda: bias_n(MatchResult(), b, n, None))
         dtype = x.dtype or w.dtype
         shapes = {"X": dims(x), "W": [k, n], "bias": [n]}
         return self.emit(op, self.op, [x, w_new, b_new], {"backend": "auto"}, shapes, dtype, gemm_flops(x, k, n))

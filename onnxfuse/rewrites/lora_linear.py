@@ -11,7 +11,9 @@ Why one op: unfused, the rank-r branch costs two skinny GEMMs, a scaling pass an
 [M, N] output, each launch and each pass paid in memory traffic; fused, X @ A is a thin [M, r] product and the
 scaled (X @ A) @ B is accumulated into the base GEMM's tile before the epilogue, so the branch adds about r/K to
 the base GEMM's work and nothing to its memory traffic. Refused: non-constant W/A/B or scale, a non-scalar scale,
-shapes that do not chain ([K,N], [K,r], [r,N]), a bias not along the last axis, a Cast to another dtype.
+shapes that do not chain ([K,N], [K,r], [r,N]), a bias not along the last axis, a scale or bias that raises the
+output's rank, initializers that are also graph inputs, a Cast to another dtype, models below opset 15 (the
+function body needs CastLike).
 """
 from __future__ import annotations
 
@@ -19,8 +21,8 @@ import numpy as np
 from onnxscript import ir
 from onnxscript.rewriter import MatchResult
 
-from ._base import (FusionRule, bias_n, check_float_dtypes, const, dims, gemm_flops, new_initializer, rule_set,
-                    weight_kn)
+from . import _base
+from ._base import FusionRule, bias_n, check_float_dtypes, const, dims, gemm_flops, rule_set, weight_kn
 
 BASES = ("matmul", "matmul_add", "gemm_c", "gemm")
 TAILS = ("cast_relu", "relu", "cast", "none")  # longest first: see rules()
@@ -55,12 +57,15 @@ class LoRALinear(FusionRule):
     def check(self, context, x, w, a, bm, s, lin, b=None, cast=None, **_):
         self.remember(context)
         result = MatchResult()
+        if not self.guard(context, result, x):
+            return result
         trans = False
         node = lin.producer()
         if node.op_type == "Gemm":
             attrs = node.attributes
             if attrs.get_int("transA", 0) or attrs.get_float("alpha", 1.0) != 1.0 or attrs.get_float("beta", 1.0) != 1.0:
-                return result.fail("Gemm with transA=1 or alpha/beta != 1 is not fused", lin)
+                return result.fail(f"{_base.node_label(node)} is a Gemm with transA=1 or alpha/beta != 1: not "
+                                   "fused", lin)
             trans = bool(attrs.get_int("transB", 0))
         dtype = check_float_dtypes(result, X=x, W=w, A=a, B=bm, bias=b)
         if not result:
@@ -68,10 +73,11 @@ class LoRALinear(FusionRule):
         if cast is not None:
             to = cast.producer().attributes.get_int("to", 0)
             if dtype is not None and to != dtype.value:
-                return result.fail(f"the Cast after the LoRA sum changes the type (to={to})", cast)
+                return result.fail(f"{_base.node_label(cast.producer())} casts the LoRA sum to another type "
+                                   f"(to={to})", cast)
         scale = const(s)
         if scale is None or scale.size != 1:
-            return result.fail("the LoRA scaling is not a constant scalar", s)
+            return result.fail(f"the LoRA scaling {s.name} is not a constant of one element", s)
         wkn = weight_kn(result, w, "the base weight", trans)
         wa = weight_kn(result, a, "lora_A", False) if wkn is not None else None
         wb = weight_kn(result, bm, "lora_B", False) if wa is not None else None
@@ -79,25 +85,29 @@ class LoRALinear(FusionRule):
             return result
         k, n = wkn.shape
         if wa.shape[0] != k or wb.shape[1] != n or wa.shape[1] != wb.shape[0]:
-            return result.fail(f"shapes do not chain: W {list(wkn.shape)}, A {list(wa.shape)}, B {list(wb.shape)} "
+            return result.fail(f"shapes do not chain: W {w.name} {list(wkn.shape)}, A {a.name} {list(wa.shape)}, "
+                               f"B {bm.name} {list(wb.shape)} "
                                "(expected [K,N], [K,r], [r,N])", a)
         xd = dims(x)
         if xd is not None and (len(xd) < 2 or (isinstance(xd[-1], int) and xd[-1] != k)):
-            return result.fail(f"X {xd} does not end in K={k}", x)
+            return result.fail(f"X {x.name} {xd} does not end in K = {k}", x)
         if b is not None and bias_n(result, b, n, None) is None:
+            return result
+        if not self.guard_output(context, result, x, n):
             return result
         self._w, self._trans, self._scale, self._r = wkn, trans, float(scale.reshape(-1)[0]), wa.shape[1]
         return result
 
     def rewrite(self, op, x, w, a, bm, lin, b=None, **_):
         k, n = self._w.shape
-        w_new = w if not self._trans else new_initializer(op, self.recorder, f"{w.name}_KxN", self._w)
+        rec, graph = self.recorder, self._graph
+        w_new = w if not self._trans else rec.derived(op, graph, w, "_KxN", lambda: self._w)
         if b is None:
-            b_new = new_initializer(op, self.recorder, f"{w.name}_zero_bias", np.zeros(n, dtype=self._w.dtype))
+            b_new = rec.derived(op, graph, w, "_zero_bias", lambda: np.zeros(n, dtype=self._w.dtype))
         elif list(b.shape or []) == [n]:
             b_new = b
         else:
-            b_new = new_initializer(op, self.recorder, f"{b.name}_N", bias_n(MatchResult(), b, n, None))
+            b_new = rec.derived(op, graph, b, "_N", lambda: bias_n(MatchResult(), b, n, None))
         r = self._r
         base = gemm_flops(x, k, n)
         flops = None if base is None else base + base // n * r + base // k * r  # + 2MKr + 2MrN

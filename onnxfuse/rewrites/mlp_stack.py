@@ -49,7 +49,7 @@ def _next_layer(node: ir.Node, refusals: list[dict] | None) -> ir.Node | None:
 
     def refuse(reason: str) -> None:
         if refusals is not None:
-            refusals.append({"rule": f"{PATTERN}/chain", "node": node.name or node.op_type, "op_type": node.op_type,
+            refusals.append({"rule": f"{PATTERN}/chain", "node": _base.node_label(node), "op_type": node.op_type,
                              "reason": reason})
 
     if out.is_graph_output():
@@ -61,7 +61,7 @@ def _next_layer(node: ir.Node, refusals: list[dict] | None) -> ir.Node | None:
         return None
     use = layer_users[0]
     if use.idx != 0:
-        refuse(f"the output {out.name} feeds input {use.idx} of {use.node.name}, not its X")
+        refuse(f"the output {out.name} feeds input {use.idx} of {_base.node_label(use.node)}, not its X")
         return None
     if out.dtype is not None and use.node.outputs[0].dtype is not None and out.dtype != use.node.outputs[0].dtype:
         refuse("the two layers have different element types")
@@ -111,11 +111,16 @@ class MLPStackPass:
         return out
 
     def apply_to_model(self, model: ir.Model, tracer=None) -> int:
-        self.refusals = tracer.refusals if tracer is not None else []
+        """Chain the layers of the main graph and of its If/Loop/Scan bodies. With a tracer (the --explain re-run
+        over the fused model) nothing changes: the refusals were recorded by the real pass."""
+        if tracer is not None:
+            return 0
+        self.refusals = []
         count = 0
-        for chain in self.chains(model.graph, self.refusals):
-            self._replace(model.graph, chain)
-            count += 1
+        for graph in _base.graphs(model.graph):
+            for chain in self.chains(graph, self.refusals):
+                self._replace(graph, chain)
+                count += 1
         return count
 
     def _replace(self, graph: ir.Graph, chain: list[ir.Node]) -> None:

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from onnxscript.rewriter import MatchResult
 
-from ._base import FusionRule, check_float_dtypes, dims, gemm_flops, new_initializer, rule_set, weight_kn
+from . import _base
+from ._base import FusionRule, check_float_dtypes, dims, gemm_flops, rule_set, weight_kn
 
 LINEARS = ("matmul", "gemm")
 SILUS = ("sigmoid_mul", "swish", "div_exp", "reciprocal_exp")
@@ -55,17 +56,20 @@ class SwiGLU(FusionRule):
     def check(self, context, x, w_gate, w_up, gate_lin, up_lin, swish=None, **_):
         self.remember(context)
         result = MatchResult()
+        if not self.guard(context, result, x):
+            return result
         if swish is not None and swish.producer().attributes.get_float("alpha", 1.0) != 1.0:
-            return result.fail("Swish with alpha != 1 is not SiLU", swish)
+            return result.fail(f"{_base.node_label(swish.producer())} is a Swish with alpha != 1: not SiLU", swish)
         trans = []
         for lin in (gate_lin, up_lin):
             node = lin.producer()
             if node.op_type == "Gemm":
                 a = node.attributes
                 if a.get_int("transA", 0) or a.get_float("alpha", 1.0) != 1.0:
-                    return result.fail("Gemm with transA=1 or alpha != 1 is not fused", lin)
+                    return result.fail(f"{_base.node_label(node)} is a Gemm with transA=1 or alpha != 1: not fused", lin)
                 if len(node.inputs) > 2 and node.inputs[2] is not None:
-                    return result.fail("Gemm with a bias (C) is not a bias-free Llama projection", lin)
+                    return result.fail(f"{_base.node_label(node)} adds a bias ({node.inputs[2].name}): SwiGLU's projections "
+                                       "have none", lin)
                 trans.append(bool(a.get_int("transB", 0)))
             else:
                 trans.append(False)
@@ -76,19 +80,23 @@ class SwiGLU(FusionRule):
         if wg is None or wu is None:
             return result
         if wg.shape != wu.shape:
-            return result.fail(f"gate weight {list(wg.shape)} and up weight {list(wu.shape)} differ in shape", w_up)
+            return result.fail(f"the gate weight {w_gate.name} {list(wg.shape)} and the up weight {w_up.name} "
+                               f"{list(wu.shape)} differ in shape", w_up)
         xd = dims(x)
         if xd is not None and len(xd) < 2:
-            return result.fail(f"X has rank {len(xd)}, expected [..., K]", x)
+            return result.fail(f"X {x.name} has rank {len(xd)}, expected [..., K]", x)
         if xd is not None and isinstance(xd[-1], int) and xd[-1] != wg.shape[0]:
-            return result.fail(f"X's last dim {xd[-1]} does not match the weights' K {wg.shape[0]}", w_gate)
+            return result.fail(f"X {x.name} ends in {xd[-1]}, the weights have K = {wg.shape[0]}", w_gate)
+        if not self.guard_output(context, result, x, wg.shape[1]):
+            return result
         self._wg, self._wu, self._trans = wg, wu, trans
         return result
 
     def rewrite(self, op, x, w_gate, w_up, **_):
         k, n = self._wg.shape
-        wg = w_gate if not self._trans[0] else new_initializer(op, self.recorder, f"{w_gate.name}_KxN", self._wg)
-        wu = w_up if not self._trans[1] else new_initializer(op, self.recorder, f"{w_up.name}_KxN", self._wu)
+        rec, graph = self.recorder, self._graph
+        wg = w_gate if not self._trans[0] else rec.derived(op, graph, w_gate, "_KxN", lambda: self._wg)
+        wu = w_up if not self._trans[1] else rec.derived(op, graph, w_up, "_KxN", lambda: self._wu)
         flops = gemm_flops(x, k, n)
         shapes = {"X": dims(x), "W_gate": [k, n], "W_up": [k, n]}
         return self.emit(op, self.op, [x, wg, wu], {"backend": "auto"}, shapes, x.dtype or w_gate.dtype,
