@@ -264,6 +264,22 @@ def test_match_inside_if_branches_is_fused_completely(tmp_path):
     assert report["nodes_after"] == 1 and len(report["nodes"]) == 2
 
 
+def test_match_inside_a_loop_body_is_fused_and_runs(tmp_path):
+    """h <- relu(h @ W + b), three times in a Loop: the body's Linear+ReLU becomes a LinearRelu inside the body."""
+    body = helper.make_graph(
+        [mk("MatMul", ["h_in", "W"], ["xw"]), mk("Add", ["xw", "b"], ["z"]), mk("Relu", ["z"], ["h_out"]),
+         mk("Identity", ["cond_in"], ["cond_out"])], "body",
+        [_vi("i", [], TensorProto.INT64), _vi("cond_in", [], TensorProto.BOOL), _vi("h_in", [M, K])],
+        [_vi("cond_out", [], TensorProto.BOOL), _vi("h_out", [M, K])])
+    inits = [_init("W", _rand((K, K), 1) / 3), _init("b", _rand((K,), 2)), _init("trips", np.array(3), np.int64),
+             _init("true", np.array(True), np.bool_)]
+    model = _model([mk("Loop", ["trips", "true", "X"], ["Y"], body=body)], [_vi("X", [M, K])], [_vi("Y", [M, K])],
+                   inits)
+    res, dst = assert_sound(tmp_path, model, [{"X": _rand((M, K), 3)}])
+    assert [m.op for m in res.matches] == ["LinearRelu"]
+    assert [n.op_type for n in onnx.load(str(dst)).graph.node[0].attribute[0].g.node] == ["LinearRelu", "Identity"]
+
+
 def test_match_inside_a_model_local_function_is_left_alone_and_said(tmp_path, capsys):
     body = [mk("Constant", [], ["W"], value=numpy_helper.from_array(_rand((K, N), 1))),
             mk("Constant", [], ["b"], value=numpy_helper.from_array(_rand((N,), 2))),
