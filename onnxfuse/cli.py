@@ -166,12 +166,15 @@ def _fuse(args) -> int:
         out = src.with_name(src.name.removesuffix(".onnx") + ".fused.onnx")
     res = f.fuse(args.model, out, patterns=args.patterns, report_path=args.report, explain=args.explain,
                  force=args.force, write_unchanged=args.write_unchanged,
-                 external_data=args.external_data)
+                 external_data=args.external_data, ort=not args.no_ort_fusions)
     if args.json:
         print(json.dumps(res.report(), indent=2))
         return 0
     con = _console(args.quiet)
-    if not res.matches:
+    from rich.table import Table
+    if res.ort is not None:
+        _print_ort_stage(con, res)
+    if not res.changed:
         if res.already_fused:
             con.print(f"{args.model} is already fused ({res.already_fused} onnxfuse nodes); nothing matched, "
                       f"{'wrote an unchanged copy to ' + str(out) if res.output else 'nothing written'}")
@@ -179,18 +182,23 @@ def _fuse(args) -> int:
             con.print(f"no subgraph of {args.model} matched {', '.join(args.patterns or f.PATTERNS)}; "
                       f"{'wrote an unchanged copy to ' + str(out) if res.output else 'nothing written (pass --write-unchanged to copy it anyway)'}")
     else:
-        from rich.table import Table
-        t = Table(title=f"fusion report: {args.model} -> {res.output}")
-        for col in ("pattern", "op", "matches", "nodes removed", "nodes added", "FLOP share"):
-            t.add_column(col)
-        for row in res.table():
-            share = "n/a" if row["flop_share"] is None else f"{100 * row['flop_share']:.1f}%"
-            t.add_row(row["pattern"], f"onnxfuse::{row['op']}", str(row["matches"]), str(row["nodes_removed"]),
-                      str(row["nodes_added"]), share)
-        con.print(t)
+        stage = "stage 2, onnxfuse" if res.ort is not None else "onnxfuse"
+        if res.matches:
+            t = Table(title=f"{stage}: {args.model} -> {res.output}")
+            for col in ("pattern", "op", "matches", "nodes removed", "nodes added", "FLOP share"):
+                t.add_column(col)
+            for row in res.table():
+                share = "n/a" if row["flop_share"] is None else f"{100 * row['flop_share']:.1f}%"
+                t.add_row(row["pattern"], f"onnxfuse::{row['op']}", str(row["matches"]), str(row["nodes_removed"]),
+                          str(row["nodes_added"]), share)
+            con.print(t)
+        else:
+            con.print(f"{stage}: no subgraph matched {', '.join(args.patterns or f.PATTERNS)}; wrote {res.output}")
         total = "n/a (dynamic shapes)" if res.flop_share is None else f"{100 * res.flop_share:.1f}%"
-        con.print(f"nodes {res.nodes_before} -> {res.nodes_after}; MatMul/Gemm FLOPs inside fused ops: {total}; "
-                  f"{res.seconds:.2f} s")
+        steps = [res.nodes_before] + ([res.nodes_after_ort] if res.nodes_after_ort is not None else []) + \
+            [res.nodes_after]
+        con.print(f"nodes {' -> '.join(map(str, steps))}; MatMul/Gemm FLOPs inside onnxfuse ops: {total}; "
+                  f"{res.seconds:.2f} s", soft_wrap=True)
     if res.in_functions and not args.explain:
         con.print(f"{res.in_functions} candidate(s) inside model-local functions were left alone (onnxfuse rewrites "
                   "the main graph and If/Loop/Scan bodies; --explain names them)", soft_wrap=True)
@@ -204,6 +212,25 @@ def _fuse(args) -> int:
             con.print("no candidate subgraph was refused, and no near miss (a GEMM before an unfused activation, a "
                       "non-SiLU gate) was seen", soft_wrap=True)
     return 0
+
+
+def _print_ort_stage(con, res) -> None:
+    """Stage 1 of the report: onnxruntime's fusions by name and count, the check, what was left out."""
+    stage = res.ort
+    if stage.applied:
+        from rich.table import Table
+        t = Table(title="stage 1, onnxruntime's fusions (onnxscript ort_fusions)")
+        t.add_column("fusion")
+        t.add_column("matches")
+        for name, count in stage.applied.items():
+            t.add_row(name, str(count))
+        con.print(t)
+    if stage.checked and stage.applied:
+        con.print("stage 1 checked: onnxruntime gives the original's outputs (CPU EP, seeded inputs)")
+    elif stage.note:
+        con.print(f"stage 1: {stage.note}", soft_wrap=True)
+    for left in stage.left_out:
+        con.print(f"stage 1 left out {left['fusion']}: it changed the outputs ({left['reason']})", soft_wrap=True)
 
 
 def _build(args) -> int:
@@ -353,6 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "mlp_stack chains the layers linear_act fused)")
     fu.add_argument("--report", metavar="FILE.json", help="write the fusion report as JSON")
     fu.add_argument("--explain", action="store_true", help="say, for candidates that did not fuse, which check refused")
+    fu.add_argument("--no-ort-fusions", action="store_true",
+                    help="skip stage 1 (onnxruntime's own transformer fusions) and apply onnxfuse's rules alone")
     fu.add_argument("--write-unchanged", action="store_true", help="write the output even when nothing matched")
     fu.add_argument("--external-data", action="store_true", default=None,
                     help="store weights in '<output>.data' (automatic above 2 GB)")

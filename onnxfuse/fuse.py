@@ -1,9 +1,12 @@
 """`onnxfuse fuse`: find the fusable subgraphs of an exported model and replace them with onnxfuse ops.
 
-Rules run in a fixed order: LoRA first (a LoRA-wrapped projection must not be half-taken by the plain-linear
-rules), then SwiGLU, then Linear+activation, then the MLP-stack pass that chains consecutive Linear+activation
-nodes into one MLPStack. The result carries one model-local function per onnxfuse op (so it
-also runs without the kernel library), the fusion report in its metadata, and annotated nodes for Netron.
+Two stages. Stage 1 applies onnxruntime's own transformer fusions (`ort_fusions.py`: norms, rotary, attention into
+com.microsoft ops), checks the result against the original in onnxruntime and leaves out a fusion that changes the
+outputs. Stage 2 applies onnxfuse's rules in a fixed order: LoRA first (a LoRA-wrapped projection must not be
+half-taken by the plain-linear rules), then SwiGLU, then Linear+activation, then the MLP-stack pass that chains
+consecutive Linear+activation nodes into one MLPStack. The result carries one model-local function per onnxfuse op
+(so it also runs without the kernel library), the fusion report of both stages in its metadata, and annotated
+nodes for Netron; the soundness gate checks it before anything is written.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import time
 import onnx
 from onnxscript import ir
 
-from . import functions, onnxio, soundness
+from . import functions, onnxio, ort_fusions, soundness
 from .errors import OnnxfuseError
 from .rewrites import _base, _explain, linear_act, lora_linear, mlp_stack, swiglu
 from .schema import DOMAIN, DOMAIN_VERSION
@@ -45,6 +48,13 @@ class FuseResult:
     output: str | None = None
     # candidates inside model-local functions, which onnxfuse does not rewrite (see --explain)
     in_functions: int = 0
+    # stage 1: onnxruntime's fusions (None with --no-ort-fusions)
+    ort: ort_fusions.Stage1 | None = None
+    nodes_after_ort: int | None = None
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.matches) or bool(self.ort is not None and self.ort.applied)
 
     def table(self) -> list[dict]:
         rows: dict[str, dict] = {}
@@ -70,6 +80,7 @@ class FuseResult:
                 "nodes_before": self.nodes_before, "nodes_after": self.nodes_after, "total_flops": self.total_flops,
                 "fused_flops": self.fused_flops, "flop_share": self.flop_share, "refusals": self.refusals,
                 "already_fused": self.already_fused, "in_functions": self.in_functions,
+                "ort_fusions": None if self.ort is None else self.ort.to_dict(), "nodes_after_ort": self.nodes_after_ort,
                 "seconds": round(self.seconds, 3), "output": self.output}
 
 
@@ -90,34 +101,83 @@ def model_flops(model: ir.Model) -> int | None:
     return total
 
 
+class _ShapeInferenceLog:
+    """Collects onnx_ir's shape-inference log records (it logs a traceback when inference fails) instead of
+    letting them reach the user's terminal."""
+
+    def __enter__(self):
+        import logging
+        self.log = logging.getLogger("onnx_ir.passes.common.shape_inference")
+        self.records: list = []
+        outer = self
+
+        class _Catch(logging.Handler):
+            def emit(self, record):
+                outer.records.append(record)
+
+        self.handler, self.propagate = _Catch(), self.log.propagate
+        self.log.addHandler(self.handler)
+        self.log.propagate = False
+        return self
+
+    def __exit__(self, *exc):
+        self.log.removeHandler(self.handler)
+        self.log.propagate = self.propagate
+
+    def failure(self) -> BaseException | None:
+        return next((r.exc_info[1] for r in self.records if r.exc_info and r.exc_info[1] is not None), None)
+
+
 def _infer_shapes(model: ir.Model) -> None:
     """Shape inference without weight data (dims suffice): cheap even for models with external data. The rules'
     checks use the shapes (output ranks, K and N); a model that ONNX type/shape inference rejects outright is one
     onnxruntime would reject too, so it stops here with one line instead of onnx_ir's logged traceback."""
-    import logging
-
     from onnx_ir.passes.common import ShapeInferencePass
 
-    log = logging.getLogger("onnx_ir.passes.common.shape_inference")
-    failures: list[logging.LogRecord] = []
-
-    class _Catch(logging.Handler):
-        def emit(self, record):
-            failures.append(record)
-
-    catch, propagate = _Catch(), log.propagate
-    log.addHandler(catch)
-    log.propagate = False
-    try:
+    with _ShapeInferenceLog() as log:
         ShapeInferencePass(strict_mode=False)(model)
-    finally:
-        log.removeHandler(catch)
-        log.propagate = propagate
-    for record in failures:
-        if record.exc_info and record.exc_info[1] is not None:
-            raise OnnxfuseError(f"the input model fails ONNX type and shape inference "
-                                f"({soundness.first_line(record.exc_info[1])}); onnxruntime would refuse it too: fix "
-                                "the model (onnx.shape_inference.infer_shapes(model, check_type=True) shows it)")
+    error = log.failure()
+    if error is not None:
+        raise OnnxfuseError(f"the input model fails ONNX type and shape inference ({soundness.first_line(error)}); "
+                            "onnxruntime would refuse it too: fix the model (onnx.shape_inference.infer_shapes(model, "
+                            "check_type=True) shows it)")
+
+
+def ort_stage(src: pathlib.Path, source: onnx.ModelProto | None) -> tuple[ir.Model, ort_fusions.Stage1]:
+    """Stage 1 on a fresh load of `src`: onnxruntime's fusions, checked against `source` (the original with its
+    weights; None when they are in an external file, then unchecked). A fusion that changes the outputs is left out
+    (each applied fusion is tried out in turn; if no single one explains it, stage 1 is dropped)."""
+
+    def load() -> ir.Model:
+        m = ir.load(str(src))
+        # onnxfuse's own functions must not be inlined by the ORT stage's optimizer (an already-fused input):
+        # drop them; saving adds them back for the onnxfuse nodes there are.
+        for key in [k for k, f in m.functions.items() if f.domain == DOMAIN]:
+            del m.functions[key]
+        return m
+
+    def run(skip: set[str]) -> tuple[ir.Model, dict[str, int]]:
+        m = load()
+        with _ShapeInferenceLog():  # its passes' failures are not the user's problem: they leave the model as is
+            applied = ort_fusions.apply(m, skip)
+        return m, applied
+
+    model, applied = run(set())
+    if not applied:
+        return model, ort_fusions.Stage1({}, [], False, "no onnxruntime fusion applies to this model")
+    ref = "its weights are in an external data file" if source is None else ort_fusions.reference(source)
+    if isinstance(ref, str):
+        return model, ort_fusions.Stage1(applied, [], False, f"not checked: {ref}; onnxfuse verify checks the result")
+    feeds, outputs = ref
+    diff = ort_fusions.compare(ir.serde.serialize_model(model), feeds, outputs)
+    if diff is None:
+        return model, ort_fusions.Stage1(applied, [], True)
+    for name in applied:
+        candidate, kept = run({name})
+        if ort_fusions.compare(ir.serde.serialize_model(candidate), feeds, outputs) is None:
+            return candidate, ort_fusions.Stage1(kept, [{"fusion": name, "reason": diff}], True)
+    return load(), ort_fusions.Stage1({}, [{"fusion": n, "reason": diff} for n in applied], True,
+                                      "no single fusion explains the difference: stage 1 left out")
 
 
 def _op_counts(model: ir.Model) -> collections.Counter:
@@ -186,7 +246,10 @@ def _as_list(rule_sets):
 
 def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patterns: list[str] | None = None,
          report_path: str | os.PathLike | None = None, explain: bool = False, force: bool = False,
-         write_unchanged: bool = False, external_data: bool | None = None) -> FuseResult:
+         write_unchanged: bool = False, external_data: bool | None = None, ort: bool = True) -> FuseResult:
+    """Fuse the model at `src` and write it to `out` (nothing is written when nothing changed, unless
+    `write_unchanged`). `ort=False` skips stage 1 (onnxruntime's fusions). Raises OnnxfuseError with one line on
+    bad input or when the soundness gate trips."""
     t0 = time.perf_counter()
     src = pathlib.Path(src)
     proto = onnxio.load(src, load_external_data=False)  # validates the file with a clear error
@@ -197,13 +260,18 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
     already = sum(1 for n in functions.nodes(proto.graph) if n.domain == DOMAIN)
     src_external = not onnxio._all_data_inline(proto)
     before = soundness.source_signature(proto)  # what the soundness gate holds the output to
-    del proto
     model = ir.load(str(src))  # external data stays on disk (memory-mapped on use) until written
     nodes_before = len(model.graph)
+    _infer_shapes(model)  # an input ONNX rejects stops here, before any work
+    stage1 = None
+    if ort:
+        model, stage1 = ort_stage(src, None if src_external else proto)
+    del proto
+    nodes_after_ort = len(model.graph) if ort else None
     recorder, removed, total, fused_flops, refusals, in_functions = fuse_model(model, patterns, explain)
     result = FuseResult(None, recorder.matches, nodes_before, len(model.graph), removed, total, fused_flops,
-                        refusals, already, 0.0, in_functions=in_functions)
-    if recorder.matches or write_unchanged:
+                        refusals, already, 0.0, in_functions=in_functions, ort=stage1, nodes_after_ort=nodes_after_ort)
+    if result.changed or write_unchanged:
         model.ir_version = min(model.ir_version or 10, onnxio.MAX_IR_VERSION)
         if external_data is None:  # automatic: keep the source's layout, and go external past protobuf's limit
             external_data = src_external or not _fits_in_memory(src)
@@ -215,7 +283,7 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
                 load_external_data_for_model(proto, str(src.parent))
             functions.add_functions(proto)
             onnxio.set_metadata(proto, REPORT_KEY, json.dumps(_metadata_report(result)))
-            if recorder.matches:
+            if result.changed:
                 soundness.check(proto, src, before)
             result.model = proto
             if out is not None:
@@ -224,7 +292,7 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
         elif out is not None:
             # Weights stream from the source's data file (or memory, for tensors the rules made) into the output's
             # own '<out>.data': the fused model never points at the source's weights file.
-            _save_large(model, out, result, src, before if recorder.matches else None)
+            _save_large(model, out, result, src, before if result.changed else None)
     result.seconds = time.perf_counter() - t0
     if report_path is not None:
         tmp = pathlib.Path(str(report_path) + ".tmp")
@@ -234,7 +302,8 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
 
 
 def _metadata_report(result: FuseResult) -> dict:
-    return {"patterns": result.table(), "flop_share": result.flop_share, "nodes_before": result.nodes_before,
+    return {"ort_fusions": None if result.ort is None else result.ort.to_dict(),
+            "patterns": result.table(), "flop_share": result.flop_share, "nodes_before": result.nodes_before,
             "nodes_after": result.nodes_after,
             "nodes": [{"name": m.node, "op": m.op, "module": m.module, "replaced": len(m.replaced)} for m in result.matches]}
 

@@ -53,7 +53,8 @@ def _copy_except(dst, src, skip: set[str]) -> None:
 
 class Skeleton:
     """`model` written into a temporary folder with its large tensors in a sparse file of zeros (a context
-    manager; `.path` is the model file, `.proto` the skeleton in memory)."""
+    manager). `.path` is the model file onnxruntime loads; `.proto` and `.checked_path` are the same with ops ONNX
+    has no schema for made opaque, for the checker and shape inference."""
 
     def __init__(self, model: onnx.ModelProto | str | os.PathLike):
         self.source = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
@@ -78,20 +79,65 @@ class Skeleton:
                 entry.key, entry.value = key, value
             new.data_location = onnx.TensorProto.EXTERNAL
             offset += (length + 4095) // 4096 * 4096
-        self.proto, self.weight_bytes = proto, offset
+        self.weight_bytes = offset
         self.dir = pathlib.Path(tempfile.mkdtemp(prefix="onnxfuse-gate-"))
         with open(self.dir / "skeleton.data", "wb") as f:
             f.truncate(offset)  # sparse: no disk space, reads as zeros
-        self.path = self.dir / "model.onnx"
+        self.path = self.dir / "model.onnx"  # what onnxruntime loads
         onnx.save(proto, str(self.path))
+        _opaque_unknown_ops(proto)
+        self.proto = proto  # what the checker and shape inference see
+        self.checked_path = self.dir / "checked.onnx"
+        onnx.save(proto, str(self.checked_path))
         return self
 
     def __exit__(self, *exc) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+OPAQUE_DOMAIN = "onnxfuse.unchecked"
+
+
+def _opaque_unknown_ops(proto: onnx.ModelProto) -> None:
+    """Move default-domain ops that ONNX has no schema for into a domain of their own, in the skeleton only.
+    onnxruntime registers a few of its contrib ops in the ONNX domain (SimplifiedLayerNormalization, which its own
+    RMSNorm fusion emits); onnx.checker would reject them, so they are checked like any custom-domain op: opaque to
+    the checker, and loaded by onnxruntime in step 3."""
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None:
+        return
+    moved = False
+
+    def visit(nodes):
+        nonlocal moved
+        for node in nodes:
+            if node.domain in ("", "ai.onnx") and not onnx.defs.has(node.op_type, opset, ""):
+                node.domain = OPAQUE_DOMAIN
+                moved = True
+            for attr in node.attribute:
+                for g in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                    visit(g.node)
+
+    visit(proto.graph.node)
+    for f in proto.functions:
+        visit(f.node)
+    if moved:
+        proto.opset_import.add(domain=OPAQUE_DOMAIN, version=1)
+        for f in proto.functions:
+            if any(n.domain == OPAQUE_DOMAIN for n in f.node):
+                f.opset_import.add(domain=OPAQUE_DOMAIN, version=1)
+
+
 def _full_check(skeleton: Skeleton) -> None:
-    onnx.checker.check_model(str(skeleton.path), full_check=True)
+    onnx.checker.check_model(str(skeleton.checked_path), full_check=True)
+
+
+def check_model(model: onnx.ModelProto | str | os.PathLike) -> None:
+    """onnx.checker's full check of a fused model, on its skeleton: ops onnxruntime registers in the ONNX domain
+    (stage 1's SimplifiedLayerNormalization) are treated like custom-domain ops, which plain onnx.checker rejects.
+    Raises onnx's ValidationError / InferenceError like onnx.checker.check_model."""
+    with Skeleton(model) as sk:
+        _full_check(sk)
 
 
 def signature(model: onnx.ModelProto, strict: bool) -> list[tuple]:

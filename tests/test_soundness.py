@@ -22,7 +22,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxfuse import cli, fuse, runtime
+from onnxfuse import cli, fuse, runtime, soundness
 from onnxfuse.errors import OnnxfuseError
 
 F32 = TensorProto.FLOAT
@@ -65,7 +65,7 @@ def assert_sound(tmp_path, model, feeds_list, name="m", **kw):
     src, dst, res = _fuse(tmp_path, model, name, **kw)
     if not dst.exists():
         return res, None
-    onnx.checker.check_model(onnx.load(str(dst)), full_check=True)
+    soundness.check_model(onnx.load(str(dst)))
     for feeds in feeds_list:
         ref = _run(src, feeds, library=False)
         out = _run(dst, feeds, library=True)
@@ -230,7 +230,7 @@ def test_second_pass_over_a_fused_model_is_loadable(tmp_path):
     res2 = fuse.fuse(first, tmp_path / "p2.onnx", patterns=["linear_act"])
     assert [m.op for m in res2.matches] == ["LinearRelu", "LinearRelu"]
     m2 = onnx.load(str(tmp_path / "p2.onnx"))
-    onnx.checker.check_model(m2, full_check=True)
+    soundness.check_model(m2)
     names = [n.name for n in m2.graph.node]
     assert len(names) == len(set(names))
     x = _rand((M, K), 5)
@@ -287,15 +287,18 @@ def test_match_inside_a_model_local_function_is_left_alone_and_said(tmp_path, ca
     f = helper.make_function("local", "Layer", ["x"], ["y"], body, [helper.make_opsetid("", 18)])
     model = _model([mk("Layer", ["X"], ["Y"], domain="local")], [_vi("X", [M, K])], [_vi("Y", [M, N])],
                    functions=[f], extra_opsets=[helper.make_opsetid("local", 1)])
-    src, dst, res = _fuse(tmp_path, model, explain=True)
+    src, dst, res = _fuse(tmp_path, model, explain=True, ort=False)
     assert not res.matches and not dst.exists()
     assert any("function local.Layer" in r["reason"] for r in res.refusals), res.refusals
-    assert cli.main(["fuse", str(src), "-o", str(dst), "--explain", "--force"]) == 0
+    assert cli.main(["fuse", str(src), "-o", str(dst), "--explain", "--force", "--no-ort-fusions"]) == 0
     assert "local.Layer" in capsys.readouterr().out
-    res = fuse.fuse(src, dst, force=True)  # without --explain: counted, and the CLI says so
+    res = fuse.fuse(src, dst, force=True, ort=False)  # without --explain: counted, and the CLI says so
     assert res.in_functions == 1 and res.report()["in_functions"] == 1
-    assert cli.main(["fuse", str(src), "-o", str(dst), "--force"]) == 0
+    assert cli.main(["fuse", str(src), "-o", str(dst), "--force", "--no-ort-fusions"]) == 0
     assert "1 candidate(s) inside model-local functions were left alone" in capsys.readouterr().out
+    # Stage 1 (onnxruntime's fusions) inlines model-local functions first, as optimize_for_ort does: then it fuses
+    res, dst = assert_sound(tmp_path, model, [{"X": _rand((M, K), 3)}], name="inlined")
+    assert [m.op for m in res.matches] == ["LinearRelu"] and res.in_functions == 0
 
 
 # ---------------------------------------------------------------------------------------- 5. smaller ones

@@ -3,9 +3,10 @@
     Y = [relu](X @ W + bias + scale * ((X @ A) @ B))
 
 Spellings matched: peft's unmerged adapter (base_layer MatMul [+ bias Add], lora_A and lora_B MatMuls, the
-scaling Mul, dropout gone in eval, and under the TorchScript exporter the Cast back to the input dtype), and the
-plain-PyTorch LoRA of onnxfuse's DLRM (Gemm with bias, x @ Aᵀ @ Bᵀ, scaling, + ReLU). Base as MatMul, MatMul+Add,
-Gemm(X, W[, C]) with transB 0|1; every commutation of Add/Mul.
+scaling Mul, or no Mul where the scaling is 1 and an optimizer folded it away, dropout gone in eval, and under the
+TorchScript exporter the Cast back to the input dtype), and the plain-PyTorch LoRA of onnxfuse's DLRM (Gemm with
+bias, x @ Aᵀ @ Bᵀ, scaling, + ReLU). Base as MatMul, MatMul+Add, Gemm(X, W[, C]) with transB 0|1; every
+commutation of Add/Mul.
 
 Why one op: unfused, the rank-r branch costs two skinny GEMMs, a scaling pass and an add pass over the full
 [M, N] output, each launch and each pass paid in memory traffic; fused, X @ A is a thin [M, r] product and the
@@ -31,11 +32,11 @@ TAILS = ("cast_relu", "relu", "cast", "none")  # longest first: see rules()
 class LoRALinear(FusionRule):
     pattern_name = "lora_linear"
 
-    def __init__(self, recorder, base: str, tail: str):
-        self.base, self.tail = base, tail
+    def __init__(self, recorder, base: str, tail: str, scaled: bool = True):
+        self.base, self.tail, self.scaled = base, tail, scaled
         self.op = "LoRALinearRelu" if tail.endswith("relu") else "LoRALinear"
         self.pattern_name = "lora_linear_relu" if self.op == "LoRALinearRelu" else "lora_linear"
-        super().__init__(recorder, f"{base}_{tail}")
+        super().__init__(recorder, f"{base}_{tail}" + ("" if scaled else "_unscaled"))
 
     def pattern(self, op, x, w, b, a, bm, s):
         if self.base == "matmul":
@@ -46,7 +47,9 @@ class LoRALinear(FusionRule):
             base = op.Gemm(x, w, b, _outputs=["lin"])
         else:
             base = op.Gemm(x, w, _outputs=["lin"])
-        branch = op.Mul(op.MatMul(op.MatMul(x, a), bm), s)
+        branch = op.MatMul(op.MatMul(x, a), bm)
+        if self.scaled:  # a scaling of 1 (alpha == r) is folded away by optimizers: the branch is then bare
+            branch = op.Mul(branch, s)
         y = op.Add(base, branch)
         if self.tail.startswith("cast"):
             y = op.Cast(y, _outputs=["cast"])
@@ -54,7 +57,7 @@ class LoRALinear(FusionRule):
             y = op.Relu(y)
         return y
 
-    def check(self, context, x, w, a, bm, s, lin, b=None, cast=None, **_):
+    def check(self, context, x, w, a, bm, lin, s=None, b=None, cast=None, **_):
         self.remember(context)
         result = MatchResult()
         if not self.guard(context, result, x):
@@ -75,7 +78,7 @@ class LoRALinear(FusionRule):
             if dtype is not None and to != dtype.value:
                 return result.fail(f"{_base.node_label(cast.producer())} casts the LoRA sum to another type "
                                    f"(to={to})", cast)
-        scale = const(s)
+        scale = const(s) if s is not None else np.ones(1, np.float32)
         if scale is None or scale.size != 1:
             return result.fail(f"the LoRA scaling {s.name} is not a constant of one element", s)
         wkn = weight_kn(result, w, "the base weight", trans)
@@ -119,4 +122,5 @@ class LoRALinear(FusionRule):
 def rules(recorder):
     # Longest tails first, one pass each: the rewriter visits nodes in order, and at the LoRA sum the bare variant
     # would otherwise fire before the Cast/Relu after it is considered.
-    return [rule_set([(LoRALinear, (recorder, base, tail)) for base in BASES]) for tail in TAILS]
+    return [rule_set([(LoRALinear, (recorder, base, tail, scaled)) for scaled in (True, False) for base in BASES])
+            for tail in TAILS]

@@ -1,0 +1,119 @@
+"""The two-stage pipeline: onnxruntime's own fusions (stage 1), then onnxfuse's rules (stage 2).
+
+Node counts by (domain, op) after each stage are pinned for the tiny presets in tests/data/fuse_signatures.json
+(regenerate with ONNXFUSE_UPDATE_SIGNATURES=1 after an intended change, and read the diff): if an onnxscript,
+exporter or transformers upgrade changes what stage 1 fuses, or stage 1 starts eating what stage 2 fuses, a test
+fails instead of speed being lost silently. A stage-1 fusion that changes the outputs is left out and named.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import pathlib
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxfuse import cli, fuse, onnxio, ort_fusions, runtime, soundness, verify
+
+from test_rewrites import CASES, COMBOS, _export, _valid_feeds
+
+DATA = pathlib.Path(__file__).parent / "data"
+SIGNATURES = DATA / "fuse_signatures.json"
+UPDATE = os.environ.get("ONNXFUSE_UPDATE_SIGNATURES") == "1"
+
+
+def _counts(graph_nodes) -> dict[str, int]:
+    c = collections.Counter(f"{n.domain or 'ai.onnx'}::{n.op_type}" for n in graph_nodes)
+    return dict(sorted(c.items()))
+
+
+@pytest.mark.parametrize("exporter,dtype", COMBOS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_stage_counts_are_pinned(exported, tmp_path, case, exporter, dtype):
+    src = _export(exported, case, exporter, dtype)
+    stage1_model, stage1 = fuse.ort_stage(src, onnxio.load(src))
+    res = fuse.fuse(src, tmp_path / "f.onnx")
+    fused = onnx.load(str(tmp_path / "f.onnx"))
+    soundness.check_model(fused)
+    got = {"ort_fusions": stage1.applied, "after_ort": _counts(stage1_model.graph), "after": _counts(fused.graph.node)}
+    assert res.ort.applied == stage1.applied and not res.ort.left_out
+    assert res.ort.checked or not stage1.applied, res.ort.note
+    key = f"{case}/{exporter}/{dtype}"
+    if UPDATE:
+        pinned = json.loads(SIGNATURES.read_text()) if SIGNATURES.exists() else {}
+        pinned[key] = got
+        SIGNATURES.write_text(json.dumps(dict(sorted(pinned.items())), indent=1) + "\n")
+    pinned = json.loads(SIGNATURES.read_text())
+    assert got == pinned[key]
+    # stage 2 still fuses what it fuses without stage 1
+    assert {op: c for op, c in got["after"].items() if op.startswith("onnxfuse::")} == \
+        {f"onnxfuse::{op}": c for op, c in CASES[case][1].items()}
+
+
+def test_llama_stage1_takes_norms_rotary_and_attention(exported):
+    src = _export(exported, "llama2", "dynamo", "fp32")
+    _, stage1 = fuse.ort_stage(src, onnxio.load(src))
+    for name in ("rms_normalization", "skip_rms_normalization", "rotary_embedding", "sdpa"):
+        assert stage1.applied.get(name), stage1.applied
+
+
+@pytest.mark.parametrize("case", ["llama-lora", "dlrm"])
+def test_two_stage_model_verifies_and_runs_with_and_without_the_library(exported, tmp_path, case):
+    src = _export(exported, case, "dynamo", "fp32")
+    fuse.fuse(src, tmp_path / "f.onnx")
+    assert verify.verify(tmp_path / "f.onnx").passed
+    sess = runtime.session(str(src), "cpu")
+    feeds = _valid_feeds(sess, seed=3)
+    ref = sess.run(None, feeds)[0]
+    for library in (False, True):
+        out = runtime.session(str(tmp_path / "f.onnx"), "cpu", library=library).run(None, feeds)[0]
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(ref).max())))
+
+
+def test_no_ort_fusions_gives_the_single_stage_graph(exported, tmp_path):
+    src = _export(exported, "llama2", "dynamo", "fp32")
+    res = fuse.fuse(src, tmp_path / "f.onnx", ort=False)
+    fused = onnx.load(str(tmp_path / "f.onnx"))
+    assert res.ort is None and res.report()["ort_fusions"] is None
+    assert not any(n.domain == "com.microsoft" for n in fused.graph.node)
+    assert cli.main(["fuse", str(src), "-o", str(tmp_path / "g.onnx"), "--no-ort-fusions", "-q"]) == 0
+    assert _counts(onnx.load(str(tmp_path / "g.onnx")).graph.node) == _counts(fused.graph.node)
+
+
+def test_report_shows_both_stages(exported, tmp_path, capsys):
+    src = _export(exported, "llama2", "dynamo", "fp32")
+    assert cli.main(["fuse", str(src), "-o", str(tmp_path / "f.onnx"), "--report", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert "stage 1, onnxruntime's fusions" in out and "rms_normalization" in out and "stage 2, onnxfuse" in out
+    assert "stage 1 checked" in out
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["ort_fusions"]["applied"]["sdpa"] == 2 and report["patterns"][0]["op"] == "SwiGLU"
+    meta = json.loads(onnxio.get_metadata(onnx.load(str(tmp_path / "f.onnx")), fuse.REPORT_KEY))
+    assert meta["ort_fusions"]["applied"] == report["ort_fusions"]["applied"]
+
+
+def test_a_fusion_that_changes_the_outputs_is_left_out_and_named(exported, tmp_path, monkeypatch, capsys):
+    """A planted stage-1 'fusion' that doubles the first weight it finds: the check catches it, fuse leaves it out,
+    keeps the others, says which, and the result verifies."""
+    real_steps = ort_fusions._steps
+
+    def steps():
+        def corrupt(model, applied):
+            init = next(v for v in model.graph.initializers.values() if v.const_value is not None
+                        and v.const_value.numpy().ndim == 2)
+            from onnxscript import ir
+            init.const_value = ir.tensor(init.const_value.numpy() * 2, name=init.name)
+            return 1
+        return [("planted_bug", corrupt)] + real_steps()
+
+    monkeypatch.setattr(ort_fusions, "_steps", steps)
+    src = _export(exported, "llama2", "dynamo", "fp32")
+    res = fuse.fuse(src, tmp_path / "f.onnx")
+    assert [d["fusion"] for d in res.ort.left_out] == ["planted_bug"]
+    assert "planted_bug" not in res.ort.applied and res.ort.applied.get("rms_normalization")
+    assert verify.verify(tmp_path / "f.onnx").passed
+    assert cli.main(["fuse", str(src), "-o", str(tmp_path / "g.onnx")]) == 0
+    assert "stage 1 left out planted_bug: it changed the outputs" in capsys.readouterr().out
