@@ -165,16 +165,24 @@ def ort_stage(src: pathlib.Path, source: onnx.ModelProto | None) -> tuple[ir.Mod
     model, applied = run(set())
     if not applied:
         return model, ort_fusions.Stage1({}, [], False, "no onnxruntime fusion applies to this model")
-    ref = "its weights are in an external data file" if source is None else ort_fusions.reference(source)
+    ref = "its weights are too large for a CPU check" if source is None else ort_fusions.reference(source)
     if isinstance(ref, str):
         return model, ort_fusions.Stage1(applied, [], False, f"not checked: {ref}; onnxfuse verify checks the result")
     feeds, outputs = ref
-    diff = ort_fusions.compare(ir.serde.serialize_model(model), feeds, outputs)
+
+    def proto(m: ir.Model) -> onnx.ModelProto:
+        p = ir.serde.serialize_model(m)
+        if not onnxio._all_data_inline(p):  # tensors the rules did not touch still point at the source's file
+            from onnx.external_data_helper import load_external_data_for_model
+            load_external_data_for_model(p, str(src.parent))
+        return p
+
+    diff = ort_fusions.compare(proto(model), feeds, outputs)
     if diff is None:
         return model, ort_fusions.Stage1(applied, [], True)
     for name in applied:
         candidate, kept = run({name})
-        if ort_fusions.compare(ir.serde.serialize_model(candidate), feeds, outputs) is None:
+        if ort_fusions.compare(proto(candidate), feeds, outputs) is None:
             return candidate, ort_fusions.Stage1(kept, [{"fusion": name, "reason": diff}], True)
     return load(), ort_fusions.Stage1({}, [{"fusion": n, "reason": diff} for n in applied], True,
                                       "no single fusion explains the difference: stage 1 left out")
@@ -265,7 +273,9 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
     _infer_shapes(model)  # an input ONNX rejects stops here, before any work
     stage1 = None
     if ort:
-        model, stage1 = ort_stage(src, None if src_external else proto)
+        if src_external:  # the check needs the weights: load them when a CPU check could afford them anyway
+            proto = onnxio.load(src) if _external_bytes(proto, src) <= ort_fusions.CHECK_BYTE_LIMIT else None
+        model, stage1 = ort_stage(src, proto)
     del proto
     nodes_after_ort = len(model.graph) if ort else None
     recorder, removed, total, fused_flops, refusals, in_functions = fuse_model(model, patterns, explain)
@@ -306,6 +316,13 @@ def _metadata_report(result: FuseResult) -> dict:
             "patterns": result.table(), "flop_share": result.flop_share, "nodes_before": result.nodes_before,
             "nodes_after": result.nodes_after,
             "nodes": [{"name": m.node, "op": m.op, "module": m.module, "replaced": len(m.replaced)} for m in result.matches]}
+
+
+def _external_bytes(proto: onnx.ModelProto, src: pathlib.Path) -> int:
+    """Bytes of the external data files the model's tensors point at (each file once)."""
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
+    files = {ExternalDataInfo(t).location for t in _get_all_tensors(proto) if uses_external_data(t)}
+    return sum((src.parent / f).stat().st_size for f in files if (src.parent / f).is_file())
 
 
 def _fits_in_memory(src: pathlib.Path) -> bool:
