@@ -9,7 +9,7 @@ from __future__ import annotations
 import onnx
 from onnx import AttributeProto, helper
 
-from .schema import DOMAIN, ONNX_OPSET, OPS, STACK_ACTIVATIONS, stack_input_names, stack_overload
+from .schema import DOMAIN, DOMAIN_VERSION, ONNX_OPSET, OPS, STACK_ACTIVATIONS, stack_input_names, stack_overload
 
 
 def _scale_constant(out: str) -> onnx.NodeProto:
@@ -83,4 +83,4 @@ def add_functions(model: onnx.ModelProto) -> None:
     for op, overload in sorted(used - have):
         model.functions.append(function_proto(op, overload))
     if used and not any(o.domain == DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+        model.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
