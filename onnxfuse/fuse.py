@@ -22,7 +22,7 @@ from onnxscript import ir
 from . import functions, onnxio
 from .errors import OnnxfuseError
 from .rewrites import _base, linear_act, lora_linear, mlp_stack, swiglu
-from .schema import DOMAIN
+from .schema import BACKENDS, DOMAIN, DOMAIN_VERSION
 
 REPORT_KEY = "onnxfuse.fusion_report"
 # pattern family -> rule-set factory, in application order
@@ -147,8 +147,12 @@ def _as_list(rule_sets):
 
 def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patterns: list[str] | None = None,
          report_path: str | os.PathLike | None = None, explain: bool = False, force: bool = False,
-         write_unchanged: bool = False, external_data: bool | None = None) -> FuseResult:
+         write_unchanged: bool = False, external_data: bool | None = None, backend: str | None = None) -> FuseResult:
+    """Fuse `src` into `out`. backend (auto|cpu|cuda|triton), when given, is written into every onnxfuse node's
+    `backend` attribute (the kernel family the library runs for it; default auto)."""
     t0 = time.perf_counter()
+    if backend is not None and backend not in BACKENDS:
+        raise OnnxfuseError(f"--backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
     src = pathlib.Path(src)
     proto = onnxio.load(src, load_external_data=False)  # validates the file with a clear error
     if out is not None:
@@ -161,6 +165,10 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
     model = ir.load(str(src))  # external data stays on disk (memory-mapped on use) until written
     nodes_before = len(model.graph)
     recorder, removed, total, fused_flops, refusals = fuse_model(model, patterns, explain)
+    if backend is not None:
+        for node in model.graph:
+            if node.domain == DOMAIN:
+                node.attributes["backend"] = ir.AttrString("backend", backend)
     result = FuseResult(None, recorder.matches, nodes_before, len(model.graph), removed, total, fused_flops,
                         refusals, already, 0.0)
     if recorder.matches or write_unchanged:
@@ -212,7 +220,7 @@ def _save_large(model: ir.Model, out, result: FuseResult) -> None:
         f = ir.serde.deserialize_function(functions.function_proto(op, overload))
         model.functions[f.identifier()] = f
     if any(n.domain == DOMAIN for n in model.graph):
-        model.opset_imports.setdefault(DOMAIN, 1)
+        model.opset_imports.setdefault(DOMAIN, DOMAIN_VERSION)
     model.metadata_props[REPORT_KEY] = json.dumps(_metadata_report(result))
     out = pathlib.Path(out)
     parent = out.parent if str(out.parent) else pathlib.Path(".")
