@@ -214,7 +214,7 @@ def _build(args) -> int:
             # What a session here would load: ONNXFUSE_LIBRARY, else the cached (or first-use) build, through the
             # stable <cache>/current link.
             lib = kernels.library_path()
-            stable = lib if os.environ.get("ONNXFUSE_LIBRARY") else kernels.current_path()
+            stable = lib if os.environ.get("ONNXFUSE_LIBRARY") else kernels.set_current(lib)
             print(json.dumps({"path": str(stable), "library": str(lib.resolve())}, indent=2) if args.json else stable)
             return 0
         res = kernels.build(arch=args.arch, backends=backends, force=args.force, quiet=quiet,

@@ -29,7 +29,7 @@ from .build import (ALL_BACKENDS, LIB_NAME, BuildError, BuildResult, auto_backen
 
 __all__ = ["BuildError", "BuildResult", "announcements", "auto_backends", "available_backends", "build", "build_dir",
            "build_info", "cache_entries", "clean", "current_path", "library_path", "needed_backends",
-           "session_options"]
+           "session_options", "set_current"]
 
 _resolved: dict[tuple, pathlib.Path] = {}
 _announce = [True]

@@ -367,7 +367,10 @@ def plan(arch=None, backends=None, experiments: bool = False, fetch_headers: boo
         chosen = ["cpu"]
         notes.append("cuda/cuda.cmake not in this checkout: CPU backend only")
     archs = parse_archs(arch) if "cuda" in chosen else []
-    experiments = bool(experiments) and "triton" in chosen  # the experiments are Triton variants
+    if experiments and "triton" not in chosen:
+        raise BuildError("the experiments are Triton kernel variants, but this build has no triton backend "
+                         f"({', '.join(chosen)}); build them with --backends cpu,cuda,triton (needs nvcc and triton)")
+    experiments = bool(experiments)
     include_dir, header_source = find_ort_headers(fetch=fetch_headers, log=header_log)
     cmake = shutil.which("cmake")
     if cmake is None:
