@@ -24,4 +24,5 @@ test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 clean:
-	rm -rf models/*.onnx models/*.onnx.data onnxfuse/kernels/_build
+	rm -rf models/*.onnx models/*.onnx.data
+	test ! -x $(BIN)/onnxfuse || $(BIN)/onnxfuse cache clean -q

@@ -24,7 +24,6 @@ and ORT use_tf32=0; the onnxfuse fp32 kernels may still use TF32). The JSON's "f
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime as _dt
 import gc
@@ -567,29 +566,14 @@ _TORCH_OF_ORT = {"tensor(float)": "float32", "tensor(float16)": "float16", "tens
                  "tensor(int32)": "int32", "tensor(double)": "float64", "tensor(bool)": "bool"}
 
 
-@contextlib.contextmanager
-def _backend_env(backend: str | None):
-    from .schema import BACKEND_ENV
-    old = os.environ.get(BACKEND_ENV)
-    if backend:
-        os.environ[BACKEND_ENV] = backend
-    else:
-        os.environ.pop(BACKEND_ENV, None)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(BACKEND_ENV, None)
-        else:
-            os.environ[BACKEND_ENV] = old
-
-
-def _session(path: str, device: str, lib: str | None, fused: bool, cuda_graph: bool, provider_options: dict):
-    """runtime.session, except that --lib registers the given library (runtime.session uses the cached build)."""
+def _session(path: str, device: str, lib: str | None, fused: bool, cuda_graph: bool, provider_options: dict,
+             backend: str | None = None):
+    """runtime.session, except that --lib registers the given library (runtime.session uses the cached build).
+    backend sets the kernel family on every onnxfuse node of an in-memory copy of the model."""
     from . import runtime
     if lib is None or not fused:
         return runtime.session(path, device, library=True if fused else None, cuda_graph=cuda_graph,
-                               provider_options=provider_options)
+                               provider_options=provider_options, backend=backend if fused else None)
     rt = runtime.ort()
     if device == "cuda" and hasattr(rt, "preload_dlls"):
         try:
@@ -603,8 +587,9 @@ def _session(path: str, device: str, lib: str | None, fused: bool, cuda_graph: b
     if cuda_graph:
         opts["enable_cuda_graph"] = "1"
     providers = [("CUDAExecutionProvider", opts), "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
+    src = runtime.with_node_attributes(path, {"backend": backend}, so) if backend else path
     try:
-        return rt.InferenceSession(path, so, providers=providers)
+        return rt.InferenceSession(src, so, providers=providers)
     except Exception as e:
         raise OnnxfuseError(f"onnxruntime could not load {path}: {str(e).splitlines()[0][:400]}") from None
 
@@ -629,8 +614,7 @@ class _OrtRun:
                 self.stream = "torch"
             else:
                 self.stream = "ort"
-        with _backend_env(backend):
-            self.sess = _session(str(path), device, lib, backend is not None, cuda_graph, opts)
+        self.sess = _session(str(path), device, lib, backend is not None, cuda_graph, opts, backend)
         self.io = self.sess.io_binding()
         dev_id = 0
         names = [i.name for i in self.sess.get_inputs()]
@@ -828,7 +812,8 @@ def run(targets: list[str] | None = None, options: Options | None = None) -> dic
                    "ort_stream": "torch's current stream (user_compute_stream) without CUDA graphs; ORT's own stream "
                                  "with CUDA graphs" if opts.device == "cuda" else "n/a",
                    "roofline": "roofline_pct = 100 * max(flops/peak, bytes/bandwidth) / median",
-                   "backend_selection": "env ONNXFUSE_BACKEND set before creating each fused session"},
+                   "backend_selection": "each fused session gets an in-memory copy of the model with the "
+                                        "nodes' backend attribute set"},
         "quick": opts.quick,
         "cases": [],
     }

@@ -15,6 +15,7 @@ import warnings
 
 from . import __version__
 from .errors import OnnxfuseError
+from .schema import BACKENDS
 
 DEFAULT_OUT = pathlib.Path("models")
 
@@ -108,7 +109,8 @@ def _verify(args) -> int:
         made = v.load_factory(args.module)
         module, inputs = made if isinstance(made, tuple) else (made, None)
     res = v.verify(args.model, module=module, inputs=inputs, provider=args.provider, tolerance=args.tolerance,
-                   graph_optimization=not args.no_graph_opt, library=True if args.require_library else None)
+                   graph_optimization=not args.no_graph_opt, library=True if args.require_library else None,
+                   backend=args.backend)
     if args.json:
         print(json.dumps(res.to_dict(), indent=2))
     elif not args.quiet:
@@ -129,7 +131,8 @@ def _run(args) -> int:
     model = onnxio.load(args.model, load_external_data=False)
     if args.output:
         onnxio.check_output_path(args.output, force=args.force)
-    sess = runtime.session(args.model, args.provider, library=True if args.require_library else None)
+    sess = runtime.session(args.model, args.provider, library=True if args.require_library else None,
+                           backend=args.backend)
     if args.inputs:
         feeds = runtime.load_npz(args.inputs)
     else:
@@ -166,7 +169,7 @@ def _fuse(args) -> int:
         out = src.with_name(src.name.removesuffix(".onnx") + ".fused.onnx")
     res = f.fuse(args.model, out, patterns=args.patterns, report_path=args.report, explain=args.explain,
                  force=args.force, write_unchanged=args.write_unchanged,
-                 external_data=args.external_data, ort=not args.no_ort_fusions)
+                 external_data=args.external_data, ort=not args.no_ort_fusions, backend=args.backend)
     if args.json:
         print(json.dumps(res.report(), indent=2))
         return 0
@@ -236,22 +239,86 @@ def _print_ort_stage(con, res) -> None:
 def _build(args) -> int:
     from . import kernels
     backends = args.backends.split(",") if args.backends else None
-    quiet = args.quiet or args.json
+    quiet = args.quiet or args.json  # stage progress goes to stderr, never with --json
+    explicit = backends is not None or args.arch or args.experiments or args.force
     try:
-        with _console(quiet).status("building the kernel library (first build: a few minutes) ...",
-                                    spinner="dots") if not quiet else contextlib.nullcontext():
-            res = kernels.build(arch=args.arch, backends=backends, force=args.force, quiet=True)
+        if args.print_path and not explicit:
+            # What a session here would load: ONNXFUSE_LIBRARY, else the cached (or first-use) build, through the
+            # stable <cache>/current link.
+            lib = kernels.library_path()
+            stable = lib if os.environ.get("ONNXFUSE_LIBRARY") else kernels.set_current(lib)
+            print(json.dumps({"path": str(stable), "library": str(lib.resolve())}, indent=2) if args.json else stable)
+            return 0
+        res = kernels.build(arch=args.arch, backends=backends, force=args.force, quiet=quiet,
+                            experiments=args.experiments)
     except kernels.BuildError as e:
         raise OnnxfuseError(f"kernel library build failed: {e}") from None
-    data = {"path": str(res.path), "backends": res.backends, "archs": res.archs, "headers": res.header_source,
-            "cached": res.cached, "cache_key": res.cache_key}
+    if args.print_path:
+        print(json.dumps({"path": str(kernels.current_path()), "library": str(res.path)}, indent=2) if args.json
+              else kernels.current_path())
+        return 0
+    data = {"path": str(res.path), "stable_path": str(kernels.current_path()), "backends": res.backends,
+            "archs": res.archs, "experiments": res.experiments, "headers": res.header_source, "cached": res.cached,
+            "cache_key": res.cache_key, "seconds": round(res.seconds, 1)}
     if args.json:
         print(json.dumps(data, indent=2))
     elif not args.quiet:
         print(f"{'cached' if res.cached else 'built'} {res.path}")
         print(f"  backends: {', '.join(res.backends)}; archs: {', '.join('sm_' + a for a in res.archs) or '-'}; "
-              f"headers: {res.header_source}")
+              f"experiments: {'yes' if res.experiments else 'no'}; headers: {res.header_source}")
+        print(f"  stable path: {kernels.current_path()}")
     return 0
+
+
+def _cache(args) -> int:
+    from . import kernels
+    if args.action == "clean":
+        removed = kernels.clean(include_headers=args.all)
+        if args.json:
+            print(json.dumps({"removed": [str(p) for p in removed]}, indent=2))
+        elif not args.quiet:
+            print(f"removed {len(removed)} entries from {kernels.build_dir()}"
+                  f"{'' if args.all else ' (kept the onnxruntime headers; --all removes them too)'}")
+        return 0
+    entries = kernels.cache_entries(check=True)
+    if args.json:
+        print(json.dumps({"cache": str(kernels.build_dir()), "entries": entries}, indent=2))
+        return 0
+    if args.quiet:
+        return 0
+    from rich.table import Table
+    t = Table(title=f"onnxfuse build cache: {kernels.build_dir()}")
+    for col in ("key", "status", "backends", "archs", "experiments", "size", "age"):
+        t.add_column(col)
+    for e in entries:
+        status = e["status"] + (" (current)" if e["current"] else "")
+        if e["status"] == "failed":
+            status += f" at {e.get('stage')}"
+        t.add_row(e["key"], status, ",".join(e["backends"]) or "-", ",".join(e["archs"]) or "-",
+                  "yes" if e["experiments"] else "no", _size(e["size_bytes"]), _age(e["age_s"]))
+    con = _console()
+    con.print(t)
+    failed = [e for e in entries if e["status"] == "failed"]
+    for e in failed:
+        con.print(f"failed {e['key']}: log {e.get('log')}")
+    if not entries:
+        con.print("no cached builds; 'onnxfuse build' makes one")
+    return 0
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.0f} s"
 
 
 def _doctor(args) -> int:
@@ -308,6 +375,9 @@ def _add_session_args(p) -> None:
     p.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="execution provider (default cpu)")
     p.add_argument("--require-library", action="store_true",
                    help="fail (exit 2) instead of falling back to the function bodies when the kernel library is unavailable")
+    p.add_argument("--backend", choices=BACKENDS,
+                   help="run every onnxfuse node with this kernel family (sets the nodes' backend attribute on an "
+                        "in-memory copy; default: what the model says)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -385,16 +455,37 @@ def build_parser() -> argparse.ArgumentParser:
     fu.add_argument("--write-unchanged", action="store_true", help="write the output even when nothing matched")
     fu.add_argument("--external-data", action="store_true", default=None,
                     help="store weights in '<output>.data' (automatic above 2 GB)")
+    fu.add_argument("--backend", choices=BACKENDS,
+                    help="kernel family written into every fused node's backend attribute (default auto: the "
+                         "library picks per node at run time)")
     fu.add_argument("--force", action="store_true", help="overwrite an existing output file")
     _add_output_flags(fu, "print the fusion report as JSON")
     fu.set_defaults(func=_fuse)
 
-    bu = sub.add_parser("build", help="build the kernel library (CPU, CUDA, Triton) into the cache")
+    bu = sub.add_parser("build", help="build the kernel library (CPU, CUDA, Triton) into the cache",
+                        description="Build the kernel library into the user cache (stages on stderr). A cached "
+                                    "build of the same inputs is reused; a build that failed is remembered and "
+                                    "fails at once until its inputs change or --force.")
     bu.add_argument("--arch", help="CUDA architectures, e.g. 90 or 80,90 (default 90)")
     bu.add_argument("--backends", help="comma list of cpu,cuda,triton (default: all this machine can build)")
-    bu.add_argument("--force", action="store_true", help="rebuild even if a cached build exists")
+    bu.add_argument("--experiments", action="store_true",
+                    help="also compile the Triton A/B variants (node attributes small_cfg, lora_onepass, stack_cfg); "
+                         "a larger library, for experiments only")
+    bu.add_argument("--force", action="store_true", help="rebuild even if a cached build exists, or retry one that failed")
+    bu.add_argument("--print-path", action="store_true",
+                    help="print only the stable path of the library this environment uses (<cache>/current/"
+                         "libonnxfuse_ops.so, or ONNXFUSE_LIBRARY), building it first if needed")
     _add_output_flags(bu, "print the result as JSON")
     bu.set_defaults(func=_build)
+
+    ca = sub.add_parser("cache", help="list or clean the kernel library build cache",
+                        description="List the cached kernel-library builds (key, status, backends, archs, size, "
+                                    "age) or remove them.")
+    ca.add_argument("action", nargs="?", choices=["list", "clean"], default="list",
+                    help="list (default) or clean (remove every build, failure record and log)")
+    ca.add_argument("--all", action="store_true", help="clean: also remove the fetched onnxruntime headers")
+    _add_output_flags(ca, "print as JSON")
+    ca.set_defaults(func=_cache)
 
     do = sub.add_parser("doctor", help="build/load the library and check every op per backend against PyTorch")
     _add_output_flags(do, "print the result as JSON", quiet_help="print nothing; the exit code says it")
@@ -427,7 +518,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        with warnings.catch_warnings():
+        from .kernels import announcements
+        quiet = bool(getattr(args, "quiet", False) or getattr(args, "json", False))
+        with warnings.catch_warnings(), announcements(not quiet):  # no first-use build notice with -q/--json
             if getattr(args, "quiet", False):
                 warnings.simplefilter("ignore")
             else:

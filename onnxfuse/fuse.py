@@ -25,7 +25,7 @@ from onnxscript import ir
 from . import functions, onnxio, ort_fusions, soundness
 from .errors import OnnxfuseError
 from .rewrites import _base, _explain, linear_act, lora_linear, mlp_stack, swiglu
-from .schema import DOMAIN, DOMAIN_VERSION
+from .schema import BACKENDS, DOMAIN, DOMAIN_VERSION
 
 REPORT_KEY = "onnxfuse.fusion_report"
 # pattern family -> rule-set factory, in application order
@@ -254,11 +254,15 @@ def _as_list(rule_sets):
 
 def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patterns: list[str] | None = None,
          report_path: str | os.PathLike | None = None, explain: bool = False, force: bool = False,
-         write_unchanged: bool = False, external_data: bool | None = None, ort: bool = True) -> FuseResult:
+         write_unchanged: bool = False, external_data: bool | None = None, ort: bool = True,
+         backend: str | None = None) -> FuseResult:
     """Fuse the model at `src` and write it to `out` (nothing is written when nothing changed, unless
-    `write_unchanged`). `ort=False` skips stage 1 (onnxruntime's fusions). Raises OnnxfuseError with one line on
-    bad input or when the soundness gate trips."""
+    `write_unchanged`). `ort=False` skips stage 1 (onnxruntime's fusions). `backend` (auto|cpu|cuda|triton), when
+    given, is written into every onnxfuse node's `backend` attribute (the kernel family the library runs for it;
+    default auto). Raises OnnxfuseError with one line on bad input or when the soundness gate trips."""
     t0 = time.perf_counter()
+    if backend is not None and backend not in BACKENDS:
+        raise OnnxfuseError(f"--backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
     src = pathlib.Path(src)
     proto = onnxio.load(src, load_external_data=False)  # validates the file with a clear error
     if out is not None:
@@ -279,6 +283,11 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
     del proto
     nodes_after_ort = len(model.graph) if ort else None
     recorder, removed, total, fused_flops, refusals, in_functions = fuse_model(model, patterns, explain)
+    if backend is not None:
+        for graph in _base.graphs(model.graph):
+            for node in graph:
+                if node.domain == DOMAIN:
+                    node.attributes["backend"] = ir.AttrString("backend", backend)
     result = FuseResult(None, recorder.matches, nodes_before, len(model.graph), removed, total, fused_flops,
                         refusals, already, 0.0, in_functions=in_functions, ort=stage1, nodes_after_ort=nodes_after_ort)
     if result.changed or write_unchanged:

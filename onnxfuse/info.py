@@ -42,7 +42,7 @@ def kernel_status() -> dict:
     from . import kernels
     import importlib
     kb = importlib.import_module("onnxfuse.kernels.build")  # the package re-exports a function named build
-    out: dict = {"buildable backends": ", ".join(kernels.available_backends())}
+    out: dict = {"buildable backends": ", ".join(kernels.available_backends()), "cache": str(kernels.build_dir())}
     try:
         _, source = kb.find_ort_headers(fetch=False)
         out["ORT headers"] = source

@@ -2,6 +2,7 @@
 onnxfuse nodes, and input checking that fails with a message instead of an onnxruntime stack trace."""
 from __future__ import annotations
 
+import copy
 import os
 import pathlib
 import re
@@ -12,7 +13,7 @@ import onnx
 
 from .errors import OnnxfuseError
 from .onnxio import MAX_IR_VERSION as _MAX_IR_VERSION
-from .schema import DOMAIN, ONNX_OPSET
+from .schema import BACKENDS, DOMAIN, EXPERIMENT_ATTRS, EXPERIMENT_OPS, ONNX_OPSET, OPS
 
 
 class LibraryUnavailableWarning(UserWarning):
@@ -41,16 +42,65 @@ def has_onnxfuse_nodes(model: onnx.ModelProto) -> bool:
             or any(n.domain == DOMAIN for f in model.functions for n in f.node))
 
 
+def set_node_attributes(model: onnx.ModelProto, attributes: dict) -> int:
+    """Set `attributes` on the onnxfuse nodes of `model` (in place) that take them: `backend` on every node, an op
+    attribute (e.g. MLPStack's stack_mode) or an experiment knob (schema.EXPERIMENT_ATTRS) on the ops that have it.
+    Returns the number of nodes changed; a bad name or value is an OnnxfuseError naming the choices."""
+    from onnx import helper
+    for name, value in attributes.items():
+        known = {a.name: a for s in OPS.values() for a in s.attrs} | EXPERIMENT_ATTRS
+        if name not in known:
+            raise OnnxfuseError(f"unknown onnxfuse node attribute {name!r}; choose from {', '.join(sorted(known))}")
+        if name == "backend" and value not in BACKENDS:
+            raise OnnxfuseError(f"--backend must be one of {', '.join(BACKENDS)} (got {value!r})")
+    changed = 0
+    for node in model.graph.node:
+        if node.domain != DOMAIN:
+            continue
+        takes = {a.name for a in OPS[node.op_type].attrs} if node.op_type in OPS else {"backend"}
+        takes |= {k for k, ops in EXPERIMENT_OPS.items() if node.op_type in ops}
+        todo = {k: v for k, v in attributes.items() if k in takes}
+        if not todo:
+            continue
+        keep = [a for a in node.attribute if a.name not in todo]
+        del node.attribute[:]
+        node.attribute.extend(keep + [helper.make_attribute(k, v) for k, v in todo.items()])
+        changed += 1
+    return changed
+
+
+def with_node_attributes(model: onnx.ModelProto | str | os.PathLike, attributes: dict, so) -> bytes:
+    """The serialized model with `attributes` set on its onnxfuse nodes (set_node_attributes), for
+    onnxruntime.InferenceSession with SessionOptions `so`: a model file is loaded without its external weights and
+    `so` is told their folder, so big models are not pulled into memory. The file itself is not changed."""
+    if isinstance(model, onnx.ModelProto):
+        proto = copy.deepcopy(model)
+    else:
+        from . import onnxio
+        proto = onnxio.load(model, load_external_data=False)
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                    str(pathlib.Path(model).resolve().parent))
+    set_node_attributes(proto, attributes)
+    return proto.SerializeToString()
+
+
 def session(model: onnx.ModelProto | str | os.PathLike, provider: str = "cpu", *, library: bool | None = None,
-            graph_optimization: bool = True, cuda_graph: bool = False, provider_options: dict | None = None):
+            graph_optimization: bool = True, cuda_graph: bool = False, provider_options: dict | None = None,
+            backend: str | None = None, node_attributes: dict | None = None):
     """An InferenceSession for ``model``.
 
     library=None registers the onnxfuse kernel library when the model has onnxfuse nodes; if the library cannot be
     built or loaded, the nodes run through their model-local ONNX function bodies and a warning says how to fix it.
+    backend (auto|cpu|cuda|triton), when given, is set on every onnxfuse node of an in-memory copy of the model
+    (the file is not touched); node_attributes sets other node attributes the same way (e.g. {"stack_mode":
+    "fused"}, see set_node_attributes).
     """
     rt = ort()
     if provider not in PROVIDERS:
         raise OnnxfuseError(f"--provider must be one of {', '.join(PROVIDERS)} (got {provider!r})")
+    attributes = dict(node_attributes or {})
+    if backend is not None:
+        attributes["backend"] = backend
     ep = PROVIDERS[provider]
     if provider == "cuda":
         if hasattr(rt, "preload_dlls"):
@@ -67,6 +117,9 @@ def session(model: onnx.ModelProto | str | os.PathLike, provider: str = "cpu", *
         from . import onnxio
         proto = onnxio.load(path, load_external_data=False)
     so = rt.SessionOptions()
+    source = None
+    if attributes:  # an in-memory copy with the attributes set; the file stays as it is
+        source = with_node_attributes(path if path is not None else proto, attributes, so)
     if not graph_optimization:
         so.graph_optimization_level = rt.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 3
@@ -76,7 +129,7 @@ def session(model: onnx.ModelProto | str | os.PathLike, provider: str = "cpu", *
     if library:
         from . import kernels
         try:
-            so.register_custom_ops_library(str(kernels.library_path()))
+            so.register_custom_ops_library(str(kernels.library_path(provider=provider)))
         except (OnnxfuseError, kernels.BuildError, OSError) as e:
             reason = str(e).splitlines()[0]
             if explicit or not _has_functions(proto):
@@ -96,7 +149,7 @@ def session(model: onnx.ModelProto | str | os.PathLike, provider: str = "cpu", *
         raise OnnxfuseError(f"the model has IR version {proto.ir_version}, newer than onnxruntime {rt.__version__} loads "
                             f"(<= {_MAX_IR_VERSION}); re-export it with 'onnxfuse export' (or re-save it with "
                             "onnx.save after setting model.ir_version = 10)")
-    src = path if path is not None else proto.SerializeToString()
+    src = source if source is not None else path if path is not None else proto.SerializeToString()
     try:
         return rt.InferenceSession(src, so, providers=providers)
     except Exception as e:

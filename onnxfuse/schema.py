@@ -13,8 +13,12 @@ Layout conventions (shared by every op):
     body serves every node of an op.
   * All tensors of a node share one element type T in {float, float16, bfloat16}; kernels accumulate in fp32 and
     compute transcendentals in fp32.
-  * Every op has a string attribute ``backend`` in {auto, cpu, cuda, triton}; ``auto`` lets the library choose
-    (environment override: ``ONNXFUSE_BACKEND``).
+  * Every op has a string attribute ``backend`` in {auto, cpu, cuda, triton}; ``auto`` lets the library choose.
+    It is set in the model: ``onnxfuse fuse --backend`` when fusing, or ``runtime.session(..., backend=)`` on an
+    in-memory copy when running.
+
+The kernel library does not repeat any of this: the build generates the C/C++ header ``onnxfuse_ops.h`` from this
+module (and the Triton kernel table in ``kernels/triton/table.py``); see ``onnxfuse/kernels/ops_header.py``.
 """
 from __future__ import annotations
 
@@ -29,7 +33,11 @@ IR_VERSION = 10
 
 TYPES = ("float", "float16", "bfloat16")
 BACKENDS = ("auto", "cpu", "cuda", "triton")
-BACKEND_ENV = "ONNXFUSE_BACKEND"
+# Activation codes the kernels share (0 means none); MLPStack's `activations` names one per layer.
+ACTIVATIONS = {"relu": 1, "sigmoid": 2}
+# How an MLPStack node runs on the GPU: auto (the library decides by shape), fused (one kernel for the whole stack,
+# Triton backend) or layers (one GEMM launch per layer). Codes are the index.
+STACK_MODES = ("auto", "fused", "layers")
 
 
 @dataclass(frozen=True)
@@ -56,7 +64,8 @@ class OpSchema:
         return tuple(a.name for a in self.attrs)
 
 
-_BACKEND = Attr("backend", "string", "auto", "kernel family: auto|cpu|cuda|triton (env ONNXFUSE_BACKEND overrides)")
+_BACKEND = Attr("backend", "string", "auto",
+                "kernel family: auto|cpu|cuda|triton (set it with onnxfuse fuse --backend or runtime.session(backend=))")
 
 LINEAR_RELU = OpSchema(
     "LinearRelu", ("X", "W", "bias"), ("Y",), "Y = relu(X @ W + bias)", (_BACKEND,),
@@ -81,7 +90,10 @@ MLP_STACK = OpSchema(
     "MLPStack", ("X", "W_i", "bias_i"), ("Y",),
     "h_0 = X; h_i = act_i(h_{i-1} @ W_i + bias_i) for i = 1..L; Y = h_L",
     (Attr("activations", "string", "relu", "the layers' activations joined by dots, each relu or sigmoid "
-                                           "(e.g. relu.relu.sigmoid; L = their number)"), _BACKEND),
+                                           "(e.g. relu.relu.sigmoid; L = their number)"),
+     Attr("stack_mode", "string", "auto", "how the GPU runs the stack: auto|fused|layers (fused: one Triton kernel "
+                                          "for all layers; layers: one GEMM launch per layer; auto: by shape)"),
+     _BACKEND),
     "A chain of Linear+activation layers (a DLRM bottom or top MLP) in one op: on the GPU one kernel keeps the "
     "intermediate activations of a row block on chip instead of a launch and an HBM round trip per layer. "
     "Inputs X, W_1, bias_1, ..., W_L, bias_L; the node's function overload names the activations "
@@ -91,8 +103,24 @@ MLP_STACK = OpSchema(
 OPS: dict[str, OpSchema] = {s.name: s for s in (LINEAR_RELU, LINEAR_SIGMOID, SWIGLU, LORA_LINEAR, LORA_LINEAR_RELU,
                                                 MLP_STACK)}
 # Per-layer activations MLPStack supports, and the most layers one node may have (the Triton kernel's unrolling).
-STACK_ACTIVATIONS = ("relu", "sigmoid")
+STACK_ACTIVATIONS = tuple(ACTIVATIONS)
 MAX_STACK_LAYERS = 4
+
+# A/B experiment knobs of the Triton kernels: optional int attributes, read only by a library built with
+# experiments (`onnxfuse build --experiments`, which also compiles the variant cubins they select). 0 is the
+# default kernel; a default library refuses a node that asks for another value. Not part of the ops' contract
+# (the function bodies ignore them), so they live apart from OPS.
+EXPERIMENT_ATTRS: dict[str, Attr] = {a.name: a for a in (
+    Attr("small_cfg", "int", 0, "Triton decode-path (M <= 16) tile variant 0|1|2 (fp16/bf16, aligned)"),
+    Attr("lora_onepass", "int", 0, "Triton LoRA: 0 two-phase (X @ A into scratch, then the GEMM), 1 one-pass kernel"),
+    Attr("stack_cfg", "int", 0, "Triton one-kernel MLPStack column-tile variant 0|1|2 (128/64/256 wide; fp16/bf16)"),
+)}
+# Which ops read which experiment attribute.
+EXPERIMENT_OPS: dict[str, tuple[str, ...]] = {
+    "small_cfg": ("LinearRelu", "LinearSigmoid", "SwiGLU", "LoRALinear", "LoRALinearRelu", "MLPStack"),
+    "lora_onepass": ("LoRALinear", "LoRALinearRelu"),
+    "stack_cfg": ("MLPStack",),
+}
 
 
 def stack_overload(activations) -> str:

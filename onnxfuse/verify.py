@@ -72,7 +72,7 @@ def load_factory(spec: str):
 
 def verify(model_path: str | pathlib.Path, *, module: torch.nn.Module | None = None,
            inputs: dict[str, torch.Tensor] | None = None, provider: str = "cpu", tolerance: float | None = None,
-           library: bool | None = None, graph_optimization: bool = True) -> VerifyResult:
+           library: bool | None = None, graph_optimization: bool = True, backend: str | None = None) -> VerifyResult:
     model = onnxio.load(model_path, load_external_data=False)
     recipe = export.read_recipe(model)
     dtype = recipe["dtype"] if recipe else None
@@ -106,7 +106,7 @@ def verify(model_path: str | pathlib.Path, *, module: torch.nn.Module | None = N
     source = str(model_path)
     if _has_bf16_io(model):
         source = _float_io(onnxio.load(model_path))  # numpy has no bf16: feed and read float32 through Casts
-    sess = runtime.session(source, provider, library=library, graph_optimization=graph_optimization)
+    sess = runtime.session(source, provider, library=library, graph_optimization=graph_optimization, backend=backend)
     feeds = runtime.check_feeds(sess, {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy()
                                        for k, v in inputs.items()})
     outs = sess.run(None, feeds)

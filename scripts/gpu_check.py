@@ -8,11 +8,13 @@
 2. Timing (fp16, median of >= 50 runs with CUDA events, IOBinding on torch tensors, ORT on torch's stream via
    user_compute_stream): fused op per backend vs torch eager, vs the plain GEMMs alone, vs ORT's unfused graph.
    Each ORT number includes ORT's per-run host overhead; `ort_floor` (an Identity on 4 floats) shows that floor.
-3. Triton A/B variants (same timing method, one process): the library reads ONNXFUSE_TRITON_SMALL_CFG (decode tile
-   config 0|1|2) and ONNXFUSE_LORA_ONEPASS (0: two-phase LoRA, 1: one-pass) when a session creates its kernels, so
-   each variant is a fresh session created with the env set: LoRALinearRelu M=2048 two-phase vs one-pass,
-   LoRALinear M=16 and SwiGLU M=16 under every small config (LoRA also one-pass); ONNXFUSE_TRITON_SMALL_CFG=1 with
-   ONNXFUSE_LORA_ONEPASS=1 is the previous behaviour. Skipped with --no-variants.
+3. Triton A/B variants (same timing method, one process; needs a library built with `onnxfuse build --experiments`,
+   skipped otherwise): the node attributes small_cfg (decode tile config 0|1|2) and lora_onepass (0: two-phase
+   LoRA, 1: one-pass), read when a session creates its kernels, so each variant is a fresh session of a model whose
+   node carries them: LoRALinearRelu M=2048 two-phase vs one-pass, LoRALinear M=16 and SwiGLU M=16 under every
+   small config (LoRA also one-pass); small_cfg=1 with lora_onepass=1 is the previous behaviour. Skipped with
+   --no-variants. The MLPStack mode checks force stack_mode=fused|layers per node, and the stack_cfg tile variants
+   when the library has the experiments.
 Writes doctor.json, timing.json, variants.json and env.json under --out and prints compact tables last.
 """
 from __future__ import annotations
@@ -35,7 +37,7 @@ SHAPES_FULL = {
     "LoRALinear": [(1, 4096, 4096, 16), (16, 4096, 4096, 16), (333, 129, 257, 7), (64, 96, 80, 64),
                    (2048, 4096, 4096, 16)],
     "LoRALinearRelu": [(1, 4096, 4096, 16), (16, 4096, 4096, 16), (333, 129, 257, 33), (2048, 4096, 4096, 16)],
-    # (M, widths, activations); M=20000 takes the per-layer path under ONNXFUSE_MLP_STACK=auto.
+    # (M, widths, activations); M=20000 takes the per-layer path under stack_mode=auto.
     "MLPStack": [(1, (13, 512, 256, 64, 16), "relu.relu.relu.relu"), (16, (367, 512, 256, 1), "relu.relu.sigmoid"),
                  (333, (129, 67, 33, 1), "relu.relu.sigmoid"), (2048, (13, 512, 256, 64, 16), "relu.relu.relu.relu"),
                  (2048, (367, 512, 256, 1), "relu.relu.sigmoid"), (20000, (13, 512, 256, 64, 16), "relu.relu.relu.relu"),
@@ -67,8 +69,8 @@ def check_correctness(lib, out_dir, quick):
     return rows
 
 
-def _native_model(op, dtype, shapes, backend):
-    """The op alone with T-typed inputs (no Casts), for timing."""
+def _native_model(op, dtype, shapes, backend, knobs=None):
+    """The op alone with T-typed inputs (no Casts), for timing; `knobs` are extra node attributes (experiments)."""
     from onnx import helper
 
     from onnxfuse import schema
@@ -76,7 +78,7 @@ def _native_model(op, dtype, shapes, backend):
 
     t = _onnx_type(dtype)
     s = schema.OPS[op]
-    attrs = {"backend": backend}
+    attrs = {"backend": backend, **(knobs or {})}
     if "scale" in s.attr_names:
         attrs["scale"] = 0.5
     node = helper.make_node(op, list(s.inputs), ["Y"], domain=schema.DOMAIN, **attrs)
@@ -84,7 +86,7 @@ def _native_model(op, dtype, shapes, backend):
     g = helper.make_graph([node], "t", [helper.make_tensor_value_info(k, t, v) for k, v in shapes.items()],
                           [helper.make_tensor_value_info("Y", t, [m, n])])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", schema.ONNX_OPSET),
-                                               helper.make_opsetid(schema.DOMAIN, 1)],
+                                               helper.make_opsetid(schema.DOMAIN, schema.DOMAIN_VERSION)],
                              ir_version=schema.IR_VERSION).SerializeToString()
 
 
@@ -228,149 +230,135 @@ def timing(lib, out_dir, iters):
     return results
 
 
-VARIANT_ENVS = ("ONNXFUSE_TRITON_SMALL_CFG", "ONNXFUSE_LORA_ONEPASS")
-VARIANT_CASES = [
-    ("LoRALinearRelu", (2048, 4096, 4096, 16), [{"ONNXFUSE_LORA_ONEPASS": "0"}, {"ONNXFUSE_LORA_ONEPASS": "1"}]),
-    ("LoRALinear", (16, 4096, 4096, 16),
-     [{"ONNXFUSE_TRITON_SMALL_CFG": c, "ONNXFUSE_LORA_ONEPASS": o} for o in "01" for c in "012"]),
-    ("SwiGLU", (16, 4096, 11008, 0), [{"ONNXFUSE_TRITON_SMALL_CFG": c} for c in "012"]),
-    ("LinearRelu", (16, 4096, 4096, 0), [{"ONNXFUSE_TRITON_SMALL_CFG": c} for c in "012"]),
+VARIANT_CASES = [  # experiment node attributes (schema.EXPERIMENT_ATTRS) per case
+    ("LoRALinearRelu", (2048, 4096, 4096, 16), [{"lora_onepass": 0}, {"lora_onepass": 1}]),
+    ("LoRALinear", (16, 4096, 4096, 16), [{"small_cfg": c, "lora_onepass": o} for o in (0, 1) for c in (0, 1, 2)]),
+    ("SwiGLU", (16, 4096, 11008, 0), [{"small_cfg": c} for c in (0, 1, 2)]),
+    ("LinearRelu", (16, 4096, 4096, 0), [{"small_cfg": c} for c in (0, 1, 2)]),
 ]
 
 
-def variants(lib, out_dir, iters):
-    """Triton backend under each env variant: a fresh session per variant (the env is read at kernel creation)."""
-    import os
+def _has_experiments(lib) -> bool:
+    from onnxfuse.kernels import build_info
+    try:
+        return bool(build_info(lib).get("experiments"))
+    except Exception:
+        return False
 
+
+def variants(lib, out_dir, iters):
+    """Triton backend under each experiment variant: a fresh session per variant, of a model whose node carries the
+    knobs as attributes (read at kernel creation). Needs a library built with `onnxfuse build --experiments`."""
     import numpy as np
     import torch
 
     from onnxfuse import schema
     from onnxfuse.kernels.doctor import input_shapes, make_inputs
 
-    saved = {k: os.environ.get(k) for k in VARIANT_ENVS}
+    if not _has_experiments(lib):
+        print(f"  skipped: {lib} was built without experiments (onnxfuse build --experiments)", flush=True)
+        return []
     results = []
-    try:
-        for op, (m, k, n, r), envs in VARIANT_CASES:
-            shp = input_shapes(op, m, k, n, r)
-            ins = make_inputs(op, "float16", shp, 0, "cuda")
-            tensors = dict(zip(shp, ins))
-            y = torch.empty(m, n, device="cuda", dtype=torch.float16)
-            ref = schema.reference(op, ins, {"scale": 0.5}).float()
-            model = _native_model(op, "float16", shp, "triton")
-            for env in envs:
-                for key in VARIANT_ENVS:
-                    os.environ.pop(key, None)
-                os.environ.update(env)
-                row = dict(op=op, M=m, K=k, N=n, r=r, env=" ".join(f"{a}={b}" for a, b in env.items()))
-                try:
-                    y.zero_()
-                    row["triton_ms"] = _time_cuda(_ort_runner(model, lib, tensors, y, np.float16), iters)
-                    row["max_err"] = (y.float() - ref).abs().max().item()
-                except Exception as e:
-                    row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                results.append(row)
-                print("  " + "  ".join(f"{a}={b:.4g}" if isinstance(b, float) else f"{a}={b}" for a, b in row.items()),
-                      flush=True)
-            del ins, tensors, y, ref
-            torch.cuda.empty_cache()
-    finally:
-        for key, v in saved.items():
-            if v is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = v
+    for op, (m, k, n, r), knob_sets in VARIANT_CASES:
+        shp = input_shapes(op, m, k, n, r)
+        ins = make_inputs(op, "float16", shp, 0, "cuda")
+        tensors = dict(zip(shp, ins))
+        y = torch.empty(m, n, device="cuda", dtype=torch.float16)
+        ref = schema.reference(op, ins, {"scale": 0.5}).float()
+        for knobs in knob_sets:
+            model = _native_model(op, "float16", shp, "triton", knobs)
+            row = dict(op=op, M=m, K=k, N=n, r=r, env=" ".join(f"{a}={b}" for a, b in knobs.items()))
+            try:
+                y.zero_()
+                row["triton_ms"] = _time_cuda(_ort_runner(model, lib, tensors, y, np.float16), iters)
+                row["max_err"] = (y.float() - ref).abs().max().item()
+            except Exception as e:
+                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            results.append(row)
+            print("  " + "  ".join(f"{a}={b:.4g}" if isinstance(b, float) else f"{a}={b}" for a, b in row.items()),
+                  flush=True)
+        del ins, tensors, y, ref
+        torch.cuda.empty_cache()
     (out_dir / "variants.json").write_text(json.dumps(results, indent=1))
     return results
 
 
 def stack_modes(lib, out_dir, iters):
-    """MLPStack on the Triton backend forced to one kernel (ONNXFUSE_MLP_STACK=fused) and to a launch per layer
-    (=layers), on the CUDA backend, and the unfused chain in ORT: correctness (doctor, plain + CUDA graph) under
-    each forced mode, then timings at DLRM's sizes. A fresh session per mode (the env is read at kernel creation)."""
-    import os
-
-    import numpy as np
+    """MLPStack on the Triton backend forced to one kernel (node attribute stack_mode=fused, with each stack_cfg
+    tile variant when the library has the experiments) and to a launch per layer (stack_mode=layers), on the CUDA
+    backend, and the unfused chain in ORT: correctness (doctor, plain + CUDA graph) under each forced mode, then
+    timings at DLRM's sizes. A fresh session per mode (attributes are read at kernel creation)."""
     import onnx
-    import torch
     from onnx import helper
 
     from onnxfuse import schema
     from onnxfuse.kernels import doctor
 
-    saved = os.environ.get("ONNXFUSE_MLP_STACK")
-    os.environ.pop("ONNXFUSE_MLP_STACK_CFG", None)
+    cfgs = (0, 1, 2) if _has_experiments(lib) else (0,)
     rows, timings = [], []
-    try:
-        for mode, cfg in (("fused", "0"), ("fused", "1"), ("fused", "2"), ("layers", "0")):
-            os.environ["ONNXFUSE_MLP_STACK"] = mode
-            os.environ["ONNXFUSE_MLP_STACK_CFG"] = cfg
-            shapes = {"MLPStack": [(m, w, a) for m in (1, 333, 2048, 20000) for w, a in DLRM_STACKS]}
-            rows += [dict(r, stack_mode=f"{mode} cfg{cfg}") for r in doctor.run_doctor(
-                providers=("cuda",), backends=("triton",), ops=["MLPStack"], shapes=shapes,
-                modes=("plain", "cuda_graph"), lib_path=lib,
-                on_row=lambda r: (r["status"] != "PASS") and print(doctor.format_row(r), flush=True))]
-        print(f"  forced-mode correctness: {sum(r['status'] == 'PASS' for r in rows)}/{len(rows)} pass", flush=True)
-        from onnxfuse import bench
-        import tempfile
-        dev = bench._Device("cuda")
-        tmp = pathlib.Path(tempfile.mkdtemp())
-        variants_ = [("triton_fused_cfg0", "triton", {"ONNXFUSE_MLP_STACK": "fused", "ONNXFUSE_MLP_STACK_CFG": "0"}),
-                     ("triton_fused_cfg1", "triton", {"ONNXFUSE_MLP_STACK": "fused", "ONNXFUSE_MLP_STACK_CFG": "1"}),
-                     ("triton_fused_cfg2", "triton", {"ONNXFUSE_MLP_STACK": "fused", "ONNXFUSE_MLP_STACK_CFG": "2"}),
-                     ("triton_layers", "triton", {"ONNXFUSE_MLP_STACK": "layers"}),
-                     ("triton_auto", "triton", {}),
-                     ("cuda_layers", "cuda", {}),
-                     ("ort_unfused", None, {})]
-        for m in (128, 2048, 16384):
-            for widths, acts in DLRM_STACKS:
-                shp = doctor.stack_shapes(m, widths)
-                ins = doctor.make_inputs("MLPStack", "float16", shp, 0, "cuda")
-                tensors = dict(zip(shp, ins))
-                ref = schema.reference("MLPStack", ins, {"activations": acts}).float()
-                t = onnx.TensorProto.FLOAT16
-                vi = [helper.make_tensor_value_info(k, t, v) for k, v in shp.items()]
-                out = [helper.make_tensor_value_info("Y", t, [m, widths[-1]])]
-                ops = [helper.make_opsetid("", schema.ONNX_OPSET), helper.make_opsetid(schema.DOMAIN, 1)]
-                node = helper.make_node("MLPStack", list(shp), ["Y"], domain=schema.DOMAIN, activations=acts)
-                fused_path, unfused_path = tmp / "fused.onnx", tmp / "unfused.onnx"
+    for mode, cfg in [("fused", c) for c in cfgs] + [("layers", 0)]:
+        knobs = {"stack_mode": mode, **({"stack_cfg": cfg} if cfg else {})}
+        shapes = {"MLPStack": [(m, w, a) for m in (1, 333, 2048, 20000) for w, a in DLRM_STACKS]}
+        rows += [dict(r, stack_mode=f"{mode} cfg{cfg}") for r in doctor.run_doctor(
+            providers=("cuda",), backends=("triton",), ops=["MLPStack"], shapes=shapes,
+            modes=("plain", "cuda_graph"), lib_path=lib, node_attrs=knobs,
+            on_row=lambda r: (r["status"] != "PASS") and print(doctor.format_row(r), flush=True))]
+    print(f"  forced-mode correctness: {sum(r['status'] == 'PASS' for r in rows)}/{len(rows)} pass", flush=True)
+    from onnxfuse import bench
+    import tempfile
+    dev = bench._Device("cuda")
+    tmp = pathlib.Path(tempfile.mkdtemp())
+    variants_ = [(f"triton_fused_cfg{c}", "triton", {"stack_mode": "fused", **({"stack_cfg": c} if c else {})})
+                 for c in cfgs]
+    variants_ += [("triton_layers", "triton", {"stack_mode": "layers"}),
+                  ("triton_auto", "triton", {}),
+                  ("cuda_layers", "cuda", {}),
+                  ("ort_unfused", None, {})]
+    for m in (128, 2048, 16384):
+        for widths, acts in DLRM_STACKS:
+            shp = doctor.stack_shapes(m, widths)
+            ins = doctor.make_inputs("MLPStack", "float16", shp, 0, "cuda")
+            tensors = dict(zip(shp, ins))
+            ref = schema.reference("MLPStack", ins, {"activations": acts}).float()
+            t = onnx.TensorProto.FLOAT16
+            vi = [helper.make_tensor_value_info(k, t, v) for k, v in shp.items()]
+            out = [helper.make_tensor_value_info("Y", t, [m, widths[-1]])]
+            ops = [helper.make_opsetid("", schema.ONNX_OPSET),
+                   helper.make_opsetid(schema.DOMAIN, schema.DOMAIN_VERSION)]
+            unfused_path = tmp / "unfused.onnx"
+            fused_paths = {}
+            for name, _, knobs in variants_:  # one fused model per variant: its node carries the knobs
+                node = helper.make_node("MLPStack", list(shp), ["Y"], domain=schema.DOMAIN, activations=acts,
+                                        **knobs)
+                fused_paths[name] = tmp / f"fused-{name}.onnx"
                 onnx.save(helper.make_model(helper.make_graph([node], "s", vi, out), opset_imports=ops,
-                                            ir_version=schema.IR_VERSION), str(fused_path))
-                nodes, h = [], "X"
-                for i, a in enumerate(acts.split("."), start=1):
-                    o = "Y" if i == len(acts.split(".")) else f"h{i}"
-                    nodes += [helper.make_node("MatMul", [h, f"W_{i}"], [f"m{i}"]),
-                              helper.make_node("Add", [f"m{i}", f"bias_{i}"], [f"z{i}"]),
-                              helper.make_node("Relu" if a == "relu" else "Sigmoid", [f"z{i}"], [o])]
-                    h = o
-                onnx.save(helper.make_model(helper.make_graph(nodes, "u", vi, out), opset_imports=ops[:1],
-                                            ir_version=schema.IR_VERSION), str(unfused_path))
-                row = dict(M=m, layers="-".join(map(str, widths)), activations=acts)
-                for name, backend, env in variants_:
-                    for graph in (False, True):
-                        key = name + ("+graph" if graph else "")
-                        for k in ("ONNXFUSE_MLP_STACK", "ONNXFUSE_MLP_STACK_CFG"):
-                            os.environ.pop(k, None)
-                        os.environ.update(env)
-                        try:
-                            r = bench._OrtRun(fused_path if backend else unfused_path, "cuda", lib if backend else None,
-                                              backend, graph, tensors, [ref.half()], False)
-                            row[f"{key}_ms"] = statistics.median(dev.measure(r, 20, iters))
-                            row[f"{key}_max_err"] = (r.outputs[0].float() - ref).abs().max().item()
-                        except Exception as e:
-                            row[f"{key}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                timings.append(row)
-                print("  " + "  ".join(f"{a}={b:.4g}" if isinstance(b, float) else f"{a}={b}"
-                                       for a, b in row.items() if not a.endswith("_max_err")), flush=True)
-                bad = {a: b for a, b in row.items() if a.endswith("_max_err") and b > 0.05}
-                if bad:
-                    print(f"  LARGE ERRORS: {bad}", flush=True)
-    finally:
-        os.environ.pop("ONNXFUSE_MLP_STACK_CFG", None)
-        if saved is None:
-            os.environ.pop("ONNXFUSE_MLP_STACK", None)
-        else:
-            os.environ["ONNXFUSE_MLP_STACK"] = saved
+                                            ir_version=schema.IR_VERSION), str(fused_paths[name]))
+            nodes, h = [], "X"
+            for i, a in enumerate(acts.split("."), start=1):
+                o = "Y" if i == len(acts.split(".")) else f"h{i}"
+                nodes += [helper.make_node("MatMul", [h, f"W_{i}"], [f"m{i}"]),
+                          helper.make_node("Add", [f"m{i}", f"bias_{i}"], [f"z{i}"]),
+                          helper.make_node("Relu" if a == "relu" else "Sigmoid", [f"z{i}"], [o])]
+                h = o
+            onnx.save(helper.make_model(helper.make_graph(nodes, "u", vi, out), opset_imports=ops[:1],
+                                        ir_version=schema.IR_VERSION), str(unfused_path))
+            row = dict(M=m, layers="-".join(map(str, widths)), activations=acts)
+            for name, backend, _ in variants_:
+                for graph in (False, True):
+                    key = name + ("+graph" if graph else "")
+                    try:
+                        r = bench._OrtRun(fused_paths[name] if backend else unfused_path, "cuda",
+                                          lib if backend else None, backend, graph, tensors, [ref.half()], False)
+                        row[f"{key}_ms"] = statistics.median(dev.measure(r, 20, iters))
+                        row[f"{key}_max_err"] = (r.outputs[0].float() - ref).abs().max().item()
+                    except Exception as e:
+                        row[f"{key}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            timings.append(row)
+            print("  " + "  ".join(f"{a}={b:.4g}" if isinstance(b, float) else f"{a}={b}"
+                                   for a, b in row.items() if not a.endswith("_max_err")), flush=True)
+            bad = {a: b for a, b in row.items() if a.endswith("_max_err") and b > 0.05}
+            if bad:
+                print(f"  LARGE ERRORS: {bad}", flush=True)
     (out_dir / "stack_modes.json").write_text(json.dumps({"correctness": rows, "timing": timings}, indent=1))
     return rows, timings
 
@@ -382,7 +370,7 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="skip the large shapes in the correctness part")
     p.add_argument("--no-timing", action="store_true")
     p.add_argument("--iters", type=int, default=50)
-    p.add_argument("--no-variants", action="store_true", help="skip the Triton env-variant timings")
+    p.add_argument("--no-variants", action="store_true", help="skip the Triton experiment-variant timings")
     p.add_argument("--only-stack", action="store_true", help="only the MLPStack checks and its mode timings")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -430,7 +418,7 @@ def main(argv=None):
             print(f"timing failed: {type(e).__name__}: {e}", flush=True)
     var = []
     if not args.no_timing and not args.no_variants:
-        print("== triton variants (fp16, median ms; fresh session per env)", flush=True)
+        print("== triton variants (fp16, median ms; fresh session per experiment-attribute set)", flush=True)
         try:
             var = variants(args.lib, args.out, args.iters)
         except Exception as e:

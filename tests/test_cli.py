@@ -7,7 +7,7 @@ import pytest
 
 from onnxfuse import cli
 
-COMMANDS = [["export", "llama"], ["export", "dlrm"], ["fuse"], ["verify"], ["run"], ["build"], ["doctor"], ["bench"],
+COMMANDS = [["export", "llama"], ["export", "dlrm"], ["fuse"], ["verify"], ["run"], ["build"], ["cache"], ["doctor"], ["bench"],
             ["view"], ["info"]]
 
 

@@ -4,7 +4,6 @@
 """
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import onnx
@@ -38,14 +37,13 @@ def test_doctor_every_op_backend_dtype_and_mode_on_cuda():
     ("dlrm", dict(lora_rank=4), "fp32"),
 ])
 @pytest.mark.parametrize("backend", ["cuda", "triton", "auto"])
-def test_fused_models_verify_on_the_cuda_ep(tmp_path, monkeypatch, kind, overrides, dtype, backend):
+def test_fused_models_verify_on_the_cuda_ep(tmp_path, kind, overrides, dtype, backend):
     from onnxfuse import export, fuse, verify, zoo
     spec = (zoo.LlamaSpec.from_preset("tiny", **overrides) if kind == "llama"
             else zoo.DlrmSpec.from_preset("small", **overrides))
     export.export(kind, spec, tmp_path / "m.onnx", dtype=dtype)
-    res = fuse.fuse(tmp_path / "m.onnx", tmp_path / "f.onnx")
+    res = fuse.fuse(tmp_path / "m.onnx", tmp_path / "f.onnx", backend=backend)  # the nodes' backend attribute
     assert res.matches
-    monkeypatch.setenv("ONNXFUSE_BACKEND", backend)
     out = verify.verify(tmp_path / "f.onnx", provider="cuda", library=True)
     assert out.passed, out.outputs
 
@@ -85,3 +83,31 @@ def test_bench_runs_on_the_gpu(tmp_path):
     variants = res["cases"][0]["variants"]
     for name in ("ort-unfused", "fused-triton", "fused-cuda", "fused-auto"):
         assert variants[name].get("median_ms", 0) > 0, (name, variants[name])
+
+
+@pytest.mark.parametrize("stack_mode", ["fused", "layers"])
+def test_mlp_stack_modes_from_the_node_attribute(stack_mode):
+    """stack_mode=fused (one Triton kernel) and =layers (a launch per layer), forced per node, against PyTorch."""
+    from onnxfuse.kernels import doctor
+    shapes = {"MLPStack": [(m, (13, 512, 256, 64, 16), "relu.relu.relu.relu") for m in (1, 333, 20000)]
+              + [(2048, (367, 512, 256, 1), "relu.relu.sigmoid")]}
+    rows = doctor.run_doctor(providers=("cuda",), backends=("triton",), ops=["MLPStack"], shapes=shapes,
+                             modes=("plain", "cuda_graph"), node_attrs={"stack_mode": stack_mode})
+    bad = [doctor.format_row(r) for r in rows if r["status"] != "PASS"]
+    assert rows and not bad, "\n".join(bad)
+
+
+def test_default_library_refuses_experiment_knobs():
+    """A default library has no variant cubins: a node asking for one fails at session creation, naming the fix."""
+    import onnxruntime as ort
+
+    from onnxfuse import kernels
+    from onnxfuse.kernels import doctor
+    lib = kernels.library_path(provider="cuda")
+    if kernels.build_info(lib).get("experiments"):
+        pytest.skip("this library was built with --experiments")
+    model = doctor.make_model("LinearRelu", "float16", doctor.input_shapes("LinearRelu", 16, 64, 64, 0), "triton",
+                              extra_attrs={"small_cfg": 1})
+    so = kernels.session_options(path=lib)
+    with pytest.raises(Exception, match="built without experiments.*onnxfuse build --experiments"):
+        ort.InferenceSession(model, so, providers=["CUDAExecutionProvider"])

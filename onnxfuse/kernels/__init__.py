@@ -5,66 +5,112 @@
     so = kernels.session_options()             # SessionOptions with libonnxfuse_ops.so registered
     sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
-`library_path()` builds the library when no cached build exists (see `build.py` for where the ORT headers and
-nvcc come from); `build()` builds explicitly; `build_info()` reads the versions recorded inside a built library.
-Environment: ONNXFUSE_LIBRARY (a prebuilt library to use instead of building), ONNXFUSE_BUILD_DIR (cache dir), ORT_INCLUDE_DIR (headers), ONNXFUSE_BACKENDS (comma list used by
-library_path(), e.g. "cpu"), ONNXFUSE_BACKEND (run-time kernel family override), ONNXFUSE_CPU_THREADS.
+`library_path()` returns a cached library that covers what the session needs (a CPU session takes any current
+build; a CUDA session one with the CUDA and, where buildable, Triton kernels), building one when there is none:
+only the CPU backend where onnxruntime has no CUDA EP, every buildable backend otherwise (see `build.py` for the
+cache, the ORT headers and nvcc). `build()` builds explicitly; `build_info()` reads what a built library recorded.
+
+Environment: ONNXFUSE_LIBRARY (a prebuilt library to use instead of the cache), ONNXFUSE_BUILD_DIR (cache dir),
+ORT_INCLUDE_DIR (headers), ONNXFUSE_BACKENDS (comma list an automatic build compiles, e.g. "cpu"); read once by
+the CPU kernels: ONNXFUSE_CPU_THREADS, ONNXFUSE_CPU_ISA. Kernel choice is not in the environment: it is each node's
+`backend` attribute (onnxfuse fuse --backend, onnxfuse.runtime.session(backend=)).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
 import pathlib
+import sys
 
-from .build import BuildError, BuildResult, available_backends, build, build_dir
+from .build import (ALL_BACKENDS, LIB_NAME, BuildError, BuildResult, auto_backends, available_backends, build,
+                    build_dir, cache_entries, clean, current_path, find_cached, set_current)
 
-__all__ = ["BuildError", "BuildResult", "available_backends", "build", "build_dir", "build_info", "library_path",
-           "session_options"]
+__all__ = ["BuildError", "BuildResult", "announcements", "auto_backends", "available_backends", "build", "build_dir",
+           "build_info", "cache_entries", "clean", "current_path", "library_path", "needed_backends",
+           "session_options", "set_current"]
 
 _resolved: dict[tuple, pathlib.Path] = {}
+_announce = [True]
 
 
-def _default_backends() -> list[str] | None:
+@contextlib.contextmanager
+def announcements(enabled: bool):
+    """Whether a first-use build says so on stderr (one line with the log path); the CLI turns it off for -q/--json."""
+    saved = _announce[0]
+    _announce[0] = enabled
+    try:
+        yield
+    finally:
+        _announce[0] = saved
+
+
+def _env_backends() -> list[str] | None:
     env = os.environ.get("ONNXFUSE_BACKENDS", "").strip()
     return [b.strip() for b in env.split(",") if b.strip()] if env else None
 
 
-def library_path(build_if_missing: bool = True) -> pathlib.Path:
-    """Path of the library for the default backends (ONNXFUSE_BACKENDS or all available), building it if needed."""
+def needed_backends(provider: str | None = None) -> set[str]:
+    """Backends a library must have for sessions on `provider` ("cpu", "cuda"; None: what this onnxruntime runs)."""
+    gpu = provider == "cuda" or (provider is None and auto_backends() != ["cpu"])
+    need = set(available_backends()) if gpu else {"cpu"}  # without nvcc a CUDA session runs the CPU kernels
+    return need | set(_env_backends() or ())
+
+
+def library_path(build_if_missing: bool = True, provider: str | None = None) -> pathlib.Path:
+    """Path of a library for sessions on `provider`: ONNXFUSE_LIBRARY, else a current cached build that covers
+    the needed backends, else a new build (ONNXFUSE_BACKENDS, or auto_backends()). A build that failed with the
+    same inputs raises its remembered error at once (`onnxfuse build --force` retries)."""
     prebuilt = os.environ.get("ONNXFUSE_LIBRARY")
     if prebuilt:  # a library built elsewhere (e.g. on a CPU machine for a GPU one): use it as is
         if not pathlib.Path(prebuilt).is_file():
             raise BuildError(f"ONNXFUSE_LIBRARY={prebuilt} does not exist; unset it or point it at libonnxfuse_ops.so")
         return pathlib.Path(prebuilt)
-    backends = _default_backends()
-    key = (str(build_dir()), tuple(backends or ()))
+    need = needed_backends(provider)
+    key = (str(build_dir()), tuple(sorted(need)))
     if key in _resolved and _resolved[key].is_file():
         return _resolved[key]
     if not build_if_missing:
-        # Newest cached build, without compiling (and without probing compilers).
-        libs = sorted(build_dir().glob("*/libonnxfuse_ops.so"), key=lambda p: p.stat().st_mtime, reverse=True)
-        if not libs:
-            raise BuildError("no built onnxfuse library in "
-                             f"{build_dir()}; run `python -m onnxfuse.kernels.build` or call library_path()")
-        return libs[0]
-    result = build(backends=backends, quiet=True)
+        # Newest cached build with the needed backends, without compiling (and without probing compilers).
+        entries = [e for e in cache_entries(check=False) if e["status"] == "built" and need <= set(e["backends"])]
+        if not entries:
+            raise BuildError(f"no built onnxfuse library with backends {sorted(need)} in {build_dir()}; run "
+                             "'onnxfuse build' or call library_path()")
+        return pathlib.Path(min(entries, key=lambda e: e["age_s"])["path"]) / LIB_NAME
+    found = find_cached(need)
+    if found is not None:
+        set_current(found)
+        _resolved[key] = found
+        return found
+    # What to build: ONNXFUSE_BACKENDS, else what this onnxruntime can run (a CPU session on a GPU machine gets the
+    # full library too, so that its CUDA sessions need no second build).
+    auto = auto_backends("cuda" if provider == "cuda" else None)
+    backends = sorted(set(_env_backends() or auto) | need, key=ALL_BACKENDS.index)
+
+    def say(p) -> None:
+        if _announce[0]:
+            print(f"onnxfuse: building the kernel library ({', '.join(p.backends)}) for first use, "
+                  f"about {'2 minutes' if 'cuda' in p.backends else '20 s'}; log: {p.log_path}", file=sys.stderr,
+                  flush=True)
+
+    result = build(backends=backends, quiet=True, on_build_start=say)
     _resolved[key] = result.path
     return result.path
 
 
 def build_info(path: str | os.PathLike | None = None) -> dict:
-    """The JSON the library recorded at build time (versions, backends, archs, header source, cache key)."""
+    """The JSON the library recorded at build time (versions, backends, archs, experiments, header source, key)."""
     lib = ctypes.CDLL(str(path or library_path()))
     fn = lib.onnxfuse_build_info
     fn.restype = ctypes.c_char_p
     return json.loads(fn().decode())
 
 
-def session_options(so=None, path: str | os.PathLike | None = None):
+def session_options(so=None, path: str | os.PathLike | None = None, provider: str | None = None):
     """Return `so` (or a new onnxruntime.SessionOptions) with the onnxfuse library registered."""
     import onnxruntime as ort
 
     so = so if so is not None else ort.SessionOptions()
-    so.register_custom_ops_library(str(path or library_path()))
+    so.register_custom_ops_library(str(path or library_path(provider=provider)))
     return so

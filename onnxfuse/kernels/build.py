@@ -1,4 +1,16 @@
-"""Build the onnxfuse custom-op library (``libonnxfuse_ops.so``) with CMake.
+"""Build the onnxfuse custom-op library (``libonnxfuse_ops.so``) with CMake, and keep the cache of builds.
+
+Where builds live: the user cache dir (``platformdirs.user_cache_dir("onnxfuse")/kernels``, e.g.
+``~/.cache/onnxfuse/kernels``), or ``ONNXFUSE_BUILD_DIR``. In it:
+  * ``<key>/`` one finished build: ``libonnxfuse_ops.so``, ``build_info.json``, ``build.log``. The key hashes
+    everything that makes the library (sources, the generated ``onnxfuse_ops.h``, compiler, CMake, nvcc, Triton and
+    header versions and contents, backends, archs, experiments), so a change of any of them builds anew;
+  * ``current`` a symlink to the build the last ``library_path()`` / ``build()`` used, so that
+    ``<cache>/current/libonnxfuse_ops.so`` is a stable path for scripts (``onnxfuse build --print-path``);
+  * ``failed/<key>.json`` a build that failed, with its error and log: the same inputs fail at once instead of
+    rebuilding, until they change or ``build(force=True)`` (``onnxfuse build --force``);
+  * ``logs/<key>.log`` the log of the latest attempt of each key; ``ort-headers-1.21/`` fetched headers;
+    ``.build.lock`` serialises builds between processes.
 
 Where the onnxruntime headers come from, in order (first hit wins, and `BuildResult.header_source` says which):
   1. ``ORT_INCLUDE_DIR`` — any onnxruntime release's ``include/`` (must hold onnxruntime_cxx_api.h and
@@ -9,13 +21,16 @@ Where the onnxruntime headers come from, in order (first hit wins, and `BuildRes
      the system's apt setup untouched), unpacked into the cache of 2.
 
 The library links no onnxruntime: it receives the API in ``RegisterCustomOps``. CUDA kernels are built when nvcc is
-found (``CUDA_HOME``, ``/usr/local/cuda``, ``PATH``) unless ``backends`` leaves CUDA out. Builds land in a temporary
-directory and are renamed into ``<build dir>/<cache key>/`` so a reader never sees a half-written library.
+found (``CUDA_HOME``, ``/usr/local/cuda``, ``PATH``) unless ``backends`` leaves CUDA out. A build runs in stages
+(headers, configure, cpu, cuda, triton, link), reported on stderr unless quiet, in a temporary directory renamed into
+``<build dir>/<key>/`` so a reader never sees a half-written library.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import datetime
 import fcntl
 import hashlib
 import json
@@ -27,6 +42,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 KERNELS_DIR = pathlib.Path(__file__).resolve().parent
 LIB_NAME = "libonnxfuse_ops.so"
@@ -34,13 +50,19 @@ HEADERS_VERSION = "1.21"  # what the trixie .deb gives; the C API is append-only
 REQUIRED_HEADERS = ("onnxruntime_cxx_api.h", "onnxruntime_lite_custom_op.h")
 DEFAULT_ARCHS = ("90",)
 ALL_BACKENDS = ("cpu", "cuda", "triton")
-_SOURCE_GLOBS = ("**/*.cc", "**/*.h", "**/*.cu", "**/*.cmake", "CMakeLists.txt", "ort/exports.map", "triton/*.py")
+STAGES = ("headers", "configure", "cpu", "cuda", "triton", "link")
+# What the build reads from this folder. pyproject.toml's package-data must ship every one of these (a test checks).
+SOURCE_GLOBS = ("*.cc", "*.h", "cpu/*.cc", "cpu/*.h", "common/*.h", "cuda/*.cc", "cuda/*.h", "cuda/*.cu",
+                "cuda/*.cuh", "cuda/*.cmake", "CMakeLists.txt", "exports.map", "triton/*.py", "ops_header.py")
+# Sources only the CUDA/Triton build compiles; a CPU-only build's key ignores them so edits there do not rebuild it.
+_GPU_ONLY = ("cuda/", "triton/")
 _NO_HEADERS_HINT = ("set ORT_INCLUDE_DIR to an onnxruntime release's include directory (the GitHub release tarball "
                     "onnxruntime-linux-x64-<version>.tgz has it under include/), or install libonnxruntime-dev")
+_KEY_RE = re.compile(r"[0-9a-f]{16}")
 
 
 class BuildError(RuntimeError):
-    """The library could not be built; the message ends with the tail of the compiler/CMake log."""
+    """The library could not be built; the message says which stage failed and ends with the tail of its log."""
 
 
 @dataclasses.dataclass
@@ -52,10 +74,42 @@ class BuildResult:
     cache_key: str
     log: str
     cached: bool = False
+    experiments: bool = False
+    log_path: pathlib.Path | None = None
+    seconds: float = 0.0
 
 
 def build_dir() -> pathlib.Path:
-    return pathlib.Path(os.environ.get("ONNXFUSE_BUILD_DIR") or KERNELS_DIR / "_build")
+    """The build cache: ONNXFUSE_BUILD_DIR, else the user cache dir (never inside the installed package)."""
+    env = os.environ.get("ONNXFUSE_BUILD_DIR")
+    if env:
+        return pathlib.Path(env)
+    try:
+        import platformdirs  # noqa: PLC0415
+        root = pathlib.Path(platformdirs.user_cache_dir("onnxfuse"))
+    except ImportError:  # a declared dependency; this only keeps a partial install working (same path on Linux)
+        root = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "onnxfuse"
+    return root / "kernels"
+
+
+def current_path() -> pathlib.Path:
+    """The stable path of the library last resolved or built: <build dir>/current/libonnxfuse_ops.so."""
+    return build_dir() / "current" / LIB_NAME
+
+
+def set_current(lib: pathlib.Path) -> pathlib.Path:
+    """Point <build dir>/current at the build folder of `lib` (atomically); returns the stable library path."""
+    root = build_dir()
+    lib = pathlib.Path(lib).resolve()
+    if lib.parent.parent != root.resolve():
+        return lib  # not a cache entry (e.g. ONNXFUSE_LIBRARY): nothing to point at
+    link = root / "current"
+    tmp = root / f".current-{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    os.symlink(lib.parent.name, tmp)
+    os.replace(tmp, link)
+    return link / LIB_NAME
 
 
 # ------------------------------------------------------------------------------------------------ ORT headers
@@ -67,6 +121,14 @@ def _headers_version(d: pathlib.Path) -> str:
     text = (d / "onnxruntime_c_api.h").read_text(errors="replace") if (d / "onnxruntime_c_api.h").is_file() else ""
     m = re.search(r"#define\s+ORT_API_VERSION\s+(\d+)", text)
     return f"api{m.group(1)}" if m else "unknown"
+
+
+def _headers_digest(d: pathlib.Path) -> str:
+    """Hash of the headers' contents: two copies of the same release share cached builds, an edited one does not."""
+    h = hashlib.sha256()
+    for p in sorted(d.glob("*.h")):
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
 
 
 def _fetch_trixie_headers(dest: pathlib.Path, log: list[str]) -> bool:
@@ -140,19 +202,28 @@ def find_nvcc() -> pathlib.Path | None:
     return pathlib.Path(found) if found else None
 
 
+_probe_cache: dict[tuple, str] = {}
+
+
 def _first_line(cmd: list[str]) -> str:
+    if tuple(cmd) in _probe_cache:
+        return _probe_cache[tuple(cmd)]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return "unavailable"
     lines = [ln for ln in (p.stdout + p.stderr).splitlines() if ln.strip()]
-    return lines[0].strip() if lines else "unknown"
+    _probe_cache[tuple(cmd)] = out = lines[0].strip() if lines else "unknown"
+    return out
 
 
 def _nvcc_version(nvcc: pathlib.Path) -> str:
-    out = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True).stdout
-    m = re.search(r"release ([\d.]+), (V[\d.]+)", out)
-    return m.group(2) if m else "unknown"
+    key = ("nvcc-version", str(nvcc))
+    if key not in _probe_cache:
+        out = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True).stdout
+        m = re.search(r"release ([\d.]+), (V[\d.]+)", out)
+        _probe_cache[key] = m.group(2) if m else "unknown"
+    return _probe_cache[key]
 
 
 def _triton_version() -> str | None:
@@ -178,6 +249,24 @@ def available_backends() -> list[str]:
     return out
 
 
+def onnxruntime_has_cuda() -> bool:
+    """Whether the installed onnxruntime offers the CUDA execution provider (onnxruntime-gpu)."""
+    try:
+        import onnxruntime  # noqa: PLC0415
+        return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    except Exception:  # noqa: BLE001 - no onnxruntime: nothing can run the CUDA kernels either
+        return False
+
+
+def auto_backends(provider: str | None = None) -> list[str]:
+    """What an automatic (first-use) build compiles: the CPU backend only where onnxruntime has no CUDA EP (the GPU
+    kernels could never run there), else every backend this machine can build. `provider` = "cuda" asks for the
+    GPU backends whatever onnxruntime says."""
+    if provider == "cuda" or (provider is None and onnxruntime_has_cuda()):
+        return available_backends()
+    return ["cpu"]
+
+
 def parse_archs(arch) -> list[str]:
     if arch is None:
         return list(DEFAULT_ARCHS)
@@ -189,24 +278,27 @@ def parse_archs(arch) -> list[str]:
     return sorted(set(archs), key=archs.index)
 
 
-# Sources only the CUDA/Triton build compiles; a CPU-only build's key ignores them so edits there do not rebuild it.
-_GPU_ONLY = ("cuda/", "triton/", "ort/ops_cuda.cc")
-
-
-def _source_files(with_gpu: bool = True) -> list[pathlib.Path]:
+def source_files(with_gpu: bool = True) -> list[pathlib.Path]:
     files: set[pathlib.Path] = set()
-    for pattern in _SOURCE_GLOBS:
-        files.update(p for p in KERNELS_DIR.glob(pattern) if p.is_file() and "_build" not in p.parts)
+    for pattern in SOURCE_GLOBS:
+        files.update(p for p in KERNELS_DIR.glob(pattern) if p.is_file())
     if not with_gpu:
         files = {p for p in files if not str(p.relative_to(KERNELS_DIR)).startswith(_GPU_ONLY)}
     return sorted(files)
 
 
-def _cache_key(backends: list[str], archs: list[str], versions: dict) -> str:
+def ops_header_text() -> str:
+    from . import ops_header  # noqa: PLC0415 - imports onnxfuse.schema
+    return ops_header.render()
+
+
+def _cache_key(backends: list[str], archs: list[str], experiments: bool, versions: dict, ops_header: str) -> str:
     h = hashlib.sha256()
-    for p in _source_files(with_gpu="cuda" in backends):
+    for p in source_files(with_gpu="cuda" in backends):
         h.update(str(p.relative_to(KERNELS_DIR)).encode() + b"\0" + p.read_bytes() + b"\0")
-    h.update(json.dumps({"backends": backends, "archs": archs, "versions": versions}, sort_keys=True).encode())
+    h.update(ops_header.encode() + b"\0")
+    h.update(json.dumps({"backends": backends, "archs": archs, "experiments": experiments, "versions": versions},
+                        sort_keys=True).encode())
     return h.hexdigest()[:16]
 
 
@@ -214,16 +306,43 @@ def _tail(text: str, lines: int = 60) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-# ------------------------------------------------------------------------------------------------ build
-def build(arch=None, backends=None, force: bool = False, quiet: bool = False) -> BuildResult:
-    """Build (or reuse) the library for `backends` (default: all available) and CUDA `arch` (default 90)."""
-    log: list[str] = []
+# ------------------------------------------------------------------------------------------------ plan
+@dataclasses.dataclass
+class Plan:
+    """Everything a build of one configuration is decided by, and its cache key (no compiling yet)."""
+    backends: list[str]
+    archs: list[str]
+    experiments: bool
+    include_dir: pathlib.Path
+    header_source: str
+    versions: dict
+    nvcc: pathlib.Path | None
+    key: str
+    ops_header: str
+    notes: list[str]
 
-    def say(msg: str) -> None:
-        log.append(msg)
-        if not quiet:
-            print(f"onnxfuse.kernels: {msg}", file=sys.stderr)
+    @property
+    def dir(self) -> pathlib.Path:
+        return build_dir() / self.key
 
+    @property
+    def lib(self) -> pathlib.Path:
+        return self.dir / LIB_NAME
+
+    @property
+    def log_path(self) -> pathlib.Path:
+        return build_dir() / "logs" / f"{self.key}.log"
+
+    @property
+    def failure_path(self) -> pathlib.Path:
+        return build_dir() / "failed" / f"{self.key}.json"
+
+
+def plan(arch=None, backends=None, experiments: bool = False, fetch_headers: bool = True,
+         header_log: list[str] | None = None) -> Plan:
+    """Decide backends, archs and headers, probe the toolchain, and compute the cache key. Raises BuildError with
+    the fix when something needed is missing (an unknown backend, nvcc for cuda, triton, headers, cmake)."""
+    notes: list[str] = []
     requested = list(backends) if backends is not None else available_backends()
     unknown = [b for b in requested if b not in ALL_BACKENDS]
     if unknown:
@@ -236,93 +355,318 @@ def build(arch=None, backends=None, force: bool = False, quiet: bool = False) ->
         if backends is not None:
             raise BuildError("backend 'cuda' requested but nvcc was not found (set CUDA_HOME or put nvcc on PATH)")
         chosen = ["cpu"]
+        notes.append("nvcc not found: CPU backend only")
     triton_version = _triton_version() if "triton" in chosen else None
     if "triton" in chosen and triton_version is None:
-        raise BuildError("backend 'triton' requested but the triton package cannot be imported")
-    if "cuda" in chosen and backends is None and not (KERNELS_DIR / "cuda/cuda.cmake").is_file():
-        say("cuda/cuda.cmake not in this checkout: CUDA kernels skipped")
-        chosen = ["cpu"]
+        raise BuildError("backend 'triton' requested but the triton package cannot be imported "
+                         "(pip install 'onnxfuse[build]')")
     if "cuda" in chosen and not (KERNELS_DIR / "cuda/cuda.cmake").is_file():
-        raise BuildError(f"backend 'cuda' requested but {KERNELS_DIR / 'cuda/cuda.cmake'} does not exist (the CUDA "
-                         "kernels are not in this checkout); build with backends=['cpu']")
+        if backends is not None:
+            raise BuildError(f"backend 'cuda' requested but {KERNELS_DIR / 'cuda/cuda.cmake'} does not exist (the "
+                             "CUDA kernels are not in this checkout); build with backends=['cpu']")
+        chosen = ["cpu"]
+        notes.append("cuda/cuda.cmake not in this checkout: CPU backend only")
     archs = parse_archs(arch) if "cuda" in chosen else []
-    if chosen == ["cpu"]:
-        say("building a CPU-only library" + ("" if backends is not None else " (nvcc not found)"))
-
-    include_dir, header_source = find_ort_headers(log=log)
-    say(f"ORT headers: {header_source}")
+    if experiments and "triton" not in chosen:
+        raise BuildError("the experiments are Triton kernel variants, but this build has no triton backend "
+                         f"({', '.join(chosen)}); build them with --backends cpu,cuda,triton (needs nvcc and triton)")
+    experiments = bool(experiments)
+    include_dir, header_source = find_ort_headers(fetch=fetch_headers, log=header_log)
     cmake = shutil.which("cmake")
     if cmake is None:
-        raise BuildError("cmake not found on PATH (need CMake >= 3.18)")
+        raise BuildError("cmake not found on PATH (need CMake >= 3.18; pip install cmake or apt-get install cmake)")
     versions = {
         "ort_headers": _headers_version(include_dir),
+        "ort_headers_sha": _headers_digest(include_dir),
         "cxx": _first_line([_cxx(), "--version"]),
         "cmake": _first_line([cmake, "--version"]),
         "nvcc": _nvcc_version(nvcc) if nvcc else None,
         "triton": triton_version,
         "machine": platform.machine(),
     }
-    key = _cache_key(chosen, archs, versions)
+    header = ops_header_text()
+    key = _cache_key(chosen, archs, experiments, versions, header)
+    return Plan(chosen, archs, experiments, include_dir, header_source, versions, nvcc, key, header, notes)
+
+
+# ------------------------------------------------------------------------------------------------ failures
+def remembered_failure(p: Plan) -> dict | None:
+    """The record of a failed build of exactly these inputs, if there is one."""
+    try:
+        return json.loads(p.failure_path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _remember_failure(p: Plan, error: str, stage: str) -> None:
+    p.failure_path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"key": p.key, "stage": stage, "error": error, "log": str(p.log_path), "backends": p.backends,
+              "archs": p.archs, "experiments": p.experiments,
+              "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    tmp = p.failure_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, p.failure_path)
+
+
+def _raise_remembered(record: dict) -> None:
+    raise BuildError(f"{record['error']}\n(remembered: these sources, compilers and options already failed to build "
+                     f"at {record.get('time', '?')}, so no rebuild was tried; full log: {record.get('log')}; fix the "
+                     "cause, then run 'onnxfuse build --force' to try again)")
+
+
+# ------------------------------------------------------------------------------------------------ build
+class _Progress:
+    """Stage lines on stderr (`onnxfuse build [3/6] cpu: ...`), or nothing when quiet."""
+
+    def __init__(self, quiet: bool, stages: list[str]):
+        self.quiet, self.stages, self.t0 = quiet, stages, time.monotonic()
+
+    def stage(self, name: str, detail: str = "") -> None:
+        if not self.quiet:
+            i = self.stages.index(name) + 1
+            print(f"onnxfuse build [{i}/{len(self.stages)}] {name}{': ' + detail if detail else ''}",
+                  file=sys.stderr, flush=True)
+
+    def say(self, msg: str) -> None:
+        if not self.quiet:
+            print(f"onnxfuse build: {msg}", file=sys.stderr, flush=True)
+
+
+def _stages_for(backends: list[str]) -> list[str]:
+    return [s for s in STAGES if s not in ("cuda", "triton") or s in backends]
+
+
+def build(arch=None, backends=None, force: bool = False, quiet: bool = False, experiments: bool = False,
+          on_build_start=None) -> BuildResult:
+    """Build (or reuse) the library for `backends` (default: all available) and CUDA `arch` (default 90).
+
+    experiments=True also compiles the Triton A/B variants (a larger, opt-in library). A cached build of the same
+    inputs is reused; a remembered failure of the same inputs is raised at once unless force=True. Stages are
+    reported on stderr unless quiet. `on_build_start(plan)` is called when an actual compile begins (after the
+    cache and failure checks), e.g. to say where the log is.
+    """
+    t0 = time.monotonic()
+    header_log: list[str] = []
+    p = plan(arch, backends, experiments, header_log=header_log)
+    progress = _Progress(quiet, _stages_for(p.backends))
     root = build_dir()
-    final_dir = root / key
-    lib = final_dir / LIB_NAME
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same key: wait, then reuse it
-        if lib.is_file() and not force:
-            return BuildResult(lib, chosen, archs, header_source, key, "\n".join(log), cached=True)
-        info = {"library": "onnxfuse_ops", "cache_key": key, "backends": chosen, "archs": archs,
-                "header_source": header_source, **versions}
-        work = pathlib.Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
+        if p.lib.is_file() and not force:
+            set_current(p.lib)
+            return _result(p, cached=True, seconds=time.monotonic() - t0)
+        record = remembered_failure(p)
+        if record is not None and not force:
+            _raise_remembered(record)
+        with contextlib.suppress(FileNotFoundError):
+            p.failure_path.unlink()
+        if on_build_start is not None:
+            on_build_start(p)
+        progress.stage("headers", p.header_source)
+        for note in p.notes:
+            progress.say(note)
+        p.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(p.log_path, "w") as log:
+            log.write("\n".join(header_log + [f"ORT headers: {p.header_source}", f"key: {p.key}",
+                                              f"backends: {p.backends}", f"archs: {p.archs}",
+                                              f"experiments: {p.experiments}", ""]) + "\n")
+            log.flush()
+            try:
+                _compile(p, log, progress)
+            except _StageFailed as e:
+                log.flush()
+                message = (f"{e.stage} stage failed (exit {e.code}); log: {p.log_path}; log tail:\n"
+                           f"{_tail(p.log_path.read_text(errors='replace'))}")
+                _remember_failure(p, message, e.stage)
+                raise BuildError(message) from None
+            except BuildError as e:
+                _remember_failure(p, str(e), "link")
+                raise
+        set_current(p.lib)
+        seconds = time.monotonic() - t0
+        progress.say(f"built {p.lib} in {seconds:.0f} s (backends {', '.join(p.backends)}"
+                     f"{'; archs ' + ','.join(p.archs) if p.archs else ''}{'; experiments' if p.experiments else ''})")
+        return _result(p, cached=False, seconds=seconds)
+
+
+class _StageFailed(Exception):
+    def __init__(self, stage: str, code: int):
+        super().__init__(stage)
+        self.stage, self.code = stage, code
+
+
+def _result(p: Plan, cached: bool, seconds: float) -> BuildResult:
+    log = ""
+    with contextlib.suppress(OSError):
+        log = (p.dir / "build.log").read_text(errors="replace")
+    return BuildResult(p.lib, p.backends, p.archs, p.header_source, p.key, log, cached=cached,
+                       experiments=p.experiments, log_path=p.dir / "build.log", seconds=seconds)
+
+
+def _compile(p: Plan, log, progress: _Progress) -> None:
+    """Configure and build stage by stage into a temporary folder, then rename it into the cache."""
+    root = build_dir()
+    info = {"library": "onnxfuse_ops", "cache_key": p.key, "backends": p.backends, "archs": p.archs,
+            "experiments": p.experiments, "header_source": p.header_source, **p.versions}
+    work = pathlib.Path(tempfile.mkdtemp(prefix=f".{p.key}-", dir=root))
+    cmake = shutil.which("cmake")
+
+    def run(stage: str, cmd: list[str]) -> None:
+        log.write(f"\n== {stage}\n$ {' '.join(cmd)}\n")
+        log.flush()
+        code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+        log.flush()
+        if code != 0:
+            raise _StageFailed(stage, code)
+
+    try:
+        gen = work / "generated"
+        gen.mkdir()
+        literal = json.dumps(json.dumps(info, sort_keys=True))  # a C string literal is a JSON string here
+        (gen / "onnxfuse_build_info.h").write_text(
+            "// Generated by onnxfuse/kernels/build.py; read back with onnxfuse.kernels.build_info().\n"
+            f"#define ONNXFUSE_BUILD_INFO_JSON {literal}\n")
+        (gen / "onnxfuse_ops.h").write_text(p.ops_header)
+        progress.stage("configure", f"cmake, log {p.log_path}")
+        cfg = [cmake, "-S", str(KERNELS_DIR), "-B", str(work / "cmake"), "-DCMAKE_BUILD_TYPE=Release",
+               f"-DCMAKE_CXX_COMPILER={_cxx()}", f"-DORT_INCLUDE_DIR={p.include_dir}",
+               f"-DONNXFUSE_GENERATED_DIR={gen}", f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={work / 'out'}",
+               f"-DONNXFUSE_WITH_CUDA={'ON' if 'cuda' in p.backends else 'OFF'}",
+               f"-DONNXFUSE_WITH_TRITON={'ON' if 'triton' in p.backends else 'OFF'}",
+               f"-DONNXFUSE_EXPERIMENTS={'ON' if p.experiments else 'OFF'}",
+               f"-DONNXFUSE_CUDA_ARCHS={';'.join(p.archs) or '90'}", f"-DONNXFUSE_PYTHON={sys.executable}"]
+        if p.nvcc:
+            cfg += [f"-DCMAKE_CUDA_COMPILER={p.nvcc}", f"-DCUDAToolkit_ROOT={p.nvcc.parent.parent}"]
+        run("configure", cfg)
+        jobs = str(max(1, min(os.cpu_count() or 2, 16)))
+        targets = {"cpu": ("onnxfuse_cpu", "C++ kernels (g++)"), "cuda": ("onnxfuse_cuda", "CUDA kernels (nvcc)"),
+                   "triton": ("onnxfuse_triton", "Triton AOT cubins"), "link": ("onnxfuse_ops", LIB_NAME)}
+        for stage in progress.stages[2:]:
+            target, what = targets[stage]
+            progress.stage(stage, what)
+            run(stage, [cmake, "--build", str(work / "cmake"), "--target", target, "-j", jobs])
+        built = work / "out" / LIB_NAME
+        if not built.is_file():
+            raise BuildError(f"build finished but {built} is missing; log: {p.log_path}")
+        manifest = work / "cmake" / "triton_generated" / "triton_kernels.json"
+        artifacts = {"size_bytes": built.stat().st_size}
+        if manifest.is_file():
+            artifacts["triton_cubins"] = len(json.loads(manifest.read_text())["kernels"])
+        staging = work / "final"
+        staging.mkdir()
+        shutil.copy2(built, staging / LIB_NAME)
+        (staging / "build_info.json").write_text(json.dumps({**info, "artifacts": artifacts}, indent=2,
+                                                            sort_keys=True) + "\n")
+        log.flush()
+        shutil.copy2(p.log_path, staging / "build.log")
+        if p.dir.exists():
+            shutil.rmtree(p.dir)  # force=True: replace; nobody else builds under the lock
+        os.replace(staging, p.dir)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------------ cache
+def _read_info(d: pathlib.Path) -> dict | None:
+    try:
+        return json.loads((d / "build_info.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _dir_size(d: pathlib.Path) -> int:
+    return sum(f.stat().st_size for f in d.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def cache_entries(check: bool = True) -> list[dict]:
+    """Every build and remembered failure in the cache: key, backends, archs, experiments, size, age, status.
+
+    status: "ok" (built from the current sources and toolchain: usable), "stale" (built from other inputs),
+    "failed" (a remembered failure), "partial" (a folder without a library). With check=False the "ok"/"stale"
+    check (which probes the toolchain) is skipped and finished builds say "built"."""
+    root = build_dir()
+    now = time.time()
+    current = None
+    with contextlib.suppress(OSError):
+        current = os.readlink(root / "current")
+    plans: dict[tuple, str | None] = {}
+    out = []
+    for d in sorted(root.iterdir()) if root.is_dir() else []:
+        if not (d.is_dir() and not d.is_symlink() and _KEY_RE.fullmatch(d.name)):
+            continue
+        info = _read_info(d) or {}
+        lib = d / LIB_NAME
+        status = "partial" if not lib.is_file() else "built"
+        if check and lib.is_file():
+            status = "ok" if _current_key(info, plans) == d.name else "stale"
+        out.append({"key": d.name, "status": status, "backends": info.get("backends", []),
+                    "archs": info.get("archs", []), "experiments": bool(info.get("experiments")),
+                    "size_bytes": _dir_size(d), "age_s": round(now - d.stat().st_mtime), "path": str(d),
+                    "current": d.name == current, "cubins": (info.get("artifacts") or {}).get("triton_cubins")})
+    for f in sorted((root / "failed").glob("*.json")) if (root / "failed").is_dir() else []:
         try:
-            gen = work / "generated"
-            gen.mkdir()
-            literal = json.dumps(json.dumps(info, sort_keys=True))  # a C string literal is a JSON string here
-            (gen / "onnxfuse_build_info.h").write_text(
-                "// Generated by onnxfuse/kernels/build.py; read back with onnxfuse.kernels.build_info().\n"
-                f"#define ONNXFUSE_BUILD_INFO_JSON {literal}\n")
-            cfg = [cmake, "-S", str(KERNELS_DIR), "-B", str(work / "cmake"), "-DCMAKE_BUILD_TYPE=Release",
-                   f"-DCMAKE_CXX_COMPILER={_cxx()}", f"-DORT_INCLUDE_DIR={include_dir}",
-                   f"-DONNXFUSE_GENERATED_DIR={gen}", f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={work / 'out'}",
-                   f"-DONNXFUSE_WITH_CUDA={'ON' if 'cuda' in chosen else 'OFF'}",
-                   f"-DONNXFUSE_WITH_TRITON={'ON' if 'triton' in chosen else 'OFF'}",
-                   f"-DONNXFUSE_CUDA_ARCHS={';'.join(archs) or '90'}", f"-DONNXFUSE_PYTHON={sys.executable}"]
-            if nvcc:
-                cfg += [f"-DCMAKE_CUDA_COMPILER={nvcc}", f"-DCUDAToolkit_ROOT={nvcc.parent.parent}"]
-            jobs = str(max(1, min(os.cpu_count() or 2, 16)))
-            for cmd in (cfg, [cmake, "--build", str(work / "cmake"), "-j", jobs]):
-                say("$ " + " ".join(cmd))
-                p = subprocess.run(cmd, capture_output=True, text=True)
-                log.append(p.stdout + p.stderr)
-                if p.returncode != 0:
-                    raise BuildError(f"{'configure' if cmd is cfg else 'build'} failed (exit {p.returncode}); "
-                                     f"log tail:\n{_tail(p.stdout + p.stderr)}")
-            built = work / "out" / LIB_NAME
-            if not built.is_file():
-                raise BuildError(f"build finished but {built} is missing; log tail:\n{_tail(chr(10).join(log))}")
-            staging = work / "final"
-            staging.mkdir()
-            shutil.copy2(built, staging / LIB_NAME)
-            (staging / "build_info.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-            (staging / "build.log").write_text("\n".join(log))
-            if final_dir.exists():
-                shutil.rmtree(final_dir)  # force=True: replace; nobody else builds under the lock
-            os.replace(staging, final_dir)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        say(f"built {lib} (backends {chosen}{', archs ' + ','.join(archs) if archs else ''})")
-        return BuildResult(lib, chosen, archs, header_source, key, "\n".join(log))
+            rec = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        out.append({"key": rec.get("key", f.stem), "status": "failed", "backends": rec.get("backends", []),
+                    "archs": rec.get("archs", []), "experiments": bool(rec.get("experiments")),
+                    "size_bytes": f.stat().st_size, "age_s": round(now - f.stat().st_mtime), "path": str(f),
+                    "current": False, "stage": rec.get("stage"), "log": rec.get("log"), "cubins": None})
+    return out
+
+
+def _current_key(info: dict, plans: dict) -> str | None:
+    """The key a build of `info`'s configuration would have now (None if it cannot be built here)."""
+    cfg = (tuple(info.get("backends", [])), tuple(info.get("archs", [])), bool(info.get("experiments")))
+    if cfg not in plans:
+        try:
+            plans[cfg] = plan(list(cfg[1]) or None, list(cfg[0]), cfg[2], fetch_headers=False).key
+        except BuildError:
+            plans[cfg] = None
+    return plans[cfg]
+
+
+def find_cached(need: set[str]) -> pathlib.Path | None:
+    """A finished, current (same inputs) build whose backends cover `need`: the default one (no experiments)
+    with the fewest extra backends first, then the newest."""
+    found = [e for e in cache_entries(check=True) if e["status"] == "ok" and need <= set(e["backends"])]
+    found.sort(key=lambda e: (e["experiments"], len(e["backends"]), e["age_s"]))
+    return pathlib.Path(found[0]["path"]) / LIB_NAME if found else None
+
+
+def clean(include_headers: bool = False) -> list[pathlib.Path]:
+    """Remove every cached build, failure record, log and the `current` link (and, with include_headers, the
+    fetched onnxruntime headers). Returns what was removed."""
+    root = build_dir()
+    removed = []
+    if not root.is_dir():
+        return removed
+    with open(root / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # not while another process builds
+        for d in sorted(root.iterdir()):
+            name = d.name
+            if name == ".build.lock" or (name.startswith("ort-headers-") and not include_headers):
+                continue
+            if d.is_symlink() or d.is_file():
+                d.unlink()
+            else:
+                shutil.rmtree(d)
+            removed.append(d)
+    return removed
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m onnxfuse.kernels.build", description=__doc__.splitlines()[0])
     ap.add_argument("--arch", help="CUDA archs, e.g. 80,90 (default 90)")
     ap.add_argument("--backends", help=f"comma list from {','.join(ALL_BACKENDS)} (default: all available)")
+    ap.add_argument("--experiments", action="store_true", help="also build the Triton A/B experiment variants")
     ap.add_argument("--force", action="store_true", help="rebuild even when a cached library exists")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
     try:
-        r = build(arch=a.arch, backends=a.backends.split(",") if a.backends else None, force=a.force, quiet=a.quiet)
+        r = build(arch=a.arch, backends=a.backends.split(",") if a.backends else None, force=a.force, quiet=a.quiet,
+                  experiments=a.experiments)
     except BuildError as e:
         print(f"onnxfuse.kernels.build: error: {e}", file=sys.stderr)
         return 1

@@ -12,13 +12,11 @@ to and from the op's type T, because numpy has no bfloat16), runs it in onnxrunt
 
 CUDA sessions are created with ``session.disable_cpu_ep_fallback`` so a node ORT could not place on the GPU fails
 loudly instead of silently running on the CPU. GPU rows say ``SKIP`` with the reason when onnxruntime-gpu, a GPU or
-the library's CUDA kernels are missing. ``ONNXFUSE_BACKEND`` is unset while the doctor runs (it would override the
-backend attribute under test).
+the library's CUDA kernels are missing. The backend under test is each node's `backend` attribute (nothing in the
+environment overrides it); `node_attrs` adds more attributes, e.g. MLPStack's stack_mode.
 """
 from __future__ import annotations
 
-import contextlib
-import os
 import time
 
 from .. import schema
@@ -128,14 +126,9 @@ def compare(y, ref, dtype: str) -> tuple[bool, float, float]:
     return ok, err, tol
 
 
-@contextlib.contextmanager
-def _without_backend_env():
-    saved = os.environ.pop(schema.BACKEND_ENV, None)
-    try:
-        yield
-    finally:
-        if saved is not None:
-            os.environ[schema.BACKEND_ENV] = saved
+def _cuda_ep() -> bool:
+    from .build import onnxruntime_has_cuda
+    return onnxruntime_has_cuda()
 
 
 def gpu_status(lib_path) -> tuple[bool, str]:
@@ -216,13 +209,15 @@ class _Runner:
 
 
 def run_doctor(providers=("cpu", "cuda"), backends=None, *, ops=None, dtypes=schema.TYPES, shapes=None,
-               modes=ALL_MODES, lib_path=None, seed=0, verbose=False, on_row=None) -> list[dict]:
+               modes=ALL_MODES, lib_path=None, seed=0, verbose=False, on_row=None,
+               node_attrs: dict | None = None) -> list[dict]:
     """Check ops against `schema.reference`; returns one dict per (op, provider, backend, dtype, shape, mode).
 
     providers: subset of ("cpu", "cuda"). backends: subset of ("cpu", "cuda", "triton") (default: all that apply;
     cpu runs on the CPU EP, cuda and triton on the CUDA EP). shapes: {op: [(M, K, N, r), ...]}, for MLPStack
     [(M, widths, activations), ...] (DEFAULT_SHAPES).
-    modes apply to the CUDA EP; the CPU EP runs plain only. Row keys: op, provider, backend, dtype, M, K, N, r,
+    modes apply to the CUDA EP; the CPU EP runs plain only. node_attrs: attributes added to every node under test
+    (e.g. {"stack_mode": "fused"}, or an experiment knob). Row keys: op, provider, backend, dtype, M, K, N, r,
     mode, status (PASS / FAIL / ERROR / SKIP), max_err, tol, seconds, detail.
     """
     import numpy as np
@@ -232,7 +227,7 @@ def run_doctor(providers=("cpu", "cuda"), backends=None, *, ops=None, dtypes=sch
     ops = list(ops or schema.OPS)
     shapes = shapes or DEFAULT_SHAPES
     backends = list(backends or ("cpu", "cuda", "triton"))
-    lib = lib_path or library_path()
+    lib = lib_path or library_path(provider="cuda" if "cuda" in providers and _cuda_ep() else "cpu")
     rows: list[dict] = []
 
     plan = []  # (provider, backend, modes)
@@ -261,53 +256,52 @@ def run_doctor(providers=("cpu", "cuda"), backends=None, *, ops=None, dtypes=sch
         elif verbose:
             print(format_row(row), flush=True)
 
-    with _without_backend_env():
-        for op in ops:
-            for entry in shapes.get(op, []):
-                shp, extra, (m, k, n, r, layers) = shape_entry(op, entry)
-                scale = 0.5 if op.startswith("LoRA") else None
-                attrs = {"scale": scale} if scale is not None else dict(extra)
-                for dtype in dtypes:
-                    cache = {}
+    for op in ops:
+        for entry in shapes.get(op, []):
+            shp, extra, (m, k, n, r, layers) = shape_entry(op, entry)
+            scale = 0.5 if op.startswith("LoRA") else None
+            attrs = {"scale": scale} if scale is not None else dict(extra)
+            for dtype in dtypes:
+                cache = {}
 
-                    def data():
-                        if not cache:
-                            import torch
-                            ins = make_inputs(op, dtype, shp, seed, torch_device)
-                            x2 = make_inputs(op, dtype, {"X": shp["X"]}, seed + 1, torch_device)[0]
-                            ref = schema.reference(op, ins, attrs).float().cpu().numpy()
-                            ref2 = schema.reference(op, [x2] + ins[1:], attrs).float().cpu().numpy()
-                            feeds = {name: t.float().cpu().numpy() for name, t in zip(shp, ins)}
-                            cache.update(feeds=feeds, feeds2={"X": x2.float().cpu().numpy()}, ref=ref, ref2=ref2)
-                            del ins, x2
-                            if torch_device == "cuda":
-                                torch.cuda.empty_cache()
-                        return cache
+                def data():
+                    if not cache:
+                        import torch
+                        ins = make_inputs(op, dtype, shp, seed, torch_device)
+                        x2 = make_inputs(op, dtype, {"X": shp["X"]}, seed + 1, torch_device)[0]
+                        ref = schema.reference(op, ins, attrs).float().cpu().numpy()
+                        ref2 = schema.reference(op, [x2] + ins[1:], attrs).float().cpu().numpy()
+                        feeds = {name: t.float().cpu().numpy() for name, t in zip(shp, ins)}
+                        cache.update(feeds=feeds, feeds2={"X": x2.float().cpu().numpy()}, ref=ref, ref2=ref2)
+                        del ins, x2
+                        if torch_device == "cuda":
+                            torch.cuda.empty_cache()
+                    return cache
 
-                    for provider, backend, pmodes in plan:
-                        for mode in pmodes:
-                            row = dict(op=op, provider=provider, backend=backend, dtype=dtype, M=m, K=k, N=n, r=r,
-                                       layers=layers, mode=mode, status="SKIP", max_err=None, tol=None, seconds=0.0, detail="")
-                            if provider == "cuda" and not gpu_ok:
-                                row["detail"] = "skipped: " + gpu_reason
-                                emit(row)
-                                continue
-                            t0 = time.time()
-                            try:
-                                d = data()
-                                model = make_model(op, dtype, shp, backend, scale, extra)
-                                y, y2 = runner.run(model, provider, mode, d["feeds"], d["feeds2"], (m, n))
-                                ok, err, tol = compare(y, d["ref"], dtype)
-                                detail = ""
-                                if y2 is not None:
-                                    ok2, err2, tol2 = compare(y2, d["ref2"], dtype)
-                                    detail = f"rebound X: max_err {err2:.3g} (tol {tol2:.3g})"
-                                    ok, err, tol = ok and ok2, max(err, err2), max(tol, tol2)
-                                row.update(status="PASS" if ok else "FAIL", max_err=err, tol=tol, detail=detail)
-                            except Exception as e:  # report, keep going
-                                row.update(status="ERROR", detail=f"{type(e).__name__}: {str(e)[:500]}")
-                            row["seconds"] = round(time.time() - t0, 3)
+                for provider, backend, pmodes in plan:
+                    for mode in pmodes:
+                        row = dict(op=op, provider=provider, backend=backend, dtype=dtype, M=m, K=k, N=n, r=r,
+                                   layers=layers, mode=mode, status="SKIP", max_err=None, tol=None, seconds=0.0, detail="")
+                        if provider == "cuda" and not gpu_ok:
+                            row["detail"] = "skipped: " + gpu_reason
                             emit(row)
+                            continue
+                        t0 = time.time()
+                        try:
+                            d = data()
+                            model = make_model(op, dtype, shp, backend, scale, {**extra, **(node_attrs or {})})
+                            y, y2 = runner.run(model, provider, mode, d["feeds"], d["feeds2"], (m, n))
+                            ok, err, tol = compare(y, d["ref"], dtype)
+                            detail = ""
+                            if y2 is not None:
+                                ok2, err2, tol2 = compare(y2, d["ref2"], dtype)
+                                detail = f"rebound X: max_err {err2:.3g} (tol {tol2:.3g})"
+                                ok, err, tol = ok and ok2, max(err, err2), max(tol, tol2)
+                            row.update(status="PASS" if ok else "FAIL", max_err=err, tol=tol, detail=detail)
+                        except Exception as e:  # report, keep going
+                            row.update(status="ERROR", detail=f"{type(e).__name__}: {str(e)[:500]}")
+                        row["seconds"] = round(time.time() - t0, 3)
+                        emit(row)
     return rows
 
 

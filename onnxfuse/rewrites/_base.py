@@ -31,7 +31,8 @@ KERNELS_DOC = (
     "chosen: backend=auto picks per node at run time:",
     "  cpu on the CPU EP; triton on the CUDA EP",
     "  (measured faster), cuda where no cubin fits",
-    "  override: backend attribute or ONNXFUSE_BACKEND",
+    "  override: the node's backend attribute",
+    "  (onnxfuse fuse --backend)",
 )
 
 

@@ -32,7 +32,8 @@ STACK_DOC = ("GPU: one Triton kernel for the whole",
              "  their activations on chip), else one",
              "  GEMM launch per layer; cuda backend:",
              "  one launch per layer",
-             "  override: ONNXFUSE_MLP_STACK=fused|layers")
+             "  override: the node's stack_mode attribute",
+             "  (auto|fused|layers)")
 
 
 def _is_layer(node: ir.Node | None) -> bool:

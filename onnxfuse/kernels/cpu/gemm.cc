@@ -1,5 +1,5 @@
 // Blocked fp32-accumulating GEMM behind cpu/gemm.h. See the header for the blocking scheme.
-#include "gemm.h"
+#include "cpu/gemm.h"
 
 #include <algorithm>
 #include <atomic>
@@ -21,16 +21,17 @@ namespace onnxfuse {
 namespace cpu {
 
 int NumThreads() {
-  if (const char* env = std::getenv("ONNXFUSE_CPU_THREADS")) {
-    int n = std::atoi(env);
-    if (n > 0) return n;
-  }
-  // hardware_concurrency() reads /sys (several system calls) on every call: ask once.
-  static const int hw = [] {
-    unsigned n = std::thread::hardware_concurrency();
+  // Decided once, on the first GEMM of the process: ONNXFUSE_CPU_THREADS (> 0), else the hardware's thread count
+  // (hardware_concurrency() reads /sys, several system calls; the environment is not re-read per call either).
+  static const int threads = [] {
+    if (const char* env = std::getenv("ONNXFUSE_CPU_THREADS")) {
+      const int n = std::atoi(env);
+      if (n > 0) return n;
+    }
+    const unsigned n = std::thread::hardware_concurrency();
     return n > 0 ? static_cast<int>(n) : 1;
   }();
-  return hw;
+  return threads;
 }
 
 namespace {
@@ -82,7 +83,7 @@ ThreadScratch& LocalScratch() {
 // Persistent worker pool. Run() offers one job to helpers 1..threads-1 and runs part 0 on the caller. Jobs are
 // work-sharing loops (ParallelFor), so a helper that wakes late is not needed: when the caller finishes its part it
 // closes the job, and only helpers that had already claimed a seat are waited for. One job at a time: a call that
-// finds the pool busy (another session's GEMM) gets false and runs its loop on its own thread instead of waiting. Helpers are added on demand (ONNXFUSE_CPU_THREADS may grow between calls). An idle helper
+// finds the pool busy (another session's GEMM) gets false and runs its loop on its own thread instead of waiting. Helpers are added on demand (a call may ask for more threads than the last, GemmArgs::threads). An idle helper
 // spins for ~kSpinMicros before parking on a condition variable, so the back-to-back GEMMs of one model run do not
 // pay a wake-up (tens of microseconds in a VM) each. The pool is rebuilt in a forked child (its threads did not
 // survive the fork) and shut down, helpers joined, when the library is unloaded or the process exits.
@@ -420,7 +421,8 @@ ONNXFUSE_ISA_FUNCTIONS(generic, , 4, 2, 4)
 const Isa& SelectIsa() {
   static const Isa* isa = [] {
     __builtin_cpu_init();
-    // ONNXFUSE_CPU_ISA=generic|avx2|avx512 forces a lower family (for testing the other code paths).
+    // ONNXFUSE_CPU_ISA=generic|avx2|avx512 forces a lower family (for testing the other code paths); read once,
+    // on the first GEMM or prepack of the process.
     std::string forced = std::getenv("ONNXFUSE_CPU_ISA") ? std::getenv("ONNXFUSE_CPU_ISA") : "";
     bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&

@@ -12,7 +12,7 @@
 //   * Constant weights (initializers) can be packed once, at kernel creation, with PackB(): the whole [K_total, N]
 //     operand as [N/NR panels][K_total][NR] fp32, which is exactly the per-tile block layout above with the panel
 //     stride K_total*NR instead of kc*NR; Gemm then reads it in place and skips the per-call conversion.
-// Threads: a persistent pool created on first use (ONNXFUSE_CPU_THREADS overrides
+// Threads: a persistent pool created on first use (ONNXFUSE_CPU_THREADS, read once on the first GEMM, overrides
 // std::thread::hardware_concurrency(); the caller is one of the threads); ORT's own intra-op pool is not visible
 // through the custom-op API. Small problems run on the calling thread, and so does a call that finds the pool busy
 // with another call (two sessions running at once).
@@ -92,7 +92,7 @@ inline uint16_t F32ToF16Bits(float v) {
 }
 
 // ------------------------------------------------------------------------------------------------ threads
-// ONNXFUSE_CPU_THREADS if set (> 0), else the hardware's thread count.
+// ONNXFUSE_CPU_THREADS if set (> 0), else the hardware's thread count; decided once per process.
 int NumThreads();
 
 // ------------------------------------------------------------------------------------------------ GEMM

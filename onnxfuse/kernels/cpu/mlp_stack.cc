@@ -1,8 +1,8 @@
 // MLPStack on the CPU EP: h_i = act_i(h_{i-1} @ W_i + bias_i) for each layer, each layer one fused GEMM with its
 // bias + activation epilogue (gemm.h), the intermediates in per-call buffers of the op's element type (rounded as
 // the unfused graph stores them). Constant W_i are packed and constant bias_i converted to fp32 once, at kernel
-// creation, like LinearRelu's.
-#include "ops.h"
+// creation, like LinearRelu's. The stack_mode attribute is checked but has one meaning here: layer by layer.
+#include "cpu/ops.h"
 
 namespace onnxfuse {
 namespace cpu {
@@ -10,19 +10,21 @@ namespace {
 
 template <typename T>
 struct MLPStackCpu {
-  static constexpr const char* kName = "MLPStack";
+  using Op = schema::MLPStack;
   MLPStackCpu(const OrtApi* api, const OrtKernelInfo* info)
-      : attrs(ReadOpAttrs(api, info, kName)), acts(ReadStackActivations(api, info, kName)) {
+      : attrs(ReadOpAttrs(api, info, Op::kName)), acts(ReadStackActivations(api, info, Op::kName)),
+        log(LoggerOf(api, info)) {
+    ReadStackMode(api, info, Op::kName);  // validated like backend, then irrelevant on the CPU
     w.resize(acts.size());
     bias.resize(acts.size());
     std::string what;
     for (size_t i = 0; i < acts.size(); ++i) {
-      w[i].Init(FormatOf<T>::value, GetConstantInput(api, info, 1 + 2 * i));
-      bias[i].template Init<T>(GetConstantInput(api, info, 2 + 2 * i), 1);
+      w[i].Init(FormatOf<T>::value, GetConstantInput(api, info, Op::W(int(i))));
+      bias[i].template Init<T>(GetConstantInput(api, info, Op::Bias(int(i))), 1);
       what += std::string(w[i].valid ? " W_" + std::to_string(i + 1) : "") +
               (bias[i].valid ? " bias_" + std::to_string(i + 1) : "");
     }
-    log.Created(kName, what);
+    log.Created(Op::kName, what);
   }
 
   template <Act A>
@@ -32,7 +34,7 @@ struct MLPStackCpu {
     const BiasAct<T, A> epi(bias[i].Match(bd), bd, n, out);
     GemmArgs g = GemmFor(d, in, &epi.epilogue);
     g.b[0] = BOperand{wd, k, nullptr, w[i].Match(wd)};
-    if (g.b[0].packed != nullptr) log.Used(kName);
+    if (g.b[0].packed != nullptr) log.Used(Op::kName);
     Gemm(g);
   }
 
@@ -40,11 +42,11 @@ struct MLPStackCpu {
     return GuardCompute([&] {
       Ort::KernelContext ctx(context);
       const VariadicInputs in(ctx);
-      const StackDims d = MLPStackDims(kName, acts.size(), in.shapes);
-      T* y = static_cast<T*>(ctx.GetOutput(0, d.out_shape).GetTensorMutableRawData());
+      const StackDims d = MLPStackDims(Op::kName, acts.size(), in.shapes);
+      T* y = static_cast<T*>(ctx.GetOutput(Op::kY, d.out_shape).GetTensorMutableRawData());
       if (d.M == 0 || d.widths.back() == 0) return;
       std::vector<T> buf[2];
-      const T* h = static_cast<const T*>(in.data[0]);
+      const T* h = static_cast<const T*>(in.data[Op::kX]);
       for (size_t i = 0; i < acts.size(); ++i) {
         const int64_t k = d.widths[i], n = d.widths[i + 1];
         T* out = y;
@@ -52,25 +54,27 @@ struct MLPStackCpu {
           buf[i % 2].resize(static_cast<size_t>(d.M * n));
           out = buf[i % 2].data();
         }
-        const void* wd = in.data[1 + 2 * i];
-        const T* bd = static_cast<const T*>(in.data[2 + 2 * i]);
-        if (acts[i] == 1) Layer<Act::Relu>(h, wd, bd, out, d.M, k, n, i);
+        const void* wd = in.data[Op::W(int(i))];
+        const T* bd = static_cast<const T*>(in.data[Op::Bias(int(i))]);
+        if (acts[i] == ONNXFUSE_ACT_RELU) Layer<Act::Relu>(h, wd, bd, out, d.M, k, n, i);
         else Layer<Act::Sigmoid>(h, wd, bd, out, d.M, k, n, i);
         h = out;
       }
     }).release();
   }
 
-  OpAttrs attrs;  // backend is irrelevant once the node sits on the CPU EP (see ort/common.h, point 3)
+  OpAttrs attrs;  // backend is irrelevant once the node sits on the CPU EP (see common/attrs.h)
   std::vector<int> acts;
   std::vector<ConstB> w;
   std::vector<ConstF32> bias;
-  PrepackLogger log;
+  PrepackLog log;
 };
 
 }  // namespace
 
-void RegisterMLPStack(Ort::CustomOpDomain& domain) { AddVariadicOpAllTypes<MLPStackCpu>(domain, "MLPStack", kCpuEp); }
+void RegisterMLPStack(Ort::CustomOpDomain& domain) {
+  AddVariadicOpAllTypes<MLPStackCpu>(domain, schema::MLPStack::kName, kCpuEp);
+}
 
 }  // namespace cpu
 }  // namespace onnxfuse

@@ -1,17 +1,20 @@
-// Pieces shared by the CPU op files (linear_act.cc, swiglu.cc, lora_linear.cc): element-type mapping, the
-// bias + activation epilogue, and the per-file registration hooks that register_cpu.cc calls.
+// Pieces shared by the CPU op files (linear_act.cc, swiglu.cc, lora_linear.cc, mlp_stack.cc): element-type mapping,
+// the bias + activation epilogue, constant-weight prepacking, and the per-file registration hooks that
+// register_cpu.cc calls.
 #pragma once
 
 #include <atomic>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "../ort/common.h"
-#include "gemm.h"
+#include "common/attrs.h"
+#include "common/dims.h"
+#include "common/registry.h"
+#include "common/status.h"
+#include "cpu/gemm.h"
 
 namespace onnxfuse {
 namespace cpu {
@@ -132,16 +135,6 @@ inline std::optional<ConstInput> GetConstantInput(const OrtApi* api, const OrtKe
   return c;
 }
 
-// ONNXFUSE_CPU_LOG_PREPACK=1: say on stderr which inputs were prepacked (at kernel creation) and when a kernel
-// first computes with them. For tests and debugging.
-inline bool PrepackLogOn() {
-  const char* e = std::getenv("ONNXFUSE_CPU_LOG_PREPACK");
-  return e != nullptr && *e != '\0' && *e != '0';
-}
-inline void PrepackLog(const char* op, const std::string& msg) {
-  std::fprintf(stderr, "onnxfuse[cpu] %s: %s\n", op, msg.c_str());
-}
-
 // A B operand ([main ; extra], K + r rows) packed at kernel creation when every part of it is a constant.
 struct ConstB {
   const void* main = nullptr;  // the constants' data pointers, to recognise them in Compute
@@ -186,15 +179,20 @@ struct ConstF32 {
   const float* Match(const void* p) const { return valid && p == src ? data.data() : nullptr; }
 };
 
-// Logging of the prepacked path for one kernel: what was prepared, and the first Compute that used it.
-struct PrepackLogger {
-  bool on = PrepackLogOn();
+// Diagnostics of the prepacked path for one kernel, at INFO level on the session's logger (shown with
+// SessionOptions.log_severity_level <= 1): what was prepared at kernel creation, and the first Compute that used it.
+// The logger is the session's, which outlives the kernel.
+struct PrepackLog {
+  const OrtLogger* logger = nullptr;
   std::atomic<bool> said{false};
+  explicit PrepackLog(const OrtLogger* l) : logger(l) {}
   void Created(const char* op, const std::string& what) const {
-    if (on) PrepackLog(op, "prepacked " + (what.empty() ? std::string("nothing (no constant weights)") : what));
+    LogTo(logger, ORT_LOGGING_LEVEL_INFO, std::string("onnxfuse[cpu] ") + op + ": prepacked " +
+                                              (what.empty() ? std::string("nothing (no constant weights)") : what));
   }
   void Used(const char* op) {
-    if (on && !said.exchange(true)) PrepackLog(op, "computing with prepacked weights");
+    if (!said.exchange(true, std::memory_order_relaxed))
+      LogTo(logger, ORT_LOGGING_LEVEL_INFO, std::string("onnxfuse[cpu] ") + op + ": computing with prepacked weights");
   }
 };
 

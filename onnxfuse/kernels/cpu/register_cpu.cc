@@ -1,5 +1,5 @@
 // Every op of onnxfuse/schema.py for the CPU EP, each for float, float16 and bfloat16.
-#include "ops.h"
+#include "cpu/ops.h"
 
 namespace onnxfuse {
 namespace cpu {

@@ -1,6 +1,6 @@
 // SwiGLU on the CPU EP: Y = silu(X @ W_gate) * (X @ W_up). Both GEMMs share the packed X and run tile by tile, so
 // the gate and up accumulators of a tile meet in the epilogue without a full-size intermediate.
-#include "ops.h"
+#include "cpu/ops.h"
 
 namespace onnxfuse {
 namespace cpu {
@@ -20,18 +20,20 @@ struct SwiGLUEpilogue final : Epilogue {
   }
 };
 
-// Inputs: 0 X, 1 W_gate, 2 W_up. Constant W_gate / W_up are packed once, at kernel creation.
+// Constant W_gate / W_up are packed once, at kernel creation.
 template <typename T>
 struct SwiGLUCpu {
-  SwiGLUCpu(const OrtApi* api, const OrtKernelInfo* info) : attrs(ReadOpAttrs(api, info, "SwiGLU")) {
-    wg.Init(FormatOf<T>::value, GetConstantInput(api, info, 1));
-    wu.Init(FormatOf<T>::value, GetConstantInput(api, info, 2));
-    log.Created("SwiGLU", std::string(wg.valid ? "W_gate " : "") + (wu.valid ? "W_up" : ""));
+  using Op = schema::SwiGLU;
+  SwiGLUCpu(const OrtApi* api, const OrtKernelInfo* info)
+      : attrs(ReadOpAttrs(api, info, Op::kName)), log(LoggerOf(api, info)) {
+    wg.Init(FormatOf<T>::value, GetConstantInput(api, info, Op::kWGate));
+    wu.Init(FormatOf<T>::value, GetConstantInput(api, info, Op::kWUp));
+    log.Created(Op::kName, std::string(wg.valid ? "W_gate " : "") + (wu.valid ? "W_up" : ""));
   }
   Ort::Status Compute(const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& W_gate,
                       const Ort::Custom::Tensor<T>& W_up, Ort::Custom::Tensor<T>& Y) {
     return GuardCompute([&] {
-      const LinearDims d = SwiGLUDims("SwiGLU", X.Shape(), W_gate.Shape(), W_up.Shape());
+      const LinearDims d = SwiGLUDims(Op::kName, X.Shape(), W_gate.Shape(), W_up.Shape());
       T* y = Y.Allocate(d.out_shape);
       if (d.M == 0 || d.N == 0) return;
       SwiGLUEpilogue<T> epi;
@@ -41,18 +43,18 @@ struct SwiGLUCpu {
       g.num_b = 2;
       g.b[0] = BOperand{W_gate.Data(), d.K, nullptr, wg.Match(W_gate.Data())};
       g.b[1] = BOperand{W_up.Data(), d.K, nullptr, wu.Match(W_up.Data())};
-      if (g.b[0].packed != nullptr || g.b[1].packed != nullptr) log.Used("SwiGLU");
+      if (g.b[0].packed != nullptr || g.b[1].packed != nullptr) log.Used(Op::kName);
       Gemm(g);
     });
   }
   OpAttrs attrs;
   ConstB wg, wu;
-  PrepackLogger log;
+  PrepackLog log;
 };
 
 }  // namespace
 
-void RegisterSwiGLU(Ort::CustomOpDomain& domain) { AddOpAllTypes<SwiGLUCpu>(domain, "SwiGLU", kCpuEp); }
+void RegisterSwiGLU(Ort::CustomOpDomain& domain) { AddOpAllTypes<SwiGLUCpu>(domain, schema::SwiGLU::kName, kCpuEp); }
 
 }  // namespace cpu
 }  // namespace onnxfuse

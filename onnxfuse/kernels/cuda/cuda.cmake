@@ -1,7 +1,11 @@
 # CUDA execution-provider kernels of onnxfuse_ops: included by ../CMakeLists.txt when ONNXFUSE_WITH_CUDA is ON.
-# Reads ONNXFUSE_CUDA_ARCHS ("90", "80;90"), ONNXFUSE_WITH_TRITON, ONNXFUSE_PYTHON, ORT_INCLUDE_DIR and the target
-# onnxfuse_ops. Needs nvcc (CUDAToolkit) but no GPU: Triton cubins are compiled for the named archs with
+# Reads ONNXFUSE_CUDA_ARCHS ("90", "80;90"), ONNXFUSE_WITH_TRITON, ONNXFUSE_EXPERIMENTS, ONNXFUSE_PYTHON and the
+# target onnxfuse_ops. Needs nvcc (CUDAToolkit) but no GPU: Triton cubins are compiled for the named archs with
 # triton.compile(target=GPUTarget("cuda", arch, 32)).
+#
+# Targets: onnxfuse_cuda (the hand-written kernels cuda/*.cu and the CUDA EP glue cuda/ops_cuda.cc) and, with
+# Triton, onnxfuse_triton (the AOT cubins, generated as triton_kernels.h, and their launcher cuda/triton_launch.cc);
+# without Triton the launcher's stubs go into onnxfuse_cuda.
 #
 # Linking: the CUDA runtime is linked statically (cudart_static) and nothing links libcuda, so the library loads on
 # machines without a driver (CPU-only onnxruntime); the CUDA kernels simply never run there. No cuBLAS/cuBLASLt
@@ -21,18 +25,18 @@ endif()
 enable_language(CUDA)
 find_package(CUDAToolkit REQUIRED)
 message(STATUS "onnxfuse: CUDA kernels with nvcc ${CMAKE_CUDA_COMPILER_VERSION} for sm_${ONNXFUSE_CUDA_ARCHS}, "
-               "Triton: ${ONNXFUSE_WITH_TRITON}")
+               "Triton: ${ONNXFUSE_WITH_TRITON}, experiments: ${ONNXFUSE_EXPERIMENTS}")
 
 set(_onnxfuse_cuda_dir "${CMAKE_CURRENT_SOURCE_DIR}/cuda")
 set(_onnxfuse_triton_dir "${CMAKE_CURRENT_SOURCE_DIR}/triton")
 
-target_sources(onnxfuse_ops PRIVATE
+add_library(onnxfuse_cuda OBJECT
   ${_onnxfuse_cuda_dir}/linear_act.cu
   ${_onnxfuse_cuda_dir}/swiglu.cu
   ${_onnxfuse_cuda_dir}/lora_linear.cu
   ${_onnxfuse_cuda_dir}/mlp_stack.cu
-  ${_onnxfuse_cuda_dir}/triton_launch.cc
-  ${CMAKE_CURRENT_SOURCE_DIR}/ort/ops_cuda.cc)
+  ${_onnxfuse_cuda_dir}/ops_cuda.cc)
+onnxfuse_kernel_target(onnxfuse_cuda)
 
 # One SASS per arch, plus PTX of the highest one so that newer GPUs can JIT it. No sm_90a: the hand-written kernels
 # use mma.sync (wmma), not wgmma; Triton builds its own sm_90a cubins.
@@ -52,16 +56,14 @@ foreach(arch IN LISTS ONNXFUSE_CUDA_ARCHS)
 endforeach()
 list(APPEND _onnxfuse_gencode "-gencode=arch=compute_${_onnxfuse_max_arch},code=compute_${_onnxfuse_max_arch}")
 
-set_target_properties(onnxfuse_ops PROPERTIES
+set_target_properties(onnxfuse_cuda PROPERTIES
   CUDA_ARCHITECTURES OFF
   CUDA_STANDARD 17
   CUDA_STANDARD_REQUIRED ON
-  CUDA_VISIBILITY_PRESET hidden
-  CUDA_RUNTIME_LIBRARY Static)
-target_compile_options(onnxfuse_ops PRIVATE
+  CUDA_VISIBILITY_PRESET hidden)
+target_compile_options(onnxfuse_cuda PRIVATE
   $<$<COMPILE_LANGUAGE:CUDA>:-O3 ${_onnxfuse_gencode} -Xptxas=-warn-spills -Xcompiler=-fvisibility=hidden>)
-target_include_directories(onnxfuse_ops PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
-target_link_libraries(onnxfuse_ops PRIVATE CUDA::cudart_static)
+target_include_directories(onnxfuse_cuda PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
 
 if(ONNXFUSE_WITH_TRITON)
   if(NOT ONNXFUSE_PYTHON)
@@ -73,10 +75,14 @@ if(ONNXFUSE_WITH_TRITON)
                          --manifest "${_onnxfuse_triton_gen}/triton_kernels.json")
   set(_onnxfuse_aot_deps
     ${_onnxfuse_triton_dir}/aot.py
+    ${_onnxfuse_triton_dir}/table.py
     ${_onnxfuse_triton_dir}/linear_act.py
     ${_onnxfuse_triton_dir}/swiglu.py
     ${_onnxfuse_triton_dir}/lora_linear.py
     ${_onnxfuse_triton_dir}/mlp_stack.py)
+  if(ONNXFUSE_EXPERIMENTS)
+    list(APPEND _onnxfuse_aot_args --experiments)
+  endif()
   if(ONNXFUSE_TRITON_CONFIGS)
     list(APPEND _onnxfuse_aot_args --configs "${ONNXFUSE_TRITON_CONFIGS}")
     list(APPEND _onnxfuse_aot_deps "${ONNXFUSE_TRITON_CONFIGS}")
@@ -91,8 +97,19 @@ if(ONNXFUSE_WITH_TRITON)
     DEPENDS ${_onnxfuse_aot_deps}
     COMMENT "onnxfuse: Triton AOT compilation for sm_${_onnxfuse_arch_csv}"
     VERBATIM)
-  target_sources(onnxfuse_ops PRIVATE "${_onnxfuse_triton_gen}/triton_kernels.h")
+  add_custom_target(onnxfuse_triton_aot DEPENDS "${_onnxfuse_triton_gen}/triton_kernels.h")
+  add_library(onnxfuse_triton OBJECT ${_onnxfuse_cuda_dir}/triton_launch.cc)
+  onnxfuse_kernel_target(onnxfuse_triton)
+  add_dependencies(onnxfuse_triton onnxfuse_triton_aot)
   set_source_files_properties(${_onnxfuse_cuda_dir}/triton_launch.cc PROPERTIES
     OBJECT_DEPENDS "${_onnxfuse_triton_gen}/triton_kernels.h")
-  target_include_directories(onnxfuse_ops PRIVATE "${_onnxfuse_triton_gen}")
+  target_include_directories(onnxfuse_triton PRIVATE "${_onnxfuse_triton_gen}" ${CUDAToolkit_INCLUDE_DIRS})
+  target_sources(onnxfuse_ops PRIVATE $<TARGET_OBJECTS:onnxfuse_triton>)
+else()
+  target_sources(onnxfuse_cuda PRIVATE ${_onnxfuse_cuda_dir}/triton_launch.cc)
 endif()
+
+target_sources(onnxfuse_ops PRIVATE $<TARGET_OBJECTS:onnxfuse_cuda>)
+# The link pulls in CUDA objects: no device link (no -rdc), the static runtime, and no arch probing.
+set_target_properties(onnxfuse_ops PROPERTIES CUDA_ARCHITECTURES OFF CUDA_RUNTIME_LIBRARY Static)
+target_link_libraries(onnxfuse_ops PRIVATE CUDA::cudart_static)

@@ -1,4 +1,4 @@
-// C interface between the ORT glue (ort/ops_cuda.cc, compiled by g++ with the ORT headers) and the GPU kernels
+// C interface between the ORT glue (cuda/ops_cuda.cc, compiled by g++ with the ORT headers) and the GPU kernels
 // (cuda/*.cu compiled by nvcc, and cuda/triton_launch.cc over the Triton AOT cubins). Plain C types only, so neither
 // side needs the other's headers: device pointers, int64 sizes, a dtype enum, the CUDA stream as void*.
 //
@@ -8,15 +8,22 @@
 //
 // Layouts (onnxfuse/schema.py): X [M, K], weights [K, N], LoRA A [K, R] and B [R, N], bias [N], Y [M, N]; all
 // row-major and contiguous, all of one element type; fp32 accumulation; sigmoid and silu in fp32.
+//
+// The dtype codes (ONNXFUSE_FP32/FP16/BF16), activation codes (ONNXFUSE_ACT_*), stack modes (ONNXFUSE_STACK_*),
+// ONNXFUSE_MAX_STACK_LAYERS and ONNXFUSE_MAX_LORA_RANK come from the generated onnxfuse_ops.h (onnxfuse/schema.py
+// and triton/table.py).
 #pragma once
 #include <stdint.h>
+
+#include "onnxfuse_ops.h"
+
+// A generated number as a string literal, for messages ("64" for ONNXFUSE_MAX_LORA_RANK).
+#define ONNXFUSE_STRINGIFY_(x) #x
+#define ONNXFUSE_STRINGIFY(x) ONNXFUSE_STRINGIFY_(x)
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-enum onnxfuse_dtype { ONNXFUSE_FP32 = 0, ONNXFUSE_FP16 = 1, ONNXFUSE_BF16 = 2 };
-enum onnxfuse_act { ONNXFUSE_ACT_RELU = 1, ONNXFUSE_ACT_SIGMOID = 2 };
 
 enum onnxfuse_error {
   ONNXFUSE_OK = 0,
@@ -26,12 +33,6 @@ enum onnxfuse_error {
   ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH = -4, // no cubin for this GPU's compute capability in the library
   ONNXFUSE_ERR_TOO_LARGE = -5,          // a dimension past what the kernel indexes (Triton: 2^31 - 1 per dim)
 };
-
-#define ONNXFUSE_MAX_LORA_RANK 64
-// MLPStack: layers per node (what the Triton stack kernel unrolls; schema.MAX_STACK_LAYERS).
-#define ONNXFUSE_MAX_STACK_LAYERS 4
-// How the Triton backend runs an MLPStack (env ONNXFUSE_MLP_STACK, read at kernel creation).
-enum onnxfuse_stack_mode { ONNXFUSE_STACK_AUTO = 0, ONNXFUSE_STACK_FUSED = 1, ONNXFUSE_STACK_LAYERS = 2 };
 
 // LinearRelu (act = ONNXFUSE_ACT_RELU) and LinearSigmoid (ONNXFUSE_ACT_SIGMOID): Y = act(X @ W + bias).
 int onnxfuse_cuda_linear_act(int dtype, int act, const void* x, const void* w, const void* bias, void* y, int64_t m,
@@ -60,12 +61,11 @@ int onnxfuse_cuda_mlp_stack(int dtype, int n_layers, const int* acts, const void
 
 // The same ops from the Triton AOT cubins (cuda/triton_launch.cc); ONNXFUSE_ERR_NO_TRITON when not built.
 //
-// Tuning knobs (read from the environment by ort/ops_cuda.cc when a session creates the kernel, so two sessions
-// of one process may differ; see onnxfuse_triton_read_env):
-//   small_cfg    0, 1 or 2: tile config of the decode path (M <= 16), env ONNXFUSE_TRITON_SMALL_CFG; a variant
-//                that was not built for the call (fp32, unaligned) falls back to 0;
-//   lora_onepass 0: two-phase LoRA (T = X @ A into scratch, then the GEMM), 1: one-pass kernel, env
-//                ONNXFUSE_LORA_ONEPASS.
+// Experiment knobs (node attributes of the same names, read by cuda/ops_cuda.cc when a session creates the kernel;
+// anything but 0 needs a library built with experiments, whose extra cubins they select):
+//   small_cfg    0, 1 or 2: tile config of the decode path (M <= 16); a variant that was not built for the call
+//                (fp32, unaligned) falls back to 0;
+//   lora_onepass 0: two-phase LoRA (T = X @ A into scratch, then the GEMM), 1: one-pass kernel.
 int onnxfuse_triton_available(void);
 int onnxfuse_triton_linear_act(int dtype, int act, const void* x, const void* w, const void* bias, void* y, int64_t m,
                                int64_t k, int64_t n, int small_cfg, void* stream);
@@ -82,15 +82,11 @@ int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, const void* 
                                 int small_cfg, int lora_onepass, void* scratch, int64_t scratch_bytes, void* stream);
 // MLPStack from the Triton cubins: mode ONNXFUSE_STACK_FUSED runs the whole stack as ONE kernel (each program
 // carries BLOCK_M rows through every layer), ONNXFUSE_STACK_LAYERS one Triton linear_act launch per layer, and
-// ONNXFUSE_STACK_AUTO the first while M and the widths are small (see triton_launch.cc), else the second.
-// stack_cfg 0|1|2 picks the one-kernel tile variant (env ONNXFUSE_MLP_STACK_CFG; fp32 has variant 0 only).
+// ONNXFUSE_STACK_AUTO the first while it pays (see triton_launch.cc), else the second (node attribute stack_mode).
+// stack_cfg 0|1|2 picks the one-kernel tile variant (experiment attribute stack_cfg; fp32 has variant 0 only).
 int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* acts, const void* x, const void* const* w,
                               const void* const* b, void* y, int64_t m, const int64_t* widths, int mode,
                               int stack_cfg, int small_cfg, void* scratch, int64_t scratch_bytes, void* stream);
-// Parses ONNXFUSE_TRITON_SMALL_CFG, ONNXFUSE_LORA_ONEPASS and ONNXFUSE_MLP_STACK_CFG (unset or empty -> 0).
-// Returns 0, or ONNXFUSE_ERR_BAD_ARGUMENT when a value is not one of the allowed digits (that knob is then 0).
-int onnxfuse_triton_read_env(int* small_cfg, int* lora_onepass, int* stack_cfg);
-
 // Human-readable text for any code the launchers return (static storage, never null).
 const char* onnxfuse_cuda_error_string(int code);
 

@@ -34,7 +34,8 @@ extern "C" const char* onnxfuse_cuda_error_string(int code) {
   switch (code) {
     case ONNXFUSE_OK: return "no error";
     case ONNXFUSE_ERR_BAD_ARGUMENT: return "onnxfuse: bad argument (negative size, null pointer or unknown dtype)";
-    case ONNXFUSE_ERR_RANK_TOO_LARGE: return "onnxfuse: LoRA rank larger than 64 is not supported on the GPU";
+    case ONNXFUSE_ERR_RANK_TOO_LARGE:
+      return "onnxfuse: LoRA rank larger than " ONNXFUSE_STRINGIFY(ONNXFUSE_MAX_LORA_RANK) " is not supported on the GPU";
     case ONNXFUSE_ERR_NO_TRITON: return "onnxfuse: library built without Triton kernels (ONNXFUSE_WITH_TRITON=OFF)";
     case ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH:
       return "onnxfuse: no kernel for this GPU's compute capability (rebuild with its arch in ONNXFUSE_CUDA_ARCHS)";

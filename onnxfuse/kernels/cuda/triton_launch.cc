@@ -6,10 +6,11 @@
 // once per (kernel, device). Loading happens on a kernel's first launch, under std::call_once, so concurrent
 // sessions are safe. Errors are returned as codes (cudaError_t or ONNXFUSE_ERR_*), never printed.
 //
-// Config choice by M (size classes of aot.py), then by grid size (FindForShape): M <= 16 "small" (decode: 16-row tiles, narrow column tiles so the
-// weights stream once over all SMs), M <= 128 "medium", else "large". Autotuned tiles go into aot.py's CONFIGS
-// (or its --configs JSON); this file only maps M to a class, and picks the small-class variant (small_cfg) the
-// caller asks for, falling back to variant 0 where that variant was not built.
+// Config choice by M (the size classes of triton/table.py, through the generated onnxfuse_ops.h), then by grid size
+// (FindForShape): M <= 16 "small" (decode: 16-row tiles, narrow column tiles so the weights stream once over all
+// SMs), M <= 128 "medium", else "large". Autotuned tiles go into aot.py's CONFIGS (or its --configs JSON); this file
+// only maps M to a class, and picks the small-class variant (small_cfg) the caller asks for, falling back to
+// variant 0 where that variant was not built (a default library has variant 0 only).
 //
 // LoRA runs in two phases unless lora_onepass: "lora_xa" writes fp32 partial sums of X @ A to the caller's
 // scratch [SPLIT, M, r_pad] (grid: row tiles x SPLIT slices of K, SPLIT chosen so that about one program per SM
@@ -19,7 +20,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <mutex>
 
 #include "cuda/launch.h"
@@ -34,8 +34,9 @@ using onnxfuse::triton_aot::kNumTritonSpecs;
 using onnxfuse::triton_aot::kTritonSpecs;
 using onnxfuse::triton_aot::TritonSpec;
 
-constexpr int kKernelLinearAct = 0, kKernelSwiglu = 1, kKernelLoRA = 2, kKernelLoRAXA = 3, kKernelLoRAMain = 4,
-              kKernelMLPStack = 5;
+namespace ids = onnxfuse::triton;  // kernel ids, size classes and rank padding of triton/table.py
+constexpr int kKernelLinearAct = ids::kLinearAct, kKernelSwiglu = ids::kSwiglu, kKernelLoRA = ids::kLoraLinear,
+              kKernelLoRAXA = ids::kLoraXa, kKernelLoRAMain = ids::kLoraMain, kKernelMLPStack = ids::kMlpStack;
 constexpr int kMaxDevices = 64;
 
 struct LoadedKernel {
@@ -52,7 +53,11 @@ LoadedKernel* Loaded() {
   return table;
 }
 
-int SizeClass(int64_t m) { return m <= 16 ? 0 : (m <= 128 ? 1 : 2); }
+int SizeClass(int64_t m) {
+  for (int c = 0; c + 1 < ids::kNumSizeClasses; ++c)
+    if (m <= ids::kSizeClassMaxM[c]) return c;
+  return ids::kNumSizeClasses - 1;
+}
 
 // Compute capability of the current device (the CUDA EP makes its device current on the thread that runs us), as
 // major * 10 + minor, cached per device.
@@ -167,7 +172,11 @@ int Launch(int kernel, int dtype, int64_t m, int64_t n, bool aligned, int r_pad,
   return LaunchSpec(spec, index, device, Tiles(m, n, spec), args, stream);
 }
 
-int RPad(int64_t r) { return r <= 16 ? 16 : (r <= 32 ? 32 : 64); }
+int RPad(int64_t r) {
+  for (int i = 0; i + 1 < ids::kNumRPads; ++i)
+    if (r <= ids::kRPads[i]) return ids::kRPads[i];
+  return ids::kRPads[ids::kNumRPads - 1];
+}
 
 // Phase-1 plan of two-phase LoRA: the lora_xa spec and the K split. SPLIT slices of KB_PER_SPLIT blocks of BLOCK_K
 // so that row tiles x SPLIT is about one program per SM (at most 16 slices, at least one block each).
@@ -344,13 +353,14 @@ extern "C" int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* act
                                         stream);
     });
   }
-  // BLOCK_M (size class 0/1/2 = 16/32/64 rows): the smallest whose grid fits on the SMs, else the largest.
+  // BLOCK_M (mlp_stack's size classes 0/1/2 = 16/32/64 rows): the smallest whose grid fits on the SMs, else the
+  // largest.
   bool aligned = Aligned16(x) && Aligned16(y) && (need == 0 || Aligned16(scratch));
   for (int i = 0; i < n_layers; ++i) aligned = aligned && Aligned16(w[i]) && Aligned16(b[i]);
   for (int i = 1; i < n_layers; ++i) aligned = aligned && widths[i] % 16 == 0;
   const TritonSpec* spec = nullptr;
   int index = -1;
-  for (int size_class = 0; size_class < 3; ++size_class) {
+  for (int size_class = 0; size_class < ids::kNumSizeClasses; ++size_class) {
     int idx = -1;
     const TritonSpec* s = nullptr;
     if (stack_cfg != 0) s = FindExact(kKernelMLPStack, dtype, size_class, aligned ? 1 : 0, 0, stack_cfg, arch, &idx);
@@ -411,21 +421,3 @@ extern "C" int onnxfuse_triton_mlp_stack(int, int, const int*, const void*, cons
 
 #endif
 
-namespace {
-// "" or unset -> 0; one digit in [0, max_value] -> it; anything else -> -1.
-int EnvKnob(const char* name, int max_value) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return 0;
-  if (v[0] >= '0' && v[0] <= '9' && v[1] == '\0' && v[0] - '0' <= max_value) return v[0] - '0';
-  return -1;
-}
-}  // namespace
-
-extern "C" int onnxfuse_triton_read_env(int* small_cfg, int* lora_onepass, int* stack_cfg) {
-  const int s = EnvKnob("ONNXFUSE_TRITON_SMALL_CFG", 2), o = EnvKnob("ONNXFUSE_LORA_ONEPASS", 1),
-            c = EnvKnob("ONNXFUSE_MLP_STACK_CFG", 2);
-  *small_cfg = s < 0 ? 0 : s;
-  *lora_onepass = o < 0 ? 0 : o;
-  *stack_cfg = c < 0 ? 0 : c;
-  return (s < 0 || o < 0 || c < 0) ? ONNXFUSE_ERR_BAD_ARGUMENT : 0;
-}

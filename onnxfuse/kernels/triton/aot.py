@@ -2,22 +2,24 @@
 
 Run by the CMake build (cuda/cuda.cmake) on a machine that needs no GPU:
 
-    python aot.py --out BUILD/triton_kernels.h --archs 90 [--archs 80] [--configs tuned.json] [--jobs 2]
+    python aot.py --out BUILD/triton_kernels.h --archs 90 [--archs 80] [--configs tuned.json] [--jobs 2] [--experiments]
 
 The header holds one byte array per cubin and a table `kTritonSpecs` that `cuda/triton_launch.cc` (hand-written)
 searches at launch time: (kernel, dtype, size class, aligned, r_pad, arch, variant) -> cubin, entry name, warps,
-shared memory, block shape. Specialisations:
+shared memory, block shape. Kernel ids, dtype codes, size classes and rank padding come from table.py, which the
+build also writes into the generated onnxfuse_ops.h that the launcher reads. Specialisations:
   * dtype: fp32, fp16, bf16 (fp32 GEMMs use tl.dot with input_precision="ieee": exact fp32, no TF32 rounding);
   * size class by M, chosen by the launcher: "small" (M <= 16, the decode path: one 16-row tile, narrow column tiles
     so that N / BLOCK_N programs cover every SM and the weights are streamed once), "medium" (M <= 128) and "large";
   * aligned: pointers 16-byte aligned and K, N multiples of 16, for LoRA also r a multiple of 8 (divisibility hints
     give vectorised, cp.async-pipelined loads), or not;
-  * LoRA only: r padded to 16, 32 or 64. LoRA has three kernels: "lora_linear" (one pass, T = X @ A in the main
-    loop), and the two-phase pair "lora_xa" (fp32 partials of X @ A into scratch; its config's BLOCK_N is unused)
-    and "lora_main" (linear_act's main loop plus one T @ B dot);
-  * variant: 0 for every kernel; the "small" class of fp16/bf16 kernels also has variants 1 and 2 (SMALL_VARIANTS,
-    aligned build only), picked at run time by env ONNXFUSE_TRITON_SMALL_CFG=0|1|2 for A/B timing of the decode path
-    (the launcher falls back to variant 0 where a variant was not built).
+  * LoRA only: r padded to 16, 32 or 64. LoRA runs as the two-phase pair "lora_xa" (fp32 partials of X @ A into
+    scratch; its config's BLOCK_N is unused) and "lora_main" (linear_act's main loop plus one T @ B dot);
+  * variant: 0 for every kernel. With --experiments (an opt-in library, `onnxfuse build --experiments`) the A/B
+    alternatives are compiled too: variants 1 and 2 of the "small" class of fp16/bf16 kernels (SMALL_VARIANTS,
+    aligned build only; node attribute small_cfg), variants 1 and 2 of the fp16/bf16 one-kernel MLPStack
+    (STACK_VARIANTS; attribute stack_cfg), and the one-pass LoRA kernel "lora_linear" (T = X @ A in the main loop;
+    attribute lora_onepass=1). The launcher falls back to variant 0 where a variant was not built.
 Tile configs live in CONFIGS per arch; `--configs FILE` (JSON of the same shape) overrides entries, the hook for
 autotuned configs. Triton 3.6 ABI: kernel params are the non-constexpr args, then two scratch pointers (global,
 profile); specialisations that need either scratch are refused here, since the launcher passes null.
@@ -36,12 +38,21 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 KERNEL_FILES = ("linear_act", "swiglu", "lora_linear", "mlp_stack")
-# Order is the C enum in cuda/launch.h (onnxfuse_dtype) and in triton_launch.cc.
-DTYPES = (("fp32", 0), ("fp16", 1), ("bf16", 2))
-SIZE_CLASSES = ("small", "medium", "large")  # index = enum used by triton_launch.cc
-KERNEL_IDS = {"linear_act": 0, "swiglu": 1, "lora_linear": 2, "lora_xa": 3, "lora_main": 4, "mlp_stack": 5}
 LORA_KERNELS = ("lora_linear", "lora_xa", "lora_main")
-R_PADS = (16, 32, 64)
+# Kernels only the experiments build compiles (variant 0 included): the one-pass LoRA kernel.
+EXPERIMENT_KERNELS = ("lora_linear",)
+
+
+def _load_table():
+    """table.py of this folder, loaded by path: aot.py runs as a script, outside the onnxfuse package."""
+    spec = importlib.util.spec_from_file_location("_onnxfuse_triton_table", HERE / "table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+TABLE = _load_table()
+KERNEL_IDS, DTYPES, SIZE_CLASSES, R_PADS = TABLE.KERNEL_IDS, TABLE.DTYPES, TABLE.SIZE_CLASSES, TABLE.R_PADS
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) per arch / kernel / dtype group / size class.
 # "h" = fp16 and bf16, "f" = fp32. Shared memory per config stays below 160 KB so sm_80 fits as well.
@@ -89,7 +100,7 @@ CONFIGS: dict[str, dict[str, dict[str, dict[str, tuple]]]] = {
     },
 }
 # Alternative "small" configs (variants 1 and 2) for fp16/bf16, aligned build only; variant 0 is CONFIGS' "small".
-# Selected at run time with env ONNXFUSE_TRITON_SMALL_CFG (read when a session creates the kernel).
+# Experiments build only; selected per node with the attribute small_cfg.
 _SMALL_ALT_LINEAR = [_H_SMALL_OLD, (16, 64, 128, 1, 4, 4)]
 SMALL_VARIANTS: dict[str, dict[str, list[tuple]]] = {
     arch: {"linear_act": _SMALL_ALT_LINEAR, "swiglu": [_H_SMALL_OLD, (16, 32, 128, 1, 4, 4)],
@@ -99,10 +110,13 @@ SMALL_VARIANTS: dict[str, dict[str, list[tuple]]] = {
 
 
 # mlp_stack fp16/bf16 variants 1 and 2 per size class (both alignments): column tiles of 64 and 256 (the default
-# is 128), i.e. a 512-wide layer in 8 or 2 steps per row block. Picked at run time with env
-# ONNXFUSE_MLP_STACK_CFG=0|1|2 for A/B timing.
+# is 128), i.e. a 512-wide layer in 8 or 2 steps per row block. Experiments build only; selected per node with the
+# attribute stack_cfg.
 STACK_VARIANTS = {size: [(bm, 64, 64, 1, 4, 3), (bm, 256, 64, 1, 4 if bm < 64 else 8, 3)]
                   for size, bm in (("small", 16), ("medium", 32), ("large", 64))}
+# The launcher validates the knobs against table.py's counts: the variant lists must match them.
+assert all(len(v) + 1 == TABLE.EXPERIMENT_VARIANTS["small_cfg"] for a in SMALL_VARIANTS.values() for v in a.values())
+assert all(len(v) + 1 == TABLE.EXPERIMENT_VARIANTS["stack_cfg"] for v in STACK_VARIANTS.values())
 
 
 def _load_kernels():
@@ -129,12 +143,15 @@ def configs_for(arch: str, overrides: dict | None = None) -> dict:
     return out
 
 
-def specialisations(archs, overrides=None):
-    """Every (kernel, dtype, size class, aligned, r_pad, arch, variant, config) the launcher may ask for."""
+def specialisations(archs, overrides=None, experiments: bool = False):
+    """Every (kernel, dtype, size class, aligned, r_pad, arch, variant, config) the launcher may ask for; without
+    `experiments`, the default kernels only (variant 0, no one-pass LoRA)."""
     for arch in archs:
         cfgs = configs_for(arch, overrides)
         variants = SMALL_VARIANTS.get(arch) or SMALL_VARIANTS["90" if int(arch) >= 90 else "80"]
         for kernel in KERNEL_IDS:
+            if kernel in EXPERIMENT_KERNELS and not experiments:
+                continue
             for dtype, _ in DTYPES:
                 group = "f" if dtype == "fp32" else "h"
                 for size in SIZE_CLASSES:
@@ -142,6 +159,8 @@ def specialisations(archs, overrides=None):
                         for r_pad in (R_PADS if kernel in LORA_KERNELS else (0,)):
                             base = dict(kernel=kernel, dtype=dtype, size=size, aligned=aligned, r_pad=r_pad, arch=arch)
                             yield dict(base, variant=0, config=tuple(cfgs[kernel][group][size]))
+                            if not experiments:
+                                continue
                             if kernel == "mlp_stack" and group == "h":
                                 for v, cfg in enumerate(STACK_VARIANTS[size], start=1):
                                     yield dict(base, variant=v, config=tuple(cfg))
@@ -227,12 +246,14 @@ def main(argv=None):
     p.add_argument("--configs", type=pathlib.Path, help="JSON overrides of CONFIGS (autotuned tiles per arch)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--manifest", type=pathlib.Path, help="also write a JSON summary (configs, shared, warps)")
+    p.add_argument("--experiments", action="store_true",
+                   help="also compile the A/B variants (small_cfg, stack_cfg) and the one-pass LoRA kernel")
     args = p.parse_args(argv)
     import triton
 
     archs = [a.strip() for a in args.archs.replace(",", ";").split(";") if a.strip()]
     overrides = json.loads(args.configs.read_text()) if args.configs else None
-    specs = list(specialisations(archs, overrides))
+    specs = list(specialisations(archs, overrides, experiments=args.experiments))
     t0 = time.time()
     if args.jobs > 1:
         import multiprocessing
@@ -246,8 +267,8 @@ def main(argv=None):
     if args.manifest:
         summary = [{k: v for k, v in r.items() if k != "cubin"} | {"cubin_bytes": len(r["cubin"]),
                    "cubin_sha256": hashlib.sha256(r["cubin"]).hexdigest()[:16]} for r in results]
-        args.manifest.write_text(json.dumps({"triton": triton.__version__, "archs": archs, "kernels": summary},
-                                            indent=1))
+        args.manifest.write_text(json.dumps({"triton": triton.__version__, "archs": archs,
+                                             "experiments": args.experiments, "kernels": summary}, indent=1))
     total = sum(len(r["cubin"]) for r in results)
     print(f"onnxfuse triton aot: {len(results)} cubins for sm_{'/sm_'.join(archs)}, {total / 1e6:.1f} MB, "
           f"{time.time() - t0:.0f} s -> {args.out}")

@@ -1,15 +1,16 @@
 """Triton kernels for LoRALinear and LoRALinearRelu (onnxfuse.schema): base GEMM plus the rank-r branch.
 
-Two ways, picked by the launcher (cuda/triton_launch.cc; env ONNXFUSE_LORA_ONEPASS):
+Two ways, picked by the launcher (cuda/triton_launch.cc; the node attribute lora_onepass):
 
 * two-phase (default): ``_lora_xa_kernel`` writes fp32 partial sums of ``T = X @ A`` into a scratch buffer
   ``[SPLIT, M, R_PAD]`` (grid: row tiles x SPLIT slices of K, no atomics, so the result is deterministic; padded
   columns r..R_PAD are written as zeros), then ``_lora_main_kernel`` runs the plain GEMM main loop of
   linear_act (one tl.dot per K step, so Hopper keeps its wgmma pipeline) and after the loop sums the SPLIT partials
   of its row tile, rounds ``scale * T`` to the input type and adds ``T @ B`` with one more tl.dot before the
-  bias (+ relu) epilogue. The scratch comes from onnxruntime's allocator (ort/ops_cuda.cc).
-* one-pass (``_lora_linear_kernel``): T accumulated in the same K loop as ``X @ W`` (two dots per K step, the
-  [BLOCK_K, R] tile of A loaded with an R-dependent mask), T recomputed once per column tile; no scratch.
+  bias (+ relu) epilogue. The scratch comes from onnxruntime's allocator (cuda/ops_cuda.cc).
+* one-pass (``_lora_linear_kernel``, compiled only into a library built with experiments): T accumulated in the
+  same K loop as ``X @ W`` (two dots per K step, the [BLOCK_K, R] tile of A loaded with an R-dependent mask), T
+  recomputed once per column tile; no scratch.
 
 Both round ``scale * T`` to the input type before the small GEMM (as a 16-bit PyTorch LoRA would); fp32
 accumulation. ``R_PAD`` is r rounded up to 16, 32 or 64; ``RELU`` is a run-time flag.

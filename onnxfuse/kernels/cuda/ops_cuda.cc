@@ -1,6 +1,6 @@
 // Every op of onnxfuse/schema.py for the CUDA execution provider, each for float, float16 and bfloat16.
 //
-// The structs follow ort/common.h's pattern; Compute takes ORT's compute stream from the kernel context and calls a
+// The structs follow docs/adding-an-op.md; Compute takes ORT's compute stream from the kernel context and calls a
 // launcher of cuda/launch.h (hand-written CUDA in cuda/*.cu, or the Triton AOT cubins through
 // cuda/triton_launch.cc). Nothing here synchronises, reads device data or calls cudaMalloc, so the ops run on a
 // user stream and under CUDA-graph capture. The one device buffer (the Triton two-phase LoRA's scratch for
@@ -9,23 +9,25 @@
 // after ours on the same stream (the pattern of onnxruntime's own CUDA kernels' scratch buffers). Errors come back
 // as an Ort::Status naming the op, the backend and the CUDA (or onnxfuse) error.
 //
-// Triton tuning knobs, read from the environment when a session creates a kernel (so each session may differ):
-// ONNXFUSE_TRITON_SMALL_CFG=0|1|2 (decode-path tile config), ONNXFUSE_LORA_ONEPASS=0|1 and ONNXFUSE_MLP_STACK_CFG=0|1|2
-// (one-kernel stack tiles); ONNXFUSE_MLP_STACK=auto|fused|layers picks how a stack runs. See cuda/launch.h.
+// Everything a kernel is told comes from its node's attributes, read when the session creates it: backend,
+// MLPStack's stack_mode (auto|fused|layers), and the Triton A/B experiment knobs small_cfg (decode-path tile
+// config), lora_onepass and stack_cfg (one-kernel stack tiles), which only a library built with experiments
+// (ONNXFUSE_EXPERIMENTS, `onnxfuse build --experiments`) accepts. Nothing is read from the environment.
 //
-// Backend per node: attribute `backend`, replaced by env ONNXFUSE_BACKEND when set (ReadOpAttrs, at session
-// creation). On the CUDA EP:
+// Backend per node (attribute `backend`, common/attrs.h). On the CUDA EP:
 //   cuda   -> hand-written CUDA kernels;
 //   triton -> Triton AOT kernels (a clear error if the library was built without them or has no cubin for the GPU);
 //   auto   -> Triton when built with a cubin for this GPU's arch, else CUDA;
 //   cpu    -> treated as auto: the node was placed on the CUDA EP, whose inputs live in device memory, so a CPU
 //             kernel cannot serve it here; the CPU kernels run when the node is placed on the CPU EP.
-#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "common.h"
+#include "common/attrs.h"
+#include "common/dims.h"
+#include "common/registry.h"
+#include "common/status.h"
 #include "cuda/launch.h"
 
 namespace onnxfuse {
@@ -34,31 +36,28 @@ namespace {
 
 template <typename T>
 constexpr int DtypeCode() {
-  return static_cast<int>(DTypeOf<T>::value);  // DType and onnxfuse_dtype share their values (checked below)
+  return DTypeOf<T>::code;
 }
-static_assert(static_cast<int>(DType::F32) == ONNXFUSE_FP32 && static_cast<int>(DType::F16) == ONNXFUSE_FP16 &&
-                  static_cast<int>(DType::BF16) == ONNXFUSE_BF16,
-              "onnxfuse::DType and onnxfuse_dtype must agree");
 
 // Runs `cuda_fn` or `triton_fn` (each returning a launch.h code) for the node's backend; throws with op and cause.
 template <typename CudaFn, typename TritonFn>
 void Dispatch(const char* op, const OpAttrs& attrs, CudaFn&& cuda_fn, TritonFn&& triton_fn) {
   int err = 0;
-  const char* used = "cuda";
+  Backend used = Backend::kCuda;
   switch (attrs.backend) {
-    case Backend::Cuda:
+    case Backend::kCuda:
       err = cuda_fn();
       break;
-    case Backend::Triton:
-      used = "triton";
+    case Backend::kTriton:
+      used = Backend::kTriton;
       err = triton_fn();
       break;
     default:  // auto, cpu
       if (onnxfuse_triton_available()) {
-        used = "triton";
+        used = Backend::kTriton;
         err = triton_fn();
         if (err == ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH) {
-          used = "cuda";
+          used = Backend::kCuda;
           err = cuda_fn();
         }
       } else {
@@ -66,23 +65,27 @@ void Dispatch(const char* op, const OpAttrs& attrs, CudaFn&& cuda_fn, TritonFn&&
       }
   }
   if (err != 0) {
-    Fail(std::string(op) + " (CUDA EP, backend " + used + " from " + attrs.backend_source + "=" +
-             BackendName(attrs.backend) + "): " + onnxfuse_cuda_error_string(err),
+    Fail(std::string(op) + " (CUDA EP, backend " + BackendName(used) + " from " + attrs.backend_source + " " +
+             schema::attr::kBackend + "=" + BackendName(attrs.backend) + "): " + onnxfuse_cuda_error_string(err),
          ORT_RUNTIME_EXCEPTION);
   }
 }
 
 inline void* StreamOf(OrtKernelContext* ctx) { return Ort::KernelContext(ctx).GetGPUComputeStream(); }
 
-// Triton knobs of one kernel instance, from the environment at kernel creation.
-struct TritonKnobs {
-  int small_cfg = 0, lora_onepass = 0, stack_cfg = 0;
-  explicit TritonKnobs(const char* op) {
-    if (onnxfuse_triton_read_env(&small_cfg, &lora_onepass, &stack_cfg) != 0)
-      Fail(std::string(op) + ": bad ONNXFUSE_TRITON_SMALL_CFG (expected 0, 1 or 2), ONNXFUSE_LORA_ONEPASS "
-                             "(expected 0 or 1) or ONNXFUSE_MLP_STACK_CFG (expected 0, 1 or 2) in the environment");
-  }
-};
+// The Triton experiment knobs of one node (common/attrs.h). A default library has only variant 0 of every kernel,
+// so it refuses a node that asks for another one instead of silently running something else.
+inline Experiments ReadKnobs(const OrtApi* api, const OrtKernelInfo* info, const char* op) {
+  const Experiments e = ReadExperiments(api, info, op);
+#ifndef ONNXFUSE_EXPERIMENTS
+  if (e.Any())
+    Fail(std::string(op) + ": the node sets an experiment attribute (" + schema::attr::kSmallCfg + "=" +
+         std::to_string(e.small_cfg) + ", " + schema::attr::kLoraOnepass + "=" + std::to_string(e.lora_onepass) +
+         ", " + schema::attr::kStackCfg + "=" + std::to_string(e.stack_cfg) +
+         ") but this library was built without experiments; rebuild it with 'onnxfuse build --experiments'");
+#endif
+  return e;
+}
 
 // Device memory from onnxruntime's allocator for the device of the kernel's input `like_input`; freed (returned to
 // the arena) on destruction. Throws Ort::Exception when no allocator or memory is available.
@@ -124,10 +127,12 @@ class DeviceScratch {
   void* p_ = nullptr;
 };
 
-template <typename T, int Act>
+// Op is schema::LinearRelu (Act = ONNXFUSE_ACT_RELU) or schema::LinearSigmoid (ONNXFUSE_ACT_SIGMOID).
+template <typename T, int Act, typename Op>
 struct LinearActCuda {
-  static constexpr const char* kName = Act == ONNXFUSE_ACT_RELU ? "LinearRelu" : "LinearSigmoid";
-  LinearActCuda(const OrtApi* api, const OrtKernelInfo* info) : attrs(ReadOpAttrs(api, info, kName)), knobs(kName) {}
+  static constexpr const char* kName = Op::kName;
+  LinearActCuda(const OrtApi* api, const OrtKernelInfo* info)
+      : attrs(ReadOpAttrs(api, info, kName)), knobs(ReadKnobs(api, info, kName)) {}
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& W,
                       const Ort::Custom::Tensor<T>& bias, Ort::Custom::Tensor<T>& Y) {
     return GuardCompute([&] {
@@ -145,37 +150,41 @@ struct LinearActCuda {
     });
   }
   OpAttrs attrs;
-  TritonKnobs knobs;
+  Experiments knobs;
 };
 template <typename T>
-using LinearReluCuda = LinearActCuda<T, ONNXFUSE_ACT_RELU>;
+using LinearReluCuda = LinearActCuda<T, ONNXFUSE_ACT_RELU, schema::LinearRelu>;
 template <typename T>
-using LinearSigmoidCuda = LinearActCuda<T, ONNXFUSE_ACT_SIGMOID>;
+using LinearSigmoidCuda = LinearActCuda<T, ONNXFUSE_ACT_SIGMOID, schema::LinearSigmoid>;
 
 template <typename T>
 struct SwiGLUCuda {
-  SwiGLUCuda(const OrtApi* api, const OrtKernelInfo* info) : attrs(ReadOpAttrs(api, info, "SwiGLU")), knobs("SwiGLU") {}
+  static constexpr const char* kName = schema::SwiGLU::kName;
+  SwiGLUCuda(const OrtApi* api, const OrtKernelInfo* info)
+      : attrs(ReadOpAttrs(api, info, kName)), knobs(ReadKnobs(api, info, kName)) {}
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& Wg,
                       const Ort::Custom::Tensor<T>& Wu, Ort::Custom::Tensor<T>& Y) {
     return GuardCompute([&] {
-      const LinearDims d = SwiGLUDims("SwiGLU", X.Shape(), Wg.Shape(), Wu.Shape());
+      const LinearDims d = SwiGLUDims(kName, X.Shape(), Wg.Shape(), Wu.Shape());
       T* y = Y.Allocate(d.out_shape);
       if (d.M == 0 || d.N == 0) return;
       void* stream = StreamOf(ctx);
       const void *x = X.Data(), *wg = Wg.Data(), *wu = Wu.Data();
       Dispatch(
-          "SwiGLU", attrs, [&] { return onnxfuse_cuda_swiglu(DtypeCode<T>(), x, wg, wu, y, d.M, d.K, d.N, stream); },
+          kName, attrs, [&] { return onnxfuse_cuda_swiglu(DtypeCode<T>(), x, wg, wu, y, d.M, d.K, d.N, stream); },
           [&] { return onnxfuse_triton_swiglu(DtypeCode<T>(), x, wg, wu, y, d.M, d.K, d.N, knobs.small_cfg, stream); });
     });
   }
   OpAttrs attrs;
-  TritonKnobs knobs;
+  Experiments knobs;
 };
 
-template <typename T, int Relu>
+// Op is schema::LoRALinear (Relu = 0) or schema::LoRALinearRelu (Relu = 1).
+template <typename T, int Relu, typename Op>
 struct LoRACuda {
-  static constexpr const char* kName = Relu ? "LoRALinearRelu" : "LoRALinear";
-  LoRACuda(const OrtApi* api, const OrtKernelInfo* info) : attrs(ReadOpAttrs(api, info, kName)), knobs(kName) {}
+  static constexpr const char* kName = Op::kName;
+  LoRACuda(const OrtApi* api, const OrtKernelInfo* info)
+      : attrs(ReadOpAttrs(api, info, kName)), knobs(ReadKnobs(api, info, kName)) {}
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& W,
                       const Ort::Custom::Tensor<T>& A, const Ort::Custom::Tensor<T>& B,
                       const Ort::Custom::Tensor<T>& bias, Ort::Custom::Tensor<T>& Y) {
@@ -196,7 +205,7 @@ struct LoRACuda {
             const int64_t bytes = onnxfuse_triton_lora_scratch_bytes(DtypeCode<T>(), d.M, d.K, d.N, d.r, onepass);
             if (bytes < 0) return int(bytes);  // e.g. no cubin for this GPU: Dispatch may fall back to CUDA
             std::unique_ptr<DeviceScratch> scratch;
-            if (bytes > 0) scratch = std::make_unique<DeviceScratch>(ctx, 0, size_t(bytes));
+            if (bytes > 0) scratch = std::make_unique<DeviceScratch>(ctx, Op::kX, size_t(bytes));
             return onnxfuse_triton_lora_linear(DtypeCode<T>(), Relu, x, w, a, b, bi, s, y, d.M, d.K, d.N, d.r,
                                                knobs.small_cfg, onepass, scratch ? scratch->get() : nullptr, bytes,
                                                stream);
@@ -204,28 +213,22 @@ struct LoRACuda {
     });
   }
   OpAttrs attrs;
-  TritonKnobs knobs;
+  Experiments knobs;
 };
 template <typename T>
-using LoRALinearCuda = LoRACuda<T, 0>;
+using LoRALinearCuda = LoRACuda<T, 0, schema::LoRALinear>;
 template <typename T>
-using LoRALinearReluCuda = LoRACuda<T, 1>;
+using LoRALinearReluCuda = LoRACuda<T, 1, schema::LoRALinearRelu>;
 
-// How the Triton backend runs a stack: env ONNXFUSE_MLP_STACK = auto (default) | fused | layers.
-inline int StackModeFromEnv(const char* op) {
-  const char* v = std::getenv("ONNXFUSE_MLP_STACK");
-  if (v == nullptr || *v == '\0' || std::string(v) == "auto") return ONNXFUSE_STACK_AUTO;
-  if (std::string(v) == "fused") return ONNXFUSE_STACK_FUSED;
-  if (std::string(v) == "layers") return ONNXFUSE_STACK_LAYERS;
-  Fail(std::string(op) + ": bad ONNXFUSE_MLP_STACK='" + v + "' in the environment (expected auto, fused or layers)");
-}
-
+// How the Triton backend runs a stack: the node's stack_mode (auto, fused or layers); the CUDA backend always
+// launches once per layer.
 template <typename T>
 struct MLPStackCuda {
-  static constexpr const char* kName = "MLPStack";
+  using Op = schema::MLPStack;
+  static constexpr const char* kName = Op::kName;
   MLPStackCuda(const OrtApi* api, const OrtKernelInfo* info)
-      : attrs(ReadOpAttrs(api, info, kName)), acts(ReadStackActivations(api, info, kName)), knobs(kName),
-        mode(StackModeFromEnv(kName)) {
+      : attrs(ReadOpAttrs(api, info, kName)), acts(ReadStackActivations(api, info, kName)),
+        knobs(ReadKnobs(api, info, kName)), mode(ReadStackMode(api, info, kName)) {
     if (acts.size() > ONNXFUSE_MAX_STACK_LAYERS)
       Fail(std::string(kName) + ": " + std::to_string(acts.size()) + " layers; the GPU kernels take at most " +
            std::to_string(ONNXFUSE_MAX_STACK_LAYERS) + " (fuse splits longer chains)");
@@ -235,29 +238,29 @@ struct MLPStackCuda {
       Ort::KernelContext ctx(context);
       const VariadicInputs in(ctx);
       const StackDims d = MLPStackDims(kName, acts.size(), in.shapes);
-      void* y = ctx.GetOutput(0, d.out_shape).GetTensorMutableRawData();
+      void* y = ctx.GetOutput(Op::kY, d.out_shape).GetTensorMutableRawData();
       if (d.M == 0 || d.widths.back() == 0) return;
       const int n = int(acts.size());
       std::vector<const void*> w(n), b(n);
       for (int i = 0; i < n; ++i) {
-        w[i] = in.data[1 + 2 * i];
-        b[i] = in.data[2 + 2 * i];
+        w[i] = in.data[Op::W(i)];
+        b[i] = in.data[Op::Bias(i)];
       }
       const int dt = DtypeCode<T>();
       const int64_t bytes = onnxfuse_mlp_stack_scratch_bytes(dt, n, d.M, d.widths.data());
       if (bytes < 0) Fail(std::string(kName) + ": " + onnxfuse_cuda_error_string(int(bytes)), ORT_RUNTIME_EXCEPTION);
       std::unique_ptr<DeviceScratch> scratch;
-      if (bytes > 0) scratch = std::make_unique<DeviceScratch>(context, 0, size_t(bytes));
+      if (bytes > 0) scratch = std::make_unique<DeviceScratch>(context, Op::kX, size_t(bytes));
       void* sp = scratch ? scratch->get() : nullptr;
       void* stream = StreamOf(context);
       Dispatch(
           kName, attrs,
           [&] {
-            return onnxfuse_cuda_mlp_stack(dt, n, acts.data(), in.data[0], w.data(), b.data(), y, d.M,
+            return onnxfuse_cuda_mlp_stack(dt, n, acts.data(), in.data[Op::kX], w.data(), b.data(), y, d.M,
                                            d.widths.data(), sp, bytes, stream);
           },
           [&] {
-            return onnxfuse_triton_mlp_stack(dt, n, acts.data(), in.data[0], w.data(), b.data(), y, d.M,
+            return onnxfuse_triton_mlp_stack(dt, n, acts.data(), in.data[Op::kX], w.data(), b.data(), y, d.M,
                                              d.widths.data(), mode, knobs.stack_cfg, knobs.small_cfg, sp, bytes,
                                              stream);
           });
@@ -265,19 +268,19 @@ struct MLPStackCuda {
   }
   OpAttrs attrs;
   std::vector<int> acts;
-  TritonKnobs knobs;
+  Experiments knobs;
   int mode;
 };
 
 }  // namespace
 
 void RegisterOps(Ort::CustomOpDomain& domain) {
-  AddOpAllTypes<LinearReluCuda>(domain, "LinearRelu", kCudaEp);
-  AddOpAllTypes<LinearSigmoidCuda>(domain, "LinearSigmoid", kCudaEp);
-  AddOpAllTypes<SwiGLUCuda>(domain, "SwiGLU", kCudaEp);
-  AddOpAllTypes<LoRALinearCuda>(domain, "LoRALinear", kCudaEp);
-  AddOpAllTypes<LoRALinearReluCuda>(domain, "LoRALinearRelu", kCudaEp);
-  AddVariadicOpAllTypes<MLPStackCuda>(domain, "MLPStack", kCudaEp);
+  AddOpAllTypes<LinearReluCuda>(domain, schema::LinearRelu::kName, kCudaEp);
+  AddOpAllTypes<LinearSigmoidCuda>(domain, schema::LinearSigmoid::kName, kCudaEp);
+  AddOpAllTypes<SwiGLUCuda>(domain, schema::SwiGLU::kName, kCudaEp);
+  AddOpAllTypes<LoRALinearCuda>(domain, schema::LoRALinear::kName, kCudaEp);
+  AddOpAllTypes<LoRALinearReluCuda>(domain, schema::LoRALinearRelu::kName, kCudaEp);
+  AddVariadicOpAllTypes<MLPStackCuda>(domain, schema::MLPStack::kName, kCudaEp);
 }
 
 }  // namespace cuda

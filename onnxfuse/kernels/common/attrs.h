@@ -1,0 +1,154 @@
+// Node attributes, read once when onnxruntime creates a kernel (once per node and session). Names and defaults come
+// from the generated onnxfuse_ops.h (onnxfuse/schema.py). A missing attribute takes the schema default; a bad value
+// fails kernel creation with ORT_INVALID_ARGUMENT naming the op. Lite ops register no attribute schema, so
+// onnxruntime passes every attribute through unchecked: the checks are here.
+//
+// backend: on the CPU EP every value is accepted and the CPU kernel runs (a model fused for CUDA still runs on a
+// CPU-only session); on the CUDA EP it picks the kernel family (cuda/ops_cuda.cc). Nothing in the environment
+// overrides it: set it in the model (onnxfuse fuse --backend, runtime.session(backend=)).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+
+namespace onnxfuse {
+
+using schema::Backend;
+
+inline const char* BackendName(Backend b) { return schema::kBackendNames[static_cast<int>(b)]; }
+
+inline Backend ParseBackend(std::string_view s, const char* op, const char* where) {
+  std::string expected;
+  for (int i = 0; i < schema::kNumBackends; ++i) {
+    if (s == schema::kBackendNames[i]) return static_cast<Backend>(i);
+    expected += std::string(i ? "|" : "") + schema::kBackendNames[i];
+  }
+  Fail(std::string(op) + ": unknown backend '" + std::string(s) + "' from " + where + " (expected " + expected + ")");
+}
+
+namespace detail {
+// Optional attributes through the C API: the C++ wrapper's GetAttribute throws when an attribute is absent, and
+// absent means "schema default" here.
+inline bool TryGetString(const OrtApi* api, const OrtKernelInfo* info, const char* name, std::string& out) {
+  size_t size = 0;
+  OrtStatus* st = api->KernelInfoGetAttribute_string(info, name, nullptr, &size);
+  if (st != nullptr) {
+    api->ReleaseStatus(st);
+    return false;
+  }
+  std::string buf(size, '\0');
+  st = api->KernelInfoGetAttribute_string(info, name, buf.data(), &size);
+  if (st != nullptr) {
+    api->ReleaseStatus(st);
+    return false;
+  }
+  buf.resize(size > 0 ? size - 1 : 0);  // size counts the terminating NUL
+  out = std::move(buf);
+  return true;
+}
+inline bool TryGetFloat(const OrtApi* api, const OrtKernelInfo* info, const char* name, float& out) {
+  OrtStatus* st = api->KernelInfoGetAttribute_float(info, name, &out);
+  if (st != nullptr) {
+    api->ReleaseStatus(st);
+    return false;
+  }
+  return true;
+}
+inline bool TryGetInt(const OrtApi* api, const OrtKernelInfo* info, const char* name, int64_t& out) {
+  OrtStatus* st = api->KernelInfoGetAttribute_int64(info, name, &out);
+  if (st != nullptr) {
+    api->ReleaseStatus(st);
+    return false;
+  }
+  return true;
+}
+}  // namespace detail
+
+// The attributes every op may carry: backend, and scale (LoRA ops; ignored by the others).
+struct OpAttrs {
+  Backend backend = ParseBackend(schema::attr::kBackendDefault, "schema", "the schema default");
+  const char* backend_source = "default";  // "attribute" or "default": for error messages
+  float scale = schema::attr::kScaleDefault;
+};
+
+inline OpAttrs ReadOpAttrs(const OrtApi* api, const OrtKernelInfo* info, const char* op) {
+  OpAttrs a;
+  std::string s;
+  if (detail::TryGetString(api, info, schema::attr::kBackend, s)) {
+    a.backend = ParseBackend(s, op, "node attribute 'backend'");
+    a.backend_source = "attribute";
+  }
+  detail::TryGetFloat(api, info, schema::attr::kScale, a.scale);
+  return a;
+}
+
+// MLPStack's `activations` ("relu.relu.sigmoid"): one activation code (onnxfuse_act) per layer.
+inline std::vector<int> ReadStackActivations(const OrtApi* api, const OrtKernelInfo* info, const char* op) {
+  std::string s;
+  if (!detail::TryGetString(api, info, schema::attr::kActivations, s) || s.empty())
+    Fail(std::string(op) + ": missing attribute '" + schema::attr::kActivations +
+         "' (the layers' activations joined by dots, e.g. relu.relu.sigmoid)");
+  std::vector<int> acts;
+  size_t start = 0;
+  while (start <= s.size()) {
+    const size_t dot = std::min(s.find(schema::kActivationSeparator, start), s.size());
+    const std::string a = s.substr(start, dot - start);
+    int code = 0;
+    for (int c = 1; c < schema::kNumActivations; ++c)
+      if (a == schema::kActivationNames[c]) code = c;
+    if (code == 0) {
+      std::string names;
+      for (int c = 1; c < schema::kNumActivations; ++c) names += std::string(c > 1 ? " or " : "") + schema::kActivationNames[c];
+      Fail(std::string(op) + ": activation '" + a + "' in '" + s + "' is not " + names);
+    }
+    acts.push_back(code);
+    start = dot + 1;
+  }
+  return acts;
+}
+
+// MLPStack's `stack_mode` (auto|fused|layers) as an onnxfuse_stack_mode code.
+inline int ReadStackMode(const OrtApi* api, const OrtKernelInfo* info, const char* op) {
+  std::string s = schema::attr::kStackModeDefault;
+  detail::TryGetString(api, info, schema::attr::kStackMode, s);
+  std::string expected;
+  for (int i = 0; i < schema::kNumStackModes; ++i) {
+    if (s == schema::kStackModeNames[i]) return i;
+    expected += std::string(i ? "|" : "") + schema::kStackModeNames[i];
+  }
+  Fail(std::string(op) + ": unknown " + schema::attr::kStackMode + " '" + s + "' (expected " + expected + ")");
+}
+
+// The A/B experiment knobs of the Triton kernels (schema.EXPERIMENT_ATTRS): optional int attributes, 0 = the
+// default kernel. Only a library built with experiments has the other variants (cuda/ops_cuda.cc refuses them
+// otherwise); values are checked against the variant counts here.
+struct Experiments {
+  int small_cfg = int(schema::attr::kSmallCfgDefault);
+  int lora_onepass = int(schema::attr::kLoraOnepassDefault);
+  int stack_cfg = int(schema::attr::kStackCfgDefault);
+  bool Any() const { return small_cfg != 0 || lora_onepass != 0 || stack_cfg != 0; }
+};
+
+inline Experiments ReadExperiments(const OrtApi* api, const OrtKernelInfo* info, const char* op) {
+  Experiments e;
+  auto knob = [&](const char* name, int variants, int& out) {
+    int64_t v = 0;
+    if (!detail::TryGetInt(api, info, name, v)) return;
+    if (v < 0 || v >= variants)
+      Fail(std::string(op) + ": attribute '" + name + "' = " + std::to_string(v) + " (expected 0.." +
+           std::to_string(variants - 1) + ")");
+    out = int(v);
+  };
+  knob(schema::attr::kSmallCfg, ONNXFUSE_SMALL_CFG_VARIANTS, e.small_cfg);
+  knob(schema::attr::kLoraOnepass, ONNXFUSE_LORA_ONEPASS_VARIANTS, e.lora_onepass);
+  knob(schema::attr::kStackCfg, ONNXFUSE_STACK_CFG_VARIANTS, e.stack_cfg);
+  return e;
+}
+
+}  // namespace onnxfuse

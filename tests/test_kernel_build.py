@@ -1,0 +1,438 @@
+"""The kernel library's build: the generated onnxfuse_ops.h against schema.py, the C++ sources free of copied
+literals, packaging, the build cache in the user cache dir (failure memory, reuse, list/clean, the stable path),
+progress and quiet output, the CPU-only automatic build, and one full CPU+CUDA+Triton build where nvcc is present.
+
+Builds here go to temporary cache dirs (ONNXFUSE_BUILD_DIR) and take the onnxruntime headers from the default
+cache (ORT_INCLUDE_DIR), so nothing is downloaded twice and the user's cache is not touched.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+
+import pytest
+
+from onnxfuse import cli, kernels, schema
+from onnxfuse.kernels import ops_header
+
+kbuild = importlib.import_module("onnxfuse.kernels.build")
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+KERNELS = ROOT / "onnxfuse" / "kernels"
+
+
+@pytest.fixture(scope="module")
+def ort_headers() -> pathlib.Path:
+    """The onnxruntime headers the default build uses (fetched once into the default cache if needed)."""
+    include, _ = kbuild.find_ort_headers()
+    return include
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch, ort_headers) -> pathlib.Path:
+    """An empty build cache of its own, headers from the default one."""
+    monkeypatch.setenv("ONNXFUSE_BUILD_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ORT_INCLUDE_DIR", str(ort_headers))
+    monkeypatch.delenv("ONNXFUSE_LIBRARY", raising=False)
+    monkeypatch.delenv("ONNXFUSE_BACKENDS", raising=False)
+    kernels._resolved.clear()
+    yield tmp_path / "cache"
+    kernels._resolved.clear()
+
+
+# ------------------------------------------------------------------------------------------------ generated header
+_C_PROGRAM = r"""
+#include <stdio.h>
+#include "onnxfuse_ops.h"
+int main(void) {
+  printf("{\"domain\": \"%s\", \"version\": %d, \"max_stack_layers\": %d, \"max_lora_rank\": %d,", ONNXFUSE_DOMAIN,
+         ONNXFUSE_DOMAIN_VERSION, ONNXFUSE_MAX_STACK_LAYERS, ONNXFUSE_MAX_LORA_RANK);
+  printf("\"dtypes\": [%d, %d, %d], \"acts\": {\"relu\": %d, \"sigmoid\": %d},", ONNXFUSE_FP32, ONNXFUSE_FP16,
+         ONNXFUSE_BF16, ONNXFUSE_ACT_RELU, ONNXFUSE_ACT_SIGMOID);
+  printf("\"stack_modes\": [%d, %d, %d],", ONNXFUSE_STACK_AUTO, ONNXFUSE_STACK_FUSED, ONNXFUSE_STACK_LAYERS);
+  printf("\"variants\": {\"small_cfg\": %d, \"lora_onepass\": %d, \"stack_cfg\": %d},", ONNXFUSE_SMALL_CFG_VARIANTS,
+         ONNXFUSE_LORA_ONEPASS_VARIANTS, ONNXFUSE_STACK_CFG_VARIANTS);
+  printf("\"kernels\": {\"linear_act\": %d, \"swiglu\": %d, \"lora_linear\": %d, \"lora_xa\": %d, \"lora_main\": %d,"
+         " \"mlp_stack\": %d},", ONNXFUSE_TRITON_LINEAR_ACT, ONNXFUSE_TRITON_SWIGLU, ONNXFUSE_TRITON_LORA_LINEAR,
+         ONNXFUSE_TRITON_LORA_XA, ONNXFUSE_TRITON_LORA_MAIN, ONNXFUSE_TRITON_MLP_STACK);
+  printf("\"size_classes\": %d, \"max_m\": [%d, %d]}\n", ONNXFUSE_TRITON_NUM_SIZE_CLASSES, ONNXFUSE_TRITON_SMALL_MAX_M,
+         ONNXFUSE_TRITON_MEDIUM_MAX_M);
+  return 0;
+}
+"""
+
+
+def _cpp_program() -> str:
+    """A C++ program printing, as JSON, what the header's C++ part says about every op (struct per op)."""
+    ops = []
+    for op in schema.OPS.values():
+        s = f"onnxfuse::schema::{op.name}"
+        if op.variadic:
+            idx = " << \",\" << ".join(f"{s}::{ops_header._camel(n.removesuffix('_i'))}(1)" for n in op.inputs[1:])
+            inputs = f"\"[\" << {s}::kX << \",\" << {idx} << \"]\""
+        else:
+            inputs = "\"[\" << " + " << \",\" << ".join(f"{s}::k{ops_header._camel(n)}" for n in op.inputs) + " << \"]\""
+        attrs = f"[] {{ std::string a = \"[\"; for (int i = 0; i < {s}::kNumAttributes; ++i) " \
+                f"a += std::string(i ? \",\" : \"\") + \"\\\"\" + {s}::kAttributes[i] + \"\\\"\"; return a + \"]\"; }}()"
+        ops.append(f"  std::cout << \"\\\"\" << {s}::kName << \"\\\": {{\\\"inputs\\\": \" << {inputs} << "
+                   f"\", \\\"attrs\\\": \" << {attrs} << \"}}\" << \",\";")
+    defaults = []
+    for a in list({a.name: a for o in schema.OPS.values() for a in o.attrs}.values()) + \
+            list(schema.EXPERIMENT_ATTRS.values()):
+        c = ops_header._camel(a.name)
+        value = f"\"\\\"\" << onnxfuse::schema::attr::k{c}Default << \"\\\"\"" if a.kind == "string" else \
+            f"onnxfuse::schema::attr::k{c}Default"
+        defaults.append(f"  std::cout << \"\\\"\" << onnxfuse::schema::attr::k{c} << \"\\\": \" << {value} << \",\";")
+    names = lambda arr, n: (f"[] {{ std::string a = \"[\"; for (int i = 0; i < {n}; ++i) a += std::string(i ? \",\" : "
+                            f"\"\") + \"\\\"\" + {arr}[i] + \"\\\"\"; return a + \"]\"; }}()")
+    return "\n".join([
+        "#include <iostream>", "#include <string>", '#include "onnxfuse_ops.h"', "int main() {",
+        "  std::cout << \"{\\\"domain\\\": \\\"\" << onnxfuse::schema::kDomain << \"\\\", \\\"version\\\": \" << "
+        "onnxfuse::schema::kDomainVersion << \", \\\"ops\\\": {\";",
+        *ops,
+        "  std::cout << \"\\\"_\\\": 0}, \\\"defaults\\\": {\";",
+        *defaults,
+        "  std::cout << \"\\\"_\\\": 0}, \\\"backends\\\": \" << "
+        + names("onnxfuse::schema::kBackendNames", "onnxfuse::schema::kNumBackends") + ";",
+        "  std::cout << \", \\\"activations\\\": \" << "
+        + names("onnxfuse::schema::kActivationNames", "onnxfuse::schema::kNumActivations") + ";",
+        "  std::cout << \", \\\"stack_modes\\\": \" << "
+        + names("onnxfuse::schema::kStackModeNames", "onnxfuse::schema::kNumStackModes") + ";",
+        "  std::cout << \", \\\"size_max_m\\\": [\" << onnxfuse::triton::kSizeClassMaxM[0] << \",\" << "
+        "onnxfuse::triton::kSizeClassMaxM[1] << \"], \\\"r_pads\\\": [\" << onnxfuse::triton::kRPads[0] << \",\" << "
+        "onnxfuse::triton::kRPads[1] << \",\" << onnxfuse::triton::kRPads[2] << \"], \\\"mlp_stack_kernel\\\": \" << "
+        "onnxfuse::triton::kMlpStack << \"}\" << std::endl;",
+        "  return 0;", "}", ""])
+
+
+def _compile_and_run(tmp_path, source: str, compiler: list[str], name: str) -> dict:
+    src = tmp_path / name
+    src.write_text(source)
+    exe = tmp_path / (name + ".bin")
+    p = subprocess.run([*compiler, f"-I{tmp_path}", str(src), "-o", str(exe)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("g++") is None, reason="needs gcc and g++")
+def test_generated_header_matches_schema_in_c_and_cpp(tmp_path):
+    ops_header.write(tmp_path)
+    table = ops_header.triton_table()
+    c = _compile_and_run(tmp_path, _C_PROGRAM, ["gcc", "-std=c11", "-Wall", "-Werror", "-x", "c"], "c_part.c")
+    assert c == {
+        "domain": schema.DOMAIN, "version": schema.DOMAIN_VERSION, "max_stack_layers": schema.MAX_STACK_LAYERS,
+        "max_lora_rank": table.MAX_LORA_RANK, "dtypes": [schema.TYPES.index(t) for t in schema.TYPES],
+        "acts": schema.ACTIVATIONS, "stack_modes": list(range(len(schema.STACK_MODES))),
+        "variants": table.EXPERIMENT_VARIANTS, "kernels": table.KERNEL_IDS, "size_classes": len(table.SIZE_CLASSES),
+        "max_m": list(table.SIZE_CLASS_MAX_M)}
+    cpp = _compile_and_run(tmp_path, _cpp_program(), ["g++", "-std=c++17", "-Wall", "-Werror"], "cpp_part.cc")
+    assert cpp["domain"] == schema.DOMAIN and cpp["version"] == schema.DOMAIN_VERSION
+    cpp["ops"].pop("_")
+    assert list(cpp["ops"]) == list(schema.OPS)
+    for name, op in schema.OPS.items():
+        got = cpp["ops"][name]
+        # MLPStack: X, then layer 1's (0-based) W and bias sit at 1 + 2 * 1 + 0 and + 1.
+        want = [0, 3, 4] if op.variadic else list(range(len(op.inputs)))
+        assert got == {"inputs": want, "attrs": list(op.attr_names)}, name
+    cpp["defaults"].pop("_")
+    want_defaults = {a.name: a.default for o in schema.OPS.values() for a in o.attrs}
+    want_defaults.update({a.name: a.default for a in schema.EXPERIMENT_ATTRS.values()})
+    assert cpp["defaults"] == want_defaults
+    assert cpp["backends"] == list(schema.BACKENDS)
+    assert cpp["activations"] == ["", *schema.ACTIVATIONS]
+    assert cpp["stack_modes"] == list(schema.STACK_MODES)
+    assert cpp["size_max_m"] == list(table.SIZE_CLASS_MAX_M) and cpp["r_pads"] == list(table.R_PADS)
+    assert cpp["mlp_stack_kernel"] == table.KERNEL_IDS["mlp_stack"]
+
+
+@pytest.mark.skipif(kbuild.find_nvcc() is None, reason="needs nvcc")
+def test_generated_header_compiles_with_nvcc(tmp_path):
+    """The .cu kernels include it through cuda/launch.h: it must stay free of onnxruntime and host-only code."""
+    ops_header.write(tmp_path)
+    src = tmp_path / "t.cu"
+    src.write_text('#include "cuda/launch.h"\n'
+                   '__global__ void k(int* p) { p[0] = ONNXFUSE_MAX_STACK_LAYERS + ONNXFUSE_ACT_SIGMOID; }\n'
+                   'int host() { return onnxfuse::schema::MLPStack::W(1) + onnxfuse::triton::kRPads[0]; }\n')
+    p = subprocess.run([str(kbuild.find_nvcc()), "-std=c++17", f"-I{tmp_path}", f"-I{KERNELS}", "-c", str(src), "-o",
+                        str(tmp_path / "t.o")], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+
+
+def _string_literals(path: pathlib.Path) -> list[str]:
+    text = path.read_text()
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    text = re.sub(r"//[^\n]*", "", text)
+    return re.findall(r'"((?:[^"\\\n]|\\.)*)"', text)
+
+
+def test_cpp_sources_take_the_domain_from_the_generated_header():
+    """No op name, domain, attribute name, backend, activation or stack-mode name is spelled as a string literal in
+    the C++/CUDA sources: they come from onnxfuse_ops.h. The library reads no environment but the two CPU knobs,
+    and prints nothing."""
+    forbidden = {schema.DOMAIN, *schema.OPS, *schema.BACKENDS, *schema.STACK_ACTIVATIONS, *schema.STACK_MODES,
+                 *(a.name for o in schema.OPS.values() for a in o.attrs), *schema.EXPERIMENT_ATTRS}
+    sources = [p for p in kbuild.source_files() if p.suffix in (".cc", ".h", ".cu", ".cuh")]
+    assert any(p.name == "ops_cuda.cc" for p in sources) and any(p.parent.name == "common" for p in sources)
+    found = {(str(p.relative_to(KERNELS)), lit) for p in sources for lit in _string_literals(p) if lit in forbidden}
+    assert not found, sorted(found)
+    env_reads = {(str(p.relative_to(KERNELS)), m) for p in sources
+                 for m in re.findall(r'getenv\("([^"]*)"\)', p.read_text())}
+    assert {name for _, name in env_reads} == {"ONNXFUSE_CPU_THREADS", "ONNXFUSE_CPU_ISA"}, env_reads
+    printing = [str(p.relative_to(KERNELS)) for p in sources
+                if re.search(r"\b(f?printf|puts|std::cout|std::cerr|std::clog)\b", re.sub(r"//[^\n]*", "", p.read_text()))]
+    assert not printing, printing
+
+
+def test_python_mirrors_read_the_schema():
+    """functions.py and the scripts take the domain version from schema.py instead of a literal 1."""
+    offenders = []
+    for p in [ROOT / "onnxfuse" / "functions.py", ROOT / "onnxfuse" / "fuse.py", *sorted((ROOT / "scripts").glob("*.py"))]:
+        for m in re.finditer(r"(make_opsetid\([^)]*DOMAIN[^)]*,\s*1\)|setdefault\(DOMAIN,\s*1\))", p.read_text()):
+            offenders.append((p.name, m.group(0)))
+    assert not offenders, offenders
+
+
+@pytest.mark.skipif(importlib.util.find_spec("setuptools") is None, reason="needs setuptools to build a wheel")
+def test_wheel_ships_every_file_the_build_reads(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", "models", "benchmarks", "build",
+                                                             "*.egg-info", "__pycache__", "*.onnx", "*.data", ".*"))
+    p = subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q",
+                        "-w", str(tmp_path / "dist")], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (wheel,) = (tmp_path / "dist").glob("onnxfuse-*.whl")
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    needed = {f"onnxfuse/kernels/{f.relative_to(KERNELS)}" for f in kbuild.source_files()}
+    assert any(n.endswith(".cuh") for n in needed) and any(n.startswith("onnxfuse/kernels/triton/") for n in needed)
+    assert needed <= shipped, sorted(needed - shipped)
+
+
+# ------------------------------------------------------------------------------------------------ cache and failures
+def _broken_headers(tmp_path, good: pathlib.Path, marker: str) -> pathlib.Path:
+    bad = tmp_path / "broken-include"
+    if bad.exists():
+        shutil.rmtree(bad)
+    shutil.copytree(good, bad)
+    lite = bad / "onnxruntime_lite_custom_op.h"
+    lite.write_text(lite.read_text() + f'\n#error "{marker}"\n')
+    return bad
+
+
+def test_cache_lives_in_the_user_cache_dir(monkeypatch):
+    monkeypatch.delenv("ONNXFUSE_BUILD_DIR", raising=False)
+    import platformdirs
+    assert kbuild.build_dir() == pathlib.Path(platformdirs.user_cache_dir("onnxfuse")) / "kernels"
+    assert not kbuild.build_dir().is_relative_to(ROOT / "onnxfuse")
+    monkeypatch.setenv("ONNXFUSE_BUILD_DIR", "/tmp/somewhere")
+    assert kbuild.build_dir() == pathlib.Path("/tmp/somewhere")
+
+
+def test_a_failed_build_is_remembered_until_inputs_change_or_force(cache, tmp_path, ort_headers, monkeypatch, capsys):
+    """A broken header fails the cpu stage; the next library_path() raises the same error at once (no compiler
+    run), naming the log; `onnxfuse build --force` retries; other inputs (another header edit) build anew."""
+    monkeypatch.setenv("ORT_INCLUDE_DIR", str(_broken_headers(tmp_path, ort_headers, "broken header one")))
+    assert cli.main(["build", "--backends", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "cpu stage failed" in err and "broken header one" in err, err
+    stages = re.findall(r"onnxfuse build \[\d/4\] (\w+)", err)
+    assert stages == ["headers", "configure", "cpu"], err
+    (record,) = [e for e in kernels.cache_entries() if e["status"] == "failed"]
+    assert record["stage"] == "cpu" and pathlib.Path(record["log"]).is_file()
+    assert "broken header one" in pathlib.Path(record["log"]).read_text()
+
+    t0 = time.monotonic()
+    with pytest.raises(kernels.BuildError) as info:
+        kernels.library_path(provider="cpu")
+    assert time.monotonic() - t0 < 10  # remembered: no configure, no compile
+    msg = str(info.value)
+    assert "broken header one" in msg and "remembered" in msg and record["log"] in msg and "--force" in msg
+
+    assert cli.main(["build", "--backends", "cpu", "--force"]) == 2  # really retried: the stages run again
+    err = capsys.readouterr().err
+    assert "cpu stage failed" in err and "remembered" not in err and "[3/4] cpu" in err
+    assert cli.main(["build", "--backends", "cpu", "--force", "-q"]) == 2  # -q: the error only, no stages
+    err = capsys.readouterr().err
+    assert err.startswith("onnxfuse: error: kernel library build failed: cpu stage failed") and "[3/4]" not in err
+
+    monkeypatch.setenv("ORT_INCLUDE_DIR", str(_broken_headers(tmp_path, ort_headers, "broken header two")))
+    with pytest.raises(kernels.BuildError, match="broken header two") as info:
+        kernels.build(backends=["cpu"], quiet=True)
+    assert "remembered" not in str(info.value)  # new inputs, new key: built (and failed) for real
+
+
+def test_bad_ort_include_dir_is_one_clear_line(cache, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ORT_INCLUDE_DIR", str(tmp_path))
+    assert cli.main(["build", "--backends", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "ORT_INCLUDE_DIR=" in err and "set ORT_INCLUDE_DIR" in err, err
+
+
+@pytest.fixture(scope="module")
+def built_cache(tmp_path_factory, ort_headers):
+    """A cache holding the automatic (first-use) build of a CPU session, made once for this module: (cache, library,
+    what the build printed on stderr). Where onnxruntime has no CUDA EP, CPU-only is library_path()'s own choice."""
+    cache = tmp_path_factory.mktemp("built") / "cache"
+    err = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(err):
+        mp.setenv("ONNXFUSE_BUILD_DIR", str(cache))
+        mp.setenv("ORT_INCLUDE_DIR", str(ort_headers))
+        mp.delenv("ONNXFUSE_LIBRARY", raising=False)
+        mp.delenv("ONNXFUSE_BACKENDS", raising=False)
+        if kbuild.onnxruntime_has_cuda():  # keep it a CPU build there too (the next test then skips)
+            mp.setenv("ONNXFUSE_BACKENDS", "cpu")
+        kernels._resolved.clear()
+        lib = kernels.library_path(provider="cpu")
+        kernels._resolved.clear()
+    return cache, lib, err.getvalue()
+
+
+@pytest.fixture
+def cpu_cache(built_cache, monkeypatch, ort_headers):
+    """The module's built cache, as this test's ONNXFUSE_BUILD_DIR."""
+    cache, lib, err = built_cache
+    monkeypatch.setenv("ONNXFUSE_BUILD_DIR", str(cache))
+    monkeypatch.setenv("ORT_INCLUDE_DIR", str(ort_headers))
+    monkeypatch.delenv("ONNXFUSE_LIBRARY", raising=False)
+    monkeypatch.delenv("ONNXFUSE_BACKENDS", raising=False)
+    kernels._resolved.clear()
+    yield cache, lib, err
+    kernels._resolved.clear()
+
+
+def test_automatic_build_is_cpu_only_without_a_cuda_ep(cpu_cache):
+    """On a CPU-only onnxruntime the first-use build compiles the CPU backend only, even with nvcc present, and
+    says so in one line with the log path."""
+    from onnxfuse.kernels.build import onnxruntime_has_cuda
+    if onnxruntime_has_cuda():
+        pytest.skip("this onnxruntime has the CUDA EP")
+    cache, lib, err = cpu_cache
+    assert kernels.build_info(lib)["backends"] == ["cpu"]
+    assert lib.parent.parent == cache
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "building the kernel library (cpu)" in lines[0], err
+    log = re.search(r"log: (\S+)", lines[0]).group(1)
+    assert pathlib.Path(log).is_file() and "== link" in pathlib.Path(log).read_text()
+
+
+def test_cached_build_covering_the_session_is_reused(cpu_cache, capfd):
+    """A CPU session takes a library built with --backends cpu; no rebuild, no message."""
+    cache, lib, _ = cpu_cache
+    kernels._resolved.clear()
+    t0 = time.monotonic()
+    assert kernels.library_path(provider="cpu") == lib
+    assert time.monotonic() - t0 < 20
+    assert capfd.readouterr().err == ""
+    assert kbuild.find_cached({"cpu"}) == lib
+    assert kbuild.find_cached({"cpu", "cuda"}) is None  # a CUDA session needs the CUDA kernels
+
+
+def test_build_uses_the_same_cached_library(cpu_cache, capfd):
+    cache, lib, _ = cpu_cache
+    assert cli.main(["build", "--backends", "cpu", "--json"]) == 0
+    out = capfd.readouterr()
+    data = json.loads(out.out)
+    assert data["cached"] is True and pathlib.Path(data["path"]) == lib and data["experiments"] is False
+    assert out.err == ""  # --json: no progress, no notice
+
+
+def test_print_path_is_stable(cpu_cache, capfd):
+    cache, lib, _ = cpu_cache
+    assert cli.main(["build", "--print-path"]) == 0
+    first = capfd.readouterr()
+    assert first.err == "" and len(first.out.splitlines()) == 1
+    stable = pathlib.Path(first.out.strip())
+    assert stable == cache / "current" / "libonnxfuse_ops.so" and stable.resolve() == lib.resolve()
+    assert kernels.build_info(stable)["cache_key"] == lib.parent.name
+    assert cli.main(["build", "--print-path", "-q"]) == 0
+    assert capfd.readouterr().out.strip() == str(stable)
+    assert cli.main(["build", "--print-path", "--json"]) == 0
+    data = json.loads(capfd.readouterr().out)
+    assert data == {"path": str(stable), "library": str(lib.resolve())}
+
+
+def test_quiet_build_prints_nothing(cpu_cache, capfd):
+    assert cli.main(["build", "--backends", "cpu", "-q"]) == 0
+    out = capfd.readouterr()
+    assert out.out == "" and out.err == ""
+
+
+def test_cache_list_and_clean(cpu_cache, tmp_path, ort_headers, monkeypatch, capfd):
+    shutil.copytree(cpu_cache[0], tmp_path / "cache", symlinks=True)  # a copy of its own: this test empties it
+    cache = tmp_path / "cache"
+    lib = cache / cpu_cache[1].parent.name / cpu_cache[1].name
+    monkeypatch.setenv("ONNXFUSE_BUILD_DIR", str(cache))
+    monkeypatch.setenv("ORT_INCLUDE_DIR", str(_broken_headers(tmp_path, ort_headers, "for the listing")))
+    with pytest.raises(kernels.BuildError):
+        kernels.build(backends=["cpu"], quiet=True)
+    monkeypatch.setenv("ORT_INCLUDE_DIR", str(ort_headers))
+    assert cli.main(["cache", "--json"]) == 0
+    data = json.loads(capfd.readouterr().out)
+    assert data["cache"] == str(cache)
+    by_status = {e["status"]: e for e in data["entries"]}
+    assert set(by_status) == {"ok", "failed"}, data
+    ok = by_status["ok"]
+    assert ok["key"] == lib.parent.name and ok["backends"] == ["cpu"] and ok["current"] is True
+    assert ok["size_bytes"] >= lib.stat().st_size and ok["age_s"] >= 0
+    assert by_status["failed"]["stage"] == "cpu"
+    assert cli.main(["cache"]) == 0
+    table = capfd.readouterr().out
+    assert lib.parent.name in table and "ok (current)" in table and "failed at cpu" in table
+
+    (cache / "ort-headers-1.21").mkdir()  # a fetched-headers copy survives a plain clean
+    assert cli.main(["cache", "clean"]) == 0
+    assert "removed" in capfd.readouterr().out
+    assert not lib.exists() and not (cache / "current").exists() and not (cache / "failed").exists()
+    assert (cache / "ort-headers-1.21").is_dir()
+    assert cli.main(["cache", "--json"]) == 0 and json.loads(capfd.readouterr().out)["entries"] == []
+    assert cli.main(["cache", "clean", "--all", "-q"]) == 0
+    assert capfd.readouterr().out == "" and not (cache / "ort-headers-1.21").exists()
+
+
+def test_experiments_without_triton_is_one_clear_line(capsys):
+    assert cli.main(["build", "--backends", "cpu", "--experiments"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--backends cpu,cuda,triton" in err, err
+
+
+def test_experiments_need_an_experiments_build():
+    """The default build compiles only variant 0 and no one-pass LoRA: what the experiment knobs select is absent."""
+    sys.path.insert(0, str(KERNELS / "triton"))
+    try:
+        aot = importlib.import_module("aot")
+    finally:
+        sys.path.pop(0)
+    default = list(aot.specialisations(["90"]))
+    full = list(aot.specialisations(["90"], experiments=True))
+    assert {s["variant"] for s in default} == {0} and "lora_linear" not in {s["kernel"] for s in default}
+    assert {s["variant"] for s in full} == {0, 1, 2} and "lora_linear" in {s["kernel"] for s in full}
+    assert len(default) == 162 and len(full) == 272  # sm_90: the experiments are 110 of 272 cubins
+
+
+# ------------------------------------------------------------------------------------------------ GPU backends compile
+@pytest.mark.skipif(kbuild.find_nvcc() is None or kbuild._triton_version() is None, reason="needs nvcc and triton")
+def test_cuda_and_triton_backends_compile(cache, capfd):
+    """CI has no GPU but has nvcc and Triton: prove the CUDA and Triton backends build (66 s on the 2-core CPU
+    machine with a warm Triton cache), with every stage reported, the default (no experiments) cubin set, and only
+    the two exported symbols. The sessions of the other tests use the CPU-only automatic build."""
+    assert cli.main(["build", "--backends", "cpu,cuda,triton"]) == 0
+    err = capfd.readouterr().err
+    assert re.findall(r"onnxfuse build \[\d/6\] (\w+)", err) == list(kbuild.STAGES), err
+    lib = kbuild.current_path().resolve()
+    info = json.loads((lib.parent / "build_info.json").read_text())
+    assert info["backends"] == ["cpu", "cuda", "triton"] and info["experiments"] is False
+    assert info["artifacts"]["triton_cubins"] == 162
+    assert kernels.build_info(lib)["cache_key"] == lib.parent.name
+    if shutil.which("nm"):
+        out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
+        assert sorted(ln.split()[-1] for ln in out.splitlines() if ln.strip()) == ["RegisterCustomOps",
+                                                                                   "onnxfuse_build_info"]
