@@ -48,12 +48,16 @@ DEFAULT_RESULTS = pathlib.Path("benchmarks/results")
 
 # Every variant, in table order. GPU-only ones are reported {"skipped": "no CUDA"} on a CPU run.
 VARIANTS = ("torch-eager", "torch-compile", "torch-gemms", "ort-unfused", "ort-unfused+graph",
+            "ort-optimized", "ort-optimized+graph",
             "fused-triton", "fused-cuda", "fused-auto", "fused-triton+graph", "fused-cuda+graph", "fused-auto+graph",
             "fused-cpu")
-GPU_ONLY = {"ort-unfused+graph", "fused-triton", "fused-cuda", "fused-auto", "fused-triton+graph",
-            "fused-cuda+graph", "fused-auto+graph"}
+GPU_ONLY = {"ort-unfused+graph", "ort-optimized+graph", "fused-triton", "fused-cuda", "fused-auto",
+            "fused-triton+graph", "fused-cuda+graph", "fused-auto+graph"}
 FUSED_GPU = ("fused-triton", "fused-cuda", "fused-auto", "fused-triton+graph", "fused-cuda+graph", "fused-auto+graph")
 UNFUSED = ("ort-unfused", "ort-unfused+graph")
+# The strongest baseline a user has without onnxfuse: the same model after onnxruntime's own transformer fusions
+# (fuse's stage 1 alone), run with ORT's graph optimisations on.
+ORT_OPTIMIZED = ("ort-optimized", "ort-optimized+graph")
 
 
 # ------------------------------------------------------------------------------------------------------------ goals
@@ -73,10 +77,22 @@ GOALS: tuple[Goal, ...] = (
     Goal("llama-mlp", 16, "fused_vs_unfused", 1.5, "Llama MLP h4096/i11008, 16 tokens: fused ORT >= 1.5x unfused ORT"),
     Goal("seed-mlp", 2048, "fused_vs_unfused", 1.4, "Llama MLP h1024/i11008, 2048 tokens: fused ORT >= 1.4x unfused ORT"),
     Goal("lora-linear", 2048, "fused_vs_unfused", 1.8, "LoRA linear 4096^2 r16 + relu, 2048 tokens: fused >= 1.8x unfused"),
-    Goal("dlrm-bottom", 2048, "fused_vs_unfused", 4.5, "DLRM bottom MLP, batch 2048: fused >= 4.5x unfused"),
     Goal("dlrm", 128, "fused_vs_unfused", 2.0, "whole DLRM, batch 128: fused >= 2x unfused"),
     Goal("dlrm", 2048, "fused_vs_unfused", 1.5, "whole DLRM, batch 2048: fused >= 1.5x unfused"),
-    Goal("llama", 2048, "fused_vs_unfused", 1.1, "Llama decoder (1 layer, 2x1024 tokens): fused >= 1.1x unfused"),
+    Goal("llama-7b", 2048, "fused_vs_ort_optimized", 1.15,
+         "Llama-2-7B shapes, 1 layer, 1x2048 tokens: fused >= 1.15x ORT-optimized (ORT's own fusions)"),
+    Goal("llama-7b", 2048, "fused_vs_unfused", 1.75, "Llama-2-7B shapes, 1 layer, 1x2048 tokens: fused >= 1.75x unfused"),
+    Goal("llama", 2048, "fused_vs_ort_optimized", 1.25,
+         "seed Llama, 1 layer, 2x1024 tokens: fused >= 1.25x ORT-optimized (ORT's own fusions)"),
+    Goal("dlrm-bottom", 128, "unfused_over_fused_above_floor", 3.0,
+         "DLRM bottom MLP, batch 128: fused time above the ORT floor <= 1/3 of unfused"),
+    Goal("dlrm-bottom", 2048, "unfused_over_fused_above_floor", 3.0,
+         "DLRM bottom MLP, batch 2048: fused time above the ORT floor <= 1/3 of unfused"),
+    Goal("dlrm-top", 128, "unfused_over_fused_above_floor", 3.0,
+         "DLRM top MLP, batch 128: fused time above the ORT floor <= 1/3 of unfused"),
+    Goal("dlrm-top", 2048, "unfused_over_fused_above_floor", 3.0,
+         "DLRM top MLP, batch 2048: fused time above the ORT floor <= 1/3 of unfused"),
+    Goal("dlrm", 128, "kernel_us_goal", 1.0, "whole DLRM, batch 128: GPU kernel time per run <= 30 us (--profile)"),
     Goal("llama-mlp", 2048, "gemms_over_fused", 1.0, "Llama MLP, 2048 tokens: fused MLP no slower than its GEMMs alone"),
     Goal("llama-mlp", 2048, "roofline_pct", 85.0, "Llama MLP, 2048 tokens: >= 85% of the GEMM peak of the same run"),
     Goal("llama-mlp", 16, "roofline_pct", 85.0, "Llama MLP, 16 tokens: >= 85% of the bandwidth of the same run"),
@@ -144,20 +160,39 @@ def _best(variants: dict, names) -> tuple[str | None, float | None]:
     return min(got, key=lambda nm: nm[1]) if got else (None, None)
 
 
-def compute_ratios(variants: dict) -> dict:
-    """Speedups (baseline median / fused median) from a case's variants; None where a side is missing."""
+def _floor_for(name: str, floor: dict | None) -> float | None:
+    """The onnxruntime floor measured for a variant's CUDA-graph setting (None if not measured)."""
+    if not floor:
+        return None
+    v = floor.get("graph" if name.endswith("+graph") else "plain")
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def compute_ratios(variants: dict, floor: dict | None = None) -> dict:
+    """Speedups (baseline median / fused median) from a case's variants; None where a side is missing. `floor` is
+    the run's ort_floor_ms (plain / graph): with it, times above the floor are compared too."""
     fused_names = FUSED_GPU + ("fused-cpu",)
     best_f_name, best_f = _best(variants, fused_names)
     best_u_name, best_u = _best(variants, UNFUSED)
+    best_o_name, best_o = _best(variants, ORT_OPTIMIZED)
     nog_name, nog = _best(variants, ("fused-triton", "fused-cuda", "fused-auto", "fused-cpu"))
     g_name, g = _best(variants, ("fused-triton+graph", "fused-cuda+graph", "fused-auto+graph"))
 
     def ratio(a, b):
         return None if a is None or b is None else round(a / b, 4)
 
+    def above(name, t):
+        f = _floor_for(name or "", floor)
+        return None if t is None or f is None else max(t - f, 1e-6)
+
+    kernel_us = (variants.get(best_f_name) or {}).get("gpu_kernel_us") if best_f_name else None
     out = {
-        "best_fused": best_f_name, "best_unfused": best_u_name,
+        "best_fused": best_f_name, "best_unfused": best_u_name, "best_ort_optimized": best_o_name,
         "fused_vs_unfused": ratio(best_u, best_f),
+        "fused_vs_ort_optimized": ratio(best_o, best_f),
+        "ort_optimized_vs_unfused": ratio(best_u, best_o),
+        "unfused_over_fused_above_floor": ratio(above(best_u_name, best_u), above(best_f_name, best_f)),
+        "kernel_us_goal": None if not kernel_us else round(30.0 / kernel_us, 4),
         "fused_vs_unfused_nograph": ratio(_median(variants, "ort-unfused"), nog),
         "fused_vs_unfused_graph": ratio(_median(variants, "ort-unfused+graph"), g),
         "fused_vs_compile": ratio(_median(variants, "torch-compile"), best_f),
@@ -330,18 +365,33 @@ def _make_llama(size, dtype, seed, quick, layers):
                     lambda: zoo.llama_inputs(spec, seed, dtype), "llama", spec, None, quick, ("last_hidden_state",))
 
 
+def _make_llama7b(size, dtype, seed, quick, layers):
+    """One decoder layer at Llama-2-7B shapes (h4096, i11008, 32 heads), one sequence of `size` tokens."""
+    from . import zoo
+    spec = zoo.LlamaSpec.from_preset("tiny" if quick else "llama2-7b", num_hidden_layers=layers, batch=1, seq=size)
+    spec.max_position_embeddings = max(spec.max_position_embeddings, size)
+    params = zoo.spec_to_dict(spec)
+    return Workload("llama-7b", size, "tokens", {"tokens": size, "batch": 1, "seq": size, "hidden": spec.hidden_size,
+                                                 "intermediate": spec.intermediate_size,
+                                                 "heads": spec.num_attention_heads, "layers": layers},
+                    _key("llama-7b", size, dtype, seed, params), lambda: zoo.build_llama(spec, seed, dtype),
+                    lambda: zoo.llama_inputs(spec, seed, dtype), "llama", spec, None, quick, ("last_hidden_state",))
+
+
 CASES: dict[str, CaseDef] = {c.name: c for c in (
     CaseDef("llama-mlp", "one LlamaMLP h4096/i11008 (SwiGLU + down GEMM)", "tokens", (2048, 16), (64, 16),
             _llama_mlp("llama-mlp", 4096, 11008, 256, 688)),
     CaseDef("seed-mlp", "one LlamaMLP h1024/i11008 (the notebook's sizes)", "tokens", (2048,), (64,),
             _llama_mlp("seed-mlp", 1024, 11008, 128, 688)),
     CaseDef("lora-linear", "4096x4096 linear + rank-16 LoRA + ReLU", "tokens", (2048,), (64,), _make_lora),
-    CaseDef("dlrm-bottom", "DLRM bottom MLP 13-512-256-64-16, Linear+ReLU", "batch", (2048,), (64,),
+    CaseDef("dlrm-bottom", "DLRM bottom MLP 13-512-256-64-16, Linear+ReLU", "batch", (128, 2048), (64,),
             _make_mlp_stack("dlrm-bottom", [13, 512, 256, 64, 16], "relu")),
-    CaseDef("dlrm-top", "DLRM top MLP 367-512-256-1 + sigmoid", "batch", (2048,), (64,),
+    CaseDef("dlrm-top", "DLRM top MLP 367-512-256-1 + sigmoid", "batch", (128, 2048), (64,),
             lambda *a: _make_mlp_stack("dlrm-top", [_dlrm_top_in(), 512, 256, 1], "sigmoid")(*a)),
     CaseDef("dlrm", "whole DLRM (Criteo-Kaggle tables capped at 262144)", "batch", (128, 2048), (16, 64), _make_dlrm),
     CaseDef("llama", "Llama decoder (seed preset h1024, --layers), 2 sequences", "tokens", (2048,), (64,), _make_llama),
+    CaseDef("llama-7b", "Llama decoder at Llama-2-7B shapes (h4096/i11008, 32 heads, --layers), 1 sequence",
+            "tokens", (2048,), (64,), _make_llama7b),
 )}
 
 
@@ -385,7 +435,9 @@ def prepare_models(w: Workload, dtype: str, seed: int, cache_dir: pathlib.Path, 
     cache_dir.mkdir(parents=True, exist_ok=True)
     src = cache_dir / f"{w.key}.onnx"
     fused = cache_dir / f"{w.key}.fused.onnx"
-    info = {"unfused": str(src), "fused": str(fused), "cached": True, "export_s": 0.0, "fuse_s": 0.0}
+    ort_opt = cache_dir / f"{w.key}.ort.onnx"
+    info = {"unfused": str(src), "fused": str(fused), "ort_optimized": str(ort_opt), "cached": True,
+            "export_s": 0.0, "fuse_s": 0.0}
     if not src.exists():
         info["cached"] = False
         _log(f"exporting {w.case} ({w.size_name} {w.size}, {dtype}) -> {src}", quiet)
@@ -402,6 +454,9 @@ def prepare_models(w: Workload, dtype: str, seed: int, cache_dir: pathlib.Path, 
         info["fuse_s"] = round(time.perf_counter() - t0, 2)
         if not res.matches:
             warnings.warn(f"{w.case}: nothing fused in {src}")
+        info["ort_fusions"] = res.ort.applied if res.ort is not None else None
+    if not ort_opt.exists():
+        fuse.fuse(src, ort_opt, force=True, write_unchanged=True, rules=False)
     info["fused_ops"] = _onnxfuse_ops(fused)
     return info
 
@@ -673,6 +728,31 @@ def _poison_check(fn, outputs, ref_outputs, dev: _Device) -> float | None:
     return _rel_err(outputs[0], ref_outputs[0])
 
 
+def profile_kernels(fn, dev: _Device, runs: int = 20, top: int = 25) -> dict:
+    """GPU kernel time per run of `fn` (the sum of every CUDA kernel's device time, from torch.profiler: CUPTI is
+    process-wide, so onnxruntime's and the library's kernels are seen too), kernels per run, and the kernels that
+    take the most time per run. onnxruntime's own node profiling only times the host side of CUDA kernels."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(3):
+        fn()
+    dev.sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(runs):
+            fn()
+        dev.sync()
+    kernels: dict[str, list[float]] = {}
+    for e in prof.events():
+        if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA:
+            dur = getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0)
+            kernels.setdefault(e.name, []).append(float(dur))
+    total = sum(sum(v) for v in kernels.values())
+    rows = sorted(((name, sum(v) / runs, len(v) / runs) for name, v in kernels.items()), key=lambda r: -r[1])
+    return {"gpu_kernel_us": round(total / runs, 2), "kernels_per_run": round(sum(len(v) for v in kernels.values()) / runs, 1),
+            "top_kernels": [{"name": n[:120], "us_per_run": round(t, 2), "calls_per_run": round(c, 2)}
+                            for n, t, c in rows[:top]]}
+
+
 # ------------------------------------------------------------------------------------------------------------ running
 
 @dataclasses.dataclass
@@ -691,6 +771,7 @@ class Options:
     cache_dir: pathlib.Path = DEFAULT_CACHE
     seed: int = 0
     quiet: bool = True
+    profile: bool = False           # GPU kernel time per run of every ORT variant (torch.profiler / CUPTI)
 
 
 def _resolve(opts: Options) -> Options:
@@ -945,17 +1026,19 @@ def run_workload(w: Workload, opts: Options, dev: _Device, result: dict) -> dict
         except Exception as e:
             ref_error = _failure(e)
 
-    ort_plan = [("ort-unfused", None, False, False), ("ort-unfused+graph", None, False, True)]
-    ort_plan += [(f"fused-{b}{'+graph' if g else ''}", b, True, g) for g in (False, True)
+    ort_plan = [("ort-unfused", None, "unfused", False), ("ort-unfused+graph", None, "unfused", True),
+                ("ort-optimized", None, "ort_optimized", False), ("ort-optimized+graph", None, "ort_optimized", True)]
+    ort_plan += [(f"fused-{b}{'+graph' if g else ''}", b, "fused", g) for g in (False, True)
                  for b in ("triton", "cuda", "auto")]
-    ort_plan.append(("fused-cpu", "cpu", True, False))
-    for name, backend, fused, graph in ort_plan:
+    ort_plan.append(("fused-cpu", "cpu", "fused", False))
+    for name, backend, which, graph in ort_plan:
+        fused = which == "fused"
         if not selected(name):
             continue
         if name == "fused-cpu" and opts.device == "cuda":
             skip(name, "GPU run: the CPU kernels are benchmarked with --device cpu")
             continue
-        path = models["fused"] if fused else models["unfused"]
+        path = models.get(which)
         if path is None:
             skip(name, models.get("note", "no model"))
             continue
@@ -971,6 +1054,8 @@ def run_workload(w: Workload, opts: Options, dev: _Device, result: dict) -> dict
                 ref_outputs = [y.clone() for y in runner.outputs]
                 ref_name = name
             record(name, runner, runner.outputs, {"ort_stream": runner.stream} if opts.device == "cuda" else None)
+            if opts.profile and opts.device == "cuda" and "median_ms" in variants[name]:
+                variants[name].update(profile_kernels(runner, dev))
         except Exception as e:
             variants[name] = _failure(e)
         finally:
@@ -1026,12 +1111,15 @@ def run_workload(w: Workload, opts: Options, dev: _Device, result: dict) -> dict
     gc.collect()
 
     entry["variants"] = {name: variants.get(name, {"skipped": "not run"}) for name in VARIANTS}
-    # unfused speedup per variant (same CUDA-graph setting where both ran)
+    # unfused speedup per variant (same CUDA-graph setting where both ran), and the time above onnxruntime's floor
     for name, v in entry["variants"].items():
         if "median_ms" in v:
             base = _median(entry["variants"], "ort-unfused+graph" if name.endswith("+graph") else "ort-unfused")
             v["speedup_vs_unfused"] = None if base is None else round(base / v["median_ms"], 4)
-    entry["ratios"] = compute_ratios(entry["variants"])
+            floor = _floor_for(name, result.get("ort_floor_ms")) if name.startswith(("ort", "fused")) else None
+            if floor is not None:
+                v["above_floor_ms"] = round(v["median_ms"] - floor, 5)
+    entry["ratios"] = compute_ratios(entry["variants"], result.get("ort_floor_ms"))
     entry["goals"] = evaluate_goals(entry, result)
     entry["seconds"] = round(time.perf_counter() - t0, 1)
     del inputs, ref_outputs
@@ -1109,7 +1197,7 @@ def load_json(path) -> dict:
 def reevaluate(result: dict) -> dict:
     """Recompute ratios and goals (e.g. after editing GOALS, or for a synthetic results file)."""
     for c in result["cases"]:
-        c["ratios"] = compute_ratios(c.get("variants", {}))
+        c["ratios"] = compute_ratios(c.get("variants", {}), result.get("ort_floor_ms"))
         c["goals"] = evaluate_goals(c, result)
     return result
 
@@ -1271,6 +1359,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from-json", "--plot-from", dest="from_json", metavar="RESULTS.json",
                    help="run nothing: re-read a results file, print its table, re-check goals, plot it")
     p.add_argument("--check-goals", action="store_true", help="exit 1 when a goal is missed or cannot be measured")
+    p.add_argument("--profile", action="store_true",
+                   help="GPU: also record each ORT variant's kernel time per run and its top kernels (torch.profiler)")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     p.add_argument("--json", action="store_true", help="print the results JSON on stdout")
 
@@ -1291,7 +1381,7 @@ def options_from_args(args) -> Options:
     return Options(device=args.device, dtype=args.dtype, quick=args.quick, sizes=args.sizes, runs=args.runs,
                    warmup=args.warmup, layers=args.layers, variants=args.variants, compile=args.compile,
                    tf32=args.tf32, lib=args.lib, cache_dir=args.cache_dir, seed=args.seed,
-                   quiet=args.quiet or args.json)
+                   quiet=args.quiet or args.json, profile=args.profile)
 
 
 def cli_main(args) -> int:

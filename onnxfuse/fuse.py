@@ -254,10 +254,11 @@ def _as_list(rule_sets):
 
 def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patterns: list[str] | None = None,
          report_path: str | os.PathLike | None = None, explain: bool = False, force: bool = False,
-         write_unchanged: bool = False, external_data: bool | None = None, ort: bool = True,
+         write_unchanged: bool = False, external_data: bool | None = None, ort: bool = True, rules: bool = True,
          backend: str | None = None) -> FuseResult:
     """Fuse the model at `src` and write it to `out` (nothing is written when nothing changed, unless
-    `write_unchanged`). `ort=False` skips stage 1 (onnxruntime's fusions). `backend` (auto|cpu|cuda|triton), when
+    `write_unchanged`). `ort=False` skips stage 1 (onnxruntime's fusions); `rules=False` skips stage 2 (onnxfuse's
+    rules), which gives the model a user gets from onnxruntime's fusions alone (bench's ort-optimized variant). `backend` (auto|cpu|cuda|triton), when
     given, is written into every onnxfuse node's `backend` attribute (the kernel family the library runs for it;
     default auto). Raises OnnxfuseError with one line on bad input or when the soundness gate trips."""
     t0 = time.perf_counter()
@@ -282,7 +283,10 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
         model, stage1 = ort_stage(src, proto)
     del proto
     nodes_after_ort = len(model.graph) if ort else None
-    recorder, removed, total, fused_flops, refusals, in_functions = fuse_model(model, patterns, explain)
+    if rules:
+        recorder, removed, total, fused_flops, refusals, in_functions = fuse_model(model, patterns, explain)
+    else:
+        recorder, removed, total, fused_flops, refusals, in_functions = _base.Recorder(), {}, None, None, [], 0
     if backend is not None:
         for graph in _base.graphs(model.graph):
             for node in graph:

@@ -46,14 +46,18 @@ def test_api_schema_and_variants(cpu_result):
         assert CASE_KEYS <= set(c)
         assert c["flops"] > 0 and c["bytes"] > 0
         assert list(c["variants"]) == list(bench.VARIANTS)
-        for name in ("ort-unfused", "fused-cpu", "torch-eager"):
+        for name in ("ort-unfused", "ort-optimized", "fused-cpu", "torch-eager"):
             v = c["variants"][name]
             assert TIMED_KEYS <= set(v), (c["case"], name, v)
             assert v["median_ms"] > 0 and v["runs"] == 5 and v["p10_ms"] <= v["median_ms"] <= v["p90_ms"]
             assert 0 < v["roofline_pct"]
         # both ORT variants computed the module's function (checked against torch eager on poisoned outputs)
-        for name in ("ort-unfused", "fused-cpu"):
+        for name in ("ort-unfused", "ort-optimized", "fused-cpu"):
             assert c["variants"][name]["rel_err"] < 1e-4
+            # the time above onnxruntime's floor, per ORT variant
+            assert c["variants"][name]["above_floor_ms"] == pytest.approx(c["variants"][name]["median_ms"] - floor,
+                                                                          abs=1e-4)
+        assert c["ratios"]["fused_vs_ort_optimized"] > 0 and c["ratios"]["best_ort_optimized"] == "ort-optimized"
         for name in bench.GPU_ONLY:
             assert c["variants"][name] == {"skipped": "no CUDA"}
         assert "skipped" in c["variants"]["torch-compile"]
@@ -119,7 +123,7 @@ def _synthetic(unfused: float, fused: float, compiled: float) -> dict:
     case = {"case": "dlrm-bottom", "size": 2048, "size_name": "batch", "shape": {"batch": 2048}, "quick": False,
             "flops": 1, "bytes": 1, "variants": variants}
     run = {"device": "NVIDIA H200", "device_type": "cuda", "dtype": "fp16", "peak_tflops": 700.0,
-           "bandwidth_gbs": 4000.0, "versions": {}, "cases": [case]}
+           "bandwidth_gbs": 4000.0, "versions": {}, "cases": [case], "ort_floor_ms": {"plain": 0.005, "graph": 0.004}}
     return bench.reevaluate(run)
 
 
@@ -129,13 +133,15 @@ def test_goal_logic_on_synthetic_numbers():
     assert c["ratios"]["best_unfused"] == "ort-unfused+graph" and c["ratios"]["best_fused"] == "fused-triton"
     assert c["ratios"]["fused_vs_unfused"] == pytest.approx(0.098 / 0.02, rel=1e-3)
     assert c["ratios"]["fused_vs_compile"] == pytest.approx(2.5)
+    # above onnxruntime's floor (graph floor for the graph variant, plain for the plain one)
+    assert c["ratios"]["unfused_over_fused_above_floor"] == pytest.approx((0.098 - 0.004) / (0.02 - 0.005), rel=1e-3)
     status = {g["metric"]: g["status"] for g in c["goals"]}
-    assert status == {"fused_vs_unfused": "pass", "fused_vs_compile": "pass"}
+    assert status == {"unfused_over_fused_above_floor": "pass", "fused_vs_compile": "pass"}
     assert bench.goals_failed(ok) == []
 
-    miss = _synthetic(unfused=0.10, fused=0.05, compiled=0.04)  # 1.96x < 4.5x, and slower than torch.compile
+    miss = _synthetic(unfused=0.10, fused=0.05, compiled=0.04)  # 2.1x < 3x above the floor, slower than compile
     status = {g["metric"]: g["status"] for g in miss["cases"][0]["goals"]}
-    assert status == {"fused_vs_unfused": "miss", "fused_vs_compile": "miss"}
+    assert status == {"unfused_over_fused_above_floor": "miss", "fused_vs_compile": "miss"}
     assert len(bench.goals_failed(miss)) == 2
 
     unmeasured = copy.deepcopy(ok)
