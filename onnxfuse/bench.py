@@ -365,6 +365,35 @@ def _make_llama(size, dtype, seed, quick, layers):
                     lambda: zoo.llama_inputs(spec, seed, dtype), "llama", spec, None, quick, ("last_hidden_state",))
 
 
+def _make_rotary(size, dtype, seed, quick, layers):
+    """HF's apply_rotary_pos_emb on one tensor as a Llama-2-7B layer feeds it: q [1, S, 32, 128] transposed to
+    [1, 32, S, 128], rotated with cos/sin [1, 1, S, 128], transposed back."""
+    import torch
+    from torch import nn
+
+    from . import zoo
+    heads, head_dim = (4, 64) if quick else (32, 128)
+    params = {"heads": heads, "head_dim": head_dim}
+
+    class Rotary(nn.Module):
+        def forward(self, q, cos, sin):
+            t = q.transpose(1, 2)
+            half = t.shape[-1] // 2
+            rot = torch.cat((-t[..., half:], t[..., :half]), dim=-1)
+            return (t * cos.unsqueeze(1) + rot * sin.unsqueeze(1)).transpose(1, 2)
+
+    def inputs():
+        g = torch.Generator().manual_seed(seed)
+        pos = torch.arange(size, dtype=torch.float32)[:, None]
+        inv = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        ang = torch.cat([pos * inv, pos * inv], dim=-1)[None]
+        return {"q": torch.randn(1, size, heads, head_dim, generator=g).to(zoo.DTYPES[dtype]),
+                "cos": ang.cos().to(zoo.DTYPES[dtype]), "sin": ang.sin().to(zoo.DTYPES[dtype])}
+
+    return Workload("rotary-embedding", size, "tokens", {"tokens": size, "heads": heads, "head_dim": head_dim},
+                    _key("rotary-embedding", size, dtype, seed, params), lambda: Rotary().eval(), inputs, quick=quick)
+
+
 def _make_llama7b(size, dtype, seed, quick, layers):
     """One decoder layer at Llama-2-7B shapes (h4096, i11008, 32 heads), one sequence of `size` tokens."""
     from . import zoo
@@ -392,6 +421,8 @@ CASES: dict[str, CaseDef] = {c.name: c for c in (
     CaseDef("llama", "Llama decoder (seed preset h1024, --layers), 2 sequences", "tokens", (2048,), (64,), _make_llama),
     CaseDef("llama-7b", "Llama decoder at Llama-2-7B shapes (h4096/i11008, 32 heads, --layers), 1 sequence",
             "tokens", (2048,), (64,), _make_llama7b),
+    CaseDef("rotary-embedding", "rotary embedding of one q tensor of a Llama-2-7B layer (32 heads x 128), HF's "
+            "transposes and rotate_half", "tokens", (2048,), (64,), _make_rotary),
 )}
 
 

@@ -217,6 +217,17 @@ def _fuse(args) -> int:
     return 0
 
 
+def _pattern_list(text: str) -> list[str]:
+    """--patterns a,b (commas, like every list flag); the names are fuse.PATTERNS'."""
+    from .fuse import PATTERNS
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [n for n in names if n not in PATTERNS]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"unknown pattern(s) {', '.join(bad) or repr(text)}; choose from "
+                                         f"{', '.join(PATTERNS)}, comma-separated")
+    return names
+
+
 def _print_ort_stage(con, res) -> None:
     """Stage 1 of the report: onnxruntime's fusions by name and count, the check, what was left out."""
     stage = res.ort
@@ -445,9 +456,9 @@ def build_parser() -> argparse.ArgumentParser:
     fu = sub.add_parser("fuse", help="replace fusable subgraphs with onnxfuse custom ops")
     fu.add_argument("model", help="the exported .onnx model")
     fu.add_argument("-o", "--output", help="fused model path (default: <model>.fused.onnx)")
-    fu.add_argument("--patterns", nargs="+", metavar="PATTERN", choices=["lora_linear", "swiglu", "linear_act", "mlp_stack"],
-                    help="patterns to apply (default all: lora_linear swiglu linear_act mlp_stack; "
-                         "mlp_stack chains the layers linear_act fused)")
+    fu.add_argument("--patterns", type=_pattern_list, metavar="P1,P2",
+                    help="comma-separated patterns to apply (default all: lora_linear, swiglu, rotary_embedding, "
+                         "linear_act, mlp_stack; mlp_stack chains the layers linear_act fused)")
     fu.add_argument("--report", metavar="FILE.json", help="write the fusion report as JSON")
     fu.add_argument("--explain", action="store_true", help="say, for candidates that did not fuse, which check refused")
     fu.add_argument("--no-ort-fusions", action="store_true",

@@ -37,6 +37,17 @@ def _body(op: str) -> list[onnx.NodeProto]:
         if op == "LoRALinearRelu":
             nodes.append(mk("Relu", ["z"], ["Y"]))
         return nodes
+    if op == "RotaryEmbedding":
+        # D = last dim of X (Shape with start, opset 15), halves by Slice, rotate_half = concat(-second, first)
+        i64 = onnx.TensorProto.INT64
+        return [mk("Shape", ["X"], ["d"], start=-1), mk("Constant", [], ["two"], value=helper.make_tensor("", i64, [1], [2])),
+                mk("Div", ["d", "two"], ["half"]),
+                mk("Constant", [], ["zero"], value=helper.make_tensor("", i64, [1], [0])),
+                mk("Constant", [], ["last"], value=helper.make_tensor("", i64, [1], [-1])),
+                mk("Slice", ["X", "zero", "half", "last"], ["first"]),
+                mk("Slice", ["X", "half", "d", "last"], ["second"]),
+                mk("Neg", ["second"], ["neg_second"]), mk("Concat", ["neg_second", "first"], ["rot"], axis=-1),
+                mk("Mul", ["X", "cos"], ["xc"]), mk("Mul", ["rot", "sin"], ["rs"]), mk("Add", ["xc", "rs"], ["Y"])]
     raise KeyError(op)
 
 

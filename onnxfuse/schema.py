@@ -100,8 +100,15 @@ MLP_STACK = OpSchema(
     "(e.g. relu.relu.sigmoid), so the model-local function body matches the node's depth.",
     variadic=True)
 
+ROTARY_EMBEDDING = OpSchema(
+    "RotaryEmbedding", ("X", "cos", "sin"), ("Y",),
+    "Y = X * cos + rotate_half(X) * sin, rotate_half(X) = concat(-X[..., D/2:], X[..., :D/2])", (_BACKEND,),
+    "Rotary position embedding (the rotate-half convention of Llama, Mistral, Qwen2): X is [..., D] with D even, "
+    "cos and sin broadcast to X's shape (same rank, each dim 1 or X's; last dim D). One elementwise pass instead of "
+    "the exporters' Slice/Neg/Concat/Mul/Mul/Add (six kernels and five intermediates per tensor).")
+
 OPS: dict[str, OpSchema] = {s.name: s for s in (LINEAR_RELU, LINEAR_SIGMOID, SWIGLU, LORA_LINEAR, LORA_LINEAR_RELU,
-                                                MLP_STACK)}
+                                                MLP_STACK, ROTARY_EMBEDDING)}
 # Per-layer activations MLPStack supports, and the most layers one node may have (the Triton kernel's unrolling).
 STACK_ACTIVATIONS = tuple(ACTIVATIONS)
 MAX_STACK_LAYERS = 4
@@ -153,6 +160,11 @@ def reference(op: str, inputs, attrs: dict | None = None):
         y = x @ w + b + float(attrs.get("scale", 1.0)) * ((x @ a) @ bm)
         if op == "LoRALinearRelu":
             y = torch.relu(y)
+    elif op == "RotaryEmbedding":
+        cos, sin = inputs[1].float(), inputs[2].float()
+        half = x.shape[-1] // 2
+        rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        y = x * cos + rot * sin
     elif op == "MLPStack":
         acts = str(attrs.get("activations", "")).split(".")
         if len(inputs) != 1 + 2 * len(acts):

@@ -61,9 +61,7 @@ int main(void) {
   printf("\"stack_modes\": [%d, %d, %d],", ONNXFUSE_STACK_AUTO, ONNXFUSE_STACK_FUSED, ONNXFUSE_STACK_LAYERS);
   printf("\"variants\": {\"small_cfg\": %d, \"lora_onepass\": %d, \"stack_cfg\": %d},", ONNXFUSE_SMALL_CFG_VARIANTS,
          ONNXFUSE_LORA_ONEPASS_VARIANTS, ONNXFUSE_STACK_CFG_VARIANTS);
-  printf("\"kernels\": {\"linear_act\": %d, \"swiglu\": %d, \"lora_linear\": %d, \"lora_xa\": %d, \"lora_main\": %d,"
-         " \"mlp_stack\": %d},", ONNXFUSE_TRITON_LINEAR_ACT, ONNXFUSE_TRITON_SWIGLU, ONNXFUSE_TRITON_LORA_LINEAR,
-         ONNXFUSE_TRITON_LORA_XA, ONNXFUSE_TRITON_LORA_MAIN, ONNXFUSE_TRITON_MLP_STACK);
+  @KERNELS@
   printf("\"size_classes\": %d, \"max_m\": [%d, %d]}\n", ONNXFUSE_TRITON_NUM_SIZE_CLASSES, ONNXFUSE_TRITON_SMALL_MAX_M,
          ONNXFUSE_TRITON_MEDIUM_MAX_M);
   return 0;
@@ -114,6 +112,14 @@ def _cpp_program() -> str:
         "  return 0;", "}", ""])
 
 
+def _c_program(table) -> str:
+    """_C_PROGRAM with the Triton kernel ids printed from the header's macros, one per table.KERNEL_IDS entry."""
+    keys = list(table.KERNEL_IDS)
+    fmt = ", ".join(f'\\"{k}\\": %d' for k in keys)
+    macros = ", ".join(f"ONNXFUSE_TRITON_{ops_header._upper(k)}" for k in keys)
+    return _C_PROGRAM.replace("@KERNELS@", f'printf("\\"kernels\\": {{{fmt}}},", {macros});')
+
+
 def _compile_and_run(tmp_path, source: str, compiler: list[str], name: str) -> dict:
     src = tmp_path / name
     src.write_text(source)
@@ -128,7 +134,7 @@ def _compile_and_run(tmp_path, source: str, compiler: list[str], name: str) -> d
 def test_generated_header_matches_schema_in_c_and_cpp(tmp_path):
     ops_header.write(tmp_path)
     table = ops_header.triton_table()
-    c = _compile_and_run(tmp_path, _C_PROGRAM, ["gcc", "-std=c11", "-Wall", "-Werror", "-x", "c"], "c_part.c")
+    c = _compile_and_run(tmp_path, _c_program(table), ["gcc", "-std=c11", "-Wall", "-Werror", "-x", "c"], "c_part.c")
     assert c == {
         "domain": schema.DOMAIN, "version": schema.DOMAIN_VERSION, "max_stack_layers": schema.MAX_STACK_LAYERS,
         "max_lora_rank": table.MAX_LORA_RANK, "dtypes": [schema.TYPES.index(t) for t in schema.TYPES],
@@ -404,6 +410,16 @@ def test_experiments_without_triton_is_one_clear_line(capsys):
     assert len(err.splitlines()) == 1 and "--backends cpu,cuda,triton" in err, err
 
 
+def aot_specialisations(archs, experiments=False):
+    """triton/aot.py's specialisations (the module runs as a script: imported by path)."""
+    sys.path.insert(0, str(KERNELS / "triton"))
+    try:
+        aot = importlib.import_module("aot")
+    finally:
+        sys.path.pop(0)
+    return aot.specialisations(archs, experiments=experiments)
+
+
 def test_experiments_need_an_experiments_build():
     """The default build compiles only variant 0 and no one-pass LoRA: what the experiment knobs select is absent."""
     sys.path.insert(0, str(KERNELS / "triton"))
@@ -415,7 +431,9 @@ def test_experiments_need_an_experiments_build():
     full = list(aot.specialisations(["90"], experiments=True))
     assert {s["variant"] for s in default} == {0} and "lora_linear" not in {s["kernel"] for s in default}
     assert {s["variant"] for s in full} == {0, 1, 2} and "lora_linear" in {s["kernel"] for s in full}
-    assert len(default) == 162 and len(full) == 272  # sm_90: the experiments are 110 of 272 cubins
+    # sm_90: the experiments are 110 cubins on top of the default set
+    assert len(full) - len(default) == 110
+    assert len(default) == 180  # linear_act, swiglu, mlp_stack, rotary_embedding 18 each, lora_xa/main 54 each
 
 
 # ------------------------------------------------------------------------------------------------ GPU backends compile
@@ -430,7 +448,7 @@ def test_cuda_and_triton_backends_compile(cache, capfd):
     lib = kbuild.current_path().resolve()
     info = json.loads((lib.parent / "build_info.json").read_text())
     assert info["backends"] == ["cpu", "cuda", "triton"] and info["experiments"] is False
-    assert info["artifacts"]["triton_cubins"] == 162
+    assert info["artifacts"]["triton_cubins"] == len(list(aot_specialisations(["90"])))
     assert kernels.build_info(lib)["cache_key"] == lib.parent.name
     if shutil.which("nm"):
         out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout

@@ -71,7 +71,13 @@ def op_attrs(op: str, scale: float = 0.5) -> dict:
 
 
 def out_width(op: str, inputs: list[torch.Tensor]) -> int:
+    if op == "RotaryEmbedding":
+        return inputs[0].shape[-1]
     return inputs[-2].shape[-1] if op == "MLPStack" else inputs[2 if op == "SwiGLU" else 1].shape[-1]
+
+
+# Ops with weights the CPU kernels prepack when they are constants (RotaryEmbedding has none: cos/sin are activations).
+WEIGHTED_OPS = [op for op in schema.OPS if op != "RotaryEmbedding"]
 
 
 def make_model(op: str, dtype: str, shapes: list[tuple[int, ...]], attrs: dict | None = None) -> onnx.ModelProto:
@@ -115,6 +121,10 @@ def random_inputs(op: str, lead: tuple[int, ...], K: int, N: int, r: int, dtype:
     def rnd(*shape, scale=1.0):
         return (torch.randn(*shape, generator=g) * scale).to(TORCH_TYPE[dtype])
 
+    if op == "RotaryEmbedding":  # X [*lead, D] (D even), cos/sin broadcast over every leading dim but the last
+        d = K + K % 2
+        cs_shape = (1,) * (len(lead) - 1) + (lead[-1], d)
+        return [rnd(*lead, d), rnd(*cs_shape), rnd(*cs_shape)]
     x = rnd(*lead, K)
     w_scale = 1.0 / math.sqrt(K)
     if op == "SwiGLU":
@@ -248,7 +258,7 @@ def _run_session(sess, op: str, feeds: dict[str, torch.Tensor], out_shape: tuple
 
 
 @pytest.mark.parametrize("dtype", ["float", "bfloat16"])
-@pytest.mark.parametrize("op", list(schema.OPS))
+@pytest.mark.parametrize("op", WEIGHTED_OPS)
 def test_constant_weights_are_prepacked_once_and_match(lib, op, dtype, capfd):
     """Initializer weights take the prepacked path (the kernel says so at INFO level on the session's logger, shown
     with log_severity_level=1), graph-input weights the per-call path; both match the reference, and one session

@@ -128,8 +128,8 @@ def test_lone_layer_is_not_a_stack_and_patterns_can_skip_the_pass(tmp_path):
     assert [m.op for m in res.matches] == ["LinearRelu", "LinearSigmoid"]
     res = fuse.fuse(tmp_path / "two.onnx", tmp_path / "f3.onnx")
     assert [m.op for m in res.matches] == ["MLPStack"]
-    assert cli.main(["fuse", str(tmp_path / "two.onnx"), "-o", str(tmp_path / "f5.onnx"), "--patterns", "mlp_stack",
-                     "linear_act", "-q"]) == 0
+    assert cli.main(["fuse", str(tmp_path / "two.onnx"), "-o", str(tmp_path / "f5.onnx"), "--patterns",
+                     "mlp_stack,linear_act", "-q"]) == 0
     assert [n.op_type for n in onnx.load(str(tmp_path / "f5.onnx")).graph.node] == ["MLPStack"]
     again = fuse.fuse(tmp_path / "f3.onnx", tmp_path / "f4.onnx")  # idempotent: nothing left to fuse
     assert not again.matches and again.already_fused == 1 and not (tmp_path / "f4.onnx").exists()

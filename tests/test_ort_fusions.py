@@ -49,8 +49,8 @@ def test_stage_counts_are_pinned(exported, tmp_path, case, exporter, dtype):
     pinned = json.loads(SIGNATURES.read_text())
     assert got == pinned[key]
     # stage 2 still fuses what it fuses without stage 1
-    assert {op: c for op, c in got["after"].items() if op.startswith("onnxfuse::")} == \
-        {f"onnxfuse::{op}": c for op, c in CASES[case][1].items()}
+    want = {f"onnxfuse::{op}": c for op, c in CASES[case][1].items()}
+    assert {op: c for op, c in got["after"].items() if op.startswith("onnxfuse::")} == want
 
 
 def test_llama_stage1_takes_norms_rotary_and_attention(exported):

@@ -38,9 +38,11 @@ CONFIGS = {
 
 def expected_ops(kind: str, spec) -> dict[str, int]:
     if kind == "llama":
+        layers = 1 if spec.mlp_only else spec.num_hidden_layers
+        rotary = {} if spec.mlp_only else {"RotaryEmbedding": 2 * spec.num_hidden_layers}  # q and k per layer
         if spec.lora_rank:
-            return {"LoRALinear": 3 * (1 if spec.mlp_only else spec.num_hidden_layers)}
-        return {"SwiGLU": 1 if spec.mlp_only else spec.num_hidden_layers}
+            return {"LoRALinear": 3 * layers, **rotary}
+        return {"SwiGLU": layers, **rotary}
     relu_layers = len(spec.bottom_mlp) + len(spec.top_mlp) - 1
     if spec.lora_rank:
         return {"LoRALinearRelu": relu_layers, "LoRALinear": 1}

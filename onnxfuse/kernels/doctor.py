@@ -35,6 +35,10 @@ DEFAULT_SHAPES = {
     # MLPStack: (M, layer widths, activations). DLRM's bottom MLP, an odd narrow stack, DLRM's top MLP.
     "MLPStack": [(1, (13, 512, 256, 64, 16), "relu.relu.relu.relu"), (37, (129, 67, 33, 1), "relu.relu.sigmoid"),
                  (256, (367, 512, 256, 1), "relu.relu.sigmoid")],
+    # RotaryEmbedding: (X shape, cos/sin shape). Decode (one token), an odd head dim broadcast along heads, a 7B-like
+    # layer in the untransposed [B, S, H, D] layout with cos/sin [B, S, 1, D], and a 2-D X.
+    "RotaryEmbedding": [((1, 1, 32, 128), (1, 1, 1, 128)), ((2, 3, 5, 34), (2, 1, 5, 34)),
+                        ((1, 512, 32, 128), (1, 512, 1, 128)), ((37, 64), (37, 64))],
 }
 ALL_MODES = ("plain", "user_stream", "cuda_graph")
 
@@ -57,6 +61,13 @@ def shape_entry(op: str, entry) -> tuple[dict[str, list[int]], dict, tuple]:
         m, widths, acts = entry
         return stack_shapes(m, widths), {"activations": acts}, (m, widths[0], widths[-1], 0,
                                                                  "-".join(map(str, widths)) + " " + acts)
+    if op == "RotaryEmbedding":
+        x, cs = entry
+        rows = 1
+        for v in x[:-1]:
+            rows *= v
+        return {"X": list(x), "cos": list(cs), "sin": list(cs)}, {}, (rows, x[-1], x[-1], 0,
+                                                                      f"X{list(x)} cos{list(cs)}")
     m, k, n, r = entry
     return input_shapes(op, m, k, n, r), {}, (m, k, n, r, "")
 
@@ -84,13 +95,20 @@ def make_model(op: str, dtype: str, shapes: dict[str, list[int]], backend: str, 
         attrs["scale"] = float(scale)
     nodes.append(helper.make_node(op, [n + "_t" for n in shapes], ["Y_t"], domain=schema.DOMAIN, **attrs))
     nodes.append(helper.make_node("Cast", ["Y_t"], ["Y"], to=TensorProto.FLOAT))
-    m, n = shapes["X"][0], list(shapes.values())[-1][0] if op == "MLPStack" else (shapes.get("W") or shapes["W_gate"])[1]
-    out = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [m, n])
+    out = helper.make_tensor_value_info("Y", TensorProto.FLOAT, out_shape(op, shapes))
     graph = helper.make_graph(nodes, f"doctor_{op}", inputs, [out])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", schema.ONNX_OPSET),
                                                     helper.make_opsetid(schema.DOMAIN, schema.DOMAIN_VERSION)],
                               ir_version=schema.IR_VERSION)
     return model.SerializeToString()
+
+
+def out_shape(op: str, shapes: dict[str, list[int]]) -> list[int]:
+    """Y's shape: X's for RotaryEmbedding, else [M, N] (2-D X)."""
+    if op == "RotaryEmbedding":
+        return list(shapes["X"])
+    n = list(shapes.values())[-1][0] if op == "MLPStack" else (shapes.get("W") or shapes["W_gate"])[1]
+    return [shapes["X"][0], n]
 
 
 def make_inputs(op: str, dtype: str, shapes: dict[str, list[int]], seed: int, device: str = "cpu"):
@@ -290,7 +308,7 @@ def run_doctor(providers=("cpu", "cuda"), backends=None, *, ops=None, dtypes=sch
                         try:
                             d = data()
                             model = make_model(op, dtype, shp, backend, scale, {**extra, **(node_attrs or {})})
-                            y, y2 = runner.run(model, provider, mode, d["feeds"], d["feeds2"], (m, n))
+                            y, y2 = runner.run(model, provider, mode, d["feeds"], d["feeds2"], out_shape(op, shp))
                             ok, err, tol = compare(y, d["ref"], dtype)
                             detail = ""
                             if y2 is not None:

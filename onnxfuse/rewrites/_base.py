@@ -19,9 +19,10 @@ from ..schema import DOMAIN, OPS
 
 FLOAT_TYPES = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 # The lowest default-domain opset in which each op's model-local function body is valid: the bodies use MatMul, Add,
-# Mul, Relu, Sigmoid (bfloat16 kernels for Relu since opset 14) and, for LoRA, CastLike (opset 15). A model of an
+# Mul, Relu, Sigmoid (bfloat16 kernels for Relu since opset 14), for LoRA CastLike and for RotaryEmbedding Shape's
+# start attribute (opset 15). A model of an
 # older opset keeps those subgraphs (the function is written in the model's own opset: onnx.checker requires it).
-MIN_OPSET = {"LoRALinear": 15, "LoRALinearRelu": 15}
+MIN_OPSET = {"LoRALinear": 15, "LoRALinearRelu": 15, "RotaryEmbedding": 15}
 DEFAULT_MIN_OPSET = 13
 BF16_MIN_OPSET = 14
 # Their input 1 is a weight (shape checked by weight_kn); every other constant input may broadcast the result.
@@ -221,16 +222,20 @@ class FusionRule(RewriteRuleClassBase):
         self._matched = list(context.nodes)
         self._graph = context.graph_or_function
 
-    def guard(self, context, result: MatchResult, x: ir.Value, op_type: str | None = None) -> bool:
+    def guard(self, context, result: MatchResult, x: ir.Value, op_type: str | None = None,
+              runtime: tuple = ()) -> bool:
         """The checks every rule shares, run before its own: every input of the matched subgraph other than X is a
         true constant (the rewrite bakes or re-lays them out, and the kernels may pack them once), no constant
         broadcasts the result to a rank above X's (`X[M,K] @ W + b[1,1,N]` is [1, M, N]; the fused op returns
-        X's rank), and the model's opset can hold the op's function body. Records the first reason; False then."""
+        X's rank), and the model's opset can hold the op's function body. `runtime` names the other inputs the op
+        reads at run time like X (RotaryEmbedding's cos and sin): they need not be constants, and the rule checks
+        their shapes itself. Records the first reason; False then."""
         inside = {id(n) for n in context.nodes}
         xd = dims(x)
         for node in context.nodes:
             for i, v in enumerate(node.inputs):
-                if v is None or v is x or (v.producer() is not None and id(v.producer()) in inside):
+                if v is None or v is x or any(v is r for r in runtime) or \
+                        (v.producer() is not None and id(v.producer()) in inside):
                     continue
                 reason = not_constant(v, f"input {i} of {node_label(node)}")
                 if reason:

@@ -103,4 +103,50 @@ inline StackDims MLPStackDims(const char* op, size_t n_layers, const std::vector
   return d;
 }
 
+// RotaryEmbedding: X [..., D] of rank 2..4 (D even), cos and sin broadcasting to X's shape (rank <= X's, each dim 1
+// or X's, last dim D). X is seen as [d0, d1, d2, D] (leading dims padded with 1); cos/sin are addressed by strides of
+// those three leading dims in rows of D elements, 0 where they broadcast, and are contiguous along D.
+struct RotaryDims {
+  int64_t rows = 0, D = 0, d1 = 1, d2 = 1;
+  int64_t cos_stride[3] = {0, 0, 0}, sin_stride[3] = {0, 0, 0};
+  std::vector<int64_t> out_shape;  // X's
+};
+
+namespace detail {
+inline void RotaryStrides(const char* op, const char* name, const std::vector<int64_t>& x4,
+                          const std::vector<int64_t>& c, int64_t* stride) {
+  const size_t pad = 4 - c.size();
+  Need(c.back() == x4[3], op, std::string(name) + " must end in X's last dim; got X [..., " + std::to_string(x4[3]) +
+                                  "], " + name + " " + ShapeStr(c));
+  int64_t rows = 1;  // strides count rows of D elements
+  for (int i = 2; i >= 0; --i) {
+    const int64_t dim = i < int(pad) ? 1 : c[size_t(i) - pad];
+    Need(dim == 1 || dim == x4[size_t(i)], op,
+         std::string(name) + " must broadcast to X's shape (each dim 1 or X's); got " + name + " " + ShapeStr(c));
+    stride[i] = dim == 1 ? 0 : rows;
+    rows *= dim;
+  }
+}
+}  // namespace detail
+
+inline RotaryDims RotaryEmbeddingDims(const char* op, const std::vector<int64_t>& x, const std::vector<int64_t>& cos,
+                                      const std::vector<int64_t>& sin) {
+  detail::Need(x.size() >= 2 && x.size() <= 4, op, "X must have rank 2 to 4 ([..., D]); got " + ShapeStr(x));
+  detail::Need(cos.size() <= x.size() && sin.size() <= x.size() && !cos.empty() && !sin.empty(), op,
+               "cos and sin must have rank 1 to X's; got X " + ShapeStr(x) + ", cos " + ShapeStr(cos) + ", sin " +
+                   ShapeStr(sin));
+  std::vector<int64_t> x4(4 - x.size(), 1);
+  x4.insert(x4.end(), x.begin(), x.end());
+  RotaryDims d;
+  d.D = x4[3];
+  detail::Need(d.D % 2 == 0, op, "X's last dim must be even (rotate_half); got " + ShapeStr(x));
+  d.rows = x4[0] * x4[1] * x4[2];
+  d.d1 = x4[1];
+  d.d2 = x4[2];
+  detail::RotaryStrides(op, "cos", x4, cos, d.cos_stride);
+  detail::RotaryStrides(op, "sin", x4, sin, d.sin_stride);
+  d.out_shape = x;
+  return d;
+}
+
 }  // namespace onnxfuse

@@ -200,6 +200,7 @@ void RegisterLinearAct(Ort::CustomOpDomain& domain);
 void RegisterSwiGLU(Ort::CustomOpDomain& domain);
 void RegisterLoRALinear(Ort::CustomOpDomain& domain);
 void RegisterMLPStack(Ort::CustomOpDomain& domain);
+void RegisterRotaryEmbedding(Ort::CustomOpDomain& domain);
 
 }  // namespace cpu
 }  // namespace onnxfuse

@@ -59,6 +59,14 @@ int onnxfuse_cuda_mlp_stack(int dtype, int n_layers, const int* acts, const void
                             const void* const* b, void* y, int64_t m, const int64_t* widths, void* scratch,
                             int64_t scratch_bytes, void* stream);
 
+// RotaryEmbedding: Y = X * cos + rotate_half(X) * sin over `rows` rows of D (even) elements. X is [d0, d1, d2, D]
+// (common/dims.h RotaryEmbeddingDims): row r is (i0, i1, i2) with i2 = r % d2, i1 = (r / d2) % d1, and its cos row
+// starts at (i0 * cos_stride[0] + i1 * cos_stride[1] + i2 * cos_stride[2]) * D (a stride is 0 where cos broadcasts);
+// sin likewise. cos_stride / sin_stride are host arrays of 3.
+int onnxfuse_cuda_rotary_embedding(int dtype, const void* x, const void* cos, const void* sin, void* y, int64_t rows,
+                                   int64_t d, int64_t d1, int64_t d2, const int64_t* cos_stride,
+                                   const int64_t* sin_stride, void* stream);
+
 // The same ops from the Triton AOT cubins (cuda/triton_launch.cc); ONNXFUSE_ERR_NO_TRITON when not built.
 //
 // Experiment knobs (node attributes of the same names, read by cuda/ops_cuda.cc when a session creates the kernel;
@@ -87,6 +95,9 @@ int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, const void* 
 int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* acts, const void* x, const void* const* w,
                               const void* const* b, void* y, int64_t m, const int64_t* widths, int mode,
                               int stack_cfg, int small_cfg, void* scratch, int64_t scratch_bytes, void* stream);
+int onnxfuse_triton_rotary_embedding(int dtype, const void* x, const void* cos, const void* sin, void* y,
+                                     int64_t rows, int64_t d, int64_t d1, int64_t d2, const int64_t* cos_stride,
+                                     const int64_t* sin_stride, void* stream);
 // Human-readable text for any code the launchers return (static storage, never null).
 const char* onnxfuse_cuda_error_string(int code);
 

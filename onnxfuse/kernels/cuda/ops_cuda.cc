@@ -179,6 +179,33 @@ struct SwiGLUCuda {
   Experiments knobs;
 };
 
+template <typename T>
+struct RotaryEmbeddingCuda {
+  static constexpr const char* kName = schema::RotaryEmbedding::kName;
+  RotaryEmbeddingCuda(const OrtApi* api, const OrtKernelInfo* info) : attrs(ReadOpAttrs(api, info, kName)) {}
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& Cos,
+                      const Ort::Custom::Tensor<T>& Sin, Ort::Custom::Tensor<T>& Y) {
+    return GuardCompute([&] {
+      const RotaryDims d = RotaryEmbeddingDims(kName, X.Shape(), Cos.Shape(), Sin.Shape());
+      T* y = Y.Allocate(d.out_shape);
+      if (d.rows == 0 || d.D == 0) return;
+      void* stream = StreamOf(ctx);
+      const void *x = X.Data(), *c = Cos.Data(), *s = Sin.Data();
+      Dispatch(
+          kName, attrs,
+          [&] {
+            return onnxfuse_cuda_rotary_embedding(DtypeCode<T>(), x, c, s, y, d.rows, d.D, d.d1, d.d2, d.cos_stride,
+                                                  d.sin_stride, stream);
+          },
+          [&] {
+            return onnxfuse_triton_rotary_embedding(DtypeCode<T>(), x, c, s, y, d.rows, d.D, d.d1, d.d2,
+                                                    d.cos_stride, d.sin_stride, stream);
+          });
+    });
+  }
+  OpAttrs attrs;
+};
+
 // Op is schema::LoRALinear (Relu = 0) or schema::LoRALinearRelu (Relu = 1).
 template <typename T, int Relu, typename Op>
 struct LoRACuda {
@@ -281,6 +308,7 @@ void RegisterOps(Ort::CustomOpDomain& domain) {
   AddOpAllTypes<LoRALinearCuda>(domain, schema::LoRALinear::kName, kCudaEp);
   AddOpAllTypes<LoRALinearReluCuda>(domain, schema::LoRALinearRelu::kName, kCudaEp);
   AddVariadicOpAllTypes<MLPStackCuda>(domain, schema::MLPStack::kName, kCudaEp);
+  AddOpAllTypes<RotaryEmbeddingCuda>(domain, schema::RotaryEmbedding::kName, kCudaEp);
 }
 
 }  // namespace cuda

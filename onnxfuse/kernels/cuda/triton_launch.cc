@@ -36,7 +36,8 @@ using onnxfuse::triton_aot::TritonSpec;
 
 namespace ids = onnxfuse::triton;  // kernel ids, size classes and rank padding of triton/table.py
 constexpr int kKernelLinearAct = ids::kLinearAct, kKernelSwiglu = ids::kSwiglu, kKernelLoRA = ids::kLoraLinear,
-              kKernelLoRAXA = ids::kLoraXa, kKernelLoRAMain = ids::kLoraMain, kKernelMLPStack = ids::kMlpStack;
+              kKernelLoRAXA = ids::kLoraXa, kKernelLoRAMain = ids::kLoraMain, kKernelMLPStack = ids::kMlpStack,
+              kKernelRotary = ids::kRotaryEmbedding;
 constexpr int kMaxDevices = 64;
 
 struct LoadedKernel {
@@ -395,6 +396,28 @@ extern "C" int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* act
   return LaunchSpec(spec, index, device, (m + spec->block_m - 1) / spec->block_m, args, stream);
 }
 
+extern "C" int onnxfuse_triton_rotary_embedding(int dtype, const void* x, const void* cos, const void* sin, void* y,
+                                                int64_t rows, int64_t d, int64_t d1, int64_t d2,
+                                                const int64_t* cos_stride, const int64_t* sin_stride, void* stream) {
+  if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || rows < 0 || d < 0 || d % 2 || d1 <= 0 || d2 <= 0 ||
+      cos_stride == nullptr || sin_stride == nullptr)
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (rows == 0 || d == 0) return 0;
+  const int64_t big[] = {rows, d, d1, d2, cos_stride[0], cos_stride[1], cos_stride[2], sin_stride[0], sin_stride[1],
+                         sin_stride[2]};
+  for (int64_t v : big)
+    if (v > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;  // Triton params are i32 (offsets are 64-bit inside)
+  int32_t ROWS = int32_t(rows), HALF = int32_t(d / 2), D1 = int32_t(d1), D2 = int32_t(d2);
+  int32_t CS0 = int32_t(cos_stride[0]), CS1 = int32_t(cos_stride[1]), CS2 = int32_t(cos_stride[2]);
+  int32_t SS0 = int32_t(sin_stride[0]), SS1 = int32_t(sin_stride[1]), SS2 = int32_t(sin_stride[2]);
+  void* scratch_global = nullptr;
+  void* scratch_profile = nullptr;
+  void* args[] = {&x, &cos, &sin, &y, &ROWS, &HALF, &D1, &D2, &CS0, &CS1, &CS2, &SS0, &SS1, &SS2, &scratch_global,
+                  &scratch_profile};
+  const bool aligned = Aligned16(x) && Aligned16(cos) && Aligned16(sin) && Aligned16(y) && HALF % 16 == 0;
+  return Launch(kKernelRotary, dtype, rows, d / 2, aligned, 0, 0, args, stream);
+}
+
 #else  // built without Triton: the launchers exist and say so.
 
 extern "C" int onnxfuse_triton_available(void) { return 0; }
@@ -416,6 +439,10 @@ extern "C" int onnxfuse_triton_lora_linear(int, int, const void*, const void*, c
 }
 extern "C" int onnxfuse_triton_mlp_stack(int, int, const int*, const void*, const void* const*, const void* const*,
                                          void*, int64_t, const int64_t*, int, int, int, void*, int64_t, void*) {
+  return ONNXFUSE_ERR_NO_TRITON;
+}
+extern "C" int onnxfuse_triton_rotary_embedding(int, const void*, const void*, const void*, void*, int64_t, int64_t,
+                                                int64_t, int64_t, const int64_t*, const int64_t*, void*) {
   return ONNXFUSE_ERR_NO_TRITON;
 }
 
