@@ -37,6 +37,8 @@ def _body(op: str) -> list[onnx.NodeProto]:
         if op == "LoRALinearRelu":
             nodes.append(mk("Relu", ["z"], ["Y"]))
         return nodes
+    if op == "Embedding":
+        return [mk("Gather", ["table", "ids"], ["Y"], axis=0)]
     if op == "RotaryEmbedding":
         # D = last dim of X (Shape with start, opset 15), halves by Slice, rotate_half = concat(-second, first)
         i64 = onnx.TensorProto.INT64

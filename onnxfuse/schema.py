@@ -107,8 +107,15 @@ ROTARY_EMBEDDING = OpSchema(
     "cos and sin broadcast to X's shape (same rank, each dim 1 or X's; last dim D). One elementwise pass instead of "
     "the exporters' Slice/Neg/Concat/Mul/Mul/Add (six kernels and five intermediates per tensor).")
 
+EMBEDDING = OpSchema(
+    "Embedding", ("table", "ids"), ("Y",), "Y = table[ids]", (_BACKEND,),
+    "A lookup in a constant embedding table (Gather on axis 0: a token embedding): table [V, D] of type T, ids int64 "
+    "of any shape (negative ids count from the end), Y = ids.shape + [D]. The GPU kernels copy rows 16 bytes at a "
+    "time (onnxruntime's Gather moves one element per thread: 4x the time for a [2048] x 4096 fp16 lookup); an id "
+    "out of [-V, V) gives a row of zeros on the GPU and an error on the CPU, where onnxruntime's Gather errors.")
+
 OPS: dict[str, OpSchema] = {s.name: s for s in (LINEAR_RELU, LINEAR_SIGMOID, SWIGLU, LORA_LINEAR, LORA_LINEAR_RELU,
-                                                MLP_STACK, ROTARY_EMBEDDING)}
+                                                MLP_STACK, ROTARY_EMBEDDING, EMBEDDING)}
 # Per-layer activations MLPStack supports, and the most layers one node may have (the Triton kernel's unrolling).
 STACK_ACTIVATIONS = tuple(ACTIVATIONS)
 MAX_STACK_LAYERS = 4
@@ -147,6 +154,10 @@ def reference(op: str, inputs, attrs: dict | None = None):
     import torch
 
     attrs = attrs or {}
+    if op == "Embedding":
+        table, ids = inputs
+        v = table.shape[0]
+        return table[torch.where(ids < 0, ids + v, ids).long()]
     x = inputs[0].float()
     if op in ("LinearRelu", "LinearSigmoid"):
         w, b = inputs[1].float(), inputs[2].float()

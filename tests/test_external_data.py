@@ -47,14 +47,14 @@ def test_export_and_fuse_with_external_data_verify(ext_llama, tmp_path):
     assert verify.verify(ext_llama).passed
     out = tmp_path / "fused.onnx"
     res = fuse.fuse(ext_llama, out, external_data=True)
-    assert sorted(m.op for m in res.matches) == ["RotaryEmbedding"] * 4 + ["SwiGLU"] * 2
+    assert sorted(m.op for m in res.matches) == ["Embedding"] + ["RotaryEmbedding"] * 4 + ["SwiGLU"] * 2
     _assert_external(out)
     m = onnx.load(str(out))  # loads the weights too: the checker sees a complete model
     soundness.check_model(m)
-    assert {f.name for f in m.functions} == {"SwiGLU", "RotaryEmbedding"}
+    assert {f.name for f in m.functions} == {"SwiGLU", "RotaryEmbedding", "Embedding"}
     assert any(p.key == fuse.REPORT_KEY for p in m.metadata_props)
     res = verify.verify(out)
-    assert res.passed and res.fused_nodes == 6 and res.library
+    assert res.passed and res.fused_nodes == 7 and res.library
 
 
 def test_fused_external_model_is_self_contained(ext_llama, tmp_path):
@@ -74,7 +74,7 @@ def test_fuse_in_place_with_external_data(ext_llama, tmp_path):
     shutil.copy(ext_llama.with_name(ext_llama.name + ".data"), tmp_path / (ext_llama.name + ".data"))
     assert cli.main(["fuse", str(src), "-o", str(src), "--force", "-q"]) == 0
     _assert_external(src)
-    assert verify.verify(src).fused_nodes == 6  # 2 SwiGLU, 4 RotaryEmbedding
+    assert verify.verify(src).fused_nodes == 7  # 2 SwiGLU, 4 RotaryEmbedding, the token Embedding
     assert verify.verify(src).passed
     assert not list(tmp_path.glob(".onnxfuse-*"))
 

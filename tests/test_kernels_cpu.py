@@ -73,18 +73,29 @@ def op_attrs(op: str, scale: float = 0.5) -> dict:
 def out_width(op: str, inputs: list[torch.Tensor]) -> int:
     if op == "RotaryEmbedding":
         return inputs[0].shape[-1]
+    if op == "Embedding":
+        return inputs[0].shape[1]
     return inputs[-2].shape[-1] if op == "MLPStack" else inputs[2 if op == "SwiGLU" else 1].shape[-1]
 
 
-# Ops with weights the CPU kernels prepack when they are constants (RotaryEmbedding has none: cos/sin are activations).
-WEIGHTED_OPS = [op for op in schema.OPS if op != "RotaryEmbedding"]
+# Ops with weights the CPU kernels prepack when they are constants (RotaryEmbedding has none: cos/sin are
+# activations; Embedding copies rows of its table as they are).
+WEIGHTED_OPS = [op for op in schema.OPS if op not in ("RotaryEmbedding", "Embedding")]
+INT_INPUTS = {("Embedding", "ids")}
+
+
+def out_shape(op: str, inputs: list[torch.Tensor]) -> tuple[int, ...]:
+    if op == "Embedding":
+        return tuple(inputs[1].shape) + (inputs[0].shape[1],)
+    return tuple(inputs[0].shape[:-1]) + (out_width(op, inputs),)
 
 
 def make_model(op: str, dtype: str, shapes: list[tuple[int, ...]], attrs: dict | None = None) -> onnx.ModelProto:
     s = schema.OPS[op]
     et = ONNX_TYPE[dtype]
     names = input_names(op, len(shapes))
-    inputs = [helper.make_tensor_value_info(n, et, list(shape)) for n, shape in zip(names, shapes)]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64 if (op, n) in INT_INPUTS else et, list(shape))
+              for n, shape in zip(names, shapes)]
     node = helper.make_node(op, names, list(s.outputs), domain=schema.DOMAIN, **(attrs or {}))
     graph = helper.make_graph([node], f"single_{op}", inputs, [helper.make_tensor_value_info(s.outputs[0], et, None)])
     return helper.make_model(graph, ir_version=schema.IR_VERSION,
@@ -93,6 +104,8 @@ def make_model(op: str, dtype: str, shapes: list[tuple[int, ...]], attrs: dict |
 
 
 def _ortvalue(t: torch.Tensor, dtype: str) -> ort.OrtValue:
+    if not t.is_floating_point():  # integer inputs (Embedding's ids) go as they are
+        return ort.OrtValue.ortvalue_from_numpy(t.contiguous().numpy())
     if dtype == "bfloat16":  # numpy has no bfloat16: hand ORT the raw 16-bit patterns
         return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(t.contiguous().view(torch.uint16).numpy(),
                                                                 TensorProto.BFLOAT16)
@@ -105,8 +118,7 @@ def run_op(lib, op: str, inputs: list[torch.Tensor], attrs: dict | None = None) 
     model = make_model(op, dtype, [tuple(t.shape) for t in inputs], attrs)
     so = kernels.session_options(path=lib)
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    out_shape = tuple(inputs[0].shape[:-1]) + (out_width(op, inputs),)
-    y = torch.empty(out_shape, dtype=inputs[0].dtype)
+    y = torch.empty(out_shape(op, inputs), dtype=inputs[0].dtype)
     binding = sess.io_binding()
     for name, t in zip(input_names(op, len(inputs)), inputs):
         binding.bind_ortvalue_input(name, _ortvalue(t, dtype))
@@ -121,6 +133,8 @@ def random_inputs(op: str, lead: tuple[int, ...], K: int, N: int, r: int, dtype:
     def rnd(*shape, scale=1.0):
         return (torch.randn(*shape, generator=g) * scale).to(TORCH_TYPE[dtype])
 
+    if op == "Embedding":  # table [K, N] (K rows of N), ids of shape lead in [-K, K): negatives count from the end
+        return [rnd(K, N), torch.randint(-K, K, lead, generator=g)]
     if op == "RotaryEmbedding":  # X [*lead, D] (D even), cos/sin broadcast over every leading dim but the last
         d = K + K % 2
         cs_shape = (1,) * (len(lead) - 1) + (lead[-1], d)

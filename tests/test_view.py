@@ -173,7 +173,7 @@ def test_serve_and_render_fused_graph(chromium, fused_llama):
     for name in names:
         assert name in graph.nodes, f"fused node {name} not drawn; drawn: {sorted(graph.nodes)[:10]}..."
         node = graph.nodes[name]
-        op = "RotaryEmbedding" if "/rotary_embedding/" in name else "SwiGLU"
+        op = {"rotary_embedding": "RotaryEmbedding", "embedding": "Embedding"}.get(name.split("/")[1], "SwiGLU")
         assert node["text"][0] == op, node                # the op type is the node's label
         assert name in node["title"], node                 # the node name is its tooltip
         assert "backend" in node["text"] and " = auto" in node["text"], node  # attributes shown (option on)

@@ -39,7 +39,11 @@ DEFAULT_SHAPES = {
     # layer in the untransposed [B, S, H, D] layout with cos/sin [B, S, 1, D], and a 2-D X.
     "RotaryEmbedding": [((1, 1, 32, 128), (1, 1, 1, 128)), ((2, 3, 5, 34), (2, 1, 5, 34)),
                         ((1, 512, 32, 128), (1, 512, 1, 128)), ((37, 64), (37, 64))],
+    # Embedding: (table [V, D], ids shape). A Llama vocabulary row width, an odd row (no 16-byte vectors), decode.
+    "Embedding": [((1000, 4096), (2, 64)), ((77, 33), (5, 3)), ((32000, 128), (1,))],
 }
+# Integer inputs (fed as int64, not cast to the op's type): Embedding's ids, drawn in [-V, V) to cover negatives.
+INT_INPUTS = {("Embedding", "ids")}
 ALL_MODES = ("plain", "user_stream", "cuda_graph")
 
 
@@ -61,6 +65,12 @@ def shape_entry(op: str, entry) -> tuple[dict[str, list[int]], dict, tuple]:
         m, widths, acts = entry
         return stack_shapes(m, widths), {"activations": acts}, (m, widths[0], widths[-1], 0,
                                                                  "-".join(map(str, widths)) + " " + acts)
+    if op == "Embedding":
+        table, ids = entry
+        n = 1
+        for v in ids:
+            n *= v
+        return {"table": list(table), "ids": list(ids)}, {}, (n, table[0], table[1], 0, f"ids{list(ids)}")
     if op == "RotaryEmbedding":
         x, cs = entry
         rows = 1
@@ -88,6 +98,10 @@ def make_model(op: str, dtype: str, shapes: dict[str, list[int]], backend: str, 
     t = _onnx_type(dtype)
     nodes, inputs = [], []
     for name in shapes:
+        if (op, name) in INT_INPUTS:
+            inputs.append(helper.make_tensor_value_info(name, TensorProto.INT64, shapes[name]))
+            nodes.append(helper.make_node("Identity", [name], [name + "_t"]))
+            continue
         inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shapes[name]))
         nodes.append(helper.make_node("Cast", [name], [name + "_t"], to=t))
     attrs = {"backend": backend, **(extra_attrs or {})}
@@ -104,9 +118,11 @@ def make_model(op: str, dtype: str, shapes: dict[str, list[int]], backend: str, 
 
 
 def out_shape(op: str, shapes: dict[str, list[int]]) -> list[int]:
-    """Y's shape: X's for RotaryEmbedding, else [M, N] (2-D X)."""
+    """Y's shape: X's for RotaryEmbedding, ids.shape + [D] for Embedding, else [M, N] (2-D X)."""
     if op == "RotaryEmbedding":
         return list(shapes["X"])
+    if op == "Embedding":
+        return list(shapes["ids"]) + [shapes["table"][1]]
     n = list(shapes.values())[-1][0] if op == "MLPStack" else (shapes.get("W") or shapes["W_gate"])[1]
     return [shapes["X"][0], n]
 
@@ -119,6 +135,10 @@ def make_inputs(op: str, dtype: str, shapes: dict[str, list[int]], seed: int, de
     g = torch.Generator(device=device).manual_seed(seed)
     out = []
     for name, shp in shapes.items():
+        if (op, name) in INT_INPUTS:
+            v = shapes["table"][0]
+            out.append(torch.randint(-v, v, tuple(shp), generator=g, device=device, dtype=torch.int64))
+            continue
         t = torch.randn(*shp, generator=g, device=device, dtype=torch.float32)
         if name in ("W", "W_gate", "W_up", "A") or name.startswith("W_"):
             t = t / max(shp[0], 1) ** 0.5
@@ -220,7 +240,8 @@ class _Runner:
             for _ in range(3):  # warm-up, capture, replay
                 sess.run_with_iobinding(io)
             y = yv.numpy().copy()
-            vals["X"].update_inplace(np.ascontiguousarray(feeds2["X"]))
+            for name, value in feeds2.items():  # the first float input, rewritten in place
+                vals[name].update_inplace(np.ascontiguousarray(value))
             sess.run_with_iobinding(io)
             return y, yv.numpy().copy()
         raise ValueError(f"unknown mode {mode!r}")
@@ -286,11 +307,15 @@ def run_doctor(providers=("cpu", "cuda"), backends=None, *, ops=None, dtypes=sch
                     if not cache:
                         import torch
                         ins = make_inputs(op, dtype, shp, seed, torch_device)
-                        x2 = make_inputs(op, dtype, {"X": shp["X"]}, seed + 1, torch_device)[0]
+                        # the CUDA-graph check rebinds the first float input in place (X; the table for Embedding)
+                        first = next(n for n in shp if (op, n) not in INT_INPUTS)
+                        x2 = make_inputs(op, dtype, {first: shp[first]}, seed + 1, torch_device)[0]
                         ref = schema.reference(op, ins, attrs).float().cpu().numpy()
-                        ref2 = schema.reference(op, [x2] + ins[1:], attrs).float().cpu().numpy()
-                        feeds = {name: t.float().cpu().numpy() for name, t in zip(shp, ins)}
-                        cache.update(feeds=feeds, feeds2={"X": x2.float().cpu().numpy()}, ref=ref, ref2=ref2)
+                        ref2 = schema.reference(op, [x2 if n == first else t for n, t in zip(shp, ins)],
+                                                attrs).float().cpu().numpy()
+                        feeds = {name: (t if (op, name) in INT_INPUTS else t.float()).cpu().numpy()
+                                 for name, t in zip(shp, ins)}
+                        cache.update(feeds=feeds, feeds2={first: x2.float().cpu().numpy()}, ref=ref, ref2=ref2)
                         del ins, x2
                         if torch_device == "cuda":
                             torch.cuda.empty_cache()

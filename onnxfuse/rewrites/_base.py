@@ -25,8 +25,9 @@ FLOAT_TYPES = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 MIN_OPSET = {"LoRALinear": 15, "LoRALinearRelu": 15, "RotaryEmbedding": 15}
 DEFAULT_MIN_OPSET = 13
 BF16_MIN_OPSET = 14
-# Their input 1 is a weight (shape checked by weight_kn); every other constant input may broadcast the result.
-_GEMMS = ("MatMul", "Gemm")
+# Inputs that are weights (their shapes are the rule's business: weight_kn, a lookup table), not operands an
+# elementwise op broadcasts; every other constant input may broadcast the result.
+_WEIGHT_INPUTS = {("MatMul", 1), ("Gemm", 1), ("Gather", 0)}
 KERNELS_DOC = (
     "kernels: cpu (CPU EP); cuda, triton (CUDA EP)",
     "chosen: backend=auto picks per node at run time:",
@@ -125,6 +126,11 @@ def node_label(node: ir.Node) -> str:
 
 def default_opset(model: ir.Model) -> int | None:
     return model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
+
+
+# A check's reason for a structural match that is no candidate at all (a Gather on run-time data for the embedding
+# rule): `fuse --explain` leaves it out instead of listing every such node.
+NOT_A_CANDIDATE = "not a candidate"
 
 
 def not_constant(value: ir.Value | None, role: str) -> str | None:
@@ -241,8 +247,8 @@ class FusionRule(RewriteRuleClassBase):
                 if reason:
                     result.fail(reason, v)
                     return False
-                if node.op_type in _GEMMS and i == 1:
-                    continue  # a weight: its rank and shape are the rule's business (weight_kn)
+                if (node.op_type, i) in _WEIGHT_INPUTS:
+                    continue  # a weight: its rank and shape are the rule's business (weight_kn, a table)
                 rank = len(v.const_value.shape)
                 if (xd is None and rank > 1) or (xd is not None and rank > len(xd)):
                     shape = list(v.const_value.shape)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from onnxscript import ir
 
-from ._base import ExplainTracer, const, graphs, node_label
+from ._base import NOT_A_CANDIDATE, ExplainTracer, const, graphs, node_label
 
 GEMMS = ("MatMul", "Gemm")
 # Activations that follow a Linear layer in real models but that no onnxfuse op fuses after a GEMM.
@@ -27,6 +27,8 @@ _DEFAULT = ("", "ai.onnx")
 def refusals(model: ir.Model, tracer: ExplainTracer, stack_refusals: list[dict]) -> list[dict]:
     rows: list[tuple[frozenset, dict]] = []
     for rec in tracer.records:
+        if rec["reason"] == NOT_A_CANDIDATE:
+            continue
         nodes = rec["nodes"] or [rec["root"]]
         anchor = next((n for n in nodes if n.op_type in GEMMS), rec["root"])
         if rec["function"] and rec["status"] == "SUCCESS":

@@ -149,4 +149,22 @@ inline RotaryDims RotaryEmbeddingDims(const char* op, const std::vector<int64_t>
   return d;
 }
 
+// Embedding: table [V, D], ids of any shape (n ids); Y = ids.shape + [D].
+struct EmbeddingDims {
+  int64_t V = 0, D = 0, n = 1;
+  std::vector<int64_t> out_shape;
+};
+
+inline EmbeddingDims EmbeddingDimsOf(const char* op, const std::vector<int64_t>& table,
+                                     const std::vector<int64_t>& ids) {
+  detail::Need(table.size() == 2, op, "table must be [V, D]; got " + ShapeStr(table));
+  EmbeddingDims d;
+  d.V = table[0];
+  d.D = table[1];
+  for (int64_t v : ids) d.n *= v;
+  d.out_shape = ids;
+  d.out_shape.push_back(d.D);
+  return d;
+}
+
 }  // namespace onnxfuse

@@ -201,6 +201,7 @@ void RegisterSwiGLU(Ort::CustomOpDomain& domain);
 void RegisterLoRALinear(Ort::CustomOpDomain& domain);
 void RegisterMLPStack(Ort::CustomOpDomain& domain);
 void RegisterRotaryEmbedding(Ort::CustomOpDomain& domain);
+void RegisterEmbedding(Ort::CustomOpDomain& domain);
 
 }  // namespace cpu
 }  // namespace onnxfuse

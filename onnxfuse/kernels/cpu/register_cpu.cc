@@ -10,6 +10,7 @@ void RegisterOps(Ort::CustomOpDomain& domain) {
   RegisterLoRALinear(domain);
   RegisterMLPStack(domain);
   RegisterRotaryEmbedding(domain);
+  RegisterEmbedding(domain);
 }
 
 }  // namespace cpu

@@ -67,6 +67,11 @@ int onnxfuse_cuda_rotary_embedding(int dtype, const void* x, const void* cos, co
                                    int64_t d, int64_t d1, int64_t d2, const int64_t* cos_stride,
                                    const int64_t* sin_stride, void* stream);
 
+// Embedding: Y [n, D] = table [vocab, D] rows at ids (int64, n of them); negative ids count from the end, ids outside
+// [-vocab, vocab) give rows of zeros.
+int onnxfuse_cuda_embedding(int dtype, const void* table, const int64_t* ids, void* y, int64_t n, int64_t vocab,
+                            int64_t d, void* stream);
+
 // The same ops from the Triton AOT cubins (cuda/triton_launch.cc); ONNXFUSE_ERR_NO_TRITON when not built.
 //
 // Experiment knobs (node attributes of the same names, read by cuda/ops_cuda.cc when a session creates the kernel;
@@ -98,6 +103,8 @@ int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* acts, const vo
 int onnxfuse_triton_rotary_embedding(int dtype, const void* x, const void* cos, const void* sin, void* y,
                                      int64_t rows, int64_t d, int64_t d1, int64_t d2, const int64_t* cos_stride,
                                      const int64_t* sin_stride, void* stream);
+int onnxfuse_triton_embedding(int dtype, const void* table, const int64_t* ids, void* y, int64_t n, int64_t vocab,
+                              int64_t d, void* stream);
 // Human-readable text for any code the launchers return (static storage, never null).
 const char* onnxfuse_cuda_error_string(int code);
 

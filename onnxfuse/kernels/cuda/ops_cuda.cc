@@ -206,6 +206,27 @@ struct RotaryEmbeddingCuda {
   OpAttrs attrs;
 };
 
+template <typename T>
+struct EmbeddingCuda {
+  static constexpr const char* kName = schema::Embedding::kName;
+  EmbeddingCuda(const OrtApi* api, const OrtKernelInfo* info) : attrs(ReadOpAttrs(api, info, kName)) {}
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& Table,
+                      const Ort::Custom::Tensor<int64_t>& Ids, Ort::Custom::Tensor<T>& Y) {
+    return GuardCompute([&] {
+      const EmbeddingDims d = EmbeddingDimsOf(kName, Table.Shape(), Ids.Shape());
+      T* y = Y.Allocate(d.out_shape);
+      if (d.n == 0 || d.D == 0) return;
+      void* stream = StreamOf(ctx);
+      const void* table = Table.Data();
+      const int64_t* ids = Ids.Data();
+      Dispatch(
+          kName, attrs, [&] { return onnxfuse_cuda_embedding(DtypeCode<T>(), table, ids, y, d.n, d.V, d.D, stream); },
+          [&] { return onnxfuse_triton_embedding(DtypeCode<T>(), table, ids, y, d.n, d.V, d.D, stream); });
+    });
+  }
+  OpAttrs attrs;
+};
+
 // Op is schema::LoRALinear (Relu = 0) or schema::LoRALinearRelu (Relu = 1).
 template <typename T, int Relu, typename Op>
 struct LoRACuda {
@@ -309,6 +330,7 @@ void RegisterOps(Ort::CustomOpDomain& domain) {
   AddOpAllTypes<LoRALinearReluCuda>(domain, schema::LoRALinearRelu::kName, kCudaEp);
   AddVariadicOpAllTypes<MLPStackCuda>(domain, schema::MLPStack::kName, kCudaEp);
   AddOpAllTypes<RotaryEmbeddingCuda>(domain, schema::RotaryEmbedding::kName, kCudaEp);
+  AddOpAllTypes<EmbeddingCuda>(domain, schema::Embedding::kName, kCudaEp);
 }
 
 }  // namespace cuda

@@ -37,7 +37,7 @@ using onnxfuse::triton_aot::TritonSpec;
 namespace ids = onnxfuse::triton;  // kernel ids, size classes and rank padding of triton/table.py
 constexpr int kKernelLinearAct = ids::kLinearAct, kKernelSwiglu = ids::kSwiglu, kKernelLoRA = ids::kLoraLinear,
               kKernelLoRAXA = ids::kLoraXa, kKernelLoRAMain = ids::kLoraMain, kKernelMLPStack = ids::kMlpStack,
-              kKernelRotary = ids::kRotaryEmbedding;
+              kKernelRotary = ids::kRotaryEmbedding, kKernelEmbedding = ids::kEmbedding;
 constexpr int kMaxDevices = 64;
 
 struct LoadedKernel {
@@ -418,6 +418,20 @@ extern "C" int onnxfuse_triton_rotary_embedding(int dtype, const void* x, const 
   return Launch(kKernelRotary, dtype, rows, d / 2, aligned, 0, 0, args, stream);
 }
 
+extern "C" int onnxfuse_triton_embedding(int dtype, const void* table, const int64_t* ids, void* y, int64_t n,
+                                         int64_t vocab, int64_t d, void* stream) {
+  if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || n < 0 || vocab < 0 || d < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (n == 0 || d == 0) return 0;
+  if (n > 0x7fffffffLL || d > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;
+  int32_t NIDS = int32_t(n), D = int32_t(d);
+  int64_t VOCAB = vocab;
+  void* scratch_global = nullptr;
+  void* scratch_profile = nullptr;
+  void* args[] = {&table, &ids, &y, &NIDS, &VOCAB, &D, &scratch_global, &scratch_profile};
+  const bool aligned = Aligned16(table) && Aligned16(ids) && Aligned16(y) && d % 16 == 0;
+  return Launch(kKernelEmbedding, dtype, n, d, aligned, 0, 0, args, stream);
+}
+
 #else  // built without Triton: the launchers exist and say so.
 
 extern "C" int onnxfuse_triton_available(void) { return 0; }
@@ -443,6 +457,9 @@ extern "C" int onnxfuse_triton_mlp_stack(int, int, const int*, const void*, cons
 }
 extern "C" int onnxfuse_triton_rotary_embedding(int, const void*, const void*, const void*, void*, int64_t, int64_t,
                                                 int64_t, int64_t, const int64_t*, const int64_t*, void*) {
+  return ONNXFUSE_ERR_NO_TRITON;
+}
+extern "C" int onnxfuse_triton_embedding(int, const void*, const int64_t*, void*, int64_t, int64_t, int64_t, void*) {
   return ONNXFUSE_ERR_NO_TRITON;
 }
 

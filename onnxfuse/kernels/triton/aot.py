@@ -37,7 +37,7 @@ import sys
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
-KERNEL_FILES = ("linear_act", "swiglu", "lora_linear", "mlp_stack", "rotary_embedding")
+KERNEL_FILES = ("linear_act", "swiglu", "lora_linear", "mlp_stack", "rotary_embedding", "embedding")
 LORA_KERNELS = ("lora_linear", "lora_xa", "lora_main")
 # Kernels only the experiments build compiles (variant 0 included): the one-pass LoRA kernel.
 EXPERIMENT_KERNELS = ("lora_linear",)
@@ -84,6 +84,8 @@ _F_STACK = {"small": (16, 64, 32, 1, 4, 2), "medium": (32, 64, 32, 1, 4, 2), "la
 # rotary_embedding: (rows per program, half-columns per program, -, -, warps, stages), memory bound: 16 rows x 64 pairs
 # (a head dim of 128 in one column tile: 16 x 128 elements of X, cos and sin per program), the same for every size.
 _ROTARY = {size: (16, 64, 16, 1, 4, 1) for size in ("small", "medium", "large")}
+# embedding: (ids per program, columns per program, -, -, warps, stages): a copy, 8 rows x 512 columns.
+_EMBEDDING = {size: (8, 512, 16, 1, 4, 1) for size in ("small", "medium", "large")}
 CONFIGS: dict[str, dict[str, dict[str, dict[str, tuple]]]] = {
     "90": {
         "linear_act": {"h": dict(_H_COMMON, large=(128, 256, 64, 8, 8, 3)), "f": _F_COMMON},
@@ -93,6 +95,7 @@ CONFIGS: dict[str, dict[str, dict[str, dict[str, tuple]]]] = {
         "lora_main": {"h": dict(_H_COMMON, large=(128, 256, 64, 8, 8, 3)), "f": _F_COMMON},
         "mlp_stack": {"h": _H_STACK, "f": _F_STACK},
         "rotary_embedding": {"h": _ROTARY, "f": _ROTARY},
+        "embedding": {"h": _EMBEDDING, "f": _EMBEDDING},
     },
     "80": {
         "linear_act": {"h": _H_COMMON, "f": _F_COMMON},
@@ -102,6 +105,7 @@ CONFIGS: dict[str, dict[str, dict[str, dict[str, tuple]]]] = {
         "lora_main": {"h": _H_COMMON, "f": _F_COMMON},
         "mlp_stack": {"h": _H_STACK, "f": _F_STACK},
         "rotary_embedding": {"h": _ROTARY, "f": _ROTARY},
+        "embedding": {"h": _EMBEDDING, "f": _EMBEDDING},
     },
 }
 # Alternative "small" configs (variants 1 and 2) for fp16/bf16, aligned build only; variant 0 is CONFIGS' "small".

@@ -7,7 +7,7 @@ thresholds instead of a hand-made copy.
 
 # Kernel entry points, in the id order of the generated table (TritonSpec::kernel).
 KERNEL_IDS = {"linear_act": 0, "swiglu": 1, "lora_linear": 2, "lora_xa": 3, "lora_main": 4, "mlp_stack": 5,
-              "rotary_embedding": 6}
+              "rotary_embedding": 6, "embedding": 7}
 
 # Element types and their codes (onnxfuse_dtype in cuda/launch.h); same order as onnxfuse.schema.TYPES.
 DTYPES = (("fp32", 0), ("fp16", 1), ("bf16", 2))
