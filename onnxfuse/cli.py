@@ -239,6 +239,10 @@ def _print_ort_stage(con, res) -> None:
         for name, count in stage.applied.items():
             t.add_row(name, str(count))
         con.print(t)
+    if stage.intermediate:
+        con.print("stage 1 also matched, without leaving its ops in the model: " + ", ".join(
+            f"{n} x{k}" for n, k in stage.intermediate.items()) + " (consumed by a later fusion, or given back: "
+            "onnxruntime's rotary needs a cos/sin cache)", soft_wrap=True)
     if stage.checked and stage.applied:
         con.print("stage 1 checked: onnxruntime gives the original's outputs (CPU EP, seeded inputs)")
     elif stage.note:

@@ -156,18 +156,20 @@ def ort_stage(src: pathlib.Path, source: onnx.ModelProto | None) -> tuple[ir.Mod
             del m.functions[key]
         return m
 
-    def run(skip: set[str]) -> tuple[ir.Model, dict[str, int]]:
+    def run(skip: set[str]) -> tuple[ir.Model, dict[str, int], dict[str, int]]:
         m = load()
         with _ShapeInferenceLog():  # its passes' failures are not the user's problem: they leave the model as is
-            applied = ort_fusions.apply(m, skip)
-        return m, applied
+            applied, intermediate = ort_fusions.apply(m, skip)
+        return m, applied, intermediate
 
-    model, applied = run(set())
+    model, applied, intermediate = run(set())
     if not applied:
-        return model, ort_fusions.Stage1({}, [], False, "no onnxruntime fusion applies to this model")
+        return model, ort_fusions.Stage1({}, [], False, "no onnxruntime fusion applies to this model",
+                                         intermediate)
     ref = "its weights are too large for a CPU check" if source is None else ort_fusions.reference(source)
     if isinstance(ref, str):
-        return model, ort_fusions.Stage1(applied, [], False, f"not checked: {ref}; onnxfuse verify checks the result")
+        return model, ort_fusions.Stage1(applied, [], False, f"not checked: {ref}; onnxfuse verify checks the result",
+                                         intermediate)
     feeds, outputs = ref
 
     def proto(m: ir.Model) -> onnx.ModelProto:
@@ -179,12 +181,12 @@ def ort_stage(src: pathlib.Path, source: onnx.ModelProto | None) -> tuple[ir.Mod
 
     diff = ort_fusions.compare(proto(model), feeds, outputs)
     if diff is None:
-        return model, ort_fusions.Stage1(applied, [], True)
-    for name in applied:
-        candidate, kept = run({name})
+        return model, ort_fusions.Stage1(applied, [], True, "", intermediate)
+    for name in [*applied, *intermediate]:
+        candidate, kept, kept_intermediate = run({name})
         if ort_fusions.compare(proto(candidate), feeds, outputs) is None:
-            return candidate, ort_fusions.Stage1(kept, [{"fusion": name, "reason": diff}], True)
-    return load(), ort_fusions.Stage1({}, [{"fusion": n, "reason": diff} for n in applied], True,
+            return candidate, ort_fusions.Stage1(kept, [{"fusion": name, "reason": diff}], True, "", kept_intermediate)
+    return load(), ort_fusions.Stage1({}, [{"fusion": n, "reason": diff} for n in [*applied, *intermediate]], True,
                                       "no single fusion explains the difference: stage 1 left out")
 
 

@@ -18,6 +18,7 @@ clears metadata (the recipe that `verify` needs is model metadata).
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 import numpy as np
@@ -116,27 +117,42 @@ class Stage1:
     left_out: list[dict]
     checked: bool
     note: str = ""
+    # fusions that matched but whose ops did not survive stage 1: consumed by a later fusion (sdpa into attention)
+    # or given back by the final optimizer (rotary without a cos/sin cache); not counted as applied
+    intermediate: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
-def apply(model: ir.Model, skip: set[str] = frozenset()) -> dict[str, int]:
-    """Apply onnxruntime's fusions in place (all but `skip`); returns the count per applied fusion (nonzero)."""
+def _custom_ops(model: ir.Model) -> collections.Counter:
+    return collections.Counter((n.domain, n.op_type) for n in model.graph if n.domain not in ("", "ai.onnx"))
+
+
+def apply(model: ir.Model, skip: set[str] = frozenset()) -> tuple[dict[str, int], dict[str, int]]:
+    """Apply onnxruntime's fusions in place (all but `skip`). Returns (applied, intermediate): the count per fusion
+    whose ops are in the result (or that rewrote into standard ops), and the count per fusion that matched but whose
+    ops were consumed by a later fusion or inlined back by the final optimizer."""
     c = _core()
     c._pre_optimize(model)
-    applied: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    produced: dict[str, set] = {}
     for name, fn in _steps():
         if name in skip:
             continue
-        count = fn(model, applied)
+        before = _custom_ops(model)
+        count = fn(model, counts)
         if count and name not in _HOUSEKEEPING:
-            applied[name] = int(count)
+            counts[name] = int(count)
+            after = _custom_ops(model)
+            produced[name] = {k for k, v in after.items() if v > before.get(k, 0)}
     # What optimize_for_ort ends with: lift small constants, infer shapes (the com.microsoft ops' outputs keep the
     # types of the values they replace).
     c.common_passes.LiftConstantsToInitializersPass(lift_all_constants=False, size_limit=1)(model)
     c.common_passes.ShapeInferencePass()(model)
-    return applied
+    final = _custom_ops(model)
+    applied = {n: k for n, k in counts.items() if not produced[n] or produced[n] & final.keys()}
+    return applied, {n: k for n, k in counts.items() if n not in applied}
 
 
 # ----------------------------------------------------------------------------------------------- the numeric check
