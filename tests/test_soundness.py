@@ -414,14 +414,20 @@ def _break_rank(monkeypatch):
     monkeypatch.setattr(linear_act.LinearAct, "rewrite", bad)
 
 
-def test_gate_trips_on_a_rewrite_that_changes_an_output_signature(tmp_path, monkeypatch, capsys):
-    _break_rank(monkeypatch)
+def _assert_gate_trips(tmp_path) -> pathlib.Path:
+    """Fuse a Linear+ReLU model with a planted rewrite bug: the gate raises, nothing is written."""
     model = _matmul_add_relu([_init("W", _rand((K, N), 1)), _init("b", _rand((N,), 2))], y_shape=[M, N])
     src = tmp_path / "m.onnx"
     onnx.save(model, str(src))
     with pytest.raises(OnnxfuseError, match="soundness"):
         fuse.fuse(src, tmp_path / "out.onnx")
     assert not (tmp_path / "out.onnx").exists()
+    return src
+
+
+def test_gate_trips_on_a_rewrite_that_changes_an_output_signature(tmp_path, monkeypatch, capsys):
+    _break_rank(monkeypatch)
+    src = _assert_gate_trips(tmp_path)
     assert cli.main(["fuse", str(src), "-o", str(tmp_path / "out.onnx")]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "soundness" in err
@@ -442,12 +448,7 @@ def test_gate_trips_on_an_unloadable_output(tmp_path, monkeypatch):
         return out
 
     monkeypatch.setattr(linear_act.LinearAct, "rewrite", dangling)
-    model = _matmul_add_relu([_init("W", _rand((K, N), 1)), _init("b", _rand((N,), 2))], y_shape=[M, N])
-    src = tmp_path / "m.onnx"
-    onnx.save(model, str(src))
-    with pytest.raises(OnnxfuseError, match="soundness"):
-        fuse.fuse(src, tmp_path / "out.onnx")
-    assert not (tmp_path / "out.onnx").exists()
+    _assert_gate_trips(tmp_path)
 
 
 def test_gate_trips_on_external_data_models_too(tmp_path, monkeypatch):

@@ -66,6 +66,16 @@ int onnxfuse_cuda_mlp_stack(int dtype, int n_layers, const int* acts, const void
 int onnxfuse_cuda_rotary_embedding(int dtype, const void* x, const void* cos, const void* sin, void* y, int64_t rows,
                                    int64_t d, int64_t d1, int64_t d2, const int64_t* cos_stride,
                                    const int64_t* sin_stride, void* stream);
+// The rotary launchers' shared argument check: ONNXFUSE_ERR_BAD_ARGUMENT, 1 for "nothing to do" (no rows), or 0.
+static inline int onnxfuse_rotary_check(int dtype, const void* x, const void* cos, const void* sin, const void* y,
+                                        int64_t rows, int64_t d, int64_t d1, int64_t d2, const int64_t* cos_stride,
+                                        const int64_t* sin_stride) {
+  if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || rows < 0 || d < 0 || d % 2 || d1 <= 0 || d2 <= 0 ||
+      cos_stride == 0 || sin_stride == 0)
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (rows == 0 || d == 0) return 1;
+  return (x == 0 || cos == 0 || sin == 0 || y == 0) ? ONNXFUSE_ERR_BAD_ARGUMENT : 0;
+}
 
 // Embedding: Y [n, D] = table [vocab, D] rows at ids (int64, n of them); negative ids count from the end, ids outside
 // [-vocab, vocab) give rows of zeros.

@@ -57,11 +57,8 @@ int Run(const void* x, const void* cs, const void* sn, void* y, const RotaryArgs
 extern "C" int onnxfuse_cuda_rotary_embedding(int dtype, const void* x, const void* cos, const void* sin, void* y,
                                               int64_t rows, int64_t d, int64_t d1, int64_t d2,
                                               const int64_t* cos_stride, const int64_t* sin_stride, void* stream) {
-  if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || rows < 0 || d < 0 || d % 2 || d1 <= 0 || d2 <= 0 ||
-      cos_stride == nullptr || sin_stride == nullptr)
-    return ONNXFUSE_ERR_BAD_ARGUMENT;
-  if (rows == 0 || d == 0) return 0;
-  if (x == nullptr || cos == nullptr || sin == nullptr || y == nullptr) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  const int check = onnxfuse_rotary_check(dtype, x, cos, sin, y, rows, d, d1, d2, cos_stride, sin_stride);
+  if (check != 0) return check > 0 ? 0 : check;
   const RotaryArgs a{rows, d / 2, d1, d2, cos_stride[0], cos_stride[1], cos_stride[2],
                      sin_stride[0], sin_stride[1], sin_stride[2]};
   cudaStream_t s = static_cast<cudaStream_t>(stream);

@@ -399,10 +399,8 @@ extern "C" int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* act
 extern "C" int onnxfuse_triton_rotary_embedding(int dtype, const void* x, const void* cos, const void* sin, void* y,
                                                 int64_t rows, int64_t d, int64_t d1, int64_t d2,
                                                 const int64_t* cos_stride, const int64_t* sin_stride, void* stream) {
-  if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || rows < 0 || d < 0 || d % 2 || d1 <= 0 || d2 <= 0 ||
-      cos_stride == nullptr || sin_stride == nullptr)
-    return ONNXFUSE_ERR_BAD_ARGUMENT;
-  if (rows == 0 || d == 0) return 0;
+  const int check = onnxfuse_rotary_check(dtype, x, cos, sin, y, rows, d, d1, d2, cos_stride, sin_stride);
+  if (check != 0) return check > 0 ? 0 : check;
   const int64_t big[] = {rows, d, d1, d2, cos_stride[0], cos_stride[1], cos_stride[2], sin_stride[0], sin_stride[1],
                          sin_stride[2]};
   for (int64_t v : big)
