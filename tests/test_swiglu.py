@@ -600,3 +600,78 @@ def test_models_fused_before_keep_working(tmp_path, capsys):
     # fuse leaves it as it is
     assert cli.main(["fuse", str(path), "-o", str(tmp_path / "again.onnx")]) == 0
     assert "already fused" in capsys.readouterr().out and not (tmp_path / "again.onnx").exists()
+
+
+# ------------------------------------------------------------------------------------------------ scopes
+
+def _gated_branch(name: str, merged: bool, n=6) -> onnx.GraphProto:
+    """A body computing gelu_tanh(X @ Wg) * (X @ Wu) (or Phi-3's merged spelling) from outer-scope X and weights."""
+    if merged:
+        nodes = [mk("MatMul", ["X", f"W_{name}"], [f"h_{name}"]),
+                 mk("Split", [f"h_{name}"], [f"g_{name}", f"u_{name}"], axis=-1, num_outputs=2)]
+    else:
+        nodes = [mk("MatMul", ["X", f"Wg_{name}"], [f"g_{name}"]), mk("MatMul", ["X", f"Wu_{name}"], [f"u_{name}"])]
+    nodes += [mk("Gelu", [f"g_{name}"], [f"a_{name}"], approximate="tanh"),
+              mk("Mul", [f"a_{name}", f"u_{name}"], [f"y_{name}"])]
+    return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(f"y_{name}", TensorProto.FLOAT, [4, n])])
+
+
+def test_gated_mlps_inside_if_branches_are_fused(tmp_path):
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 12)).astype(np.float32), "W_then"),
+             numpy_helper.from_array(rng.standard_normal((8, 6)).astype(np.float32), "Wg_else"),
+             numpy_helper.from_array(rng.standard_normal((8, 6)).astype(np.float32), "Wu_else")]
+    node = mk("If", ["cond"], ["Y"], then_branch=_gated_branch("then", True), else_branch=_gated_branch("else", False))
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 8]),
+                                        helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [4, 6])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
+    src, dst, res = _fuse(tmp_path, model, ort=False)
+    assert [mm.op for mm in res.matches] == ["SwiGLU", "SwiGLU"]
+    fused = onnx.load(str(dst))
+    assert [[n.op_type for n in a.g.node] for a in fused.graph.node[0].attribute] == [["SwiGLU"], ["SwiGLU"]]
+    x = np.random.default_rng(1).standard_normal((4, 8)).astype(np.float32)
+    for cond in (True, False):
+        feeds = {"X": x, "cond": np.array(cond)}
+        ref = runtime.session(str(src), "cpu", library=False).run(None, feeds)[0]
+        for library in (False, True):
+            out = runtime.session(str(dst), "cpu", library=library).run(None, feeds)[0]
+            np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_gate_from_an_outer_scope_is_left_alone(tmp_path):
+    """The projections in the main graph, the gating Mul inside an If branch: the match would have to replace nodes
+    of two graphs, so nothing fuses (and nothing breaks)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 6)).astype(np.float32), n) for n in ("Wg", "Wu")]
+    body = helper.make_graph([mk("Relu", ["g"], ["a"]), mk("Mul", ["a", "u"], ["y_then"])], "then", [],
+                             [helper.make_tensor_value_info("y_then", TensorProto.FLOAT, [4, 6])])
+    other = helper.make_graph([mk("Identity", ["u"], ["y_else"])], "else", [],
+                              [helper.make_tensor_value_info("y_else", TensorProto.FLOAT, [4, 6])])
+    nodes = [mk("MatMul", ["X", "Wg"], ["g"]), mk("MatMul", ["X", "Wu"], ["u"]),
+             mk("If", ["cond"], ["Y"], then_branch=body, else_branch=other)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 8]),
+                                       helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [4, 6])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    src, dst, res = _fuse(tmp_path, model, ort=False, explain=True)
+    assert not [mm for mm in res.matches if mm.op == "SwiGLU"]
+
+
+def test_gated_mlp_inside_a_model_local_function_is_left_alone_and_said(tmp_path):
+    rng = np.random.default_rng(0)
+    body = [mk("Constant", [], ["Wg"], value=numpy_helper.from_array(rng.standard_normal((8, 6)).astype(np.float32))),
+            mk("Constant", [], ["Wu"], value=numpy_helper.from_array(rng.standard_normal((8, 6)).astype(np.float32))),
+            mk("MatMul", ["x", "Wg"], ["g"]), mk("MatMul", ["x", "Wu"], ["u"]), mk("Sigmoid", ["g"], ["s"]),
+            mk("Mul", ["g", "s"], ["a"]), mk("Mul", ["a", "u"], ["y"])]
+    f = helper.make_function("local", "MLP", ["x"], ["y"], body, [helper.make_opsetid("", 18)])
+    g = helper.make_graph([mk("MLP", ["X"], ["Y"], domain="local")], "g",
+                          [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 8])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [4, 6])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("local", 1)],
+                              functions=[f], ir_version=10)
+    src, dst, res = _fuse(tmp_path, model, explain=True, ort=False)
+    # (counted per candidate root: the gated MLP, and the gate's Linear+Sigmoid that linear_act sees)
+    assert not res.matches and res.in_functions == 2
+    assert any("function local.MLP" in r["reason"] and r["rule"].startswith("swiglu") for r in res.refusals)
+    assert fuse.fuse(src, dst, force=True, ort=False).in_functions == 2

@@ -406,6 +406,9 @@ def describe(expr, g: ir.Value) -> str:
     if isinstance(expr, Fn) and len(expr.args) >= 1 and isinstance(expr.args[0], Var):
         return f"{expr.op.replace(f'{_MS}.', 'com.microsoft ')} of the gate, which no SwiGLU activation is"
     names = set(ops)
+    if "Cast" in names:
+        return (f"computed through Casts (spelled {spelled}); SwiGLU matches an activation spelled in the model's "
+                "own precision")
     if {"Softplus", "Tanh"} <= names:
         return f"mish-like (spelled {spelled})"
     if "Relu" in names and ("Pow" in names or "Mul" in names):
@@ -439,14 +442,33 @@ def _gemm(node: ir.Node | None) -> bool:
         and node.inputs[0] is not None and node.inputs[1] is not None
 
 
-def projection(value: ir.Value) -> Projection | None:
+def projection(value: ir.Value, graph: ir.Graph) -> Projection | None:
+    """`value` as a projection of some X made in `graph` (a value of an outer scope is not one: the match could not
+    replace its nodes)."""
     node = value.producer()
+    if node is None or node.graph is not graph:
+        return None
     if _gemm(node):
         return Projection(value, node)
-    if node is not None and node.domain in _DEFAULT and node.op_type in SELECTS and node.inputs \
-            and node.inputs[0] is not None and _gemm(node.inputs[0].producer()):
-        return Projection(value, node.inputs[0].producer(), node)
+    if node.domain in _DEFAULT and node.op_type in SELECTS and node.inputs and node.inputs[0] is not None:
+        gemm = node.inputs[0].producer()
+        if _gemm(gemm) and gemm.graph is graph:
+            return Projection(value, gemm, node)
     return None
+
+
+def _product_leaves(value: ir.Value, graph: ir.Graph, out: list, budget: list) -> list:
+    """The values a product tree (Mul, Div, Neg, Reciprocal) multiplies, without looking further: a cheap test
+    before reading a Mul's whole expression."""
+    node = value.producer()
+    if budget[0] > 0 and node is not None and node.graph is graph and node.domain in _DEFAULT and \
+            node.op_type in ("Mul", "Div", "Neg", "Reciprocal") and None not in node.inputs:
+        budget[0] -= 1
+        for v in node.inputs:
+            _product_leaves(v, graph, out, budget)
+    else:
+        out.append(value)
+    return out
 
 
 def _int_list(value: ir.Value | None) -> list[int] | None:
@@ -616,6 +638,9 @@ class SwiGLUPass:
     def analyze(self, model: ir.Model, graph: ir.Graph, mul: ir.Node) -> tuple[Candidate, MatchResult] | None:
         """None when `mul` is not the gating product of a gated MLP (no projection of X times a function of another
         projection of the same X); else the candidate and whether it fuses (a failed MatchResult says why)."""
+        leaves = _product_leaves(mul.outputs[0], graph, [], [_BUDGET])
+        if not any(projection(v, graph) is not None for v in leaves):
+            return None
         ex = _Expressions(graph)
         root = ex.build(mul.outputs[0])
         if not isinstance(root, Prod):
@@ -624,7 +649,7 @@ class SwiGLUPass:
         for i, (factor, e) in enumerate(root.factors):
             if e != 1 or not isinstance(factor, Var):
                 continue
-            up = projection(factor.value)
+            up = projection(factor.value, graph)
             if up is None:
                 continue
             rest = root.factors[:i] + root.factors[i + 1:]
@@ -632,7 +657,7 @@ class SwiGLUPass:
             variables = list(_variables(act).values())
             if len(variables) != 1:
                 continue
-            gate = projection(variables[0])
+            gate = projection(variables[0], graph)
             # g * sigmoid(g) alone is silu(g), not a gated MLP with W_up = W_gate (that would run the GEMM twice)
             if gate is None or gate.x is not up.x or gate.value is up.value:
                 continue
