@@ -50,9 +50,11 @@ def _swiglu_body(activation: str) -> list[onnx.NodeProto]:
         else:  # 0.5 * g * (1 + tanh(sqrt(2/pi) * (g + 0.044715 * g^3)))
             nodes += [*_typed_constant("kappa", GELU_TANH_COEFF, "g"),
                       *_typed_constant("beta", math.sqrt(2.0 / math.pi), "g"),
-                      mk("Mul", ["g", "g"], ["g2"]), mk("Mul", ["g2", "g"], ["g3"]), mk("Mul", ["kappa", "g3"], ["kg3"]),
-                      mk("Add", ["g", "kg3"], ["inner"]), mk("Mul", ["beta", "inner"], ["z"]), mk("Tanh", ["z"], ["t"])]
-        nodes += [mk("Add", ["one", "t"], ["onept"]), mk("Mul", ["half", "g"], ["hg"]), mk("Mul", ["hg", "onept"], ["act"])]
+                      mk("Mul", ["g", "g"], ["g2"]), mk("Mul", ["g2", "g"], ["g3"]),
+                      mk("Mul", ["kappa", "g3"], ["kg3"]), mk("Add", ["g", "kg3"], ["inner"]),
+                      mk("Mul", ["beta", "inner"], ["z"]), mk("Tanh", ["z"], ["t"])]
+        nodes += [mk("Add", ["one", "t"], ["onept"]), mk("Mul", ["half", "g"], ["hg"]),
+                  mk("Mul", ["hg", "onept"], ["act"])]
     elif activation == "relu":
         nodes.append(mk("Relu", ["g"], ["act"]))
     elif activation == "sigmoid":

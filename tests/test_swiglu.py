@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxfuse import cli, export, functions, fuse, runtime, schema, soundness, verify
-from onnxfuse.rewrites import swiglu
 
 from test_kernels_cpu import TORCH_TYPE, assert_close, run_op
 from test_properties import examples

@@ -514,8 +514,8 @@ def _columns(p: Projection, total: int, rank: int | None, result: MatchResult) -
         return start, start + sizes[i]
     starts, ends = _int_list(node.inputs[1]) if len(node.inputs) > 1 else None, \
         _int_list(node.inputs[2]) if len(node.inputs) > 2 else None
-    axes = _int_list(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else [-1 if rank is None
-                                                                                                  else 0]
+    # absent axes mean [0, 1, ...] (ONNX), so one unlabelled range slices axis 0
+    axes = _int_list(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else [0]
     steps = _int_list(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else [1]
     if starts is None or ends is None or axes is None or steps is None:
         result.fail(f"{label}'s starts/ends/axes/steps are not all constants (fold them first, e.g. with fuse's "
@@ -688,9 +688,9 @@ class SwiGLUPass:
         try:
             cand.activation, cand.spelling = classify(act, gate.value)
         except Miss as miss:
-            return result.fail(f"the gate {gate.value.name} and up {up.value.name} projections of {gate.x.name} meet in "
-                               f"{_base.node_label(mul)}, but the gate's activation is {miss}: SwiGLU computes "
-                               f"{', '.join(GATE_ACTIVATIONS)}", gate.value), 1
+            return result.fail(f"the gate {gate.value.name} and up {up.value.name} projections of {gate.x.name} "
+                               f"meet in {_base.node_label(mul)}, but the gate's activation is {miss}: SwiGLU "
+                               f"computes {', '.join(GATE_ACTIVATIONS)}", gate.value), 1
         if not self._projections(cand, result):
             return result, 2
         if not self._uses(cand, result):
