@@ -841,7 +841,7 @@ class SwiGLUPass:
         rule = f"{PATTERN}/{act}" + (" (merged gate_up)" if merged else "")
         _base.annotate(node, rec, PATTERN, rule, OP, module, [(m.name or "?", m.op_type) for m in cand.nodes],
                        shapes, x.dtype or gate.gemm.inputs[1].dtype, None if flops is None else 2 * flops,
-                       extra_doc=tuple(extra))
+                       extra_doc=tuple(extra), detail=act)
         node.metadata_props["onnxfuse.activation"] = act
         node.metadata_props["onnxfuse.projections"] = linear
         ir.convenience.replace_nodes_and_values(graph, cand.mul, cand.nodes, [node], [old_out], [node.outputs[0]])
