@@ -99,7 +99,17 @@ GOALS: tuple[Goal, ...] = (
     Goal("lora-linear", 2048, "gemms_over_fused", round(1 / 1.15, 4),
          "LoRA linear, 2048 tokens: <= 1.15x the time of the base GEMM alone"),
     Goal("*", None, "fused_vs_compile", 1.0, "every fused case at least as fast as torch.compile"),
+    # Issue 15: the gated-MLP family at the SwiGLU kernel's speed (same shapes, same run; see SAME_SHAPES_AS).
+    *(Goal(case, size, "fused_vs_llama_mlp", round(1 / 1.05, 4),
+           f"{what}, {size} tokens: fused within 5% of the fused Llama MLP (same shapes, same run)")
+      for case, what in (("geglu-mlp", "GeGLU MLP h4096/i11008"), ("phi3-mlp", "Phi-3 MLP (merged gate_up) "
+                                                                              "h4096/i11008"))
+      for size in (2048, 16)),
 )
+# Cases whose fused op should run at the speed of another case's (same GEMM shapes; only the activation or the
+# projections' spelling differ): ratio `fused_vs_<other>` = other's best fused median / this case's, computed when
+# both ran in the same run (cross_case_ratios).
+SAME_SHAPES_AS = {"geglu-mlp": "llama-mlp", "phi3-mlp": "llama-mlp"}
 
 
 def goal_applies(goal: Goal, case: dict, run: dict) -> str | None:
@@ -131,6 +141,9 @@ def evaluate_goals(case: dict, run: dict, goals=GOALS) -> list[dict]:
                "threshold": g.threshold}
         value = (case.get("ratios") or {}).get(g.metric)
         row["value"] = None if value is None else round(float(value), 4)
+        if why is None and value is None and g.metric.startswith("fused_vs_") and g.metric not in \
+                ("fused_vs_unfused", "fused_vs_compile", "fused_vs_ort_optimized"):
+            why = f"needs case {SAME_SHAPES_AS.get(case['case'], '?')} at the same size in the same run"
         if why is not None:
             row.update(status="n/a", reason=why)
         elif value is None:
@@ -139,6 +152,23 @@ def evaluate_goals(case: dict, run: dict, goals=GOALS) -> list[dict]:
             row["status"] = "pass" if value >= g.threshold else "miss"
         rows.append(row)
     return rows
+
+
+def cross_case_ratios(result: dict) -> None:
+    """For the cases of SAME_SHAPES_AS: `fused_vs_<other>` = the other case's best fused median over this case's, at
+    the same size in the same run (None when the other case did not run); goals re-evaluated."""
+    by_key = {(c.get("case"), c.get("size")): c for c in result.get("cases", [])}
+    for c in result.get("cases", []):
+        other = SAME_SHAPES_AS.get(c.get("case"))
+        if other is None:
+            continue
+        ref = by_key.get((other, c.get("size")))
+        names = FUSED_GPU + ("fused-cpu",)
+        mine = _best(c.get("variants", {}), names)[1]
+        theirs = _best(ref.get("variants", {}), names)[1] if ref else None
+        c.setdefault("ratios", {})[f"fused_vs_{other.replace('-', '_')}"] = \
+            None if mine is None or theirs is None else round(theirs / mine, 4)
+        c["goals"] = evaluate_goals(c, result)
 
 
 def goals_failed(result: dict) -> list[dict]:
@@ -266,6 +296,57 @@ def _llama_mlp(case: str, hidden: int, inter: int, q_hidden: int, q_inter: int):
                         _key(case, size, dtype, seed, params),
                         lambda: zoo.build_llama(spec, seed, dtype), lambda: zoo.llama_inputs(spec, seed, dtype),
                         "llama", spec, gemms, quick)
+    return make
+
+
+def _gated_mlp(case: str, mlp: str, act: str, hidden: int, inter: int, q_hidden: int, q_inter: int):
+    """One transformers gated MLP (`mlp`: "gemma" for GemmaMLP's separate gate/up projections, "phi3" for Phi3MLP's
+    merged gate_up_proj + chunk) with gate activation `act`, at the Llama MLP's shapes; weights N(0, 0.02) as the
+    llama-mlp case."""
+    def make(size, dtype, seed, quick, layers):
+        import torch
+
+        from . import zoo
+        h, i = (q_hidden, q_inter) if quick else (hidden, inter)
+        params = {"mlp": mlp, "act": act, "hidden": h, "intermediate": i}
+
+        def build():
+            import transformers
+            if mlp == "phi3":
+                from transformers.models.phi3.modeling_phi3 import Phi3MLP as cls
+                cfg = transformers.Phi3Config(hidden_size=h, intermediate_size=i, hidden_act=act)
+            else:
+                from transformers.models.gemma.modeling_gemma import GemmaMLP as cls
+                cfg = transformers.GemmaConfig(hidden_size=h, intermediate_size=i, hidden_act=act)
+            with zoo._default_dtype(zoo.DTYPES[dtype]):  # parameters made in dtype, as the llama cases do
+                torch.manual_seed(seed)
+                module = cls(cfg)
+                for lin in module.children():
+                    if isinstance(lin, torch.nn.Linear):
+                        torch.nn.init.normal_(lin.weight, std=0.02)
+            return module.to(zoo.DTYPES[dtype]).eval()
+
+        def inputs():
+            g = torch.Generator().manual_seed(seed)
+            return {"x": torch.randn(1, size, h, generator=g).to(zoo.DTYPES[dtype])}
+
+        def gemms(module, inputs):
+            """The projections and the down GEMM through torch.matmul, no activation (same FLOPs as the MLP)."""
+            x = inputs["x"].reshape(-1, h)
+            wd = module.down_proj.weight.t()
+            if mlp == "phi3":
+                wgu = module.gate_up_proj.weight.t()
+                return lambda: torch.matmul(torch.matmul(x, wgu)[:, :i], wd)
+            wg, wu = module.gate_proj.weight.t(), module.up_proj.weight.t()
+
+            def f():
+                g = torch.matmul(x, wg)
+                torch.matmul(x, wu)
+                return torch.matmul(g, wd)
+            return f
+
+        return Workload(case, size, "tokens", {"tokens": size, "hidden": h, "intermediate": i, "act": act},
+                        _key(case, size, dtype, seed, params), build, inputs, gemms=gemms, quick=quick)
     return make
 
 
@@ -412,6 +493,10 @@ CASES: dict[str, CaseDef] = {c.name: c for c in (
             _llama_mlp("llama-mlp", 4096, 11008, 256, 688)),
     CaseDef("seed-mlp", "one LlamaMLP h1024/i11008 (the notebook's sizes)", "tokens", (2048,), (64,),
             _llama_mlp("seed-mlp", 1024, 11008, 128, 688)),
+    CaseDef("geglu-mlp", "one GemmaMLP h4096/i11008 (GeGLU: gelu_tanh gate; SwiGLU op + down GEMM)", "tokens",
+            (2048, 16), (64, 16), _gated_mlp("geglu-mlp", "gemma", "gelu_pytorch_tanh", 4096, 11008, 256, 688)),
+    CaseDef("phi3-mlp", "one Phi3MLP h4096/i11008 (merged gate_up_proj + chunk; SwiGLU op + down GEMM)", "tokens",
+            (2048, 16), (64, 16), _gated_mlp("phi3-mlp", "phi3", "silu", 4096, 11008, 256, 688)),
     CaseDef("lora-linear", "4096x4096 linear + rank-16 LoRA + ReLU", "tokens", (2048,), (64,), _make_lora),
     CaseDef("dlrm-bottom", "DLRM bottom MLP 13-512-256-64-16, Linear+ReLU", "batch", (128, 2048), (64,),
             _make_mlp_stack("dlrm-bottom", [13, 512, 256, 64, 16], "relu")),
@@ -943,6 +1028,7 @@ def run(targets: list[str] | None = None, options: Options | None = None) -> dic
             bar.update(task, description=f"{getattr(w, 'case', 'model')} {getattr(w, 'size', '')}".strip())
             result["cases"].append(run_workload(w, opts, dev, result))
             bar.advance(task)
+    cross_case_ratios(result)
     result["seconds"] = round(time.perf_counter() - t_start, 1)
     result["target"] = (pathlib.Path(files[0]).stem if files else
                         "all" if names == list(CASES) else "+".join(names))
@@ -1132,7 +1218,7 @@ def run_workload(w: Workload, opts: Options, dev: _Device, result: dict) -> dict
                     torch._dynamo.reset()
         # the GEMMs alone (no activation)
         if w.gemms is None or module is None:
-            skip("torch-gemms", "only for the Llama MLP and LoRA cases")
+            skip("torch-gemms", "only for the gated-MLP and LoRA cases")
         elif selected("torch-gemms"):
             try:
                 record("torch-gemms", w.gemms(module, inputs))
@@ -1230,6 +1316,7 @@ def reevaluate(result: dict) -> dict:
     for c in result["cases"]:
         c["ratios"] = compute_ratios(c.get("variants", {}), result.get("ort_floor_ms"))
         c["goals"] = evaluate_goals(c, result)
+    cross_case_ratios(result)
     return result
 
 

@@ -192,8 +192,9 @@ def _fuse(args) -> int:
                 t.add_column(col)
             for row in res.table():
                 share = "n/a" if row["flop_share"] is None else f"{100 * row['flop_share']:.1f}%"
-                t.add_row(row["pattern"], f"onnxfuse::{row['op']}", str(row["matches"]), str(row["nodes_removed"]),
-                          str(row["nodes_added"]), share)
+                details = ", ".join(f"{k} x{v}" for k, v in sorted(row.get("details", {}).items()))
+                t.add_row(row["pattern"], f"onnxfuse::{row['op']}" + (f" ({details})" if details else ""),
+                          str(row["matches"]), str(row["nodes_removed"]), str(row["nodes_added"]), share)
             con.print(t)
         else:
             con.print(f"{stage}: no subgraph matched {', '.join(args.patterns or f.PATTERNS)}; wrote {res.output}")
@@ -213,7 +214,7 @@ def _fuse(args) -> int:
                 con.print(f"  {r['node']} ({r['op_type']}): rule {r['rule']} refused: {r['reason']}", soft_wrap=True)
         else:
             con.print("no candidate subgraph was refused, and no near miss (a GEMM before an unfused activation, a "
-                      "non-SiLU gate) was seen", soft_wrap=True)
+                      "gated MLP with an activation SwiGLU does not compute) was seen", soft_wrap=True)
     return 0
 
 

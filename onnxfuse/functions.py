@@ -9,7 +9,13 @@ from __future__ import annotations
 import onnx
 from onnx import AttributeProto, helper
 
-from .schema import DOMAIN, DOMAIN_VERSION, ONNX_OPSET, OPS, STACK_ACTIVATIONS, stack_input_names, stack_overload
+import math
+
+from .schema import (DOMAIN, DOMAIN_VERSION, GATE_ACTIVATIONS, GELU_TANH_COEFF, ONNX_OPSET, OPS, QUICK_GELU_ALPHA,
+                     STACK_ACTIVATIONS, stack_input_names, stack_overload)
+
+# SwiGLU activations whose body needs typed constants (Constant + CastLike, opset 15); the others need opset 13.
+GATE_ACTIVATIONS_WITH_CONSTANTS = ("gelu", "gelu_tanh", "quick_gelu")
 
 
 def _scale_constant(out: str) -> onnx.NodeProto:
@@ -20,14 +26,49 @@ def _scale_constant(out: str) -> onnx.NodeProto:
     return node
 
 
+def _typed_constant(name: str, value: float, like: str) -> list[onnx.NodeProto]:
+    """`name` = value in the element type of `like` (Constant, then CastLike: the body serves every T)."""
+    mk = helper.make_node
+    return [mk("Constant", [], [name + "_f"], value_float=float(value)), mk("CastLike", [name + "_f", like], [name])]
+
+
+def _swiglu_body(activation: str) -> list[onnx.NodeProto]:
+    """SwiGLU's body for one activation: g = X @ W_gate, u = X @ W_up, Y = act(g) * u, with act spelled as PyTorch
+    defines it (in T: this is what runs without the kernel library)."""
+    mk = helper.make_node
+    nodes = [mk("MatMul", ["X", "W_gate"], ["g"]), mk("MatMul", ["X", "W_up"], ["u"])]
+    if activation == "silu":
+        nodes += [mk("Sigmoid", ["g"], ["sg"]), mk("Mul", ["g", "sg"], ["act"])]
+    elif activation == "quick_gelu":
+        nodes += [*_typed_constant("alpha", QUICK_GELU_ALPHA, "g"), mk("Mul", ["g", "alpha"], ["ag"]),
+                  mk("Sigmoid", ["ag"], ["sg"]), mk("Mul", ["g", "sg"], ["act"])]
+    elif activation in ("gelu", "gelu_tanh"):
+        nodes += [*_typed_constant("half", 0.5, "g"), *_typed_constant("one", 1.0, "g")]
+        if activation == "gelu":  # 0.5 * g * (1 + erf(g / sqrt(2)))
+            nodes += [*_typed_constant("sqrt2", math.sqrt(2.0), "g"), mk("Div", ["g", "sqrt2"], ["z"]),
+                      mk("Erf", ["z"], ["t"])]
+        else:  # 0.5 * g * (1 + tanh(sqrt(2/pi) * (g + 0.044715 * g^3)))
+            nodes += [*_typed_constant("kappa", GELU_TANH_COEFF, "g"),
+                      *_typed_constant("beta", math.sqrt(2.0 / math.pi), "g"),
+                      mk("Mul", ["g", "g"], ["g2"]), mk("Mul", ["g2", "g"], ["g3"]),
+                      mk("Mul", ["kappa", "g3"], ["kg3"]), mk("Add", ["g", "kg3"], ["inner"]),
+                      mk("Mul", ["beta", "inner"], ["z"]), mk("Tanh", ["z"], ["t"])]
+        nodes += [mk("Add", ["one", "t"], ["onept"]), mk("Mul", ["half", "g"], ["hg"]),
+                  mk("Mul", ["hg", "onept"], ["act"])]
+    elif activation == "relu":
+        nodes.append(mk("Relu", ["g"], ["act"]))
+    elif activation == "sigmoid":
+        nodes.append(mk("Sigmoid", ["g"], ["act"]))
+    else:
+        raise ValueError(f"SwiGLU: activation {activation!r} is not one of {', '.join(GATE_ACTIVATIONS)}")
+    return nodes + [mk("Mul", ["act", "u"], ["Y"])]
+
+
 def _body(op: str) -> list[onnx.NodeProto]:
     mk = helper.make_node
     if op in ("LinearRelu", "LinearSigmoid"):
         act = "Relu" if op == "LinearRelu" else "Sigmoid"
         return [mk("MatMul", ["X", "W"], ["xw"]), mk("Add", ["xw", "bias"], ["z"]), mk(act, ["z"], ["Y"])]
-    if op == "SwiGLU":
-        return [mk("MatMul", ["X", "W_gate"], ["g"]), mk("Sigmoid", ["g"], ["sg"]), mk("Mul", ["g", "sg"], ["silu"]),
-                mk("MatMul", ["X", "W_up"], ["u"]), mk("Mul", ["silu", "u"], ["Y"])]
     if op in ("LoRALinear", "LoRALinearRelu"):
         last = "Y" if op == "LoRALinear" else "z"
         nodes = [mk("MatMul", ["X", "W"], ["xw"]), mk("Add", ["xw", "bias"], ["base"]),
@@ -69,14 +110,18 @@ def _stack_body(activations: list[str]) -> list[onnx.NodeProto]:
 
 def function_proto(op: str, overload: str = "", opset: int = ONNX_OPSET) -> onnx.FunctionProto:
     """The model-local function of `op`; for MLPStack, of the overload naming its activations (relu.relu.sigmoid),
-    since an ONNX function has a fixed number of inputs. `opset` is the model's default-domain opset: a function
-    must import the same version as the model (onnx.checker), and the rules only fuse where the body is valid in
-    it (rewrites/_base.py MIN_OPSET)."""
+    since an ONNX function has a fixed number of inputs; for SwiGLU, of the overload naming its activation (gelu,
+    ...; the empty overload is silu, what nodes written before the activation attribute carry). `opset` is the
+    model's default-domain opset: a function must import the same version as the model (onnx.checker), and the
+    rules only fuse where the body is valid in it (rewrites/_base.py MIN_OPSET)."""
     schema = OPS[op]
     defaults = []
     for a in schema.attrs:
-        defaults.append(helper.make_attribute(a.name, a.default))
-    if schema.variadic:
+        default = overload if op == "SwiGLU" and a.name == "activation" and overload else a.default
+        defaults.append(helper.make_attribute(a.name, default))
+    if op == "SwiGLU":
+        inputs, body = list(schema.inputs), _swiglu_body(overload or "silu")
+    elif schema.variadic:
         acts = overload.split(".") if overload else []
         if not acts or stack_overload(acts) != overload:
             raise ValueError(f"{op}: function overload {overload!r} does not name the layers' activations")

@@ -60,8 +60,10 @@ class FuseResult:
         rows: dict[str, dict] = {}
         for m in self.matches:
             row = rows.setdefault(m.pattern, {"pattern": m.pattern, "op": m.op, "matches": 0, "nodes_removed": 0,
-                                              "nodes_added": 0, "flops": 0})
+                                              "nodes_added": 0, "flops": 0, "details": {}})
             row["matches"] += 1
+            if m.detail:  # e.g. SwiGLU's activations: {"gelu_tanh": 2}
+                row["details"][m.detail] = row["details"].get(m.detail, 0) + 1
             row["nodes_removed"] += len(m.replaced)
             row["nodes_added"] += 1
             row["flops"] = None if row["flops"] is None or m.flops is None else row["flops"] + m.flops

@@ -132,20 +132,31 @@ def _custom_ops(model: ir.Model) -> collections.Counter:
 def apply(model: ir.Model, skip: set[str] = frozenset()) -> tuple[dict[str, int], dict[str, int]]:
     """Apply onnxruntime's fusions in place (all but `skip`). Returns (applied, intermediate): the count per fusion
     whose ops are in the result (or that rewrote into standard ops), and the count per fusion that matched but whose
-    ops were consumed by a later fusion or inlined back by the final optimizer."""
+    ops were consumed by a later fusion or inlined back by the final optimizer.
+
+    onnxscript's patterns and constant folding read an initializer's value whether or not it is also a graph input,
+    so a fusion would bake a default that a caller may override (a GELU's 0.5 or a Pow's exponent into
+    com.microsoft Gelu/FastGelu). While the fusions run, those initializers show no value: to them they are inputs."""
     c = _core()
-    c._pre_optimize(model)
+    hidden = {v: v.const_value for v in model.graph.inputs if v.const_value is not None}
+    for v in hidden:
+        v.const_value = None
     counts: dict[str, int] = {}
     produced: dict[str, set] = {}
-    for name, fn in _steps():
-        if name in skip:
-            continue
-        before = _custom_ops(model)
-        count = fn(model, counts)
-        if count and name not in _HOUSEKEEPING:
-            counts[name] = int(count)
-            after = _custom_ops(model)
-            produced[name] = {k for k, v in after.items() if v > before.get(k, 0)}
+    try:
+        c._pre_optimize(model)
+        for name, fn in _steps():
+            if name in skip:
+                continue
+            before = _custom_ops(model)
+            count = fn(model, counts)
+            if count and name not in _HOUSEKEEPING:
+                counts[name] = int(count)
+                after = _custom_ops(model)
+                produced[name] = {k for k, v in after.items() if v > before.get(k, 0)}
+    finally:
+        for v, value in hidden.items():
+            v.const_value = value
     # What optimize_for_ort ends with: lift small constants, infer shapes (the com.microsoft ops' outputs keep the
     # types of the values they replace).
     c.common_passes.LiftConstantsToInitializersPass(lift_all_constants=False, size_limit=1)(model)
@@ -183,8 +194,28 @@ def _feeds(sess, seed: int = 0) -> dict[str, np.ndarray]:
     return feeds
 
 
-def reference(source: onnx.ModelProto) -> tuple[dict, list] | str:
-    """The original model's outputs on seeded inputs, or why the check cannot run."""
+def _override_initializers(source: onnx.ModelProto, sess, feeds: dict) -> dict | None:
+    """`feeds` plus a new value for every float initializer that is also a graph input (a default a caller may
+    override), or None when the model has none. A fusion that baked such a default into a constant (onnxscript's
+    patterns match an initializer whether or not it is also an input) gives other outputs for these feeds. The new
+    value doubles the default (1 where it is 0), so integral defaults stay integral (an exponent 3 becomes 6, not a
+    power that makes negative bases NaN)."""
+    names = {arg.name for arg in sess.get_overridable_initializers()}
+    if not names:
+        return None
+    from onnx import numpy_helper
+    out = dict(feeds)
+    for init in source.graph.initializer:
+        if init.name in names:
+            value = numpy_helper.to_array(init)
+            if np.issubdtype(value.dtype, np.floating):
+                out[init.name] = np.where(value != 0, value * 2, 1).astype(value.dtype)
+    return out if len(out) > len(feeds) else None
+
+
+def reference(source: onnx.ModelProto) -> tuple[list, list] | str:
+    """The original model's outputs on seeded inputs (and, where it has initializers that are also graph inputs, on
+    inputs that override them too), or why the check cannot run: ([feeds, ...], [outputs, ...])."""
     elem = {o.type.tensor_type.elem_type for o in source.graph.output}
     if not elem <= set(TOLERANCE):
         return "outputs are not float32/float16 (onnxruntime's CPU provider cannot run this model's type)"
@@ -196,16 +227,36 @@ def reference(source: onnx.ModelProto) -> tuple[dict, list] | str:
         return f"the model's {flops / 1e9:.0f} GFLOP are too many for a CPU check"
     try:
         sess = _session(source)
-        feeds = _feeds(sess)
-        return feeds, sess.run(None, feeds)
+        feeds = [_feeds(sess)]
+        overridden = _override_initializers(source, sess, feeds[0])
+        outputs = [sess.run(None, feeds[0])]
+        if overridden is not None:
+            out = sess.run(None, overridden)
+            if all(np.isfinite(np.asarray(o, np.float64)).all() for o in out):  # a value the model can take
+                feeds.append(overridden)
+                outputs.append(out)
+        return feeds, outputs
     except Exception as e:  # the CPU provider lacks a kernel for this model, say
         return f"onnxruntime's CPU provider cannot run the model ({str(e).splitlines()[0][:160]})"
 
 
-def compare(candidate: onnx.ModelProto, feeds: dict, ref: list) -> str | None:
-    """None when `candidate` gives the reference outputs within the dtype's tolerance; else what differs."""
+def compare(candidate: onnx.ModelProto, feeds: list, refs: list) -> str | None:
+    """None when `candidate` gives the reference outputs for every feed within the dtype's tolerance; else what
+    differs."""
     try:
-        out = _session(candidate).run(None, feeds)
+        sess = _session(candidate)
+    except Exception as e:
+        return f"onnxruntime cannot run it ({str(e).splitlines()[0][:160]})"
+    for i, (f, ref) in enumerate(zip(feeds, refs)):
+        diff = _compare_one(sess, candidate, f, ref)
+        if diff is not None:
+            return diff + (" with the overridable initializers fed new values" if i else "")
+    return None
+
+
+def _compare_one(sess, candidate: onnx.ModelProto, feeds: dict, ref: list) -> str | None:
+    try:
+        out = sess.run(None, feeds)
     except Exception as e:
         return f"onnxruntime cannot run it ({str(e).splitlines()[0][:160]})"
     for o, r, info in zip(out, ref, candidate.graph.output):

@@ -35,6 +35,14 @@ TYPES = ("float", "float16", "bfloat16")
 BACKENDS = ("auto", "cpu", "cuda", "triton")
 # Activation codes the kernels share (0 means none); MLPStack's `activations` names one per layer.
 ACTIVATIONS = {"relu": 1, "sigmoid": 2}
+# SwiGLU's gate activations (its `activation` attribute), each as PyTorch defines it and computed in fp32 by every
+# kernel: silu x*sigmoid(x); gelu 0.5*x*(1+erf(x/sqrt(2))) (torch's gelu, approximate='none'); gelu_tanh
+# 0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x^3))) (approximate='tanh'); quick_gelu x*sigmoid(1.702*x); relu; sigmoid.
+# The code is the index (a separate space from ACTIVATIONS, whose codes MLPStack's kernels read); silu, code 0, is
+# the default, so SwiGLU nodes written before the attribute existed keep their meaning.
+GATE_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "quick_gelu", "relu", "sigmoid")
+QUICK_GELU_ALPHA = 1.702
+GELU_TANH_COEFF = 0.044715
 # How an MLPStack node runs on the GPU: auto (the library decides by shape), fused (one kernel for the whole stack,
 # Triton backend) or layers (one GEMM launch per layer). Codes are the index.
 STACK_MODES = ("auto", "fused", "layers")
@@ -74,9 +82,12 @@ LINEAR_SIGMOID = OpSchema(
     "LinearSigmoid", ("X", "W", "bias"), ("Y",), "Y = sigmoid(X @ W + bias)", (_BACKEND,),
     "A Linear layer with its sigmoid: the prediction head of DLRM's top MLP.")
 SWIGLU = OpSchema(
-    "SwiGLU", ("X", "W_gate", "W_up"), ("Y",), "Y = silu(X @ W_gate) * (X @ W_up)", (_BACKEND,),
-    "The gate and up projections of a Llama MLP with the SiLU-gate-mul in their epilogue; the down projection "
-    "stays a plain MatMul/Gemm.")
+    "SwiGLU", ("X", "W_gate", "W_up"), ("Y",), "Y = act(X @ W_gate) * (X @ W_up)",
+    (Attr("activation", "string", "silu", "the gate's activation: " + "|".join(GATE_ACTIVATIONS) + " (gelu: erf "
+          "form; gelu_tanh: approximate='tanh'; quick_gelu: x*sigmoid(1.702x)); absent means silu"), _BACKEND),
+    "The gate and up projections of a gated MLP (Llama/Mistral/Qwen SwiGLU, Gemma GeGLU, Phi-3's merged gate_up_proj, "
+    "ReGLU, GLU) with act(gate) * up in their epilogue; the down projection stays a plain MatMul/Gemm. The node's "
+    "function overload names the activation (empty: silu, as written before the attribute existed).")
 LORA_LINEAR = OpSchema(
     "LoRALinear", ("X", "W", "A", "B", "bias"), ("Y",), "Y = X @ W + bias + scale * ((X @ A) @ B)",
     (Attr("scale", "float", 1.0, "LoRA scaling alpha / r"), _BACKEND),
@@ -142,6 +153,34 @@ def stack_overload(activations) -> str:
     return ".".join(activations)
 
 
+def swiglu_overload(activation: str) -> str:
+    """The function overload of a SwiGLU node: its activation (silu, gelu, ...). Nodes written before the activation
+    attribute existed carry the empty overload, whose function is silu's."""
+    if activation not in GATE_ACTIVATIONS:
+        raise ValueError(f"SwiGLU: activation {activation!r} is not one of {', '.join(GATE_ACTIVATIONS)}")
+    return activation
+
+
+def gate_activation(name: str, g):
+    """SwiGLU's gate activation on a float32 torch tensor, as PyTorch defines it."""
+    import torch
+
+    F = torch.nn.functional
+    if name == "silu":
+        return F.silu(g)
+    if name == "gelu":
+        return F.gelu(g)
+    if name == "gelu_tanh":
+        return F.gelu(g, approximate="tanh")
+    if name == "quick_gelu":
+        return g * torch.sigmoid(QUICK_GELU_ALPHA * g)
+    if name == "relu":
+        return torch.relu(g)
+    if name == "sigmoid":
+        return torch.sigmoid(g)
+    raise ValueError(f"SwiGLU: activation {name!r} is not one of {', '.join(GATE_ACTIVATIONS)}")
+
+
 def stack_input_names(n_layers: int) -> list[str]:
     names = ["X"]
     for i in range(1, n_layers + 1):
@@ -165,7 +204,7 @@ def reference(op: str, inputs, attrs: dict | None = None):
         y = torch.relu(z) if op == "LinearRelu" else torch.sigmoid(z)
     elif op == "SwiGLU":
         g, u = x @ inputs[1].float(), x @ inputs[2].float()
-        y = torch.nn.functional.silu(g) * u
+        y = gate_activation(str(attrs.get("activation", "silu") or "silu"), g) * u
     elif op in ("LoRALinear", "LoRALinearRelu"):
         w, a, bm, b = (t.float() for t in inputs[1:5])
         y = x @ w + b + float(attrs.get("scale", 1.0)) * ((x @ a) @ bm)

@@ -15,7 +15,10 @@
    small config (LoRA also one-pass); small_cfg=1 with lora_onepass=1 is the previous behaviour. Skipped with
    --no-variants. The MLPStack mode checks force stack_mode=fused|layers per node, and the stack_cfg tile variants
    when the library has the experiments.
-Writes doctor.json, timing.json, variants.json and env.json under --out and prints compact tables last.
+4. SwiGLU per gate activation (issue 15; `--only-gated` runs this part alone): the doctor for every activation at
+   the Llama MLP's shapes (M = 1, 16, 2048; K 4096, N 11008), then the fused kernel's time per activation and
+   backend, with its ratio to silu's at the same shape (goal: gelu / gelu_tanh within 5 % of silu).
+Writes doctor.json, timing.json, variants.json, gated.json and env.json under --out and prints compact tables last.
 """
 from __future__ import annotations
 
@@ -238,6 +241,51 @@ VARIANT_CASES = [  # experiment node attributes (schema.EXPERIMENT_ATTRS) per ca
 ]
 
 
+GATED_SHAPES = [(2048, 4096, 11008), (16, 4096, 11008), (1, 4096, 11008)]
+
+
+def gated_activations(lib, out_dir, iters):
+    """SwiGLU per gate activation at the Llama MLP's shapes: correctness (doctor, plain and CUDA graph), then the
+    fused op's time per activation and backend (fp16, a fresh session each), and its ratio to silu's."""
+    import numpy as np
+    import torch
+
+    from onnxfuse import schema
+    from onnxfuse.kernels import doctor
+    from onnxfuse.kernels.doctor import input_shapes, make_inputs
+
+    shapes = {"SwiGLU": [(m, k, n, 0, act) for act in schema.GATE_ACTIVATIONS for m, k, n in GATED_SHAPES]}
+    rows = doctor.run_doctor(providers=("cuda",), backends=("cuda", "triton"), ops=["SwiGLU"], shapes=shapes,
+                             modes=("plain", "cuda_graph"), lib_path=lib,
+                             on_row=lambda r: (r["status"] != "PASS") and print(doctor.format_row(r), flush=True))
+    results = []
+    for m, k, n in GATED_SHAPES[:2]:
+        shp = input_shapes("SwiGLU", m, k, n, 0)
+        ins = make_inputs("SwiGLU", "float16", shp, 0, "cuda")
+        tensors = dict(zip(shp, ins))
+        y = torch.empty(m, n, device="cuda", dtype=torch.float16)
+        for backend in ("triton", "cuda"):
+            base = None
+            for act in schema.GATE_ACTIVATIONS:
+                row = dict(M=m, K=k, N=n, backend=backend, activation=act)
+                try:
+                    model = _native_model("SwiGLU", "float16", shp, backend, {"activation": act})
+                    row["ms"] = _time_cuda(_ort_runner(model, lib, tensors, y, np.float16), iters)
+                    ref = schema.reference("SwiGLU", ins, {"activation": act}).float()
+                    row["max_err"] = (y.float() - ref).abs().max().item()
+                    base = row["ms"] if act == "silu" else base
+                    row["vs_silu"] = row["ms"] / base if base else None
+                except Exception as e:
+                    row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                results.append(row)
+                print("  " + "  ".join(f"{a}={b:.4g}" if isinstance(b, float) else f"{a}={b}"
+                                       for a, b in row.items()), flush=True)
+        del ins, tensors, y
+        torch.cuda.empty_cache()
+    (out_dir / "gated.json").write_text(json.dumps({"doctor": rows, "timing": results}, indent=1))
+    return rows, results
+
+
 def _has_experiments(lib) -> bool:
     from onnxfuse.kernels import build_info
     try:
@@ -372,6 +420,8 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--no-variants", action="store_true", help="skip the Triton experiment-variant timings")
     p.add_argument("--only-stack", action="store_true", help="only the MLPStack checks and its mode timings")
+    p.add_argument("--only-gated", action="store_true",
+                   help="only SwiGLU per gate activation: doctor at the Llama MLP's shapes and timings vs silu")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -398,16 +448,30 @@ def main(argv=None):
                                    (2048, (13, 512, 256, 64, 16), "relu.relu.relu.relu"),
                                    (8192, (367, 512, 256, 1), "relu.relu.sigmoid")]
         args.no_timing = args.no_variants = True
-    print("== correctness (only non-PASS rows are printed as they come)", flush=True)
-    rows = check_correctness(args.lib, args.out, args.quick)
-    print("== MLPStack modes", flush=True)
-    try:
-        srows, _ = stack_modes(args.lib, args.out, args.iters)
-        rows += srows
-    except Exception as e:
-        print(f"stack modes failed: {type(e).__name__}: {e}", flush=True)
-        rows.append(dict(op="MLPStack", backend="triton", dtype="?", M=0, K=0, N=0, mode="modes", status="ERROR",
-                         max_err=None, tol=None, detail=str(e)))
+    rows = []
+    if not args.only_gated:
+        print("== correctness (only non-PASS rows are printed as they come)", flush=True)
+        rows = check_correctness(args.lib, args.out, args.quick)
+        print("== MLPStack modes", flush=True)
+        try:
+            srows, _ = stack_modes(args.lib, args.out, args.iters)
+            rows += srows
+        except Exception as e:
+            print(f"stack modes failed: {type(e).__name__}: {e}", flush=True)
+            rows.append(dict(op="MLPStack", backend="triton", dtype="?", M=0, K=0, N=0, mode="modes",
+                             status="ERROR", max_err=None, tol=None, detail=str(e)))
+    gated = []
+    if not args.only_stack:
+        print("== SwiGLU per gate activation (correctness, then fp16 median ms and ratio to silu)", flush=True)
+        try:
+            grows, gated = gated_activations(args.lib, args.out, args.iters)
+            rows += grows
+        except Exception as e:
+            print(f"gated activations failed: {type(e).__name__}: {e}", flush=True)
+            rows.append(dict(op="SwiGLU", backend="?", dtype="?", M=0, K=0, N=0, mode="activations",
+                             status="ERROR", max_err=None, tol=None, detail=str(e)))
+    if args.only_gated:
+        args.no_timing = args.no_variants = True
     t_correct = time.time() - t0
     tim = []
     if not args.no_timing:
@@ -446,6 +510,14 @@ def main(argv=None):
             f = lambda k: f"{t[k]:8.3f}" if isinstance(t.get(k), float) else f"{'err':>8}"
             print(f"{t['op']:15} {str((t['M'], t['K'], t['N'], t['r'])):22} {f('onnxfuse_cuda_ms')} "
                   f"{f('onnxfuse_triton_ms')} {f('torch_eager_ms')} {f('torch_gemms_only_ms')} {f('ort_unfused_ms')}")
+    if gated:
+        print(f"\n{'SwiGLU':15} {'M,K,N':22} {'backend':7} {'activation':11} {'ms':>8} {'vs silu':>8}  max_err")
+        for t in gated:
+            ms = f"{t['ms']:8.3f}" if "ms" in t else f"{'err':>8}"
+            ratio = f"{t['vs_silu']:8.3f}" if t.get("vs_silu") else f"{'-':>8}"
+            er = f"{t['max_err']:.2g}" if "max_err" in t else t.get("error", "")[:60]
+            print(f"{'':15} {str((t['M'], t['K'], t['N'])):22} {t['backend']:7} {t['activation']:11} {ms} {ratio}  "
+                  f"{er}")
     if var:
         print(f"\n{'op':15} {'M,K,N,r':22} {'triton':>8}  {'max_err':>8}  env")
         for t in var:

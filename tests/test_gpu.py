@@ -48,6 +48,41 @@ def test_fused_models_verify_on_the_cuda_ep(tmp_path, kind, overrides, dtype, ba
     assert out.passed, out.outputs
 
 
+@pytest.mark.parametrize("factory", ["llama_fp16", "phi3_fp16", "gemma_fp16", "gemma2", "mistral_gelu_fp16",
+                                     "mistral_quick_gelu_fp16", "mistral_relu", "mistral_sigmoid_fp16"])
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_gated_mlps_verify_on_the_cuda_ep(tmp_path, factory, backend):
+    """Issue 15: transformers' gated MLPs (SwiGLU, Phi-3's merged gate_up, GeGLU, the other gate activations),
+    exported with torch.onnx.export, fused in two stages, verified against the module on the CUDA EP per backend."""
+    import importlib.util
+    import pathlib
+
+    from onnxfuse import export, fuse, verify
+    spec = importlib.util.spec_from_file_location("hf_mlps", pathlib.Path(__file__).parent / "data" / "hf_mlps.py")
+    hf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hf)
+    module, inputs = getattr(hf, factory)()
+    export._torch_export(module, inputs, tmp_path / "m.onnx", "dynamo", ["x"], ["y"], None)
+    res = fuse.fuse(tmp_path / "m.onnx", tmp_path / "f.onnx", backend=backend)
+    assert [m.op for m in res.matches] == ["SwiGLU"]
+    out = verify.verify(tmp_path / "f.onnx", module=module, inputs=inputs, provider="cuda", library=True)
+    assert out.passed, out.outputs
+
+
+def test_gated_mlp_bench_cases_run_on_the_gpu(tmp_path):
+    from onnxfuse import bench
+    res = bench.run(["llama-mlp", "geglu-mlp", "phi3-mlp"],
+                    bench.Options(device="cuda", quick=True, runs=10, warmup=2, compile=False, cache_dir=tmp_path,
+                                  sizes=[64]))
+    for case in res["cases"]:
+        assert case["models"]["fused_ops"] == {"SwiGLU": 1}, case["case"]
+        for name in ("ort-unfused", "fused-triton", "fused-cuda", "fused-auto"):
+            assert case["variants"][name].get("median_ms", 0) > 0, (case["case"], name, case["variants"][name])
+            if name.startswith("fused"):
+                assert (case["variants"][name].get("rel_err") or 1.0) < 1e-2, (case["case"], name)
+    assert all(c["ratios"].get("fused_vs_llama_mlp") for c in res["cases"] if c["case"] != "llama-mlp")
+
+
 def test_fused_model_under_cuda_graph_replays_new_inputs(tmp_path):
     """enable_cuda_graph: capture, then replay with new values in the same input buffers."""
     import onnxruntime as ort

@@ -124,3 +124,61 @@ def test_a_fusion_that_changes_the_outputs_is_left_out_and_named(exported, tmp_p
     assert verify.verify(tmp_path / "f.onnx").passed
     assert cli.main(["fuse", str(src), "-o", str(tmp_path / "g.onnx")]) == 0
     assert "stage 1 left out planted_bug: it changed the outputs" in capsys.readouterr().out
+
+
+def _gelu_with_overridable_half(tmp_path):
+    """0.5 * g * (1 + erf(g / sqrt 2)) with g = X @ W, where the 0.5 is an initializer that is also a graph input."""
+    from onnx import TensorProto, helper, numpy_helper
+    mk = helper.make_node
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 6)).astype(np.float32), "W"),
+             numpy_helper.from_array(np.array(1.4142135, np.float32), "sqrt2"),
+             numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+             numpy_helper.from_array(np.array(0.5, np.float32), "half")]
+    nodes = [mk("MatMul", ["X", "W"], ["g"]), mk("Div", ["g", "sqrt2"], ["z"]), mk("Erf", ["z"], ["e"]),
+             mk("Add", ["e", "one"], ["s"]), mk("Mul", ["g", "s"], ["gs"]), mk("Mul", ["gs", "half"], ["Y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 8]),
+                                       helper.make_tensor_value_info("half", TensorProto.FLOAT, [])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [4, 6])], inits)
+    src = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), str(src))
+    feeds = {"X": rng.standard_normal((4, 8)).astype(np.float32), "half": np.array(2.0, np.float32)}
+    return src, feeds
+
+
+def test_stage1_does_not_bake_an_overridable_initializer(tmp_path):
+    """onnxscript's patterns read an initializer's value even when it is also a graph input: its GELU fusion would
+    bake a caller-overridable 0.5 into com.microsoft Gelu. Stage 1 shows those initializers no value, so nothing
+    fuses there and the output follows the caller's value."""
+    src, feeds = _gelu_with_overridable_half(tmp_path)
+    res = fuse.fuse(src, tmp_path / "f.onnx", write_unchanged=True)
+    assert not res.ort.applied and not res.matches, (res.ort, res.matches)
+    ref = runtime.session(str(src), "cpu").run(None, feeds)[0]
+    out = runtime.session(str(tmp_path / "f.onnx"), "cpu").run(None, feeds)[0]
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_the_check_feeds_overridable_initializers_new_values(tmp_path, monkeypatch):
+    """A planted stage-1 step that replaces the overridable 0.5 by a constant 0.5: equal for the default feeds, so
+    only the check's second run, with every overridable initializer fed a new value, catches it."""
+    real_steps = ort_fusions._steps
+
+    def steps():
+        def bake(model, applied):
+            from onnxscript import ir
+            half = next(v for v in model.graph.inputs if v.name == "half")
+            const = ir.Value(name="half_baked", shape=ir.Shape([]), type=ir.TensorType(ir.DataType.FLOAT),
+                             const_value=ir.tensor(np.array(0.5, np.float32), name="half_baked"))
+            model.graph.register_initializer(const)
+            half.replace_all_uses_with(const)
+            return 1
+        return [("planted_bake", bake)] + real_steps()
+
+    monkeypatch.setattr(ort_fusions, "_steps", steps)
+    src, feeds = _gelu_with_overridable_half(tmp_path)
+    res = fuse.fuse(src, tmp_path / "f.onnx", write_unchanged=True)
+    assert [d["fusion"] for d in res.ort.left_out] == ["planted_bake"], res.ort
+    assert "overridable initializers fed new values" in res.ort.left_out[0]["reason"]
+    ref = runtime.session(str(src), "cpu").run(None, feeds)[0]
+    out = runtime.session(str(tmp_path / "f.onnx"), "cpu").run(None, feeds)[0]
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)

@@ -1,7 +1,8 @@
 """Random graphs that mix fusable subgraphs with near-misses (hypothesis): chains of Linear+activation, gated MLP
 and LoRA blocks, each with perturbations that change its semantics (an initializer that is also a graph input, a
-bias or scale that raises the rank, Gemm alpha/beta, an activation no op fuses, a SiLU that is not one, an
-intermediate that is also a graph output). Every graph is fused; the fused model must load and give the original's
+bias or scale that raises the rank, Gemm alpha/beta, an activation no op fuses, a SiLU that is not one, a GELU
+or quick_gelu constant off by 0.1 %, a merged gate_up projection cut into the same chunk twice or in [up | gate]
+order, an intermediate that is also a graph output). Every graph is fused; the fused model must load and give the original's
 outputs in onnxruntime (CPU EP, library registered) for the default feeds and for feeds that override every
 overridable initializer. A fusion that changes a value or a shape fails here.
 
@@ -129,6 +130,48 @@ def swiglu_block(b: Builder, x: str, shape: tuple) -> tuple[str, tuple]:
     return b.node("Mul", [silu, u] if b.draw(st.booleans()) else [u, silu]), shape[:-1] + (n,)
 
 
+def gated_block(b: Builder, x: str, shape: tuple) -> tuple[str, tuple]:
+    """The gated-MLP family: separate or merged (Split / Slices, halves or not) projections; GELU (erf and tanh
+    forms), quick_gelu, ReLU or a bilinear gate; constants right or slightly wrong (a wrong one must not fuse)."""
+    k, n = shape[-1], b.draw(st.integers(1, 8))
+    merged = b.draw(st.sampled_from(["no", "no", "split", "slice"]))
+    if merged == "no":
+        g = b.node("MatMul", [x, b.const("Wg", b.weight(k, n) * 2)])
+        u = b.node("MatMul", [x, b.const("Wu", b.weight(k, n))])
+    else:
+        h = b.node("MatMul", [x, b.const("W", b.weight(k, 2 * n) * 1.5)])
+        cut = b.draw(st.sampled_from(["halves", "halves", "swapped", "same"]))
+        def i64(values):
+            name = b.name("i")
+            b.inits.append(numpy_helper.from_array(np.array(values, np.int64), name))
+            return name
+        if merged == "split" and cut != "same":
+            parts = [b.name("part"), b.name("part")]
+            b.nodes.append(mk("Split", [h], parts, axis=-1, num_outputs=2))
+        else:
+            lo = [0, n] if cut != "same" else [0, 0]
+            parts = [b.node("Slice", [h, i64([s_]), i64([s_ + n]), i64([-1])]) for s_ in lo]
+        g, u = parts[::-1] if cut == "swapped" else parts
+    wrong = b.draw(st.sampled_from([1.0] * 4 + [1.001, 0.9]))
+    act = b.draw(st.sampled_from(["gelu_erf", "gelu_tanh", "quick_gelu", "relu", "none"]))
+    c = lambda v: b.const("c", np.array(v))  # noqa: E731
+    if act == "gelu_erf":
+        s_ = b.node("Add", [b.node("Erf", [b.node("Div", [g, c(np.sqrt(2.0) * wrong)])]), c(1.0)])
+        a = b.node("Mul", [b.node("Mul", [g, s_]), c(0.5)])
+    elif act == "gelu_tanh":
+        inner = b.node("Add", [g, b.node("Mul", [c(0.044715 * wrong), b.node("Pow", [g, c(3.0)])])])
+        t = b.node("Tanh", [b.node("Mul", [c(np.sqrt(2.0 / np.pi)), inner])])
+        a = b.node("Mul", [g, b.node("Mul", [c(0.5), b.node("Add", [t, c(1.0)])])])
+    elif act == "quick_gelu":
+        a = b.node("Mul", [g, b.node("Sigmoid", [b.node("Mul", [g, c(1.702 * wrong)])])])
+    elif act == "relu":
+        a = b.node("Relu", [g])
+    else:
+        a = g
+    b.maybe_expose(a)
+    return b.node("Mul", [a, u] if b.draw(st.booleans()) else [u, a]), shape[:-1] + (n,)
+
+
 def lora_block(b: Builder, x: str, shape: tuple) -> tuple[str, tuple]:
     k, n, r = shape[-1], b.draw(st.integers(1, 12)), b.draw(st.integers(1, 4))
     base = b.node("MatMul", [x, b.const("W", b.weight(k, n))])
@@ -147,7 +190,7 @@ def lora_block(b: Builder, x: str, shape: tuple) -> tuple[str, tuple]:
     return y, tuple(out_shape)
 
 
-BLOCKS = {"linear": linear_block, "swiglu": swiglu_block, "lora": lora_block}
+BLOCKS = {"linear": linear_block, "swiglu": swiglu_block, "gated": gated_block, "lora": lora_block}
 
 
 @st.composite
@@ -159,7 +202,7 @@ def random_graphs(draw):
     x = "X"
     b.inputs.insert(0, helper.make_tensor_value_info("X", b.et, list(shape)))
     for _ in range(draw(st.integers(1, 3))):
-        x, shape = BLOCKS[draw(st.sampled_from(["linear", "linear", "swiglu", "lora"]))](b, x, shape)
+        x, shape = BLOCKS[draw(st.sampled_from(["linear", "linear", "swiglu", "gated", "lora"]))](b, x, shape)
     b.outputs.append(x)
     if draw(st.booleans()):  # a reduction over axis 0: its value changes if a fused op drops a leading 1
         b.inits.append(numpy_helper.from_array(np.array([0], np.int64), "reduce_axes"))

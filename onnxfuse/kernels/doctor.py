@@ -25,11 +25,13 @@ from .. import schema
 # bias or a wrong activation fails (those give errors of order max|ref|).
 TOLERANCES = {"float": (2e-4, 2e-4), "float16": (4e-3, 4e-3), "bfloat16": (3e-2, 1.6e-2)}
 
-# Default shapes: (M, K, N, r); r only for the LoRA ops. Small, odd and one realistic each.
+# Default shapes: (M, K, N, r); r only for the LoRA ops. Small, odd and one realistic each. SwiGLU: (M, K, N, r,
+# activation), every gate activation on each shape (a 4-tuple means silu, the attribute's default).
+_SWIGLU_SHAPES = [(1, 256, 688, 0), (37, 129, 67, 0), (200, 1024, 512, 0)]
 DEFAULT_SHAPES = {
     "LinearRelu": [(1, 13, 512, 0), (37, 129, 67, 0), (256, 512, 256, 0)],
     "LinearSigmoid": [(1, 256, 1, 0), (37, 129, 67, 0), (256, 512, 256, 0)],
-    "SwiGLU": [(1, 256, 688, 0), (37, 129, 67, 0), (200, 1024, 512, 0)],
+    "SwiGLU": [(*shape, act) for act in schema.GATE_ACTIVATIONS for shape in _SWIGLU_SHAPES],
     "LoRALinear": [(1, 256, 256, 16), (37, 129, 67, 7), (200, 512, 512, 16)],
     "LoRALinearRelu": [(1, 256, 256, 16), (37, 129, 67, 7), (200, 512, 512, 64)],
     # MLPStack: (M, layer widths, activations). DLRM's bottom MLP, an odd narrow stack, DLRM's top MLP.
@@ -60,11 +62,15 @@ def stack_shapes(m: int, widths) -> dict[str, list[int]]:
 
 
 def shape_entry(op: str, entry) -> tuple[dict[str, list[int]], dict, tuple]:
-    """(input shapes, extra node attributes, (M, K, N, r, layers) for the report) of one DEFAULT_SHAPES entry."""
+    """(input shapes, extra node attributes, (M, K, N, r, layers) for the report) of one DEFAULT_SHAPES entry; for
+    SwiGLU the last field names the activation."""
     if op == "MLPStack":
         m, widths, acts = entry
         return stack_shapes(m, widths), {"activations": acts}, (m, widths[0], widths[-1], 0,
                                                                  "-".join(map(str, widths)) + " " + acts)
+    if op == "SwiGLU" and len(entry) == 5:
+        m, k, n, r, act = entry
+        return input_shapes(op, m, k, n, r), {"activation": act}, (m, k, n, r, act)
     if op == "Embedding":
         table, ids = entry
         n = 1
@@ -254,10 +260,11 @@ def run_doctor(providers=("cpu", "cuda"), backends=None, *, ops=None, dtypes=sch
 
     providers: subset of ("cpu", "cuda"). backends: subset of ("cpu", "cuda", "triton") (default: all that apply;
     cpu runs on the CPU EP, cuda and triton on the CUDA EP). shapes: {op: [(M, K, N, r), ...]}, for MLPStack
-    [(M, widths, activations), ...] (DEFAULT_SHAPES).
+    [(M, widths, activations), ...], for SwiGLU optionally (M, K, N, r, activation) (DEFAULT_SHAPES).
     modes apply to the CUDA EP; the CPU EP runs plain only. node_attrs: attributes added to every node under test
     (e.g. {"stack_mode": "fused"}, or an experiment knob). Row keys: op, provider, backend, dtype, M, K, N, r,
-    mode, status (PASS / FAIL / ERROR / SKIP), max_err, tol, seconds, detail.
+    mode, status (PASS / FAIL / ERROR / SKIP), max_err, tol, seconds, detail; `layers` describes an MLPStack's
+    layers and a SwiGLU's activation.
     """
     import numpy as np
 

@@ -109,6 +109,12 @@ def render() -> str:
     add("/* Activation codes (schema.ACTIVATIONS). */")
     add("enum onnxfuse_act { " + ", ".join(f"ONNXFUSE_ACT_{_upper(a)} = {c}" for a, c in schema.ACTIVATIONS.items())
         + " };")
+    add("/* SwiGLU's gate activations (schema.GATE_ACTIVATIONS; attribute activation): the code is the index. */")
+    add("enum onnxfuse_gate_act { " + ", ".join(f"ONNXFUSE_GATE_{_upper(a)} = {i}"
+                                              for i, a in enumerate(schema.GATE_ACTIVATIONS)) + " };")
+    add(f"#define ONNXFUSE_NUM_GATE_ACTIVATIONS {len(schema.GATE_ACTIVATIONS)}")
+    add(f"#define ONNXFUSE_QUICK_GELU_ALPHA {float(schema.QUICK_GELU_ALPHA)!r}f  /* quick_gelu: x * sigmoid(alpha * x) */")
+    add(f"#define ONNXFUSE_GELU_TANH_COEFF {float(schema.GELU_TANH_COEFF)!r}f  /* gelu_tanh: the x^3 coefficient */")
     add("/* How the GPU runs an MLPStack (schema.STACK_MODES; attribute stack_mode). */")
     add("enum onnxfuse_stack_mode { " + ", ".join(f"ONNXFUSE_STACK_{_upper(m)} = {i}"
                                                 for i, m in enumerate(schema.STACK_MODES)) + " };")
@@ -143,6 +149,9 @@ def render() -> str:
         act_names[c] = a
     add(f"inline constexpr int kNumActivations = {len(act_names)};")
     add("inline constexpr const char* kActivationNames[] = {" + ", ".join(map(_c_string, act_names)) + "};")
+    add("// SwiGLU's gate activation names by code (onnxfuse_gate_act).")
+    add("inline constexpr const char* kGateActivationNames[] = {" + ", ".join(map(_c_string, schema.GATE_ACTIVATIONS))
+        + "};")
     add("// MLPStack's activations attribute joins one name per layer with this separator.")
     add(f"inline constexpr char kActivationSeparator = '{'.'}';")
     add(f"inline constexpr int kNumStackModes = {len(schema.STACK_MODES)};")

@@ -52,6 +52,7 @@ class Match:
     shapes: dict[str, list]
     dtype: str
     flops: int | None
+    detail: str = ""  # what distinguishes nodes of one op (SwiGLU's activation), for the report
 
 
 class Recorder:
@@ -230,60 +231,14 @@ class FusionRule(RewriteRuleClassBase):
 
     def guard(self, context, result: MatchResult, x: ir.Value, op_type: str | None = None,
               runtime: tuple = ()) -> bool:
-        """The checks every rule shares, run before its own: every input of the matched subgraph other than X is a
-        true constant (the rewrite bakes or re-lays them out, and the kernels may pack them once), no constant
-        broadcasts the result to a rank above X's (`X[M,K] @ W + b[1,1,N]` is [1, M, N]; the fused op returns
-        X's rank), and the model's opset can hold the op's function body. `runtime` names the other inputs the op
-        reads at run time like X (RotaryEmbedding's cos and sin): they need not be constants, and the rule checks
-        their shapes itself. Records the first reason; False then."""
-        inside = {id(n) for n in context.nodes}
-        xd = dims(x)
-        for node in context.nodes:
-            for i, v in enumerate(node.inputs):
-                if v is None or v is x or any(v is r for r in runtime) or \
-                        (v.producer() is not None and id(v.producer()) in inside):
-                    continue
-                reason = not_constant(v, f"input {i} of {node_label(node)}")
-                if reason:
-                    result.fail(reason, v)
-                    return False
-                if (node.op_type, i) in _WEIGHT_INPUTS:
-                    continue  # a weight: its rank and shape are the rule's business (weight_kn, a table)
-                rank = len(v.const_value.shape)
-                if (xd is None and rank > 1) or (xd is not None and rank > len(xd)):
-                    shape = list(v.const_value.shape)
-                    result.fail(f"{v.name} of shape {shape} broadcasts the result of {node_label(node)} to rank {rank}"
-                                f", above the rank of X {x.name} ({'unknown' if xd is None else len(xd)}): the fused "
-                                "op returns X's rank", v)
-                    return False
-        op_type = op_type or self.op
-        opset = default_opset(context.model)
-        need = max(MIN_OPSET.get(op_type, DEFAULT_MIN_OPSET),
-                   BF16_MIN_OPSET if x.dtype == ir.DataType.BFLOAT16 else 0)
-        if opset is not None and opset < need:
-            result.fail(f"the model's opset {opset} is below {need}, the lowest in which {op_type}'s function body "
-                        "(what runs without the kernel library) is valid; convert the model to a newer opset", x)
-            return False
-        return True
+        """The checks every rule shares, run before its own (see `guard_nodes`). `runtime` names the other inputs
+        the op reads at run time like X (RotaryEmbedding's cos and sin). Records the first reason; False then."""
+        return guard_nodes(context.nodes, context.model, result, x, op_type or self.op, runtime=runtime)
 
     def guard_output(self, context, result: MatchResult, x: ir.Value, n: int) -> bool:
         """The replaced subgraph's output, where shape inference knows it, is exactly what the fused op returns:
         X's leading dims, then N, in X's element type."""
-        out = context.output_values[0]
-        xd, od = dims(x), dims(out)
-        if xd is not None and od is not None:
-            want = xd[:-1] + [n]
-            same = len(od) == len(want) and all(not (isinstance(a, int) and isinstance(b, int)) or a == b
-                                                for a, b in zip(od, want))
-            if not same:
-                result.fail(f"the replaced subgraph's output {out.name} has shape {od}, the fused op would return "
-                            f"{want} (rank {len(want)}): a broadcast changes the rank or a dim", out)
-                return False
-        if out.dtype is not None and x.dtype is not None and out.dtype != x.dtype:
-            result.fail(f"the replaced subgraph's output {out.name} is {out.dtype.name.lower()}, X {x.name} is "
-                        f"{x.dtype.name.lower()}: the fused op returns X's type", out)
-            return False
-        return True
+        return guard_output_value(context.output_values[0], result, x, n)
 
     def emit(self, op, op_type: str, inputs: list, attrs: dict, shapes: dict, dtype: ir.DataType,
              flops: int | None):
@@ -297,9 +252,67 @@ class FusionRule(RewriteRuleClassBase):
         return out
 
 
+def guard_nodes(nodes, model: ir.Model, result: MatchResult, x: ir.Value, op_type: str,
+                min_opset: int | None = None, runtime: tuple = ()) -> bool:
+    """The checks every rule shares (`FusionRule.guard`; graph passes call it directly): every input of the matched
+    `nodes` other than X is a true constant (the rewrite bakes or re-lays them out, and the kernels may pack them
+    once), no constant broadcasts the result to a rank above X's (`X[M,K] @ W + b[1,1,N]` is [1, M, N]; the fused
+    op returns X's rank), and the model's opset can hold the op's function body (`min_opset` raises the op's
+    floor, e.g. for a body with typed constants). `runtime` names the other inputs the op reads at run time like X
+    (RotaryEmbedding's cos and sin): they need not be constants, and the rule checks their shapes itself. Records
+    the first reason; False then."""
+    inside = {id(n) for n in nodes}
+    xd = dims(x)
+    for node in nodes:
+        for i, v in enumerate(node.inputs):
+            if v is None or v is x or any(v is r for r in runtime) or \
+                    (v.producer() is not None and id(v.producer()) in inside):
+                continue
+            reason = not_constant(v, f"input {i} of {node_label(node)}")
+            if reason:
+                result.fail(reason, v)
+                return False
+            if (node.op_type, i) in _WEIGHT_INPUTS:
+                continue  # a weight: its rank and shape are the rule's business (weight_kn, a table)
+            rank = len(v.const_value.shape)
+            if (xd is None and rank > 1) or (xd is not None and rank > len(xd)):
+                shape = list(v.const_value.shape)
+                result.fail(f"{v.name} of shape {shape} broadcasts the result of {node_label(node)} to rank {rank}"
+                            f", above the rank of X {x.name} ({'unknown' if xd is None else len(xd)}): the fused "
+                            "op returns X's rank", v)
+                return False
+    opset = default_opset(model)
+    need = max(MIN_OPSET.get(op_type, DEFAULT_MIN_OPSET), min_opset or 0,
+               BF16_MIN_OPSET if x.dtype == ir.DataType.BFLOAT16 else 0)
+    if opset is not None and opset < need:
+        result.fail(f"the model's opset {opset} is below {need}, the lowest in which {op_type}'s function body "
+                    "(what runs without the kernel library) is valid; convert the model to a newer opset", x)
+        return False
+    return True
+
+
+def guard_output_value(out: ir.Value, result: MatchResult, x: ir.Value, n: int) -> bool:
+    """`out` (the replaced subgraph's output), where shape inference knows it, is exactly what the fused op returns:
+    X's leading dims, then N, in X's element type."""
+    xd, od = dims(x), dims(out)
+    if xd is not None and od is not None:
+        want = xd[:-1] + [n]
+        same = len(od) == len(want) and all(not (isinstance(a, int) and isinstance(b, int)) or a == b
+                                            for a, b in zip(od, want))
+        if not same:
+            result.fail(f"the replaced subgraph's output {out.name} has shape {od}, the fused op would return "
+                        f"{want} (rank {len(want)}): a broadcast changes the rank or a dim", out)
+            return False
+    if out.dtype is not None and x.dtype is not None and out.dtype != x.dtype:
+        result.fail(f"the replaced subgraph's output {out.name} is {out.dtype.name.lower()}, X {x.name} is "
+                    f"{x.dtype.name.lower()}: the fused op returns X's type", out)
+        return False
+    return True
+
+
 def annotate(node: ir.Node, recorder: Recorder, pattern_name: str, rule_name: str, op_type: str, module: str,
              replaced: list[tuple[str, str]], shapes: dict, dtype: ir.DataType, flops: int | None,
-             extra_doc: tuple[str, ...] = ()) -> None:
+             extra_doc: tuple[str, ...] = (), detail: str = "") -> None:
     """Name a fused node `onnxfuse/<pattern>/<module>`, write its Netron doc string and metadata, record the match."""
     node.name = recorder.unique(f"onnxfuse/{pattern_name}/{module}")
     schema = OPS[op_type]
@@ -320,7 +333,7 @@ def annotate(node: ir.Node, recorder: Recorder, pattern_name: str, rule_name: st
     node.metadata_props["onnxfuse.module"] = module
     node.metadata_props["onnxfuse.replaced"] = ";".join(f"{n}:{t}" for n, t in replaced)
     recorder.matches.append(Match(pattern_name, op_type, node.name, module, replaced, shapes,
-                                  dtype.name.lower() if dtype is not None else "?", flops))
+                                  dtype.name.lower() if dtype is not None else "?", flops, detail))
 
 
 def check_float_dtypes(result: MatchResult, **values: ir.Value) -> ir.DataType | None:
@@ -426,7 +439,12 @@ def apply(rules, model: ir.Model, tracer: ExplainTracer | None = None) -> int:
 
 def trace_functions(rules, model: ir.Model, tracer: ExplainTracer) -> None:
     """Run a rule set over the model-local functions with a tracer only (nothing changes): what would have matched
-    there is what `fuse` reports as left alone."""
+    there is what `fuse` reports as left alone. A graph pass takes part through its own `trace_function`."""
+    if hasattr(rules, "trace_function"):
+        for function in list(model.functions.values()):
+            if function.domain != DOMAIN:
+                rules.trace_function(model, function, tracer)
+        return
     if not isinstance(rules, RewriteRuleSet):
         return
     from onnxscript.optimizer import basic_constant_propagation

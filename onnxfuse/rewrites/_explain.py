@@ -1,10 +1,12 @@
 """`fuse --explain`: for every candidate that did not fuse, the node, the rule and the reason, in the model's own names.
 
 Three sources, run over the model after fusing (so fused subgraphs are gone and only what stayed is explained):
-  * the rules' own refusals (a check failed), recorded by `_base.ExplainTracer`;
+  * the rules' own refusals (a check failed), recorded by `_base.ExplainTracer`; the swiglu pass records there too,
+    for every gated MLP (a Mul of two projections of the same input, one through an activation) it did not fuse,
+    including which activation it saw when SwiGLU does not compute that one (`rewrites/swiglu.py`);
   * the matcher's "other uses" refusals, turned into which value has which other consumer (or is a graph output);
   * structural near-misses that no rule even matched: a GEMM followed by an activation no op fuses (Tanh, LeakyRelu,
-    GELU, ...), or two projections of the same input gated by a Mul through an activation that is not SiLU.
+    GELU, ...).
 A line that a larger candidate's line already covers (the gate projection's Linear+Sigmoid inside a refused SwiGLU,
 say) is dropped, as are duplicates from the several spellings of one rule.
 """
@@ -18,9 +20,6 @@ GEMMS = ("MatMul", "Gemm")
 # Activations that follow a Linear layer in real models but that no onnxfuse op fuses after a GEMM.
 UNFUSED_ACTIVATIONS = ("Tanh", "LeakyRelu", "Elu", "Selu", "Celu", "HardSigmoid", "HardSwish", "Softplus",
                        "Softsign", "Gelu", "Mish", "ThresholdedRelu", "PRelu", "Clip", "Erf", "Swish", "Exp")
-# Elementwise ops an activation can be spelled with (what a gate's path to the gating Mul may go through).
-ELEMENTWISE = set(UNFUSED_ACTIVATIONS) | {"Relu", "Sigmoid", "Mul", "Div", "Add", "Sub", "Neg", "Pow", "Sqrt",
-                                          "Reciprocal", "Cast", "Abs", "Min", "Max"}
 _DEFAULT = ("", "ai.onnx")
 
 
@@ -86,14 +85,6 @@ def _near_misses(model: ir.Model, covered: set[int]):
             if len(node.inputs) < 2 or const(node.inputs[1]) is None or node.outputs[0] is None:
                 continue
             label = node_label(node)
-            gated = _gated_by(node)
-            if gated is not None:
-                mul, ops, up = gated
-                yield node, {"rule": "swiglu/structure", "node": label, "op_type": node.op_type,
-                             "reason": f"projections {label} and {node_label(up)} of {node.inputs[0].name} meet in "
-                                       f"{node_label(mul)} (Mul), but the gate's activation is spelled "
-                                       f"{'/'.join(ops) or 'as nothing'}, not SiLU: swiglu fuses silu(gate) * up"}
-                continue
             out = node.outputs[0]
             steps = [node]
             users = _consumers(out)
@@ -107,35 +98,3 @@ def _near_misses(model: ir.Model, covered: set[int]):
                 yield node, {"rule": "linear_act/structure", "node": label, "op_type": node.op_type,
                              "reason": f"{label}{via} is followed by {node_label(act)} ({act.op_type}): linear_act "
                                        "fuses Relu or Sigmoid after a Linear layer, not " + act.op_type}
-
-
-def _gated_by(gate: ir.Node, depth: int = 8):
-    """(mul, ops on the way, up projection) when `gate`'s output reaches, through elementwise ops only, a Mul whose
-    other operand comes from another GEMM of the same input (a gated MLP whose activation is not SiLU)."""
-    x = gate.inputs[0]
-    reach: dict[int, ir.Node] = {}
-    ops: list[str] = []
-    frontier = [gate.outputs[0]]
-    for _ in range(depth):
-        nxt = []
-        for v in frontier:
-            for user in _consumers(v):
-                if user.domain not in _DEFAULT or user.op_type not in ELEMENTWISE or id(user) in reach:
-                    continue
-                reach[id(user)] = user
-                if user.op_type == "Mul":
-                    for other in user.inputs:
-                        up = _gemm_source(other)
-                        if up is not None and up is not gate and up.inputs[0] is x:
-                            return user, list(dict.fromkeys(ops)), up
-                ops.append(user.op_type)
-                nxt += [o for o in user.outputs if o is not None]
-        frontier = nxt
-    return None
-
-
-def _gemm_source(value: ir.Value | None) -> ir.Node | None:
-    node = value.producer() if value is not None else None
-    while node is not None and node.op_type == "Cast":
-        node = node.inputs[0].producer() if node.inputs[0] is not None else None
-    return node if node is not None and node.op_type in GEMMS else None

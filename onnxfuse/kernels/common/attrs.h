@@ -113,6 +113,19 @@ inline std::vector<int> ReadStackActivations(const OrtApi* api, const OrtKernelI
   return acts;
 }
 
+// SwiGLU's `activation` (silu|gelu|gelu_tanh|quick_gelu|relu|sigmoid) as an onnxfuse_gate_act code; absent means
+// the schema default (silu: SwiGLU nodes written before the attribute existed).
+inline int ReadGateActivation(const OrtApi* api, const OrtKernelInfo* info, const char* op) {
+  std::string s = schema::attr::kActivationDefault;
+  detail::TryGetString(api, info, schema::attr::kActivation, s);
+  std::string expected;
+  for (int i = 0; i < ONNXFUSE_NUM_GATE_ACTIVATIONS; ++i) {
+    if (s == schema::kGateActivationNames[i]) return i;
+    expected += std::string(i ? "|" : "") + schema::kGateActivationNames[i];
+  }
+  Fail(std::string(op) + ": unknown " + schema::attr::kActivation + " '" + s + "' (expected " + expected + ")");
+}
+
 // MLPStack's `stack_mode` (auto|fused|layers) as an onnxfuse_stack_mode code.
 inline int ReadStackMode(const OrtApi* api, const OrtKernelInfo* info, const char* op) {
   std::string s = schema::attr::kStackModeDefault;

@@ -7,8 +7,8 @@
 //    at M <= 16; partial sums are reduced with warp shuffles and once through shared memory.
 //  * TensorCoreKernel — fp16/bf16 with M > 16: a 128 x 128 (64 for SwiGLU's two weights) x 32 tile on mma.sync
 //    tensor cores (nvcuda::wmma, HMMA in SASS), cp.async double buffering when pointers and K, N allow 16-byte
-//    copies, plain bounded loads otherwise. The epilogue (bias, relu / sigmoid, silu * up, the LoRA term) runs on
-//    the fp32 accumulators before the one store of Y.
+//    copies, plain bounded loads otherwise. The epilogue (bias, relu / sigmoid, act(gate) * up, the LoRA term) runs
+//    on the fp32 accumulators before the one store of Y.
 // LoRA needs no scratch memory: each block computes its rows of T = X @ A in the same K loop (the X tile is shared),
 // then adds (scale * T) @ B for its columns. Both families index with 64-bit offsets.
 #pragma once
@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/gate_act.h"
 #include "launch.h"
 
 namespace onnxfuse::cuda_kernels {
@@ -37,7 +38,7 @@ struct GemmParams {
   T* y;
   int64_t m, k, n;
   int r;
-  int act;  // ONNXFUSE_ACT_RELU / ONNXFUSE_ACT_SIGMOID for kEpiAct; 1 = relu for kEpiLora
+  int act;  // ONNXFUSE_ACT_RELU / ONNXFUSE_ACT_SIGMOID for kEpiAct; 1 = relu for kEpiLora; onnxfuse_gate_act for kEpiSwiglu
   float scale;
 };
 
@@ -58,7 +59,7 @@ __device__ __forceinline__ float sigmoid_f32(float z) { return 1.f / (1.f + __ex
 // acc0: X@W (or X@W_gate), acc1: X@W_up; for LoRA the (scale*T)@B term is already in acc0.
 template <int EPI>
 __device__ __forceinline__ float apply_epilogue(float acc0, float acc1, float bias, int act) {
-  if (EPI == kEpiSwiglu) return acc0 * sigmoid_f32(acc0) * acc1;
+  if (EPI == kEpiSwiglu) return onnxfuse::GateActivation(act, acc0) * acc1;
   const float z = acc0 + bias;
   if (EPI == kEpiAct && act == ONNXFUSE_ACT_SIGMOID) return sigmoid_f32(z);
   if (EPI == kEpiLora && act == 0) return z;

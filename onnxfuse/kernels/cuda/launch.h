@@ -7,7 +7,7 @@
 // when the CUDA runtime refused, or one of the negative ONNXFUSE_ERR_* codes; onnxfuse_cuda_error_string() names it.
 //
 // Layouts (onnxfuse/schema.py): X [M, K], weights [K, N], LoRA A [K, R] and B [R, N], bias [N], Y [M, N]; all
-// row-major and contiguous, all of one element type; fp32 accumulation; sigmoid and silu in fp32.
+// row-major and contiguous, all of one element type; fp32 accumulation; activations in fp32.
 //
 // The dtype codes (ONNXFUSE_FP32/FP16/BF16), activation codes (ONNXFUSE_ACT_*), stack modes (ONNXFUSE_STACK_*),
 // ONNXFUSE_MAX_STACK_LAYERS and ONNXFUSE_MAX_LORA_RANK come from the generated onnxfuse_ops.h (onnxfuse/schema.py
@@ -37,9 +37,10 @@ enum onnxfuse_error {
 // LinearRelu (act = ONNXFUSE_ACT_RELU) and LinearSigmoid (ONNXFUSE_ACT_SIGMOID): Y = act(X @ W + bias).
 int onnxfuse_cuda_linear_act(int dtype, int act, const void* x, const void* w, const void* bias, void* y, int64_t m,
                              int64_t k, int64_t n, void* stream);
-// SwiGLU: Y = silu(X @ W_gate) * (X @ W_up).
-int onnxfuse_cuda_swiglu(int dtype, const void* x, const void* w_gate, const void* w_up, void* y, int64_t m, int64_t k,
-                         int64_t n, void* stream);
+// SwiGLU: Y = act(X @ W_gate) * (X @ W_up), act an onnxfuse_gate_act code (silu, gelu, gelu_tanh, quick_gelu,
+// relu, sigmoid; common/gate_act.h), computed in fp32.
+int onnxfuse_cuda_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up, void* y, int64_t m,
+                         int64_t k, int64_t n, void* stream);
 // LoRALinear (relu = 0) and LoRALinearRelu (relu = 1): Y = [relu](X @ W + bias + scale * ((X @ A) @ B)).
 int onnxfuse_cuda_lora_linear(int dtype, int relu, const void* x, const void* w, const void* a, const void* b,
                               const void* bias, float scale, void* y, int64_t m, int64_t k, int64_t n, int64_t r,
@@ -92,8 +93,8 @@ int onnxfuse_cuda_embedding(int dtype, const void* table, const int64_t* ids, vo
 int onnxfuse_triton_available(void);
 int onnxfuse_triton_linear_act(int dtype, int act, const void* x, const void* w, const void* bias, void* y, int64_t m,
                                int64_t k, int64_t n, int small_cfg, void* stream);
-int onnxfuse_triton_swiglu(int dtype, const void* x, const void* w_gate, const void* w_up, void* y, int64_t m,
-                           int64_t k, int64_t n, int small_cfg, void* stream);
+int onnxfuse_triton_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up, void* y,
+                           int64_t m, int64_t k, int64_t n, int small_cfg, void* stream);
 // Device scratch (bytes) the Triton LoRA launcher needs for these sizes on the current device: 0 for the one-pass
 // kernel, else the fp32 partial sums of X @ A ([SPLIT, M, r_pad]); a negative ONNXFUSE_ERR_* / -cudaError_t when it
 // cannot tell (e.g. ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH). The caller allocates it (from onnxruntime's allocator, so the

@@ -10,7 +10,7 @@
 // as an Ort::Status naming the op, the backend and the CUDA (or onnxfuse) error.
 //
 // Everything a kernel is told comes from its node's attributes, read when the session creates it: backend,
-// MLPStack's stack_mode (auto|fused|layers), and the Triton A/B experiment knobs small_cfg (decode-path tile
+// SwiGLU's activation, MLPStack's stack_mode (auto|fused|layers), and the Triton A/B experiment knobs small_cfg (decode-path tile
 // config), lora_onepass and stack_cfg (one-kernel stack tiles), which only a library built with experiments
 // (ONNXFUSE_EXPERIMENTS, `onnxfuse build --experiments`) accepts. Nothing is read from the environment.
 //
@@ -161,7 +161,8 @@ template <typename T>
 struct SwiGLUCuda {
   static constexpr const char* kName = schema::SwiGLU::kName;
   SwiGLUCuda(const OrtApi* api, const OrtKernelInfo* info)
-      : attrs(ReadOpAttrs(api, info, kName)), knobs(ReadKnobs(api, info, kName)) {}
+      : attrs(ReadOpAttrs(api, info, kName)), knobs(ReadKnobs(api, info, kName)),
+        act(ReadGateActivation(api, info, kName)) {}
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& Wg,
                       const Ort::Custom::Tensor<T>& Wu, Ort::Custom::Tensor<T>& Y) {
     return GuardCompute([&] {
@@ -171,12 +172,15 @@ struct SwiGLUCuda {
       void* stream = StreamOf(ctx);
       const void *x = X.Data(), *wg = Wg.Data(), *wu = Wu.Data();
       Dispatch(
-          kName, attrs, [&] { return onnxfuse_cuda_swiglu(DtypeCode<T>(), x, wg, wu, y, d.M, d.K, d.N, stream); },
-          [&] { return onnxfuse_triton_swiglu(DtypeCode<T>(), x, wg, wu, y, d.M, d.K, d.N, knobs.small_cfg, stream); });
+          kName, attrs, [&] { return onnxfuse_cuda_swiglu(DtypeCode<T>(), act, x, wg, wu, y, d.M, d.K, d.N, stream); },
+          [&] {
+            return onnxfuse_triton_swiglu(DtypeCode<T>(), act, x, wg, wu, y, d.M, d.K, d.N, knobs.small_cfg, stream);
+          });
     });
   }
   OpAttrs attrs;
   Experiments knobs;
+  int act;  // onnxfuse_gate_act of the node's activation attribute
 };
 
 template <typename T>

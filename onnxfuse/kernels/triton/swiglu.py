@@ -1,21 +1,50 @@
-"""Triton kernel for SwiGLU (onnxfuse.schema): the gate and up GEMMs of a Llama MLP sharing each X tile, with
-silu(gate) * up in the epilogue, so neither [M, N] intermediate touches device memory.
+"""Triton kernel for SwiGLU (onnxfuse.schema): the gate and up GEMMs of a gated MLP sharing each X tile, with
+act(gate) * up in the epilogue, so neither [M, N] intermediate touches device memory.
 
-Compiled ahead of time by `aot.py`; the generated C launchers pass the arguments in this order.
+``ACT`` is a run-time code (onnxfuse_gate_act, schema.GATE_ACTIVATIONS order: 0 silu, 1 gelu, 2 gelu_tanh,
+3 quick_gelu, 4 relu, 5 sigmoid), so one cubin serves every activation: the branch is uniform over the launch and
+runs once per output tile, after the K loop. Every activation is computed in fp32 as PyTorch defines it (erf and
+tanh from libdevice, the accurate versions). Compiled ahead of time by `aot.py`; the generated C launchers pass the
+arguments in this order.
 """
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from .linear_act import _tile_ids
 
+# (Triton kernels read module globals only as constexpr.)
+_SQRT1_2 = tl.constexpr(0.7071067811865476)         # 1 / sqrt(2)
+_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
+_GELU_TANH_COEFF = tl.constexpr(0.044715)           # schema.GELU_TANH_COEFF
+_QUICK_GELU_ALPHA = tl.constexpr(1.702)             # schema.QUICK_GELU_ALPHA
+
 
 @triton.jit
-def _swiglu_kernel(x_ptr, wg_ptr, wu_ptr, y_ptr, M, N, K,
+def _gate_activation(g, ACT):
+    """act(g) for the fp32 tile g; ACT is the onnxfuse_gate_act code."""
+    if ACT == 0:
+        a = g / (1.0 + tl.exp(-g))
+    elif ACT == 1:
+        a = 0.5 * g * (1.0 + tl.math.erf(g * _SQRT1_2))
+    elif ACT == 2:
+        a = 0.5 * g * (1.0 + libdevice.tanh(_SQRT_2_OVER_PI * (g + _GELU_TANH_COEFF * g * g * g)))
+    elif ACT == 3:
+        a = g / (1.0 + tl.exp(-_QUICK_GELU_ALPHA * g))
+    elif ACT == 4:
+        a = tl.where(g > 0.0, g, tl.where(g != g, g, 0.0))  # relu; NaN stays NaN, like torch.relu
+    else:
+        a = 1.0 / (1.0 + tl.exp(-g))
+    return a
+
+
+@triton.jit
+def _swiglu_kernel(x_ptr, wg_ptr, wu_ptr, y_ptr, M, N, K, ACT,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                    DOT_PRECISION: tl.constexpr):
-    """PyTorch: ``g = x.float() @ wg.float(); u = x.float() @ wu.float(); y = (silu(g) * u).to(x.dtype)``.
+    """PyTorch: ``g = x.float() @ wg.float(); u = x.float() @ wu.float(); y = (act(g) * u).to(x.dtype)``.
 
-    x [M, K], wg and wu [K, N], y [M, N], row-major contiguous; fp32 accumulation, silu in fp32, 64-bit offsets.
+    x [M, K], wg and wu [K, N], y [M, N], row-major contiguous; fp32 accumulation, act in fp32, 64-bit offsets.
     """
     pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -42,12 +71,12 @@ def _swiglu_kernel(x_ptr, wg_ptr, wu_ptr, y_ptr, M, N, K,
         step = BLOCK_K * N.to(tl.int64)
         wg_ptrs += step
         wu_ptrs += step
-    y = gate / (1.0 + tl.exp(-gate)) * up
+    y = _gate_activation(gate, ACT) * up
     y_ptrs = y_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=(offs_m < M)[:, None] & n_ok[None, :])
 
 
 KERNELS = {
     "swiglu": (_swiglu_kernel, [("x_ptr", "*T"), ("wg_ptr", "*T"), ("wu_ptr", "*T"), ("y_ptr", "*T"),
-                                ("M", "i32"), ("N", "i32"), ("K", "i32")]),
+                                ("M", "i32"), ("N", "i32"), ("K", "i32"), ("ACT", "i32")]),
 }
