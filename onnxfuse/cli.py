@@ -255,20 +255,20 @@ def _build(args) -> int:
     try:
         if args.print_path and not explicit:
             # What a session here would load: ONNXFUSE_LIBRARY, else the cached (or first-use) build, through the
-            # stable <cache>/current link.
+            # stable link of its configuration (which no build of another configuration moves).
             lib = kernels.library_path()
-            stable = lib if os.environ.get("ONNXFUSE_LIBRARY") else kernels.set_current(lib)
+            stable = lib if os.environ.get("ONNXFUSE_LIBRARY") else kernels.link_stable(lib)
             print(json.dumps({"path": str(stable), "library": str(lib.resolve())}, indent=2) if args.json else stable)
             return 0
         res = kernels.build(arch=args.arch, backends=backends, force=args.force, quiet=quiet,
                             experiments=args.experiments)
     except kernels.BuildError as e:
         raise OnnxfuseError(f"kernel library build failed: {e}") from None
+    stable = kernels.link_stable(res.path)
     if args.print_path:
-        print(json.dumps({"path": str(kernels.current_path()), "library": str(res.path)}, indent=2) if args.json
-              else kernels.current_path())
+        print(json.dumps({"path": str(stable), "library": str(res.path)}, indent=2) if args.json else stable)
         return 0
-    data = {"path": str(res.path), "stable_path": str(kernels.current_path()), "backends": res.backends,
+    data = {"path": str(res.path), "stable_path": str(stable), "backends": res.backends,
             "archs": res.archs, "experiments": res.experiments, "headers": res.header_source, "cached": res.cached,
             "cache_key": res.cache_key, "seconds": round(res.seconds, 1)}
     if args.json:
@@ -277,7 +277,7 @@ def _build(args) -> int:
         print(f"{'cached' if res.cached else 'built'} {res.path}")
         print(f"  backends: {', '.join(res.backends)}; archs: {', '.join('sm_' + a for a in res.archs) or '-'}; "
               f"experiments: {'yes' if res.experiments else 'no'}; headers: {res.header_source}")
-        print(f"  stable path: {kernels.current_path()}")
+        print(f"  stable path: {stable}")
     return 0
 
 
@@ -302,7 +302,7 @@ def _cache(args) -> int:
     for col in ("key", "status", "backends", "archs", "experiments", "size", "age"):
         t.add_column(col)
     for e in entries:
-        status = e["status"] + (" (current)" if e["current"] else "")
+        status = e["status"] + (f" (stable: {', '.join(e['stable'])})" if e["stable"] else "")
         if e["status"] == "failed":
             status += f" at {e.get('stage')}"
         t.add_row(e["key"], status, ",".join(e["backends"]) or "-", ",".join(e["archs"]) or "-",
@@ -484,8 +484,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "a larger library, for experiments only")
     bu.add_argument("--force", action="store_true", help="rebuild even if a cached build exists, or retry one that failed")
     bu.add_argument("--print-path", action="store_true",
-                    help="print only the stable path of the library this environment uses (<cache>/current/"
-                         "libonnxfuse_ops.so, or ONNXFUSE_LIBRARY), building it first if needed")
+                    help="print only the stable path of the library (<cache>/stable/<configuration>/"
+                         "libonnxfuse_ops.so, e.g. stable/cpu-cuda-triton-sm90; only a build of the same backends, "
+                         "archs and experiments re-points it); without other flags, of the library a session here "
+                         "loads (or ONNXFUSE_LIBRARY), building it first if needed")
     _add_output_flags(bu, "print the result as JSON")
     bu.set_defaults(func=_build)
 

@@ -25,11 +25,11 @@ import pathlib
 import sys
 
 from .build import (ALL_BACKENDS, LIB_NAME, BuildError, BuildResult, auto_backends, available_backends, build,
-                    build_dir, cache_entries, clean, current_path, find_cached, set_current)
+                    build_dir, cache_entries, clean, find_cached, link_stable, stable_links, stable_name, stable_path)
 
 __all__ = ["BuildError", "BuildResult", "announcements", "auto_backends", "available_backends", "build", "build_dir",
-           "build_info", "cache_entries", "clean", "current_path", "library_path", "needed_backends",
-           "session_options", "set_current"]
+           "build_info", "cache_entries", "clean", "find_cached", "library_path", "link_stable", "needed_backends",
+           "session_options", "stable_links", "stable_name", "stable_path"]
 
 _resolved: dict[tuple, pathlib.Path] = {}
 _announce = [True]
@@ -80,7 +80,7 @@ def library_path(build_if_missing: bool = True, provider: str | None = None) -> 
         return pathlib.Path(min(entries, key=lambda e: e["age_s"])["path"]) / LIB_NAME
     found = find_cached(need)
     if found is not None:
-        set_current(found)
+        link_stable(found)
         _resolved[key] = found
         return found
     # What to build: ONNXFUSE_BACKENDS, else what this onnxruntime can run (a CPU session on a GPU machine gets the
