@@ -29,7 +29,7 @@ from .build import (ALL_BACKENDS, LIB_NAME, BuildError, BuildResult, auto_backen
 
 __all__ = ["BuildError", "BuildResult", "announcements", "auto_backends", "available_backends", "build", "build_dir",
            "build_info", "cache_entries", "clean", "find_cached", "library_path", "link_stable", "needed_backends",
-           "session_options", "stable_links", "stable_name", "stable_path"]
+           "registered_library", "session_options", "stable_links", "stable_name", "stable_path"]
 
 _resolved: dict[tuple, pathlib.Path] = {}
 _announce = [True]
@@ -107,10 +107,28 @@ def build_info(path: str | os.PathLike | None = None) -> dict:
     return json.loads(fn().decode())
 
 
+# A session config entry that marks SessionOptions with the library registered (a user's options reused for several
+# sessions): onnxruntime refuses a second registration on one options object ("Domain already set in registry") and
+# ignores config keys it does not know.
+_LIBRARY_ENTRY = "onnxfuse.custom_ops_library"
+
+
+def registered_library(so) -> str | None:
+    """The library path `session_options` registered on `so`, or None."""
+    try:
+        return so.get_session_config_entry(_LIBRARY_ENTRY)
+    except Exception:  # onnxruntime raises when the key is absent
+        return None
+
+
 def session_options(so=None, path: str | os.PathLike | None = None, provider: str | None = None):
-    """Return `so` (or a new onnxruntime.SessionOptions) with the onnxfuse library registered."""
+    """Return `so` (or a new onnxruntime.SessionOptions) with the onnxfuse library registered: `path`, else
+    library_path(provider=provider). Registering twice on the same options object is a no-op."""
     import onnxruntime as ort
 
     so = so if so is not None else ort.SessionOptions()
-    so.register_custom_ops_library(str(path or library_path(provider=provider)))
+    if registered_library(so) is None:
+        lib = str(path or library_path(provider=provider))
+        so.register_custom_ops_library(lib)
+        so.add_session_config_entry(_LIBRARY_ENTRY, lib)
     return so

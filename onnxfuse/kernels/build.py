@@ -71,6 +71,8 @@ class BuildError(RuntimeError):
 
 @dataclasses.dataclass
 class BuildResult:
+    """A built (or reused) library: its `path` in the cache, backends, CUDA archs, where the ORT headers came from,
+    the cache key, the build log text and its path, whether it was `cached`, experiments, and the seconds taken."""
     path: pathlib.Path
     backends: list[str]
     archs: list[str]
@@ -228,6 +230,7 @@ def find_ort_headers(fetch: bool = True, log: list[str] | None = None) -> tuple[
 
 # ------------------------------------------------------------------------------------------------ toolchain
 def find_nvcc() -> pathlib.Path | None:
+    """nvcc from CUDA_HOME, CUDA_PATH, /usr/local/cuda or PATH (in that order), or None."""
     for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
         if root and (pathlib.Path(root) / "bin/nvcc").is_file():
             return pathlib.Path(root) / "bin/nvcc"
@@ -301,6 +304,7 @@ def auto_backends(provider: str | None = None) -> list[str]:
 
 
 def parse_archs(arch) -> list[str]:
+    """CUDA archs from "80,90", "sm_90" or a list (default DEFAULT_ARCHS); BuildError on anything else."""
     if arch is None:
         return list(DEFAULT_ARCHS)
     items = arch.replace(";", ",").split(",") if isinstance(arch, str) else [str(a) for a in arch]
@@ -312,6 +316,7 @@ def parse_archs(arch) -> list[str]:
 
 
 def source_files(with_gpu: bool = True) -> list[pathlib.Path]:
+    """The files the build reads (SOURCE_GLOBS), without the CUDA/Triton ones unless with_gpu."""
     files: set[pathlib.Path] = set()
     for pattern in SOURCE_GLOBS:
         files.update(p for p in KERNELS_DIR.glob(pattern) if p.is_file())
@@ -321,6 +326,7 @@ def source_files(with_gpu: bool = True) -> list[pathlib.Path]:
 
 
 def ops_header_text() -> str:
+    """The generated onnxfuse_ops.h (from schema.py and the Triton kernel table)."""
     from . import ops_header  # noqa: PLC0415 - imports onnxfuse.schema
     return ops_header.render()
 
@@ -356,18 +362,22 @@ class Plan:
 
     @property
     def dir(self) -> pathlib.Path:
+        """The cache folder of this build: <build dir>/<key>."""
         return build_dir() / self.key
 
     @property
     def lib(self) -> pathlib.Path:
+        """The library this build makes: <build dir>/<key>/libonnxfuse_ops.so."""
         return self.dir / LIB_NAME
 
     @property
     def log_path(self) -> pathlib.Path:
+        """The log of the latest attempt: <build dir>/logs/<key>.log."""
         return build_dir() / "logs" / f"{self.key}.log"
 
     @property
     def failure_path(self) -> pathlib.Path:
+        """Where a failure of this build is remembered: <build dir>/failed/<key>.json."""
         return build_dir() / "failed" / f"{self.key}.json"
 
 
@@ -690,6 +700,7 @@ def clean(include_headers: bool = False) -> list[pathlib.Path]:
 
 
 def main(argv=None) -> int:
+    """`python -m onnxfuse.kernels.build`: build and print the library's path (`onnxfuse build` is the CLI)."""
     ap = argparse.ArgumentParser(prog="python -m onnxfuse.kernels.build", description=__doc__.splitlines()[0])
     ap.add_argument("--arch", help="CUDA archs, e.g. 80,90 (default 90)")
     ap.add_argument("--backends", help=f"comma list from {','.join(ALL_BACKENDS)} (default: all available)")
