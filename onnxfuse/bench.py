@@ -1491,6 +1491,8 @@ def options_from_args(args) -> Options:
 def cli_main(args) -> int:
     """The `bench` command: run (or re-read), write the JSON and the plot, print the table; 1 if goals fail."""
     quiet = args.quiet or args.json
+    if args.noisy_spread < 1:
+        raise OnnxfuseError(f"--noisy-spread {args.noisy_spread}: p90/p10 is at least 1; give a threshold like 1.25")
     if args.from_json:
         if args.targets:
             raise OnnxfuseError("--from-json reads a results file: give no cases or models with it")
