@@ -310,3 +310,22 @@ def public_without_docstrings(modules=API_MODULES) -> list[str]:
                     if (inspect.isfunction(fn) or isinstance(member, property)) and not (fn.__doc__ or "").strip():
                         out.append(f"{name}.{attr}.{m}")
     return sorted(set(out))
+
+
+def test_quiet_and_json_on_the_model_commands(fused_tiny, tmp_path, capfd):
+    """-q prints nothing at all; --json prints one JSON document on stdout and nothing on stderr."""
+    src, fused = fused_tiny
+    runs = {
+        "fuse": (["fuse", str(src), "-o", str(tmp_path / "q.onnx")], ["fuse", str(src), "-o", str(tmp_path / "j.onnx")]),
+        "run": (["run", str(fused)], ["run", str(fused)]),
+        "cache": (["cache"], ["cache"]),
+        "build": (["build", "--print-path"], ["build", "--print-path"]),
+    }
+    for name, (quiet, as_json) in runs.items():
+        assert cli.main(quiet + ["-q"]) == 0, name
+        cap = capfd.readouterr()
+        assert cap.err == "" and (cap.out == "" or name == "build"), (name, cap)  # --print-path prints the path
+        assert cli.main(as_json + ["--json"]) == 0, name
+        cap = capfd.readouterr()
+        assert cap.err == "", (name, cap.err)
+        json.loads(cap.out)
