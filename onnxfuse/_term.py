@@ -24,22 +24,28 @@ def console(quiet: bool = False, stderr: bool = False) -> Console:
 
 
 class Table(_RichTable):
-    """A rich Table whose `numeric` columns are never wrapped or cut: their longest cell's width is their minimum
-    (rich restores it after shrinking), the headers may wrap at spaces, and the other columns fold (break inside
-    long words) to make room."""
+    """A rich Table whose `numeric` columns are never wrapped or cut: rich's collapse leaves them alone (no_wrap) and
+    their longest cell's width is their minimum (restored should rich still shrink them); the other columns fold
+    (break inside long words) to make room, and a table still too wide loses its outer border."""
 
     def __init__(self, *headers: str, title: str | None = None, numeric=(), **kwargs):
         super().__init__(title=title, **kwargs)
         self._numeric = set(numeric)
-        for h in headers:  # numbers have no spaces: with their width as the minimum they never wrap
-            self.add_column(h, overflow="fold")
+        for h in headers:  # numeric columns: not shrunk by rich's collapse (no_wrap), which then folds the text ones
+            self.add_column(h, overflow="fold", no_wrap=h in self._numeric)
 
     def __rich_console__(self, console, options):
         for col in self.columns:
             if col.header in self._numeric:
                 cells = [Text.from_markup(c).cell_len if isinstance(c, str) else len(str(c)) for c in col._cells]
                 col.min_width = max(cells, default=1)
+        if self.show_edge and self._natural_width(console, options) > options.max_width:
+            self.show_edge = False  # a narrow terminal: the outer border's 4 columns go before any text folds
         yield from super().__rich_console__(console, options)
+
+    def _natural_width(self, console, options) -> int:
+        widths = [self._measure_column(console, options.update_width(10_000), c).maximum for c in self.columns]
+        return sum(widths) + self._extra_width
 
 
 class Stages:
