@@ -181,8 +181,6 @@ def session(model: onnx.ModelProto | str | os.PathLike, provider: str = "cpu", *
         raise OnnxfuseError(f"onnxruntime could not load the model: {msg[:400]}") from None
 
 
-
-
 def _has_bf16(model: onnx.ModelProto) -> bool:
     bf16 = onnx.TensorProto.BFLOAT16
     return (any(t.data_type == bf16 for t in model.graph.initializer)
