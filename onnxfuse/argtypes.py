@@ -1,4 +1,7 @@
-"""argparse value types shared by the CLI commands: one-line errors that say what was expected."""
+"""argparse value types shared by the CLI commands: one-line errors that say what was expected.
+
+Every list flag takes one syntax: comma-separated values (`--patterns swiglu,linear_act`, `--bottom-mlp
+512,256,64,16`, `--sizes 16,128`). Layer sizes also accept the paper's dashes (512-256-64-16) for old scripts."""
 from __future__ import annotations
 
 import argparse
@@ -27,9 +30,17 @@ def nonneg_int(text: str) -> int:
 
 def layer_sizes(text: str) -> tuple[int, ...]:
     try:
-        values = tuple(int(v) for v in text.replace(",", "-").split("-") if v)
+        values = tuple(int(v) for v in text.replace("-", ",").split(",") if v.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected sizes like 512-256-64-16")
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated sizes like 512,256,64,16")
     if not values or min(values) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: sizes must be positive, like 512-256-64-16")
+        raise argparse.ArgumentTypeError(f"{text!r}: sizes must be positive, like 512,256,64,16")
     return values
+
+
+def name_list(text: str) -> list[str]:
+    """Comma-separated names (`gate_proj,up_proj`)."""
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated names like gate_proj,up_proj")
+    return names

@@ -1032,7 +1032,7 @@ def run(targets: list[str] | None = None, options: Options | None = None) -> dic
     result["seconds"] = round(time.perf_counter() - t_start, 1)
     result["target"] = (pathlib.Path(files[0]).stem if files else
                         "all" if names == list(CASES) else "+".join(names))
-    return result
+    return annotate(result)
 
 
 def _file_workload(path: str, opts: Options) -> Workload:
@@ -1268,7 +1268,50 @@ def _rates(flops, nbytes, median_ms, result) -> dict:
 
 # ------------------------------------------------------------------------------------------------------------ output
 
-def default_output(result: dict, out_dir: pathlib.Path = DEFAULT_RESULTS) -> pathlib.Path:
+# A median whose p90/p10 spread is above this is flagged noisy in the table and the JSON.
+NOISY_SPREAD = 1.25
+
+
+def results_dir() -> pathlib.Path:
+    """Where results go without -o: benchmarks/results/ of the onnxfuse checkout this package runs from (an editable
+    install), else the user data dir (e.g. ~/.local/share/onnxfuse/bench-results); never the current directory."""
+    checkout = pathlib.Path(__file__).resolve().parent.parent
+    if (checkout / "pyproject.toml").is_file() and (checkout / DEFAULT_RESULTS).is_dir():
+        return checkout / DEFAULT_RESULTS
+    try:
+        import platformdirs
+        return pathlib.Path(platformdirs.user_data_dir("onnxfuse")) / "bench-results"
+    except ImportError:  # a declared dependency; the same path on Linux
+        return pathlib.Path.home() / ".local" / "share" / "onnxfuse" / "bench-results"
+
+
+def annotate(result: dict, noisy_spread: float = NOISY_SPREAD) -> dict:
+    """Flag what a reader should not trust, per timed variant and per case (`flags`): a noisy median (p90/p10 above
+    `noisy_spread`: `spread`, `noisy`), and a roofline above 100 % (`roofline_over_100`: the peak or bandwidth
+    measured in the same run was itself noisy or low, so the percentage is not meaningful)."""
+    result["noisy_spread"] = noisy_spread
+    for c in result.get("cases", []):
+        flags = []
+        for name, v in c.get("variants", {}).items():
+            if "median_ms" not in v:
+                continue
+            p10, p90 = v.get("p10_ms"), v.get("p90_ms")
+            if isinstance(p10, (int, float)) and isinstance(p90, (int, float)) and p10 > 0:
+                v["spread"] = round(p90 / p10, 3)
+                v["noisy"] = v["spread"] > noisy_spread
+                if v["noisy"]:
+                    flags.append(f"{name}: noisy median (p90/p10 {v['spread']:.2f} > {noisy_spread})")
+            roof = v.get("roofline_pct")
+            v["roofline_over_100"] = isinstance(roof, (int, float)) and roof > 100
+            if v["roofline_over_100"]:
+                flags.append(f"{name}: roofline {roof:.0f}% > 100% (the same-run peak/bandwidth was noisy)")
+        c["flags"] = flags
+    return result
+
+
+def default_output(result: dict, out_dir: pathlib.Path | None = None) -> pathlib.Path:
+    """A new results path in `out_dir` (default results_dir()): <date>-<device>-<target>.json, -2, -3, ... if taken."""
+    out_dir = pathlib.Path(out_dir) if out_dir is not None else results_dir()
     date = result.get("date", _dt.datetime.now().isoformat())[:10]
     base = f"{date}-{slug(result.get('device', 'device'))}-{slug(result.get('target', 'all'))}"
     p = out_dir / f"{base}.json"
@@ -1312,12 +1355,12 @@ def load_json(path) -> dict:
 
 
 def reevaluate(result: dict) -> dict:
-    """Recompute ratios and goals (e.g. after editing GOALS, or for a synthetic results file)."""
+    """Recompute ratios, goals and flags (e.g. after editing GOALS, or for a synthetic results file)."""
     for c in result["cases"]:
         c["ratios"] = compute_ratios(c.get("variants", {}), result.get("ort_floor_ms"))
         c["goals"] = evaluate_goals(c, result)
     cross_case_ratios(result)
-    return result
+    return annotate(result, result.get("noisy_spread", NOISY_SPREAD))
 
 
 def _fmt(v, spec=".3f"):
@@ -1339,15 +1382,22 @@ def format_table(result: dict) -> str:
                      f"{_fmt(c.get('bytes') and c['bytes'] / 1e6, '.1f')} MB; fused ops: "
                      f"{', '.join(f'{k} {v}' for k, v in (c.get('models', {}).get('fused_ops') or {}).items()) or '-'}")
         lines.append(f"  {'variant':20} {'median ms':>10} {'p10':>9} {'p90':>9} {'TFLOP/s':>8} {'GB/s':>8} "
-                     f"{'%roof':>6} {'x unfused':>9} {'rel err':>8}")
+                     f"{'%roof':>6} {'x unfused':>9} {'rel err':>8}  flags")
+        skipped: dict[str, list[str]] = {}
         for name, v in c["variants"].items():
             if "median_ms" in v:
+                marks = ", ".join(m for m, on in (("noisy", v.get("noisy")), (">100% roof", v.get("roofline_over_100")))
+                                  if on)
                 lines.append(f"  {name:20} {v['median_ms']:10.4f} {v['p10_ms']:9.4f} {v['p90_ms']:9.4f} "
                              f"{_fmt(v.get('tflops'), '8.2f')} {_fmt(v.get('gbs'), '8.1f')} "
                              f"{_fmt(v.get('roofline_pct'), '6.1f')} {_fmt(v.get('speedup_vs_unfused'), '9.3f')} "
-                             f"{_fmt(v.get('rel_err'), '8.1e')}")
+                             f"{_fmt(v.get('rel_err'), '8.1e')}  {marks}".rstrip())
             else:
-                lines.append(f"  {name:20} skipped: {v.get('skipped', '?')[:110]}")
+                skipped.setdefault(v.get("skipped", "?"), []).append(name)
+        if skipped:  # one line per case, variants grouped by reason
+            lines.append("  skipped: " + "; ".join(f"{', '.join(names)} ({reason})" for reason, names in skipped.items()))
+        for flag in c.get("flags", []):
+            lines.append(f"  flag: {flag}")
         r = c.get("ratios", {})
         lines.append("  ratios: " + ", ".join(f"{k} {v}" for k, v in r.items() if v is not None))
     goals = [g for c in result["cases"] for g in c.get("goals", [])]
@@ -1384,28 +1434,46 @@ def plot(result: dict, path) -> pathlib.Path | None:
         entries = sorted(entries, key=lambda e: e.get("size") or 0)
         xs = [e.get("size") or 0 for e in entries]
         names = [v for v in VARIANTS if any("median_ms" in e["variants"].get(v, {}) for e in entries)]
-        if len(set(xs)) > 1:  # perf-report style: median ms vs size, one line per variant
+        if len(set(xs)) > 1:  # perf-report style: median ms vs size, one line per variant, p10-p90 error bars
             for name in names:
-                pts = [(x, e["variants"][name]["median_ms"]) for x, e in zip(xs, entries)
-                       if "median_ms" in e["variants"].get(name, {})]
+                pts = [(x, e["variants"][name]) for x, e in zip(xs, entries) if "median_ms" in e["variants"].get(name, {})]
                 style = "--" if name.startswith("torch") else ("-." if name.startswith("ort") else "-")
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=name, color=colors[name])
+                med = [v["median_ms"] for _, v in pts]
+                err = [[max(v["median_ms"] - v.get("p10_ms", v["median_ms"]), 0) for _, v in pts],
+                       [max(v.get("p90_ms", v["median_ms"]) - v["median_ms"], 0) for _, v in pts]]
+                ax.errorbar([x for x, _ in pts], med, yerr=err, fmt=style, marker="o", capsize=2, label=name,
+                            color=colors[name])
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xticks(sorted(set(xs)))
             ax.set_xticklabels([str(x) for x in sorted(set(xs))])
             ax.set_xlabel(entries[0].get("size_name", "size"))
-            ax.set_ylabel("median ms")
+            ax.set_ylabel("median ms (p10-p90 bars)")
+            ratio = [(x, e.get("ratios", {}).get("fused_vs_unfused")) for x, e in zip(xs, entries)]
+            ratio = [(x, r) for x, r in ratio if r]
+            if ratio:  # best fused vs best unfused on a second axis
+                ax2 = ax.twinx()
+                ax2.plot([x for x, _ in ratio], [r for _, r in ratio], ":", marker="s", color="black",
+                         label="fused/unfused speedup")
+                ax2.axhline(1.0, color="gray", linewidth=0.6)
+                ax2.set_ylabel("unfused / fused (x)")
+                ax2.legend(fontsize=7, loc="lower right")
             ax.legend(fontsize=7)
-        else:  # one size: a bar per variant
-            ms = [entries[0]["variants"][name]["median_ms"] for name in names]
-            ax.barh(names, ms, color=[colors[n_] for n_ in names])
+        else:  # one size: a bar per variant, p10-p90 error bars, fused bars labelled with their speedup
+            vs = [entries[0]["variants"][name] for name in names]
+            ms = [v["median_ms"] for v in vs]
+            err = [[max(v["median_ms"] - v.get("p10_ms", v["median_ms"]), 0) for v in vs],
+                   [max(v.get("p90_ms", v["median_ms"]) - v["median_ms"], 0) for v in vs]]
+            ax.barh(names, ms, xerr=err, capsize=2, color=[colors[n_] for n_ in names])
             ax.invert_yaxis()
             if ms and max(ms) / min(ms) > 30:
                 ax.set_xscale("log")
-            for i, v in enumerate(ms):
-                ax.text(v, i, f" {v:.3g}", va="center", fontsize=7)
-            ax.set_xlabel(f"median ms ({entries[0].get('size_name', 'size')} {xs[0]})")
+            for i, (name, v) in enumerate(zip(names, vs)):
+                sp = v.get("speedup_vs_unfused") if name.startswith("fused") else None
+                label = f" {v['median_ms']:.3g}" + (f" ({sp:.2f}x vs unfused)" if sp else "") + \
+                    (" noisy" if v.get("noisy") else "")
+                ax.text(v.get("p90_ms", v["median_ms"]), i, label, va="center", fontsize=7)
+            ax.set_xlabel(f"median ms, p10-p90 bars ({entries[0].get('size_name', 'size')} {xs[0]})")
             ax.tick_params(axis="y", labelsize=7)
         ax.set_title(f"{case} ({result.get('dtype')})")
         ax.grid(True, alpha=0.3)
@@ -1471,7 +1539,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"where exported and fused models are cached (default {DEFAULT_CACHE})")
     p.add_argument("--seed", type=int, default=0, help="seed for weights and inputs (default 0)")
     p.add_argument("-o", "--output", metavar="FILE.json",
-                   help=f"results JSON (default {DEFAULT_RESULTS}/<date>-<device>-<case-or-all>.json)")
+                   help="results JSON (default: <results dir>/<date>-<device>-<case-or-all>.json)")
+    p.add_argument("--results-dir", type=pathlib.Path, metavar="DIR",
+                   help=f"folder for the results JSON and plot without -o (default: the checkout's {DEFAULT_RESULTS}/ "
+                        "when onnxfuse runs from one, else the user data dir; never the current directory)")
+    p.add_argument("--noisy-spread", type=float, default=NOISY_SPREAD, metavar="X",
+                   help=f"flag a median as noisy when p90/p10 is above X (default {NOISY_SPREAD})")
     p.add_argument("--plot", metavar="FILE.png", help="plot path (default: the JSON's path with .png)")
     p.add_argument("--no-plot", action="store_true", help="write no plot")
     p.add_argument("--from-json", "--plot-from", dest="from_json", metavar="RESULTS.json",
@@ -1505,17 +1578,25 @@ def options_from_args(args) -> Options:
 def cli_main(args) -> int:
     """The `bench` command: run (or re-read), write the JSON and the plot, print the table; 1 if goals fail."""
     quiet = args.quiet or args.json
+    if args.noisy_spread < 1:
+        raise OnnxfuseError(f"--noisy-spread {args.noisy_spread}: p90/p10 is at least 1; give a threshold like 1.25")
     if args.from_json:
         if args.targets:
             raise OnnxfuseError("--from-json reads a results file: give no cases or models with it")
-        result = reevaluate(load_json(args.from_json))
+        result = load_json(args.from_json)
+        result["noisy_spread"] = args.noisy_spread
+        result = reevaluate(result)
         json_path = pathlib.Path(args.from_json)
     else:
+        from . import onnxio
         if args.output:
-            from . import onnxio
             onnxio.check_output_path(args.output, force=True)
-        result = run(args.targets, options_from_args(args))
-        json_path = pathlib.Path(args.output) if args.output else default_output(result)
+        elif args.results_dir is not None and not args.results_dir.is_dir():
+            raise OnnxfuseError(f"--results-dir {args.results_dir}: no such folder; create it first or pick another")
+        if args.plot:
+            onnxio.check_output_path(args.plot, force=True)
+        result = annotate(run(args.targets, options_from_args(args)), args.noisy_spread)
+        json_path = pathlib.Path(args.output) if args.output else default_output(result, args.results_dir)
         write_json(result, json_path)
     plot_path = None
     if not args.no_plot:

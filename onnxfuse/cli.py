@@ -5,8 +5,6 @@ Exit codes: 0 ok, 1 a verification or benchmark goal failed, 2 bad input (one li
 from __future__ import annotations
 
 import argparse
-import contextlib
-import collections
 import json
 import os
 import pathlib
@@ -26,12 +24,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _console(quiet: bool = False):
-    from rich.console import Console
-    # rich wraps to 80 columns when stdout is not a terminal: too narrow for the report tables in CI logs.
-    return Console(stderr=False, quiet=quiet, highlight=False, width=None if sys.stdout.isatty() else 140)
+    from ._term import console
+    return console(quiet)
 
 
-from .argtypes import layer_sizes as _sizes, positive_int as _positive  # noqa: E402
+from .argtypes import layer_sizes as _sizes, name_list as _names, positive_int as _positive  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------------------ export
@@ -83,19 +80,23 @@ def _export_dlrm(args) -> int:
 
 def _run_export(args, kind, spec, name) -> int:
     from . import export
+    from ._term import Stages
     out = pathlib.Path(args.output) if args.output else DEFAULT_OUT / f"{name}.onnx"
     if not args.output:
         out.parent.mkdir(parents=True, exist_ok=True)
-    con = _console(args.quiet or args.json)
-    with con.status(f"exporting {kind} to {out} ...", spinner="dots") if not (args.quiet or args.json) else contextlib.nullcontext():
-        res = export.export(kind, spec, out, seed=args.seed, dtype=args.dtype, exporter=args.exporter,
-                            dynamic=args.dynamic, external_data=args.external_data, force=args.force)
+    res = export.export(kind, spec, out, seed=args.seed, dtype=args.dtype, exporter=args.exporter,
+                        dynamic=args.dynamic, external_data=args.external_data, force=args.force,
+                        progress=Stages("export", not (args.quiet or args.json)))
     # res.warnings (e.g. the TorchScript fallback) were already issued as Python warnings, printed by main().
     if args.json:
-        print(json.dumps({"path": str(res.path), "exporter": res.exporter, "seconds": round(res.seconds, 2),
-                          "op_counts": res.op_counts, "recipe": res.recipe}, indent=2))
-    else:
-        con.print(f"wrote {res.path} ({res.exporter} exporter, {res.seconds:.1f} s, {sum(res.op_counts.values())} nodes)")
+        print(json.dumps({"path": str(res.path), "data_path": str(res.data_path) if res.data_path else None,
+                          "exporter": res.exporter, "seconds": round(res.seconds, 2), "op_counts": res.op_counts,
+                          "recipe": res.recipe}, indent=2))
+    elif not args.quiet:
+        con = _console()
+        data = f" and its weights {res.data_path} ({_size(res.data_path.stat().st_size)})" if res.data_path else ""
+        con.print(f"wrote {res.path}{data} ({res.exporter} exporter, {res.seconds:.1f} s, "
+                  f"{sum(res.op_counts.values())} nodes)", soft_wrap=True)
         con.print("  " + ", ".join(f"{k} {v}" for k, v in res.op_counts.items()))
     return 0
 
@@ -104,20 +105,20 @@ def _run_export(args, kind, spec, name) -> int:
 
 def _verify(args) -> int:
     from . import verify as v
+    from ._term import Stages, Table
     module = inputs = None
     if args.module:
         made = v.load_factory(args.module)
         module, inputs = made if isinstance(made, tuple) else (made, None)
     res = v.verify(args.model, module=module, inputs=inputs, provider=args.provider, tolerance=args.tolerance,
                    graph_optimization=not args.no_graph_opt, library=True if args.require_library else None,
-                   backend=args.backend)
+                   backend=args.backend, progress=Stages("verify", not (args.quiet or args.json)))
     if args.json:
         print(json.dumps(res.to_dict(), indent=2))
     elif not args.quiet:
-        from rich.table import Table
-        t = Table(title=f"verify {args.model} ({res.provider}, {res.dtype}, {res.fused_nodes} onnxfuse nodes)")
-        for col in ("output", "shape", "max abs err", "max rel err", "rel L2 err", "tolerance", "result"):
-            t.add_column(col)
+        t = Table("output", "shape", "max abs err", "max rel err", "rel L2 err", "tolerance", "result",
+                  title=f"verify {args.model} ({res.provider}, {res.dtype}, {res.fused_nodes} onnxfuse nodes)",
+                  numeric=("shape", "max abs err", "max rel err", "rel L2 err", "tolerance", "result"))
         for o in res.outputs:
             t.add_row(o.name, "x".join(map(str, o.shape)), f"{o.max_abs_err:.3e}", f"{o.max_rel_err:.3e}",
                       f"{o.rel_l2_err:.3e}", f"{o.tolerance:.0e}", "[green]PASS[/]" if o.passed else "[red]FAIL[/]")
@@ -174,7 +175,7 @@ def _fuse(args) -> int:
         print(json.dumps(res.report(), indent=2))
         return 0
     con = _console(args.quiet)
-    from rich.table import Table
+    from ._term import Table
     if res.ort is not None:
         _print_ort_stage(con, res)
     if not res.changed:
@@ -187,9 +188,9 @@ def _fuse(args) -> int:
     else:
         stage = "stage 2, onnxfuse" if res.ort is not None else "onnxfuse"
         if res.matches:
-            t = Table(title=f"{stage}: {args.model} -> {res.output}")
-            for col in ("pattern", "op", "matches", "nodes removed", "nodes added", "FLOP share"):
-                t.add_column(col)
+            t = Table("pattern", "op", "matches", "nodes removed", "nodes added", "FLOP share",
+                      title=f"{stage}: {args.model} -> {res.output}",
+                      numeric=("matches", "nodes removed", "nodes added", "FLOP share"))
             for row in res.table():
                 share = "n/a" if row["flop_share"] is None else f"{100 * row['flop_share']:.1f}%"
                 details = ", ".join(f"{k} x{v}" for k, v in sorted(row.get("details", {}).items()))
@@ -218,6 +219,17 @@ def _fuse(args) -> int:
     return 0
 
 
+def _backend_list(text: str) -> list[str]:
+    """--backends cpu,cuda,triton."""
+    from .kernels.build import ALL_BACKENDS
+    names = _names(text)
+    bad = [n for n in names if n not in ALL_BACKENDS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown backend(s) {', '.join(bad)}; choose from {','.join(ALL_BACKENDS)}, "
+                                         "comma-separated")
+    return names
+
+
 def _pattern_list(text: str) -> list[str]:
     """--patterns a,b (commas, like every list flag); the names are fuse.PATTERNS'."""
     from .fuse import PATTERNS
@@ -233,10 +245,9 @@ def _print_ort_stage(con, res) -> None:
     """Stage 1 of the report: onnxruntime's fusions by name and count, the check, what was left out."""
     stage = res.ort
     if stage.applied:
-        from rich.table import Table
-        t = Table(title="stage 1, onnxruntime's fusions (onnxscript ort_fusions)")
-        t.add_column("fusion")
-        t.add_column("matches")
+        from ._term import Table
+        t = Table("fusion", "matches", title="stage 1, onnxruntime's fusions (onnxscript ort_fusions)",
+                  numeric=("matches",))
         for name, count in stage.applied.items():
             t.add_row(name, str(count))
         con.print(t)
@@ -254,26 +265,26 @@ def _print_ort_stage(con, res) -> None:
 
 def _build(args) -> int:
     from . import kernels
-    backends = args.backends.split(",") if args.backends else None
+    backends = args.backends
     quiet = args.quiet or args.json  # stage progress goes to stderr, never with --json
     explicit = backends is not None or args.arch or args.experiments or args.force
     try:
         if args.print_path and not explicit:
             # What a session here would load: ONNXFUSE_LIBRARY, else the cached (or first-use) build, through the
-            # stable <cache>/current link.
+            # stable link of its configuration (which no build of another configuration moves).
             lib = kernels.library_path()
-            stable = lib if os.environ.get("ONNXFUSE_LIBRARY") else kernels.set_current(lib)
+            stable = lib if os.environ.get("ONNXFUSE_LIBRARY") else kernels.link_stable(lib)
             print(json.dumps({"path": str(stable), "library": str(lib.resolve())}, indent=2) if args.json else stable)
             return 0
         res = kernels.build(arch=args.arch, backends=backends, force=args.force, quiet=quiet,
                             experiments=args.experiments)
     except kernels.BuildError as e:
         raise OnnxfuseError(f"kernel library build failed: {e}") from None
+    stable = kernels.link_stable(res.path)
     if args.print_path:
-        print(json.dumps({"path": str(kernels.current_path()), "library": str(res.path)}, indent=2) if args.json
-              else kernels.current_path())
+        print(json.dumps({"path": str(stable), "library": str(res.path)}, indent=2) if args.json else stable)
         return 0
-    data = {"path": str(res.path), "stable_path": str(kernels.current_path()), "backends": res.backends,
+    data = {"path": str(res.path), "stable_path": str(stable), "backends": res.backends,
             "archs": res.archs, "experiments": res.experiments, "headers": res.header_source, "cached": res.cached,
             "cache_key": res.cache_key, "seconds": round(res.seconds, 1)}
     if args.json:
@@ -282,7 +293,7 @@ def _build(args) -> int:
         print(f"{'cached' if res.cached else 'built'} {res.path}")
         print(f"  backends: {', '.join(res.backends)}; archs: {', '.join('sm_' + a for a in res.archs) or '-'}; "
               f"experiments: {'yes' if res.experiments else 'no'}; headers: {res.header_source}")
-        print(f"  stable path: {kernels.current_path()}")
+        print(f"  stable path: {stable}")
     return 0
 
 
@@ -302,12 +313,11 @@ def _cache(args) -> int:
         return 0
     if args.quiet:
         return 0
-    from rich.table import Table
-    t = Table(title=f"onnxfuse build cache: {kernels.build_dir()}")
-    for col in ("key", "status", "backends", "archs", "experiments", "size", "age"):
-        t.add_column(col)
+    from ._term import Table
+    t = Table("key", "status", "backends", "archs", "experiments", "size", "age",
+              title=f"onnxfuse build cache: {kernels.build_dir()}", numeric=("key", "size", "age"))
     for e in entries:
-        status = e["status"] + (" (current)" if e["current"] else "")
+        status = e["status"] + (f" (stable: {', '.join(e['stable'])})" if e["stable"] else "")
         if e["status"] == "failed":
             status += f" at {e.get('stage')}"
         t.add_row(e["key"], status, ",".join(e["backends"]) or "-", ",".join(e["archs"]) or "-",
@@ -338,34 +348,15 @@ def _age(seconds: float) -> str:
 
 
 def _doctor(args) -> int:
+    from . import info
     from .kernels import doctor
     rows = doctor.run_doctor()
-    failed = [r for r in rows if str(r.get("status", "")).upper() in ("FAIL", "ERROR")]
+    summary = info.check_summary(rows)
     if args.json:
-        print(json.dumps({"rows": rows, "passed": not failed}, indent=2))
+        print(json.dumps({"rows": rows, "summary": summary, "passed": summary["passed"]}, indent=2))
     elif not args.quiet:
-        from rich.table import Table
-        t = Table(title="onnxfuse doctor: every op x backend against PyTorch")
-        for c in ("status", "op", "EP", "backend", "dtype", "shape", "mode", "max err / tol", "detail"):
-            t.add_column(c, overflow="fold")
-        skipped = collections.Counter()
-        for r in rows:
-            if r["status"] == "SKIP":  # one line per reason instead of a row per skipped check
-                skipped[r["detail"]] += 1
-                continue
-            shape = f"M{r['M']} K{r['K']} N{r['N']}" + (f" r{r['r']}" if r.get("r") else "") + \
-                (f" {r['layers']}" if r.get("layers") else "")
-            err = "" if r["max_err"] is None else f"{r['max_err']:.2g} / {r['tol']:.2g}"
-            style = {"PASS": "green", "FAIL": "red", "ERROR": "red"}.get(r["status"], "")
-            t.add_row(f"[{style}]{r['status']}[/]", r["op"], r["provider"], r["backend"], r["dtype"], shape,
-                      r["mode"], err, r["detail"])
-        console = _console()
-        console.print(t)
-        for reason, n in skipped.items():
-            console.print(f"SKIP {n} checks: {reason}")
-        console.print(f"{sum(r['status'] == 'PASS' for r in rows)} passed, {len(failed)} failed, "
-                      f"{sum(skipped.values())} skipped")
-    return 1 if failed else 0
+        info.print_check(_console(), rows, title="onnxfuse doctor: every op x backend against PyTorch", every=True)
+    return 0 if summary["passed"] else 1
 
 
 def _info(args) -> int:
@@ -373,8 +364,8 @@ def _info(args) -> int:
     data = info.collect(check=args.check)
     if args.json:
         print(json.dumps(data, indent=2))
-    else:
-        info.print_info(data)
+    elif not args.quiet:
+        info.print_info(data, _console())
     return 0 if data.get("check_passed", True) else 1
 
 
@@ -420,18 +411,18 @@ def build_parser() -> argparse.ArgumentParser:
     ll.add_argument("--mlp-bias", action="store_true", help="bias on the MLP projections")
     ll.add_argument("--lora-rank", type=int, default=0, help="wrap linears with peft LoRA adapters of this rank")
     ll.add_argument("--lora-alpha", type=float, help="LoRA alpha (default 2 x rank)")
-    ll.add_argument("--lora-targets", nargs="+", metavar="MODULE",
-                    help="modules to adapt (default gate_proj up_proj down_proj)")
+    ll.add_argument("--lora-targets", type=_names, metavar="M1,M2",
+                    help="comma-separated modules to adapt (default gate_proj,up_proj,down_proj)")
     _add_common_export(ll)
     ll.set_defaults(func=_export_llama)
 
     dl = exsub.add_parser("dlrm", help="a DLRM recommender (13 dense + 26 sparse Criteo-style features)")
     dl.add_argument("--preset", choices=["criteo-kaggle", "small"], default="criteo-kaggle",
                     help="criteo-kaggle: Kaggle cardinalities capped by --table-cap; small: tables capped at 1000")
-    dl.add_argument("--bottom-mlp", type=_sizes, help="bottom MLP sizes (default 512-256-64-16)")
-    dl.add_argument("--top-mlp", type=_sizes, help="top MLP sizes (default 512-256-1)")
+    dl.add_argument("--bottom-mlp", type=_sizes, metavar="N1,N2", help="bottom MLP sizes (default 512,256,64,16)")
+    dl.add_argument("--top-mlp", type=_sizes, metavar="N1,N2", help="top MLP sizes (default 512,256,1)")
     dl.add_argument("--embedding-dim", type=_positive, help="embedding dimension (default 16)")
-    dl.add_argument("--cardinalities", type=_sizes, help="table sizes, 26 values like 1460-583-...")
+    dl.add_argument("--cardinalities", type=_sizes, metavar="N1,N2", help="table sizes, 26 values like 1460,583,...")
     dl.add_argument("--table-cap", type=_positive, help="cap on each table's rows (default 262144)")
     dl.add_argument("--num-dense", type=_positive, help="number of dense features (default 13)")
     dl.add_argument("--interaction", choices=["dot", "cat"], help="feature interaction (default dot)")
@@ -482,15 +473,18 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Build the kernel library into the user cache (stages on stderr). A cached "
                                     "build of the same inputs is reused; a build that failed is remembered and "
                                     "fails at once until its inputs change or --force.")
-    bu.add_argument("--arch", help="CUDA architectures, e.g. 90 or 80,90 (default 90)")
-    bu.add_argument("--backends", help="comma list of cpu,cuda,triton (default: all this machine can build)")
+    bu.add_argument("--arch", metavar="A1,A2", help="CUDA architectures, e.g. 90 or 80,90 (default 90)")
+    bu.add_argument("--backends", type=_backend_list, metavar="B1,B2",
+                    help="comma list of cpu,cuda,triton (default: all this machine can build)")
     bu.add_argument("--experiments", action="store_true",
                     help="also compile the Triton A/B variants (node attributes small_cfg, lora_onepass, stack_cfg); "
                          "a larger library, for experiments only")
     bu.add_argument("--force", action="store_true", help="rebuild even if a cached build exists, or retry one that failed")
     bu.add_argument("--print-path", action="store_true",
-                    help="print only the stable path of the library this environment uses (<cache>/current/"
-                         "libonnxfuse_ops.so, or ONNXFUSE_LIBRARY), building it first if needed")
+                    help="print only the stable path of the library (<cache>/stable/<configuration>/"
+                         "libonnxfuse_ops.so, e.g. stable/cpu-cuda-triton-sm90; only a build of the same backends, "
+                         "archs and experiments re-points it); without other flags, of the library a session here "
+                         "loads (or ONNXFUSE_LIBRARY), building it first if needed")
     _add_output_flags(bu, "print the result as JSON")
     bu.set_defaults(func=_build)
 
@@ -512,11 +506,23 @@ def build_parser() -> argparse.ArgumentParser:
     view.register(sub, _Parser)
 
     inf = sub.add_parser("info", help="versions, providers, GPU, headers and kernel library status")
-    inf.add_argument("--check", action="store_true", help="also build/load the kernel library and test every op")
-    _add_output_flags(inf, "print as JSON")
+    inf.add_argument("--check", action="store_true",
+                     help="also build/load the kernel library and test every op (a summary; failures in full)")
+    _add_output_flags(inf, "print as JSON", quiet_help="print nothing; the exit code says it (1: a check failed)")
     inf.set_defaults(func=_info)
 
+    _remember_parsers(p)
     return p
+
+
+def _remember_parsers(parser) -> None:
+    """Give every command's parser a default `_parser` naming itself, so that errors found after parsing (an
+    unrecognized argument) point at that command's help, not at 'onnxfuse --help'."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                sub.set_defaults(_parser=sub)
+                _remember_parsers(sub)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
@@ -527,7 +533,9 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:  # --help (0) and argparse's errors (2): return the code, as for every other path
         return e.code if isinstance(e.code, int) else 2
     if not getattr(args, "func", None):

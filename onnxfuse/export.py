@@ -1,6 +1,10 @@
 """Export the zoo's PyTorch modules to ONNX with a recipe that rebuilds the module bit-identically.
 
-The recipe (JSON in the model's ``metadata_props`` under ``onnxfuse.recipe``) holds the kind, the full config, the
+    from onnxfuse import export, zoo
+    res = export.export("llama", zoo.LlamaSpec.from_preset("tiny"), "models/llama-tiny.onnx")
+    res.path, res.data_path, res.op_counts
+
+`onnxfuse.export(...)` is the same function. The recipe (JSON in the model's ``metadata_props`` under ``onnxfuse.recipe``) holds the kind, the full config, the
 seed, the dtype, the input spec and the versions that made it; ``onnxfuse verify`` rebuilds the module from it.
 """
 from __future__ import annotations
@@ -34,15 +38,22 @@ EXPORTERS = ("auto", "dynamo", "torchscript")
 
 @dataclass
 class ExportResult:
+    """What `export` wrote: the model `path`, its weights file `data_path` (`<path>.data`, or None when the weights
+    are inside the .onnx), the torch exporter used ("dynamo" or "torchscript"), the seconds taken, node counts per op
+    type (`op_counts`, see `op_counts`), the recipe stored in the model, and `warnings` (e.g. the fallback from the
+    dynamo exporter to TorchScript, also issued as Python warnings)."""
     path: pathlib.Path
     exporter: str
     seconds: float
     op_counts: dict[str, int]
     recipe: dict
     warnings: list[str] = field(default_factory=list)
+    data_path: pathlib.Path | None = None
 
 
 def output_names(kind: str, spec) -> list[str]:
+    """The graph output names of an exported `kind` ("llama": y for --mlp-only, else last_hidden_state; "dlrm":
+    probability)."""
     if kind == "llama":
         return ["y"] if spec.mlp_only else ["last_hidden_state"]
     return ["probability"]
@@ -69,6 +80,7 @@ def _versions() -> dict:
 
 def make_recipe(kind: str, spec, seed: int, dtype: str, inputs: dict[str, torch.Tensor], exporter: str,
                 dynamic: bool) -> dict:
+    """The recipe stored in the model's metadata: kind, full spec, seed, dtype, inputs, outputs and versions."""
     return {
         "kind": kind, "spec": zoo.spec_to_dict(spec), "seed": seed, "dtype": dtype,
         "inputs": [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
@@ -78,6 +90,7 @@ def make_recipe(kind: str, spec, seed: int, dtype: str, inputs: dict[str, torch.
 
 
 def read_recipe(model: onnx.ModelProto) -> dict | None:
+    """The recipe `export` stored in `model` (a dict, see make_recipe), or None for a model it did not write."""
     raw = onnxio.get_metadata(model, RECIPE_KEY)
     return json.loads(raw) if raw else None
 
@@ -89,15 +102,35 @@ def op_counts(model: onnx.ModelProto) -> dict[str, int]:
     return dict(sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+STAGES = ("module", "export", "write", "external data")
+
+
 def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: str = "fp32", exporter: str = "auto",
-           dynamic: bool = False, external_data: bool | None = None, force: bool = False) -> ExportResult:
-    """Build the module from (kind, spec, seed, dtype), export it to ``out`` and attach the recipe."""
+           dynamic: bool = False, external_data: bool | None = None, force: bool = False,
+           progress=None) -> ExportResult:
+    """Build the PyTorch module of `kind` ("llama", "dlrm") from `spec` (a `zoo.LlamaSpec` / `zoo.DlrmSpec`), `seed`
+    and `dtype` ("fp32", "fp16", "bf16"), export it to ONNX at `out` and store the recipe that rebuilds it.
+
+    exporter: "dynamo", "torchscript", or "auto" (dynamo, falling back to TorchScript with a warning). dynamic:
+    symbolic batch (and sequence) dims. external_data: weights in `<out>.data` (None: automatic above 1.8 GB).
+    An existing `out` is an error unless force. Nothing is left behind on failure (no partial .onnx or .data).
+    progress(index, total, stage, detail), when given, is called as each stage starts (STAGES: module, export,
+    write, and external data unless external_data=False), e.g. `onnxfuse._term.Stages("export")`.
+    Raises OnnxfuseError (one line naming the fix) on bad arguments or when every exporter fails.
+    """
     if dtype not in zoo.DTYPES:
         raise OnnxfuseError(f"--dtype must be one of {', '.join(zoo.DTYPES)} (got {dtype!r})")
     if exporter not in EXPORTERS:
         raise OnnxfuseError(f"--exporter must be one of {', '.join(EXPORTERS)} (got {exporter!r})")
     spec.validate()
     out = onnxio.check_output_path(out, force=force)
+    total = len(STAGES) - (external_data is False)
+
+    def stage(i: int, detail: str) -> None:
+        if progress is not None:
+            progress(i + 1, total, STAGES[i], detail)
+
+    stage(0, f"building the PyTorch {kind} module ({dtype}, seed {seed})")
     module = zoo.build_module(kind, spec, seed, dtype)
     inputs = zoo.make_inputs(kind, spec, seed, dtype)
     weight_bytes = sum(t.numel() * t.element_size() for t in module.state_dict().values())
@@ -110,12 +143,15 @@ def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: st
     parent = out.parent if str(out.parent) else pathlib.Path(".")
     # A temporary folder beside the output: the weights file is renamed into place, never copied across filesystems.
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=".onnxfuse-", dir=parent))
+    data_name = out.name + ".data"
     try:
         # The model is written under its final name, so a dynamo export's '<name>.data' is already the file that
         # onnxfuse's convention (and the model's external-data locations) name.
         tmp_path = tmp / out.name
         order = ["dynamo", "torchscript"] if exporter == "auto" else [exporter]
         used, errors = None, []
+        stage(1, f"torch.onnx ({' then '.join(order) if exporter == 'auto' else exporter} exporter; "
+                 f"{weight_bytes / 1e6:.1f} MB of weights)")
         for name in order:
             try:
                 _torch_export(module, inputs, tmp_path, name, names, outs, _dynamic(kind, spec, names) if dynamic else None)
@@ -134,8 +170,8 @@ def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: st
         recipe = make_recipe(kind, spec, seed, dtype, inputs, used, dynamic)
         del module  # the exported weights are on disk now; do not hold a second copy while writing
         gc.collect()
-        data_name = out.name + ".data"
         lean = external_data and _single_data_file(tmp_path, data_name)
+        stage(2, f"{out} (recipe, onnx.checker)")
         # Small models (or an exporter that wrote its weights some other way): load everything, re-save. Big ones:
         # edit only the small graph file and rename the exporter's weights file into place (no copy of the weights).
         model = onnx.load(str(tmp_path), load_external_data=not lean)
@@ -146,15 +182,22 @@ def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: st
         if lean:
             onnx.save_model(model, str(tmp_path))
             onnx.checker.check_model(str(tmp_path))  # by path: reads the graph, checks the weights file exists
+            if total > 3:
+                stage(3, f"{parent / data_name} ({weight_bytes / 1e6:.1f} MB, moved into place)")
             os.replace(tmp / data_name, parent / data_name)
             os.replace(tmp_path, out)
         else:
             if onnxio._weight_bytes(model) < onnxio.EXTERNAL_DATA_THRESHOLD:  # the checker cannot take a proto over 2 GiB
                 onnx.checker.check_model(model)
+            if total > 3:
+                stage(3, f"{parent / data_name} ({weight_bytes / 1e6:.1f} MB)" if external_data else
+                      f"none: {weight_bytes / 1e6:.1f} MB of weights stay inside the .onnx (--external-data moves "
+                      "them out)")
             onnxio.save(model, out, external_data=external_data)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return ExportResult(out, used, time.perf_counter() - t0, op_counts(model), recipe, notes)
+    data_path = parent / data_name if (parent / data_name).is_file() and external_data else None
+    return ExportResult(out, used, time.perf_counter() - t0, op_counts(model), recipe, notes, data_path)
 
 
 def _single_data_file(path: pathlib.Path, data_name: str) -> bool:

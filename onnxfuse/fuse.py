@@ -35,6 +35,12 @@ PATTERNS = {"lora_linear": lora_linear.rules, "swiglu": swiglu.rules, "rotary_em
 
 @dataclasses.dataclass
 class FuseResult:
+    """What `fuse` did: the onnxfuse `matches` (each a rewrite: pattern, op, nodes replaced, FLOPs), node counts
+    before / after stage 1 (`nodes_after_ort`) / after, node types removed, MatMul/Gemm FLOPs in total and inside
+    onnxfuse ops, `refusals` (with explain: the candidates that did not fuse and why), `already_fused` (onnxfuse
+    nodes found in the input), candidates left `in_functions`, stage 1's outcome (`ort`, None without it), the
+    seconds taken and the `output` path (None when nothing was written). `model` is the fused ModelProto when
+    fuse_model made it in memory."""
     model: onnx.ModelProto | None
     matches: list[_base.Match]
     nodes_before: int
@@ -54,9 +60,11 @@ class FuseResult:
 
     @property
     def changed(self) -> bool:
+        """Whether either stage rewrote anything."""
         return bool(self.matches) or bool(self.ort is not None and self.ort.applied)
 
     def table(self) -> list[dict]:
+        """One row per pattern: op, matches, nodes removed and added, FLOPs and their share of the model's."""
         rows: dict[str, dict] = {}
         for m in self.matches:
             row = rows.setdefault(m.pattern, {"pattern": m.pattern, "op": m.op, "matches": 0, "nodes_removed": 0,
@@ -73,11 +81,13 @@ class FuseResult:
 
     @property
     def flop_share(self) -> float | None:
+        """Share of the model's MatMul/Gemm FLOPs inside onnxfuse ops (None with dynamic shapes)."""
         if not self.total_flops or self.fused_flops is None:
             return None
         return self.fused_flops / self.total_flops
 
     def report(self) -> dict:
+        """The fusion report as JSON-ready data (what `onnxfuse fuse --json` prints and --report writes)."""
         return {"patterns": self.table(), "matches": [dataclasses.asdict(m) for m in self.matches],
                 "nodes_before": self.nodes_before, "nodes_after": self.nodes_after, "total_flops": self.total_flops,
                 "fused_flops": self.fused_flops, "flop_share": self.flop_share, "refusals": self.refusals,
@@ -198,6 +208,9 @@ def _op_counts(model: ir.Model) -> collections.Counter:
 
 
 def fuse_model(model: ir.Model, patterns: list[str] | None = None, explain: bool = False):
+    """Stage 2 on an in-memory onnx_ir model: apply onnxfuse's rules for `patterns` (default all, PATTERNS order),
+    in place. Returns (recorder of the matches, node types removed, total FLOPs, fused FLOPs, refusals, candidates
+    inside model-local functions). `fuse` is the entry point for files (stage 1, soundness gate, writing)."""
     patterns = list(PATTERNS) if not patterns else patterns
     unknown = [p for p in patterns if p not in PATTERNS]
     if unknown:

@@ -17,6 +17,8 @@ def _version(module: str) -> str | None:
 
 
 def collect(check: bool = False) -> dict:
+    """What `onnxfuse info --json` prints: versions, providers, GPUs, nvcc, kernel_status(); with check, the doctor's
+    rows ("check"), their summary ("check_summary", see check_summary) and "check_passed"."""
     data: dict = {"onnxfuse": __version__, "python": platform.python_version(), "platform": platform.platform()}
     data["versions"] = {m: _version(m) for m in ("torch", "onnx", "onnxruntime", "onnxscript", "onnx_ir",
                                                    "transformers", "peft", "triton", "netron")}
@@ -32,9 +34,47 @@ def collect(check: bool = False) -> dict:
         from .kernels import doctor
         rows = doctor.run_doctor()
         data["check"] = rows
-        data["check_passed"] = all(r.get("status") in ("PASS", "skipped") or str(r.get("status", "")).startswith("skipped")
-                                   for r in rows)
+        data["check_summary"] = check_summary(rows)
+        data["check_passed"] = data["check_summary"]["passed"]  # skipped checks (no GPU here) are not failures
     return data
+
+
+def check_summary(rows: list[dict]) -> dict:
+    """Counts of the doctor's rows (passed, failed = FAIL or ERROR, skipped), the skip reasons with their counts,
+    the failed rows in full, and `passed`: True when nothing failed (skips do not fail a check)."""
+    failures = [r for r in rows if r.get("status") in ("FAIL", "ERROR")]
+    reasons: dict[str, int] = {}
+    for r in rows:
+        if r.get("status") == "SKIP":
+            reason = str(r.get("detail") or "skipped").removeprefix("skipped: ")
+            reasons[reason] = reasons.get(reason, 0) + 1
+    return {"checks": len(rows), "pass": sum(r.get("status") == "PASS" for r in rows), "fail": len(failures),
+            "skip": sum(reasons.values()), "skip_reasons": reasons, "failures": failures, "passed": not failures}
+
+
+def _shape(r: dict) -> str:
+    return (f"M{r['M']} K{r['K']} N{r['N']}" + (f" r{r['r']}" if r.get("r") else "") +
+            (f" {r['layers']}" if r.get("layers") else ""))
+
+
+def print_check(con, rows: list[dict], title: str, every: bool = False) -> None:
+    """The doctor's rows as a table (every row that ran when `every`, else the failures only), one line per skip
+    reason, and the counts."""
+    from ._term import Table
+    s = check_summary(rows)
+    shown = [r for r in rows if r.get("status") != "SKIP"] if every else s["failures"]
+    if shown:
+        t = Table("status", "op", "EP", "backend", "dtype", "shape", "mode", "max err / tol", "detail",
+                  title=title if every else f"{title}: failures", numeric=("max err / tol",))
+        for r in shown:
+            err = "" if r.get("max_err") is None else f"{r['max_err']:.2g} / {r['tol']:.2g}"
+            style = {"PASS": "green", "FAIL": "red", "ERROR": "red"}.get(r["status"], "")
+            t.add_row(f"[{style}]{r['status']}[/]", r["op"], r["provider"], r["backend"], r["dtype"], _shape(r),
+                      r["mode"], err, r.get("detail", ""))
+        con.print(t)
+    for reason, n in s["skip_reasons"].items():
+        con.print(f"SKIP {n} checks: {reason}", soft_wrap=True)
+    con.print(f"{s['pass']} passed, {s['fail']} failed, {s['skip']} skipped")
 
 
 def kernel_status() -> dict:
@@ -71,13 +111,16 @@ def _gpus() -> list[str]:
         return []
 
 
-def print_info(data: dict) -> None:
-    from rich.console import Console
+def print_info(data: dict, con=None) -> None:
+    """The `onnxfuse info` report: versions, providers, GPU, nvcc and the kernel library; with --check, the
+    summary of every op checked against PyTorch (counts, skip reasons, failed checks in full)."""
     from rich.table import Table
-    con = Console(highlight=False)
+
+    from ._term import console
+    con = con or console()
     t = Table(title=f"onnxfuse {data['onnxfuse']} (Python {data['python']})", show_header=False)
     t.add_column("what")
-    t.add_column("value")
+    t.add_column("value", overflow="fold")
     for k, v in data["versions"].items():
         t.add_row(k, v or "[dim]not installed[/]")
     t.add_row("onnxruntime providers", ", ".join(data["providers"]) or "-")
@@ -88,10 +131,4 @@ def print_info(data: dict) -> None:
         t.add_row(f"kernels: {key}", str(val))
     con.print(t)
     if "check" in data:
-        c = Table(title="kernel check (each op against PyTorch)")
-        cols = sorted({key for row in data["check"] for key in row})
-        for col in cols:
-            c.add_column(col)
-        for row in data["check"]:
-            c.add_row(*[str(row.get(col, "")) for col in cols])
-        con.print(c)
+        print_check(con, data["check"], title="kernel check (each op against PyTorch)")

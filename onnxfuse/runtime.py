@@ -28,6 +28,7 @@ _ORT_TO_NUMPY = {
 
 
 def ort():
+    """The onnxruntime module, or OnnxfuseError naming the extra to install."""
     try:
         import onnxruntime
     except ImportError:
@@ -86,14 +87,22 @@ def with_node_attributes(model: onnx.ModelProto | str | os.PathLike, attributes:
 
 def session(model: onnx.ModelProto | str | os.PathLike, provider: str = "cpu", *, library: bool | None = None,
             graph_optimization: bool = True, cuda_graph: bool = False, provider_options: dict | None = None,
-            backend: str | None = None, node_attributes: dict | None = None):
-    """An InferenceSession for ``model``.
+            backend: str | None = None, node_attributes: dict | None = None, sess_options=None):
+    """An onnxruntime.InferenceSession for `model` (a path or a ModelProto) on `provider` ("cpu" or "cuda"), with
+    the onnxfuse kernel library registered when the model needs it and one-line errors instead of onnxruntime's.
 
-    library=None registers the onnxfuse kernel library when the model has onnxfuse nodes; if the library cannot be
-    built or loaded, the nodes run through their model-local ONNX function bodies and a warning says how to fix it.
+    library: None registers the library when the model has onnxfuse nodes; if it cannot be built or loaded, the
+    nodes run through their model-local ONNX function bodies and a LibraryUnavailableWarning says how to fix it.
+    True requires it (OnnxfuseError otherwise), False never loads it.
     backend (auto|cpu|cuda|triton), when given, is set on every onnxfuse node of an in-memory copy of the model
     (the file is not touched); node_attributes sets other node attributes the same way (e.g. {"stack_mode":
     "fused"}, see set_node_attributes).
+    graph_optimization=False turns onnxruntime's graph optimisations off; cuda_graph=True captures a CUDA graph
+    (provider "cuda"); provider_options go to the execution provider.
+    sess_options: your own onnxruntime.SessionOptions (threads, profiling, config entries, ...). onnxfuse adds to it
+    in place what the model needs: the kernel library (registered once per SessionOptions object), the external
+    weights folder for an in-memory copy, and graph_optimization=False's level; it keeps your log level. Without
+    it, onnxfuse makes one with log_severity_level 3 (errors only).
     """
     rt = ort()
     if provider not in PROVIDERS:
@@ -116,20 +125,21 @@ def session(model: onnx.ModelProto | str | os.PathLike, provider: str = "cpu", *
     if proto is None:
         from . import onnxio
         proto = onnxio.load(path, load_external_data=False)
-    so = rt.SessionOptions()
+    so = sess_options if sess_options is not None else rt.SessionOptions()
     source = None
     if attributes:  # an in-memory copy with the attributes set; the file stays as it is
         source = with_node_attributes(path if path is not None else proto, attributes, so)
     if not graph_optimization:
         so.graph_optimization_level = rt.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 3
+    if sess_options is None:
+        so.log_severity_level = 3
     explicit = library is not None
     if library is None:
         library = has_onnxfuse_nodes(proto)
     if library:
         from . import kernels
         try:
-            so.register_custom_ops_library(str(kernels.library_path(provider=provider)))
+            kernels.session_options(so, provider=provider)
         except (OnnxfuseError, kernels.BuildError, OSError) as e:
             reason = str(e).splitlines()[0]
             if explicit or not _has_functions(proto):
@@ -226,6 +236,7 @@ def random_feeds(sess, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Inputs from an .npz written with numpy.savez(name=array, ...) (run --inputs); one-line errors."""
     p = pathlib.Path(path)
     if not p.is_file():
         raise OnnxfuseError(f"{p}: no such inputs file; give an .npz written with numpy.savez(name=array, ...)")

@@ -2,6 +2,12 @@
 
 The module is rebuilt from the model's recipe (or given by the caller), both get the same seeded inputs, and each
 output is compared against the module run in fp32 on the same (possibly fp16/bf16-rounded) weights.
+
+    from onnxfuse import verify
+    res = verify.verify("models/llama-tiny.fused.onnx")
+    res.passed, [(o.name, o.max_rel_err, o.tolerance) for o in res.outputs]
+
+`onnxfuse.verify(...)` is the same function.
 """
 from __future__ import annotations
 
@@ -26,6 +32,8 @@ TOLERANCES = {("fp32", "cpu"): 1e-4, ("fp32", "cuda"): 5e-3, ("fp16", "cpu"): 1e
 
 @dataclass
 class OutputCheck:
+    """One model output against the PyTorch reference: `passed` when every value is finite and
+    max_rel_err = max|out - ref| / max|ref| <= tolerance. A shape mismatch fails with infinite errors."""
     name: str
     shape: list[int]
     max_abs_err: float
@@ -37,6 +45,8 @@ class OutputCheck:
 
 @dataclass
 class VerifyResult:
+    """The outcome of `verify`: the model path, execution provider ("cpu", "cuda"), dtype, number of onnxfuse nodes,
+    whether the kernel library was registered, and one OutputCheck per output; `passed` when all of them pass."""
     model: str
     provider: str
     dtype: str
@@ -46,16 +56,18 @@ class VerifyResult:
 
     @property
     def passed(self) -> bool:
+        """Whether every output is within its tolerance."""
         return all(o.passed for o in self.outputs)
 
     def to_dict(self) -> dict:
+        """The result as plain JSON-ready data (what `onnxfuse verify --json` prints), with "passed"."""
         d = asdict(self)
         d["passed"] = self.passed
         return d
 
 
 def load_factory(spec: str):
-    """'path/to/file.py:factory' -> the factory's result: a module, or (module, inputs dict)."""
+    """'path/to/file.py:factory' -> the factory's result: a module, or (module, inputs dict) (verify --module)."""
     if ":" not in spec:
         raise OnnxfuseError(f"--module {spec!r}: expected PATH.py:FACTORY (a function returning an nn.Module)")
     path, name = spec.rsplit(":", 1)
@@ -70,32 +82,57 @@ def load_factory(spec: str):
     return getattr(mod, name)()
 
 
+STAGES = ("torch reference", "onnxruntime session", "run")
+_BF16_CPU = ("onnxruntime's CPU provider has no bf16 kernels for these models; verify bf16 models with --provider "
+             "cuda, or export with --dtype fp16/fp32 for the CPU")
+
+
 def verify(model_path: str | pathlib.Path, *, module: torch.nn.Module | None = None,
            inputs: dict[str, torch.Tensor] | None = None, provider: str = "cpu", tolerance: float | None = None,
-           library: bool | None = None, graph_optimization: bool = True, backend: str | None = None) -> VerifyResult:
+           library: bool | None = None, graph_optimization: bool = True, backend: str | None = None,
+           progress=None) -> VerifyResult:
+    """Run the ONNX model at `model_path` (fused or not) in onnxruntime and compare each output with the PyTorch
+    module it came from.
+
+    module/inputs: the PyTorch module and its inputs (name -> tensor); by default both are rebuilt from the recipe
+    `onnxfuse export` stored in the model. provider: "cpu" or "cuda". tolerance: max |out-ref|/max|ref| (default
+    by dtype and provider, TOLERANCES). library: None registers the kernel library when the model has onnxfuse
+    nodes (falling back to their function bodies with a warning), True requires it, False never loads it.
+    graph_optimization=False turns onnxruntime's optimisations off; backend sets every onnxfuse node's kernel
+    family (auto|cpu|cuda|triton) on an in-memory copy. progress(index, total, stage, detail), when given, is
+    called as each stage starts (STAGES: torch reference, onnxruntime session, run).
+    Raises OnnxfuseError on bad input; a mismatch is not an exception: see VerifyResult.passed.
+    """
+    def stage(i: int, detail: str) -> None:
+        if progress is not None:
+            progress(i + 1, len(STAGES), STAGES[i], detail)
+
     model = onnxio.load(model_path, load_external_data=False)
     recipe = export.read_recipe(model)
     dtype = recipe["dtype"] if recipe else None
+    if module is None and recipe is None:
+        raise OnnxfuseError(f"{model_path}: has no onnxfuse recipe (not written by 'onnxfuse export'); pass "
+                            "--module PATH.py:FACTORY to give the PyTorch module")
+    if inputs is None and recipe is None:
+        raise OnnxfuseError("verify needs inputs for a module without a recipe: return (module, inputs) from the factory")
+    if dtype == "bf16" and provider == "cpu":
+        raise OnnxfuseError(_BF16_CPU)
+    stage(0, f"the recipe's {recipe['kind']} module in fp32" if module is None else
+             f"{type(module).__name__} in fp32")
     if module is None:
-        if recipe is None:
-            raise OnnxfuseError(f"{model_path}: has no onnxfuse recipe (not written by 'onnxfuse export'); pass "
-                                "--module PATH.py:FACTORY to give the PyTorch module")
         kind = recipe["kind"]
         spec = zoo.spec_from_dict(kind, recipe["spec"])
         module = zoo.build_module(kind, spec, recipe["seed"], recipe["dtype"])
         if inputs is None:
             inputs = zoo.make_inputs(kind, spec, recipe["seed"], recipe["dtype"])
     if inputs is None:
-        if recipe is None:
-            raise OnnxfuseError("verify needs inputs for a module without a recipe: return (module, inputs) from the factory")
         kind = recipe["kind"]
         inputs = zoo.make_inputs(kind, zoo.spec_from_dict(kind, recipe["spec"]), recipe["seed"], recipe["dtype"])
     if dtype is None:
         floats = [t.dtype for t in module.parameters() if t.is_floating_point()]
         dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(floats[0] if floats else torch.float32, "fp32")
     if dtype == "bf16" and provider == "cpu":
-        raise OnnxfuseError("onnxruntime's CPU provider has no bf16 kernels for these models; verify bf16 models "
-                            "with --provider cuda, or export with --dtype fp16/fp32 for the CPU")
+        raise OnnxfuseError(_BF16_CPU)
 
     # Reference: the same (rounded) weights, computed in fp32.
     ref_module = module.float()
@@ -106,7 +143,9 @@ def verify(model_path: str | pathlib.Path, *, module: torch.nn.Module | None = N
     source = str(model_path)
     if _has_bf16_io(model):
         source = _float_io(onnxio.load(model_path))  # numpy has no bf16: feed and read float32 through Casts
+    stage(1, f"{provider} provider" + (f", backend {backend}" if backend else ""))
     sess = runtime.session(source, provider, library=library, graph_optimization=graph_optimization, backend=backend)
+    stage(2, f"{len(sess.get_outputs())} output(s) against the reference")
     feeds = runtime.check_feeds(sess, {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy()
                                        for k, v in inputs.items()})
     outs = sess.run(None, feeds)
@@ -153,6 +192,7 @@ def _float_io(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def compare(name: str, out: np.ndarray, ref: np.ndarray, tol: float) -> OutputCheck:
+    """Compare one output with its reference (see OutputCheck for the criterion)."""
     if out.shape != ref.shape:
         return OutputCheck(name, list(out.shape), float("inf"), float("inf"), float("inf"), tol, False)
     diff = np.abs(out - ref)

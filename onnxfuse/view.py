@@ -65,6 +65,17 @@ class Served:
 
 # ------------------------------------------------------------------------------------------------------ serving
 
+def _netron():
+    """The netron package (an optional dependency), or one line naming the install command."""
+    try:
+        import netron
+        import netron.server  # noqa: F401
+    except ImportError:
+        raise OnnxfuseError("onnxfuse view needs the netron package, which is not installed; "
+                            "pip install 'onnxfuse[view]'") from None
+    return netron
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -113,8 +124,7 @@ def serve(path, host: str = DEFAULT_HOST, port: int | None = None, *, allow_remo
 
     port None: Netron's choice (8080 if free, else another); 0: any free port.
     """
-    import netron
-    import netron.server
+    netron = _netron()
 
     check_host(host, allow_remote)
     p, fused = _validate(path)
@@ -436,6 +446,7 @@ def run(args, *, block: bool = True) -> int:
     if not models:
         raise OnnxfuseError("no model given: 'onnxfuse view MODEL.onnx' (or --diff UNFUSED.onnx FUSED.onnx)")
     check_host(args.host, args.allow_remote)
+    _netron()  # serving and screenshots both need it: say so before anything else happens
 
     if args.screenshot:
         if args.diff:

@@ -198,7 +198,7 @@ class DlrmSpec:
         if self.interaction not in ("dot", "cat"):
             raise OnnxfuseError(f"--interaction must be dot or cat (got {self.interaction!r})")
         if not self.bottom_mlp or not self.top_mlp or min(self.bottom_mlp + self.top_mlp) <= 0:
-            raise OnnxfuseError("--bottom-mlp/--top-mlp need positive layer sizes, e.g. 512-256-64-16")
+            raise OnnxfuseError("--bottom-mlp/--top-mlp need positive layer sizes, e.g. 512,256,64,16")
         if self.bottom_mlp[-1] != self.embedding_dim:
             raise OnnxfuseError(f"the bottom MLP must end in the embedding dim ({self.embedding_dim}) so its output "
                                 f"interacts with the embeddings; got {'-'.join(map(str, self.bottom_mlp))}")

@@ -6,6 +6,7 @@ code (2 for bad input), and no partial output file (nor a leftover temporary fol
 from __future__ import annotations
 
 import pathlib
+import re
 
 import numpy as np
 import onnx
@@ -15,8 +16,13 @@ from onnxfuse import cli, fuse
 
 
 def _err_line(capsys) -> str:
+    """The one error line; the stage lines a command printed before it failed (`onnxfuse verify [2/3] ...`) are
+    progress, not part of the error, and must all come first."""
     err = capsys.readouterr().err.strip()
     lines = err.splitlines()
+    progress = [ln for ln in lines if re.match(r"onnxfuse \w+ \[\d/\d\] ", ln)]
+    assert lines[:len(progress)] == progress, err
+    lines = lines[len(progress):]
     assert len(lines) == 1, err
     return lines[0]
 

@@ -357,13 +357,53 @@ def test_print_path_is_stable(cpu_cache, capfd):
     first = capfd.readouterr()
     assert first.err == "" and len(first.out.splitlines()) == 1
     stable = pathlib.Path(first.out.strip())
-    assert stable == cache / "current" / "libonnxfuse_ops.so" and stable.resolve() == lib.resolve()
+    assert stable == cache / "stable" / "cpu" / "libonnxfuse_ops.so" and stable.resolve() == lib.resolve()
     assert kernels.build_info(stable)["cache_key"] == lib.parent.name
     assert cli.main(["build", "--print-path", "-q"]) == 0
+    assert capfd.readouterr().out.strip() == str(stable)
+    assert cli.main(["build", "--backends", "cpu", "--print-path"]) == 0  # explicit: the same configuration
     assert capfd.readouterr().out.strip() == str(stable)
     assert cli.main(["build", "--print-path", "--json"]) == 0
     data = json.loads(capfd.readouterr().out)
     assert data == {"path": str(stable), "library": str(lib.resolve())}
+
+
+def _fake_build(cache: pathlib.Path, lib: pathlib.Path, key: str, backends: list[str], archs: list[str]) -> pathlib.Path:
+    """A cache entry of another configuration (the CPU library's file with a build_info saying otherwise): enough
+    for the stable links, which read the configuration from build_info.json."""
+    d = cache / key
+    d.mkdir()
+    shutil.copy2(lib, d / lib.name)
+    info = json.loads((lib.parent / "build_info.json").read_text())
+    (d / "build_info.json").write_text(json.dumps({**info, "backends": backends, "archs": archs, "cache_key": key}))
+    return d / lib.name
+
+
+def test_stable_path_is_not_moved_by_other_configurations(cpu_cache, tmp_path, monkeypatch, capfd):
+    """The issue's case: a script keeps the path of a CPU+CUDA+Triton library; a CPU-only session afterwards (a CPU
+    test run) must not re-point it at a CPU-only build. Each configuration has its own link; only a newer build of
+    the same configuration moves it."""
+    shutil.copytree(cpu_cache[0], tmp_path / "cache", symlinks=True)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ONNXFUSE_BUILD_DIR", str(cache))
+    cpu_lib = cache / cpu_cache[1].parent.name / cpu_cache[1].name
+    full = _fake_build(cache, cpu_lib, "00000000000000aa", ["cpu", "cuda", "triton"], ["90"])
+    kept = kbuild.link_stable(full)
+    assert kept == cache / "stable" / "cpu-cuda-triton-sm90" / "libonnxfuse_ops.so"
+    assert kept == kbuild.stable_path(["cpu", "cuda", "triton"], ["90"])
+    kernels._resolved.clear()
+    assert kernels.library_path(provider="cpu") == cpu_lib  # a CPU session: the CPU-only build...
+    assert cli.main(["build", "--print-path"]) == 0
+    assert capfd.readouterr().out.strip() == str(cache / "stable" / "cpu" / "libonnxfuse_ops.so")
+    assert kept.resolve() == full.resolve()  # ...and the kept path still names the full library
+    assert json.loads((kept.parent / "build_info.json").read_text())["backends"] == ["cpu", "cuda", "triton"]
+    newer = _fake_build(cache, cpu_lib, "00000000000000bb", ["cpu", "cuda", "triton"], ["90"])
+    assert kbuild.link_stable(newer) == kept and kept.resolve() == newer.resolve()  # same configuration: moves
+    other_arch = _fake_build(cache, cpu_lib, "00000000000000cc", ["cpu", "cuda", "triton"], ["80", "90"])
+    assert kbuild.link_stable(other_arch).parent.name == "cpu-cuda-triton-sm80-sm90"
+    assert kept.resolve() == newer.resolve()
+    assert kbuild.stable_links() == {"cpu": cpu_lib.parent.name, "cpu-cuda-triton-sm80-sm90": "00000000000000cc",
+                                     "cpu-cuda-triton-sm90": "00000000000000bb"}
 
 
 def test_quiet_build_prints_nothing(cpu_cache, capfd):
@@ -387,17 +427,17 @@ def test_cache_list_and_clean(cpu_cache, tmp_path, ort_headers, monkeypatch, cap
     by_status = {e["status"]: e for e in data["entries"]}
     assert set(by_status) == {"ok", "failed"}, data
     ok = by_status["ok"]
-    assert ok["key"] == lib.parent.name and ok["backends"] == ["cpu"] and ok["current"] is True
+    assert ok["key"] == lib.parent.name and ok["backends"] == ["cpu"] and ok["stable"] == ["cpu"]
     assert ok["size_bytes"] >= lib.stat().st_size and ok["age_s"] >= 0
     assert by_status["failed"]["stage"] == "cpu"
     assert cli.main(["cache"]) == 0
     table = capfd.readouterr().out
-    assert lib.parent.name in table and "ok (current)" in table and "failed at cpu" in table
+    assert lib.parent.name in table and "ok (stable: cpu)" in table and "failed at cpu" in table
 
     (cache / "ort-headers-1.21").mkdir()  # a fetched-headers copy survives a plain clean
     assert cli.main(["cache", "clean"]) == 0
     assert "removed" in capfd.readouterr().out
-    assert not lib.exists() and not (cache / "current").exists() and not (cache / "failed").exists()
+    assert not lib.exists() and not (cache / "stable").exists() and not (cache / "failed").exists()
     assert (cache / "ort-headers-1.21").is_dir()
     assert cli.main(["cache", "--json"]) == 0 and json.loads(capfd.readouterr().out)["entries"] == []
     assert cli.main(["cache", "clean", "--all", "-q"]) == 0
@@ -446,7 +486,7 @@ def test_cuda_and_triton_backends_compile(cache, capfd):
     assert cli.main(["build", "--backends", "cpu,cuda,triton"]) == 0
     err = capfd.readouterr().err
     assert re.findall(r"onnxfuse build \[\d/6\] (\w+)", err) == list(kbuild.STAGES), err
-    lib = kbuild.current_path().resolve()
+    lib = kbuild.stable_path(["cpu", "cuda", "triton"], ["90"]).resolve()
     info = json.loads((lib.parent / "build_info.json").read_text())
     assert info["backends"] == ["cpu", "cuda", "triton"] and info["experiments"] is False
     assert info["artifacts"]["triton_cubins"] == len(list(aot_specialisations(["90"])))

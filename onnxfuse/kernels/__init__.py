@@ -25,11 +25,11 @@ import pathlib
 import sys
 
 from .build import (ALL_BACKENDS, LIB_NAME, BuildError, BuildResult, auto_backends, available_backends, build,
-                    build_dir, cache_entries, clean, current_path, find_cached, set_current)
+                    build_dir, cache_entries, clean, find_cached, link_stable, stable_links, stable_name, stable_path)
 
 __all__ = ["BuildError", "BuildResult", "announcements", "auto_backends", "available_backends", "build", "build_dir",
-           "build_info", "cache_entries", "clean", "current_path", "library_path", "needed_backends",
-           "session_options", "set_current"]
+           "build_info", "cache_entries", "clean", "find_cached", "library_path", "link_stable", "needed_backends",
+           "registered_library", "session_options", "stable_links", "stable_name", "stable_path"]
 
 _resolved: dict[tuple, pathlib.Path] = {}
 _announce = [True]
@@ -80,7 +80,7 @@ def library_path(build_if_missing: bool = True, provider: str | None = None) -> 
         return pathlib.Path(min(entries, key=lambda e: e["age_s"])["path"]) / LIB_NAME
     found = find_cached(need)
     if found is not None:
-        set_current(found)
+        link_stable(found)
         _resolved[key] = found
         return found
     # What to build: ONNXFUSE_BACKENDS, else what this onnxruntime can run (a CPU session on a GPU machine gets the
@@ -107,10 +107,28 @@ def build_info(path: str | os.PathLike | None = None) -> dict:
     return json.loads(fn().decode())
 
 
+# A session config entry that marks SessionOptions with the library registered (a user's options reused for several
+# sessions): onnxruntime refuses a second registration on one options object ("Domain already set in registry") and
+# ignores config keys it does not know.
+_LIBRARY_ENTRY = "onnxfuse.custom_ops_library"
+
+
+def registered_library(so) -> str | None:
+    """The library path `session_options` registered on `so`, or None."""
+    try:
+        return so.get_session_config_entry(_LIBRARY_ENTRY)
+    except Exception:  # onnxruntime raises when the key is absent
+        return None
+
+
 def session_options(so=None, path: str | os.PathLike | None = None, provider: str | None = None):
-    """Return `so` (or a new onnxruntime.SessionOptions) with the onnxfuse library registered."""
+    """Return `so` (or a new onnxruntime.SessionOptions) with the onnxfuse library registered: `path`, else
+    library_path(provider=provider). Registering twice on the same options object is a no-op."""
     import onnxruntime as ort
 
     so = so if so is not None else ort.SessionOptions()
-    so.register_custom_ops_library(str(path or library_path(provider=provider)))
+    if registered_library(so) is None:
+        lib = str(path or library_path(provider=provider))
+        so.register_custom_ops_library(lib)
+        so.add_session_config_entry(_LIBRARY_ENTRY, lib)
     return so

@@ -5,8 +5,12 @@ Where builds live: the user cache dir (``platformdirs.user_cache_dir("onnxfuse")
   * ``<key>/`` one finished build: ``libonnxfuse_ops.so``, ``build_info.json``, ``build.log``. The key hashes
     everything that makes the library (sources, the generated ``onnxfuse_ops.h``, compiler, CMake, nvcc, Triton and
     header versions and contents, backends, archs, experiments), so a change of any of them builds anew;
-  * ``current`` a symlink to the build the last ``library_path()`` / ``build()`` used, so that
-    ``<cache>/current/libonnxfuse_ops.so`` is a stable path for scripts (``onnxfuse build --print-path``);
+  * ``stable/<configuration>`` one symlink per configuration (``cpu``, ``cpu-cuda-sm90``,
+    ``cpu-cuda-triton-sm90``, ``...-experiments``) to the newest build of it, so that
+    ``<cache>/stable/<configuration>/libonnxfuse_ops.so`` is a path scripts can keep (``onnxfuse build
+    --print-path``): it always holds a library with those backends, archs and experiments, a later build of the
+    same configuration (new sources, a new compiler) takes its place, and builds of other configurations (a CPU-only
+    first-use build after a CPU test run, say) never move it;
   * ``failed/<key>.json`` a build that failed, with its error and log: the same inputs fail at once instead of
     rebuilding, until they change or ``build(force=True)`` (``onnxfuse build --force``);
   * ``logs/<key>.log`` the log of the latest attempt of each key; ``ort-headers-1.21/`` fetched headers;
@@ -67,6 +71,8 @@ class BuildError(RuntimeError):
 
 @dataclasses.dataclass
 class BuildResult:
+    """A built (or reused) library: its `path` in the cache, backends, CUDA archs, where the ORT headers came from,
+    the cache key, the build log text and its path, whether it was `cached`, experiments, and the seconds taken."""
     path: pathlib.Path
     backends: list[str]
     archs: list[str]
@@ -92,24 +98,53 @@ def build_dir() -> pathlib.Path:
     return root / "kernels"
 
 
-def current_path() -> pathlib.Path:
-    """The stable path of the library last resolved or built: <build dir>/current/libonnxfuse_ops.so."""
-    return build_dir() / "current" / LIB_NAME
+def stable_name(backends, archs=(), experiments: bool = False) -> str:
+    """The name of a configuration's stable link: its backends, then its CUDA archs when it has CUDA kernels, then
+    "experiments" when it has the A/B variants, e.g. "cpu", "cpu-cuda-triton-sm90", "cpu-cuda-triton-sm80-sm90"."""
+    parts = [b for b in ALL_BACKENDS if b in backends]
+    if "cuda" in parts:
+        parts += [f"sm{a}" for a in archs]
+    if experiments:
+        parts.append("experiments")
+    return "-".join(parts)
 
 
-def set_current(lib: pathlib.Path) -> pathlib.Path:
-    """Point <build dir>/current at the build folder of `lib` (atomically); returns the stable library path."""
+def stable_path(backends, archs=(), experiments: bool = False) -> pathlib.Path:
+    """<build dir>/stable/<stable_name(...)>/libonnxfuse_ops.so: the path of the newest build of one configuration.
+    Only a build of that same configuration re-points it, so a script can keep it (it may not exist yet)."""
+    return build_dir() / "stable" / stable_name(backends, archs, experiments) / LIB_NAME
+
+
+def link_stable(lib: pathlib.Path) -> pathlib.Path:
+    """Point the stable link of `lib`'s configuration (read from its build_info.json) at `lib`'s build folder,
+    atomically, and return the stable library path; `lib` itself when it is not a cache entry (ONNXFUSE_LIBRARY)."""
     root = build_dir()
     lib = pathlib.Path(lib).resolve()
-    if lib.parent.parent != root.resolve():
-        return lib  # not a cache entry (e.g. ONNXFUSE_LIBRARY): nothing to point at
-    link = root / "current"
-    tmp = root / f".current-{os.getpid()}"
+    info = _read_info(lib.parent)
+    if lib.parent.parent != root.resolve() or info is None:
+        return lib
+    link = stable_path(info.get("backends", ["cpu"]), info.get("archs", []), bool(info.get("experiments"))).parent
+    link.parent.mkdir(parents=True, exist_ok=True)
+    target = os.path.join("..", lib.parent.name)
+    with contextlib.suppress(OSError):
+        if os.readlink(link) == target:
+            return link / LIB_NAME
+    tmp = link.parent / f".{link.name}-{os.getpid()}"
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
-    os.symlink(lib.parent.name, tmp)
+    os.symlink(target, tmp)
     os.replace(tmp, link)
     return link / LIB_NAME
+
+
+def stable_links() -> dict[str, str]:
+    """{stable link name: key of the build it points at} for every stable link in the cache."""
+    out = {}
+    d = build_dir() / "stable"
+    for link in sorted(d.iterdir()) if d.is_dir() else []:
+        with contextlib.suppress(OSError):
+            out[link.name] = pathlib.Path(os.readlink(link)).name
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ ORT headers
@@ -195,6 +230,7 @@ def find_ort_headers(fetch: bool = True, log: list[str] | None = None) -> tuple[
 
 # ------------------------------------------------------------------------------------------------ toolchain
 def find_nvcc() -> pathlib.Path | None:
+    """nvcc from CUDA_HOME, CUDA_PATH, /usr/local/cuda or PATH (in that order), or None."""
     for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
         if root and (pathlib.Path(root) / "bin/nvcc").is_file():
             return pathlib.Path(root) / "bin/nvcc"
@@ -268,6 +304,7 @@ def auto_backends(provider: str | None = None) -> list[str]:
 
 
 def parse_archs(arch) -> list[str]:
+    """CUDA archs from "80,90", "sm_90" or a list (default DEFAULT_ARCHS); BuildError on anything else."""
     if arch is None:
         return list(DEFAULT_ARCHS)
     items = arch.replace(";", ",").split(",") if isinstance(arch, str) else [str(a) for a in arch]
@@ -279,6 +316,7 @@ def parse_archs(arch) -> list[str]:
 
 
 def source_files(with_gpu: bool = True) -> list[pathlib.Path]:
+    """The files the build reads (SOURCE_GLOBS), without the CUDA/Triton ones unless with_gpu."""
     files: set[pathlib.Path] = set()
     for pattern in SOURCE_GLOBS:
         files.update(p for p in KERNELS_DIR.glob(pattern) if p.is_file())
@@ -288,6 +326,7 @@ def source_files(with_gpu: bool = True) -> list[pathlib.Path]:
 
 
 def ops_header_text() -> str:
+    """The generated onnxfuse_ops.h (from schema.py and the Triton kernel table)."""
     from . import ops_header  # noqa: PLC0415 - imports onnxfuse.schema
     return ops_header.render()
 
@@ -323,18 +362,22 @@ class Plan:
 
     @property
     def dir(self) -> pathlib.Path:
+        """The cache folder of this build: <build dir>/<key>."""
         return build_dir() / self.key
 
     @property
     def lib(self) -> pathlib.Path:
+        """The library this build makes: <build dir>/<key>/libonnxfuse_ops.so."""
         return self.dir / LIB_NAME
 
     @property
     def log_path(self) -> pathlib.Path:
+        """The log of the latest attempt: <build dir>/logs/<key>.log."""
         return build_dir() / "logs" / f"{self.key}.log"
 
     @property
     def failure_path(self) -> pathlib.Path:
+        """Where a failure of this build is remembered: <build dir>/failed/<key>.json."""
         return build_dir() / "failed" / f"{self.key}.json"
 
 
@@ -454,7 +497,7 @@ def build(arch=None, backends=None, force: bool = False, quiet: bool = False, ex
     with open(root / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same key: wait, then reuse it
         if p.lib.is_file() and not force:
-            set_current(p.lib)
+            link_stable(p.lib)
             return _result(p, cached=True, seconds=time.monotonic() - t0)
         record = remembered_failure(p)
         if record is not None and not force:
@@ -483,7 +526,7 @@ def build(arch=None, backends=None, force: bool = False, quiet: bool = False, ex
             except BuildError as e:
                 _remember_failure(p, str(e), "link")
                 raise
-        set_current(p.lib)
+        link_stable(p.lib)
         seconds = time.monotonic() - t0
         progress.say(f"built {p.lib} in {seconds:.0f} s (backends {', '.join(p.backends)}"
                      f"{'; archs ' + ','.join(p.archs) if p.archs else ''}{'; experiments' if p.experiments else ''})")
@@ -587,9 +630,9 @@ def cache_entries(check: bool = True) -> list[dict]:
     check (which probes the toolchain) is skipped and finished builds say "built"."""
     root = build_dir()
     now = time.time()
-    current = None
-    with contextlib.suppress(OSError):
-        current = os.readlink(root / "current")
+    links: dict[str, list[str]] = {}
+    for name, key in stable_links().items():
+        links.setdefault(key, []).append(name)
     plans: dict[tuple, str | None] = {}
     out = []
     for d in sorted(root.iterdir()) if root.is_dir() else []:
@@ -603,7 +646,7 @@ def cache_entries(check: bool = True) -> list[dict]:
         out.append({"key": d.name, "status": status, "backends": info.get("backends", []),
                     "archs": info.get("archs", []), "experiments": bool(info.get("experiments")),
                     "size_bytes": _dir_size(d), "age_s": round(now - d.stat().st_mtime), "path": str(d),
-                    "current": d.name == current, "cubins": (info.get("artifacts") or {}).get("triton_cubins")})
+                    "stable": links.get(d.name, []), "cubins": (info.get("artifacts") or {}).get("triton_cubins")})
     for f in sorted((root / "failed").glob("*.json")) if (root / "failed").is_dir() else []:
         try:
             rec = json.loads(f.read_text())
@@ -612,7 +655,7 @@ def cache_entries(check: bool = True) -> list[dict]:
         out.append({"key": rec.get("key", f.stem), "status": "failed", "backends": rec.get("backends", []),
                     "archs": rec.get("archs", []), "experiments": bool(rec.get("experiments")),
                     "size_bytes": f.stat().st_size, "age_s": round(now - f.stat().st_mtime), "path": str(f),
-                    "current": False, "stage": rec.get("stage"), "log": rec.get("log"), "cubins": None})
+                    "stable": [], "stage": rec.get("stage"), "log": rec.get("log"), "cubins": None})
     return out
 
 
@@ -636,7 +679,7 @@ def find_cached(need: set[str]) -> pathlib.Path | None:
 
 
 def clean(include_headers: bool = False) -> list[pathlib.Path]:
-    """Remove every cached build, failure record, log and the `current` link (and, with include_headers, the
+    """Remove every cached build, failure record, log and stable link (and, with include_headers, the
     fetched onnxruntime headers). Returns what was removed."""
     root = build_dir()
     removed = []
@@ -657,6 +700,7 @@ def clean(include_headers: bool = False) -> list[pathlib.Path]:
 
 
 def main(argv=None) -> int:
+    """`python -m onnxfuse.kernels.build`: build and print the library's path (`onnxfuse build` is the CLI)."""
     ap = argparse.ArgumentParser(prog="python -m onnxfuse.kernels.build", description=__doc__.splitlines()[0])
     ap.add_argument("--arch", help="CUDA archs, e.g. 80,90 (default 90)")
     ap.add_argument("--backends", help=f"comma list from {','.join(ALL_BACKENDS)} (default: all available)")
