@@ -1,5 +1,7 @@
-// SwiGLU on the CPU EP: Y = silu(X @ W_gate) * (X @ W_up). Both GEMMs share the packed X and run tile by tile, so
-// the gate and up accumulators of a tile meet in the epilogue without a full-size intermediate.
+// SwiGLU on the CPU EP: Y = silu(X @ W_gate) * (X @ W_up). Both GEMMs run tile by tile, so the gate and up products
+// of a tile meet without a full-size intermediate. With oneDNN (constant weights): per tile, up = X @ W_up into an
+// fp32 tile, then X @ W_gate with swish and a multiply by that tile as post-ops, written once as Y. Otherwise the
+// built-in GEMM carries both accumulators to one epilogue.
 #include "cpu/ops.h"
 
 namespace onnxfuse {
@@ -20,26 +22,57 @@ struct SwiGLUEpilogue final : Epilogue {
   }
 };
 
-// Constant W_gate / W_up are packed once, at kernel creation.
+// Constant W_gate / W_up are prepared once, at kernel creation.
 template <typename T>
 struct SwiGLUCpu {
   using Op = schema::SwiGLU;
   SwiGLUCpu(const OrtApi* api, const OrtKernelInfo* info)
       : attrs(ReadOpAttrs(api, info, Op::kName)), log(LoggerOf(api, info)) {
-    wg.Init(FormatOf<T>::value, GetConstantInput(api, info, Op::kWGate));
-    wu.Init(FormatOf<T>::value, GetConstantInput(api, info, Op::kWUp));
-    log.Created(Op::kName, std::string(wg.valid ? "W_gate " : "") + (wu.valid ? "W_up" : ""));
+    const auto gc = GetConstantInput(api, info, Op::kWGate), uc = GetConstantInput(api, info, Op::kWUp);
+    if (gc && uc && gc->shape.size() == 2 && gc->shape == uc->shape) {
+      MatmulSpec spec;
+      spec.src = FormatOf<T>::value;
+      spec.K = gc->shape[0], spec.N = gc->shape[1];
+      spec.block_n = ColumnBlock(spec.N);
+      spec.dst = Format::F32;
+      spec.ldy = spec.ld_tile = spec.block_n < spec.N ? spec.block_n : spec.N;  // the up tile: dense per block
+      onednn = up.Init(spec, uc, nullptr);
+      spec.dst = FormatOf<T>::value;
+      spec.ldy = 0;
+      spec.post = {PostOp::Swish, PostOp::Mul};
+      onednn = onednn && gate.Init(spec, gc, nullptr);
+    }
+    if (!onednn) {
+      wg.Init(FormatOf<T>::value, gc);
+      wu.Init(FormatOf<T>::value, uc);
+    }
+    log.Created(Op::kName, onednn ? "W_gate W_up (oneDNN)"
+                                  : std::string(wg.valid ? "W_gate " : "") + (wu.valid ? "W_up" : "") +
+                                        (gc && uc ? " (built-in GEMM: " + up.why + gate.why + ")" : ""));
   }
-  Ort::Status Compute(const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& W_gate,
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& W_gate,
                       const Ort::Custom::Tensor<T>& W_up, Ort::Custom::Tensor<T>& Y) {
     return GuardCompute([&] {
       const LinearDims d = SwiGLUDims(Op::kName, X.Shape(), W_gate.Shape(), W_up.Shape());
       T* y = Y.Allocate(d.out_shape);
       if (d.M == 0 || d.N == 0) return;
+      const OrtPool pool(ctx);
+      if (onednn && gate.Match(W_gate.Data()) && up.Match(W_up.Data())) {
+        log.Used(Op::kName, "oneDNN");
+        const T* x = X.Data();
+        const int64_t ld = std::min<int64_t>(ColumnBlock(d.N), d.N);
+        ForTiles(pool, d.M, gate.mm.Blocks(), [&](int64_t r0, int64_t rows, int64_t j) {
+          float* tile = reinterpret_cast<float*>(TileScratch(0, size_t(rows * ld) * sizeof(float)));
+          up.mm.Run(rows, x + r0 * d.K, tile, j);
+          gate.mm.Run(rows, x + r0 * d.K, y + r0 * d.N + gate.mm.BlockStart(j), j, tile);
+        });
+        return;
+      }
       SwiGLUEpilogue<T> epi;
       epi.y = y;
       epi.N = d.N;
       GemmArgs g = GemmFor(d, X.Data(), &epi);
+      g.pool = &pool;
       g.num_b = 2;
       g.b[0] = BOperand{W_gate.Data(), d.K, nullptr, wg.Match(W_gate.Data())};
       g.b[1] = BOperand{W_up.Data(), d.K, nullptr, wu.Match(W_up.Data())};
@@ -49,6 +82,8 @@ struct SwiGLUCpu {
   }
   OpAttrs attrs;
   ConstB wg, wu;
+  ConstMatmul gate, up;
+  bool onednn = false;
   PrepackLog log;
 };
 
