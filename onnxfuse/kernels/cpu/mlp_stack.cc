@@ -24,6 +24,7 @@ struct MLPStackCpu {
     bias.resize(acts.size());
     mm.resize(acts.size());
     std::vector<std::optional<ConstInput>> wc(acts.size());
+    std::string why;
     onednn = true;
     for (size_t i = 0; i < acts.size(); ++i) {
       wc[i] = GetConstantInput(api, info, Op::W(int(i)));
@@ -35,8 +36,10 @@ struct MLPStackCpu {
         spec.post = {acts[i] == ONNXFUSE_ACT_RELU ? PostOp::Relu : PostOp::Sigmoid};
         spec.typical_m = kRowBlock;
         onednn = mm[i].Init(spec, wc[i], &bias[i]);
-      } else {
+        if (!onednn) why = "layer " + std::to_string(i + 1) + ": " + mm[i].why;
+      } else if (onednn) {
         onednn = false;
+        why = "W_" + std::to_string(i + 1) + " is not a constant";
       }
     }
     std::string what;
@@ -45,11 +48,12 @@ struct MLPStackCpu {
       what += std::string(onednn || w[i].valid ? " W_" + std::to_string(i + 1) : "") +
               (bias[i].valid ? " bias_" + std::to_string(i + 1) : "");
     }
-    log.Created(Op::kName, what + (onednn ? " (oneDNN)" : ""));
+    log.Created(Op::kName, what + (onednn ? " (oneDNN)" : " (built-in GEMM: " + why + ")"));
   }
 
-  // Rows per task of the fused path: about two tasks per thread, at most kRowBlock rows (intermediates of
-  // kRowBlock x 512 fp32 = 128 KiB stay in L2), a multiple of 8.
+  // Rows per task of the fused path: one task per thread while that is at most kRowBlock rows (intermediates of
+  // kRowBlock x 512 fp32 = 128 KiB stay in L2), a multiple of 8; each task is a few layer calls of ~1-3 us overhead,
+  // so smaller blocks cost more in calls than they gain in balance.
   static constexpr int64_t kRowBlock = 64;
 
   // The oneDNN path: every layer prepared and handed the constants it was prepared from.
@@ -89,7 +93,7 @@ struct MLPStackCpu {
         mm[i].mm.Run(rows, h, out, 0);
         h = out;
       }
-    }, kRowBlock);
+    }, kRowBlock, 1);
   }
 
   template <Act A>

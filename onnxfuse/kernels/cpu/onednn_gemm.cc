@@ -2,6 +2,7 @@
 #include "cpu/onednn_gemm.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -107,6 +108,27 @@ struct SequentialOmp {
   }
 };
 
+// The memory objects of one primitive's execution, per thread, kept between calls: creating them costs about as
+// much as a small layer's arithmetic (a few us per call), so a repeated call only swaps the data pointers.
+struct RunArgs {
+  uint64_t id = 0;
+  std::unordered_map<int, dnnl::memory> args;
+};
+RunArgs& ThreadArgs(uint64_t id, bool* fresh) {
+  static thread_local std::vector<RunArgs> slots(16);
+  static thread_local size_t next = 0;
+  for (RunArgs& a : slots)
+    if (a.id == id) {
+      *fresh = false;
+      return a;
+    }
+  RunArgs& a = slots[next++ % slots.size()];
+  a.id = id;
+  a.args.clear();
+  *fresh = true;
+  return a;
+}
+
 [[noreturn]] void Rethrow(const dnnl::error& e, const char* what) {
   throw std::runtime_error(std::string("oneDNN ") + what + ": " + e.what());
 }
@@ -127,6 +149,7 @@ struct OnednnMatmul::Impl {
     std::shared_ptr<dnnl::matmul> prim;
     std::string impl;
     size_t scratch = 0;
+    uint64_t id = 0;  // unique in the process: the key of the per-thread argument cache (RunArgs)
   };
   mutable std::mutex mu;
   // A few (m, width) pairs: the row block, the tail block, the tail column block. Entries are shared so that a
@@ -175,8 +198,10 @@ struct OnednnMatmul::Impl {
     SequentialOmp one;
     try {
       auto pd = Desc(m, width, packed[j].get_desc());
+      static std::atomic<uint64_t> next_id{1};
       cache.push_back(std::make_shared<const Entry>(Entry{m, width, std::make_shared<dnnl::matmul>(pd),
-                                                          pd.impl_info_str(), pd.scratchpad_desc().get_size()}));
+                                                          pd.impl_info_str(), pd.scratchpad_desc().get_size(),
+                                                          next_id.fetch_add(1)}));
     } catch (const dnnl::error& e) {
       Rethrow(e, "matmul creation");
     }
@@ -246,26 +271,38 @@ void OnednnMatmul::Run(int64_t m, const void* x, void* y, int64_t j, const float
   SequentialOmp one;
   try {
     dnnl::engine& eng = Engine();
-    std::unordered_map<int, dnnl::memory> args;
-    args.emplace(DNNL_ARG_SRC, dnnl::memory(dnnl::memory::desc({m, s.K}, DnnlType(s.src), dnnl::memory::dims{ldx, 1}),
-                                            eng, const_cast<void*>(x)));
-    args.emplace(DNNL_ARG_WEIGHTS, im.packed[size_t(j)]);
-    if (!im.bias.empty())
-      args.emplace(DNNL_ARG_BIAS, dnnl::memory(dnnl::memory::desc({1, width}, dt::f32, dnnl::memory::dims{width, 1}),
-                                               eng, const_cast<float*>(im.bias.data() + n0)));
-    args.emplace(DNNL_ARG_DST, dnnl::memory(dnnl::memory::desc({m, width}, DnnlType(s.dst), dnnl::memory::dims{ldy, 1}),
-                                            eng, y));
+    bool fresh = false;
+    RunArgs& ra = ThreadArgs(e.id, &fresh);
+    auto& args = ra.args;
+    if (fresh) {
+      args.emplace(DNNL_ARG_SRC, dnnl::memory(dnnl::memory::desc({m, s.K}, DnnlType(s.src), dnnl::memory::dims{ldx, 1}),
+                                              eng, nullptr));
+      args.emplace(DNNL_ARG_WEIGHTS, im.packed[size_t(j)]);
+      if (!im.bias.empty())
+        args.emplace(DNNL_ARG_BIAS, dnnl::memory(dnnl::memory::desc({1, width}, dt::f32, dnnl::memory::dims{width, 1}),
+                                                 eng, nullptr));
+      args.emplace(DNNL_ARG_DST, dnnl::memory(dnnl::memory::desc({m, width}, DnnlType(s.dst),
+                                                                 dnnl::memory::dims{ldy, 1}), eng, nullptr));
+      for (size_t p = 0; p < s.post.size(); ++p)
+        if (s.post[p] == PostOp::Add || s.post[p] == PostOp::Mul)
+          args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(int(p)) | DNNL_ARG_SRC_1,
+                       dnnl::memory(dnnl::memory::desc({m, width}, dt::f32, dnnl::memory::dims{ld_tile, 1}), eng,
+                                    nullptr));
+      if (e.scratch > 0)
+        args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(dnnl::memory::desc({int64_t(e.scratch)}, dt::u8,
+                                                                           dnnl::memory::dims{1}), eng, nullptr));
+    }
+    // The entry is keyed by (m, width), not by block: the weights of block j go in every call.
+    args[DNNL_ARG_WEIGHTS] = im.packed[size_t(j)];
+    args[DNNL_ARG_SRC].set_data_handle(const_cast<void*>(x));
+    if (!im.bias.empty()) args[DNNL_ARG_BIAS].set_data_handle(const_cast<float*>(im.bias.data() + n0));
+    args[DNNL_ARG_DST].set_data_handle(y);
     for (size_t p = 0; p < s.post.size(); ++p) {
       if (s.post[p] != PostOp::Add && s.post[p] != PostOp::Mul) continue;
       if (tile == nullptr) throw std::runtime_error("OnednnMatmul: post-op tile missing");
-      args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(int(p)) | DNNL_ARG_SRC_1,
-                   dnnl::memory(dnnl::memory::desc({m, width}, dt::f32, dnnl::memory::dims{ld_tile, 1}), eng,
-                                const_cast<float*>(tile)));
+      args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(int(p)) | DNNL_ARG_SRC_1].set_data_handle(const_cast<float*>(tile));
     }
-    if (e.scratch > 0)
-      args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(dnnl::memory::desc({int64_t(e.scratch)}, dt::u8,
-                                                                         dnnl::memory::dims{1}),
-                                                     eng, ThreadScratch(e.scratch)));
+    if (e.scratch > 0) args[DNNL_ARG_SCRATCHPAD].set_data_handle(ThreadScratch(e.scratch));
     e.prim->execute(ThreadStream(), args);
   } catch (const dnnl::error& err) {
     Rethrow(err, "matmul");

@@ -235,11 +235,12 @@ struct OrtPool final : ParallelRunner {
   }
 };
 
-// Rows per tile so that row blocks x column blocks give every thread about two tiles (balanced on the pool's
-// dynamic scheduling) without tiles so small that a call costs more than its arithmetic: a multiple of 8, at most
-// max_rows.
-inline int64_t RowBlock(int64_t M, int64_t col_blocks, int64_t max_rows = 256, int64_t min_rows = 16) {
-  const int64_t want = 2 * int64_t(NumThreads());
+// Rows per tile so that row blocks x column blocks give every thread about `per_thread` tiles (balanced on the
+// pool's dynamic scheduling) without tiles so small that a call costs more than its arithmetic: a multiple of 8,
+// at most max_rows.
+inline int64_t RowBlock(int64_t M, int64_t col_blocks, int64_t max_rows = 256, int64_t per_thread = 2,
+                        int64_t min_rows = 8) {
+  const int64_t want = per_thread * int64_t(NumThreads());
   int64_t mb = std::min<int64_t>(M, max_rows);
   while (mb > min_rows && ((M + mb - 1) / mb) * col_blocks < want) mb = std::max<int64_t>(min_rows, (mb / 2 + 7) / 8 * 8);
   return std::max<int64_t>(mb, 1);
@@ -248,9 +249,10 @@ inline int64_t RowBlock(int64_t M, int64_t col_blocks, int64_t max_rows = 256, i
 // body(row0, rows, block) for every tile of M rows x `blocks` column blocks, on `pool`. Consecutive tiles walk
 // down the rows of one column block, so a thread's next tile usually finds that block's weights in cache.
 template <typename F>
-void ForTiles(const ParallelRunner& pool, int64_t M, int64_t blocks, F&& body, int64_t max_rows = 256) {
+void ForTiles(const ParallelRunner& pool, int64_t M, int64_t blocks, F&& body, int64_t max_rows = 256,
+              int64_t per_thread = 2) {
   if (M <= 0 || blocks <= 0) return;
-  const int64_t mb = RowBlock(M, blocks, max_rows);
+  const int64_t mb = RowBlock(M, blocks, max_rows, per_thread);
   const int64_t row_blocks = (M + mb - 1) / mb;
   pool.For(row_blocks * blocks, [&](int64_t t) {
     const int64_t rb = t % row_blocks, j = t / row_blocks;
