@@ -24,7 +24,7 @@ struct LinearActCpu {
       onednn = mm.Init(spec, wc, &bias);
     }
     if (!onednn) w.Init(FormatOf<T>::value, wc);
-    log.Created(Op::kName, std::string(onednn ? "W (oneDNN) " : w.valid ? "W " : "") + (bias.valid ? "bias" : "") +
+    log.Created(Op::kName, std::string(onednn ? "W (oneDNN " + mm.mm.Describe(64) + ") " : w.valid ? "W " : "") + (bias.valid ? "bias" : "") +
                                (onednn || !wc ? "" : " (built-in GEMM: " + mm.why + ")"));
   }
 

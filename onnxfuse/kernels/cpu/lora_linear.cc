@@ -29,10 +29,9 @@ struct LoRACpu {
       sa.scale = attrs.scale;
       MatmulSpec sb;  // T @ B (B in fp32) into a dense fp32 tile
       sb.src = sb.dst = Format::F32, sb.K = r, sb.N = N, sb.block_n = ColumnBlock(N);
-      sb.ldy = std::min(sb.block_n, N);
+      sb.ldy = -1;  // dense per block: the Add operand of X @ W
       MatmulSpec sw;  // act(X @ W + bias + tile)
       sw.src = sw.dst = FormatOf<T>::value, sw.K = K, sw.N = N, sw.block_n = ColumnBlock(N);
-      sw.ld_tile = sb.ldy;
       sw.post = {PostOp::Add};
       if (Act_ == Act::Relu) sw.post.push_back(PostOp::Relu);
       b_f32 = ToF32Vector(static_cast<const T*>(lb->data), r * N);
@@ -41,7 +40,7 @@ struct LoRACpu {
       mm_b.w = lb->data;  // Compute matches B by the constant's own pointer
     }
     if (!onednn) wb.Init(FormatOf<T>::value, wc, &lb);
-    log.Created(Op::kName, onednn ? std::string("W A B bias (oneDNN)")
+    log.Created(Op::kName, onednn ? "W A B bias (oneDNN " + mm_w.mm.Describe(64) + ")"
                                   : std::string(wb.valid ? "[W;B] " : "") + (la.valid ? "A " : "") +
                                         (bias.valid ? "bias" : ""));
   }

@@ -48,7 +48,9 @@ struct MLPStackCpu {
       what += std::string(onednn || w[i].valid ? " W_" + std::to_string(i + 1) : "") +
               (bias[i].valid ? " bias_" + std::to_string(i + 1) : "");
     }
-    log.Created(Op::kName, what + (onednn ? " (oneDNN)" : " (built-in GEMM: " + why + ")"));
+    std::string impls;
+    for (size_t i = 0; onednn && i < acts.size(); ++i) impls += (i ? ", " : "") + mm[i].mm.Describe(kRowBlock);
+    log.Created(Op::kName, what + (onednn ? " (oneDNN " + impls + ")" : " (built-in GEMM: " + why + ")"));
   }
 
   // Rows per task of the fused path: one task per thread while that is at most kRowBlock rows (intermediates of

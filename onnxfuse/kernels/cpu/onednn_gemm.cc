@@ -108,6 +108,13 @@ struct SequentialOmp {
   }
 };
 
+// Per-thread dense output tile (see LdPrim).
+void* TileBuffer(size_t bytes) {
+  static thread_local std::vector<char> buf;
+  if (buf.size() < bytes) buf.resize(bytes);
+  return buf.data();
+}
+
 // The memory objects of one primitive's execution, per thread, kept between calls: creating them costs about as
 // much as a small layer's arithmetic (a few us per call), so a repeated call only swaps the data pointers.
 struct RunArgs {
@@ -157,7 +164,12 @@ struct OnednnMatmul::Impl {
   mutable std::vector<std::shared_ptr<const Entry>> cache;
 
   int64_t Width(int64_t j) const { return std::min(bn, spec.N - j * bn); }
-  int64_t LdTile(int64_t width) const { return spec.ld_tile > 0 ? spec.ld_tile : width; }
+  int64_t LdTile(int64_t width) const { return width; }
+  // Row stride of Y the caller asked for, and the one the primitive writes with: oneDNN 3.2's brgemm matmul takes a
+  // dst with a row stride wider than the block only without binary post-ops (and then not always), else it runs a
+  // reference kernel ~1000x slower. So with several column blocks each tile is written dense and copied into Y.
+  int64_t LdY(int64_t width) const { return spec.ldy > 0 ? spec.ldy : spec.ldy < 0 ? width : spec.N; }
+  int64_t LdPrim(int64_t width) const { return blocks > 1 ? width : LdY(width); }
 
   dnnl::primitive_attr Attr(int64_t m, int64_t width) const {
     dnnl::post_ops po;
@@ -181,7 +193,7 @@ struct OnednnMatmul::Impl {
   }
 
   dnnl::matmul::primitive_desc Desc(int64_t m, int64_t width, const dnnl::memory::desc& wmd) const {
-    const int64_t ldx = spec.ldx > 0 ? spec.ldx : spec.K, ldy = spec.ldy > 0 ? spec.ldy : spec.N;
+    const int64_t ldx = spec.ldx > 0 ? spec.ldx : spec.K, ldy = LdPrim(width);
     dnnl::memory::desc src({m, spec.K}, DnnlType(spec.src), dnnl::memory::dims{ldx, 1});
     dnnl::memory::desc dst({m, width}, DnnlType(spec.dst), dnnl::memory::dims{ldy, 1});
     dnnl::memory::desc bmd = bias.empty() ? dnnl::memory::desc() : dnnl::memory::desc({1, width}, dt::f32,
@@ -253,8 +265,8 @@ void OnednnMatmul::Run(int64_t m, const void* x, void* y, int64_t j, const float
   const Impl& im = *impl_;
   const MatmulSpec& s = im.spec;
   if (m <= 0) return;
-  const int64_t ldx = s.ldx > 0 ? s.ldx : s.K, ldy = s.ldy > 0 ? s.ldy : s.N;
   const int64_t n0 = j * im.bn, width = im.Width(j), ld_tile = im.LdTile(width);
+  const int64_t ldx = s.ldx > 0 ? s.ldx : s.K, ldy = im.LdY(width);
   if (im.narrow) {
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t c = 0; c < width; ++c) {
@@ -282,7 +294,7 @@ void OnednnMatmul::Run(int64_t m, const void* x, void* y, int64_t j, const float
         args.emplace(DNNL_ARG_BIAS, dnnl::memory(dnnl::memory::desc({1, width}, dt::f32, dnnl::memory::dims{width, 1}),
                                                  eng, nullptr));
       args.emplace(DNNL_ARG_DST, dnnl::memory(dnnl::memory::desc({m, width}, DnnlType(s.dst),
-                                                                 dnnl::memory::dims{ldy, 1}), eng, nullptr));
+                                                                 dnnl::memory::dims{im.LdPrim(width), 1}), eng, nullptr));
       for (size_t p = 0; p < s.post.size(); ++p)
         if (s.post[p] == PostOp::Add || s.post[p] == PostOp::Mul)
           args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(int(p)) | DNNL_ARG_SRC_1,
@@ -296,7 +308,10 @@ void OnednnMatmul::Run(int64_t m, const void* x, void* y, int64_t j, const float
     args[DNNL_ARG_WEIGHTS] = im.packed[size_t(j)];
     args[DNNL_ARG_SRC].set_data_handle(const_cast<void*>(x));
     if (!im.bias.empty()) args[DNNL_ARG_BIAS].set_data_handle(const_cast<float*>(im.bias.data() + n0));
-    args[DNNL_ARG_DST].set_data_handle(y);
+    const size_t es = ElemSize(s.dst);
+    const bool copy = im.LdPrim(width) != ldy;  // dense tile first, then its rows into Y
+    void* dst = copy ? TileBuffer(size_t(m * width) * es) : y;
+    args[DNNL_ARG_DST].set_data_handle(dst);
     for (size_t p = 0; p < s.post.size(); ++p) {
       if (s.post[p] != PostOp::Add && s.post[p] != PostOp::Mul) continue;
       if (tile == nullptr) throw std::runtime_error("OnednnMatmul: post-op tile missing");
@@ -304,6 +319,10 @@ void OnednnMatmul::Run(int64_t m, const void* x, void* y, int64_t j, const float
     }
     if (e.scratch > 0) args[DNNL_ARG_SCRATCHPAD].set_data_handle(ThreadScratch(e.scratch));
     e.prim->execute(ThreadStream(), args);
+    if (copy)
+      for (int64_t i = 0; i < m; ++i)
+        std::memcpy(static_cast<char*>(y) + size_t(i * ldy) * es, static_cast<char*>(dst) + size_t(i * width) * es,
+                    size_t(width) * es);
   } catch (const dnnl::error& err) {
     Rethrow(err, "matmul");
   }

@@ -41,8 +41,10 @@ struct MatmulSpec {
   int64_t block_n = 0;       // column block width (<= 0 or >= N: one block)
   std::vector<PostOp> post;  // in order, after the bias; at most one Add or Mul (the fp32 tile given to Run)
   float scale = 1.0f;        // PostOp::Scale's factor
-  int64_t ldx = 0, ldy = 0;  // row strides of X and Y in elements (0: K and N)
-  int64_t ld_tile = 0;       // row stride of the Add/Mul tile (0: the block's width)
+  int64_t ldx = 0, ldy = 0;  // row strides of X and Y in elements (0: K and N; ldy < 0: the block's width, i.e.
+                             // each block's tile dense, as the Add/Mul operand of another OnednnMatmul wants it)
+  // The Add/Mul tile is dense: [m, block width]. (A wider row stride makes oneDNN 3.2 leave its brgemm kernels for
+  // the reference implementation, ~1000x slower.)
   int64_t typical_m = 64;    // rows the weights' layout is chosen for
 };
 

@@ -1,7 +1,7 @@
 // SwiGLU on the CPU EP: Y = silu(X @ W_gate) * (X @ W_up). Both GEMMs run tile by tile, so the gate and up products
-// of a tile meet without a full-size intermediate. With oneDNN (constant weights): per tile, up = X @ W_up into an
-// fp32 tile, then X @ W_gate with swish and a multiply by that tile as post-ops, written once as Y. Otherwise the
-// built-in GEMM carries both accumulators to one epilogue.
+// of a tile meet without a full-size intermediate. With oneDNN (constant weights): per tile, silu(X @ W_gate) into an
+// fp32 tile (swish post-op), then X @ W_up with a multiply by that tile as a post-op, written once as Y. Otherwise
+// the built-in GEMM carries both accumulators to one epilogue.
 #include "cpu/ops.h"
 
 namespace onnxfuse {
@@ -30,23 +30,26 @@ struct SwiGLUCpu {
       : attrs(ReadOpAttrs(api, info, Op::kName)), log(LoggerOf(api, info)) {
     const auto gc = GetConstantInput(api, info, Op::kWGate), uc = GetConstantInput(api, info, Op::kWUp);
     if (gc && uc && gc->shape.size() == 2 && gc->shape == uc->shape) {
+      // silu(X @ W_gate) into a dense fp32 tile, then (X @ W_up) * tile as a binary post-op. (The other order,
+      // swish then a multiply in one post-op chain, has no brgemm kernel in oneDNN 3.2: it runs the reference one.)
       MatmulSpec spec;
       spec.src = FormatOf<T>::value;
       spec.K = gc->shape[0], spec.N = gc->shape[1];
       spec.block_n = ColumnBlock(spec.N);
       spec.dst = Format::F32;
-      spec.ldy = spec.ld_tile = spec.block_n < spec.N ? spec.block_n : spec.N;  // the up tile: dense per block
-      onednn = up.Init(spec, uc, nullptr);
+      spec.ldy = -1;
+      spec.post = {PostOp::Swish};
+      onednn = gate.Init(spec, gc, nullptr);
       spec.dst = FormatOf<T>::value;
       spec.ldy = 0;
-      spec.post = {PostOp::Swish, PostOp::Mul};
-      onednn = onednn && gate.Init(spec, gc, nullptr);
+      spec.post = {PostOp::Mul};
+      onednn = onednn && up.Init(spec, uc, nullptr);
     }
     if (!onednn) {
       wg.Init(FormatOf<T>::value, gc);
       wu.Init(FormatOf<T>::value, uc);
     }
-    log.Created(Op::kName, onednn ? "W_gate W_up (oneDNN)"
+    log.Created(Op::kName, onednn ? "W_gate W_up (oneDNN " + gate.mm.Describe(64) + ", " + up.mm.Describe(64) + ")"
                                   : std::string(wg.valid ? "W_gate " : "") + (wu.valid ? "W_up" : "") +
                                         (gc && uc ? " (built-in GEMM: " + up.why + gate.why + ")" : ""));
   }
@@ -63,8 +66,8 @@ struct SwiGLUCpu {
         const int64_t ld = std::min<int64_t>(ColumnBlock(d.N), d.N);
         ForTiles(pool, d.M, gate.mm.Blocks(), [&](int64_t r0, int64_t rows, int64_t j) {
           float* tile = reinterpret_cast<float*>(TileScratch(0, size_t(rows * ld) * sizeof(float)));
-          up.mm.Run(rows, x + r0 * d.K, tile, j);
-          gate.mm.Run(rows, x + r0 * d.K, y + r0 * d.N + gate.mm.BlockStart(j), j, tile);
+          gate.mm.Run(rows, x + r0 * d.K, tile, j);
+          up.mm.Run(rows, x + r0 * d.K, y + r0 * d.N + up.mm.BlockStart(j), j, tile);
         });
         return;
       }
