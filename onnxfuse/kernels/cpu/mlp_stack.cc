@@ -50,7 +50,8 @@ struct MLPStackCpu {
     }
     std::string impls;
     for (size_t i = 0; onednn && i < acts.size(); ++i) impls += (i ? ", " : "") + mm[i].mm.Describe(kRowBlock);
-    log.Created(Op::kName, what + (onednn ? " (oneDNN " + impls + ")" : " (built-in GEMM: " + why + ")"));
+    log.Created(Op::kName, what.empty() ? what
+                                        : what + (onednn ? " (oneDNN " + impls + ")" : " (built-in GEMM: " + why + ")"));
   }
 
   // Rows per task of the fused path: one task per thread while that is at most kRowBlock rows (intermediates of
