@@ -539,3 +539,25 @@ def test_unknown_backend_and_arch_rejected():
     with pytest.raises(kbuild.BuildError, match="bad CUDA arch"):
         kbuild.parse_archs("90,hopper")
     assert kbuild.parse_archs("sm_80;90") == ["80", "90"]
+
+
+def test_onednn_discovery(monkeypatch, tmp_path):
+    """ONNXFUSE_ONEDNN_ROOT=off builds with the built-in GEMM (a note says so); a prefix without oneDNN is a loud
+    error naming the fix; otherwise the installed packages are found, and the build info says which GEMM runs."""
+    monkeypatch.setenv("ONNXFUSE_ONEDNN_ROOT", "off")
+    assert kbuild.find_onednn() == (None, "disabled by ONNXFUSE_ONEDNN_ROOT=off")
+    p = kbuild.plan(backends=["cpu"], fetch_headers=False)
+    assert p.cpu_gemm.startswith("builtin") and any("oneDNN not found" in n for n in p.notes)
+    monkeypatch.setenv("ONNXFUSE_ONEDNN_ROOT", str(tmp_path))
+    with pytest.raises(kbuild.BuildError, match="ONNXFUSE_ONEDNN_ROOT=.*pip install 'onnxfuse\\[cpu\\]'"):
+        kbuild.find_onednn()
+    monkeypatch.delenv("ONNXFUSE_ONEDNN_ROOT")
+    found, why = kbuild.find_onednn()
+    if found is None:
+        pytest.skip(f"oneDNN packages not installed: {why}")
+    assert (found.include_dir / "oneapi/dnnl/dnnl.hpp").is_file() and found.lib.name.startswith("libdnnl.so.3")
+
+
+def test_build_info_names_the_cpu_gemm(lib):
+    info = kernels.build_info(lib)
+    assert info["cpu_gemm"].startswith(("onednn ", "builtin ("))
