@@ -170,7 +170,8 @@ def _fuse(args) -> int:
         out = src.with_name(src.name.removesuffix(".onnx") + ".fused.onnx")
     res = f.fuse(args.model, out, patterns=args.patterns, report_path=args.report, explain=args.explain,
                  force=args.force, write_unchanged=args.write_unchanged,
-                 external_data=args.external_data, ort=not args.no_ort_fusions, backend=args.backend)
+                 external_data=args.external_data, ort=not args.no_ort_fusions, backend=args.backend,
+                 provider=args.provider)
     if args.json:
         print(json.dumps(res.report(), indent=2))
         return 0
@@ -178,6 +179,8 @@ def _fuse(args) -> int:
     from ._term import Table
     if res.ort is not None:
         _print_ort_stage(con, res)
+    for pattern, why in res.left_to_ort.items():
+        con.print(f"{pattern}: left to onnxruntime for --provider {args.provider}: {why}", soft_wrap=True)
     if not res.changed:
         if res.already_fused:
             con.print(f"{args.model} is already fused ({res.already_fused} onnxfuse nodes); nothing matched, "
@@ -465,6 +468,10 @@ def build_parser() -> argparse.ArgumentParser:
     fu.add_argument("--backend", choices=BACKENDS,
                     help="kernel family written into every fused node's backend attribute (default auto: the "
                          "library picks per node at run time)")
+    fu.add_argument("--provider", choices=["cpu", "cuda"],
+                    help="the execution provider the model will run on: cpu leaves to onnxruntime the patterns whose "
+                         "CPU kernel measured slower than onnxruntime's own path (fuse.CPU_LEFT_TO_ORT; --patterns "
+                         "overrides)")
     fu.add_argument("--force", action="store_true", help="overwrite an existing output file")
     _add_output_flags(fu, "print the fusion report as JSON")
     fu.set_defaults(func=_fuse)

@@ -57,6 +57,8 @@ class FuseResult:
     # stage 1: onnxruntime's fusions (None with --no-ort-fusions)
     ort: ort_fusions.Stage1 | None = None
     nodes_after_ort: int | None = None
+    # patterns left to onnxruntime for the target provider (fuse(provider=)), with the reason
+    left_to_ort: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
@@ -93,7 +95,7 @@ class FuseResult:
                 "fused_flops": self.fused_flops, "flop_share": self.flop_share, "refusals": self.refusals,
                 "already_fused": self.already_fused, "in_functions": self.in_functions,
                 "ort_fusions": None if self.ort is None else self.ort.to_dict(), "nodes_after_ort": self.nodes_after_ort,
-                "seconds": round(self.seconds, 3), "output": self.output}
+                "seconds": round(self.seconds, 3), "output": self.output, "left_to_ort": self.left_to_ort}
 
 
 def model_flops(model: ir.Model) -> int | None:
@@ -269,16 +271,35 @@ def _as_list(rule_sets):
     return rule_sets if isinstance(rule_sets, list) else [rule_sets]
 
 
+# Patterns whose CPU kernel is slower than onnxruntime's own path on the CPU EP, as measured: fuse(provider="cpu")
+# leaves them to onnxruntime (an explicit --patterns list still fuses them).
+CPU_LEFT_TO_ORT = {
+    "swiglu": "the CPU SwiGLU kernel (two oneDNN GEMMs per tile) measured 0.83-0.93x of onnxruntime's MLAS "
+              "MatMuls + Sigmoid/Mul on the 2-core CPU machine (benchmarks/results/cpu-2core-2026-11-23/)",
+    "linear_act": "fp32 Linear+activation layers: oneDNN and MLAS both run at ~90% of the FMA peak, and the fused "
+                  "DLRM MLPs measured 0.80-0.96x of onnxruntime on the 2-core CPU machine (same results)",
+    "mlp_stack": "chains linear_act nodes, which are left to onnxruntime on the CPU",
+}
+
+
 def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patterns: list[str] | None = None,
          report_path: str | os.PathLike | None = None, explain: bool = False, force: bool = False,
          write_unchanged: bool = False, external_data: bool | None = None, ort: bool = True, rules: bool = True,
-         backend: str | None = None) -> FuseResult:
+         backend: str | None = None, provider: str | None = None) -> FuseResult:
     """Fuse the model at `src` and write it to `out` (nothing is written when nothing changed, unless
     `write_unchanged`). `ort=False` skips stage 1 (onnxruntime's fusions); `rules=False` skips stage 2 (onnxfuse's
     rules), which gives the model a user gets from onnxruntime's fusions alone (bench's ort-optimized variant). `backend` (auto|cpu|cuda|triton), when
     given, is written into every onnxfuse node's `backend` attribute (the kernel family the library runs for it;
-    default auto). Raises OnnxfuseError with one line on bad input or when the soundness gate trips."""
+    default auto). `provider="cpu"` leaves the patterns of CPU_LEFT_TO_ORT to onnxruntime unless `patterns` names
+    them (the result's left_to_ort says which and why). Raises OnnxfuseError with one line on bad input or when the
+    soundness gate trips."""
     t0 = time.perf_counter()
+    if provider not in (None, "cpu", "cuda"):
+        raise OnnxfuseError(f"--provider must be cpu or cuda (got {provider!r})")
+    left_to_ort = {}
+    if provider == "cpu" and patterns is None:
+        left_to_ort = dict(CPU_LEFT_TO_ORT)
+        patterns = [p for p in PATTERNS if p not in left_to_ort]
     if backend is not None and backend not in BACKENDS:
         raise OnnxfuseError(f"--backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
     src = pathlib.Path(src)
@@ -310,7 +331,8 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
                 if node.domain == DOMAIN:
                     node.attributes["backend"] = ir.AttrString("backend", backend)
     result = FuseResult(None, recorder.matches, nodes_before, len(model.graph), removed, total, fused_flops,
-                        refusals, already, 0.0, in_functions=in_functions, ort=stage1, nodes_after_ort=nodes_after_ort)
+                        refusals, already, 0.0, in_functions=in_functions, ort=stage1, nodes_after_ort=nodes_after_ort,
+                        left_to_ort=left_to_ort)
     if result.changed or write_unchanged:
         model.ir_version = min(model.ir_version or 10, onnxio.MAX_IR_VERSION)
         if external_data is None:  # automatic: keep the source's layout, and go external past protobuf's limit

@@ -240,7 +240,7 @@ def _weights_session(lib, op: str, inputs: list[torch.Tensor], attrs: dict, mode
     s = schema.OPS[op]
     et = ONNX_TYPE[dtype]
     names = input_names(op, len(inputs))
-    graph_inputs = [helper.make_tensor_value_info(names[0], et, [None, inputs[0].shape[-1]])]
+    graph_inputs = [helper.make_tensor_value_info(names[0], et, [None] * (inputs[0].dim() - 1) + [inputs[0].shape[-1]])]
     inits = []
     for name, t in zip(names[1:], inputs[1:]):
         if mode in ("input", "overridable"):
@@ -302,6 +302,68 @@ def test_constant_weights_are_prepacked_once_and_match(lib, op, dtype, capfd):
             assert_close(out, ref, dtype, f"{op}[{dtype}] weights={mode} run {run}")
         used = capfd.readouterr().err
         assert ("computing with prepacked weights" in used) == (mode == "const"), (mode, used)
+        if mode == "const" and "onednn" in kernels.build_info(lib).get("cpu_gemm", ""):
+            assert "(oneDNN)" in used, used
+
+
+def check_const(lib, op, lead, K, N, r, dtype, scale=1.0, seed=0):
+    """Like check(), with every input but X a constant initializer: the prepacked (oneDNN, where built) path."""
+    inputs = random_inputs(op, lead, K, N, r, dtype, seed)
+    attrs = op_attrs(op, scale)
+    sess = _weights_session(lib, op, inputs, attrs, "const")
+    out = _run_session(sess, op, {input_names(op, len(inputs))[0]: inputs[0]}, out_shape(op, inputs))
+    assert_close(out, schema.reference(op, inputs, attrs), dtype,
+                 f"{op}[{dtype}] const weights X{(*lead, K)} N={N} r={r} scale={scale}")
+
+
+# Shapes for the prepacked path: the usual one, 3-D X, one row, N < 8 (the narrow dot-product path), N = 1, N past
+# one column block (128) with a tail, M past a row block with a tail, K past 256.
+CONST_SHAPES = [((2, 9), 70, 45, 4), ((3, 5), 33, 7, 1), ((1,), 1024, 33, 4), ((37,), 300, 1, 4), ((70,), 64, 300, 16),
+                ((251,), 601, 530, 16), ((129,), 13, 512, 8)]
+
+
+@pytest.mark.parametrize("dtype", schema.TYPES)
+@pytest.mark.parametrize("op", WEIGHTED_OPS)
+def test_constant_weights_match_reference(lib, op, dtype):
+    for lead, K, N, r in CONST_SHAPES:
+        if dtype != "float" and lead[0] * K * N > 2e6:
+            continue  # the big shape once, in fp32
+        check_const(lib, op, lead, K, N, r, dtype, scale=0.5, seed=K + N)
+
+
+@given(op=st.sampled_from(WEIGHTED_OPS), dtype=st.sampled_from(schema.TYPES),
+       lead=st.one_of(st.tuples(st.integers(1, 80)), st.tuples(st.integers(1, 3), st.integers(1, 17))),
+       K=st.integers(1, 300), N=st.integers(1, 300), r=st.sampled_from([1, 4, 16]),
+       scale=st.sampled_from([0.0, 0.125, 1.0, -2.0]), seed=st.integers(0, 2**16))
+def test_property_constant_weights_match_reference(lib, op, dtype, lead, K, N, r, scale, seed):
+    check_const(lib, op, lead, K, N, r, dtype, scale=scale, seed=seed)
+
+
+_CONST_ISA_SCRIPT = r"""
+import sys, pathlib
+sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]) / "tests")]
+import test_kernels_cpu as t
+from onnxfuse import schema
+lib = pathlib.Path(sys.argv[1])
+for op in t.WEIGHTED_OPS:
+    for dtype in schema.TYPES:
+        t.check_const(lib, op, (13,), 37, 29, 4, dtype, scale=0.5, seed=7)
+        t.check_const(lib, op, (70,), 64, 300, 16, dtype, scale=0.5, seed=9)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("isa", ["AVX2", "AVX512_CORE"])
+def test_constant_weights_on_older_instruction_sets(lib, isa):
+    """oneDNN capped at AVX2 (no fp16/bf16 matmul there: those kernels keep the built-in GEMM) or AVX-512 without
+    BF16/FP16/AMX (bf16 emulated, fp16 falls back): every op and type still matches the reference."""
+    if "onednn" not in kernels.build_info(lib).get("cpu_gemm", ""):
+        pytest.skip("library built without oneDNN")
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = {**os.environ, "DNNL_MAX_CPU_ISA": isa}
+    p = subprocess.run([sys.executable, "-c", _CONST_ISA_SCRIPT, str(lib), str(root)], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0 and "ok" in p.stdout, p.stdout + p.stderr
 
 
 def test_library_prints_nothing_at_the_default_log_level(lib, capfd):
@@ -477,3 +539,25 @@ def test_unknown_backend_and_arch_rejected():
     with pytest.raises(kbuild.BuildError, match="bad CUDA arch"):
         kbuild.parse_archs("90,hopper")
     assert kbuild.parse_archs("sm_80;90") == ["80", "90"]
+
+
+def test_onednn_discovery(monkeypatch, tmp_path):
+    """ONNXFUSE_ONEDNN_ROOT=off builds with the built-in GEMM (a note says so); a prefix without oneDNN is a loud
+    error naming the fix; otherwise the installed packages are found, and the build info says which GEMM runs."""
+    monkeypatch.setenv("ONNXFUSE_ONEDNN_ROOT", "off")
+    assert kbuild.find_onednn() == (None, "disabled by ONNXFUSE_ONEDNN_ROOT=off")
+    p = kbuild.plan(backends=["cpu"], fetch_headers=False)
+    assert p.cpu_gemm.startswith("builtin") and any("oneDNN not found" in n for n in p.notes)
+    monkeypatch.setenv("ONNXFUSE_ONEDNN_ROOT", str(tmp_path))
+    with pytest.raises(kbuild.BuildError, match="ONNXFUSE_ONEDNN_ROOT=.*pip install 'onnxfuse\\[cpu\\]'"):
+        kbuild.find_onednn()
+    monkeypatch.delenv("ONNXFUSE_ONEDNN_ROOT")
+    found, why = kbuild.find_onednn()
+    if found is None:
+        pytest.skip(f"oneDNN packages not installed: {why}")
+    assert (found.include_dir / "oneapi/dnnl/dnnl.hpp").is_file() and found.lib.name.startswith("libdnnl.so.3")
+
+
+def test_build_info_names_the_cpu_gemm(lib):
+    info = kernels.build_info(lib)
+    assert info["cpu_gemm"].startswith(("onednn ", "builtin ("))

@@ -280,3 +280,24 @@ def test_fp16_fused_equals_unfused_with_ort_optimisations(exported, tmp_path, ca
                           graph_optimization=graph_opt).run(None, feeds)[0].astype(np.float32)
     assert np.isfinite(out).all()
     assert np.abs(out - ref).max() <= 1e-2 * max(1.0, float(np.abs(ref).max()))
+
+
+def test_fuse_provider_cpu_leaves_slower_patterns_to_onnxruntime(tmp_path):
+    """fuse(provider="cpu") does not apply the patterns of fuse.CPU_LEFT_TO_ORT and says why; --patterns overrides."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from onnxfuse import fuse as f
+    w = helper.make_tensor("W", TensorProto.FLOAT, [8, 4], [0.1] * 32)
+    b = helper.make_tensor("b", TensorProto.FLOAT, [4], [0.0] * 4)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["t"]), helper.make_node("Add", ["t", "b"], ["u"]),
+                          helper.make_node("Relu", ["u"], ["y"])], "g",
+                         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 8])],
+                         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])], initializer=[w, b])
+    src = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), str(src))
+    res = f.fuse(src, tmp_path / "cpu.onnx", provider="cpu", ort=False, write_unchanged=True)
+    assert not res.matches and set(res.left_to_ort) == set(f.CPU_LEFT_TO_ORT) and "linear_act" in res.left_to_ort
+    assert res.report()["left_to_ort"] == res.left_to_ort
+    res = f.fuse(src, tmp_path / "all.onnx", provider="cpu", ort=False, patterns=["linear_act"])
+    assert [m.op for m in res.matches] == ["LinearRelu"] and not res.left_to_ort

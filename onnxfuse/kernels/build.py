@@ -24,6 +24,13 @@ Where the onnxruntime headers come from, in order (first hit wins, and `BuildRes
   4. Debian trixie's ``libonnxruntime-dev`` .deb fetched with apt through a private sources dir (nothing installed,
      the system's apt setup untouched), unpacked into the cache of 2.
 
+The CPU kernels run their constant-weight GEMMs through oneDNN's matmul primitive (post-ops fused, weights prepacked
+once per session) when oneDNN is found, in order: ``ONNXFUSE_ONEDNN_ROOT`` (a prefix with ``include/oneapi/dnnl``
+and ``lib/libdnnl.so.3``; ``off`` builds without it), else the PyPI packages ``onednn-cpu-gomp`` +
+``onednn-devel-cpu-gomp`` (what ``pip install 'onnxfuse[cpu]'`` brings). The library finds ``libdnnl.so.3`` at run
+time through an rpath to that folder. Without oneDNN the build falls back to the built-in micro-kernel and says so
+on stderr and in the build info (``cpu_gemm``).
+
 The library links no onnxruntime: it receives the API in ``RegisterCustomOps``. CUDA kernels are built when nvcc is
 found (``CUDA_HOME``, ``/usr/local/cuda``, ``PATH``) unless ``backends`` leaves CUDA out. A build runs in stages
 (headers, configure, cpu, cuda, triton, link), reported on stderr unless quiet, in a temporary directory renamed into
@@ -238,6 +245,66 @@ def find_nvcc() -> pathlib.Path | None:
     return pathlib.Path(found) if found else None
 
 
+ONEDNN_PACKAGES = ("onednn-cpu-gomp", "onednn-devel-cpu-gomp")  # oneDNN 3.2, CPU only, GNU OpenMP runtime
+_ONEDNN_HINT = "pip install 'onnxfuse[cpu]' (brings onednn-cpu-gomp and onednn-devel-cpu-gomp)"
+
+
+@dataclasses.dataclass
+class OneDnn:
+    include_dir: pathlib.Path
+    lib: pathlib.Path      # libdnnl.so.3
+    version: str
+    source: str
+
+
+def _onednn_version(include_dir: pathlib.Path) -> str:
+    text = (include_dir / "oneapi/dnnl/dnnl_version.h").read_text(errors="replace")
+    parts = [re.search(rf"#define\s+DNNL_VERSION_{k}\s+(\d+)", text) for k in ("MAJOR", "MINOR", "PATCH")]
+    return ".".join(m.group(1) for m in parts) if all(parts) else "unknown"
+
+
+def _onednn_at(include_dir: pathlib.Path, lib_dir: pathlib.Path, source: str) -> OneDnn | None:
+    lib = lib_dir / "libdnnl.so.3"
+    if not ((include_dir / "oneapi/dnnl/dnnl.hpp").is_file() and lib.is_file()):
+        return None
+    cfg = (include_dir / "oneapi/dnnl/dnnl_config.h").read_text(errors="replace")
+    if not re.search(r"#define\s+DNNL_CPU_THREADING_RUNTIME\s+DNNL_RUNTIME_OMP", cfg):
+        return None  # the kernels make oneDNN sequential per tile through the OpenMP API (cpu/onednn_gemm.cc)
+    return OneDnn(include_dir.resolve(), lib.resolve(), _onednn_version(include_dir), source)
+
+
+def find_onednn() -> tuple[OneDnn | None, str]:
+    """oneDNN for the CPU GEMMs: (found, why not). ONNXFUSE_ONEDNN_ROOT=<prefix> must hold it (BuildError if not);
+    ONNXFUSE_ONEDNN_ROOT=off builds without it; else the onednn-cpu-gomp / onednn-devel-cpu-gomp packages."""
+    env = os.environ.get("ONNXFUSE_ONEDNN_ROOT")
+    if env is not None and env.strip().lower() in ("off", "0", "no", "none", ""):
+        return None, "disabled by ONNXFUSE_ONEDNN_ROOT=off"
+    if env:
+        root = pathlib.Path(env)
+        found = _onednn_at(root / "include", root / "lib", f"ONNXFUSE_ONEDNN_ROOT={root}")
+        if found is None:
+            raise BuildError(f"ONNXFUSE_ONEDNN_ROOT={env} has no include/oneapi/dnnl/dnnl.hpp and lib/libdnnl.so.3 of "
+                             f"an OpenMP build of oneDNN; {_ONEDNN_HINT}, or set ONNXFUSE_ONEDNN_ROOT=off")
+        return found, ""
+    import importlib.metadata as md  # noqa: PLC0415
+    located = {}
+    for name, suffix in zip(ONEDNN_PACKAGES, ("/libdnnl.so.3", "include/oneapi/dnnl/dnnl.hpp")):
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            return None, f"{name} is not installed; {_ONEDNN_HINT}"
+        hit = [f for f in (dist.files or []) if ("/" + str(f).replace("\\", "/")).endswith(suffix)]
+        if not hit:
+            return None, f"{name} {dist.version} has no {suffix.lstrip('/')}; reinstall it ({_ONEDNN_HINT})"
+        located[name] = pathlib.Path(dist.locate_file(hit[0])).resolve()
+    lib_dir = located[ONEDNN_PACKAGES[0]].parent
+    include_dir = located[ONEDNN_PACKAGES[1]].parents[2]
+    found = _onednn_at(include_dir, lib_dir, f"packages {', '.join(ONEDNN_PACKAGES)}")
+    if found is None:
+        return None, f"{lib_dir} / {include_dir} do not hold an OpenMP build of oneDNN; {_ONEDNN_HINT}"
+    return found, ""
+
+
 _probe_cache: dict[tuple, str] = {}
 
 
@@ -359,6 +426,8 @@ class Plan:
     key: str
     ops_header: str
     notes: list[str]
+    onednn: OneDnn | None = None
+    cpu_gemm: str = "builtin"  # what the CPU kernels' constant-weight GEMMs run on (build info "cpu_gemm")
 
     @property
     def dir(self) -> pathlib.Path:
@@ -418,7 +487,11 @@ def plan(arch=None, backends=None, experiments: bool = False, fetch_headers: boo
     cmake = shutil.which("cmake")
     if cmake is None:
         raise BuildError("cmake not found on PATH (need CMake >= 3.18; pip install cmake or apt-get install cmake)")
+    onednn, why_not = find_onednn()
+    if onednn is None:
+        notes.append(f"oneDNN not found ({why_not}): the CPU kernels use the built-in GEMM (slower)")
     versions = {
+        "onednn": None if onednn is None else f"{onednn.version} {onednn.lib}",
         "ort_headers": _headers_version(include_dir),
         "ort_headers_sha": _headers_digest(include_dir),
         "cxx": _first_line([_cxx(), "--version"]),
@@ -429,7 +502,9 @@ def plan(arch=None, backends=None, experiments: bool = False, fetch_headers: boo
     }
     header = ops_header_text()
     key = _cache_key(chosen, archs, experiments, versions, header)
-    return Plan(chosen, archs, experiments, include_dir, header_source, versions, nvcc, key, header, notes)
+    cpu_gemm = f"onednn {onednn.version}" if onednn is not None else f"builtin ({why_not})"
+    return Plan(chosen, archs, experiments, include_dir, header_source, versions, nvcc, key, header, notes, onednn,
+                cpu_gemm)
 
 
 # ------------------------------------------------------------------------------------------------ failures
@@ -528,7 +603,7 @@ def build(arch=None, backends=None, force: bool = False, quiet: bool = False, ex
                 raise
         link_stable(p.lib)
         seconds = time.monotonic() - t0
-        progress.say(f"built {p.lib} in {seconds:.0f} s (backends {', '.join(p.backends)}"
+        progress.say(f"built {p.lib} in {seconds:.0f} s (backends {', '.join(p.backends)}; CPU GEMM {p.cpu_gemm}"
                      f"{'; archs ' + ','.join(p.archs) if p.archs else ''}{'; experiments' if p.experiments else ''})")
         return _result(p, cached=False, seconds=seconds)
 
@@ -551,7 +626,7 @@ def _compile(p: Plan, log, progress: _Progress) -> None:
     """Configure and build stage by stage into a temporary folder, then rename it into the cache."""
     root = build_dir()
     info = {"library": "onnxfuse_ops", "cache_key": p.key, "backends": p.backends, "archs": p.archs,
-            "experiments": p.experiments, "header_source": p.header_source, **p.versions}
+            "experiments": p.experiments, "header_source": p.header_source, "cpu_gemm": p.cpu_gemm, **p.versions}
     work = pathlib.Path(tempfile.mkdtemp(prefix=f".{p.key}-", dir=root))
     cmake = shutil.which("cmake")
 
@@ -579,6 +654,8 @@ def _compile(p: Plan, log, progress: _Progress) -> None:
                f"-DONNXFUSE_WITH_TRITON={'ON' if 'triton' in p.backends else 'OFF'}",
                f"-DONNXFUSE_EXPERIMENTS={'ON' if p.experiments else 'OFF'}",
                f"-DONNXFUSE_CUDA_ARCHS={';'.join(p.archs) or '90'}", f"-DONNXFUSE_PYTHON={sys.executable}"]
+        if p.onednn is not None:
+            cfg += [f"-DONNXFUSE_ONEDNN_INCLUDE_DIR={p.onednn.include_dir}", f"-DONNXFUSE_ONEDNN_LIBRARY={p.onednn.lib}"]
         if p.nvcc:
             cfg += [f"-DCMAKE_CUDA_COMPILER={p.nvcc}", f"-DCUDAToolkit_ROOT={p.nvcc.parent.parent}"]
         run("configure", cfg)

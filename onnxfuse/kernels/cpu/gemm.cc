@@ -243,7 +243,7 @@ class ThreadPool {
 // Runs f(worker, item) for item in [0, n) on up to `threads` threads (the caller is worker 0). The first exception
 // stops the other workers and is rethrown here.
 template <typename F>
-void ParallelFor(int64_t n, int threads, F&& f) {
+void OwnParallelFor(int64_t n, int threads, F&& f) {
   threads = static_cast<int>(std::min<int64_t>(threads, n));
   if (threads <= 1) {
     for (int64_t i = 0; i < n; ++i) f(0, i);
@@ -263,6 +263,22 @@ void ParallelFor(int64_t n, int threads, F&& f) {
   };
   if (!ThreadPool::Run(threads, run)) run(0);  // pool busy: the whole loop on this thread
   if (error) std::rethrow_exception(error);
+}
+
+struct OwnPoolRunner final : ParallelRunner {
+  void For(int64_t n, const std::function<void(int64_t)>& body) const override {
+    OwnParallelFor(n, NumThreads(), [&](int, int64_t i) { body(i); });
+  }
+};
+
+// f(worker, item) for item in [0, n): on `pool` when given (onnxruntime's), else on our own pool with `threads`.
+template <typename F>
+void ParallelFor(const ParallelRunner* pool, int64_t n, int threads, F&& f) {
+  if (pool == nullptr || threads <= 1 || n <= 1) {
+    OwnParallelFor(n, threads, std::forward<F>(f));
+    return;
+  }
+  pool->For(n, [&](int64_t i) { f(0, i); });
 }
 
 // ------------------------------------------------------------------------------------------------ conversions
@@ -450,6 +466,11 @@ constexpr int64_t kMinWorkPerThread = int64_t(1) << 21;
 
 const char* GemmIsa() { return SelectIsa().name; }
 
+const ParallelRunner& OwnPool() {
+  static const OwnPoolRunner* runner = new OwnPoolRunner();
+  return *runner;
+}
+
 PackedB PackB(Format fmt, const BOperand& src, int64_t k_total, int64_t n) {
   const Isa& isa = SelectIsa();
   PackedB p;
@@ -482,7 +503,7 @@ void Gemm(const GemmArgs& g) {
   float* const a_pack = caller_scratch.Get(0, size_t(a_panels) * KT * MR);
   const void* x = g.x;
   float* ap = a_pack;
-  ParallelFor(a_panels, threads, [&](int, int64_t p) { isa.pack_a[fi](MR, x, M, K, KT, p, ap); });
+  ParallelFor(g.pool, a_panels, threads, [&](int, int64_t p) { isa.pack_a[fi](MR, x, M, K, KT, p, ap); });
 
   // 2. LoRA: columns [K, K+r) of the packed A = scale * (X @ A), computed in fp32 from the packed (fp32) X.
   if (g.r > 0) {
@@ -498,7 +519,7 @@ void Gemm(const GemmArgs& g) {
       a_f32 = a_conv.data();
     }
     const float scale = g.lora_scale;
-    ParallelFor(a_panels, threads, [&](int, int64_t p) {
+    ParallelFor(g.pool, a_panels, threads, [&](int, int64_t p) {
       std::vector<float> t(size_t(MR * r), 0.f);
       float* panel = ap + p * KT * MR;
       for (int64_t k = 0; k < K; ++k) {
@@ -537,7 +558,7 @@ void Gemm(const GemmArgs& g) {
     if (p != nullptr && p->data && p->nr == NR && p->k == KT && p->n == N) packed[b] = p;
   }
 
-  ParallelFor(m_tiles * n_tiles, threads, [&](int, int64_t tile) {
+  ParallelFor(g.pool, m_tiles * n_tiles, threads, [&](int, int64_t tile) {
     ThreadScratch& s = LocalScratch();  // per executing thread (pool worker or caller), reused across calls
     float* accs[2] = {nullptr, nullptr};
     float* bpack[2] = {nullptr, nullptr};

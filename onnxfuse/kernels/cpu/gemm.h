@@ -12,15 +12,18 @@
 //   * Constant weights (initializers) can be packed once, at kernel creation, with PackB(): the whole [K_total, N]
 //     operand as [N/NR panels][K_total][NR] fp32, which is exactly the per-tile block layout above with the panel
 //     stride K_total*NR instead of kc*NR; Gemm then reads it in place and skips the per-call conversion.
-// Threads: a persistent pool created on first use (ONNXFUSE_CPU_THREADS, read once on the first GEMM, overrides
-// std::thread::hardware_concurrency(); the caller is one of the threads); ORT's own intra-op pool is not visible
-// through the custom-op API. Small problems run on the calling thread, and so does a call that finds the pool busy
-// with another call (two sessions running at once).
+// Threads: the kernels hand their tiles to onnxruntime's own intra-op pool (GemmArgs::pool, a ParallelRunner over
+// KernelContext_ParallelFor, ops.h): the pool MLAS uses, whose threads already spin during a run, so the fused ops
+// neither start threads of their own nor fight onnxruntime's for the cores. Without a runner (no kernel context),
+// a persistent pool of our own is used (ONNXFUSE_CPU_THREADS, read once on the first GEMM, overrides
+// std::thread::hardware_concurrency(); the caller is one of the threads). Small problems run on the calling thread,
+// and so does a call that finds that pool busy with another call (two sessions running at once).
 #pragma once
 
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -95,6 +98,16 @@ inline uint16_t F32ToF16Bits(float v) {
 // ONNXFUSE_CPU_THREADS if set (> 0), else the hardware's thread count; decided once per process.
 int NumThreads();
 
+// Runs body(i) for i in [0, n), possibly in parallel, and returns when all are done; the first exception a body
+// throws is rethrown (the others are skipped). The kernels pass onnxruntime's intra-op pool (ops.h, OrtPool).
+struct ParallelRunner {
+  virtual ~ParallelRunner() = default;
+  virtual void For(int64_t n, const std::function<void(int64_t)>& body) const = 0;
+};
+
+// The persistent pool of gemm.cc as a ParallelRunner (what runs when there is no onnxruntime context).
+const ParallelRunner& OwnPool();
+
 // ------------------------------------------------------------------------------------------------ GEMM
 struct AlignedFree {
   void operator()(float* p) const { std::free(p); }
@@ -141,7 +154,8 @@ struct GemmArgs {
   int num_b = 1;  // 1, or 2 (SwiGLU: gate and up share X)
   BOperand b[2];
   const Epilogue* epilogue = nullptr;
-  int threads = 0;  // 0: NumThreads()
+  int threads = 0;  // 0: NumThreads(); how many tiles to aim for per pass
+  const ParallelRunner* pool = nullptr;  // where tiles run; null: OwnPool()
 };
 
 // Runs the whole fused GEMM; throws std::bad_alloc / std::system_error on resource failure.

@@ -1,7 +1,9 @@
 // LoRALinear / LoRALinearRelu on the CPU EP: Y = act(X @ W + bias + scale * ((X @ A) @ B)).
 // T = X @ A (M x r) is computed first, then scale * T rides as r extra reduction columns of the base GEMM
 // ([X | scale*T] @ [W ; B]), so the rank-r update is accumulated in fp32 with the base product before the
-// bias/activation epilogue — no second pass over Y.
+// bias/activation epilogue — no second pass over Y. With oneDNN (constant W, A, B, bias): T = scale * (X @ A) in
+// fp32 for all rows first, then per tile T @ B into an fp32 tile that X @ W adds as a post-op (after the bias,
+// before the activation), written once as Y.
 #include "cpu/ops.h"
 
 namespace onnxfuse {
@@ -15,22 +17,60 @@ struct LoRACpu {
   LoRACpu(const OrtApi* api, const OrtKernelInfo* info)
       : attrs(ReadOpAttrs(api, info, Op::kName)), log(LoggerOf(api, info)) {
     const auto lb = GetConstantInput(api, info, Op::kB);
-    wb.Init(FormatOf<T>::value, GetConstantInput(api, info, Op::kW), &lb);
-    la.template Init<T>(GetConstantInput(api, info, Op::kA), 2);
+    const auto wc = GetConstantInput(api, info, Op::kW), ac = GetConstantInput(api, info, Op::kA);
+    la.template Init<T>(ac, 2);
     bias.template Init<T>(GetConstantInput(api, info, Op::kBias), 1);
-    log.Created(Op::kName,
-                std::string(wb.valid ? "[W;B] " : "") + (la.valid ? "A " : "") + (bias.valid ? "bias" : ""));
+    if (wc && ac && lb && wc->shape.size() == 2 && ac->shape.size() == 2 && lb->shape.size() == 2 &&
+        ac->shape[0] == wc->shape[0] && lb->shape[0] == ac->shape[1] && lb->shape[1] == wc->shape[1] && bias.valid) {
+      const int64_t K = wc->shape[0], N = wc->shape[1], r = ac->shape[1];
+      MatmulSpec sa;  // T = scale * (X @ A), fp32 [M, r]
+      sa.src = FormatOf<T>::value, sa.dst = Format::F32, sa.K = K, sa.N = r;
+      sa.post = {PostOp::Scale};
+      sa.scale = attrs.scale;
+      MatmulSpec sb;  // T @ B (B in fp32) into a dense fp32 tile
+      sb.src = sb.dst = Format::F32, sb.K = r, sb.N = N, sb.block_n = ColumnBlock(N);
+      sb.ldy = -1;  // dense per block: the Add operand of X @ W
+      MatmulSpec sw;  // act(X @ W + bias + tile)
+      sw.src = sw.dst = FormatOf<T>::value, sw.K = K, sw.N = N, sw.block_n = ColumnBlock(N);
+      sw.post = {PostOp::Add};
+      if (Act_ == Act::Relu) sw.post.push_back(PostOp::Relu);
+      b_f32 = ToF32Vector(static_cast<const T*>(lb->data), r * N);
+      std::optional<ConstInput> b32 = ConstInput{b_f32.data(), lb->shape};
+      onednn = mm_a.Init(sa, ac, nullptr) && mm_b.Init(sb, b32, nullptr) && mm_w.Init(sw, wc, &bias);
+      mm_b.w = lb->data;  // Compute matches B by the constant's own pointer
+    }
+    if (!onednn) wb.Init(FormatOf<T>::value, wc, &lb);
+    log.Created(Op::kName, onednn ? "W A B bias (oneDNN " + mm_w.mm.Describe(64) + ")"
+                                  : std::string(wb.valid ? "[W;B] " : "") + (la.valid ? "A " : "") +
+                                        (bias.valid ? "bias" : ""));
   }
 
-  Ort::Status Compute(const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& W,
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& W,
                       const Ort::Custom::Tensor<T>& LA, const Ort::Custom::Tensor<T>& LB,
                       const Ort::Custom::Tensor<T>& B, Ort::Custom::Tensor<T>& Y) {
     return GuardCompute([&] {
       const LinearDims d = LoRADims(Op::kName, X.Shape(), W.Shape(), LA.Shape(), LB.Shape(), B.Shape());
       T* y = Y.Allocate(d.out_shape);
       if (d.M == 0 || d.N == 0) return;
+      const OrtPool pool(ctx);
+      if (onednn && mm_w.Match(W.Data(), B.Data()) && mm_a.Match(LA.Data()) && mm_b.Match(LB.Data())) {
+        log.Used(Op::kName, "oneDNN");
+        const T* x = X.Data();
+        const int64_t r = d.r, ld = std::min<int64_t>(ColumnBlock(d.N), d.N);
+        std::vector<float> t(size_t(d.M * r));
+        ForTiles(pool, d.M, 1, [&](int64_t r0, int64_t rows, int64_t) {
+          mm_a.mm.Run(rows, x + r0 * d.K, t.data() + r0 * r, 0);
+        });
+        ForTiles(pool, d.M, mm_w.mm.Blocks(), [&](int64_t r0, int64_t rows, int64_t j) {
+          float* tile = reinterpret_cast<float*>(TileScratch(0, size_t(rows * ld) * sizeof(float)));
+          mm_b.mm.Run(rows, t.data() + r0 * r, tile, j);
+          mm_w.mm.Run(rows, x + r0 * d.K, y + r0 * d.N + mm_w.mm.BlockStart(j), j, tile);
+        });
+        return;
+      }
       const BiasAct<T, Act_> epi(bias.Match(B.Data()), B.Data(), d.N, y);
       GemmArgs g = GemmFor(d, X.Data(), &epi.epilogue);
+      g.pool = &pool;
       g.r = d.r;
       g.lora_a = LA.Data();
       g.lora_a_f32 = la.Match(LA.Data());
@@ -44,6 +84,9 @@ struct LoRACpu {
   OpAttrs attrs;
   ConstB wb;
   ConstF32 la, bias;
+  std::vector<float> b_f32;
+  ConstMatmul mm_a, mm_b, mm_w;
+  bool onednn = false;
   PrepackLog log;
 };
 

@@ -3,9 +3,12 @@
 // register_cpu.cc calls.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <exception>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,6 +18,7 @@
 #include "common/registry.h"
 #include "common/status.h"
 #include "cpu/gemm.h"
+#include "cpu/onednn_gemm.h"
 
 namespace onnxfuse {
 namespace cpu {
@@ -190,11 +194,108 @@ struct PrepackLog {
     LogTo(logger, ORT_LOGGING_LEVEL_INFO, std::string("onnxfuse[cpu] ") + op + ": prepacked " +
                                               (what.empty() ? std::string("nothing (no constant weights)") : what));
   }
-  void Used(const char* op) {
+  void Used(const char* op, const char* engine = "built-in GEMM") {
     if (!said.exchange(true, std::memory_order_relaxed))
-      LogTo(logger, ORT_LOGGING_LEVEL_INFO, std::string("onnxfuse[cpu] ") + op + ": computing with prepacked weights");
+      LogTo(logger, ORT_LOGGING_LEVEL_INFO,
+            std::string("onnxfuse[cpu] ") + op + ": computing with prepacked weights (" + engine + ")");
   }
 };
+
+// ------------------------------------------------------------------------------------------------ threads
+// onnxruntime's intra-op pool for one Compute (KernelContext_ParallelFor, ORT API 17+; MLAS runs on the same
+// pool). Its threads spin during a run, so handing tiles to it costs about nothing, where a pool of our own would
+// compete with them for the cores. A session with intra_op_num_threads=1 has no pool: everything runs inline.
+// Bodies must not let exceptions into onnxruntime's threads: the first one is kept and rethrown here.
+struct OrtPool final : ParallelRunner {
+  const OrtKernelContext* ctx;
+  explicit OrtPool(const OrtKernelContext* c) : ctx(c) {}
+  void For(int64_t n, const std::function<void(int64_t)>& body) const override {
+    if (n <= 0) return;
+    if (n == 1) return body(0);
+    struct Job {
+      const std::function<void(int64_t)>* body;
+      std::atomic<bool> failed{false};
+      std::mutex mu;
+      std::exception_ptr error;
+    } job;
+    job.body = &body;
+    auto run = [](void* user, size_t i) {
+      Job* j = static_cast<Job*>(user);
+      if (j->failed.load(std::memory_order_relaxed)) return;
+      try {
+        (*j->body)(static_cast<int64_t>(i));
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(j->mu);
+        if (!j->error) j->error = std::current_exception();
+        j->failed.store(true);
+      }
+    };
+    Ort::ThrowOnError(Ort::GetApi().KernelContext_ParallelFor(ctx, run, static_cast<size_t>(n), 0, &job));
+    if (job.error) std::rethrow_exception(job.error);
+  }
+};
+
+// Rows per tile so that row blocks x column blocks give every thread about `per_thread` tiles (balanced on the
+// pool's dynamic scheduling) without tiles so small that a call costs more than its arithmetic: a multiple of 8,
+// at most max_rows.
+inline int64_t RowBlock(int64_t M, int64_t col_blocks, int64_t max_rows = 256, int64_t per_thread = 2,
+                        int64_t min_rows = 8) {
+  const int64_t want = per_thread * int64_t(NumThreads());
+  int64_t mb = std::min<int64_t>(M, max_rows);
+  while (mb > min_rows && ((M + mb - 1) / mb) * col_blocks < want) mb = std::max<int64_t>(min_rows, (mb / 2 + 7) / 8 * 8);
+  return std::max<int64_t>(mb, 1);
+}
+
+// body(row0, rows, block) for every tile of M rows x `blocks` column blocks, on `pool`. Consecutive tiles walk
+// down the rows of one column block, so a thread's next tile usually finds that block's weights in cache.
+template <typename F>
+void ForTiles(const ParallelRunner& pool, int64_t M, int64_t blocks, F&& body, int64_t max_rows = 256,
+              int64_t per_thread = 2) {
+  if (M <= 0 || blocks <= 0) return;
+  const int64_t mb = RowBlock(M, blocks, max_rows, per_thread);
+  const int64_t row_blocks = (M + mb - 1) / mb;
+  pool.For(row_blocks * blocks, [&](int64_t t) {
+    const int64_t rb = t % row_blocks, j = t / row_blocks;
+    body(rb * mb, std::min(mb, M - rb * mb), j);
+  });
+}
+
+// Column block width of the oneDNN GEMMs of LinearAct/SwiGLU/LoRA: tiles narrow enough to spread a few rows over
+// the threads, wide enough that a call is mostly arithmetic (oneDNN's own N blocking is 16-64).
+inline int64_t ColumnBlock(int64_t N) { return N <= 256 ? N : 128; }
+
+inline size_t ElemBytes(Format f) { return f == Format::F32 ? 4 : 2; }
+
+// A constant weight (and bias) prepared for oneDNN at kernel creation; Compute uses it only when handed the same
+// constants (see ConstInput above), else the built-in GEMM.
+struct ConstMatmul {
+  const void* w = nullptr;
+  const void* bias = nullptr;
+  OnednnMatmul mm;
+  std::string why;  // why oneDNN is not used, for the log
+  bool Init(const MatmulSpec& spec, const std::optional<ConstInput>& wc, const ConstF32* bias_c) {
+    if (!wc || wc->shape.size() != 2 || wc->shape[0] != spec.K || wc->shape[1] != spec.N) {
+      why = "W is not a constant";
+      return false;
+    }
+    if (bias_c != nullptr && !bias_c->valid) {
+      why = "bias is not a constant";
+      return false;
+    }
+    if (!mm.Init(spec, wc->data, bias_c != nullptr ? bias_c->data.data() : nullptr, &why)) return false;
+    w = wc->data;
+    bias = bias_c != nullptr ? bias_c->src : nullptr;
+    return true;
+  }
+  bool Match(const void* wd, const void* bd = nullptr) const { return mm.Valid() && wd == w && bd == bias; }
+};
+
+// Per-thread scratch bytes for a tile's intermediates (kept between calls).
+inline char* TileScratch(int slot, size_t bytes) {
+  static thread_local std::vector<char> buf[3];
+  if (buf[slot].size() < bytes) buf[slot].resize(bytes);
+  return buf[slot].data();
+}
 
 void RegisterLinearAct(Ort::CustomOpDomain& domain);
 void RegisterSwiGLU(Ort::CustomOpDomain& domain);

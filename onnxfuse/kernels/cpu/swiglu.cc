@@ -1,6 +1,8 @@
 // SwiGLU on the CPU EP: Y = act(X @ W_gate) * (X @ W_up), act the node's gate activation (common/gate_act.h). Both
-// GEMMs share the packed X and run tile by tile, so the gate and up accumulators of a tile meet in the epilogue
-// without a full-size intermediate.
+// GEMMs run tile by tile, so the gate and up products of a tile meet without a full-size intermediate. With oneDNN
+// (constant weights, silu gate): per tile, silu(X @ W_gate) into an fp32 tile (swish post-op), then X @ W_up with a
+// multiply by that tile as a post-op, written once as Y. Otherwise (another activation, weights that are not
+// constants, no oneDNN) the built-in GEMM carries both accumulators to one epilogue.
 #include "common/gate_act.h"
 #include "cpu/ops.h"
 
@@ -32,24 +34,60 @@ void RunSwiGLU(GemmArgs g, T* y, int64_t n) {
   Gemm(g);
 }
 
-// Constant W_gate / W_up are packed once, at kernel creation.
+// Constant W_gate / W_up are prepared once, at kernel creation.
 template <typename T>
 struct SwiGLUCpu {
   using Op = schema::SwiGLU;
   SwiGLUCpu(const OrtApi* api, const OrtKernelInfo* info)
       : attrs(ReadOpAttrs(api, info, Op::kName)), act(ReadGateActivation(api, info, Op::kName)),
         log(LoggerOf(api, info)) {
-    wg.Init(FormatOf<T>::value, GetConstantInput(api, info, Op::kWGate));
-    wu.Init(FormatOf<T>::value, GetConstantInput(api, info, Op::kWUp));
-    log.Created(Op::kName, std::string(wg.valid ? "W_gate " : "") + (wu.valid ? "W_up" : ""));
+    const auto gc = GetConstantInput(api, info, Op::kWGate), uc = GetConstantInput(api, info, Op::kWUp);
+    // oneDNN has the silu gate as a post-op (swish); the other activations run in the built-in GEMM's epilogue.
+    if (act == ONNXFUSE_GATE_SILU && gc && uc && gc->shape.size() == 2 && gc->shape == uc->shape) {
+      // silu(X @ W_gate) into a dense fp32 tile, then (X @ W_up) * tile as a binary post-op. (The other order,
+      // swish then a multiply in one post-op chain, has no brgemm kernel in oneDNN 3.2: it runs the reference one.)
+      MatmulSpec spec;
+      spec.src = FormatOf<T>::value;
+      spec.K = gc->shape[0], spec.N = gc->shape[1];
+      spec.block_n = ColumnBlock(spec.N);
+      spec.dst = Format::F32;
+      spec.ldy = -1;
+      spec.post = {PostOp::Swish};
+      onednn = gate.Init(spec, gc, nullptr);
+      spec.dst = FormatOf<T>::value;
+      spec.ldy = 0;
+      spec.post = {PostOp::Mul};
+      onednn = onednn && up.Init(spec, uc, nullptr);
+    }
+    if (!onednn) {
+      wg.Init(FormatOf<T>::value, gc);
+      wu.Init(FormatOf<T>::value, uc);
+    }
+    const std::string why = act != ONNXFUSE_GATE_SILU ? "gate activation other than silu" : up.why + gate.why;
+    log.Created(Op::kName, onednn ? "W_gate W_up (oneDNN " + gate.mm.Describe(64) + ", " + up.mm.Describe(64) + ")"
+                                  : std::string(wg.valid ? "W_gate " : "") + (wu.valid ? "W_up" : "") +
+                                        (gc && uc ? " (built-in GEMM: " + why + ")" : ""));
   }
-  Ort::Status Compute(const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& W_gate,
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& W_gate,
                       const Ort::Custom::Tensor<T>& W_up, Ort::Custom::Tensor<T>& Y) {
     return GuardCompute([&] {
       const LinearDims d = SwiGLUDims(Op::kName, X.Shape(), W_gate.Shape(), W_up.Shape());
       T* y = Y.Allocate(d.out_shape);
       if (d.M == 0 || d.N == 0) return;
-      GemmArgs g = GemmFor<T>(d, X.Data(), nullptr);
+      const OrtPool pool(ctx);
+      if (onednn && gate.Match(W_gate.Data()) && up.Match(W_up.Data())) {
+        log.Used(Op::kName, "oneDNN");
+        const T* x = X.Data();
+        const int64_t ld = std::min<int64_t>(ColumnBlock(d.N), d.N);
+        ForTiles(pool, d.M, gate.mm.Blocks(), [&](int64_t r0, int64_t rows, int64_t j) {
+          float* tile = reinterpret_cast<float*>(TileScratch(0, size_t(rows * ld) * sizeof(float)));
+          gate.mm.Run(rows, x + r0 * d.K, tile, j);
+          up.mm.Run(rows, x + r0 * d.K, y + r0 * d.N + up.mm.BlockStart(j), j, tile);
+        });
+        return;
+      }
+      GemmArgs g = GemmFor(d, X.Data(), nullptr);
+      g.pool = &pool;
       g.num_b = 2;
       g.b[0] = BOperand{W_gate.Data(), d.K, nullptr, wg.Match(W_gate.Data())};
       g.b[1] = BOperand{W_up.Data(), d.K, nullptr, wu.Match(W_up.Data())};
@@ -67,6 +105,8 @@ struct SwiGLUCpu {
   OpAttrs attrs;
   int act;  // onnxfuse_gate_act, checked when the kernel is created
   ConstB wg, wu;
+  ConstMatmul gate, up;
+  bool onednn = false;
   PrepackLog log;
 };
 
