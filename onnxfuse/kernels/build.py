@@ -251,6 +251,8 @@ _ONEDNN_HINT = "pip install 'onnxfuse[cpu]' (brings onednn-cpu-gomp and onednn-d
 
 @dataclasses.dataclass
 class OneDnn:
+    """A oneDNN the CPU backend links: its headers, the shared library (given an rpath), its version, and where it
+    was found (the onednn-cpu-gomp package, ONNXFUSE_ONEDNN_ROOT)."""
     include_dir: pathlib.Path
     lib: pathlib.Path      # libdnnl.so.3
     version: str
