@@ -24,13 +24,13 @@ from onnxscript import ir
 
 from . import functions, onnxio, ort_fusions, soundness
 from .errors import OnnxfuseError
-from .rewrites import _base, _explain, linear_act, lora_linear, mlp_stack, swiglu
+from .rewrites import _base, _explain, embedding_interaction, linear_act, lora_linear, mlp_stack, swiglu
 from .schema import BACKENDS, DOMAIN, DOMAIN_VERSION
 
 REPORT_KEY = "onnxfuse.fusion_report"
 # pattern family -> rule-set factory, in application order
 PATTERNS = {"lora_linear": lora_linear.rules, "swiglu": swiglu.rules, "linear_act": linear_act.rules,
-            "mlp_stack": mlp_stack.rules}
+            "mlp_stack": mlp_stack.rules, "embedding_interaction": embedding_interaction.rules}
 
 
 @dataclasses.dataclass
