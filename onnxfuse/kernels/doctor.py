@@ -35,7 +35,19 @@ DEFAULT_SHAPES = {
     # MLPStack: (M, layer widths, activations). DLRM's bottom MLP, an odd narrow stack, DLRM's top MLP.
     "MLPStack": [(1, (13, 512, 256, 64, 16), "relu.relu.relu.relu"), (37, (129, 67, 33, 1), "relu.relu.sigmoid"),
                  (256, (367, 512, 256, 1), "relu.relu.sigmoid")],
+    # Embedding ops: (B, d, features, interaction, hash or mean bag length). DLRM's 26 features of 16 at batch 1 and
+    # 128 (dot, the hash) and cat; 40 features of 20 (the 64-vector, 32-wide Triton tile) without the hash.
+    "EmbeddingInteraction": [(1, 16, 26, "dot", "mod"), (128, 16, 26, "dot", "mod"), (37, 16, 26, "cat", "none"),
+                             (33, 20, 40, "dot", "none")],
+    "EmbeddingBagInteraction": [(1, 16, 26, "dot", 2), (129, 16, 26, "dot", 3), (37, 8, 5, "cat", 1)],
 }
+# The embedding ops' int64 inputs (no Cast to T in the doctor's models).
+EMBEDDING_INT_INPUTS = ("ids", "indices", "offsets", "table_offsets", "cardinality")
+
+
+def embedding_table_sizes(features: int) -> list[int]:
+    """Rows of each feature's table in the doctor's embedding models: small, uneven, deterministic."""
+    return [(7 * f + 3) % 50 + 1 for f in range(features)]
 ALL_MODES = ("plain", "user_stream", "cuda_graph")
 
 
@@ -53,6 +65,18 @@ def stack_shapes(m: int, widths) -> dict[str, list[int]]:
 
 def shape_entry(op: str, entry) -> tuple[dict[str, list[int]], dict, tuple]:
     """(input shapes, extra node attributes, (M, K, N, r, layers) for the report) of one DEFAULT_SHAPES entry."""
+    if op in schema.EMBEDDING_OPS:
+        b, d, f, interaction, extra = entry
+        rows = sum(embedding_table_sizes(f))
+        width = schema.interaction_width(f + 1, d, interaction)
+        if op == "EmbeddingInteraction":
+            shapes = {"X": [b, d], "ids": [b, f]}
+            attrs, label = {"interaction": interaction, "hash": extra}, f"F{f} {interaction} hash={extra}"
+        else:
+            shapes = {"X": [b, d], "indices": [f, b * int(extra)], "offsets": [f, b]}
+            attrs, label = {"interaction": interaction}, f"F{f} {interaction} bags~{extra}"
+        shapes.update({"table": [rows, d], "table_offsets": [f], "cardinality": [f]})
+        return shapes, attrs, (b, d, width, 0, label)
     if op == "MLPStack":
         m, widths, acts = entry
         return stack_shapes(m, widths), {"activations": acts}, (m, widths[0], widths[-1], 0,
@@ -77,6 +101,10 @@ def make_model(op: str, dtype: str, shapes: dict[str, list[int]], backend: str, 
     t = _onnx_type(dtype)
     nodes, inputs = [], []
     for name in shapes:
+        if op in schema.EMBEDDING_OPS and name in EMBEDDING_INT_INPUTS:
+            inputs.append(helper.make_tensor_value_info(name, TensorProto.INT64, shapes[name]))
+            nodes.append(helper.make_node("Identity", [name], [name + "_t"]))
+            continue
         inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shapes[name]))
         nodes.append(helper.make_node("Cast", [name], [name + "_t"], to=t))
     attrs = {"backend": backend, **(extra_attrs or {})}
@@ -84,7 +112,11 @@ def make_model(op: str, dtype: str, shapes: dict[str, list[int]], backend: str, 
         attrs["scale"] = float(scale)
     nodes.append(helper.make_node(op, [n + "_t" for n in shapes], ["Y_t"], domain=schema.DOMAIN, **attrs))
     nodes.append(helper.make_node("Cast", ["Y_t"], ["Y"], to=TensorProto.FLOAT))
-    m, n = shapes["X"][0], list(shapes.values())[-1][0] if op == "MLPStack" else (shapes.get("W") or shapes["W_gate"])[1]
+    if op in schema.EMBEDDING_OPS:
+        f = shapes["table_offsets"][0]
+        m, n = shapes["X"][0], schema.interaction_width(f + 1, shapes["X"][1], (extra_attrs or {})["interaction"])
+    else:
+        m, n = shapes["X"][0], list(shapes.values())[-1][0] if op == "MLPStack" else (shapes.get("W") or shapes["W_gate"])[1]
     out = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [m, n])
     graph = helper.make_graph(nodes, f"doctor_{op}", inputs, [out])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", schema.ONNX_OPSET),
@@ -100,6 +132,8 @@ def make_inputs(op: str, dtype: str, shapes: dict[str, list[int]], seed: int, de
     tdt = {"float": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
     g = torch.Generator(device=device).manual_seed(seed)
     out = []
+    if op in schema.EMBEDDING_OPS:
+        return _embedding_inputs(op, tdt, shapes, seed)
     for name, shp in shapes.items():
         t = torch.randn(*shp, generator=g, device=device, dtype=torch.float32)
         if name in ("W", "W_gate", "W_up", "A") or name.startswith("W_"):
@@ -110,6 +144,42 @@ def make_inputs(op: str, dtype: str, shapes: dict[str, list[int]], seed: int, de
             t = t * 0.5
         out.append(t.to(tdt))
     return out
+
+
+def _embedding_inputs(op: str, tdt, shapes: dict[str, list[int]], seed: int) -> list:
+    """On the CPU (small; the reference indexes with them): X and the table ~N(0, 1/2) (dot products of 16 stay
+    O(1)); ids spread over [-card, 2 card) with one id at INT64_MAX (the hash wraps there), so negative ids, ids past
+    the table and zero vectors are all exercised; for bags sorted offsets over [0, N] with empty bags, and indices the
+    same way. `shapes` may name X alone (the doctor's second X)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    b, d = shapes["X"]
+    if "table_offsets" not in shapes:
+        return [torch.randn(b, d, generator=g).mul(0.7).to(tdt)]
+    f = shapes["table_offsets"][0]
+    sizes = torch.tensor(embedding_table_sizes(f), dtype=torch.int64)
+    toff = torch.cumsum(sizes, 0) - sizes
+
+    def ids(shape, per_feature_axis):
+        u = torch.rand(*shape, generator=g)
+        card = sizes.reshape([-1 if i == per_feature_axis else 1 for i in range(len(shape))])
+        return (u * 3 * card).long() - card
+
+    out = {"X": torch.randn(b, d, generator=g).mul(0.7).to(tdt),
+           "table": torch.randn(*shapes["table"], generator=g).mul(0.7).to(tdt),
+           "table_offsets": toff, "cardinality": sizes}
+    if op == "EmbeddingInteraction":
+        out["ids"] = ids(shapes["ids"], 1)
+        if out["ids"].numel():
+            out["ids"][0, 0] = 2 ** 63 - 1
+    else:
+        n_idx = shapes["indices"][1]
+        out["indices"] = ids(shapes["indices"], 0)
+        cuts = torch.randint(0, n_idx + 1, (f, b), generator=torch.Generator().manual_seed(b + f))
+        out["offsets"] = torch.sort(cuts, dim=1).values
+        out["offsets"][:, 0] = 0
+    return [out[name] for name in shapes]
 
 
 def compare(y, ref, dtype: str) -> tuple[bool, float, float]:
@@ -271,7 +341,8 @@ def run_doctor(providers=("cpu", "cuda"), backends=None, *, ops=None, dtypes=sch
                         x2 = make_inputs(op, dtype, {"X": shp["X"]}, seed + 1, torch_device)[0]
                         ref = schema.reference(op, ins, attrs).float().cpu().numpy()
                         ref2 = schema.reference(op, [x2] + ins[1:], attrs).float().cpu().numpy()
-                        feeds = {name: t.float().cpu().numpy() for name, t in zip(shp, ins)}
+                        feeds = {name: (t.float() if t.is_floating_point() else t).cpu().numpy()
+                                 for name, t in zip(shp, ins)}
                         cache.update(feeds=feeds, feeds2={"X": x2.float().cpu().numpy()}, ref=ref, ref2=ref2)
                         del ins, x2
                         if torch_device == "cuda":

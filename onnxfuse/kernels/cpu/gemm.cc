@@ -450,6 +450,13 @@ constexpr int64_t kMinWorkPerThread = int64_t(1) << 21;
 
 const char* GemmIsa() { return SelectIsa().name; }
 
+void ParallelRanges(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(grain, 1);
+  const int64_t chunks = (n + grain - 1) / grain;
+  ParallelFor(chunks, NumThreads(), [&](int, int64_t c) { fn(c * grain, std::min(n, (c + 1) * grain)); });
+}
+
 PackedB PackB(Format fmt, const BOperand& src, int64_t k_total, int64_t n) {
   const Isa& isa = SelectIsa();
   PackedB p;

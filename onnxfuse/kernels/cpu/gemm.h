@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -149,6 +150,11 @@ void Gemm(const GemmArgs& args);
 
 // Which micro-kernel family Gemm uses on this CPU ("avx512", "avx2", "generic"); for benchmarks and build info.
 const char* GemmIsa();
+
+// Runs fn(begin, end) over [0, n) in chunks of `grain` items on the GEMM's thread pool (the caller takes part; the
+// whole range on the calling thread when the pool is busy). The first exception is rethrown here. For the non-GEMM
+// kernels (the embedding ops).
+void ParallelRanges(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
 }  // namespace cpu
 }  // namespace onnxfuse

@@ -1,4 +1,4 @@
-// Pieces shared by the CPU op files (linear_act.cc, swiglu.cc, lora_linear.cc, mlp_stack.cc): element-type mapping,
+// Pieces shared by the CPU op files (linear_act.cc, swiglu.cc, lora_linear.cc, mlp_stack.cc, embedding_interaction.cc): element-type mapping,
 // the bias + activation epilogue, constant-weight prepacking, and the per-file registration hooks that
 // register_cpu.cc calls.
 #pragma once
@@ -200,6 +200,7 @@ void RegisterLinearAct(Ort::CustomOpDomain& domain);
 void RegisterSwiGLU(Ort::CustomOpDomain& domain);
 void RegisterLoRALinear(Ort::CustomOpDomain& domain);
 void RegisterMLPStack(Ort::CustomOpDomain& domain);
+void RegisterEmbeddingInteraction(Ort::CustomOpDomain& domain);
 
 }  // namespace cpu
 }  // namespace onnxfuse

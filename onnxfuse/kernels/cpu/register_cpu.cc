@@ -9,6 +9,7 @@ void RegisterOps(Ort::CustomOpDomain& domain) {
   RegisterSwiGLU(domain);
   RegisterLoRALinear(domain);
   RegisterMLPStack(domain);
+  RegisterEmbeddingInteraction(domain);
 }
 
 }  // namespace cpu

@@ -35,6 +35,7 @@ add_library(onnxfuse_cuda OBJECT
   ${_onnxfuse_cuda_dir}/swiglu.cu
   ${_onnxfuse_cuda_dir}/lora_linear.cu
   ${_onnxfuse_cuda_dir}/mlp_stack.cu
+  ${_onnxfuse_cuda_dir}/embedding_interaction.cu
   ${_onnxfuse_cuda_dir}/ops_cuda.cc)
 onnxfuse_kernel_target(onnxfuse_cuda)
 
@@ -79,7 +80,8 @@ if(ONNXFUSE_WITH_TRITON)
     ${_onnxfuse_triton_dir}/linear_act.py
     ${_onnxfuse_triton_dir}/swiglu.py
     ${_onnxfuse_triton_dir}/lora_linear.py
-    ${_onnxfuse_triton_dir}/mlp_stack.py)
+    ${_onnxfuse_triton_dir}/mlp_stack.py
+    ${_onnxfuse_triton_dir}/embedding_interaction.py)
   if(ONNXFUSE_EXPERIMENTS)
     list(APPEND _onnxfuse_aot_args --experiments)
   endif()

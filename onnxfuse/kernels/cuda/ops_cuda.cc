@@ -22,6 +22,7 @@
 //             kernel cannot serve it here; the CPU kernels run when the node is placed on the CPU EP.
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/attrs.h"
@@ -247,8 +248,11 @@ struct MLPStackCuda {
         b[i] = in.data[Op::Bias(i)];
       }
       const int dt = DtypeCode<T>();
-      const int64_t bytes = onnxfuse_mlp_stack_scratch_bytes(dt, n, d.M, d.widths.data());
+      int64_t bytes = onnxfuse_mlp_stack_scratch_bytes(dt, n, d.M, d.widths.data());
       if (bytes < 0) Fail(std::string(kName) + ": " + onnxfuse_cuda_error_string(int(bytes)), ORT_RUNTIME_EXCEPTION);
+      // The Triton launcher also keeps the grid kernel's barrier counter in the scratch (negative: no Triton).
+      const int64_t triton_bytes = onnxfuse_triton_mlp_stack_scratch_bytes(dt, n, d.M, d.widths.data());
+      if (triton_bytes > bytes) bytes = triton_bytes;
       std::unique_ptr<DeviceScratch> scratch;
       if (bytes > 0) scratch = std::make_unique<DeviceScratch>(context, Op::kX, size_t(bytes));
       void* sp = scratch ? scratch->get() : nullptr;
@@ -272,6 +276,71 @@ struct MLPStackCuda {
   int mode;
 };
 
+// EmbeddingInteraction (Bag = false) and EmbeddingBagInteraction (Bag = true): one launch either way. backend=auto
+// runs the Triton kernel when triton/table.py's EMBEDDING_AUTO_TRITON says so and a tile fits, else the CUDA one.
+template <typename T, bool Bag>
+struct EmbeddingCuda {
+  using Op = std::conditional_t<Bag, schema::EmbeddingBagInteraction, schema::EmbeddingInteraction>;
+  static constexpr const char* kName = Op::kName;
+  EmbeddingCuda(const OrtApi* api, const OrtKernelInfo* info)
+      : attrs(ReadOpAttrs(api, info, kName)), interaction(ReadInteraction(api, info, kName)),
+        hash(Bag ? ONNXFUSE_HASH_NONE : ReadHash(api, info, kName)) {
+    if (attrs.backend == Backend::kAuto && !triton::kEmbeddingAutoTriton) attrs.backend = Backend::kCuda;
+  }
+  void Run(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<int64_t>& ids,
+           const Ort::Custom::Tensor<int64_t>* offsets, const Ort::Custom::Tensor<T>& table,
+           const Ort::Custom::Tensor<int64_t>& table_offsets, const Ort::Custom::Tensor<int64_t>& cardinality,
+           Ort::Custom::Tensor<T>& Y) {
+    std::vector<int64_t> offsets_shape;
+    if (offsets != nullptr) offsets_shape = offsets->Shape();
+    const EmbeddingDims e = EmbeddingOpDims(kName, interaction, X.Shape(), ids.Shape(),
+                                            offsets != nullptr ? &offsets_shape : nullptr, table.Shape(),
+                                            table_offsets.Shape(), cardinality.Shape());
+    T* y = Y.Allocate(e.out_shape);
+    if (e.B == 0 || e.width == 0) return;
+    void* stream = StreamOf(ctx);
+    const void *x = X.Data(), *tb = e.R > 0 ? table.Data() : nullptr;
+    const int64_t* id = (offsets == nullptr || e.N > 0) ? ids.Data() : nullptr;
+    const int64_t* off = offsets != nullptr ? offsets->Data() : nullptr;
+    const int64_t *to = table_offsets.Data(), *ca = cardinality.Data();
+    const int dt = DtypeCode<T>();
+    Dispatch(
+        kName, attrs,
+        [&] {
+          return onnxfuse_cuda_embedding_interaction(dt, interaction, hash, x, id, off, tb, to, ca, y, e.B, e.d, e.F,
+                                                     e.N, e.R, stream);
+        },
+        [&] {
+          return onnxfuse_triton_embedding_interaction(dt, interaction, hash, x, id, off, tb, to, ca, y, e.B, e.d,
+                                                       e.F, e.N, e.R, stream);
+        });
+  }
+  OpAttrs attrs;
+  int interaction;
+  int hash;
+};
+
+template <typename T>
+struct EmbeddingInteractionCuda : EmbeddingCuda<T, false> {
+  using EmbeddingCuda<T, false>::EmbeddingCuda;
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<int64_t>& ids,
+                      const Ort::Custom::Tensor<T>& table, const Ort::Custom::Tensor<int64_t>& table_offsets,
+                      const Ort::Custom::Tensor<int64_t>& cardinality, Ort::Custom::Tensor<T>& Y) {
+    return GuardCompute([&] { this->Run(ctx, X, ids, nullptr, table, table_offsets, cardinality, Y); });
+  }
+};
+
+template <typename T>
+struct EmbeddingBagInteractionCuda : EmbeddingCuda<T, true> {
+  using EmbeddingCuda<T, true>::EmbeddingCuda;
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X,
+                      const Ort::Custom::Tensor<int64_t>& indices, const Ort::Custom::Tensor<int64_t>& offsets,
+                      const Ort::Custom::Tensor<T>& table, const Ort::Custom::Tensor<int64_t>& table_offsets,
+                      const Ort::Custom::Tensor<int64_t>& cardinality, Ort::Custom::Tensor<T>& Y) {
+    return GuardCompute([&] { this->Run(ctx, X, indices, &offsets, table, table_offsets, cardinality, Y); });
+  }
+};
+
 }  // namespace
 
 void RegisterOps(Ort::CustomOpDomain& domain) {
@@ -281,6 +350,8 @@ void RegisterOps(Ort::CustomOpDomain& domain) {
   AddOpAllTypes<LoRALinearCuda>(domain, schema::LoRALinear::kName, kCudaEp);
   AddOpAllTypes<LoRALinearReluCuda>(domain, schema::LoRALinearRelu::kName, kCudaEp);
   AddVariadicOpAllTypes<MLPStackCuda>(domain, schema::MLPStack::kName, kCudaEp);
+  AddOpAllTypes<EmbeddingInteractionCuda>(domain, schema::EmbeddingInteraction::kName, kCudaEp);
+  AddOpAllTypes<EmbeddingBagInteractionCuda>(domain, schema::EmbeddingBagInteraction::kName, kCudaEp);
 }
 
 }  // namespace cuda
