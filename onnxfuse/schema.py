@@ -36,8 +36,10 @@ BACKENDS = ("auto", "cpu", "cuda", "triton")
 # Activation codes the kernels share (0 means none); MLPStack's `activations` names one per layer.
 ACTIVATIONS = {"relu": 1, "sigmoid": 2}
 # How an MLPStack node runs on the GPU: auto (the library decides by shape), fused (one kernel for the whole stack,
-# Triton backend) or layers (one GEMM launch per layer). Codes are the index.
-STACK_MODES = ("auto", "fused", "layers")
+# each program carrying a block of rows through every layer; Triton backend), layers (one GEMM launch per layer) or
+# grid (one persistent kernel whose programs split every layer's tiles and meet at a grid barrier between layers;
+# Triton backend). Codes are the index.
+STACK_MODES = ("auto", "fused", "layers", "grid")
 # How EmbeddingInteraction / EmbeddingBagInteraction combine the dense vector with the embeddings (attribute
 # `interaction`): "dot" is DLRM's pairwise dot products (strict lower triangle, after the dense vector), "cat" the
 # plain concatenation of all vectors. Codes are the index.
@@ -98,8 +100,10 @@ MLP_STACK = OpSchema(
     "h_0 = X; h_i = act_i(h_{i-1} @ W_i + bias_i) for i = 1..L; Y = h_L",
     (Attr("activations", "string", "relu", "the layers' activations joined by dots, each relu or sigmoid "
                                            "(e.g. relu.relu.sigmoid; L = their number)"),
-     Attr("stack_mode", "string", "auto", "how the GPU runs the stack: auto|fused|layers (fused: one Triton kernel "
-                                          "for all layers; layers: one GEMM launch per layer; auto: by shape)"),
+     Attr("stack_mode", "string", "auto", "how the GPU runs the stack: auto|fused|layers|grid (fused: one Triton "
+                                          "kernel for all layers, a block of rows per program; grid: one persistent "
+                                          "Triton kernel splitting each layer across the SMs; layers: one GEMM launch "
+                                          "per layer; auto: by shape)"),
      _BACKEND),
     "A chain of Linear+activation layers (a DLRM bottom or top MLP) in one op: on the GPU one kernel keeps the "
     "intermediate activations of a row block on chip instead of a launch and an HBM round trip per layer. "
