@@ -1,6 +1,7 @@
 """CPU kernels of the onnxfuse custom-op library against onnxfuse.schema.reference, run through onnxruntime.
 
-Every op of schema.OPS x {float, float16, bfloat16} as a single-node model on the CPU EP, plus hypothesis property
+Every GEMM op of schema.OPS x {float, float16, bfloat16} as a single-node model on the CPU EP (the embedding ops are in
+test_embedding_interaction.py), plus hypothesis property
 tests over shapes (M=1, odd K/N, 3-D X, LoRA ranks 1/4/16, scales). ONNXFUSE_HYPOTHESIS_PROFILE=nightly runs
 thousands of examples instead of the quick default.
 """
@@ -52,6 +53,9 @@ def lib() -> pathlib.Path:
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+# The GEMM ops (the embedding ops have their own tests in test_embedding_interaction.py: other inputs, no weights).
+GEMM_OPS = [op for op in schema.OPS if op not in schema.EMBEDDING_OPS]
+
 # MLPStack under test: three layers K -> N -> N//2+1 -> N, so relu and sigmoid each appear, a narrow odd hidden
 # width, and an intermediate that must stay in the op's type between layers.
 STACK_ACTS = "relu.sigmoid.relu"
@@ -153,18 +157,18 @@ def check(lib, op, lead, K, N, r, dtype, scale=1.0, seed=0):
 
 # ------------------------------------------------------------------------------------------------ correctness
 @pytest.mark.parametrize("dtype", schema.TYPES)
-@pytest.mark.parametrize("op", list(schema.OPS))
+@pytest.mark.parametrize("op", GEMM_OPS)
 def test_op_matches_reference(lib, op, dtype):
     check(lib, op, (2, 9), 70, 45, 4, dtype, scale=0.5)
 
 
-@pytest.mark.parametrize("op", list(schema.OPS))
+@pytest.mark.parametrize("op", GEMM_OPS)
 def test_crosses_every_block_boundary(lib, op):
     # M > MB (240), K > KC (256), N > NC (512), none a multiple of the micro-tile: every edge path runs.
     check(lib, op, (251,), 601, 530, 16, "float", scale=0.25, seed=1)
 
 
-@given(op=st.sampled_from(list(schema.OPS)), dtype=st.sampled_from(schema.TYPES),
+@given(op=st.sampled_from(GEMM_OPS), dtype=st.sampled_from(schema.TYPES),
        lead=st.one_of(st.tuples(st.integers(1, 40)), st.tuples(st.integers(1, 3), st.integers(1, 17))),
        K=st.integers(1, 300), N=st.integers(1, 200), r=st.sampled_from([1, 4, 16]),
        scale=st.sampled_from([0.0, 0.125, 1.0, -2.0, 3.5]), seed=st.integers(0, 2**16))
@@ -248,7 +252,7 @@ def _run_session(sess, op: str, feeds: dict[str, torch.Tensor], out_shape: tuple
 
 
 @pytest.mark.parametrize("dtype", ["float", "bfloat16"])
-@pytest.mark.parametrize("op", list(schema.OPS))
+@pytest.mark.parametrize("op", GEMM_OPS)
 def test_constant_weights_are_prepacked_once_and_match(lib, op, dtype, capfd):
     """Initializer weights take the prepacked path (the kernel says so at INFO level on the session's logger, shown
     with log_severity_level=1), graph-input weights the per-call path; both match the reference, and one session
@@ -319,7 +323,7 @@ sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]) / "tests")]
 import test_kernels_cpu as t
 from onnxfuse import schema
 lib = pathlib.Path(sys.argv[1])
-for op in schema.OPS:
+for op in t.GEMM_OPS:
     for dtype in schema.TYPES:
         t.check(lib, op, (13,), 37, 29, 4, dtype, scale=0.5, seed=7)
     t.check(lib, op, (251,), 300, 530, 16, "float", scale=0.5, seed=8)

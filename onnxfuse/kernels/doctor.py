@@ -110,7 +110,13 @@ def make_model(op: str, dtype: str, shapes: dict[str, list[int]], backend: str, 
     attrs = {"backend": backend, **(extra_attrs or {})}
     if "scale" in s.attr_names and scale is not None:
         attrs["scale"] = float(scale)
-    nodes.append(helper.make_node(op, [n + "_t" for n in shapes], ["Y_t"], domain=schema.DOMAIN, **attrs))
+    overload = ""
+    if op in schema.EMBEDDING_OPS:
+        overload = schema.embedding_overload(op, attrs["interaction"], attrs.get("hash", "none"))
+    elif op == "MLPStack":
+        overload = attrs.get("activations", "")
+    nodes.append(helper.make_node(op, [n + "_t" for n in shapes], ["Y_t"], domain=schema.DOMAIN, overload=overload,
+                                  **attrs))
     nodes.append(helper.make_node("Cast", ["Y_t"], ["Y"], to=TensorProto.FLOAT))
     if op in schema.EMBEDDING_OPS:
         f = shapes["table_offsets"][0]

@@ -21,7 +21,7 @@ FLOAT_TYPES = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 # The lowest default-domain opset in which each op's model-local function body is valid: the bodies use MatMul, Add,
 # Mul, Relu, Sigmoid (bfloat16 kernels for Relu since opset 14) and, for LoRA, CastLike (opset 15). A model of an
 # older opset keeps those subgraphs (the function is written in the model's own opset: onnx.checker requires it).
-MIN_OPSET = {"LoRALinear": 15, "LoRALinearRelu": 15}
+MIN_OPSET = {"LoRALinear": 15, "LoRALinearRelu": 15, "EmbeddingInteraction": 15, "EmbeddingBagInteraction": 15}
 DEFAULT_MIN_OPSET = 13
 BF16_MIN_OPSET = 14
 # Their input 1 is a weight (shape checked by weight_kn); every other constant input may broadcast the result.

@@ -567,6 +567,7 @@ class EmbeddingInteractionPass:
     def __init__(self, recorder: _base.Recorder):
         self.recorder = recorder
         self.refusals: list[dict] = []
+        self.opset: int | None = None
 
     def apply_to_model(self, model: ir.Model, tracer=None) -> int:
         if tracer is not None:  # --explain's re-run over the fused model: the real pass recorded its refusals
@@ -574,6 +575,7 @@ class EmbeddingInteractionPass:
         from onnxscript.optimizer import basic_constant_propagation
 
         self.refusals = []
+        self.opset = _base.default_opset(model)
         count = 0
         done: set[int] = set()
         while True:  # the main graph first, then the bodies still there (a rewrite may remove some)
@@ -612,10 +614,19 @@ class EmbeddingInteractionPass:
         return count
 
     def _refuse(self, node: ir.Node, r: Refused) -> None:
+        if r.reason.startswith("the model's opset") and any(x["reason"] == r.reason for x in self.refusals):
+            return  # one line for the whole model
         self.refusals.append({"rule": f"{PATTERN}/{getattr(r, 'kind', 'match')}", "node": _base.node_label(node),
                               "op_type": node.op_type, "reason": r.reason})
 
     # -------------------------------------------------------------------------------------- candidates
+    def _opset_check(self) -> None:
+        need = max(_base.MIN_OPSET[op] for op in ("EmbeddingInteraction", "EmbeddingBagInteraction"))
+        if self.opset is not None and self.opset < need:
+            raise Refused(f"the model's opset {self.opset} is below {need}, the lowest in which the embedding ops' "
+                          "function bodies (what runs without the kernel library) are valid; export at opset 18 or "
+                          "convert the model (onnx.version_converter.convert_version(model, 18))")
+
     def _candidate(self, graph: ir.Graph, final: ir.Node) -> Found | None:
         """None when `final` is no candidate at all; Found when it matched; Refused (with `covered` node ids so
         that the stacking inside a refused dot candidate is not explained twice) when a candidate fails a check."""
@@ -624,6 +635,11 @@ class EmbeddingInteractionPass:
         gram = self._gram_path(final)
         if gram is not None:
             m = _Match(graph, None)
+            try:
+                self._opset_check()
+            except Refused as r:
+                r.kind = "dot"
+                raise
             try:
                 return self._dot(graph, final, gram, m)
             except Refused as r:
@@ -640,6 +656,7 @@ class EmbeddingInteractionPass:
             return None
         m = _Match(graph, None)
         try:
+            self._opset_check()
             return self._cat(graph, final, m)
         except Refused as r:
             r.kind = "cat"
@@ -920,7 +937,12 @@ class EmbeddingInteractionPass:
                 if any(id(v) in outputs or any(id(u.node) not in internal for u in v.uses()) for v in n.outputs):
                     del cand[k]
                     changed = True
-        for v in m.data.values():
+        # name the root cause: a private value that is a graph output or read outside the whole match, before the
+        # values that only lost their consumers to it
+        everything = inside({k: n for k, n in m.nodes.items() if n.graph is graph})
+        ordered = sorted(m.data.values(), key=lambda v: not (v.is_graph_output() or any(
+            id(u.node) not in everything for u in v.uses())))
+        for v in ordered:
             p = v.producer()
             if p is None or id(p) not in cand:
                 internal = inside(cand)
@@ -933,9 +955,9 @@ class EmbeddingInteractionPass:
 
     def _rewrite(self, model: ir.Model, graph: ir.Graph, f: Found) -> None:
         m, final = f.match, f.final
-        removable = self._removable(graph, f)
         feats = f.leaves[1:]
         op_type = "EmbeddingInteraction" if feats[0].kind == "onehot" else "EmbeddingBagInteraction"
+        removable = self._removable(graph, f)
         # one concatenated table; a table several features share is stored once
         blocks, starts, offsets = [], {}, []
         total = 0
