@@ -58,12 +58,16 @@ int main(void) {
          ONNXFUSE_DOMAIN_VERSION, ONNXFUSE_MAX_STACK_LAYERS, ONNXFUSE_MAX_LORA_RANK);
   printf("\"dtypes\": [%d, %d, %d], \"acts\": {\"relu\": %d, \"sigmoid\": %d},", ONNXFUSE_FP32, ONNXFUSE_FP16,
          ONNXFUSE_BF16, ONNXFUSE_ACT_RELU, ONNXFUSE_ACT_SIGMOID);
-  printf("\"stack_modes\": [%d, %d, %d],", ONNXFUSE_STACK_AUTO, ONNXFUSE_STACK_FUSED, ONNXFUSE_STACK_LAYERS);
+  printf("\"stack_modes\": [%d, %d, %d, %d],", ONNXFUSE_STACK_AUTO, ONNXFUSE_STACK_FUSED, ONNXFUSE_STACK_LAYERS,
+         ONNXFUSE_STACK_GRID);
+  printf("\"interactions\": [%d, %d], \"hashes\": [%d, %d],", ONNXFUSE_INTERACTION_DOT, ONNXFUSE_INTERACTION_CAT,
+         ONNXFUSE_HASH_NONE, ONNXFUSE_HASH_MOD);
   printf("\"variants\": {\"small_cfg\": %d, \"lora_onepass\": %d, \"stack_cfg\": %d},", ONNXFUSE_SMALL_CFG_VARIANTS,
          ONNXFUSE_LORA_ONEPASS_VARIANTS, ONNXFUSE_STACK_CFG_VARIANTS);
   printf("\"kernels\": {\"linear_act\": %d, \"swiglu\": %d, \"lora_linear\": %d, \"lora_xa\": %d, \"lora_main\": %d,"
-         " \"mlp_stack\": %d},", ONNXFUSE_TRITON_LINEAR_ACT, ONNXFUSE_TRITON_SWIGLU, ONNXFUSE_TRITON_LORA_LINEAR,
-         ONNXFUSE_TRITON_LORA_XA, ONNXFUSE_TRITON_LORA_MAIN, ONNXFUSE_TRITON_MLP_STACK);
+         " \"mlp_stack\": %d, \"embedding_interaction\": %d, \"mlp_stack_grid\": %d},", ONNXFUSE_TRITON_LINEAR_ACT,
+         ONNXFUSE_TRITON_SWIGLU, ONNXFUSE_TRITON_LORA_LINEAR, ONNXFUSE_TRITON_LORA_XA, ONNXFUSE_TRITON_LORA_MAIN,
+         ONNXFUSE_TRITON_MLP_STACK, ONNXFUSE_TRITON_EMBEDDING_INTERACTION, ONNXFUSE_TRITON_MLP_STACK_GRID);
   printf("\"size_classes\": %d, \"max_m\": [%d, %d]}\n", ONNXFUSE_TRITON_NUM_SIZE_CLASSES, ONNXFUSE_TRITON_SMALL_MAX_M,
          ONNXFUSE_TRITON_MEDIUM_MAX_M);
   return 0;
@@ -107,6 +111,10 @@ def _cpp_program() -> str:
         + names("onnxfuse::schema::kActivationNames", "onnxfuse::schema::kNumActivations") + ";",
         "  std::cout << \", \\\"stack_modes\\\": \" << "
         + names("onnxfuse::schema::kStackModeNames", "onnxfuse::schema::kNumStackModes") + ";",
+        "  std::cout << \", \\\"interactions\\\": \" << "
+        + names("onnxfuse::schema::kInteractionNames", "onnxfuse::schema::kNumInteractions") + ";",
+        "  std::cout << \", \\\"hashes\\\": \" << "
+        + names("onnxfuse::schema::kHashNames", "onnxfuse::schema::kNumHashes") + ";",
         "  std::cout << \", \\\"size_max_m\\\": [\" << onnxfuse::triton::kSizeClassMaxM[0] << \",\" << "
         "onnxfuse::triton::kSizeClassMaxM[1] << \"], \\\"r_pads\\\": [\" << onnxfuse::triton::kRPads[0] << \",\" << "
         "onnxfuse::triton::kRPads[1] << \",\" << onnxfuse::triton::kRPads[2] << \"], \\\"mlp_stack_kernel\\\": \" << "
@@ -133,6 +141,7 @@ def test_generated_header_matches_schema_in_c_and_cpp(tmp_path):
         "domain": schema.DOMAIN, "version": schema.DOMAIN_VERSION, "max_stack_layers": schema.MAX_STACK_LAYERS,
         "max_lora_rank": table.MAX_LORA_RANK, "dtypes": [schema.TYPES.index(t) for t in schema.TYPES],
         "acts": schema.ACTIVATIONS, "stack_modes": list(range(len(schema.STACK_MODES))),
+        "interactions": list(range(len(schema.INTERACTIONS))), "hashes": list(range(len(schema.HASHES))),
         "variants": table.EXPERIMENT_VARIANTS, "kernels": table.KERNEL_IDS, "size_classes": len(table.SIZE_CLASSES),
         "max_m": list(table.SIZE_CLASS_MAX_M)}
     cpp = _compile_and_run(tmp_path, _cpp_program(), ["g++", "-std=c++17", "-Wall", "-Werror"], "cpp_part.cc")
@@ -151,6 +160,7 @@ def test_generated_header_matches_schema_in_c_and_cpp(tmp_path):
     assert cpp["backends"] == list(schema.BACKENDS)
     assert cpp["activations"] == ["", *schema.ACTIVATIONS]
     assert cpp["stack_modes"] == list(schema.STACK_MODES)
+    assert cpp["interactions"] == list(schema.INTERACTIONS) and cpp["hashes"] == list(schema.HASHES)
     assert cpp["size_max_m"] == list(table.SIZE_CLASS_MAX_M) and cpp["r_pads"] == list(table.R_PADS)
     assert cpp["mlp_stack_kernel"] == table.KERNEL_IDS["mlp_stack"]
 
@@ -180,6 +190,7 @@ def test_cpp_sources_take_the_domain_from_the_generated_header():
     the C++/CUDA sources: they come from onnxfuse_ops.h. The library reads no environment but the two CPU knobs,
     and prints nothing."""
     forbidden = {schema.DOMAIN, *schema.OPS, *schema.BACKENDS, *schema.STACK_ACTIVATIONS, *schema.STACK_MODES,
+                 *schema.INTERACTIONS, *schema.HASHES,
                  *(a.name for o in schema.OPS.values() for a in o.attrs), *schema.EXPERIMENT_ATTRS}
     sources = [p for p in kbuild.source_files() if p.suffix in (".cc", ".h", ".cu", ".cuh")]
     assert any(p.name == "ops_cuda.cc" for p in sources) and any(p.parent.name == "common" for p in sources)
