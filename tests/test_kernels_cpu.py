@@ -402,7 +402,7 @@ def test_stack_mode_attribute_is_checked(lib):
     ref = schema.reference("MLPStack", inputs, op_attrs("MLPStack"))
     for mode in schema.STACK_MODES:  # every mode is accepted; the CPU kernel runs the layers either way
         assert_close(run_op(lib, "MLPStack", inputs, {**op_attrs("MLPStack"), "stack_mode": mode}), ref, "float", mode)
-    with pytest.raises(Exception, match=r"MLPStack: unknown stack_mode 'one' \(expected auto\|fused\|layers\)"):
+    with pytest.raises(Exception, match=r"MLPStack: unknown stack_mode 'one' \(expected auto\|fused\|layers\|grid\)"):
         run_op(lib, "MLPStack", inputs, {**op_attrs("MLPStack"), "stack_mode": "one"})
 
 

@@ -2,7 +2,7 @@
 // and every feature's embedding (one row, or the fp32 sum of a bag's rows rounded to T as the unfused graph stores
 // it) go into a small fp32 buffer, then the output row is written: the strict lower triangle of the pairwise dot
 // products after the dense vector (dot), or the vectors one after the other (cat, copied in T without a round
-// trip). One pass over the samples, split across the GEMM's thread pool; nothing is allocated per sample.
+// trip). One pass over the samples, split across onnxruntime's intra-op threads; nothing is allocated per sample.
 //
 // The dot products are computed from the vectors transposed (vt[c][j] = v_j[c]): for each i the products with every
 // j < i are one vectorisable multiply-add per component, no horizontal sums. That loop is compiled for AVX-512,
@@ -149,7 +149,7 @@ void RunSamples(const Call<T>& c, int64_t b0, int64_t b1) {
 }
 
 template <typename T>
-void Run(const Call<T>& c) {
+void Run(const Call<T>& c, const TaskRunner* runner) {
   const EmbeddingDims& e = c.e;
   if (e.B == 0 || e.width == 0) return;
   const int64_t n = e.F + 1;
@@ -158,7 +158,7 @@ void Run(const Call<T>& c) {
   const int64_t per_sample = (c.interaction == ONNXFUSE_INTERACTION_DOT ? n * (n - 1) / 2 * e.d : 0) +
                              e.F * e.d * bag_len + n * e.d;
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(per_sample, 1));
-  ParallelRanges(e.B, grain, [&](int64_t b0, int64_t b1) { RunSamples(c, b0, b1); });
+  ParallelRanges(e.B, grain, [&](int64_t b0, int64_t b1) { RunSamples(c, b0, b1); }, runner);
 }
 
 template <typename T>
@@ -168,7 +168,7 @@ struct EmbeddingInteractionCpu {
       : attrs(ReadOpAttrs(api, info, Op::kName)), interaction(ReadInteraction(api, info, Op::kName)),
         hash(ReadHash(api, info, Op::kName)) {}
 
-  Ort::Status Compute(const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<int64_t>& ids,
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<int64_t>& ids,
                       const Ort::Custom::Tensor<T>& table, const Ort::Custom::Tensor<int64_t>& table_offsets,
                       const Ort::Custom::Tensor<int64_t>& cardinality, Ort::Custom::Tensor<T>& Y) {
     return GuardCompute([&] {
@@ -184,7 +184,8 @@ struct EmbeddingInteractionCpu {
       c.table = c.e.R > 0 ? table.Data() : nullptr;
       c.table_offsets = table_offsets.Data();
       c.cardinality = cardinality.Data();
-      Run(c);
+      const OrtPoolRunner runner(ctx);
+      Run(c, &runner);
     });
   }
 
@@ -199,7 +200,8 @@ struct EmbeddingBagInteractionCpu {
   EmbeddingBagInteractionCpu(const OrtApi* api, const OrtKernelInfo* info)
       : attrs(ReadOpAttrs(api, info, Op::kName)), interaction(ReadInteraction(api, info, Op::kName)) {}
 
-  Ort::Status Compute(const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<int64_t>& indices,
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X,
+                      const Ort::Custom::Tensor<int64_t>& indices,
                       const Ort::Custom::Tensor<int64_t>& offsets, const Ort::Custom::Tensor<T>& table,
                       const Ort::Custom::Tensor<int64_t>& table_offsets,
                       const Ort::Custom::Tensor<int64_t>& cardinality, Ort::Custom::Tensor<T>& Y) {
@@ -218,7 +220,8 @@ struct EmbeddingBagInteractionCpu {
       c.table = c.e.R > 0 ? table.Data() : nullptr;
       c.table_offsets = table_offsets.Data();
       c.cardinality = cardinality.Data();
-      Run(c);
+      const OrtPoolRunner runner(ctx);
+      Run(c, &runner);
     });
   }
 

@@ -450,11 +450,17 @@ constexpr int64_t kMinWorkPerThread = int64_t(1) << 21;
 
 const char* GemmIsa() { return SelectIsa().name; }
 
-void ParallelRanges(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+void ParallelRanges(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn,
+                    const TaskRunner* runner) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
   const int64_t chunks = (n + grain - 1) / grain;
-  ParallelFor(chunks, NumThreads(), [&](int, int64_t c) { fn(c * grain, std::min(n, (c + 1) * grain)); });
+  auto chunk = [&](int64_t c) { fn(c * grain, std::min(n, (c + 1) * grain)); };
+  if (runner != nullptr && chunks > 1) {
+    runner->Run(chunks, chunk);
+    return;
+  }
+  ParallelFor(chunks, NumThreads(), [&](int, int64_t c) { chunk(c); });
 }
 
 PackedB PackB(Format fmt, const BOperand& src, int64_t k_total, int64_t n) {
@@ -478,6 +484,14 @@ void Gemm(const GemmArgs& g) {
   const int max_threads = g.threads > 0 ? g.threads : NumThreads();
   const int64_t work = M * N * std::max<int64_t>(KT, 1) * g.num_b;
   const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(max_threads, work / kMinWorkPerThread)));
+  // The caller's pool (onnxruntime's) where one is given and the work is worth splitting, else our own.
+  auto parallel_for = [&](int64_t n, auto&& f) {
+    if (g.runner != nullptr && threads > 1 && n > 1) {
+      g.runner->Run(n, [&](int64_t i) { f(0, i); });
+    } else {
+      ParallelFor(n, threads, f);
+    }
+  };
 
   // 1. X -> fp32 MR-row panels, once per call (shared read-only by all workers).
   const int64_t a_panels = (M + MR - 1) / MR;
@@ -489,7 +503,7 @@ void Gemm(const GemmArgs& g) {
   float* const a_pack = caller_scratch.Get(0, size_t(a_panels) * KT * MR);
   const void* x = g.x;
   float* ap = a_pack;
-  ParallelFor(a_panels, threads, [&](int, int64_t p) { isa.pack_a[fi](MR, x, M, K, KT, p, ap); });
+  parallel_for(a_panels, [&](int, int64_t p) { isa.pack_a[fi](MR, x, M, K, KT, p, ap); });
 
   // 2. LoRA: columns [K, K+r) of the packed A = scale * (X @ A), computed in fp32 from the packed (fp32) X.
   if (g.r > 0) {
@@ -505,7 +519,7 @@ void Gemm(const GemmArgs& g) {
       a_f32 = a_conv.data();
     }
     const float scale = g.lora_scale;
-    ParallelFor(a_panels, threads, [&](int, int64_t p) {
+    parallel_for(a_panels, [&](int, int64_t p) {
       std::vector<float> t(size_t(MR * r), 0.f);
       float* panel = ap + p * KT * MR;
       for (int64_t k = 0; k < K; ++k) {
@@ -544,7 +558,7 @@ void Gemm(const GemmArgs& g) {
     if (p != nullptr && p->data && p->nr == NR && p->k == KT && p->n == N) packed[b] = p;
   }
 
-  ParallelFor(m_tiles * n_tiles, threads, [&](int, int64_t tile) {
+  parallel_for(m_tiles * n_tiles, [&](int, int64_t tile) {
     ThreadScratch& s = LocalScratch();  // per executing thread (pool worker or caller), reused across calls
     float* accs[2] = {nullptr, nullptr};
     float* bpack[2] = {nullptr, nullptr};

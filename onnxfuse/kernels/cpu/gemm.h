@@ -129,6 +129,15 @@ struct Epilogue {
   virtual void Apply(int64_t m0, int64_t mb, int64_t n0, int64_t nc, const float* const* acc, int64_t ld) const = 0;
 };
 
+// Runs body(i) for every i in [0, n), in parallel where it can; the first exception is rethrown to the caller.
+// GemmArgs::runner / ParallelRanges take one to run on a pool other than the library's own: the CPU EP kernels pass
+// onnxruntime's intra-op pool (cpu/ops.h OrtPoolRunner), whose threads spin between nodes, so a second set of
+// threads would only compete with them for the same cores.
+struct TaskRunner {
+  virtual ~TaskRunner() = default;
+  virtual void Run(int64_t n, const std::function<void(int64_t)>& body) const = 0;
+};
+
 struct GemmArgs {
   Format fmt = Format::F32;
   int64_t M = 0, K = 0, N = 0;  // K = columns of X (base reduction)
@@ -143,6 +152,7 @@ struct GemmArgs {
   BOperand b[2];
   const Epilogue* epilogue = nullptr;
   int threads = 0;  // 0: NumThreads()
+  const TaskRunner* runner = nullptr;  // null: the library's own thread pool
 };
 
 // Runs the whole fused GEMM; throws std::bad_alloc / std::system_error on resource failure.
@@ -152,9 +162,10 @@ void Gemm(const GemmArgs& args);
 const char* GemmIsa();
 
 // Runs fn(begin, end) over [0, n) in chunks of `grain` items on the GEMM's thread pool (the caller takes part; the
-// whole range on the calling thread when the pool is busy). The first exception is rethrown here. For the non-GEMM
-// kernels (the embedding ops).
-void ParallelRanges(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+// whole range on the calling thread when the pool is busy), or on `runner`. The first exception is rethrown here.
+// For the non-GEMM kernels (the embedding ops).
+void ParallelRanges(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn,
+                    const TaskRunner* runner = nullptr);
 
 }  // namespace cpu
 }  // namespace onnxfuse

@@ -1,5 +1,5 @@
 // MLPStack on the CPU EP: h_i = act_i(h_{i-1} @ W_i + bias_i) for each layer, each layer one fused GEMM with its
-// bias + activation epilogue (gemm.h), the intermediates in per-call buffers of the op's element type (rounded as
+// bias + activation epilogue (gemm.h) on onnxruntime's intra-op threads (OrtPoolRunner), the intermediates in per-call buffers of the op's element type (rounded as
 // the unfused graph stores them). Constant W_i are packed and constant bias_i converted to fp32 once, at kernel
 // creation, like LinearRelu's. The stack_mode attribute is checked but has one meaning here: layer by layer.
 #include "cpu/ops.h"
@@ -28,11 +28,13 @@ struct MLPStackCpu {
   }
 
   template <Act A>
-  void Layer(const T* in, const void* wd, const T* bd, T* out, int64_t m, int64_t k, int64_t n, size_t i) {
+  void Layer(const T* in, const void* wd, const T* bd, T* out, int64_t m, int64_t k, int64_t n, size_t i,
+             const TaskRunner* runner) {
     LinearDims d;
     d.M = m, d.K = k, d.N = n;
     const BiasAct<T, A> epi(bias[i].Match(bd), bd, n, out);
     GemmArgs g = GemmFor(d, in, &epi.epilogue);
+    g.runner = runner;
     g.b[0] = BOperand{wd, k, nullptr, w[i].Match(wd)};
     if (g.b[0].packed != nullptr) log.Used(Op::kName);
     Gemm(g);
@@ -46,6 +48,7 @@ struct MLPStackCpu {
       T* y = static_cast<T*>(ctx.GetOutput(Op::kY, d.out_shape).GetTensorMutableRawData());
       if (d.M == 0 || d.widths.back() == 0) return;
       std::vector<T> buf[2];
+      const OrtPoolRunner runner(context);  // the layers' GEMMs run on the session's own threads
       const T* h = static_cast<const T*>(in.data[Op::kX]);
       for (size_t i = 0; i < acts.size(); ++i) {
         const int64_t k = d.widths[i], n = d.widths[i + 1];
@@ -56,8 +59,8 @@ struct MLPStackCpu {
         }
         const void* wd = in.data[Op::W(int(i))];
         const T* bd = static_cast<const T*>(in.data[Op::Bias(int(i))]);
-        if (acts[i] == ONNXFUSE_ACT_RELU) Layer<Act::Relu>(h, wd, bd, out, d.M, k, n, i);
-        else Layer<Act::Sigmoid>(h, wd, bd, out, d.M, k, n, i);
+        if (acts[i] == ONNXFUSE_ACT_RELU) Layer<Act::Relu>(h, wd, bd, out, d.M, k, n, i, &runner);
+        else Layer<Act::Sigmoid>(h, wd, bd, out, d.M, k, n, i, &runner);
         h = out;
       }
     }).release();

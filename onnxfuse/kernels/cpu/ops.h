@@ -6,6 +6,9 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <exception>
+#include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -194,6 +197,43 @@ struct PrepackLog {
     if (!said.exchange(true, std::memory_order_relaxed))
       LogTo(logger, ORT_LOGGING_LEVEL_INFO, std::string("onnxfuse[cpu] ") + op + ": computing with prepacked weights");
   }
+};
+
+// onnxruntime's intra-op thread pool as a TaskRunner (OrtApi::KernelContext_ParallelFor, API 17+): kernels that run
+// their parallel loops there share the session's threads instead of waking a second pool next to them. Exceptions
+// are caught inside the tasks (they must not cross onnxruntime's threads) and the first is rethrown by Run.
+class OrtPoolRunner final : public TaskRunner {
+ public:
+  explicit OrtPoolRunner(const OrtKernelContext* ctx) : ctx_(ctx) {}
+  void Run(int64_t n, const std::function<void(int64_t)>& body) const override {
+    struct Shared {
+      const std::function<void(int64_t)>* body;
+      std::atomic<bool> failed{false};
+      std::mutex mu;
+      std::exception_ptr error;
+    } shared;
+    shared.body = &body;
+    auto task = [](void* data, size_t i) {
+      auto* s = static_cast<Shared*>(data);
+      if (s->failed.load(std::memory_order_relaxed)) return;
+      try {
+        (*s->body)(static_cast<int64_t>(i));
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(s->mu);
+        if (!s->error) s->error = std::current_exception();
+        s->failed.store(true);
+      }
+    };
+    OrtStatus* st = Ort::GetApi().KernelContext_ParallelFor(ctx_, task, static_cast<size_t>(n), 0, &shared);
+    if (st != nullptr) {  // no pool to run on: do it here
+      Ort::GetApi().ReleaseStatus(st);
+      for (int64_t i = 0; i < n && !shared.failed.load(); ++i) task(&shared, static_cast<size_t>(i));
+    }
+    if (shared.error) std::rethrow_exception(shared.error);
+  }
+
+ private:
+  const OrtKernelContext* ctx_;
 };
 
 void RegisterLinearAct(Ort::CustomOpDomain& domain);
