@@ -32,6 +32,7 @@ enum onnxfuse_error {
   ONNXFUSE_ERR_NO_TRITON = -3,          // library built without Triton kernels (ONNXFUSE_WITH_TRITON off)
   ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH = -4, // no cubin for this GPU's compute capability in the library
   ONNXFUSE_ERR_TOO_LARGE = -5,          // a dimension past what the kernel indexes (Triton: 2^31 - 1 per dim)
+  ONNXFUSE_ERR_NO_KERNEL_FOR_SHAPE = -6,  // no Triton tile compiled for this shape (the embedding ops' NP x DP)
 };
 
 // LinearRelu (act = ONNXFUSE_ACT_RELU) and LinearSigmoid (ONNXFUSE_ACT_SIGMOID): Y = act(X @ W + bias).
@@ -95,7 +96,7 @@ int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* acts, const vo
 // [rows, d] and table_offsets / cardinality [features] (int64, device memory); interaction is an
 // onnxfuse_interaction code, hash an onnxfuse_hash code (ignored for bags). The CUDA backend runs one warp per sample
 // (cuda/embedding_interaction.cu); the Triton one a block of samples per program (triton/embedding_interaction.py,
-// ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH when no (features + 1, d) tile was compiled: the CUDA kernel then serves auto).
+// ONNXFUSE_ERR_NO_KERNEL_FOR_SHAPE when no (features + 1, d) tile was compiled: the CUDA kernel then serves auto).
 int onnxfuse_cuda_embedding_interaction(int dtype, int interaction, int hash, const void* x, const int64_t* ids,
                                         const int64_t* offsets, const void* table, const int64_t* table_offsets,
                                         const int64_t* cardinality, void* y, int64_t batch, int64_t d,

@@ -57,7 +57,7 @@ void Dispatch(const char* op, const OpAttrs& attrs, CudaFn&& cuda_fn, TritonFn&&
       if (onnxfuse_triton_available()) {
         used = Backend::kTriton;
         err = triton_fn();
-        if (err == ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH) {
+        if (err == ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH || err == ONNXFUSE_ERR_NO_KERNEL_FOR_SHAPE) {
           used = Backend::kCuda;
           err = cuda_fn();
         }

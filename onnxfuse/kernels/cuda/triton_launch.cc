@@ -491,7 +491,7 @@ extern "C" int onnxfuse_triton_embedding_interaction(int dtype, int interaction,
     if (n <= ids::kEmbedNps[i]) np_index = i;
   for (int i = 0; i < ids::kNumEmbedDps && dp == 0; ++i)
     if (d <= ids::kEmbedDps[i]) dp = int(ids::kEmbedDps[i]);
-  if (np_index < 0 || dp == 0) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;  // no tile this large: the CUDA kernel
+  if (np_index < 0 || dp == 0) return ONNXFUSE_ERR_NO_KERNEL_FOR_SHAPE;  // no tile this large: the CUDA kernel
   int device = 0;
   const int arch = CurrentArch(&device);
   if (arch < 0) return -arch;
