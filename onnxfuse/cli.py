@@ -445,9 +445,11 @@ def build_parser() -> argparse.ArgumentParser:
     fu = sub.add_parser("fuse", help="replace fusable subgraphs with onnxfuse custom ops")
     fu.add_argument("model", help="the exported .onnx model")
     fu.add_argument("-o", "--output", help="fused model path (default: <model>.fused.onnx)")
-    fu.add_argument("--patterns", nargs="+", metavar="PATTERN", choices=["lora_linear", "swiglu", "linear_act", "mlp_stack"],
-                    help="patterns to apply (default all: lora_linear swiglu linear_act mlp_stack; "
-                         "mlp_stack chains the layers linear_act fused)")
+    fu.add_argument("--patterns", nargs="+", metavar="PATTERN",
+                    choices=["lora_linear", "swiglu", "linear_act", "mlp_stack", "embedding_interaction"],
+                    help="patterns to apply (default all: lora_linear swiglu linear_act mlp_stack "
+                         "embedding_interaction; mlp_stack chains the layers linear_act fused; embedding_interaction "
+                         "takes DLRM's hash, embedding lookups or bags, and feature interaction)")
     fu.add_argument("--report", metavar="FILE.json", help="write the fusion report as JSON")
     fu.add_argument("--explain", action="store_true", help="say, for candidates that did not fuse, which check refused")
     fu.add_argument("--no-ort-fusions", action="store_true",
