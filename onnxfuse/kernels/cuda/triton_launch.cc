@@ -389,6 +389,7 @@ extern "C" int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* act
   int device = 0;
   const int arch = CurrentArch(&device);
   if (arch < 0) return -arch;
+  const int mode_requested = mode;
   if (mode == ONNXFUSE_STACK_AUTO) mode = ChooseStackMode(m, n_layers, widths, device);
   bool aligned = Aligned16(x) && Aligned16(y) && (need == 0 || Aligned16(scratch));
   for (int i = 0; i < n_layers; ++i) aligned = aligned && Aligned16(w[i]) && Aligned16(b[i]);
@@ -425,7 +426,12 @@ extern "C" int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* act
     // The barrier counter starts at zero for every launch: reset on the stream, so a CUDA graph replays it too.
     cudaError_t e = cudaMemsetAsync(bar_ptr, 0, sizeof(int32_t), static_cast<cudaStream_t>(stream));
     if (e != cudaSuccess) return int(e);
-    return LaunchSpec(spec, index, device, grid, args, stream, ids::kStackGridCooperative != 0);
+    const int err = LaunchSpec(spec, index, device, grid, args, stream, ids::kStackGridCooperative != 0);
+    // The driver could not make every program resident at once (another context holding SMs, say): nothing ran,
+    // so the stack runs layer by layer instead of risking the barrier.
+    if (err != int(cudaErrorCooperativeLaunchTooLarge) || mode_requested == ONNXFUSE_STACK_GRID) return err;
+    (void)cudaGetLastError();  // the refused launch left its error in the runtime's last-error slot
+    mode = ONNXFUSE_STACK_LAYERS;
   }
   if (mode != ONNXFUSE_STACK_FUSED) {
     return onnxfuse::StackPerLayer(n_layers, x, y, scratch, need, [&](int i, const void* in, void* out) {
