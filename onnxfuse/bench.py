@@ -432,6 +432,26 @@ def _make_dlrm(size, dtype, seed, quick, layers):
                     lambda: zoo.criteo_batch(spec, size, seed, dtype), "dlrm", spec, None, quick, ("probability",))
 
 
+def _make_dlrm_interaction(size, dtype, seed, quick, layers):
+    """The whole DLRM's hash, 26 lookups and dot interaction alone (bottom MLP output and ids in, 367 columns out)."""
+    import torch
+
+    from . import zoo
+    spec = zoo.DlrmSpec.from_preset("small" if quick else "criteo-kaggle", batch=size)
+    params = {"dlrm": zoo.spec_to_dict(spec), "part": "interaction"}
+
+    def inputs():
+        g = torch.Generator().manual_seed(seed)
+        return {"x": torch.randn(size, spec.embedding_dim, generator=g).to(zoo.DTYPES[dtype]),
+                "sparse": zoo.criteo_batch(spec, size, seed, dtype)["sparse"]}
+
+    return Workload("dlrm-interaction", size, "batch",
+                    {"batch": size, "features": len(spec.cardinalities), "dim": spec.embedding_dim,
+                     "interaction": spec.interaction, "table_cap": spec.table_cap},
+                    _key("dlrm-interaction", size, dtype, seed, params),
+                    lambda: zoo.DlrmInteraction(zoo.build_dlrm(spec, seed, dtype)).eval(), inputs, quick=quick)
+
+
 def _make_llama(size, dtype, seed, quick, layers):
     from . import zoo
     if size % 2:
@@ -503,6 +523,8 @@ CASES: dict[str, CaseDef] = {c.name: c for c in (
     CaseDef("dlrm-top", "DLRM top MLP 367-512-256-1 + sigmoid", "batch", (128, 2048), (64,),
             lambda *a: _make_mlp_stack("dlrm-top", [_dlrm_top_in(), 512, 256, 1], "sigmoid")(*a)),
     CaseDef("dlrm", "whole DLRM (Criteo-Kaggle tables capped at 262144)", "batch", (128, 2048), (16, 64), _make_dlrm),
+    CaseDef("dlrm-interaction", "DLRM's hash, 26 embedding lookups and dot interaction alone", "batch", (128, 2048),
+            (64,), _make_dlrm_interaction),
     CaseDef("llama", "Llama decoder (seed preset h1024, --layers), 2 sequences", "tokens", (2048,), (64,), _make_llama),
     CaseDef("llama-7b", "Llama decoder at Llama-2-7B shapes (h4096/i11008, 32 heads, --layers), 1 sequence",
             "tokens", (2048,), (64,), _make_llama7b),
@@ -753,7 +775,8 @@ def _session(path: str, device: str, lib: str | None, fused: bool, cuda_graph: b
             pass
     so = rt.SessionOptions()
     so.log_severity_level = 3
-    so.register_custom_ops_library(str(lib))
+    from . import kernels
+    kernels.register(so, lib)
     opts = dict(provider_options)
     if cuda_graph:
         opts["enable_cuda_graph"] = "1"

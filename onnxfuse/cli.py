@@ -457,7 +457,9 @@ def build_parser() -> argparse.ArgumentParser:
     fu.add_argument("-o", "--output", help="fused model path (default: <model>.fused.onnx)")
     fu.add_argument("--patterns", type=_pattern_list, metavar="P1,P2",
                     help="comma-separated patterns to apply (default all: lora_linear, swiglu, rotary_embedding, "
-                         "linear_act, mlp_stack; mlp_stack chains the layers linear_act fused)")
+                         "linear_act, mlp_stack, embedding_interaction, embedding; mlp_stack chains the layers "
+                         "linear_act fused; embedding_interaction takes DLRM's hash, embedding lookups or bags, and "
+                         "feature interaction)")
     fu.add_argument("--report", metavar="FILE.json", help="write the fusion report as JSON")
     fu.add_argument("--explain", action="store_true", help="say, for candidates that did not fuse, which check refused")
     fu.add_argument("--no-ort-fusions", action="store_true",

@@ -24,13 +24,16 @@ from onnxscript import ir
 
 from . import functions, onnxio, ort_fusions, soundness
 from .errors import OnnxfuseError
-from .rewrites import _base, _explain, embedding, linear_act, lora_linear, mlp_stack, rotary_embedding, swiglu
+from .rewrites import (_base, _explain, embedding, embedding_interaction, linear_act, lora_linear, mlp_stack,
+                       rotary_embedding, swiglu)
 from .schema import BACKENDS, DOMAIN, DOMAIN_VERSION
 
 REPORT_KEY = "onnxfuse.fusion_report"
 # pattern family -> rule-set factory, in application order
+# embedding_interaction before embedding: DLRM's lookups belong to the interaction op, not to plain Embeddings.
 PATTERNS = {"lora_linear": lora_linear.rules, "swiglu": swiglu.rules, "rotary_embedding": rotary_embedding.rules,
-            "linear_act": linear_act.rules, "mlp_stack": mlp_stack.rules, "embedding": embedding.rules}
+            "linear_act": linear_act.rules, "mlp_stack": mlp_stack.rules,
+            "embedding_interaction": embedding_interaction.rules, "embedding": embedding.rules}
 
 
 @dataclasses.dataclass

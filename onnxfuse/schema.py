@@ -44,8 +44,17 @@ GATE_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "quick_gelu", "relu", "sigmoid"
 QUICK_GELU_ALPHA = 1.702
 GELU_TANH_COEFF = 0.044715
 # How an MLPStack node runs on the GPU: auto (the library decides by shape), fused (one kernel for the whole stack,
-# Triton backend) or layers (one GEMM launch per layer). Codes are the index.
-STACK_MODES = ("auto", "fused", "layers")
+# each program carrying a block of rows through every layer; Triton backend), layers (one GEMM launch per layer) or
+# grid (one persistent kernel whose programs split every layer's tiles and meet at a grid barrier between layers;
+# Triton backend). Codes are the index.
+STACK_MODES = ("auto", "fused", "layers", "grid")
+# How EmbeddingInteraction / EmbeddingBagInteraction combine the dense vector with the embeddings (attribute
+# `interaction`): "dot" is DLRM's pairwise dot products (strict lower triangle, after the dense vector), "cat" the
+# plain concatenation of all vectors. Codes are the index.
+INTERACTIONS = ("dot", "cat")
+# The categorical-id hash of EmbeddingInteraction (attribute `hash`): "none" looks the id up as it is, "mod" is
+# onnxfuse's DLRM hash (id + 1) mod cardinality (Python's modulus: always in [0, cardinality)). Codes are the index.
+HASHES = ("none", "mod")
 
 
 @dataclass(frozen=True)
@@ -102,8 +111,10 @@ MLP_STACK = OpSchema(
     "h_0 = X; h_i = act_i(h_{i-1} @ W_i + bias_i) for i = 1..L; Y = h_L",
     (Attr("activations", "string", "relu", "the layers' activations joined by dots, each relu or sigmoid "
                                            "(e.g. relu.relu.sigmoid; L = their number)"),
-     Attr("stack_mode", "string", "auto", "how the GPU runs the stack: auto|fused|layers (fused: one Triton kernel "
-                                          "for all layers; layers: one GEMM launch per layer; auto: by shape)"),
+     Attr("stack_mode", "string", "auto", "how the GPU runs the stack: auto|fused|layers|grid (fused: one Triton "
+                                          "kernel for all layers, a block of rows per program; grid: one persistent "
+                                          "Triton kernel splitting each layer across the SMs; layers: one GEMM launch "
+                                          "per layer; auto: by shape)"),
      _BACKEND),
     "A chain of Linear+activation layers (a DLRM bottom or top MLP) in one op: on the GPU one kernel keeps the "
     "intermediate activations of a row block on chip instead of a launch and an HBM round trip per layer. "
@@ -125,8 +136,41 @@ EMBEDDING = OpSchema(
     "time (onnxruntime's Gather moves one element per thread: 4x the time for a [2048] x 4096 fp16 lookup); an id "
     "out of [-V, V) gives a row of zeros on the GPU and an error on the CPU, where onnxruntime's Gather errors.")
 
+
+_INTERACTION = Attr("interaction", "string", "dot",
+                    "dot (pairwise dot products of the n vectors, strict lower triangle i > j in row-major order, "
+                    "after the dense vector: d + n(n-1)/2 columns) or cat (the n vectors concatenated: n*d columns)")
+_EMBEDDING_DOC = (
+    "table is every embedding table of the model concatenated at fuse time ([R, d], R = the sum of their rows); "
+    "table_offsets[f] is the first row of feature f's table and cardinality[f] its number of rows (the modulus "
+    "of the hash). A negative id counts from the end of its table, as ONNX Gather does (id + cardinality[f]); an "
+    "id still outside [0, cardinality[f]), or a row outside the table, contributes a zero vector (where the "
+    "unfused graph fails, and PyTorch raises): never an out-of-bounds read. Embeddings are rounded to T (as the unfused graph stores them); dot products accumulate in fp32. "
+    "The vectors are v_0 = X[b] and v_{f+1} = the embedding of feature f, so n = F + 1.")
+EMBEDDING_INTERACTION = OpSchema(
+    "EmbeddingInteraction", ("X", "ids", "table", "table_offsets", "cardinality"), ("Y",),
+    "e_f = table[table_offsets[f] + h(ids[:, f])]; Y = interaction(X, e_0..e_{F-1})",
+    (_INTERACTION,
+     Attr("hash", "string", "none", "none (h(id) = id) or mod (h(id) = (id + 1) mod cardinality[f], Python's "
+                                    "modulus: onnxfuse's DLRM)"),
+     _BACKEND),
+    "DLRM's embedding lookups and feature interaction in one op (one id per feature and sample): X [B, d] the "
+    "bottom MLP's output, ids [B, F] int64. " + _EMBEDDING_DOC)
+EMBEDDING_BAG_INTERACTION = OpSchema(
+    "EmbeddingBagInteraction", ("X", "indices", "offsets", "table", "table_offsets", "cardinality"), ("Y",),
+    "e_f[b] = sum_{p in bag(f, b)} table[table_offsets[f] + indices[f, p]]; Y = interaction(X, e_0..e_{F-1})",
+    (_INTERACTION, _BACKEND),
+    "The original DLRM's nn.EmbeddingBag(mode='sum') lookups (multi-hot bags given by offsets) and its feature "
+    "interaction in one op: X [B, d], indices [F, N] int64, offsets [F, B] int64; bag(f, b) is the positions "
+    "[offsets[f, b], offsets[f, b + 1]) (the last bag ends at N), clamped to [0, N], empty when the end is not "
+    "past the start. " + _EMBEDDING_DOC)
+
 OPS: dict[str, OpSchema] = {s.name: s for s in (LINEAR_RELU, LINEAR_SIGMOID, SWIGLU, LORA_LINEAR, LORA_LINEAR_RELU,
-                                                MLP_STACK, ROTARY_EMBEDDING, EMBEDDING)}
+                                                MLP_STACK, ROTARY_EMBEDDING, EMBEDDING, EMBEDDING_INTERACTION,
+                                                EMBEDDING_BAG_INTERACTION)}
+# The embedding ops: their function overload names the interaction (and EmbeddingInteraction's hash), since the
+# function body differs (embedding_overload).
+EMBEDDING_OPS = ("EmbeddingInteraction", "EmbeddingBagInteraction")
 # Per-layer activations MLPStack supports, and the most layers one node may have (the Triton kernel's unrolling).
 STACK_ACTIVATIONS = tuple(ACTIVATIONS)
 MAX_STACK_LAYERS = 4
@@ -188,6 +232,55 @@ def stack_input_names(n_layers: int) -> list[str]:
     return names
 
 
+def embedding_overload(op: str, interaction: str, hash_: str = "none") -> str:
+    """The function overload of an embedding op node: 'dot.mod', 'cat.none' (EmbeddingInteraction), 'dot' / 'cat'
+    (EmbeddingBagInteraction)."""
+    if interaction not in INTERACTIONS or hash_ not in HASHES:
+        raise ValueError(f"{op}: interaction {interaction!r} / hash {hash_!r} not in {INTERACTIONS} / {HASHES}")
+    return f"{interaction}.{hash_}" if op == "EmbeddingInteraction" else interaction
+
+
+def interaction_width(n_vectors: int, dim: int, interaction: str) -> int:
+    """Columns of an embedding op's output: d + n(n-1)/2 for dot, n*d for cat."""
+    return dim + n_vectors * (n_vectors - 1) // 2 if interaction == "dot" else n_vectors * dim
+
+
+def _embedding_reference(op: str, inputs, attrs: dict):
+    import torch
+
+    x = inputs[0]
+    if op == "EmbeddingInteraction":
+        ids, table, toff, card = inputs[1:5]
+        ids = ids.long()
+        h = ids if attrs.get("hash", "none") == "none" else torch.remainder(ids + 1, card.clamp(min=1))
+        h = torch.where(h < 0, h + card, h)  # ONNX Gather's negative ids
+        rows = toff + h
+        valid = (h >= 0) & (h < card) & (rows >= 0) & (rows < table.shape[0])
+        emb = table[torch.where(valid, rows, 0)].float() * valid[..., None]       # [B, F, d]
+    else:
+        indices, offsets, table, toff, card = inputs[1:6]
+        n_idx = indices.shape[1]
+        f_count, batch = offsets.shape
+        ends = torch.cat([offsets[:, 1:], torch.full((f_count, 1), n_idx, dtype=offsets.dtype)], 1)
+        start, end = offsets.clamp(0, n_idx), ends.clamp(0, n_idx)
+        indices = torch.where(indices < 0, indices + card[:, None], indices)
+        rows = toff[:, None] + indices
+        valid = (indices >= 0) & (indices < card[:, None]) & (rows >= 0) & (rows < table.shape[0])
+        g = table[torch.where(valid, rows, 0)].float() * valid[..., None]         # [F, N, d]
+        p = torch.arange(n_idx)
+        member = (start[..., None] <= p) & (p < end[..., None])                  # [F, B, N]
+        emb = (member.double() @ g.double()).float().transpose(0, 1)             # [B, F, d]
+    emb = emb.to(x.dtype).float()  # the unfused graph stores the looked-up (pooled) rows in T
+    t = torch.cat([x.float()[:, None], emb], 1)                                  # [B, n, d]
+    if attrs.get("interaction", "dot") == "dot":
+        n = t.shape[1]
+        li, lj = torch.tril_indices(n, n, offset=-1)
+        y = torch.cat([x.float(), (t @ t.transpose(1, 2))[:, li, lj]], 1)
+    else:
+        y = t.reshape(t.shape[0], -1)
+    return y.to(x.dtype)
+
+
 def reference(op: str, inputs, attrs: dict | None = None):
     """PyTorch reference of an op (fp32 math on whatever tensors are given); tests and `doctor` compare to it."""
     import torch
@@ -197,6 +290,8 @@ def reference(op: str, inputs, attrs: dict | None = None):
         table, ids = inputs
         v = table.shape[0]
         return table[torch.where(ids < 0, ids + v, ids).long()]
+    if op in EMBEDDING_OPS:
+        return _embedding_reference(op, inputs, attrs)
     x = inputs[0].float()
     if op in ("LinearRelu", "LinearSigmoid"):
         w, b = inputs[1].float(), inputs[2].float()

@@ -266,7 +266,10 @@ class DLRM(nn.Module):
         self.top = _mlp([top_in, *spec.top_mlp], "sigmoid", spec.lora_rank, spec.lora_alpha)
 
     def forward(self, dense, sparse):
-        x = self.bottom(dense)
+        return self.top(self.interact(self.bottom(dense), sparse))
+
+    def interact(self, x, sparse):
+        """The hash, the lookups and the interaction: the top MLP's input from the bottom MLP's output x."""
         idx = modulus_hash(sparse, self.cardinality)
         vectors = [x] + [emb(idx[:, i]) for i, emb in enumerate(self.embeddings)]
         if self.spec.interaction == "dot":
@@ -276,7 +279,19 @@ class DLRM(nn.Module):
             r = torch.cat([x, inter], dim=1)
         else:
             r = torch.cat(vectors, dim=1)
-        return self.top(r)
+        return r
+
+
+class DlrmInteraction(nn.Module):
+    """A DLRM's embedding lookups and feature interaction alone (dense vector and ids in, the top MLP's input out):
+    what onnxfuse's EmbeddingInteraction replaces (bench's dlrm-interaction case)."""
+
+    def __init__(self, dlrm: DLRM):
+        super().__init__()
+        self.dlrm = dlrm
+
+    def forward(self, x, sparse):
+        return self.dlrm.interact(x, sparse)
 
 
 def modulus_hash(ids: torch.Tensor, cardinality: torch.Tensor) -> torch.Tensor:

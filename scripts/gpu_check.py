@@ -13,8 +13,8 @@
    LoRA, 1: one-pass), read when a session creates its kernels, so each variant is a fresh session of a model whose
    node carries them: LoRALinearRelu M=2048 two-phase vs one-pass, LoRALinear M=16 and SwiGLU M=16 under every
    small config (LoRA also one-pass); small_cfg=1 with lora_onepass=1 is the previous behaviour. Skipped with
-   --no-variants. The MLPStack mode checks force stack_mode=fused|layers per node, and the stack_cfg tile variants
-   when the library has the experiments.
+   --no-variants. The MLPStack mode checks force stack_mode=fused|layers|grid per node, and the stack_cfg tile
+   variants when the library has the experiments; then EmbeddingInteraction alone, Triton vs CUDA kernel.
 4. SwiGLU per gate activation (issue 15; `--only-gated` runs this part alone): the doctor for every activation at
    the Llama MLP's shapes (M = 1, 16, 2048; K 4096, N 11008), then the fused kernel's time per activation and
    backend, with its ratio to silu's at the same shape (goal: gelu / gelu_tanh within 5 % of silu).
@@ -344,9 +344,9 @@ def stack_modes(lib, out_dir, iters):
 
     cfgs = (0, 1, 2) if _has_experiments(lib) else (0,)
     rows, timings = [], []
-    for mode, cfg in [("fused", c) for c in cfgs] + [("layers", 0)]:
+    for mode, cfg in [("fused", c) for c in cfgs] + [("layers", 0), ("grid", 0)]:
         knobs = {"stack_mode": mode, **({"stack_cfg": cfg} if cfg else {})}
-        shapes = {"MLPStack": [(m, w, a) for m in (1, 333, 2048, 20000) for w, a in DLRM_STACKS]}
+        shapes = {"MLPStack": [(m, w, a) for m in (1, 128, 333, 2048, 20000) for w, a in DLRM_STACKS]}
         rows += [dict(r, stack_mode=f"{mode} cfg{cfg}") for r in doctor.run_doctor(
             providers=("cuda",), backends=("triton",), ops=["MLPStack"], shapes=shapes,
             modes=("plain", "cuda_graph"), lib_path=lib, node_attrs=knobs,
@@ -358,11 +358,12 @@ def stack_modes(lib, out_dir, iters):
     tmp = pathlib.Path(tempfile.mkdtemp())
     variants_ = [(f"triton_fused_cfg{c}", "triton", {"stack_mode": "fused", **({"stack_cfg": c} if c else {})})
                  for c in cfgs]
-    variants_ += [("triton_layers", "triton", {"stack_mode": "layers"}),
+    variants_ += [("triton_grid", "triton", {"stack_mode": "grid"}),
+                  ("triton_layers", "triton", {"stack_mode": "layers"}),
                   ("triton_auto", "triton", {}),
                   ("cuda_layers", "cuda", {}),
                   ("ort_unfused", None, {})]
-    for m in (128, 2048, 16384):
+    for m in (128, 512, 2048, 8192, 16384):  # the grid / row-block / per-layer thresholds of triton/table.py
         for widths, acts in DLRM_STACKS:
             shp = doctor.stack_shapes(m, widths)
             ins = doctor.make_inputs("MLPStack", "float16", shp, 0, "cuda")
@@ -377,7 +378,7 @@ def stack_modes(lib, out_dir, iters):
             fused_paths = {}
             for name, _, knobs in variants_:  # one fused model per variant: its node carries the knobs
                 node = helper.make_node("MLPStack", list(shp), ["Y"], domain=schema.DOMAIN, activations=acts,
-                                        **knobs)
+                                        overload=acts, **knobs)
                 fused_paths[name] = tmp / f"fused-{name}.onnx"
                 onnx.save(helper.make_model(helper.make_graph([node], "s", vi, out), opset_imports=ops,
                                             ir_version=schema.IR_VERSION), str(fused_paths[name]))
@@ -407,8 +408,61 @@ def stack_modes(lib, out_dir, iters):
             bad = {a: b for a, b in row.items() if a.endswith("_max_err") and b > 0.05}
             if bad:
                 print(f"  LARGE ERRORS: {bad}", flush=True)
+    timings += embedding_timings(lib, dev, iters)
     (out_dir / "stack_modes.json").write_text(json.dumps({"correctness": rows, "timing": timings}, indent=1))
     return rows, timings
+
+
+def embedding_timings(lib, dev, iters):
+    """EmbeddingInteraction alone at DLRM's shape (26 features of 16, criteo-kaggle tables), Triton vs CUDA kernel,
+    with and without CUDA graphs: what triton/table.py's EMBEDDING_AUTO_TRITON and aot.py's EMBED_CONFIGS decide."""
+    import tempfile
+
+    import onnx
+    import torch
+    from onnx import helper
+
+    from onnxfuse import bench, schema, zoo
+    spec = zoo.DlrmSpec.from_preset("criteo-kaggle")
+    sizes = torch.tensor(spec.table_sizes, dtype=torch.int64)
+    toff = torch.cumsum(sizes, 0) - sizes
+    table = (torch.randn(int(sizes.sum()), spec.embedding_dim) * 0.3).half().cuda()
+    tmp = pathlib.Path(tempfile.mkdtemp())
+    rows = []
+    for interaction in ("dot", "cat"):
+        for batch in (128, 2048):
+            width = schema.interaction_width(len(sizes) + 1, spec.embedding_dim, interaction)
+            x = torch.randn(batch, spec.embedding_dim).half().cuda()
+            ids = zoo.criteo_batch(spec, batch, 0)["sparse"].cuda()
+            tensors = {"X": x, "ids": ids, "table": table, "table_offsets": toff.cuda(), "cardinality": sizes.cuda()}
+            ref = schema.reference("EmbeddingInteraction", [t.cpu() for t in tensors.values()],
+                                   {"interaction": interaction, "hash": "mod"}).float().cuda()
+            t16, i64 = onnx.TensorProto.FLOAT16, onnx.TensorProto.INT64
+            vi = [helper.make_tensor_value_info(k, t16 if v.is_floating_point() else i64, list(v.shape))
+                  for k, v in tensors.items()]
+            out = [helper.make_tensor_value_info("Y", t16, [batch, width])]
+            row = dict(op="EmbeddingInteraction", batch=batch, interaction=interaction)
+            for backend in ("triton", "cuda"):
+                node = helper.make_node("EmbeddingInteraction", list(tensors), ["Y"], domain=schema.DOMAIN,
+                                        interaction=interaction, hash="mod", backend=backend,
+                                        overload=schema.embedding_overload("EmbeddingInteraction", interaction, "mod"))
+                path = tmp / f"emb-{backend}.onnx"
+                onnx.save(helper.make_model(helper.make_graph([node], "e", vi, out), ir_version=schema.IR_VERSION,
+                                            opset_imports=[helper.make_opsetid("", schema.ONNX_OPSET),
+                                                           helper.make_opsetid(schema.DOMAIN, schema.DOMAIN_VERSION)]),
+                          str(path))
+                for graph in (False, True):
+                    key = backend + ("+graph" if graph else "")
+                    try:
+                        r = bench._OrtRun(path, "cuda", lib, backend, graph, tensors, [ref.half()], False)
+                        row[f"{key}_ms"] = statistics.median(dev.measure(r, 20, iters))
+                        row[f"{key}_max_err"] = (r.outputs[0].float() - ref).abs().max().item()
+                    except Exception as e:
+                        row[f"{key}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            rows.append(row)
+            print("  " + "  ".join(f"{a}={b:.4g}" if isinstance(b, float) else f"{a}={b}" for a, b in row.items()),
+                  flush=True)
+    return rows
 
 
 def main(argv=None):

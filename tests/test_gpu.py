@@ -120,12 +120,14 @@ def test_bench_runs_on_the_gpu(tmp_path):
         assert variants[name].get("median_ms", 0) > 0, (name, variants[name])
 
 
-@pytest.mark.parametrize("stack_mode", ["fused", "layers"])
+@pytest.mark.parametrize("stack_mode", ["fused", "layers", "grid"])
 def test_mlp_stack_modes_from_the_node_attribute(stack_mode):
-    """stack_mode=fused (one Triton kernel) and =layers (a launch per layer), forced per node, against PyTorch."""
+    """stack_mode=fused (one Triton kernel, row blocks), =grid (one persistent kernel, layers split over the SMs)
+    and =layers (a launch per layer), forced per node, against PyTorch."""
     from onnxfuse.kernels import doctor
-    shapes = {"MLPStack": [(m, (13, 512, 256, 64, 16), "relu.relu.relu.relu") for m in (1, 333, 20000)]
-              + [(2048, (367, 512, 256, 1), "relu.relu.sigmoid")]}
+    shapes = {"MLPStack": [(m, (13, 512, 256, 64, 16), "relu.relu.relu.relu") for m in (1, 128, 333, 20000)]
+              + [(m, (367, 512, 256, 1), "relu.relu.sigmoid") for m in (128, 2048)]
+              + [(77, (29, 40), "sigmoid")]}
     rows = doctor.run_doctor(providers=("cuda",), backends=("triton",), ops=["MLPStack"], shapes=shapes,
                              modes=("plain", "cuda_graph"), node_attrs={"stack_mode": stack_mode})
     bad = [doctor.format_row(r) for r in rows if r["status"] != "PASS"]
@@ -146,3 +148,142 @@ def test_default_library_refuses_experiment_knobs():
     so = kernels.session_options(path=lib)
     with pytest.raises(Exception, match="built without experiments.*onnxfuse build --experiments"):
         ort.InferenceSession(model, so, providers=["CUDAExecutionProvider"])
+
+
+def _stack_session(m, widths, acts, stack_mode, cuda_graph):
+    import onnxruntime as ort
+
+    from onnxfuse import kernels
+    from onnxfuse.kernels import doctor
+    model = doctor.make_model("MLPStack", "float16", doctor.stack_shapes(m, widths), "triton",
+                              extra_attrs={"activations": acts, "stack_mode": stack_mode})
+    opts = {"enable_cuda_graph": "1"} if cuda_graph else {}
+    return ort.InferenceSession(model, kernels.session_options(path=kernels.library_path(provider="cuda")),
+                                providers=[("CUDAExecutionProvider", opts)])
+
+
+@pytest.mark.parametrize("cuda_graph", [False, True])
+@pytest.mark.parametrize("m,widths,acts", [(128, (13, 512, 256, 64, 16), "relu.relu.relu.relu"),
+                                            (128, (367, 512, 256, 1), "relu.relu.sigmoid"),
+                                            (2048, (367, 512, 256, 1), "relu.relu.sigmoid")])
+def test_mlp_stack_grid_barrier_holds_over_many_runs(m, widths, acts, cuda_graph):
+    """The grid kernel's barrier under repetition: 100 runs (CUDA-graph replays) with new X in the same buffer, each
+    output against PyTorch. A missing fence or a stale read shows up as a run that differs, not as a crash."""
+    import onnxruntime as ort
+    import torch
+
+    from onnxfuse import schema
+    from onnxfuse.kernels import doctor
+    shp = doctor.stack_shapes(m, widths)
+    fixed = doctor.make_inputs("MLPStack", "float16", shp, 0, "cpu")[1:]
+    feeds = {name: t.float().numpy() for name, t in zip(list(shp)[1:], fixed)}
+    sess = _stack_session(m, widths, acts, "grid", cuda_graph)
+    x0 = torch.randn(m, widths[0]).half()
+    vals = {k: ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0) for k, v in {"X": x0.float().numpy(), **feeds}.items()}
+    y = ort.OrtValue.ortvalue_from_shape_and_type([m, widths[-1]], np.float32, "cuda", 0)
+    io = sess.io_binding()
+    for k, v in vals.items():
+        io.bind_ortvalue_input(k, v)
+    io.bind_ortvalue_output("Y", y)
+    worst = 0.0
+    for run in range(100):
+        x = torch.randn(m, widths[0], generator=torch.Generator().manual_seed(run)).half()
+        vals["X"].update_inplace(x.float().numpy())
+        sess.run_with_iobinding(io)
+        ref = schema.reference("MLPStack", [x] + list(fixed), {"activations": acts}).float().numpy()
+        ok, err, tol = doctor.compare(y.numpy(), ref, "float16")
+        worst = max(worst, err)
+        assert ok, f"run {run}: max err {err:.3g} > {tol:.3g}"
+    assert worst < 0.05
+
+
+def test_embedding_ops_past_the_triton_tiles_run_on_the_cuda_kernel():
+    """d = 136 (> the widest Triton tile, 128) and 70 features (71 vectors > 64): backend=cuda and =auto serve them
+    (auto falls back from Triton), backend=triton says it has no kernel."""
+    import onnxruntime as ort
+
+    from onnxfuse import kernels, schema
+    from onnxfuse.kernels import doctor
+    shapes = {"EmbeddingInteraction": [(9, 136, 3, "dot", "mod"), (5, 16, 70, "dot", "none")],
+              "EmbeddingBagInteraction": [(7, 136, 4, "cat", 2)]}
+    rows = doctor.run_doctor(providers=("cuda",), backends=("cuda",), ops=list(shapes), shapes=shapes)
+    bad = [doctor.format_row(r) for r in rows if r["status"] != "PASS"]
+    assert rows and not bad, "\n".join(bad)
+    lib = kernels.library_path(provider="cuda")
+    for op, entries in shapes.items():
+        for entry in entries:
+            shp, attrs, (m, _, n, _, _) = doctor.shape_entry(op, entry)
+            ins = doctor.make_inputs(op, "float16", shp, 3, "cpu")
+            feeds = {k: (t.float() if t.is_floating_point() else t).numpy() for k, t in zip(shp, ins)}
+            ref = schema.reference(op, ins, attrs).float().numpy()
+            for backend in ("auto", "triton"):
+                model = doctor.make_model(op, "float16", shp, backend, extra_attrs=attrs)
+                sess = ort.InferenceSession(model, kernels.session_options(path=lib),
+                                            providers=["CUDAExecutionProvider"])
+                if backend == "triton":
+                    with pytest.raises(Exception, match="no Triton kernel compiled for this shape"):
+                        sess.run(None, feeds)
+                else:
+                    ok, err, tol = doctor.compare(sess.run(None, feeds)[0], ref, "float16")
+                    assert ok, (op, entry, err, tol)
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton", "auto"])
+def test_criteo_kaggle_cat_lora_dynamic_verifies_on_the_cuda_ep(tmp_path, backend):
+    """The acceptance configuration on the GPU: the criteo-kaggle preset, --interaction cat, --lora-rank 4, dynamic
+    batch, fp16; fused (EmbeddingInteraction + LoRA layers) and verified against the module from its recipe."""
+    from onnxfuse import export, fuse, verify, zoo
+    spec = zoo.DlrmSpec.from_preset("criteo-kaggle", interaction="cat", lora_rank=4)
+    export.export("dlrm", spec, tmp_path / "m.onnx", dtype="fp16", dynamic=True)
+    res = fuse.fuse(tmp_path / "m.onnx", tmp_path / "f.onnx", backend=backend)
+    assert [m.op for m in res.matches].count("EmbeddingInteraction") == 1
+    out = verify.verify(tmp_path / "f.onnx", provider="cuda", library=True)
+    assert out.passed, out.outputs
+
+
+@pytest.mark.parametrize("interaction", ["dot", "cat"])
+@pytest.mark.parametrize("backend", ["cuda", "triton", "auto"])
+def test_original_dlrm_bags_on_the_cuda_ep(tmp_path, interaction, backend):
+    """The original DLRM (tests/data/dlrm_original.py, multi-hot and empty bags) fused to EmbeddingBagInteraction,
+    run on the CUDA EP against PyTorch."""
+    import importlib.util
+    import pathlib
+
+    import torch
+
+    from onnxfuse import fuse, runtime
+    data = pathlib.Path(__file__).resolve().parent / "data" / "dlrm_original.py"
+    spec = importlib.util.spec_from_file_location("dlrm_original", data)
+    orig = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(orig)
+    ln_emb, d = [50, 70, 30, 110, 9], 16
+    module = orig.OriginalDLRM(d, ln_emb, [13, 64, d], [orig.top_width(d, len(ln_emb), interaction), 32, 1],
+                               interaction).eval()
+    batch = orig.make_batch(ln_emb, 40, [2, 0, 1, 3])
+    orig.export_torchscript(module, batch, tmp_path / "m.onnx")
+    res = fuse.fuse(tmp_path / "m.onnx", tmp_path / "f.onnx", backend=backend)
+    assert [m.op for m in res.matches].count("EmbeddingBagInteraction") == 1
+    for bags, size in (((2, 0, 1, 3), 40), ((1,), 129)):
+        other = orig.make_batch(ln_emb, size, list(bags), seed=size)
+        with torch.no_grad():
+            ref = module(*other).numpy()
+        feeds = {"dense_x": other[0].numpy(), "offsets": other[1].numpy(), "indices": other[2].numpy()}
+        got = runtime.session(str(tmp_path / "f.onnx"), "cuda", library=True).run(None, feeds)[0]
+        np.testing.assert_allclose(got, ref, rtol=5e-3, atol=5e-3)
+
+
+def test_bench_dlrm_profile_shows_the_fused_kernels(tmp_path):
+    """`onnxfuse bench dlrm --profile`: the fused runs' kernels are the two stacks and the interaction, and the
+    unfused run's Gathers are gone from them."""
+    from onnxfuse import bench
+    res = bench.run(["dlrm"], bench.Options(device="cuda", quick=True, runs=10, warmup=2, compile=False,
+                                            cache_dir=tmp_path, profile=True, sizes=[128],
+                                            variants=["ort-unfused+graph", "fused-triton+graph", "fused-cuda+graph"]))
+    case = res["cases"][0]
+    assert case["models"]["fused_ops"] == {"MLPStack": 2, "EmbeddingInteraction": 1}
+    names = {v: " ".join(k["name"] for k in (case["variants"][v].get("top_kernels") or []))
+             for v in ("fused-triton+graph", "fused-cuda+graph")}
+    assert "_embedding_interaction_kernel" in names["fused-triton+graph"], names
+    assert "_mlp_stack_grid_kernel" in names["fused-triton+graph"], names  # stack_mode=auto at batch 128
+    assert "EmbeddingInteractionKernel" in names["fused-cuda+graph"], names
+    assert "GatherKernel" not in names["fused-triton+graph"], names

@@ -58,7 +58,10 @@ int main(void) {
          ONNXFUSE_DOMAIN_VERSION, ONNXFUSE_MAX_STACK_LAYERS, ONNXFUSE_MAX_LORA_RANK);
   printf("\"dtypes\": [%d, %d, %d], \"acts\": {\"relu\": %d, \"sigmoid\": %d},", ONNXFUSE_FP32, ONNXFUSE_FP16,
          ONNXFUSE_BF16, ONNXFUSE_ACT_RELU, ONNXFUSE_ACT_SIGMOID);
-  printf("\"stack_modes\": [%d, %d, %d],", ONNXFUSE_STACK_AUTO, ONNXFUSE_STACK_FUSED, ONNXFUSE_STACK_LAYERS);
+  printf("\"stack_modes\": [%d, %d, %d, %d],", ONNXFUSE_STACK_AUTO, ONNXFUSE_STACK_FUSED, ONNXFUSE_STACK_LAYERS,
+         ONNXFUSE_STACK_GRID);
+  printf("\"interactions\": [%d, %d], \"hashes\": [%d, %d],", ONNXFUSE_INTERACTION_DOT, ONNXFUSE_INTERACTION_CAT,
+         ONNXFUSE_HASH_NONE, ONNXFUSE_HASH_MOD);
   printf("\"variants\": {\"small_cfg\": %d, \"lora_onepass\": %d, \"stack_cfg\": %d},", ONNXFUSE_SMALL_CFG_VARIANTS,
          ONNXFUSE_LORA_ONEPASS_VARIANTS, ONNXFUSE_STACK_CFG_VARIANTS);
   @KERNELS@
@@ -105,6 +108,10 @@ def _cpp_program() -> str:
         + names("onnxfuse::schema::kActivationNames", "onnxfuse::schema::kNumActivations") + ";",
         "  std::cout << \", \\\"stack_modes\\\": \" << "
         + names("onnxfuse::schema::kStackModeNames", "onnxfuse::schema::kNumStackModes") + ";",
+        "  std::cout << \", \\\"interactions\\\": \" << "
+        + names("onnxfuse::schema::kInteractionNames", "onnxfuse::schema::kNumInteractions") + ";",
+        "  std::cout << \", \\\"hashes\\\": \" << "
+        + names("onnxfuse::schema::kHashNames", "onnxfuse::schema::kNumHashes") + ";",
         "  std::cout << \", \\\"size_max_m\\\": [\" << onnxfuse::triton::kSizeClassMaxM[0] << \",\" << "
         "onnxfuse::triton::kSizeClassMaxM[1] << \"], \\\"r_pads\\\": [\" << onnxfuse::triton::kRPads[0] << \",\" << "
         "onnxfuse::triton::kRPads[1] << \",\" << onnxfuse::triton::kRPads[2] << \"], \\\"mlp_stack_kernel\\\": \" << "
@@ -139,6 +146,7 @@ def test_generated_header_matches_schema_in_c_and_cpp(tmp_path):
         "domain": schema.DOMAIN, "version": schema.DOMAIN_VERSION, "max_stack_layers": schema.MAX_STACK_LAYERS,
         "max_lora_rank": table.MAX_LORA_RANK, "dtypes": [schema.TYPES.index(t) for t in schema.TYPES],
         "acts": schema.ACTIVATIONS, "stack_modes": list(range(len(schema.STACK_MODES))),
+        "interactions": list(range(len(schema.INTERACTIONS))), "hashes": list(range(len(schema.HASHES))),
         "variants": table.EXPERIMENT_VARIANTS, "kernels": table.KERNEL_IDS, "size_classes": len(table.SIZE_CLASSES),
         "max_m": list(table.SIZE_CLASS_MAX_M)}
     cpp = _compile_and_run(tmp_path, _cpp_program(), ["g++", "-std=c++17", "-Wall", "-Werror"], "cpp_part.cc")
@@ -157,6 +165,7 @@ def test_generated_header_matches_schema_in_c_and_cpp(tmp_path):
     assert cpp["backends"] == list(schema.BACKENDS)
     assert cpp["activations"] == ["", *schema.ACTIVATIONS]
     assert cpp["stack_modes"] == list(schema.STACK_MODES)
+    assert cpp["interactions"] == list(schema.INTERACTIONS) and cpp["hashes"] == list(schema.HASHES)
     assert cpp["size_max_m"] == list(table.SIZE_CLASS_MAX_M) and cpp["r_pads"] == list(table.R_PADS)
     assert cpp["mlp_stack_kernel"] == table.KERNEL_IDS["mlp_stack"]
 
@@ -186,6 +195,7 @@ def test_cpp_sources_take_the_domain_from_the_generated_header():
     the C++/CUDA sources: they come from onnxfuse_ops.h. The library reads no environment but the two CPU knobs,
     and prints nothing."""
     forbidden = {schema.DOMAIN, *schema.OPS, *schema.BACKENDS, *schema.STACK_ACTIVATIONS, *schema.STACK_MODES,
+                 *schema.INTERACTIONS, *schema.HASHES,
                  *(a.name for o in schema.OPS.values() for a in o.attrs), *schema.EXPERIMENT_ATTRS}
     sources = [p for p in kbuild.source_files() if p.suffix in (".cc", ".h", ".cu", ".cuh")]
     assert any(p.name == "ops_cuda.cc" for p in sources) and any(p.parent.name == "common" for p in sources)
@@ -473,8 +483,9 @@ def test_experiments_need_an_experiments_build():
     assert {s["variant"] for s in full} == {0, 1, 2} and "lora_linear" in {s["kernel"] for s in full}
     # sm_90: the experiments are 110 cubins on top of the default set
     assert len(full) - len(default) == 110
-    # linear_act, swiglu, mlp_stack, rotary_embedding, embedding 18 each; lora_xa and lora_main 54 each
-    assert len(default) == 198
+    # linear_act, swiglu, mlp_stack, rotary_embedding, embedding, mlp_stack_grid 18 each; lora_xa and lora_main 54
+    # each; embedding_interaction 24 (3 dtypes x 8 (NP, DP) tiles)
+    assert len(default) == 240
 
 
 # ------------------------------------------------------------------------------------------------ GPU backends compile
@@ -495,3 +506,31 @@ def test_cuda_and_triton_backends_compile(cache, capfd):
         out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
         assert sorted(ln.split()[-1] for ln in out.splitlines() if ln.strip()) == ["RegisterCustomOps",
                                                                                    "onnxfuse_build_info"]
+
+
+def test_a_copied_library_without_its_onednn_names_the_fix(tmp_path):
+    """A library built with oneDNN and copied where libdnnl.so.3 is not found fails to register with one line that
+    names the fix, not onnxruntime's bare dlopen error."""
+    ort = pytest.importorskip("onnxruntime")
+    from onnxfuse import kernels
+    lib = kernels.library_path(provider="cpu")
+    if "onednn" not in kernels.build_info(lib).get("cpu_gemm", ""):
+        pytest.skip("this library was built without oneDNN")
+    data = pathlib.Path(lib).read_bytes()
+    runpath = [p for p in subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True).stdout.splitlines()
+               if "RUNPATH" in p or "RPATH" in p]
+    if not runpath:
+        pytest.skip("no RUNPATH to redirect")
+    old = runpath[0].split("[", 1)[1].rstrip("]").split(":")[0].encode()
+    copied = tmp_path / "libonnxfuse_ops.so"
+    copied.write_bytes(data.replace(old, b"/" + b"x" * (len(old) - 1)))
+    # a fresh process: this one may have libdnnl.so.3 loaded already (build_info opened the library)
+    code = ("import sys, onnxruntime as ort\nfrom onnxfuse import kernels\n"
+            "try:\n    kernels.register(ort.SessionOptions(), sys.argv[1])\n"
+            "except kernels.BuildError as e:\n    print(e)\n    sys.exit(3)\n")
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    p = subprocess.run([sys.executable, "-c", code, str(copied)], capture_output=True, text=True, env=env)
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert re.search(r"libdnnl\.so\.3.*ONNXFUSE_ONEDNN_ROOT=off", p.stdout) and len(p.stdout.splitlines()) == 1
+    with pytest.raises(kernels.BuildError, match="no such file"):
+        kernels.register(ort.SessionOptions(), tmp_path / "absent.so")

@@ -1,6 +1,7 @@
 """CPU kernels of the onnxfuse custom-op library against onnxfuse.schema.reference, run through onnxruntime.
 
-Every op of schema.OPS x {float, float16, bfloat16} as a single-node model on the CPU EP, plus hypothesis property
+Every GEMM op of schema.OPS x {float, float16, bfloat16} as a single-node model on the CPU EP (the embedding ops are in
+test_embedding_interaction.py), plus hypothesis property
 tests over shapes (M=1, odd K/N, 3-D X, LoRA ranks 1/4/16, scales). ONNXFUSE_HYPOTHESIS_PROFILE=nightly runs
 thousands of examples instead of the quick default.
 """
@@ -52,6 +53,10 @@ def lib() -> pathlib.Path:
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+# The ops tested here (the embedding-interaction ops have their own tests in test_embedding_interaction.py: other
+# inputs, no weights).
+OPS_UNDER_TEST = [op for op in schema.OPS if op not in schema.EMBEDDING_OPS]
+
 # MLPStack under test: three layers K -> N -> N//2+1 -> N, so relu and sigmoid each appear, a narrow odd hidden
 # width, and an intermediate that must stay in the op's type between layers.
 STACK_ACTS = "relu.sigmoid.relu"
@@ -80,7 +85,7 @@ def out_width(op: str, inputs: list[torch.Tensor]) -> int:
 
 # Ops with weights the CPU kernels prepack when they are constants (RotaryEmbedding has none: cos/sin are
 # activations; Embedding copies rows of its table as they are).
-WEIGHTED_OPS = [op for op in schema.OPS if op not in ("RotaryEmbedding", "Embedding")]
+WEIGHTED_OPS = [op for op in OPS_UNDER_TEST if op not in ("RotaryEmbedding", "Embedding")]
 INT_INPUTS = {("Embedding", "ids")}
 
 
@@ -177,18 +182,18 @@ def check(lib, op, lead, K, N, r, dtype, scale=1.0, seed=0):
 
 # ------------------------------------------------------------------------------------------------ correctness
 @pytest.mark.parametrize("dtype", schema.TYPES)
-@pytest.mark.parametrize("op", list(schema.OPS))
+@pytest.mark.parametrize("op", OPS_UNDER_TEST)
 def test_op_matches_reference(lib, op, dtype):
     check(lib, op, (2, 9), 70, 45, 4, dtype, scale=0.5)
 
 
-@pytest.mark.parametrize("op", list(schema.OPS))
+@pytest.mark.parametrize("op", OPS_UNDER_TEST)
 def test_crosses_every_block_boundary(lib, op):
     # M > MB (240), K > KC (256), N > NC (512), none a multiple of the micro-tile: every edge path runs.
     check(lib, op, (251,), 601, 530, 16, "float", scale=0.25, seed=1)
 
 
-@given(op=st.sampled_from(list(schema.OPS)), dtype=st.sampled_from(schema.TYPES),
+@given(op=st.sampled_from(OPS_UNDER_TEST), dtype=st.sampled_from(schema.TYPES),
        lead=st.one_of(st.tuples(st.integers(1, 40)), st.tuples(st.integers(1, 3), st.integers(1, 17))),
        K=st.integers(1, 300), N=st.integers(1, 200), r=st.sampled_from([1, 4, 16]),
        scale=st.sampled_from([0.0, 0.125, 1.0, -2.0, 3.5]), seed=st.integers(0, 2**16))
@@ -405,7 +410,7 @@ sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]) / "tests")]
 import test_kernels_cpu as t
 from onnxfuse import schema
 lib = pathlib.Path(sys.argv[1])
-for op in schema.OPS:
+for op in t.OPS_UNDER_TEST:
     for dtype in schema.TYPES:
         t.check(lib, op, (13,), 37, 29, 4, dtype, scale=0.5, seed=7)
     t.check(lib, op, (251,), 300, 530, 16, "float", scale=0.5, seed=8)
@@ -484,7 +489,7 @@ def test_stack_mode_attribute_is_checked(lib):
     ref = schema.reference("MLPStack", inputs, op_attrs("MLPStack"))
     for mode in schema.STACK_MODES:  # every mode is accepted; the CPU kernel runs the layers either way
         assert_close(run_op(lib, "MLPStack", inputs, {**op_attrs("MLPStack"), "stack_mode": mode}), ref, "float", mode)
-    with pytest.raises(Exception, match=r"MLPStack: unknown stack_mode 'one' \(expected auto\|fused\|layers\)"):
+    with pytest.raises(Exception, match=r"MLPStack: unknown stack_mode 'one' \(expected auto\|fused\|layers\|grid\)"):
         run_op(lib, "MLPStack", inputs, {**op_attrs("MLPStack"), "stack_mode": "one"})
 
 

@@ -44,10 +44,11 @@ def expected_ops(kind: str, spec) -> dict[str, int]:
             return {"LoRALinear": 3 * layers, **rotary}
         return {"SwiGLU": layers, **rotary}
     relu_layers = len(spec.bottom_mlp) + len(spec.top_mlp) - 1
+    # the hash, the lookups and the interaction (dot or cat) between the MLPs: one EmbeddingInteraction
     if spec.lora_rank:
-        return {"LoRALinearRelu": relu_layers, "LoRALinear": 1}
+        return {"LoRALinearRelu": relu_layers, "LoRALinear": 1, "EmbeddingInteraction": 1}
     # each MLP of two or more layers becomes MLPStack nodes of at most 4 layers; a lone layer stays a Linear op
-    out: collections.Counter = collections.Counter()
+    out: collections.Counter = collections.Counter({"EmbeddingInteraction": 1})
     for sizes, last in ((spec.bottom_mlp, "LinearRelu"), (spec.top_mlp, "LinearSigmoid")):
         for i in range(0, len(sizes), schema.MAX_STACK_LAYERS):
             part = sizes[i:i + schema.MAX_STACK_LAYERS]

@@ -18,9 +18,10 @@ DATA = pathlib.Path(__file__).parent / "data"
 CASES = {
     "llama2": (dict(kind="llama", num_hidden_layers=2), {"SwiGLU": 2, "RotaryEmbedding": 4}),
     "llama-lora": (dict(kind="llama", lora_rank=8), {"LoRALinear": 3, "RotaryEmbedding": 2}),
-    # bottom 13-512-256-64-16 (4 x relu) and top 367-512-256-1 (relu, relu, sigmoid): one MLPStack each
-    "dlrm": (dict(kind="dlrm"), {"MLPStack": 2}),
-    "dlrm-lora": (dict(kind="dlrm", lora_rank=4), {"LoRALinearRelu": 6, "LoRALinear": 1}),
+    # bottom 13-512-256-64-16 (4 x relu) and top 367-512-256-1 (relu, relu, sigmoid): one MLPStack each; the hash,
+    # the 26 lookups and the dot interaction between them: one EmbeddingInteraction
+    "dlrm": (dict(kind="dlrm"), {"MLPStack": 2, "EmbeddingInteraction": 1}),
+    "dlrm-lora": (dict(kind="dlrm", lora_rank=4), {"LoRALinearRelu": 6, "LoRALinear": 1, "EmbeddingInteraction": 1}),
 }
 COMBOS = [(e, d) for e in ("dynamo", "torchscript") for d in ("fp32", "fp16")]
 

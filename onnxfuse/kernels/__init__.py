@@ -29,7 +29,7 @@ from .build import (ALL_BACKENDS, LIB_NAME, BuildError, BuildResult, auto_backen
 
 __all__ = ["BuildError", "BuildResult", "announcements", "auto_backends", "available_backends", "build", "build_dir",
            "build_info", "cache_entries", "clean", "find_cached", "library_path", "link_stable", "needed_backends",
-           "registered_library", "session_options", "stable_links", "stable_name", "stable_path"]
+           "register", "registered_library", "session_options", "stable_links", "stable_name", "stable_path"]
 
 _resolved: dict[tuple, pathlib.Path] = {}
 _announce = [True]
@@ -121,6 +121,26 @@ def registered_library(so) -> str | None:
         return None
 
 
+def register(so, lib: str | os.PathLike) -> None:
+    """so.register_custom_ops_library(lib), with a load failure turned into a BuildError naming the fix: a library
+    built with oneDNN needs libdnnl.so.3 (and libgomp) where it runs, a copied library the runtime it was linked to."""
+    try:
+        so.register_custom_ops_library(str(lib))
+    except Exception as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        missing = msg.split("error:")[-1].split(":")[0].strip() if "cannot open shared object" in msg else ""
+        if not pathlib.Path(lib).is_file():
+            fix = "no such file; point ONNXFUSE_LIBRARY at a built libonnxfuse_ops.so or run onnxfuse build"
+        elif missing.startswith(("libdnnl", "libgomp")):
+            fix = ("it was built with oneDNN: pip install 'onnxfuse[cpu]' here (or put the folder of libdnnl.so.3 on "
+                   "LD_LIBRARY_PATH), or rebuild it with ONNXFUSE_ONEDNN_ROOT=off onnxfuse build --force")
+        elif missing:
+            fix = f"{missing} is not on this machine's library path; rebuild here with onnxfuse build --force"
+        else:
+            fix = "rebuild it here with onnxfuse build --force, or run onnxfuse doctor"
+        raise BuildError(f"onnxruntime could not load the onnxfuse library {lib}: {msg[-300:]}; {fix}") from None
+
+
 def session_options(so=None, path: str | os.PathLike | None = None, provider: str | None = None):
     """Return `so` (or a new onnxruntime.SessionOptions) with the onnxfuse library registered: `path`, else
     library_path(provider=provider). Registering twice on the same options object is a no-op."""
@@ -129,6 +149,6 @@ def session_options(so=None, path: str | os.PathLike | None = None, provider: st
     so = so if so is not None else ort.SessionOptions()
     if registered_library(so) is None:
         lib = str(path or library_path(provider=provider))
-        so.register_custom_ops_library(lib)
+        register(so, lib)
         so.add_session_config_entry(_LIBRARY_ENTRY, lib)
     return so

@@ -43,9 +43,24 @@ DEFAULT_SHAPES = {
                         ((1, 512, 32, 128), (1, 512, 1, 128)), ((37, 64), (37, 64))],
     # Embedding: (table [V, D], ids shape). A Llama vocabulary row width, an odd row (no 16-byte vectors), decode.
     "Embedding": [((1000, 4096), (2, 64)), ((77, 33), (5, 3)), ((32000, 128), (1,))],
+    # Embedding ops: (B, d, features, interaction, hash or mean bag length). DLRM's 26 features of 16 at batch 1 and
+    # 128 (dot, the hash) and cat; 40 features of 20 (the 64-vector, 32-wide Triton tile) without the hash.
+    "EmbeddingInteraction": [(1, 16, 26, "dot", "mod"), (128, 16, 26, "dot", "mod"), (37, 16, 26, "cat", "none"),
+                             (33, 20, 40, "dot", "none")],
+    "EmbeddingBagInteraction": [(1, 16, 26, "dot", 2), (129, 16, 26, "dot", 3), (37, 8, 5, "cat", 1)],
 }
-# Integer inputs (fed as int64, not cast to the op's type): Embedding's ids, drawn in [-V, V) to cover negatives.
-INT_INPUTS = {("Embedding", "ids")}
+# The embedding ops' int64 inputs (no Cast to T in the doctor's models).
+EMBEDDING_INT_INPUTS = ("ids", "indices", "offsets", "table_offsets", "cardinality")
+# Integer inputs (fed as int64, not cast to the op's type): Embedding's ids (drawn in [-V, V) to cover negatives)
+# and the embedding-interaction ops' ids, bags and table layout.
+INT_INPUTS = {("Embedding", "ids")} | {(op, name) for op in schema.EMBEDDING_OPS for name in EMBEDDING_INT_INPUTS}
+
+
+def embedding_table_sizes(features: int) -> list[int]:
+    """Rows of each feature's table in the doctor's embedding models: small, uneven, deterministic."""
+    return [(7 * f + 3) % 50 + 1 for f in range(features)]
+
+
 ALL_MODES = ("plain", "user_stream", "cuda_graph")
 
 
@@ -64,6 +79,18 @@ def stack_shapes(m: int, widths) -> dict[str, list[int]]:
 def shape_entry(op: str, entry) -> tuple[dict[str, list[int]], dict, tuple]:
     """(input shapes, extra node attributes, (M, K, N, r, layers) for the report) of one DEFAULT_SHAPES entry; for
     SwiGLU the last field names the activation."""
+    if op in schema.EMBEDDING_OPS:
+        b, d, f, interaction, extra = entry
+        rows = sum(embedding_table_sizes(f))
+        width = schema.interaction_width(f + 1, d, interaction)
+        if op == "EmbeddingInteraction":
+            shapes = {"X": [b, d], "ids": [b, f]}
+            attrs, label = {"interaction": interaction, "hash": extra}, f"F{f} {interaction} hash={extra}"
+        else:
+            shapes = {"X": [b, d], "indices": [f, b * int(extra)], "offsets": [f, b]}
+            attrs, label = {"interaction": interaction}, f"F{f} {interaction} bags~{extra}"
+        shapes.update({"table": [rows, d], "table_offsets": [f], "cardinality": [f]})
+        return shapes, attrs, (b, d, width, 0, label)
     if op == "MLPStack":
         m, widths, acts = entry
         return stack_shapes(m, widths), {"activations": acts}, (m, widths[0], widths[-1], 0,
@@ -113,9 +140,15 @@ def make_model(op: str, dtype: str, shapes: dict[str, list[int]], backend: str, 
     attrs = {"backend": backend, **(extra_attrs or {})}
     if "scale" in s.attr_names and scale is not None:
         attrs["scale"] = float(scale)
-    nodes.append(helper.make_node(op, [n + "_t" for n in shapes], ["Y_t"], domain=schema.DOMAIN, **attrs))
+    overload = ""
+    if op in schema.EMBEDDING_OPS:
+        overload = schema.embedding_overload(op, attrs["interaction"], attrs.get("hash", "none"))
+    elif op == "MLPStack":
+        overload = attrs.get("activations", "")
+    nodes.append(helper.make_node(op, [n + "_t" for n in shapes], ["Y_t"], domain=schema.DOMAIN, overload=overload,
+                                  **attrs))
     nodes.append(helper.make_node("Cast", ["Y_t"], ["Y"], to=TensorProto.FLOAT))
-    out = helper.make_tensor_value_info("Y", TensorProto.FLOAT, out_shape(op, shapes))
+    out = helper.make_tensor_value_info("Y", TensorProto.FLOAT, out_shape(op, shapes, extra_attrs))
     graph = helper.make_graph(nodes, f"doctor_{op}", inputs, [out])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", schema.ONNX_OPSET),
                                                     helper.make_opsetid(schema.DOMAIN, schema.DOMAIN_VERSION)],
@@ -123,8 +156,12 @@ def make_model(op: str, dtype: str, shapes: dict[str, list[int]], backend: str, 
     return model.SerializeToString()
 
 
-def out_shape(op: str, shapes: dict[str, list[int]]) -> list[int]:
-    """Y's shape: X's for RotaryEmbedding, ids.shape + [D] for Embedding, else [M, N] (2-D X)."""
+def out_shape(op: str, shapes: dict[str, list[int]], attrs: dict | None = None) -> list[int]:
+    """Y's shape: X's for RotaryEmbedding, ids.shape + [D] for Embedding, [B, interaction width] for the
+    embedding-interaction ops (`attrs` names the interaction), else [M, N] (2-D X)."""
+    if op in schema.EMBEDDING_OPS:
+        f = shapes["table_offsets"][0]
+        return [shapes["X"][0], schema.interaction_width(f + 1, shapes["X"][1], (attrs or {})["interaction"])]
     if op == "RotaryEmbedding":
         return list(shapes["X"])
     if op == "Embedding":
@@ -140,6 +177,8 @@ def make_inputs(op: str, dtype: str, shapes: dict[str, list[int]], seed: int, de
     tdt = {"float": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
     g = torch.Generator(device=device).manual_seed(seed)
     out = []
+    if op in schema.EMBEDDING_OPS:
+        return _embedding_inputs(op, tdt, shapes, seed)
     for name, shp in shapes.items():
         if (op, name) in INT_INPUTS:
             v = shapes["table"][0]
@@ -154,6 +193,42 @@ def make_inputs(op: str, dtype: str, shapes: dict[str, list[int]], seed: int, de
             t = t * 0.5
         out.append(t.to(tdt))
     return out
+
+
+def _embedding_inputs(op: str, tdt, shapes: dict[str, list[int]], seed: int) -> list:
+    """On the CPU (small; the reference indexes with them): X and the table ~N(0, 1/2) (dot products of 16 stay
+    O(1)); ids spread over [-card, 2 card) with one id at INT64_MAX (the hash wraps there), so negative ids, ids past
+    the table and zero vectors are all exercised; for bags sorted offsets over [0, N] with empty bags, and indices the
+    same way. `shapes` may name X alone (the doctor's second X)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    b, d = shapes["X"]
+    if "table_offsets" not in shapes:
+        return [torch.randn(b, d, generator=g).mul(0.7).to(tdt)]
+    f = shapes["table_offsets"][0]
+    sizes = torch.tensor(embedding_table_sizes(f), dtype=torch.int64)
+    toff = torch.cumsum(sizes, 0) - sizes
+
+    def ids(shape, per_feature_axis):
+        u = torch.rand(*shape, generator=g)
+        card = sizes.reshape([-1 if i == per_feature_axis else 1 for i in range(len(shape))])
+        return (u * 3 * card).long() - card
+
+    out = {"X": torch.randn(b, d, generator=g).mul(0.7).to(tdt),
+           "table": torch.randn(*shapes["table"], generator=g).mul(0.7).to(tdt),
+           "table_offsets": toff, "cardinality": sizes}
+    if op == "EmbeddingInteraction":
+        out["ids"] = ids(shapes["ids"], 1)
+        if out["ids"].numel():
+            out["ids"][0, 0] = 2 ** 63 - 1
+    else:
+        n_idx = shapes["indices"][1]
+        out["indices"] = ids(shapes["indices"], 0)
+        cuts = torch.randint(0, n_idx + 1, (f, b), generator=torch.Generator().manual_seed(b + f))
+        out["offsets"] = torch.sort(cuts, dim=1).values
+        out["offsets"][:, 0] = 0
+    return [out[name] for name in shapes]
 
 
 def compare(y, ref, dtype: str) -> tuple[bool, float, float]:
@@ -209,7 +284,8 @@ class _Runner:
 
     def session(self, model: bytes, provider: str, cuda_opts: dict | None = None):
         so = self.ort.SessionOptions()
-        so.register_custom_ops_library(self.lib_path)
+        from . import register
+        register(so, self.lib_path)
         so.log_severity_level = 3
         if provider == "cuda":
             so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
@@ -340,7 +416,7 @@ def run_doctor(providers=("cpu", "cuda"), backends=None, *, ops=None, dtypes=sch
                         try:
                             d = data()
                             model = make_model(op, dtype, shp, backend, scale, {**extra, **(node_attrs or {})})
-                            y, y2 = runner.run(model, provider, mode, d["feeds"], d["feeds2"], out_shape(op, shp))
+                            y, y2 = runner.run(model, provider, mode, d["feeds"], d["feeds2"], out_shape(op, shp, extra))
                             ok, err, tol = compare(y, d["ref"], dtype)
                             detail = ""
                             if y2 is not None:

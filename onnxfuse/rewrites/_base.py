@@ -22,7 +22,8 @@ FLOAT_TYPES = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 # Mul, Relu, Sigmoid (bfloat16 kernels for Relu since opset 14), for LoRA CastLike and for RotaryEmbedding Shape's
 # start attribute (opset 15). A model of an
 # older opset keeps those subgraphs (the function is written in the model's own opset: onnx.checker requires it).
-MIN_OPSET = {"LoRALinear": 15, "LoRALinearRelu": 15, "RotaryEmbedding": 15}
+MIN_OPSET = {"LoRALinear": 15, "LoRALinearRelu": 15, "RotaryEmbedding": 15, "EmbeddingInteraction": 15,
+             "EmbeddingBagInteraction": 15}
 DEFAULT_MIN_OPSET = 13
 BF16_MIN_OPSET = 14
 # Inputs that are weights (their shapes are the rule's business: weight_kn, a lookup table), not operands an

@@ -138,6 +138,30 @@ inline int ReadStackMode(const OrtApi* api, const OrtKernelInfo* info, const cha
   Fail(std::string(op) + ": unknown " + schema::attr::kStackMode + " '" + s + "' (expected " + expected + ")");
 }
 
+// A string attribute naming one of `names` (schema default `fallback`), as its code; a bad value fails with the
+// choices.
+inline int ReadChoice(const OrtApi* api, const OrtKernelInfo* info, const char* op, const char* attr,
+                      const char* const* names, int n, const char* fallback) {
+  std::string s = fallback;
+  detail::TryGetString(api, info, attr, s);
+  std::string expected;
+  for (int i = 0; i < n; ++i) {
+    if (s == names[i]) return i;
+    expected += std::string(i ? "|" : "") + names[i];
+  }
+  Fail(std::string(op) + ": unknown " + attr + " '" + s + "' (expected " + expected + ")");
+}
+
+// The embedding ops' `interaction` (onnxfuse_interaction code) and EmbeddingInteraction's `hash` (onnxfuse_hash).
+inline int ReadInteraction(const OrtApi* api, const OrtKernelInfo* info, const char* op) {
+  return ReadChoice(api, info, op, schema::attr::kInteraction, schema::kInteractionNames, schema::kNumInteractions,
+                    schema::attr::kInteractionDefault);
+}
+inline int ReadHash(const OrtApi* api, const OrtKernelInfo* info, const char* op) {
+  return ReadChoice(api, info, op, schema::attr::kHash, schema::kHashNames, schema::kNumHashes,
+                    schema::attr::kHashDefault);
+}
+
 // The A/B experiment knobs of the Triton kernels (schema.EXPERIMENT_ATTRS): optional int attributes, 0 = the
 // default kernel. Only a library built with experiments has the other variants (cuda/ops_cuda.cc refuses them
 // otherwise); values are checked against the variant counts here.

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/embedding_row.h"
 #include "common/status.h"
 
 namespace onnxfuse {
@@ -150,21 +151,63 @@ inline RotaryDims RotaryEmbeddingDims(const char* op, const std::vector<int64_t>
 }
 
 // Embedding: table [V, D], ids of any shape (n ids); Y = ids.shape + [D].
-struct EmbeddingDims {
+struct LookupDims {
   int64_t V = 0, D = 0, n = 1;
   std::vector<int64_t> out_shape;
 };
 
-inline EmbeddingDims EmbeddingDimsOf(const char* op, const std::vector<int64_t>& table,
-                                     const std::vector<int64_t>& ids) {
+inline LookupDims EmbeddingDimsOf(const char* op, const std::vector<int64_t>& table,
+                                  const std::vector<int64_t>& ids) {
   detail::Need(table.size() == 2, op, "table must be [V, D]; got " + ShapeStr(table));
-  EmbeddingDims d;
+  LookupDims d;
   d.V = table[0];
   d.D = table[1];
   for (int64_t v : ids) d.n *= v;
   d.out_shape = ids;
   d.out_shape.push_back(d.D);
   return d;
+}
+
+// Shapes of an embedding op's inputs (schema.py): X [B, d], table [R, d], table_offsets [F], cardinality [F], and
+// ids [B, F] (EmbeddingInteraction) or indices [F, N] with offsets [F, B] (EmbeddingBagInteraction). Y is
+// [B, width]: d + n(n-1)/2 for the dot interaction, n*d for cat, n = F + 1.
+struct EmbeddingDims {
+  int64_t B = 0, d = 0, F = 0, R = 0, N = 0, width = 0;
+  std::vector<int64_t> out_shape;
+};
+
+inline EmbeddingDims EmbeddingOpDims(const char* op, int interaction, const std::vector<int64_t>& x,
+                                     const std::vector<int64_t>& ids, const std::vector<int64_t>* offsets,
+                                     const std::vector<int64_t>& table, const std::vector<int64_t>& table_offsets,
+                                     const std::vector<int64_t>& cardinality) {
+  EmbeddingDims e;
+  detail::Need(x.size() == 2, op, "X must be [B, d]; got " + ShapeStr(x));
+  e.B = x[0];
+  e.d = x[1];
+  detail::Need(table.size() == 2 && table[1] == e.d, op,
+               "table must be [R, d] with d = X.shape[1]; got X " + ShapeStr(x) + ", table " + ShapeStr(table));
+  e.R = table[0];
+  detail::Need(table_offsets.size() == 1, op, "table_offsets must be [F]; got " + ShapeStr(table_offsets));
+  e.F = table_offsets[0];
+  detail::Need(cardinality.size() == 1 && cardinality[0] == e.F, op,
+               "cardinality must be [F] like table_offsets; got " + ShapeStr(cardinality));
+  if (offsets == nullptr) {
+    detail::Need(ids.size() == 2 && ids[0] == e.B && ids[1] == e.F, op,
+                 "ids must be [B, F] with B = X.shape[0] and F = table_offsets.shape[0]; got X " + ShapeStr(x) +
+                     ", ids " + ShapeStr(ids) + ", table_offsets " + ShapeStr(table_offsets));
+  } else {
+    detail::Need(ids.size() == 2 && ids[0] == e.F, op,
+                 "indices must be [F, N] with F = table_offsets.shape[0]; got indices " + ShapeStr(ids) +
+                     ", table_offsets " + ShapeStr(table_offsets));
+    e.N = ids[1];
+    detail::Need(offsets->size() == 2 && (*offsets)[0] == e.F && (*offsets)[1] == e.B, op,
+                 "offsets must be [F, B] with B = X.shape[0]; got X " + ShapeStr(x) + ", offsets " +
+                     ShapeStr(*offsets));
+  }
+  const int64_t n = e.F + 1;
+  e.width = interaction == ONNXFUSE_INTERACTION_DOT ? e.d + n * (n - 1) / 2 : n * e.d;
+  e.out_shape = {e.B, e.width};
+  return e;
 }
 
 }  // namespace onnxfuse

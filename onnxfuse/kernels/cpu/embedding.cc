@@ -16,7 +16,7 @@ struct EmbeddingCpu {
   Ort::Status Compute(const Ort::Custom::Tensor<T>& Table, const Ort::Custom::Tensor<int64_t>& Ids,
                       Ort::Custom::Tensor<T>& Y) {
     return GuardCompute([&] {
-      const EmbeddingDims d = EmbeddingDimsOf(Op::kName, Table.Shape(), Ids.Shape());
+      const LookupDims d = EmbeddingDimsOf(Op::kName, Table.Shape(), Ids.Shape());
       T* y = Y.Allocate(d.out_shape);
       if (d.n == 0 || d.D == 0) return;
       const T* table = Table.Data();

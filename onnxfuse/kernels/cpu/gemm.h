@@ -14,7 +14,7 @@
 //     stride K_total*NR instead of kc*NR; Gemm then reads it in place and skips the per-call conversion.
 // Threads: the kernels hand their tiles to onnxruntime's own intra-op pool (GemmArgs::pool, a ParallelRunner over
 // KernelContext_ParallelFor, ops.h): the pool MLAS uses, whose threads already spin during a run, so the fused ops
-// neither start threads of their own nor fight onnxruntime's for the cores. Without a runner (no kernel context),
+// neither start threads of their own nor fight onnxruntime's for the cores. Without a pool (no kernel context),
 // a persistent pool of our own is used (ONNXFUSE_CPU_THREADS, read once on the first GEMM, overrides
 // std::thread::hardware_concurrency(); the caller is one of the threads). Small problems run on the calling thread,
 // and so does a call that finds that pool busy with another call (two sessions running at once).
@@ -163,6 +163,12 @@ void Gemm(const GemmArgs& args);
 
 // Which micro-kernel family Gemm uses on this CPU ("avx512", "avx2", "generic"); for benchmarks and build info.
 const char* GemmIsa();
+
+// Runs fn(begin, end) over [0, n) in chunks of `grain` items on `pool` (onnxruntime's intra-op pool in the CPU EP
+// kernels, cpu/ops.h OrtPool; OwnPool() without a kernel context). The first exception is rethrown here. For the
+// non-GEMM kernels (the embedding ops).
+void ParallelRanges(const ParallelRunner& pool, int64_t n, int64_t grain,
+                    const std::function<void(int64_t, int64_t)>& fn);
 
 }  // namespace cpu
 }  // namespace onnxfuse

@@ -329,7 +329,7 @@ void OnednnMatmul::Run(int64_t m, const void* x, void* y, int64_t j, const float
 }
 
 std::string OnednnMatmul::Describe(int64_t m) const {
-  if (!impl_) return "none";
+  if (!impl_) return "not initialised";
   if (impl_->narrow) return "narrow";
   return impl_->Get(m, 0)->impl;
 }
@@ -345,7 +345,7 @@ bool OnednnMatmul::Init(const MatmulSpec&, const void*, const float*, std::strin
 void OnednnMatmul::Run(int64_t, const void*, void*, int64_t, const float*) const {
   throw std::runtime_error("OnednnMatmul: built without oneDNN");
 }
-std::string OnednnMatmul::Describe(int64_t) const { return "none"; }
+std::string OnednnMatmul::Describe(int64_t) const { return "not built"; }
 
 #endif
 

@@ -1,4 +1,4 @@
-// Pieces shared by the CPU op files (linear_act.cc, swiglu.cc, lora_linear.cc, mlp_stack.cc): element-type mapping,
+// Pieces shared by the CPU op files (linear_act.cc, swiglu.cc, lora_linear.cc, mlp_stack.cc, embedding_interaction.cc): element-type mapping,
 // the bias + activation epilogue, constant-weight prepacking, and the per-file registration hooks that
 // register_cpu.cc calls.
 #pragma once
@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -230,7 +231,11 @@ struct OrtPool final : ParallelRunner {
         j->failed.store(true);
       }
     };
-    Ort::ThrowOnError(Ort::GetApi().KernelContext_ParallelFor(ctx, run, static_cast<size_t>(n), 0, &job));
+    OrtStatus* st = Ort::GetApi().KernelContext_ParallelFor(ctx, run, static_cast<size_t>(n), 0, &job);
+    if (st != nullptr) {  // no pool to run on: do it here
+      Ort::GetApi().ReleaseStatus(st);
+      for (int64_t i = 0; i < n && !job.failed.load(); ++i) run(&job, static_cast<size_t>(i));
+    }
     if (job.error) std::rethrow_exception(job.error);
   }
 };
@@ -303,6 +308,7 @@ void RegisterLoRALinear(Ort::CustomOpDomain& domain);
 void RegisterMLPStack(Ort::CustomOpDomain& domain);
 void RegisterRotaryEmbedding(Ort::CustomOpDomain& domain);
 void RegisterEmbedding(Ort::CustomOpDomain& domain);
+void RegisterEmbeddingInteraction(Ort::CustomOpDomain& domain);
 
 }  // namespace cpu
 }  // namespace onnxfuse

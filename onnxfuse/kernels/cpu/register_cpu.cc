@@ -11,6 +11,7 @@ void RegisterOps(Ort::CustomOpDomain& domain) {
   RegisterMLPStack(domain);
   RegisterRotaryEmbedding(domain);
   RegisterEmbedding(domain);
+  RegisterEmbeddingInteraction(domain);
 }
 
 }  // namespace cpu

@@ -37,6 +37,7 @@ add_library(onnxfuse_cuda OBJECT
   ${_onnxfuse_cuda_dir}/mlp_stack.cu
   ${_onnxfuse_cuda_dir}/rotary_embedding.cu
   ${_onnxfuse_cuda_dir}/embedding.cu
+  ${_onnxfuse_cuda_dir}/embedding_interaction.cu
   ${_onnxfuse_cuda_dir}/ops_cuda.cc)
 onnxfuse_kernel_target(onnxfuse_cuda)
 
@@ -83,7 +84,8 @@ if(ONNXFUSE_WITH_TRITON)
     ${_onnxfuse_triton_dir}/lora_linear.py
     ${_onnxfuse_triton_dir}/mlp_stack.py
     ${_onnxfuse_triton_dir}/rotary_embedding.py
-    ${_onnxfuse_triton_dir}/embedding.py)
+    ${_onnxfuse_triton_dir}/embedding.py
+    ${_onnxfuse_triton_dir}/embedding_interaction.py)
   if(ONNXFUSE_EXPERIMENTS)
     list(APPEND _onnxfuse_aot_args --experiments)
   endif()

@@ -32,6 +32,7 @@ enum onnxfuse_error {
   ONNXFUSE_ERR_NO_TRITON = -3,          // library built without Triton kernels (ONNXFUSE_WITH_TRITON off)
   ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH = -4, // no cubin for this GPU's compute capability in the library
   ONNXFUSE_ERR_TOO_LARGE = -5,          // a dimension past what the kernel indexes (Triton: 2^31 - 1 per dim)
+  ONNXFUSE_ERR_NO_KERNEL_FOR_SHAPE = -6,  // no Triton tile compiled for this shape (the embedding ops' NP x DP)
 };
 
 // LinearRelu (act = ONNXFUSE_ACT_RELU) and LinearSigmoid (ONNXFUSE_ACT_SIGMOID): Y = act(X @ W + bias).
@@ -105,8 +106,11 @@ int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, const void* 
                                 const void* bias, float scale, void* y, int64_t m, int64_t k, int64_t n, int64_t r,
                                 int small_cfg, int lora_onepass, void* scratch, int64_t scratch_bytes, void* stream);
 // MLPStack from the Triton cubins: mode ONNXFUSE_STACK_FUSED runs the whole stack as ONE kernel (each program
-// carries BLOCK_M rows through every layer), ONNXFUSE_STACK_LAYERS one Triton linear_act launch per layer, and
-// ONNXFUSE_STACK_AUTO the first while it pays (see triton_launch.cc), else the second (node attribute stack_mode).
+// carries BLOCK_M rows through every layer), ONNXFUSE_STACK_GRID as ONE persistent kernel whose programs (at most
+// one per SM, launched cooperatively) split each layer's tiles and meet at a grid barrier between layers,
+// ONNXFUSE_STACK_LAYERS one Triton linear_act launch per layer, and ONNXFUSE_STACK_AUTO the one triton/table.py's
+// thresholds pick for the shape (node attribute stack_mode). The scratch must have
+// onnxfuse_triton_mlp_stack_scratch_bytes() bytes (the barrier counter is reset in-stream by each grid launch).
 // stack_cfg 0|1|2 picks the one-kernel tile variant (experiment attribute stack_cfg; fp32 has variant 0 only).
 int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* acts, const void* x, const void* const* w,
                               const void* const* b, void* y, int64_t m, const int64_t* widths, int mode,
@@ -116,6 +120,25 @@ int onnxfuse_triton_rotary_embedding(int dtype, const void* x, const void* cos, 
                                      const int64_t* sin_stride, void* stream);
 int onnxfuse_triton_embedding(int dtype, const void* table, const int64_t* ids, void* y, int64_t n, int64_t vocab,
                               int64_t d, void* stream);
+// EmbeddingInteraction (offsets == NULL: ids is [batch, features]) and EmbeddingBagInteraction (ids is the indices
+// [features, n_indices], offsets [features, batch]): y [batch, width] from x [batch, d], the concatenated table
+// [rows, d] and table_offsets / cardinality [features] (int64, device memory); interaction is an
+// onnxfuse_interaction code, hash an onnxfuse_hash code (ignored for bags). The CUDA backend runs one warp per sample
+// (cuda/embedding_interaction.cu); the Triton one a block of samples per program (triton/embedding_interaction.py,
+// ONNXFUSE_ERR_NO_KERNEL_FOR_SHAPE when no (features + 1, d) tile was compiled: the CUDA kernel then serves auto).
+int onnxfuse_cuda_embedding_interaction(int dtype, int interaction, int hash, const void* x, const int64_t* ids,
+                                        const int64_t* offsets, const void* table, const int64_t* table_offsets,
+                                        const int64_t* cardinality, void* y, int64_t batch, int64_t d,
+                                        int64_t features, int64_t n_indices, int64_t rows, void* stream);
+int onnxfuse_triton_embedding_interaction(int dtype, int interaction, int hash, const void* x, const int64_t* ids,
+                                          const int64_t* offsets, const void* table, const int64_t* table_offsets,
+                                          const int64_t* cardinality, void* y, int64_t batch, int64_t d,
+                                          int64_t features, int64_t n_indices, int64_t rows, void* stream);
+// Device scratch (bytes) the Triton MLPStack launcher needs: onnxfuse_mlp_stack_scratch_bytes() plus the grid
+// kernel's barrier counter (ONNXFUSE_STACK_BARRIER_BYTES after the two [M, SW] buffers), or a negative code.
+int64_t onnxfuse_triton_mlp_stack_scratch_bytes(int dtype, int n_layers, int64_t m, const int64_t* widths);
+#define ONNXFUSE_STACK_BARRIER_BYTES 256
+
 // Human-readable text for any code the launchers return (static storage, never null).
 const char* onnxfuse_cuda_error_string(int code);
 

@@ -40,6 +40,8 @@ extern "C" const char* onnxfuse_cuda_error_string(int code) {
     case ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH:
       return "onnxfuse: no kernel for this GPU's compute capability (rebuild with its arch in ONNXFUSE_CUDA_ARCHS)";
     case ONNXFUSE_ERR_TOO_LARGE: return "onnxfuse: tensor dimension too large for the kernel's indexing";
+    case ONNXFUSE_ERR_NO_KERNEL_FOR_SHAPE:
+      return "onnxfuse: no Triton kernel compiled for this shape (backend cuda serves it; auto falls back to it)";
     default: return code > 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "onnxfuse: unknown error";
   }
 }

@@ -22,6 +22,7 @@
 //             kernel cannot serve it here; the CPU kernels run when the node is placed on the CPU EP.
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/attrs.h"
@@ -56,7 +57,7 @@ void Dispatch(const char* op, const OpAttrs& attrs, CudaFn&& cuda_fn, TritonFn&&
       if (onnxfuse_triton_available()) {
         used = Backend::kTriton;
         err = triton_fn();
-        if (err == ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH) {
+        if (err == ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH || err == ONNXFUSE_ERR_NO_KERNEL_FOR_SHAPE) {
           used = Backend::kCuda;
           err = cuda_fn();
         }
@@ -217,7 +218,7 @@ struct EmbeddingCuda {
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& Table,
                       const Ort::Custom::Tensor<int64_t>& Ids, Ort::Custom::Tensor<T>& Y) {
     return GuardCompute([&] {
-      const EmbeddingDims d = EmbeddingDimsOf(kName, Table.Shape(), Ids.Shape());
+      const LookupDims d = EmbeddingDimsOf(kName, Table.Shape(), Ids.Shape());
       T* y = Y.Allocate(d.out_shape);
       if (d.n == 0 || d.D == 0) return;
       void* stream = StreamOf(ctx);
@@ -299,8 +300,11 @@ struct MLPStackCuda {
         b[i] = in.data[Op::Bias(i)];
       }
       const int dt = DtypeCode<T>();
-      const int64_t bytes = onnxfuse_mlp_stack_scratch_bytes(dt, n, d.M, d.widths.data());
+      int64_t bytes = onnxfuse_mlp_stack_scratch_bytes(dt, n, d.M, d.widths.data());
       if (bytes < 0) Fail(std::string(kName) + ": " + onnxfuse_cuda_error_string(int(bytes)), ORT_RUNTIME_EXCEPTION);
+      // The Triton launcher also keeps the grid kernel's barrier counter in the scratch (negative: no Triton).
+      const int64_t triton_bytes = onnxfuse_triton_mlp_stack_scratch_bytes(dt, n, d.M, d.widths.data());
+      if (triton_bytes > bytes) bytes = triton_bytes;
       std::unique_ptr<DeviceScratch> scratch;
       if (bytes > 0) scratch = std::make_unique<DeviceScratch>(context, Op::kX, size_t(bytes));
       void* sp = scratch ? scratch->get() : nullptr;
@@ -324,6 +328,71 @@ struct MLPStackCuda {
   int mode;
 };
 
+// EmbeddingInteraction (Bag = false) and EmbeddingBagInteraction (Bag = true): one launch either way. backend=auto
+// runs the Triton kernel when triton/table.py's EMBEDDING_AUTO_TRITON says so and a tile fits, else the CUDA one.
+template <typename T, bool Bag>
+struct EmbeddingInteractionBase {
+  using Op = std::conditional_t<Bag, schema::EmbeddingBagInteraction, schema::EmbeddingInteraction>;
+  static constexpr const char* kName = Op::kName;
+  EmbeddingInteractionBase(const OrtApi* api, const OrtKernelInfo* info)
+      : attrs(ReadOpAttrs(api, info, kName)), interaction(ReadInteraction(api, info, kName)),
+        hash(Bag ? ONNXFUSE_HASH_NONE : ReadHash(api, info, kName)) {
+    if (attrs.backend == Backend::kAuto && !triton::kEmbeddingAutoTriton) attrs.backend = Backend::kCuda;
+  }
+  void Run(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<int64_t>& ids,
+           const Ort::Custom::Tensor<int64_t>* offsets, const Ort::Custom::Tensor<T>& table,
+           const Ort::Custom::Tensor<int64_t>& table_offsets, const Ort::Custom::Tensor<int64_t>& cardinality,
+           Ort::Custom::Tensor<T>& Y) {
+    std::vector<int64_t> offsets_shape;
+    if (offsets != nullptr) offsets_shape = offsets->Shape();
+    const EmbeddingDims e = EmbeddingOpDims(kName, interaction, X.Shape(), ids.Shape(),
+                                            offsets != nullptr ? &offsets_shape : nullptr, table.Shape(),
+                                            table_offsets.Shape(), cardinality.Shape());
+    T* y = Y.Allocate(e.out_shape);
+    if (e.B == 0 || e.width == 0) return;
+    void* stream = StreamOf(ctx);
+    const void *x = X.Data(), *tb = e.R > 0 ? table.Data() : nullptr;
+    const int64_t* id = (offsets == nullptr || e.N > 0) ? ids.Data() : nullptr;
+    const int64_t* off = offsets != nullptr ? offsets->Data() : nullptr;
+    const int64_t *to = table_offsets.Data(), *ca = cardinality.Data();
+    const int dt = DtypeCode<T>();
+    Dispatch(
+        kName, attrs,
+        [&] {
+          return onnxfuse_cuda_embedding_interaction(dt, interaction, hash, x, id, off, tb, to, ca, y, e.B, e.d, e.F,
+                                                     e.N, e.R, stream);
+        },
+        [&] {
+          return onnxfuse_triton_embedding_interaction(dt, interaction, hash, x, id, off, tb, to, ca, y, e.B, e.d,
+                                                       e.F, e.N, e.R, stream);
+        });
+  }
+  OpAttrs attrs;
+  int interaction;
+  int hash;
+};
+
+template <typename T>
+struct EmbeddingInteractionCuda : EmbeddingInteractionBase<T, false> {
+  using EmbeddingInteractionBase<T, false>::EmbeddingInteractionBase;
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<int64_t>& ids,
+                      const Ort::Custom::Tensor<T>& table, const Ort::Custom::Tensor<int64_t>& table_offsets,
+                      const Ort::Custom::Tensor<int64_t>& cardinality, Ort::Custom::Tensor<T>& Y) {
+    return GuardCompute([&] { this->Run(ctx, X, ids, nullptr, table, table_offsets, cardinality, Y); });
+  }
+};
+
+template <typename T>
+struct EmbeddingBagInteractionCuda : EmbeddingInteractionBase<T, true> {
+  using EmbeddingInteractionBase<T, true>::EmbeddingInteractionBase;
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X,
+                      const Ort::Custom::Tensor<int64_t>& indices, const Ort::Custom::Tensor<int64_t>& offsets,
+                      const Ort::Custom::Tensor<T>& table, const Ort::Custom::Tensor<int64_t>& table_offsets,
+                      const Ort::Custom::Tensor<int64_t>& cardinality, Ort::Custom::Tensor<T>& Y) {
+    return GuardCompute([&] { this->Run(ctx, X, indices, &offsets, table, table_offsets, cardinality, Y); });
+  }
+};
+
 }  // namespace
 
 void RegisterOps(Ort::CustomOpDomain& domain) {
@@ -335,6 +404,8 @@ void RegisterOps(Ort::CustomOpDomain& domain) {
   AddVariadicOpAllTypes<MLPStackCuda>(domain, schema::MLPStack::kName, kCudaEp);
   AddOpAllTypes<RotaryEmbeddingCuda>(domain, schema::RotaryEmbedding::kName, kCudaEp);
   AddOpAllTypes<EmbeddingCuda>(domain, schema::Embedding::kName, kCudaEp);
+  AddOpAllTypes<EmbeddingInteractionCuda>(domain, schema::EmbeddingInteraction::kName, kCudaEp);
+  AddOpAllTypes<EmbeddingBagInteractionCuda>(domain, schema::EmbeddingBagInteraction::kName, kCudaEp);
 }
 
 }  // namespace cuda

@@ -12,6 +12,10 @@
 // only maps M to a class, and picks the small-class variant (small_cfg) the caller asks for, falling back to
 // variant 0 where that variant was not built (a default library has variant 0 only).
 //
+// MLPStack: stack_mode picks the row-block kernel, the persistent grid kernel (cooperative launch, a barrier counter
+// at the end of the caller's scratch, zeroed with cudaMemsetAsync on the same stream before each launch, so the
+// sequence is CUDA-graph safe), or one linear_act per layer; auto follows triton/table.py (ChooseStackMode).
+//
 // LoRA runs in two phases unless lora_onepass: "lora_xa" writes fp32 partial sums of X @ A to the caller's
 // scratch [SPLIT, M, r_pad] (grid: row tiles x SPLIT slices of K, SPLIT chosen so that about one program per SM
 // runs; no atomics), then "lora_main" (the linear_act main loop + one T @ B dot) reads them. Both launches go to
@@ -37,7 +41,8 @@ using onnxfuse::triton_aot::TritonSpec;
 namespace ids = onnxfuse::triton;  // kernel ids, size classes and rank padding of triton/table.py
 constexpr int kKernelLinearAct = ids::kLinearAct, kKernelSwiglu = ids::kSwiglu, kKernelLoRA = ids::kLoraLinear,
               kKernelLoRAXA = ids::kLoraXa, kKernelLoRAMain = ids::kLoraMain, kKernelMLPStack = ids::kMlpStack,
-              kKernelRotary = ids::kRotaryEmbedding, kKernelEmbedding = ids::kEmbedding;
+              kKernelRotary = ids::kRotaryEmbedding, kKernelEmbedding = ids::kEmbedding,
+              kKernelEmbeddingInteraction = ids::kEmbeddingInteraction, kKernelMLPStackGrid = ids::kMlpStackGrid;
 constexpr int kMaxDevices = 64;
 
 struct LoadedKernel {
@@ -139,8 +144,8 @@ const TritonSpec* FindForShape(int kernel, int dtype, int64_t m, int64_t n, bool
   return spec;
 }
 
-// Launches the cubin `spec` (table entry `index`) with `grid` programs.
-int LaunchSpec(const TritonSpec* spec, int index, int device, int64_t grid, void** args, void* stream) {
+// Loads the cubin `spec` (table entry `index`) once, and opts it into its shared memory once per device.
+int EnsureLoaded(const TritonSpec* spec, int index, int device) {
   LoadedKernel& k = Loaded()[index];
   std::call_once(k.load_once, [&] {
     k.load_error = cudaLibraryLoadData(&k.library, spec->cubin, nullptr, nullptr, 0, nullptr, nullptr, 0);
@@ -154,11 +159,31 @@ int LaunchSpec(const TritonSpec* spec, int index, int device, int64_t grid, void
                                                                spec->shared, device);
   });
   if (k.device_error[device] != cudaSuccess) return int(k.device_error[device]);
+  return 0;
+}
+
+// Launches the cubin `spec` (table entry `index`) with `grid` programs; `cooperative` asks the driver to guarantee
+// that all of them are resident at once (or to refuse the launch), which a grid barrier needs.
+int LaunchSpec(const TritonSpec* spec, int index, int device, int64_t grid, void** args, void* stream,
+               bool cooperative = false) {
+  if (const int err = EnsureLoaded(spec, index, device)) return err;
   if (grid > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;
   if (grid <= 0) return 0;
-  return int(cudaLaunchKernel(reinterpret_cast<const void*>(k.kernel), dim3(unsigned(grid)),
-                              dim3(unsigned(spec->num_warps * 32)), args, size_t(spec->shared),
-                              static_cast<cudaStream_t>(stream)));
+  const void* fn = reinterpret_cast<const void*>(Loaded()[index].kernel);
+  if (!cooperative)
+    return int(cudaLaunchKernel(fn, dim3(unsigned(grid)), dim3(unsigned(spec->num_warps * 32)), args,
+                                size_t(spec->shared), static_cast<cudaStream_t>(stream)));
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeCooperative;
+  attr.val.cooperative = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(grid));
+  cfg.blockDim = dim3(unsigned(spec->num_warps * 32));
+  cfg.dynamicSmemBytes = size_t(spec->shared);
+  cfg.stream = static_cast<cudaStream_t>(stream);
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return int(cudaLaunchKernelExC(&cfg, fn, args));
 }
 
 // One GEMM-shaped launch: grid = row tiles x column tiles of the spec's block.
@@ -312,20 +337,37 @@ extern "C" int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, c
 }
 
 namespace {
-// When the one-kernel stack beats a linear_act launch per layer, measured on the H100 (132 SMs) for DLRM's bottom
-// 13-512-256-64-16 and top 367-512-256-1 MLPs with CUDA graphs (benchmarks/results/h100-2026-11-22/
-// stack-modes-v2.json): at M = 128 the stack saves the launches (bottom 0.036 vs 0.041 ms per run); at M = 2048 a
-// 16-row block per program leaves each program a long serial chain and the per-layer grids win (0.043 vs 0.034);
-// at M = 16384 the 64-row blocks are efficient and the stack skips the HBM round trips (0.059 vs 0.099, top 0.088
-// vs 0.170). Layers wider than 1024 (every program reads every weight) always go per layer.
-constexpr int64_t kStackMaxWidth = 1024;
-bool UseFusedStack(int64_t m, int n_layers, const int64_t* widths, int device) {
+// stack_mode=auto: which kernel runs a stack of M rows (triton/table.py's thresholds, through onnxfuse_ops.h).
+//   grid   M <= kStackGridMaxM: the persistent kernel, every layer split over all SMs (small M: a row block per
+//          program would leave most SMs idle, e.g. DLRM's top MLP at M = 128 ran 28.5 us on 8 programs for 19 us
+//          unfused, and per-layer launches pay a launch and an HBM round trip per layer);
+//   fused  M >= kStackRowsMinSmMult x SMs: the row-block kernel (measured on the H100 at M = 16384: bottom MLP
+//          0.059 vs 0.099 ms per layer-by-layer run, top 0.088 vs 0.170; benchmarks/results/h100-2026-11-22/
+//          stack-modes-v2.json);
+//   layers in between, and whenever a layer is wider than kStackMaxWidth (every program would read every weight).
+int ChooseStackMode(int64_t m, int n_layers, const int64_t* widths, int device) {
   for (int i = 0; i <= n_layers; ++i)
-    if (widths[i] > kStackMaxWidth) return false;
-  const int64_t sms = NumSMs(device);
-  return m <= 4 * sms || m >= 32 * sms;
+    if (widths[i] > ids::kStackMaxWidth) return ONNXFUSE_STACK_LAYERS;
+  if (m <= ids::kStackGridMaxM) return ONNXFUSE_STACK_GRID;
+  if (m >= ids::kStackRowsMinSmMult * NumSMs(device)) return ONNXFUSE_STACK_FUSED;
+  return ONNXFUSE_STACK_LAYERS;
+}
+
+// The most tiles any layer of the stack has for the grid kernel's tile: the grid is min(SMs, this).
+int64_t GridStackTiles(int64_t m, int n_layers, const int64_t* widths, const TritonSpec* spec) {
+  int64_t most = 1;
+  for (int i = 0; i < n_layers; ++i) {
+    const int64_t t = Tiles(m, widths[i + 1], spec);
+    most = t > most ? t : most;
+  }
+  return most;
 }
 }  // namespace
+
+extern "C" int64_t onnxfuse_triton_mlp_stack_scratch_bytes(int dtype, int n_layers, int64_t m, const int64_t* widths) {
+  const int64_t need = onnxfuse_mlp_stack_scratch_bytes(dtype, n_layers, m, widths);
+  return need < 0 ? need : need + ONNXFUSE_STACK_BARRIER_BYTES;
+}
 
 extern "C" int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* acts, const void* x,
                                          const void* const* w, const void* const* b, void* y, int64_t m,
@@ -333,7 +375,8 @@ extern "C" int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* act
                                          void* scratch, int64_t scratch_bytes, void* stream) {
   const int64_t need = onnxfuse_mlp_stack_scratch_bytes(dtype, n_layers, m, widths);
   if (need < 0) return int(need);
-  if (acts == nullptr || w == nullptr || b == nullptr || mode < 0 || mode > 2) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (acts == nullptr || w == nullptr || b == nullptr || mode < 0 || mode >= onnxfuse::schema::kNumStackModes)
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
   for (int i = 0; i < n_layers; ++i) {
     if ((acts[i] != ONNXFUSE_ACT_RELU && acts[i] != ONNXFUSE_ACT_SIGMOID) || w[i] == nullptr || b[i] == nullptr)
       return ONNXFUSE_ERR_BAD_ARGUMENT;
@@ -347,8 +390,51 @@ extern "C" int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* act
   int device = 0;
   const int arch = CurrentArch(&device);
   if (arch < 0) return -arch;
-  const bool fused = mode == ONNXFUSE_STACK_FUSED || (mode == ONNXFUSE_STACK_AUTO && UseFusedStack(m, n_layers, widths, device));
-  if (!fused) {
+  const int mode_requested = mode;
+  if (mode == ONNXFUSE_STACK_AUTO) mode = ChooseStackMode(m, n_layers, widths, device);
+  bool aligned = Aligned16(x) && Aligned16(y) && (need == 0 || Aligned16(scratch));
+  for (int i = 0; i < n_layers; ++i) aligned = aligned && Aligned16(w[i]) && Aligned16(b[i]);
+  for (int i = 1; i < n_layers; ++i) aligned = aligned && widths[i] % 16 == 0;
+  if (mode == ONNXFUSE_STACK_GRID) {
+    if (scratch == nullptr || scratch_bytes < need + ONNXFUSE_STACK_BARRIER_BYTES) return ONNXFUSE_ERR_BAD_ARGUMENT;
+    int index = -1;
+    const TritonSpec* spec = FindExact(kKernelMLPStackGrid, dtype, SizeClass(m), aligned ? 1 : 0, 0, 0, arch, &index);
+    if (spec == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
+    int64_t grid = GridStackTiles(m, n_layers, widths, spec);
+    const int64_t sms = NumSMs(device);
+    grid = grid < sms ? grid : sms;  // at most one program per SM: all resident, so the barrier cannot deadlock
+    int32_t M = int32_t(m), K0 = int32_t(widths[0]), L = n_layers;
+    int32_t SW = int32_t(onnxfuse_mlp_stack_scratch_width(n_layers, widths));
+    const void* s_ptr = need > 0 ? scratch : y;
+    void* bar_ptr = static_cast<char*>(scratch) + need;
+    const void* hw[3] = {nullptr, nullptr, nullptr};
+    const void* hb[3] = {nullptr, nullptr, nullptr};
+    int32_t hn[3] = {0, 0, 0}, ha[3] = {ONNXFUSE_ACT_RELU, ONNXFUSE_ACT_RELU, ONNXFUSE_ACT_RELU};
+    for (int i = 0; i + 1 < n_layers; ++i) {
+      hw[i] = w[i];
+      hb[i] = b[i];
+      hn[i] = int32_t(widths[i + 1]);
+      ha[i] = acts[i];
+    }
+    const void* wf = w[n_layers - 1];
+    const void* bf = b[n_layers - 1];
+    int32_t nf = int32_t(widths[n_layers]), af = acts[n_layers - 1];
+    void* scratch_global = nullptr;
+    void* scratch_profile = nullptr;
+    void* args[] = {&x, &y, &s_ptr, &bar_ptr, &M, &K0, &SW, &L,
+                    &hw[0], &hb[0], &hn[0], &ha[0], &hw[1], &hb[1], &hn[1], &ha[1], &hw[2], &hb[2], &hn[2], &ha[2],
+                    &wf, &bf, &nf, &af, &scratch_global, &scratch_profile};
+    // The barrier counter starts at zero for every launch: reset on the stream, so a CUDA graph replays it too.
+    cudaError_t e = cudaMemsetAsync(bar_ptr, 0, sizeof(int32_t), static_cast<cudaStream_t>(stream));
+    if (e != cudaSuccess) return int(e);
+    const int err = LaunchSpec(spec, index, device, grid, args, stream, ids::kStackGridCooperative != 0);
+    // The driver could not make every program resident at once (another context holding SMs, say): nothing ran,
+    // so the stack runs layer by layer instead of risking the barrier.
+    if (err != int(cudaErrorCooperativeLaunchTooLarge) || mode_requested == ONNXFUSE_STACK_GRID) return err;
+    (void)cudaGetLastError();  // the refused launch left its error in the runtime's last-error slot
+    mode = ONNXFUSE_STACK_LAYERS;
+  }
+  if (mode != ONNXFUSE_STACK_FUSED) {
     return onnxfuse::StackPerLayer(n_layers, x, y, scratch, need, [&](int i, const void* in, void* out) {
       return onnxfuse_triton_linear_act(dtype, acts[i], in, w[i], b[i], out, m, widths[i], widths[i + 1], small_cfg,
                                         stream);
@@ -356,9 +442,6 @@ extern "C" int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* act
   }
   // BLOCK_M (mlp_stack's size classes 0/1/2 = 16/32/64 rows): the smallest whose grid fits on the SMs, else the
   // largest.
-  bool aligned = Aligned16(x) && Aligned16(y) && (need == 0 || Aligned16(scratch));
-  for (int i = 0; i < n_layers; ++i) aligned = aligned && Aligned16(w[i]) && Aligned16(b[i]);
-  for (int i = 1; i < n_layers; ++i) aligned = aligned && widths[i] % 16 == 0;
   const TritonSpec* spec = nullptr;
   int index = -1;
   for (int size_class = 0; size_class < ids::kNumSizeClasses; ++size_class) {
@@ -430,6 +513,44 @@ extern "C" int onnxfuse_triton_embedding(int dtype, const void* table, const int
   return Launch(kKernelEmbedding, dtype, n, d, aligned, 0, 0, args, stream);
 }
 
+extern "C" int onnxfuse_triton_embedding_interaction(int dtype, int interaction, int hash, const void* x,
+                                                     const int64_t* ids, const int64_t* offsets, const void* table,
+                                                     const int64_t* table_offsets, const int64_t* cardinality,
+                                                     void* y, int64_t batch, int64_t d, int64_t features,
+                                                     int64_t n_indices, int64_t rows, void* stream) {
+  if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || batch < 0 || d < 0 || features < 0 || n_indices < 0 ||
+      rows < 0 || (interaction != ONNXFUSE_INTERACTION_DOT && interaction != ONNXFUSE_INTERACTION_CAT) ||
+      (hash != ONNXFUSE_HASH_NONE && hash != ONNXFUSE_HASH_MOD))
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  const int64_t n = features + 1;
+  const int64_t width = interaction == ONNXFUSE_INTERACTION_DOT ? d + n * (n - 1) / 2 : n * d;
+  if (TooLarge(batch, width, n_indices) || TooLarge(d, features, 0)) return ONNXFUSE_ERR_TOO_LARGE;
+  if (batch == 0 || width == 0) return 0;
+  // The smallest compiled tile holding n vectors of d: NP indexes the size class, DP is the r_pad field.
+  int np_index = -1, dp = 0;
+  for (int i = 0; i < ids::kNumEmbedNps && np_index < 0; ++i)
+    if (n <= ids::kEmbedNps[i]) np_index = i;
+  for (int i = 0; i < ids::kNumEmbedDps && dp == 0; ++i)
+    if (d <= ids::kEmbedDps[i]) dp = int(ids::kEmbedDps[i]);
+  if (np_index < 0 || dp == 0) return ONNXFUSE_ERR_NO_KERNEL_FOR_SHAPE;  // no tile this large: the CUDA kernel
+  int device = 0;
+  const int arch = CurrentArch(&device);
+  if (arch < 0) return -arch;
+  int index = -1;
+  const TritonSpec* spec = FindExact(kKernelEmbeddingInteraction, dtype, np_index, 0, dp, 0, arch, &index);
+  if (spec == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
+  int32_t B = int32_t(batch), F = int32_t(features), N = int32_t(n_indices), D = int32_t(d), WIDTH = int32_t(width);
+  int64_t R = rows;
+  int32_t BAG = offsets != nullptr ? 1 : 0, HASH = hash == ONNXFUSE_HASH_MOD ? 1 : 0;
+  int32_t DOT = interaction == ONNXFUSE_INTERACTION_DOT ? 1 : 0;
+  const int64_t* offs = offsets != nullptr ? offsets : ids;  // never read without bags
+  void* scratch_global = nullptr;
+  void* scratch_profile = nullptr;
+  void* args[] = {&x, &ids, &offs, &table, &table_offsets, &cardinality, &y, &B, &F, &N, &D, &WIDTH, &R, &BAG,
+                  &HASH, &DOT, &scratch_global, &scratch_profile};
+  return LaunchSpec(spec, index, device, (batch + spec->block_m - 1) / spec->block_m, args, stream);
+}
+
 #else  // built without Triton: the launchers exist and say so.
 
 extern "C" int onnxfuse_triton_available(void) { return 0; }
@@ -458,6 +579,14 @@ extern "C" int onnxfuse_triton_rotary_embedding(int, const void*, const void*, c
   return ONNXFUSE_ERR_NO_TRITON;
 }
 extern "C" int onnxfuse_triton_embedding(int, const void*, const int64_t*, void*, int64_t, int64_t, int64_t, void*) {
+  return ONNXFUSE_ERR_NO_TRITON;
+}
+extern "C" int64_t onnxfuse_triton_mlp_stack_scratch_bytes(int, int, int64_t, const int64_t*) {
+  return ONNXFUSE_ERR_NO_TRITON;
+}
+extern "C" int onnxfuse_triton_embedding_interaction(int, int, int, const void*, const int64_t*, const int64_t*,
+                                                     const void*, const int64_t*, const int64_t*, void*, int64_t,
+                                                     int64_t, int64_t, int64_t, int64_t, void*) {
   return ONNXFUSE_ERR_NO_TRITON;
 }
 

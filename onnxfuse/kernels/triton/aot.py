@@ -37,7 +37,8 @@ import sys
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
-KERNEL_FILES = ("linear_act", "swiglu", "lora_linear", "mlp_stack", "rotary_embedding", "embedding")
+KERNEL_FILES = ("linear_act", "swiglu", "lora_linear", "mlp_stack", "rotary_embedding", "embedding",
+                "embedding_interaction")
 LORA_KERNELS = ("lora_linear", "lora_xa", "lora_main")
 # Kernels only the experiments build compiles (variant 0 included): the one-pass LoRA kernel.
 EXPERIMENT_KERNELS = ("lora_linear",)
@@ -86,6 +87,11 @@ _F_STACK = {"small": (16, 64, 32, 1, 4, 2), "medium": (32, 64, 32, 1, 4, 2), "la
 _ROTARY = {size: (16, 64, 16, 1, 4, 1) for size in ("small", "medium", "large")}
 # embedding: (ids per program, columns per program, -, -, warps, stages): a copy, 8 rows x 512 columns.
 _EMBEDDING = {size: (8, 512, 16, 1, 4, 1) for size in ("small", "medium", "large")}
+# mlp_stack_grid (the persistent small-M stack): the size class by M picks the tile every layer is split into; the
+# grid is min(SMs, the most tiles of any layer). 16 x 32 tiles at M <= 128 put DLRM's 512-wide layers on 128 SMs
+# (8 row x 16 column tiles); 64 x 64 above (M = 2048: 256 tiles of a 512-wide layer, two rounds per SM).
+_H_GRID = {"small": (16, 32, 64, 1, 4, 3), "medium": (16, 32, 64, 1, 4, 3), "large": (64, 64, 64, 1, 4, 3)}
+_F_GRID = {"small": (16, 32, 32, 1, 4, 2), "medium": (16, 32, 32, 1, 4, 2), "large": (32, 64, 32, 1, 4, 2)}
 CONFIGS: dict[str, dict[str, dict[str, dict[str, tuple]]]] = {
     "90": {
         "linear_act": {"h": dict(_H_COMMON, large=(128, 256, 64, 8, 8, 3)), "f": _F_COMMON},
@@ -96,6 +102,7 @@ CONFIGS: dict[str, dict[str, dict[str, dict[str, tuple]]]] = {
         "mlp_stack": {"h": _H_STACK, "f": _F_STACK},
         "rotary_embedding": {"h": _ROTARY, "f": _ROTARY},
         "embedding": {"h": _EMBEDDING, "f": _EMBEDDING},
+        "mlp_stack_grid": {"h": _H_GRID, "f": _F_GRID},
     },
     "80": {
         "linear_act": {"h": _H_COMMON, "f": _F_COMMON},
@@ -106,8 +113,18 @@ CONFIGS: dict[str, dict[str, dict[str, dict[str, tuple]]]] = {
         "mlp_stack": {"h": _H_STACK, "f": _F_STACK},
         "rotary_embedding": {"h": _ROTARY, "f": _ROTARY},
         "embedding": {"h": _EMBEDDING, "f": _EMBEDDING},
+        "mlp_stack_grid": {"h": _H_GRID, "f": _F_GRID},
     },
 }
+# embedding_interaction: one cubin per dtype and (NP, DP) of table.py (the padded vector count and embedding dim);
+# (BLOCK_M samples per program, 0, 0, 1, warps, stages). A program holds [BLOCK_M, NP, DP] vectors and the
+# [BLOCK_M, NP, NP] fp32 products: BLOCK_M keeps both near 8K and 16K elements (64 + 128 registers over 128
+# threads). DLRM (27 vectors of 16): NP = 32, DP = 16, 8 samples per program (16 programs at batch 128).
+EMBED_CONFIGS = {(32, 16): (8, 0, 0, 1, 4, 1), (32, 32): (4, 0, 0, 1, 4, 1), (32, 64): (2, 0, 0, 1, 4, 1),
+                 (32, 128): (1, 0, 0, 1, 4, 1), (64, 16): (2, 0, 0, 1, 4, 1), (64, 32): (2, 0, 0, 1, 4, 1),
+                 (64, 64): (1, 0, 0, 1, 4, 1), (64, 128): (1, 0, 0, 1, 8, 1)}
+EMBED_KERNELS = ("embedding_interaction",)
+assert set(EMBED_CONFIGS) == {(n, d) for n in TABLE.EMBED_NPS for d in TABLE.EMBED_DPS}
 # Alternative "small" configs (variants 1 and 2) for fp16/bf16, aligned build only; variant 0 is CONFIGS' "small".
 # Experiments build only; selected per node with the attribute small_cfg.
 _SMALL_ALT_LINEAR = [_H_SMALL_OLD, (16, 64, 128, 1, 4, 4)]
@@ -161,6 +178,15 @@ def specialisations(archs, overrides=None, experiments: bool = False):
         for kernel in KERNEL_IDS:
             if kernel in EXPERIMENT_KERNELS and not experiments:
                 continue
+            if kernel in EMBED_KERNELS:
+                # size class = index into table.EMBED_NPS, r_pad = the padded dim DP; generic alignment only (the
+                # rows are gathered, so a divisibility hint would only cover the first row of each load)
+                for dtype, _ in DTYPES:
+                    for np_index, n_pad in enumerate(TABLE.EMBED_NPS):
+                        for d_pad in TABLE.EMBED_DPS:
+                            yield dict(kernel=kernel, dtype=dtype, size=SIZE_CLASSES[np_index], aligned=0,
+                                       r_pad=d_pad, arch=arch, variant=0, config=EMBED_CONFIGS[(n_pad, d_pad)])
+                continue
             for dtype, _ in DTYPES:
                 group = "f" if dtype == "fp32" else "h"
                 for size in SIZE_CLASSES:
@@ -199,6 +225,8 @@ def compile_one(spec: dict) -> dict:
                   "DOT_PRECISION": "ieee" if spec["dtype"] == "fp32" else "tf32"}
     if spec["r_pad"]:
         constexprs["R_PAD"] = spec["r_pad"]
+    if spec["kernel"] in EMBED_KERNELS:
+        constexprs.update(NP=TABLE.EMBED_NPS[SIZE_CLASSES.index(spec["size"])], DP=spec["r_pad"])
     constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}  # lora_xa has no BLOCK_N / GROUP_M
     for k in constexprs:
         signature[k] = "constexpr"

@@ -12,6 +12,10 @@ round trip of every intermediate and the tail of each small grid.
 
 Compiled ahead of time by `aot.py`; the launcher (cuda/triton_launch.cc) picks BLOCK_M so the grid covers the
 SMs, and runs wide or long-M stacks as one linear_act launch per layer instead.
+
+_mlp_stack_grid_kernel is the small-M form: with few rows a block of rows per program leaves most SMs idle (DLRM's
+top MLP at M = 128 ran on 8 programs), so there every layer is split into tiles across the SMs instead, with a
+software grid barrier on a counter between layers; triton/table.py's thresholds choose between them per shape.
 """
 import triton
 import triton.language as tl
@@ -87,6 +91,91 @@ def _mlp_stack_kernel(x_ptr, y_ptr, s_ptr, M, K0, SW, L,
                  BLOCK_M)
 
 
+@triton.jit
+def _grid_sync(bar_ptr, target):
+    """Every program of the grid waits here until `target` arrivals have been counted at bar_ptr (the launcher
+    zeroes the counter in-stream before the launch; barrier k of a launch waits for k x programs). The CTA barrier
+    orders the block's stores before one thread's release add at GPU scope (Triton runs a scalar atomic on one
+    thread and broadcasts its result), the acquire reads make the other programs' stores visible, and the readers
+    load the intermediates with .cg (L2, not a stale L1 line). Needs every program resident: the launcher starts at
+    most one per SM, cooperatively."""
+    tl.debug_barrier()
+    tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
+    seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+    while seen < target:
+        seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+
+
+@triton.jit
+def _grid_layer(in_ptr, in_ld, out_ptr, out_ld, w_ptr, b_ptr, M, K, N, ACT, pid, nprog,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """out[:M, :N] = act(in[:M, :K] @ w[K, N] + b[N]), its BLOCK_M x BLOCK_N tiles dealt round-robin to the nprog
+    programs (program pid takes tiles pid, pid + nprog, ...; consecutive tiles share a column block of w)."""
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles = tiles_m * tl.cdiv(N, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    t = pid
+    while t < tiles:  # (not range(): Triton's interpreter, which the CPU tests run this kernel in, cannot step by it)
+        offs_m = (t % tiles_m) * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = (t // tiles_m) * BLOCK_N + tl.arange(0, BLOCK_N)
+        m_ok = offs_m < M
+        n_ok = offs_n < N
+        rows = tl.where(m_ok, offs_m, 0).to(tl.int64)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + offs_k
+            k_ok = kk < K
+            a = tl.load(in_ptr + rows[:, None] * in_ld + kk[None, :], mask=k_ok[None, :], other=0.0,
+                        cache_modifier=".cg")
+            w = tl.load(w_ptr + kk.to(tl.int64)[:, None] * N + offs_n[None, :], mask=k_ok[:, None] & n_ok[None, :],
+                        other=0.0)
+            acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
+        z = acc + tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        if ACT == 1:
+            z = tl.maximum(z, 0.0)
+        else:
+            z = 1.0 / (1.0 + tl.exp(-z))
+        tl.store(out_ptr + offs_m.to(tl.int64)[:, None] * out_ld + offs_n[None, :], z.to(out_ptr.dtype.element_ty),
+                 mask=m_ok[:, None] & n_ok[None, :])
+        t += nprog
+
+
+@triton.jit
+def _mlp_stack_grid_kernel(x_ptr, y_ptr, s_ptr, bar_ptr, M, K0, SW, L,
+                           w1, b1, n1, a1, w2, b2, n2, a2, w3, b3, n3, a3, wf, bf, nf, af,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                           DOT_PRECISION: tl.constexpr):
+    """The same stack as _mlp_stack_kernel (same arguments, plus the barrier counter bar_ptr), for small M: instead
+    of a block of rows per program, every layer is split into tiles over all the programs (at most one per SM) and
+    the programs meet at a grid barrier before the next layer reads the intermediate ([2, M, SW] ping-pong scratch;
+    the barrier after layer i also ends every read of the buffer layer i + 1 overwrites)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    s0 = s_ptr
+    s1 = s_ptr + M.to(tl.int64) * SW
+    in_ptr = x_ptr
+    in_ld = K0
+    k = K0
+    if L >= 2:
+        _grid_layer(x_ptr, K0, s0, SW, w1, b1, M, K0, n1, a1, pid, nprog, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION)
+        _grid_sync(bar_ptr, nprog)
+        in_ptr = s0
+        in_ld = SW
+        k = n1
+    if L >= 3:
+        _grid_layer(s0, SW, s1, SW, w2, b2, M, n1, n2, a2, pid, nprog, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION)
+        _grid_sync(bar_ptr, 2 * nprog)
+        in_ptr = s1
+        k = n2
+    if L >= 4:
+        _grid_layer(s1, SW, s0, SW, w3, b3, M, n2, n3, a3, pid, nprog, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION)
+        _grid_sync(bar_ptr, 3 * nprog)
+        in_ptr = s0
+        k = n3
+    _grid_layer(in_ptr, in_ld, y_ptr, nf, wf, bf, M, k, nf, af, pid, nprog, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION)
+
+
 # "i32:16": an int that gets the aligned build's divisibility-by-16 hint (aot.py).
 _LAYER_PARAMS = []
 for _i in range(1, 4):
@@ -96,4 +185,7 @@ _LAYER_PARAMS += [("wf", "*T"), ("bf", "*T"), ("nf", "i32"), ("af", "i32")]
 KERNELS = {
     "mlp_stack": (_mlp_stack_kernel, [("x_ptr", "*T"), ("y_ptr", "*T"), ("s_ptr", "*T"), ("M", "i32"),
                                       ("K0", "i32"), ("SW", "i32:16"), ("L", "i32")] + _LAYER_PARAMS),
+    "mlp_stack_grid": (_mlp_stack_grid_kernel, [("x_ptr", "*T"), ("y_ptr", "*T"), ("s_ptr", "*T"), ("bar_ptr", "*i32"),
+                                                ("M", "i32"), ("K0", "i32"), ("SW", "i32:16"), ("L", "i32")]
+                       + _LAYER_PARAMS),
 }

@@ -1,0 +1,106 @@
+"""A re-implementation (written for onnxfuse's tests, no code copied) of the forward pass of the original DLRM,
+`DLRM_Net` in facebookresearch/dlrm's dlrm_s_pytorch.py, single-device path:
+
+  * bottom and top MLPs: nn.Sequential of nn.Linear + ReLU, the top one ending in a Sigmoid (DLRM_Net.create_mlp
+    with sigmoid_top = its last layer);
+  * one nn.EmbeddingBag(n, m, mode="sum") per sparse feature, looked up with (indices, offsets) per feature:
+    multi-hot bags (DLRM_Net.apply_emb without per-sample weights or quantisation);
+  * interact_features: "dot" as DLRM_Net spells it (T = cat([x] + ly, 1).view((batch, -1, d)); Z = bmm(T, T^T);
+    li / lj built by list comprehensions with offset 1 when arch_interaction_itself else 0; Zflat = Z[:, li, lj];
+    R = cat([x] + [Zflat], 1)), or "cat" (R = cat([x] + ly, 1));
+  * forward(dense_x, lS_o, lS_i) with lS_o [features, batch] and lS_i [features, n] stacked tensors, the layout
+    the repository's Criteo loaders produce and its --save-onnx export takes.
+
+The test checks once that the real DLRM_Net exports to the same ONNX spelling as this module (see the README); the
+spelling is what onnxfuse's rule reads, so tests run on this module and never import the repository.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def _mlp(sizes: list[int], sigmoid_last: bool, g: torch.Generator) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, (n, m) in enumerate(zip(sizes[:-1], sizes[1:])):
+        lin = nn.Linear(n, m, bias=True)
+        with torch.no_grad():
+            lin.weight.copy_(torch.randn(m, n, generator=g) * math.sqrt(2.0 / (m + n)))
+            lin.bias.copy_(torch.randn(m, generator=g) * math.sqrt(1.0 / m))
+        layers.append(lin)
+        layers.append(nn.Sigmoid() if sigmoid_last and i == len(sizes) - 2 else nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class OriginalDLRM(nn.Module):
+    def __init__(self, m_spa: int, ln_emb: list[int], ln_bot: list[int], ln_top: list[int], interaction: str = "dot",
+                 interaction_itself: bool = False, mode: str = "sum", seed: int = 0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.interaction = interaction
+        self.interaction_itself = interaction_itself
+        self.emb_l = nn.ModuleList()
+        for n in ln_emb:
+            bag = nn.EmbeddingBag(n, m_spa, mode=mode)
+            with torch.no_grad():
+                bag.weight.copy_((torch.rand(n, m_spa, generator=g) * 2 - 1) * math.sqrt(1.0 / n))
+            self.emb_l.append(bag)
+        self.bot_l = _mlp(ln_bot, False, g)
+        self.top_l = _mlp(ln_top, True, g)
+
+    def apply_emb(self, lS_o, lS_i):
+        # iterating over the stacked indices (not lS_i[k]) is what the original does: TorchScript then splits them
+        ly = []
+        for k, indices in enumerate(lS_i):
+            ly.append(self.emb_l[k](indices, lS_o[k]))
+        return ly
+
+    def interact_features(self, x, ly):
+        if self.interaction == "dot":
+            (batch_size, d) = x.shape
+            T = torch.cat([x] + ly, dim=1).view((batch_size, -1, d))
+            Z = torch.bmm(T, torch.transpose(T, 1, 2))
+            _, ni, nj = Z.shape
+            offset = 1 if self.interaction_itself else 0
+            li = torch.tensor([i for i in range(ni) for j in range(i + offset)])
+            lj = torch.tensor([j for i in range(nj) for j in range(i + offset)])
+            Zflat = Z[:, li, lj]
+            return torch.cat([x] + [Zflat], dim=1)
+        return torch.cat([x] + ly, dim=1)
+
+    def forward(self, dense_x, lS_o, lS_i):
+        x = self.bot_l(dense_x)
+        ly = self.apply_emb(lS_o, lS_i)
+        z = self.interact_features(x, ly)
+        return self.top_l(z)
+
+
+def top_width(m_spa: int, n_features: int, interaction: str, itself: bool = False) -> int:
+    n = n_features + 1
+    return m_spa + (n * (n + 1) // 2 if itself else n * (n - 1) // 2) if interaction == "dot" else n * m_spa
+
+
+def make_batch(ln_emb: list[int], batch: int, bag_lengths: list[int], seed: int = 0):
+    """dense [batch, 13], offsets [features, batch] and indices [features, N] with the same bag lengths for every
+    feature (so the indices stack), some bags empty; indices within each table."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([bag_lengths[b % len(bag_lengths)] for b in range(batch)])
+    offsets = torch.cumsum(lengths, 0) - lengths
+    n = int(lengths.sum())
+    indices = torch.stack([torch.randint(0, size, (n,), generator=g) for size in ln_emb])
+    dense = torch.randn(batch, 13, generator=g)
+    return dense, offsets.repeat(len(ln_emb), 1), indices
+
+
+def export_torchscript(module: OriginalDLRM, batch, path, opset: int = 18) -> None:
+    """The repository's --save-onnx export (dynamo=False, its input names and dynamic axes) at opset 18, except that
+    the indices' dynamic axis gets its own name: the repository calls it batch_size too, which only holds for one id
+    per bag (multi-hot bags have more indices than samples, and onnxruntime trusts equal names)."""
+    dense, offsets, indices = batch
+    torch.onnx.export(module, (dense, offsets, indices), str(path), opset_version=opset,
+                      input_names=["dense_x", "offsets", "indices"], output_names=["pred"],
+                      dynamic_axes={"dense_x": {0: "batch_size"}, "offsets": {1: "batch_size"},
+                                    "indices": {1: "n_indices"}, "pred": {0: "batch_size"}},
+                      dynamo=False)

@@ -1,0 +1,152 @@
+"""The Triton kernels that have no other CPU check, run by Triton's interpreter (TRITON_INTERPRET=1: numpy on the CPU)
+against onnxfuse.schema.reference: the embedding kernel (both ops, dot and cat, hash, bags with empty and clamped
+bounds, odd d and feature counts) and the persistent MLPStack grid kernel (one program: every layer, barrier and
+ping-pong scratch; several programs for one layer: the round-robin tiles cover the output exactly once).
+
+What the interpreter cannot show is left to the GPU tests (tests/test_gpu.py): bf16 dot products (its bf16 tl.dot is
+wrong, the kernels' is not), the grid barrier between concurrently running programs, and speed. Each check runs in a
+subprocess so that TRITON_INTERPRET never leaks into a build that compiles cubins.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+_PRELUDE = r"""
+import importlib.util, os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+import numpy as np, torch, triton, triton.language as tl
+import triton.runtime.interpreter as _ti
+# Triton 3.6's interpreter turns a kernel's scalar arguments into 1-element arrays, which numpy 2 refuses to index
+# with: give range() the element.
+_orig = _ti._patch_lang_tensor
+def _patched(tensor, scope):
+    _orig(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+_ti._patch_lang_tensor = _patched
+sys.path.insert(0, sys.argv[1])
+from onnxfuse import schema
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(sys.argv[1], "onnxfuse/kernels/triton", name + ".py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+TT = {"float": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+"""
+
+_EMBEDDING = _PRELUDE + r"""
+ei = load("embedding_interaction")
+k = ei._embedding_interaction_kernel
+g = torch.Generator().manual_seed(0)
+def pad(v):
+    return max(16, 1 << (int(v) - 1).bit_length())
+checks = 0
+for dtype, interactions in (("float", ("dot", "cat")), ("float16", ("dot", "cat")), ("bfloat16", ("cat",))):
+    for batch, d, sizes in ((5, 4, [3, 7, 2]), (11, 16, [(7 * f + 3) % 50 + 1 for f in range(26)]), (3, 20, [5] * 40)):
+        f = len(sizes)
+        card = torch.tensor(sizes, dtype=torch.int64)
+        toff = torch.cumsum(card, 0) - card
+        table = torch.randn(int(card.sum()), d, generator=g).to(TT[dtype])
+        x = torch.randn(batch, d, generator=g).to(TT[dtype])
+        for interaction in interactions:
+            width = schema.interaction_width(f + 1, d, interaction)
+            for bag, hash_ in ((0, 0), (0, 1), (1, 0)):
+                if bag:
+                    n_idx = 3 * batch
+                    ids = (torch.rand(f, n_idx, generator=g) * 3 * card[:, None] - card[:, None]).long()
+                    offs = torch.sort(torch.randint(-2, n_idx + 3, (f, batch), generator=g), dim=1).values
+                    ref = schema.reference("EmbeddingBagInteraction", [x, ids, offs, table, toff, card],
+                                           {"interaction": interaction})
+                else:
+                    n_idx = 0
+                    ids = (torch.rand(batch, f, generator=g) * 3 * card - card).long()
+                    ids[0, 0] = 2 ** 63 - 1
+                    offs = ids
+                    ref = schema.reference("EmbeddingInteraction", [x, ids, table, toff, card],
+                                           {"interaction": interaction, "hash": ["none", "mod"][hash_]})
+                y = torch.full((batch, width), float("nan")).to(TT[dtype])
+                block = 4
+                k[((batch + block - 1) // block,)](x, ids, offs, table, toff, card, y, batch, f, n_idx, d, width,
+                                                   int(card.sum()), bag, hash_, int(interaction == "dot"),
+                                                   BLOCK_M=block, NP=pad(f + 1), DP=pad(d),
+                                                   DOT_PRECISION="ieee" if dtype == "float" else "tf32")
+                assert not torch.isnan(y.float()).any(), (dtype, batch, interaction, bag, "unwritten output")
+                err = ((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1)).item()
+                tol = {"float": 1e-6, "float16": 1e-3, "bfloat16": 8e-3}[dtype]
+                assert err <= tol, (dtype, batch, d, f, interaction, bag, hash_, err)
+                checks += 1
+print("ok", checks)
+"""
+
+_GRID = _PRELUDE + r"""
+ms = load("mlp_stack")
+
+@triton.jit
+def one_layer(x_ptr, y_ptr, w_ptr, b_ptr, M, K, N, ACT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr):
+    ms._grid_layer(x_ptr, K, y_ptr, N, w_ptr, b_ptr, M, K, N, ACT, tl.program_id(0), tl.num_programs(0),
+                   BLOCK_M, BLOCK_N, BLOCK_K, "ieee")
+
+g = torch.Generator().manual_seed(0)
+def stack(widths, acts, m, dtype, block):
+    t = TT[dtype]
+    n_layers = len(acts)
+    x = torch.randn(m, widths[0], generator=g).to(t)
+    ws = [(torch.randn(k, n, generator=g) / k ** 0.5).to(t) for k, n in zip(widths[:-1], widths[1:])]
+    bs = [(torch.randn(n, generator=g) * 0.5).to(t) for n in widths[1:]]
+    sw = (max(widths[1:-1] or [0]) + 15) // 16 * 16
+    s = torch.full((2 * m * max(sw, 1),), float("nan")).to(t)
+    bar = torch.zeros(4, dtype=torch.int32)
+    y = torch.full((m, widths[-1]), float("nan")).to(t)
+    codes = [schema.ACTIVATIONS[a] for a in acts]
+    pad = 3 - (n_layers - 1)
+    hw, hb = ws[:-1] + [x] * pad, bs[:-1] + [x] * pad
+    hn, ha = widths[1:-1] + [0] * pad, codes[:-1] + [1] * pad
+    args = [a for i in range(3) for a in (hw[i], hb[i], hn[i], ha[i])]
+    ms._mlp_stack_grid_kernel[(1,)](x, y, s, bar, m, widths[0], sw, n_layers, *args, ws[-1], bs[-1], widths[-1],
+                                    codes[-1], BLOCK_M=block[0], BLOCK_N=block[1], BLOCK_K=block[2],
+                                    DOT_PRECISION="ieee" if dtype == "float" else "tf32")
+    ref = schema.reference("MLPStack", [x] + [v for p in zip(ws, bs) for v in p], {"activations": ".".join(acts)})
+    err = (y.float() - ref.float()).abs().max().item()
+    assert err <= (1e-5 if dtype == "float" else 2e-3), (widths, m, dtype, err)
+    assert bar[0].item() == n_layers - 1, bar  # one arrival per barrier of the single program
+for dtype in ("float", "float16"):
+    stack([13, 512, 256, 64, 16], ["relu"] * 4, 37, dtype, (16, 32, 64))
+    stack([367, 512, 256, 1], ["relu", "relu", "sigmoid"], 20, dtype, (16, 32, 64))
+    stack([29, 40, 1], ["relu", "sigmoid"], 70, dtype, (16, 32, 32))
+    stack([29, 33], ["sigmoid"], 5, dtype, (16, 32, 32))
+# several programs, one layer: round-robin tiles, every output element written once
+for programs in (1, 3, 7, 40):
+    m, k, n = 45, 70, 100
+    x = torch.randn(m, k, generator=g)
+    w = torch.randn(k, n, generator=g) / k ** 0.5
+    b = torch.randn(n, generator=g)
+    y = torch.full((m, n), float("nan"))
+    one_layer[(programs,)](x, y, w, b, m, k, n, 1, BLOCK_M=16, BLOCK_N=32, BLOCK_K=32)
+    assert torch.allclose(y, torch.relu(x @ w + b), atol=1e-5), programs
+print("ok")
+"""
+
+
+def _run(script: str) -> str:
+    p = subprocess.run([sys.executable, "-c", script, str(ROOT)], capture_output=True, text=True, timeout=1200,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0 and "ok" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
+    return p.stdout
+
+
+def test_embedding_kernel_in_the_interpreter():
+    pytest.importorskip("triton")
+    out = _run(_EMBEDDING)
+    assert int(out.split()[-1]) == 2 * 3 * 3 * 2 + 3 * 3  # every (dtype, shape, interaction, op/hash) ran
+
+
+def test_mlp_stack_grid_kernel_in_the_interpreter():
+    pytest.importorskip("triton")
+    _run(_GRID)
