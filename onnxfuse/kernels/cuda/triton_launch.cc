@@ -337,13 +337,11 @@ extern "C" int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, c
 }
 
 namespace {
-// stack_mode=auto: which kernel runs a stack of M rows (triton/table.py's thresholds, through onnxfuse_ops.h).
+// stack_mode=auto: which kernel runs a stack of M rows (triton/table.py's thresholds and the measurements behind
+// them, through onnxfuse_ops.h).
 //   grid   M <= kStackGridMaxM: the persistent kernel, every layer split over all SMs (small M: a row block per
-//          program would leave most SMs idle, e.g. DLRM's top MLP at M = 128 ran 28.5 us on 8 programs for 19 us
-//          unfused, and per-layer launches pay a launch and an HBM round trip per layer);
-//   fused  M >= kStackRowsMinSmMult x SMs: the row-block kernel (measured on the H100 at M = 16384: bottom MLP
-//          0.059 vs 0.099 ms per layer-by-layer run, top 0.088 vs 0.170; benchmarks/results/h100-2026-11-22/
-//          stack-modes-v2.json);
+//          program would leave most SMs idle);
+//   fused  M >= kStackRowsMinSmMult x SMs: the row-block kernel;
 //   layers in between, and whenever a layer is wider than kStackMaxWidth (every program would read every weight).
 int ChooseStackMode(int64_t m, int n_layers, const int64_t* widths, int device) {
   for (int i = 0; i <= n_layers; ++i)

@@ -79,7 +79,7 @@ _F_XA = {"small": (16, 0, 64, 1, 4, 3), "medium": (16, 0, 64, 1, 4, 3), "large":
 # mlp_stack: the size class is BLOCK_M (the rows one program carries through every layer), picked by the launcher
 # so that the grid covers the SMs: "small" 16 rows, "medium" 32, "large" 64. GROUP_M is unused. BLOCK_N = 128 is
 # the best of 64 / 128 / 256 measured on the H100 for DLRM's bottom and top MLPs at M = 128 and 16384
-# (benchmarks/results/h100-2026-11-22/stack-modes-v2.json; the others are variants 1 and 2 below).
+# (the 2026-11-22 run, in git history; the others are variants 1 and 2 below).
 _H_STACK = {"small": (16, 128, 64, 1, 4, 3), "medium": (32, 128, 64, 1, 4, 3), "large": (64, 128, 64, 1, 4, 3)}
 _F_STACK = {"small": (16, 64, 32, 1, 4, 2), "medium": (32, 64, 32, 1, 4, 2), "large": (64, 64, 32, 1, 4, 2)}
 # rotary_embedding: (rows per program, half-columns per program, -, -, warps, stages), memory bound: 16 rows x 64 pairs

@@ -28,16 +28,21 @@ EXPERIMENT_VARIANTS = {"small_cfg": 3, "lora_onepass": 2, "stack_cfg": 3}
 
 # ------------------------------------------------------------------------------------------------ MLPStack
 # stack_mode=auto on the Triton backend, by M (rows) and the widest layer, for the H100's 132 SMs (the launcher
-# scales the SM multiples by the GPU's own count). Re-measure with `scripts/gpu_check.py --only-stack` and
-# `onnxfuse bench dlrm-bottom dlrm-top --profile`; these are the only numbers the choice reads.
+# scales the SM multiples by the GPU's own count). Measured with `scripts/gpu_check.py --only-stack` (CUDA graphs, ms
+# per run, benchmarks/results/h100-2026-11-23/stack-modes.json; bottom MLP 13-512-256-64-16 / top 367-512-256-1):
+#                 M=128          M=512          M=2048         M=8192         M=16384
+#   grid     0.042 / 0.031  0.033 / 0.043  0.043 / 0.061  0.068 / 0.140  0.090 / 0.252
+#   fused    0.044 / 0.045  0.038 / 0.050  0.042 / 0.053  0.050 / 0.069  0.059 / 0.093
+#   layers   0.037 / 0.048  0.055 / 0.048  0.033 / 0.053  0.055 / 0.079  0.100 / 0.169
+#   ORT      0.049 / 0.040  0.044 / 0.052  0.058 / 0.063  0.092 / 0.111  0.142 / 0.182
+# so:
 #   * grid: the persistent kernel (every layer's tiles spread over all SMs, a grid barrier between layers) while M
 #     is at most STACK_GRID_MAX_M: it fills the GPU at small M, where a row block per program runs on a handful of
-#     SMs (DLRM's top MLP at M = 128: 28.5 us of kernel for 19 us unfused), and it never pays a launch or an HBM
-#     round trip per layer;
-#   * fused: the row-block kernel from STACK_ROWS_MIN_SM_MULT x SMs rows up (M = 16384: 0.059 vs 0.099 ms per run
-#     for the bottom MLP, 0.088 vs 0.170 for the top);
+#     SMs, and pays no launch or HBM round trip per layer; past M = 1024 its serial chain of layer tiles per SM
+#     loses (top MLP at 2048: 0.061 against ORT's 0.063 and the row-block kernel's 0.053);
+#   * fused: the row-block kernel from STACK_ROWS_MIN_SM_MULT x SMs rows up (4224 on the H100);
 #   * layers: one linear_act launch per layer in between, and for layers wider than STACK_MAX_WIDTH.
-STACK_GRID_MAX_M = 8192
+STACK_GRID_MAX_M = 1024
 STACK_ROWS_MIN_SM_MULT = 32
 STACK_MAX_WIDTH = 1024
 # Launch the grid kernel cooperatively (cudaLaunchAttributeCooperative: the driver guarantees every program is
