@@ -40,7 +40,7 @@ import time
 import warnings
 from typing import Callable
 
-from .errors import OnnxfuseError
+from ..errors import OnnxfuseError
 
 SCHEMA_VERSION = 1
 DEFAULT_CACHE = pathlib.Path("models/bench")
@@ -267,14 +267,14 @@ class CaseDef:
 
 
 def _key(case: str, size: int, dtype: str, seed: int, params: dict) -> str:
-    from . import __version__
+    from .. import __version__
     blob = json.dumps({"params": params, "onnxfuse": __version__}, sort_keys=True, default=str)
     return f"{case}-{size}-{dtype}-s{seed}-{hashlib.sha1(blob.encode()).hexdigest()[:8]}"
 
 
 def _llama_mlp(case: str, hidden: int, inter: int, q_hidden: int, q_inter: int):
     def make(size, dtype, seed, quick, layers):
-        from . import zoo
+        from .. import zoo
         h, i = (q_hidden, q_inter) if quick else (hidden, inter)
         spec = zoo.LlamaSpec(hidden_size=h, intermediate_size=i, mlp_only=True, batch=1, seq=size,
                              max_position_embeddings=max(2048, size))
@@ -306,7 +306,7 @@ def _gated_mlp(case: str, mlp: str, act: str, hidden: int, inter: int, q_hidden:
     def make(size, dtype, seed, quick, layers):
         import torch
 
-        from . import zoo
+        from .. import zoo
         h, i = (q_hidden, q_inter) if quick else (hidden, inter)
         params = {"mlp": mlp, "act": act, "hidden": h, "intermediate": i}
 
@@ -354,7 +354,7 @@ def _lora_module(k: int, n: int, rank: int):
     import torch
     from torch import nn
 
-    from . import zoo
+    from .. import zoo
 
     class LoRALinearRelu(nn.Module):
         """nn.Linear wrapped in onnxfuse.zoo.LoRALinear, then ReLU: fuses to onnxfuse::LoRALinearRelu."""
@@ -372,7 +372,7 @@ def _lora_module(k: int, n: int, rank: int):
 def _make_lora(size, dtype, seed, quick, layers):
     import torch
 
-    from . import zoo
+    from .. import zoo
     k = n = 256 if quick else 4096
     rank = 16
     params = {"k": k, "n": n, "rank": rank}
@@ -399,7 +399,7 @@ def _make_mlp_stack(case: str, sizes: list[int], final: str):
     def make(size, dtype, seed, quick, layers):
         import torch
 
-        from . import zoo
+        from .. import zoo
         params = {"sizes": sizes, "final": final}
 
         def build():
@@ -416,14 +416,14 @@ def _make_mlp_stack(case: str, sizes: list[int], final: str):
 
 
 def _dlrm_top_in() -> int:
-    from . import zoo
+    from .. import zoo
     spec = zoo.DlrmSpec()
     n_vec = len(spec.cardinalities) + 1
     return spec.embedding_dim + n_vec * (n_vec - 1) // 2  # 16 + 351 = 367: the top MLP's input in DLRM
 
 
 def _make_dlrm(size, dtype, seed, quick, layers):
-    from . import zoo
+    from .. import zoo
     spec = zoo.DlrmSpec.from_preset("small" if quick else "criteo-kaggle", batch=size)
     params = zoo.spec_to_dict(spec)
     return Workload("dlrm", size, "batch", {"batch": size, "bottom": "13-" + "-".join(map(str, spec.bottom_mlp)),
@@ -436,7 +436,7 @@ def _make_dlrm_interaction(size, dtype, seed, quick, layers):
     """The whole DLRM's hash, 26 lookups and dot interaction alone (bottom MLP output and ids in, 367 columns out)."""
     import torch
 
-    from . import zoo
+    from .. import zoo
     spec = zoo.DlrmSpec.from_preset("small" if quick else "criteo-kaggle", batch=size)
     params = {"dlrm": zoo.spec_to_dict(spec), "part": "interaction"}
 
@@ -453,7 +453,7 @@ def _make_dlrm_interaction(size, dtype, seed, quick, layers):
 
 
 def _make_llama(size, dtype, seed, quick, layers):
-    from . import zoo
+    from .. import zoo
     if size % 2:
         raise OnnxfuseError(f"the llama case runs 2 sequences: --sizes must be even (got {size})")
     seq = size // 2
@@ -472,7 +472,7 @@ def _make_rotary(size, dtype, seed, quick, layers):
     import torch
     from torch import nn
 
-    from . import zoo
+    from .. import zoo
     heads, head_dim = (4, 64) if quick else (32, 128)
     params = {"heads": heads, "head_dim": head_dim}
 
@@ -497,7 +497,7 @@ def _make_rotary(size, dtype, seed, quick, layers):
 
 def _make_llama7b(size, dtype, seed, quick, layers):
     """One decoder layer at Llama-2-7B shapes (h4096, i11008, 32 heads), one sequence of `size` tokens."""
-    from . import zoo
+    from .. import zoo
     spec = zoo.LlamaSpec.from_preset("tiny" if quick else "llama2-7b", num_hidden_layers=layers, batch=1, seq=size)
     spec.max_position_embeddings = max(spec.max_position_embeddings, size)
     params = zoo.spec_to_dict(spec)
@@ -557,7 +557,7 @@ def _export_module(module, inputs: dict, path: pathlib.Path, output_names) -> No
 
     import onnx
 
-    from . import export, onnxio
+    from .. import export, onnxio
     with tempfile.TemporaryDirectory(prefix="onnxfuse-bench-") as tmp:
         tmp_path = pathlib.Path(tmp) / "model.onnx"
         export._torch_export(module, inputs, tmp_path, "dynamo", list(inputs), list(output_names), None)
@@ -569,7 +569,7 @@ def _export_module(module, inputs: dict, path: pathlib.Path, output_names) -> No
 
 def prepare_models(w: Workload, dtype: str, seed: int, cache_dir: pathlib.Path, quiet: bool) -> dict:
     """Export and fuse (cached under cache_dir by key); returns paths, timings and the fused op counts."""
-    from . import export, fuse
+    from .. import export, fuse
     cache_dir.mkdir(parents=True, exist_ok=True)
     src = cache_dir / f"{w.key}.onnx"
     fused = cache_dir / f"{w.key}.fused.onnx"
@@ -604,7 +604,7 @@ def _onnxfuse_ops(path) -> dict:
 
     import onnx
 
-    from .schema import DOMAIN
+    from ..schema import DOMAIN
     m = onnx.load(str(path), load_external_data=False)
     return dict(collections.Counter(n.op_type for n in m.graph.node if n.domain == DOMAIN))
 
@@ -614,7 +614,7 @@ def flops_and_bytes(path) -> tuple[int | None, int | None]:
     outputs once, every initializer once, except tables read by Gather, which count only the gathered rows."""
     from onnxscript import ir
 
-    from . import fuse as _fuse
+    from .. import fuse as _fuse
     model = ir.load(str(path))
     _fuse._infer_shapes(model)
     flops = _fuse.model_flops(model)
@@ -691,7 +691,7 @@ def _stats(times: list[float]) -> dict:
 def measure_ceilings(dev: _Device, dtype: str, quick: bool) -> dict:
     """Peak GEMM rate (torch.matmul, benchmark dtype) and device copy bandwidth, measured now."""
     import torch
-    from . import zoo
+    from .. import zoo
     on = dev.kind
     n = 8192 if on == "cuda" and not quick else (4096 if on == "cuda" else 1024)
     tdt = zoo.DTYPES[dtype]
@@ -763,7 +763,7 @@ def _session(path: str, device: str, lib: str | None, fused: bool, cuda_graph: b
              backend: str | None = None):
     """runtime.session, except that --lib registers the given library (runtime.session uses the cached build).
     backend sets the kernel family on every onnxfuse node of an in-memory copy of the model."""
-    from . import runtime
+    from .. import runtime
     if lib is None or not fused:
         return runtime.session(path, device, library=True if fused else None, cuda_graph=cuda_graph,
                                provider_options=provider_options, backend=backend if fused else None)
@@ -775,7 +775,7 @@ def _session(path: str, device: str, lib: str | None, fused: bool, cuda_graph: b
             pass
     so = rt.SessionOptions()
     so.log_severity_level = 3
-    from . import kernels
+    from .. import kernels
     kernels.register(so, lib)
     opts = dict(provider_options)
     if cuda_graph:
@@ -1060,7 +1060,7 @@ def run(targets: list[str] | None = None, options: Options | None = None) -> dic
 
 def _file_workload(path: str, opts: Options) -> Workload:
     """A model file: the module and inputs come from its recipe when it has one; else random inputs, no torch."""
-    from . import export, onnxio, zoo
+    from .. import export, onnxio, zoo
     p = pathlib.Path(path)
     model = onnxio.load(p, load_external_data=False)
     recipe = export.read_recipe(model)
@@ -1074,7 +1074,7 @@ def _file_workload(path: str, opts: Options) -> Workload:
         def inputs():
             import torch
 
-            from . import runtime
+            from .. import runtime
             sess = runtime.session(p, "cpu", library=False) if not runtime.has_onnxfuse_nodes(model) else \
                 runtime.session(p, "cpu")
             return {k: torch.from_numpy(v) for k, v in runtime.random_feeds(sess, opts.seed).items()}
@@ -1089,7 +1089,7 @@ def _file_workload(path: str, opts: Options) -> Workload:
 
 
 def _model_paths_for_file(w: Workload, opts: Options) -> dict:
-    from . import fuse, runtime
+    from .. import fuse, runtime
     src = pathlib.Path(w.shape["model"])
     proto = _load_proto(src)
     if runtime.has_onnxfuse_nodes(proto):
@@ -1298,7 +1298,7 @@ NOISY_SPREAD = 1.25
 def results_dir() -> pathlib.Path:
     """Where results go without -o: benchmarks/results/ of the onnxfuse checkout this package runs from (an editable
     install), else the user data dir (e.g. ~/.local/share/onnxfuse/bench-results); never the current directory."""
-    checkout = pathlib.Path(__file__).resolve().parent.parent
+    checkout = pathlib.Path(__file__).resolve().parents[2]
     if (checkout / "pyproject.toml").is_file() and (checkout / DEFAULT_RESULTS).is_dir():
         return checkout / DEFAULT_RESULTS
     try:
@@ -1513,7 +1513,7 @@ def plot(result: dict, path) -> pathlib.Path | None:
 
 # ------------------------------------------------------------------------------------------------------------ CLI
 
-from .argtypes import nonneg_int as _nonneg, positive_int as _positive  # noqa: E402
+from ..argtypes import nonneg_int as _nonneg, positive_int as _positive  # noqa: E402
 
 
 def _int_list(text: str) -> list[int]:
@@ -1611,7 +1611,7 @@ def cli_main(args) -> int:
         result = reevaluate(result)
         json_path = pathlib.Path(args.from_json)
     else:
-        from . import onnxio
+        from .. import onnxio
         if args.output:
             onnxio.check_output_path(args.output, force=True)
         elif args.results_dir is not None and not args.results_dir.is_dir():
