@@ -318,7 +318,7 @@ def _gated_mlp(case: str, mlp: str, act: str, hidden: int, inter: int, q_hidden:
             else:
                 from transformers.models.gemma.modeling_gemma import GemmaMLP as cls
                 cfg = transformers.GemmaConfig(hidden_size=h, intermediate_size=i, hidden_act=act)
-            with zoo._default_dtype(zoo.DTYPES[dtype]):  # parameters made in dtype, as the llama cases do
+            with zoo.default_dtype(zoo.DTYPES[dtype]):  # parameters made in dtype, as the llama cases do
                 torch.manual_seed(seed)
                 module = cls(cfg)
                 for lin in module.children():
@@ -404,7 +404,7 @@ def _make_mlp_stack(case: str, sizes: list[int], final: str):
 
         def build():
             torch.manual_seed(seed)
-            return zoo._mlp(list(sizes), final, 0, 0.0).to(zoo.DTYPES[dtype]).eval()
+            return zoo.mlp(list(sizes), final).to(zoo.DTYPES[dtype]).eval()
 
         def inputs():
             g = torch.Generator().manual_seed(seed)
@@ -560,7 +560,7 @@ def _export_module(module, inputs: dict, path: pathlib.Path, output_names) -> No
     from .. import export, onnxio
     with tempfile.TemporaryDirectory(prefix="onnxfuse-bench-") as tmp:
         tmp_path = pathlib.Path(tmp) / "model.onnx"
-        export._torch_export(module, inputs, tmp_path, "dynamo", list(inputs), list(output_names), None)
+        export.torch_export(module, inputs, tmp_path, "dynamo", list(inputs), list(output_names), None)
         model = onnx.load(str(tmp_path), load_external_data=True)
     model.ir_version = min(model.ir_version or 10, onnxio.MAX_IR_VERSION)
     model.producer_name = "onnxfuse-bench"
@@ -616,7 +616,7 @@ def flops_and_bytes(path) -> tuple[int | None, int | None]:
 
     from .. import fuse as _fuse
     model = ir.load(str(path))
-    _fuse._infer_shapes(model)
+    _fuse.infer_shapes(model)
     flops = _fuse.model_flops(model)
 
     def nbytes(v) -> int | None:
