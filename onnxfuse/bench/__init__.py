@@ -759,35 +759,6 @@ _TORCH_OF_ORT = {"tensor(float)": "float32", "tensor(float16)": "float16", "tens
                  "tensor(int32)": "int32", "tensor(double)": "float64", "tensor(bool)": "bool"}
 
 
-def _session(path: str, device: str, lib: str | None, fused: bool, cuda_graph: bool, provider_options: dict,
-             backend: str | None = None):
-    """runtime.session, except that --lib registers the given library (runtime.session uses the cached build).
-    backend sets the kernel family on every onnxfuse node of an in-memory copy of the model."""
-    from .. import runtime
-    if lib is None or not fused:
-        return runtime.session(path, device, library=True if fused else None, cuda_graph=cuda_graph,
-                               provider_options=provider_options, backend=backend if fused else None)
-    rt = runtime.ort()
-    if device == "cuda" and hasattr(rt, "preload_dlls"):
-        try:
-            rt.preload_dlls()
-        except Exception:
-            pass
-    so = rt.SessionOptions()
-    so.log_severity_level = 3
-    from .. import kernels
-    kernels.register(so, lib)
-    opts = dict(provider_options)
-    if cuda_graph:
-        opts["enable_cuda_graph"] = "1"
-    providers = [("CUDAExecutionProvider", opts), "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
-    src = runtime.with_node_attributes(path, {"backend": backend}, so) if backend else path
-    try:
-        return rt.InferenceSession(src, so, providers=providers)
-    except Exception as e:
-        raise OnnxfuseError(f"onnxruntime could not load {path}: {str(e).splitlines()[0][:400]}") from None
-
-
 def _load_proto(path):
     import onnx
     return onnx.load(str(path), load_external_data=False)
@@ -808,7 +779,10 @@ class _OrtRun:
                 self.stream = "torch"
             else:
                 self.stream = "ort"
-        self.sess = _session(str(path), device, lib, backend is not None, cuda_graph, opts, backend)
+        from .. import runtime
+        # lib (--lib) replaces the cached build; backend None: an unfused model (library only if it has onnxfuse nodes)
+        self.sess = runtime.session(str(path), device, library=(lib or True) if backend is not None else None,
+                                    cuda_graph=cuda_graph, provider_options=opts, backend=backend)
         self.io = self.sess.io_binding()
         dev_id = 0
         names = [i.name for i in self.sess.get_inputs()]
