@@ -23,14 +23,15 @@ and ORT use_tf32=0; the onnxfuse fp32 kernels may still use TF32). The JSON's "f
 
 The package, by job: cases (the named workloads and model files as workloads), models (export, fuse, cache; FLOPs
 and bytes), harness (timing, IOBinding sessions, ceilings, the ORT floor, the kernel profile), variants (the
-variants and run_variants), ratios, goals, report (flags, JSON, table, plot),
+variants and run_variants), ratios, goals (with the goal values in goals.json), report (flags, JSON, table, plot),
 runner (Options, run, run_workload) and command (the command line: register, cli_main, main).
 """
 from __future__ import annotations
 
 from .cases import CASES, CaseDef, Workload, file_workload, workloads
 from .command import add_arguments, cli_main, main, options_from_args, register
-from .goals import GOALS, SAME_SHAPES_AS, Goal, cross_case_ratios, evaluate_goals, goal_applies, goals_failed
+from .goals import (GOALS, SAME_SHAPES_AS, Goal, cross_case_ratios, evaluate_goals, goal_applies, goals_failed,
+                    load_goals)
 from .harness import Device, OrtRun, measure_ceilings, measure_ort_floor, profile_kernels, stats
 from .models import flops_and_bytes, prepare_file_models, prepare_models
 from .ratios import add_variant_speedups, compute_ratios
@@ -49,7 +50,7 @@ __all__ = [
     "Device", "OrtRun", "stats", "measure_ceilings", "measure_ort_floor", "profile_kernels",
     # variants, ratios and goals
     "VARIANTS", "GPU_ONLY", "FUSED_GPU", "UNFUSED", "ORT_OPTIMIZED", "compute_ratios", "add_variant_speedups",
-    "Goal", "GOALS", "SAME_SHAPES_AS", "goal_applies", "evaluate_goals", "cross_case_ratios",
+    "Goal", "GOALS", "SAME_SHAPES_AS", "load_goals", "goal_applies", "evaluate_goals", "cross_case_ratios",
     "goals_failed",
     # output
     "NOISY_SPREAD", "DEFAULT_RESULTS", "annotate", "results_dir", "default_output", "slug", "write_json", "load_json",

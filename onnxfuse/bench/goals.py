@@ -1,17 +1,21 @@
 """The benchmark goals and their evaluation on a results dict.
 
-GOALS: each a case, a size, a ratio of the case's "ratios", the threshold it must reach and the sentence the table
-prints; SAME_SHAPES_AS: the cases compared with another case's fused time. evaluate_goals gives each case's rows
-(pass | miss | unmeasured | n/a), cross_case_ratios the ratios between cases of the same shapes, goals_failed what
-fails --check-goals.
+The goals are data: goals.json beside this module (each a case, a size, a ratio of the case's "ratios", the
+threshold it must reach and the sentence the table prints; and SAME_SHAPES_AS, the cases compared with another
+case's fused time). evaluate_goals gives each case's rows (pass | miss | unmeasured | n/a), cross_case_ratios the
+ratios between cases of the same shapes, goals_failed what fails --check-goals.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
+import pathlib
 
 from .cases import CASES
 from .ratios import best
 from .variants import FUSED_GPU
+
+GOALS_FILE = pathlib.Path(__file__).with_name("goals.json")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,45 +28,19 @@ class Goal:
     text: str
 
 
-# Issue 7's goals (fp16 on the GPU, the issue's sizes). Ratios are speedups: baseline median / fused median.
-GOALS: tuple[Goal, ...] = (
-    Goal("llama-mlp", 2048, "fused_vs_unfused", 1.04, "Llama MLP h4096/i11008, 2048 tokens: fused ORT >= 1.04x unfused ORT"),
-    Goal("llama-mlp", 16, "fused_vs_unfused", 1.5, "Llama MLP h4096/i11008, 16 tokens: fused ORT >= 1.5x unfused ORT"),
-    Goal("seed-mlp", 2048, "fused_vs_unfused", 1.4, "Llama MLP h1024/i11008, 2048 tokens: fused ORT >= 1.4x unfused ORT"),
-    Goal("lora-linear", 2048, "fused_vs_unfused", 1.8, "LoRA linear 4096^2 r16 + relu, 2048 tokens: fused >= 1.8x unfused"),
-    Goal("dlrm", 128, "fused_vs_unfused", 2.0, "whole DLRM, batch 128: fused >= 2x unfused"),
-    Goal("dlrm", 2048, "fused_vs_unfused", 1.5, "whole DLRM, batch 2048: fused >= 1.5x unfused"),
-    Goal("llama-7b", 2048, "fused_vs_ort_optimized", 1.15,
-         "Llama-2-7B shapes, 1 layer, 1x2048 tokens: fused >= 1.15x ORT-optimized (ORT's own fusions)"),
-    Goal("llama-7b", 2048, "fused_vs_unfused", 1.75, "Llama-2-7B shapes, 1 layer, 1x2048 tokens: fused >= 1.75x unfused"),
-    Goal("llama", 2048, "fused_vs_ort_optimized", 1.25,
-         "seed Llama, 1 layer, 2x1024 tokens: fused >= 1.25x ORT-optimized (ORT's own fusions)"),
-    Goal("dlrm-bottom", 128, "unfused_over_fused_above_floor", 3.0,
-         "DLRM bottom MLP, batch 128: fused time above the ORT floor <= 1/3 of unfused"),
-    Goal("dlrm-bottom", 2048, "unfused_over_fused_above_floor", 3.0,
-         "DLRM bottom MLP, batch 2048: fused time above the ORT floor <= 1/3 of unfused"),
-    Goal("dlrm-top", 128, "unfused_over_fused_above_floor", 3.0,
-         "DLRM top MLP, batch 128: fused time above the ORT floor <= 1/3 of unfused"),
-    Goal("dlrm-top", 2048, "unfused_over_fused_above_floor", 3.0,
-         "DLRM top MLP, batch 2048: fused time above the ORT floor <= 1/3 of unfused"),
-    Goal("dlrm", 128, "kernel_us_goal", 1.0, "whole DLRM, batch 128: GPU kernel time per run <= 30 us (--profile)"),
-    Goal("llama-mlp", 2048, "gemms_over_fused", 1.0, "Llama MLP, 2048 tokens: fused MLP no slower than its GEMMs alone"),
-    Goal("llama-mlp", 2048, "roofline_pct", 85.0, "Llama MLP, 2048 tokens: >= 85% of the GEMM peak of the same run"),
-    Goal("llama-mlp", 16, "roofline_pct", 85.0, "Llama MLP, 16 tokens: >= 85% of the bandwidth of the same run"),
-    Goal("lora-linear", 2048, "gemms_over_fused", round(1 / 1.15, 4),
-         "LoRA linear, 2048 tokens: <= 1.15x the time of the base GEMM alone"),
-    Goal("*", None, "fused_vs_compile", 1.0, "every fused case at least as fast as torch.compile"),
-    # Issue 15: the gated-MLP family at the SwiGLU kernel's speed (same shapes, same run; see SAME_SHAPES_AS).
-    *(Goal(case, size, "fused_vs_llama_mlp", round(1 / 1.05, 4),
-           f"{what}, {size} tokens: fused within 5% of the fused Llama MLP (same shapes, same run)")
-      for case, what in (("geglu-mlp", "GeGLU MLP h4096/i11008"), ("phi3-mlp", "Phi-3 MLP (merged gate_up) "
-                                                                              "h4096/i11008"))
-      for size in (2048, 16)),
-)
-# Cases whose fused op should run at the speed of another case's (same GEMM shapes; only the activation or the
-# projections' spelling differ): ratio `fused_vs_<other>` = other's best fused median / this case's, computed when
-# both ran in the same run (cross_case_ratios).
-SAME_SHAPES_AS = {"geglu-mlp": "llama-mlp", "phi3-mlp": "llama-mlp"}
+def load_goals(path: str | pathlib.Path = GOALS_FILE) -> tuple[tuple[Goal, ...], dict[str, str]]:
+    """The goals of a goals file (default goals.json here), in file order, and its same_shapes_as cases."""
+    data = json.loads(pathlib.Path(path).read_text())
+    fields = [f.name for f in dataclasses.fields(Goal)]
+    goals = tuple(Goal(**{k: g[k] for k in fields}) for group in data["groups"] for g in group["goals"])
+    return goals, dict(data["same_shapes_as"]["cases"])
+
+
+# GPU fp16 targets at the issues' sizes (goals.json says which issue set each). Ratios are speedups: baseline median /
+# fused median. SAME_SHAPES_AS: cases whose fused op should run at the speed of another case's (same GEMM shapes;
+# only the activation or the projections' spelling differ): ratio `fused_vs_<other>` = other's best fused median /
+# this case's, computed when both ran in the same run (cross_case_ratios).
+GOALS, SAME_SHAPES_AS = load_goals()
 
 
 def goal_applies(goal: Goal, case: dict, run: dict) -> str | None:

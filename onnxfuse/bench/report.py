@@ -115,7 +115,7 @@ def load_json(path) -> dict:
 
 
 def reevaluate(result: dict) -> dict:
-    """Recompute ratios, goals and flags (e.g. after editing GOALS, or for a synthetic results file)."""
+    """Recompute ratios, goals and flags (e.g. after editing goals.json, or for a synthetic results file)."""
     for c in result["cases"]:
         c["ratios"] = compute_ratios(c.get("variants", {}), result.get("ort_floor_ms"))
         c["goals"] = evaluate_goals(c, result)
