@@ -24,12 +24,12 @@ and ORT use_tf32=0; the onnxfuse fp32 kernels may still use TF32). The JSON's "f
 The package, by job: cases (the named workloads and model files as workloads), models (export, fuse, cache; FLOPs
 and bytes), harness (timing, IOBinding sessions, ceilings, the ORT floor, the kernel profile), variants (the
 variants and run_variants), ratios, goals (with the goal values in goals.json), report (flags, JSON, table, plot),
-runner (Options, run, run_workload) and command (the command line: register, cli_main, main).
+runner (Options, run, run_workload) and command (register, the argparse of `onnxfuse bench`, and cli_main).
 """
 from __future__ import annotations
 
 from .cases import CASES, CaseDef, Workload, file_workload, workloads
-from .command import add_arguments, cli_main, main, options_from_args, register
+from .command import cli_main, options_from_args, register
 from .goals import (GOALS, SAME_SHAPES_AS, Goal, cross_case_ratios, evaluate_goals, goal_applies, goals_failed,
                     load_goals)
 from .harness import Device, OrtRun, measure_ceilings, measure_ort_floor, profile_kernels, stats
@@ -55,6 +55,6 @@ __all__ = [
     # output
     "NOISY_SPREAD", "DEFAULT_RESULTS", "annotate", "results_dir", "default_output", "slug", "write_json", "load_json",
     "reevaluate", "format_table", "plot",
-    # the command (onnxfuse.cli calls register; cli_main is the subcommand's func; main: python -m onnxfuse.bench)
-    "register", "add_arguments", "options_from_args", "cli_main", "main",
+    # the command (onnxfuse.cli calls register; cli_main is the subcommand's func)
+    "register", "options_from_args", "cli_main",
 ]

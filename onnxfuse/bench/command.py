@@ -1,9 +1,9 @@
 """The `onnxfuse bench` command line.
 
-register(subparsers) adds the `bench` subcommand to onnxfuse.cli's parser (add_arguments gives it its arguments).
-cli_main(args), which onnxfuse.cli dispatches, runs the benchmark (or re-reads a results file with --from-json),
-writes the JSON and the plot, prints the table, and returns 1 when --check-goals finds a goal missed. main is
-`python -m onnxfuse.bench` (also `... plot RESULTS.json [-o PNG]`).
+register(subparsers) adds the `bench` subcommand to onnxfuse.cli's parser: the one parser of the command
+(`python -m onnxfuse.bench ...` goes through onnxfuse.cli as well). cli_main(args), which onnxfuse.cli dispatches,
+runs the benchmark (or re-reads a results file with --from-json, or only plots one: `bench plot RESULTS.json
+[-o PNG]`), writes the JSON and the plot, prints the table, and returns 1 when --check-goals finds a goal missed.
 """
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import json
 import pathlib
 import re
 import sys
-import warnings
 
 from ..argtypes import nonneg_int as _nonneg, positive_int as _positive
 from ..errors import OnnxfuseError
@@ -46,7 +45,14 @@ def _variant_list(text: str) -> list[str]:
     return vals
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def register(subparsers, parser_class=None) -> argparse.ArgumentParser:
+    """Add the `bench` subcommand, with all its arguments, to cli.py's subparsers; its func(args) (cli_main) returns
+    the exit code.
+
+    parser_class is accepted for symmetry with cli.py (its subparsers already create parsers of that class).
+    """
+    p = subparsers.add_parser("bench", help="benchmark torch, ORT unfused and ORT fused (per backend, CUDA graphs)",
+                              description=DESCRIPTION)
     p.add_argument("targets", nargs="*", metavar="CASE|MODEL.onnx",
                    help=f"named cases ({', '.join(CASES)}; default all) or one .onnx model")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
@@ -89,18 +95,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="GPU: also record each ORT variant's kernel time per run and its top kernels (torch.profiler)")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     p.add_argument("--json", action="store_true", help="print the results JSON on stdout")
-
-
-def register(subparsers, parser_class=None) -> argparse.ArgumentParser:
-    """Add the `bench` subcommand to cli.py's subparsers; its func(args) returns the exit code.
-
-    parser_class is accepted for symmetry with cli.py (its subparsers already create parsers of that class).
-    """
-    bp = subparsers.add_parser("bench", help="benchmark torch, ORT unfused and ORT fused (per backend, CUDA graphs)",
-                               description=DESCRIPTION)
-    add_arguments(bp)
-    bp.set_defaults(func=cli_main)
-    return bp
+    p.set_defaults(func=cli_main)
+    return p
 
 
 def options_from_args(args) -> Options:
@@ -113,6 +109,8 @@ def options_from_args(args) -> Options:
 
 def cli_main(args) -> int:
     """The `bench` command: run (or re-read), write the JSON and the plot, print the table; 1 if goals fail."""
+    if args.targets[:1] == ["plot"] and not args.from_json:
+        return _plot_only(args)
     quiet = args.quiet or args.json
     if args.noisy_spread < 1:
         raise OnnxfuseError(f"--noisy-spread {args.noisy_spread}: p90/p10 is at least 1; give a threshold like 1.25")
@@ -162,35 +160,15 @@ def cli_main(args) -> int:
     return 0
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        self.exit(2, f"onnxfuse bench: error: {message} (see '{self.prog} --help')\n")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m onnxfuse.bench [bench args]` or `python -m onnxfuse.bench plot RESULTS.json [-o PNG]`."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        if argv[:1] == ["plot"]:
-            p = _Parser(prog="python -m onnxfuse.bench plot", description="plot a bench results JSON")
-            p.add_argument("results", help="results JSON written by onnxfuse bench")
-            p.add_argument("-o", "--output", help="PNG path (default: the JSON's path with .png)")
-            a = p.parse_args(argv[1:])
-            result = load_json(a.results)
-            out = plot(result, a.output or pathlib.Path(a.results).with_suffix(".png"))
-            if out is None:
-                raise OnnxfuseError("matplotlib is not installed; pip install matplotlib")
-            print(f"wrote {out}")
-            return 0
-        p = _Parser(prog="python -m onnxfuse.bench", description=DESCRIPTION)
-        add_arguments(p)
-        args = p.parse_args(argv)
-        with warnings.catch_warnings():
-            if args.quiet:
-                warnings.simplefilter("ignore")
-            return cli_main(args)
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else 2
-    except OnnxfuseError as e:
-        print(f"onnxfuse: error: {e}", file=sys.stderr)
-        return e.exit_code
+def _plot_only(args) -> int:
+    """`bench plot RESULTS.json [-o PNG]` (as `python -m onnxfuse.bench plot ...`): only the plot of a results file
+    (default: the JSON's path with .png); no table, no goals."""
+    if len(args.targets) != 2:
+        raise OnnxfuseError("bench plot takes one results JSON: onnxfuse bench plot RESULTS.json [-o PNG]")
+    result = load_json(args.targets[1])
+    out = plot(result, args.output or args.plot or pathlib.Path(args.targets[1]).with_suffix(".png"))
+    if out is None:
+        raise OnnxfuseError("matplotlib is not installed; pip install matplotlib")
+    if not args.quiet:
+        print(f"wrote {out}")
+    return 0
