@@ -154,7 +154,7 @@ def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: st
                  f"{weight_bytes / 1e6:.1f} MB of weights)")
         for name in order:
             try:
-                _torch_export(module, inputs, tmp_path, name, names, outs, _dynamic(kind, spec, names) if dynamic else None)
+                torch_export(module, inputs, tmp_path, name, names, outs, _dynamic(kind, spec, names) if dynamic else None)
                 used = name
                 break
             except Exception as e:  # exporter failures are many and varied; keep the first line of each
@@ -209,8 +209,11 @@ def _single_data_file(path: pathlib.Path, data_name: str) -> bool:
     return locations == {data_name} and (path.parent / data_name).is_file()
 
 
-def _torch_export(module, inputs, path, exporter, input_names, output_names_, dynamic_axes):
-    """torch.onnx.export with its progress prints and warnings captured (onnxfuse reports the outcome itself)."""
+def torch_export(module, inputs: dict, path, exporter: str, input_names, output_names_, dynamic_axes=None) -> None:
+    """torch.onnx.export of `module` on `inputs` (name -> tensor, passed positionally) to `path` with the "dynamo" or
+    "torchscript" `exporter`, at onnxfuse's opset, with its progress prints and warnings captured (onnxfuse reports the
+    outcome itself). dynamic_axes: {input name: {axis: name}} or None. The file is written as torch writes it (no
+    onnxfuse recipe or IR-version cap: export() adds those)."""
     args = tuple(inputs.values())
     kwargs = dict(input_names=input_names, output_names=output_names_, opset_version=ONNX_OPSET)
     sink = io.StringIO()

@@ -145,7 +145,7 @@ class _ShapeInferenceLog:
         return next((r.exc_info[1] for r in self.records if r.exc_info and r.exc_info[1] is not None), None)
 
 
-def _infer_shapes(model: ir.Model) -> None:
+def infer_shapes(model: ir.Model) -> None:
     """Shape inference without weight data (dims suffice): cheap even for models with external data. The rules'
     checks use the shapes (output ranks, K and N); a model that ONNX type/shape inference rejects outright is one
     onnxruntime would reject too, so it stops here with one line instead of onnx_ir's logged traceback."""
@@ -220,7 +220,7 @@ def fuse_model(model: ir.Model, patterns: list[str] | None = None, explain: bool
     unknown = [p for p in patterns if p not in PATTERNS]
     if unknown:
         raise OnnxfuseError(f"--patterns: unknown pattern(s) {', '.join(unknown)}; choose from {', '.join(PATTERNS)}")
-    _infer_shapes(model)
+    infer_shapes(model)
     total = model_flops(model)
     before = _op_counts(model)
     recorder = _base.Recorder()
@@ -316,7 +316,7 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
     before = soundness.source_signature(proto)  # what the soundness gate holds the output to
     model = ir.load(str(src))  # external data stays on disk (memory-mapped on use) until written
     nodes_before = len(model.graph)
-    _infer_shapes(model)  # an input ONNX rejects stops here, before any work
+    infer_shapes(model)  # an input ONNX rejects stops here, before any work
     stage1 = None
     if ort:
         if src_external:  # the check needs the weights: load them when a CPU check could afford them anyway

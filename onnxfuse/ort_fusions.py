@@ -176,12 +176,13 @@ TOLERANCE = {onnx.TensorProto.FLOAT: 1e-4, onnx.TensorProto.FLOAT16: 1e-2}
 
 
 def _session(proto: onnx.ModelProto):
-    import onnxruntime as ort
-    so = ort.SessionOptions()
+    """A CPU session through runtime.session: no kernel library (the models have no onnxfuse nodes), fatal errors
+    only in the log, and onnxruntime's own graph optimisations off (they would only cost session time here: both
+    models run as written)."""
+    from . import runtime
+    so = runtime.ort().SessionOptions()
     so.log_severity_level = 4
-    # onnxruntime's own graph optimisations would only cost session time here: both models run as written
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return runtime.session(proto, "cpu", library=False, graph_optimization=False, sess_options=so)
 
 
 def _feeds(sess, seed: int = 0) -> dict[str, np.ndarray]:

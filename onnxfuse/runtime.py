@@ -85,7 +85,8 @@ def with_node_attributes(model: onnx.ModelProto | str | os.PathLike, attributes:
     return proto.SerializeToString()
 
 
-def session(model: onnx.ModelProto | str | os.PathLike, provider: str = "cpu", *, library: bool | None = None,
+def session(model: onnx.ModelProto | str | os.PathLike, provider: str = "cpu", *,
+            library: bool | str | os.PathLike | None = None,
             graph_optimization: bool = True, cuda_graph: bool = False, provider_options: dict | None = None,
             backend: str | None = None, node_attributes: dict | None = None, sess_options=None):
     """An onnxruntime.InferenceSession for `model` (a path or a ModelProto) on `provider` ("cpu" or "cuda"), with
@@ -93,7 +94,8 @@ def session(model: onnx.ModelProto | str | os.PathLike, provider: str = "cpu", *
 
     library: None registers the library when the model has onnxfuse nodes; if it cannot be built or loaded, the
     nodes run through their model-local ONNX function bodies and a LibraryUnavailableWarning says how to fix it.
-    True requires it (OnnxfuseError otherwise), False never loads it.
+    True requires it (OnnxfuseError otherwise), False never loads it. A path registers that library file instead of
+    the cached build (e.g. a libonnxfuse_ops.so built elsewhere: `onnxfuse bench --lib`), required as with True.
     backend (auto|cpu|cuda|triton), when given, is set on every onnxfuse node of an in-memory copy of the model
     (the file is not touched); node_attributes sets other node attributes the same way (e.g. {"stack_mode":
     "fused"}, see set_node_attributes).
@@ -133,15 +135,20 @@ def session(model: onnx.ModelProto | str | os.PathLike, provider: str = "cpu", *
         so.graph_optimization_level = rt.GraphOptimizationLevel.ORT_DISABLE_ALL
     if sess_options is None:
         so.log_severity_level = 3
+    lib_path = None
+    if library is not None and not isinstance(library, bool):
+        lib_path, library = os.fspath(library), True
     explicit = library is not None
     if library is None:
         library = has_onnxfuse_nodes(proto)
     if library:
         from . import kernels
         try:
-            kernels.session_options(so, provider=provider)
+            kernels.session_options(so, path=lib_path, provider=provider)
         except (OnnxfuseError, kernels.BuildError, OSError) as e:
             reason = str(e).splitlines()[0]
+            if lib_path is not None:  # the message names the library and the fix
+                raise OnnxfuseError(reason) from None
             if explicit or not _has_functions(proto):
                 raise OnnxfuseError(f"the onnxfuse kernel library is unavailable ({reason}); run 'onnxfuse build' "
                                     "and see 'onnxfuse info'") from None

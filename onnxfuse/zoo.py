@@ -102,7 +102,8 @@ class LlamaDecoder(nn.Module):
 
 
 @contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype):
+def default_dtype(dtype: torch.dtype):
+    """torch's default dtype set to `dtype` inside the block (parameters are created in it), restored after."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -114,7 +115,7 @@ def _default_dtype(dtype: torch.dtype):
 def build_llama(spec: LlamaSpec, seed: int, dtype: str) -> nn.Module:
     """Parameters are created (and randomly initialised) directly in `dtype`: an fp32 build cast afterwards would
     need 4 bytes per parameter, 26 GB for Llama-2-7B, more than a 24 GiB machine has."""
-    with _default_dtype(DTYPES[dtype]):
+    with default_dtype(DTYPES[dtype]):
         return _build_llama(spec, seed, dtype)
 
 
@@ -225,7 +226,9 @@ class LoRALinear(nn.Module):
         return self.base(x) + self.scaling * ((x @ self.lora_A.t()) @ self.lora_B.t())
 
 
-def _mlp(sizes: list[int], final: str, lora_rank: int, lora_alpha: float) -> nn.Sequential:
+def mlp(sizes: list[int], final: str = "relu", lora_rank: int = 0, lora_alpha: float = 0.0) -> nn.Sequential:
+    """DLRM's MLP: Linear + ReLU per layer of `sizes` (in, hidden..., out), the last activation a Sigmoid when `final`
+    is "sigmoid"; with lora_rank, every Linear wrapped in LoRALinear (alpha default 2 * rank)."""
     layers: list[nn.Module] = []
     for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
         lin: nn.Module = nn.Linear(fan_in, fan_out)
@@ -248,7 +251,7 @@ class DLRM(nn.Module):
     def __init__(self, spec: DlrmSpec):
         super().__init__()
         self.spec = spec
-        self.bottom = _mlp([spec.num_dense, *spec.bottom_mlp], "relu", spec.lora_rank, spec.lora_alpha)
+        self.bottom = mlp([spec.num_dense, *spec.bottom_mlp], "relu", spec.lora_rank, spec.lora_alpha)
         self.embeddings = nn.ModuleList()
         for n in spec.table_sizes:
             emb = nn.Embedding(n, spec.embedding_dim)
@@ -263,7 +266,7 @@ class DLRM(nn.Module):
             top_in = spec.embedding_dim + n_vec * (n_vec - 1) // 2
         else:
             top_in = spec.embedding_dim * n_vec
-        self.top = _mlp([top_in, *spec.top_mlp], "sigmoid", spec.lora_rank, spec.lora_alpha)
+        self.top = mlp([top_in, *spec.top_mlp], "sigmoid", spec.lora_rank, spec.lora_alpha)
 
     def forward(self, dense, sparse):
         return self.top(self.interact(self.bottom(dense), sparse))

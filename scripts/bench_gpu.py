@@ -35,10 +35,10 @@ def main(argv=None) -> int:
         return 2
     print(f"bench_gpu: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, onnxruntime {ort.__version__}",
           file=sys.stderr, flush=True)
-    from onnxfuse import bench
+    from onnxfuse import cli
 
     t0 = time.time()
-    rc = bench.main(argv)
+    rc = cli.main(["bench", *argv])
     print(f"bench_gpu: exit {rc} after {time.time() - t0:.0f} s", file=sys.stderr)
     return rc
 

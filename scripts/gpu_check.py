@@ -354,7 +354,7 @@ def stack_modes(lib, out_dir, iters):
     print(f"  forced-mode correctness: {sum(r['status'] == 'PASS' for r in rows)}/{len(rows)} pass", flush=True)
     from onnxfuse import bench
     import tempfile
-    dev = bench._Device("cuda")
+    dev = bench.Device("cuda")
     tmp = pathlib.Path(tempfile.mkdtemp())
     variants_ = [(f"triton_fused_cfg{c}", "triton", {"stack_mode": "fused", **({"stack_cfg": c} if c else {})})
                  for c in cfgs]
@@ -396,7 +396,7 @@ def stack_modes(lib, out_dir, iters):
                 for graph in (False, True):
                     key = name + ("+graph" if graph else "")
                     try:
-                        r = bench._OrtRun(fused_paths[name] if backend else unfused_path, "cuda",
+                        r = bench.OrtRun(fused_paths[name] if backend else unfused_path, "cuda",
                                           lib if backend else None, backend, graph, tensors, [ref.half()], False)
                         row[f"{key}_ms"] = statistics.median(dev.measure(r, 20, iters))
                         row[f"{key}_max_err"] = (r.outputs[0].float() - ref).abs().max().item()
@@ -454,7 +454,7 @@ def embedding_timings(lib, dev, iters):
                 for graph in (False, True):
                     key = backend + ("+graph" if graph else "")
                     try:
-                        r = bench._OrtRun(path, "cuda", lib, backend, graph, tensors, [ref.half()], False)
+                        r = bench.OrtRun(path, "cuda", lib, backend, graph, tensors, [ref.half()], False)
                         row[f"{key}_ms"] = statistics.median(dev.measure(r, 20, iters))
                         row[f"{key}_max_err"] = (r.outputs[0].float() - ref).abs().max().item()
                     except Exception as e:

@@ -172,12 +172,13 @@ def test_check_goals_exit_code_from_json(tmp_path, capsys):
     assert "goal" in err and "dlrm-bottom" in err
     args = parser.parse_args(["bench", "--from-json", str(path), "--no-plot", "-q"])
     assert args.func(args) == 0  # without --check-goals a miss is reported, not an error
-    assert bench.main(["--from-json", str(path), "--check-goals", "--no-plot", "-q"]) == 1
+    from onnxfuse import cli  # `python -m onnxfuse.bench ARGS` is cli.main(["bench", *ARGS])
+    assert cli.main(["bench", "--from-json", str(path), "--check-goals", "--no-plot", "-q"]) == 1
     ok = tmp_path / "ok.json"
     ok.write_text(json.dumps(_synthetic(unfused=0.10, fused=0.02, compiled=0.05)))
-    assert bench.main(["--from-json", str(ok), "--check-goals", "--no-plot", "-q"]) == 0
+    assert cli.main(["bench", "--from-json", str(ok), "--check-goals", "--no-plot", "-q"]) == 0
     if HAS_MPL:
-        assert bench.main(["plot", str(ok), "-o", str(tmp_path / "ok.png")]) == 0
+        assert cli.main(["bench", "plot", str(ok), "-o", str(tmp_path / "ok.png")]) == 0
         assert (tmp_path / "ok.png").stat().st_size > 1000
 
 
@@ -195,8 +196,9 @@ def test_bad_input():
         bench.run(["dlrm-bottom"], bench.Options(device="cpu", variants=["warp-drive"]))
     with pytest.raises(OnnxfuseError):
         bench.load_json("/nonexistent/results.json")
-    assert bench.main(["nope", "--device", "cpu"]) == 2
-    assert bench.main(["--runs", "0"]) == 2  # argparse: must be positive
+    from onnxfuse import cli
+    assert cli.main(["bench", "nope", "--device", "cpu"]) == 2
+    assert cli.main(["bench", "--runs", "0"]) == 2  # argparse: must be positive
 
 
 def test_cli_main_when_wired(cache_dir, tmp_path):

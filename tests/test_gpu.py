@@ -62,7 +62,7 @@ def test_gated_mlps_verify_on_the_cuda_ep(tmp_path, factory, backend):
     hf = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hf)
     module, inputs = getattr(hf, factory)()
-    export._torch_export(module, inputs, tmp_path / "m.onnx", "dynamo", ["x"], ["y"], None)
+    export.torch_export(module, inputs, tmp_path / "m.onnx", "dynamo", ["x"], ["y"], None)
     res = fuse.fuse(tmp_path / "m.onnx", tmp_path / "f.onnx", backend=backend)
     assert [m.op for m in res.matches] == ["SwiGLU"]
     out = verify.verify(tmp_path / "f.onnx", module=module, inputs=inputs, provider="cuda", library=True)

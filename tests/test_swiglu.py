@@ -440,7 +440,7 @@ COMBOS = [(e, d) for e in ("dynamo", "torchscript") for d in ("fp32", "fp16")]
 def _export_hf(tmp_path, factory: str, exporter: str):
     module, inputs = getattr(hf, factory)()
     src = tmp_path / f"{factory}-{exporter}.onnx"
-    export._torch_export(module, inputs, src, exporter, ["x"], ["y"], None)
+    export.torch_export(module, inputs, src, exporter, ["x"], ["y"], None)
     return src, module, inputs
 
 

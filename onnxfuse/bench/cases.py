@@ -1,0 +1,352 @@
+"""The named workloads of `onnxfuse bench` (CASES) and model files as workloads.
+
+A case at one size and dtype is a Workload: how to build its PyTorch module and inputs, how it is exported
+(onnxfuse.export for the Llama and DLRM recipes, a plain torch export otherwise), its cache key and, for the
+gated-MLP and LoRA cases, its bare GEMMs (the torch-gemms variant). A model file is a workload too (file_workload):
+its onnxfuse recipe gives the module and inputs, else random inputs and no module.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import pathlib
+from typing import Callable
+
+from ..errors import OnnxfuseError
+
+
+@dataclasses.dataclass
+class Workload:
+    """One case at one size: how to build the module and inputs, how to export it, what to call it."""
+    case: str
+    size: int                      # tokens (Llama, LoRA) or batch (DLRM)
+    size_name: str                 # "tokens" | "batch"
+    shape: dict
+    key: str                       # cache key for the exported / fused models
+    build_module: Callable[[], object]
+    build_inputs: Callable[[], dict]
+    export_kind: str | None = None  # "llama" / "dlrm": onnxfuse.export.export with export_spec
+    export_spec: object = None
+    gemms: Callable | None = None   # (module, inputs on device) -> callable doing the bare GEMMs
+    quick: bool = False
+    output_names: tuple[str, ...] = ("y",)
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseDef:
+    name: str
+    description: str
+    size_name: str
+    sizes: tuple[int, ...]         # the issue's sizes (GPU default)
+    quick_sizes: tuple[int, ...]   # CPU / --quick sizes
+    make: Callable                 # (size, dtype, seed, quick, layers) -> Workload
+
+
+def _key(case: str, size: int, dtype: str, seed: int, params: dict) -> str:
+    from .. import __version__
+    blob = json.dumps({"params": params, "onnxfuse": __version__}, sort_keys=True, default=str)
+    return f"{case}-{size}-{dtype}-s{seed}-{hashlib.sha1(blob.encode()).hexdigest()[:8]}"
+
+
+def _llama_mlp(case: str, hidden: int, inter: int, q_hidden: int, q_inter: int):
+    def make(size, dtype, seed, quick, layers):
+        from .. import zoo
+        h, i = (q_hidden, q_inter) if quick else (hidden, inter)
+        spec = zoo.LlamaSpec(hidden_size=h, intermediate_size=i, mlp_only=True, batch=1, seq=size,
+                             max_position_embeddings=max(2048, size))
+        params = dataclasses.asdict(spec)
+
+        def gemms(module, inputs):
+            """gate, up and down GEMMs through torch.matmul, no activation (down takes the gate product)."""
+            import torch
+            x = inputs["x"].reshape(-1, h)
+            wg, wu, wd = (m.weight.t() for m in (module.gate_proj, module.up_proj, module.down_proj))
+
+            def f():
+                g = torch.matmul(x, wg)
+                torch.matmul(x, wu)
+                return torch.matmul(g, wd)
+            return f
+
+        return Workload(case, size, "tokens", {"tokens": size, "hidden": h, "intermediate": i},
+                        _key(case, size, dtype, seed, params),
+                        lambda: zoo.build_llama(spec, seed, dtype), lambda: zoo.llama_inputs(spec, seed, dtype),
+                        "llama", spec, gemms, quick)
+    return make
+
+
+def _gated_mlp(case: str, mlp: str, act: str, hidden: int, inter: int, q_hidden: int, q_inter: int):
+    """One transformers gated MLP (`mlp`: "gemma" for GemmaMLP's separate gate/up projections, "phi3" for Phi3MLP's
+    merged gate_up_proj + chunk) with gate activation `act`, at the Llama MLP's shapes; weights N(0, 0.02) as the
+    llama-mlp case."""
+    def make(size, dtype, seed, quick, layers):
+        import torch
+
+        from .. import zoo
+        h, i = (q_hidden, q_inter) if quick else (hidden, inter)
+        params = {"mlp": mlp, "act": act, "hidden": h, "intermediate": i}
+
+        def build():
+            import transformers
+            if mlp == "phi3":
+                from transformers.models.phi3.modeling_phi3 import Phi3MLP as cls
+                cfg = transformers.Phi3Config(hidden_size=h, intermediate_size=i, hidden_act=act)
+            else:
+                from transformers.models.gemma.modeling_gemma import GemmaMLP as cls
+                cfg = transformers.GemmaConfig(hidden_size=h, intermediate_size=i, hidden_act=act)
+            with zoo.default_dtype(zoo.DTYPES[dtype]):  # parameters made in dtype, as the llama cases do
+                torch.manual_seed(seed)
+                module = cls(cfg)
+                for lin in module.children():
+                    if isinstance(lin, torch.nn.Linear):
+                        torch.nn.init.normal_(lin.weight, std=0.02)
+            return module.to(zoo.DTYPES[dtype]).eval()
+
+        def inputs():
+            g = torch.Generator().manual_seed(seed)
+            return {"x": torch.randn(1, size, h, generator=g).to(zoo.DTYPES[dtype])}
+
+        def gemms(module, inputs):
+            """The projections and the down GEMM through torch.matmul, no activation (same FLOPs as the MLP)."""
+            x = inputs["x"].reshape(-1, h)
+            wd = module.down_proj.weight.t()
+            if mlp == "phi3":
+                wgu = module.gate_up_proj.weight.t()
+                return lambda: torch.matmul(torch.matmul(x, wgu)[:, :i], wd)
+            wg, wu = module.gate_proj.weight.t(), module.up_proj.weight.t()
+
+            def f():
+                g = torch.matmul(x, wg)
+                torch.matmul(x, wu)
+                return torch.matmul(g, wd)
+            return f
+
+        return Workload(case, size, "tokens", {"tokens": size, "hidden": h, "intermediate": i, "act": act},
+                        _key(case, size, dtype, seed, params), build, inputs, gemms=gemms, quick=quick)
+    return make
+
+
+def _lora_module(k: int, n: int, rank: int):
+    import torch
+    from torch import nn
+
+    from .. import zoo
+
+    class LoRALinearRelu(nn.Module):
+        """nn.Linear wrapped in onnxfuse.zoo.LoRALinear, then ReLU: fuses to onnxfuse::LoRALinearRelu."""
+
+        def __init__(self):
+            super().__init__()
+            self.lora = zoo.LoRALinear(nn.Linear(k, n), rank, 2.0 * rank)
+
+        def forward(self, x):
+            return torch.relu(self.lora(x))
+
+    return LoRALinearRelu()
+
+
+def _make_lora(size, dtype, seed, quick, layers):
+    import torch
+
+    from .. import zoo
+    k = n = 256 if quick else 4096
+    rank = 16
+    params = {"k": k, "n": n, "rank": rank}
+
+    def build():
+        torch.manual_seed(seed)
+        return _lora_module(k, n, rank).to(zoo.DTYPES[dtype]).eval()
+
+    def inputs():
+        g = torch.Generator().manual_seed(seed)
+        return {"x": torch.randn(size, k, generator=g).to(zoo.DTYPES[dtype])}
+
+    def gemms(module, inputs):
+        """The base GEMM alone (x @ Wᵀ through torch.matmul): what the LoRA branch's cost is measured against."""
+        import torch
+        x, w = inputs["x"], module.lora.base.weight.t()
+        return lambda: torch.matmul(x, w)
+
+    return Workload("lora-linear", size, "tokens", {"tokens": size, "in": k, "out": n, "rank": rank},
+                    _key("lora-linear", size, dtype, seed, params), build, inputs, gemms=gemms, quick=quick)
+
+
+def _make_mlp_stack(case: str, sizes: list[int], final: str):
+    def make(size, dtype, seed, quick, layers):
+        import torch
+
+        from .. import zoo
+        params = {"sizes": sizes, "final": final}
+
+        def build():
+            torch.manual_seed(seed)
+            return zoo.mlp(list(sizes), final).to(zoo.DTYPES[dtype]).eval()
+
+        def inputs():
+            g = torch.Generator().manual_seed(seed)
+            return {"x": torch.randn(size, sizes[0], generator=g).to(zoo.DTYPES[dtype])}
+
+        return Workload(case, size, "batch", {"batch": size, "layers": "-".join(map(str, sizes)) + f"+{final}"},
+                        _key(case, size, dtype, seed, params), build, inputs, quick=quick)
+    return make
+
+
+def _dlrm_top_in() -> int:
+    from .. import zoo
+    spec = zoo.DlrmSpec()
+    n_vec = len(spec.cardinalities) + 1
+    return spec.embedding_dim + n_vec * (n_vec - 1) // 2  # 16 + 351 = 367: the top MLP's input in DLRM
+
+
+def _make_dlrm(size, dtype, seed, quick, layers):
+    from .. import zoo
+    spec = zoo.DlrmSpec.from_preset("small" if quick else "criteo-kaggle", batch=size)
+    params = zoo.spec_to_dict(spec)
+    return Workload("dlrm", size, "batch", {"batch": size, "bottom": "13-" + "-".join(map(str, spec.bottom_mlp)),
+                                            "top": "-".join(map(str, spec.top_mlp)), "table_cap": spec.table_cap},
+                    _key("dlrm", size, dtype, seed, params), lambda: zoo.build_dlrm(spec, seed, dtype),
+                    lambda: zoo.criteo_batch(spec, size, seed, dtype), "dlrm", spec, None, quick, ("probability",))
+
+
+def _make_dlrm_interaction(size, dtype, seed, quick, layers):
+    """The whole DLRM's hash, 26 lookups and dot interaction alone (bottom MLP output and ids in, 367 columns out)."""
+    import torch
+
+    from .. import zoo
+    spec = zoo.DlrmSpec.from_preset("small" if quick else "criteo-kaggle", batch=size)
+    params = {"dlrm": zoo.spec_to_dict(spec), "part": "interaction"}
+
+    def inputs():
+        g = torch.Generator().manual_seed(seed)
+        return {"x": torch.randn(size, spec.embedding_dim, generator=g).to(zoo.DTYPES[dtype]),
+                "sparse": zoo.criteo_batch(spec, size, seed, dtype)["sparse"]}
+
+    return Workload("dlrm-interaction", size, "batch",
+                    {"batch": size, "features": len(spec.cardinalities), "dim": spec.embedding_dim,
+                     "interaction": spec.interaction, "table_cap": spec.table_cap},
+                    _key("dlrm-interaction", size, dtype, seed, params),
+                    lambda: zoo.DlrmInteraction(zoo.build_dlrm(spec, seed, dtype)).eval(), inputs, quick=quick)
+
+
+def _make_llama(size, dtype, seed, quick, layers):
+    from .. import zoo
+    if size % 2:
+        raise OnnxfuseError(f"the llama case runs 2 sequences: --sizes must be even (got {size})")
+    seq = size // 2
+    spec = zoo.LlamaSpec.from_preset("tiny" if quick else "seed", num_hidden_layers=layers, batch=2, seq=seq)
+    spec.max_position_embeddings = max(spec.max_position_embeddings, seq)
+    params = zoo.spec_to_dict(spec)
+    return Workload("llama", size, "tokens", {"tokens": size, "batch": 2, "seq": seq, "hidden": spec.hidden_size,
+                                              "intermediate": spec.intermediate_size, "layers": layers},
+                    _key("llama", size, dtype, seed, params), lambda: zoo.build_llama(spec, seed, dtype),
+                    lambda: zoo.llama_inputs(spec, seed, dtype), "llama", spec, None, quick, ("last_hidden_state",))
+
+
+def _make_rotary(size, dtype, seed, quick, layers):
+    """HF's apply_rotary_pos_emb on one tensor as a Llama-2-7B layer feeds it: q [1, S, 32, 128] transposed to
+    [1, 32, S, 128], rotated with cos/sin [1, 1, S, 128], transposed back."""
+    import torch
+    from torch import nn
+
+    from .. import zoo
+    heads, head_dim = (4, 64) if quick else (32, 128)
+    params = {"heads": heads, "head_dim": head_dim}
+
+    class Rotary(nn.Module):
+        def forward(self, q, cos, sin):
+            t = q.transpose(1, 2)
+            half = t.shape[-1] // 2
+            rot = torch.cat((-t[..., half:], t[..., :half]), dim=-1)
+            return (t * cos.unsqueeze(1) + rot * sin.unsqueeze(1)).transpose(1, 2)
+
+    def inputs():
+        g = torch.Generator().manual_seed(seed)
+        pos = torch.arange(size, dtype=torch.float32)[:, None]
+        inv = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        ang = torch.cat([pos * inv, pos * inv], dim=-1)[None]
+        return {"q": torch.randn(1, size, heads, head_dim, generator=g).to(zoo.DTYPES[dtype]),
+                "cos": ang.cos().to(zoo.DTYPES[dtype]), "sin": ang.sin().to(zoo.DTYPES[dtype])}
+
+    return Workload("rotary-embedding", size, "tokens", {"tokens": size, "heads": heads, "head_dim": head_dim},
+                    _key("rotary-embedding", size, dtype, seed, params), lambda: Rotary().eval(), inputs, quick=quick)
+
+
+def _make_llama7b(size, dtype, seed, quick, layers):
+    """One decoder layer at Llama-2-7B shapes (h4096, i11008, 32 heads), one sequence of `size` tokens."""
+    from .. import zoo
+    spec = zoo.LlamaSpec.from_preset("tiny" if quick else "llama2-7b", num_hidden_layers=layers, batch=1, seq=size)
+    spec.max_position_embeddings = max(spec.max_position_embeddings, size)
+    params = zoo.spec_to_dict(spec)
+    return Workload("llama-7b", size, "tokens", {"tokens": size, "batch": 1, "seq": size, "hidden": spec.hidden_size,
+                                                 "intermediate": spec.intermediate_size,
+                                                 "heads": spec.num_attention_heads, "layers": layers},
+                    _key("llama-7b", size, dtype, seed, params), lambda: zoo.build_llama(spec, seed, dtype),
+                    lambda: zoo.llama_inputs(spec, seed, dtype), "llama", spec, None, quick, ("last_hidden_state",))
+
+
+CASES: dict[str, CaseDef] = {c.name: c for c in (
+    CaseDef("llama-mlp", "one LlamaMLP h4096/i11008 (SwiGLU + down GEMM)", "tokens", (2048, 16), (64, 16),
+            _llama_mlp("llama-mlp", 4096, 11008, 256, 688)),
+    CaseDef("seed-mlp", "one LlamaMLP h1024/i11008 (the notebook's sizes)", "tokens", (2048,), (64,),
+            _llama_mlp("seed-mlp", 1024, 11008, 128, 688)),
+    CaseDef("geglu-mlp", "one GemmaMLP h4096/i11008 (GeGLU: gelu_tanh gate; SwiGLU op + down GEMM)", "tokens",
+            (2048, 16), (64, 16), _gated_mlp("geglu-mlp", "gemma", "gelu_pytorch_tanh", 4096, 11008, 256, 688)),
+    CaseDef("phi3-mlp", "one Phi3MLP h4096/i11008 (merged gate_up_proj + chunk; SwiGLU op + down GEMM)", "tokens",
+            (2048, 16), (64, 16), _gated_mlp("phi3-mlp", "phi3", "silu", 4096, 11008, 256, 688)),
+    CaseDef("lora-linear", "4096x4096 linear + rank-16 LoRA + ReLU", "tokens", (2048,), (64,), _make_lora),
+    CaseDef("dlrm-bottom", "DLRM bottom MLP 13-512-256-64-16, Linear+ReLU", "batch", (128, 2048), (64,),
+            _make_mlp_stack("dlrm-bottom", [13, 512, 256, 64, 16], "relu")),
+    CaseDef("dlrm-top", "DLRM top MLP 367-512-256-1 + sigmoid", "batch", (128, 2048), (64,),
+            lambda *a: _make_mlp_stack("dlrm-top", [_dlrm_top_in(), 512, 256, 1], "sigmoid")(*a)),
+    CaseDef("dlrm", "whole DLRM (Criteo-Kaggle tables capped at 262144)", "batch", (128, 2048), (16, 64), _make_dlrm),
+    CaseDef("dlrm-interaction", "DLRM's hash, 26 embedding lookups and dot interaction alone", "batch", (128, 2048),
+            (64,), _make_dlrm_interaction),
+    CaseDef("llama", "Llama decoder (seed preset h1024, --layers), 2 sequences", "tokens", (2048,), (64,), _make_llama),
+    CaseDef("llama-7b", "Llama decoder at Llama-2-7B shapes (h4096/i11008, 32 heads, --layers), 1 sequence",
+            "tokens", (2048,), (64,), _make_llama7b),
+    CaseDef("rotary-embedding", "rotary embedding of one q tensor of a Llama-2-7B layer (32 heads x 128), HF's "
+            "transposes and rotate_half", "tokens", (2048,), (64,), _make_rotary),
+)}
+
+
+def workloads(names: list[str], dtype: str, seed: int, quick: bool, sizes: list[int] | None, layers: int) -> list[Workload]:
+    out = []
+    for name in names:
+        if name not in CASES:
+            raise OnnxfuseError(f"unknown case {name!r}; choose from {', '.join(CASES)}, 'all', or give an .onnx path")
+        c = CASES[name]
+        for size in (sizes or (c.quick_sizes if quick else c.sizes)):
+            out.append(c.make(size, dtype, seed, quick, layers))
+    return out
+
+
+def file_workload(path: str, seed: int = 0) -> Workload:
+    """A model file: the module and inputs come from its recipe when it has one; else random inputs (seeded), no
+    torch module."""
+    from .. import export, onnxio, zoo
+    p = pathlib.Path(path)
+    model = onnxio.load(p, load_external_data=False)
+    recipe = export.read_recipe(model)
+    if recipe:
+        spec = zoo.spec_from_dict(recipe["kind"], recipe["spec"])
+        build = lambda: zoo.build_module(recipe["kind"], spec, recipe["seed"], recipe["dtype"])  # noqa: E731
+        inputs = lambda: zoo.make_inputs(recipe["kind"], spec, recipe["seed"], recipe["dtype"])  # noqa: E731
+    else:
+        build = None
+
+        def inputs():
+            import torch
+
+            from .. import runtime
+            sess = runtime.session(p, "cpu", library=False) if not runtime.has_onnxfuse_nodes(model) else \
+                runtime.session(p, "cpu")
+            return {k: torch.from_numpy(v) for k, v in runtime.random_feeds(sess, seed).items()}
+    size = 0
+    for i in model.graph.input:  # the first dim of the first input (batch or rows)
+        dims = [d.dim_value for d in i.type.tensor_type.shape.dim]
+        if dims:
+            size = dims[0]
+            break
+    return Workload(p.stem, size, "rows", {"model": str(p)}, "file", build, inputs, quick=False,
+                    output_names=tuple(o.name for o in model.graph.output))

@@ -1,0 +1,174 @@
+"""The `onnxfuse bench` command line.
+
+register(subparsers) adds the `bench` subcommand to onnxfuse.cli's parser: the one parser of the command
+(`python -m onnxfuse.bench ...` goes through onnxfuse.cli as well). cli_main(args), which onnxfuse.cli dispatches,
+runs the benchmark (or re-reads a results file with --from-json, or only plots one: `bench plot RESULTS.json
+[-o PNG]`), writes the JSON and the plot, prints the table, and returns 1 when --check-goals finds a goal missed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+import sys
+
+from ..argtypes import nonneg_int as _nonneg, positive_int as _positive
+from ..errors import OnnxfuseError
+from .cases import CASES
+from .goals import goals_failed
+from .report import (DEFAULT_RESULTS, NOISY_SPREAD, annotate, default_output, format_table, json_default, load_json,
+                     plot, reevaluate, write_json)
+from .runner import DEFAULT_CACHE, Options, run
+from .variants import VARIANTS
+
+# The command's description (its --help), the first paragraph of the package docstring.
+DESCRIPTION = ("`onnxfuse bench`: torch eager, torch.compile, onnxruntime unfused and onnxruntime fused (per kernel "
+               "backend, with\nand without CUDA graphs) on one workload, in one process and one run.")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        vals = [int(v) for v in re.split(r"[,\s]+", text.strip()) if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected sizes like 16,128,2048")
+    if not vals or min(vals) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: sizes must be positive, like 16,128,2048")
+    return vals
+
+
+def _variant_list(text: str) -> list[str]:
+    vals = [v for v in re.split(r"[,\s]+", text.strip()) if v]
+    bad = [v for v in vals if v not in VARIANTS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown variant(s) {', '.join(bad)}; choose from {', '.join(VARIANTS)}")
+    return vals
+
+
+def register(subparsers, parser_class=None) -> argparse.ArgumentParser:
+    """Add the `bench` subcommand, with all its arguments, to cli.py's subparsers; its func(args) (cli_main) returns
+    the exit code.
+
+    parser_class is accepted for symmetry with cli.py (its subparsers already create parsers of that class).
+    """
+    p = subparsers.add_parser("bench", help="benchmark torch, ORT unfused and ORT fused (per backend, CUDA graphs)",
+                              description=DESCRIPTION)
+    p.add_argument("targets", nargs="*", metavar="CASE|MODEL.onnx",
+                   help=f"named cases ({', '.join(CASES)}; default all) or one .onnx model")
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
+                   help="where to run (default: cuda when torch sees a GPU, else cpu)")
+    p.add_argument("--dtype", choices=["fp16", "fp32"], help="benchmark dtype (default fp16 on cuda, fp32 on cpu)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", default=None,
+                      help="small sizes (tokens 64, hidden 256, ...; the default on the CPU)")
+    size.add_argument("--full-size", dest="quick", action="store_false",
+                      help="the issue's sizes even on the CPU (slow)")
+    p.add_argument("--sizes", type=_int_list, help="tokens / batch sizes to sweep, e.g. 16,128,2048 (default per case)")
+    p.add_argument("--layers", type=_positive, default=1, help="decoder layers of the llama case (default 1)")
+    p.add_argument("--runs", type=_positive, help="timed runs per variant (default 100 on cuda, 50 on cpu)")
+    p.add_argument("--warmup", type=_nonneg, help="warm-up runs per variant (default 10 on cuda, 3 on cpu)")
+    p.add_argument("--variants", type=_variant_list, help=f"comma list of variants to run (default all: "
+                   f"{', '.join(VARIANTS)})")
+    comp = p.add_mutually_exclusive_group()
+    comp.add_argument("--compile", dest="compile", action="store_true", default=None,
+                      help="run torch.compile also on the CPU")
+    comp.add_argument("--no-compile", dest="compile", action="store_false", help="skip torch.compile")
+    p.add_argument("--no-tf32", dest="tf32", action="store_false",
+                   help="fp32: strict fp32 in torch and ORT (default: TF32 on in both, matched)")
+    p.add_argument("--lib", metavar="PATH", help="a prebuilt libonnxfuse_ops.so (default: onnxfuse's cached build)")
+    p.add_argument("--cache-dir", type=pathlib.Path, default=DEFAULT_CACHE,
+                   help=f"where exported and fused models are cached (default {DEFAULT_CACHE})")
+    p.add_argument("--seed", type=int, default=0, help="seed for weights and inputs (default 0)")
+    p.add_argument("-o", "--output", metavar="FILE.json",
+                   help="results JSON (default: <results dir>/<date>-<device>-<case-or-all>.json)")
+    p.add_argument("--results-dir", type=pathlib.Path, metavar="DIR",
+                   help=f"folder for the results JSON and plot without -o (default: the checkout's {DEFAULT_RESULTS}/ "
+                        "when onnxfuse runs from one, else the user data dir; never the current directory)")
+    p.add_argument("--noisy-spread", type=float, default=NOISY_SPREAD, metavar="X",
+                   help=f"flag a median as noisy when p90/p10 is above X (default {NOISY_SPREAD})")
+    p.add_argument("--plot", metavar="FILE.png", help="plot path (default: the JSON's path with .png)")
+    p.add_argument("--no-plot", action="store_true", help="write no plot")
+    p.add_argument("--from-json", "--plot-from", dest="from_json", metavar="RESULTS.json",
+                   help="run nothing: re-read a results file, print its table, re-check goals, plot it")
+    p.add_argument("--check-goals", action="store_true", help="exit 1 when a goal is missed or cannot be measured")
+    p.add_argument("--profile", action="store_true",
+                   help="GPU: also record each ORT variant's kernel time per run and its top kernels (torch.profiler)")
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    p.add_argument("--json", action="store_true", help="print the results JSON on stdout")
+    p.set_defaults(func=cli_main)
+    return p
+
+
+def options_from_args(args) -> Options:
+    """The run's Options from the parsed arguments."""
+    return Options(device=args.device, dtype=args.dtype, quick=args.quick, sizes=args.sizes, runs=args.runs,
+                   warmup=args.warmup, layers=args.layers, variants=args.variants, compile=args.compile,
+                   tf32=args.tf32, lib=args.lib, cache_dir=args.cache_dir, seed=args.seed,
+                   quiet=args.quiet or args.json, profile=args.profile)
+
+
+def cli_main(args) -> int:
+    """The `bench` command: run (or re-read), write the JSON and the plot, print the table; 1 if goals fail."""
+    if args.targets[:1] == ["plot"] and not args.from_json:
+        return _plot_only(args)
+    quiet = args.quiet or args.json
+    if args.noisy_spread < 1:
+        raise OnnxfuseError(f"--noisy-spread {args.noisy_spread}: p90/p10 is at least 1; give a threshold like 1.25")
+    if args.from_json:
+        if args.targets:
+            raise OnnxfuseError("--from-json reads a results file: give no cases or models with it")
+        result = load_json(args.from_json)
+        result["noisy_spread"] = args.noisy_spread
+        result = reevaluate(result)
+        json_path = pathlib.Path(args.from_json)
+    else:
+        from .. import onnxio
+        if args.output:
+            onnxio.check_output_path(args.output, force=True)
+        elif args.results_dir is not None and not args.results_dir.is_dir():
+            raise OnnxfuseError(f"--results-dir {args.results_dir}: no such folder; create it first or pick another")
+        if args.plot:
+            onnxio.check_output_path(args.plot, force=True)
+        result = annotate(run(args.targets, options_from_args(args)), args.noisy_spread)
+        json_path = pathlib.Path(args.output) if args.output else default_output(result, args.results_dir)
+        write_json(result, json_path)
+    plot_path = None
+    if not args.no_plot:
+        target = pathlib.Path(args.plot) if args.plot else json_path.with_suffix(".png")
+        plot_path = plot(result, target)
+        if plot_path is None:
+            result.setdefault("notes", []).append(
+                f"no plot: matplotlib is not installed; make it later with 'python -m onnxfuse.bench plot {json_path}'")
+    failed = goals_failed(result)
+    if args.json:
+        print(json.dumps(result, indent=1, default=json_default))
+    elif not quiet:
+        print(format_table(result))
+        if not args.from_json:
+            print(f"\nwrote {json_path}")
+        if plot_path:
+            print(f"wrote {plot_path}")
+        for note in result.get("notes", []):
+            print(f"note: {note}")
+    if args.check_goals and failed:
+        if not args.quiet:
+            print(f"onnxfuse: {len(failed)} benchmark goal(s) missed or unmeasured: "
+                  + "; ".join(f"{g['case']}/{g['size']} {g['metric']} {g['value']} < {g['threshold']}"
+                              if g["status"] == "miss" else f"{g['case']}/{g['size']} {g['metric']} unmeasured"
+                              for g in failed), file=sys.stderr)
+        return 1
+    return 0
+
+
+def _plot_only(args) -> int:
+    """`bench plot RESULTS.json [-o PNG]` (as `python -m onnxfuse.bench plot ...`): only the plot of a results file
+    (default: the JSON's path with .png); no table, no goals."""
+    if len(args.targets) != 2:
+        raise OnnxfuseError("bench plot takes one results JSON: onnxfuse bench plot RESULTS.json [-o PNG]")
+    result = load_json(args.targets[1])
+    out = plot(result, args.output or args.plot or pathlib.Path(args.targets[1]).with_suffix(".png"))
+    if out is None:
+        raise OnnxfuseError("matplotlib is not installed; pip install matplotlib")
+    if not args.quiet:
+        print(f"wrote {out}")
+    return 0
