@@ -28,7 +28,8 @@ def _console(quiet: bool = False):
     return console(quiet)
 
 
-from .argtypes import layer_sizes as _sizes, name_list as _names, positive_int as _positive  # noqa: E402
+from .argtypes import (layer_sizes as _sizes, name_list as _names, port as _port,  # noqa: E402
+                       positive_int as _positive, window_size as _window)
 
 
 # ------------------------------------------------------------------------------------------------------ export
@@ -512,7 +513,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from . import bench, view
     bench.register(sub, _Parser)
-    view.register(sub, _Parser)
+    _add_view(sub, view)
 
     inf = sub.add_parser("info", help="versions, providers, GPU, headers and kernel library status")
     inf.add_argument("--check", action="store_true",
@@ -522,6 +523,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     _remember_parsers(p)
     return p
+
+
+def _add_view(sub, view) -> None:
+    """The `view` command's parser; `view.run(args)` does the work."""
+    v = sub.add_parser("view", help="show a model in Netron (served on 127.0.0.1), or screenshot it",
+                       description="Serve a model with Netron on this machine and print its URL (Ctrl-C stops it); "
+                                   "--diff shows a model before and after fusing; --screenshot writes a PNG with "
+                                   "headless Chromium.")
+    v.add_argument("model", nargs="?", metavar="MODEL", help="the .onnx model to show")
+    v.add_argument("--diff", nargs=2, metavar=("UNFUSED", "FUSED"),
+                   help="serve two models (e.g. before and after 'onnxfuse fuse') on two ports")
+    v.add_argument("--port", type=_port, help="port to serve on (default: 8080 if free, else another; "
+                   "with --diff the second model gets PORT+1; 0: any free port)")
+    v.add_argument("--host", default=view.DEFAULT_HOST, help=f"address to serve on (default {view.DEFAULT_HOST}; "
+                   "a non-loopback address needs --allow-remote)")
+    v.add_argument("--allow-remote", action="store_true",
+                   help="allow a non-loopback --host (the model and the files beside it become readable there)")
+    v.add_argument("--no-browser", action="store_true", help="do not open a web browser; just print the URL")
+    v.add_argument("--screenshot", "-o", metavar="PNG",
+                   help="render the model in headless Chromium, write this PNG and exit (no server left running)")
+    v.add_argument("--node", help="with --screenshot: the node to center and select (default: the first onnxfuse node)")
+    v.add_argument("--window", type=_window, default=view.DEFAULT_WINDOW, metavar="WxH",
+                   help="with --screenshot: the browser window in pixels (default 1600x1000)")
+    v.add_argument("--no-sidebar", action="store_true", help="with --screenshot: leave out the node's properties")
+    v.add_argument("--timeout", type=float, default=60.0, help="with --screenshot: seconds to wait for Netron (default 60)")
+    v.add_argument("--force", action="store_true", help="with --screenshot: overwrite an existing PNG")
+    _add_output_flags(v, "print JSON: the screenshot's summary, or one line per served model with its URL")
+    v.set_defaults(func=view.run)
 
 
 def _remember_parsers(parser) -> None:
