@@ -67,3 +67,16 @@ def port(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{v}: a port is 1-65535 (0: any free port)")
     return v
 
+
+def choice_list(choices, what: str):
+    """A type for `--FLAG a,b`: comma-separated names, each one of `choices` (a sequence, or a function returning
+    one, for choices that are expensive to import)."""
+    def parse(text: str) -> list[str]:
+        allowed = choices() if callable(choices) else choices
+        names = [t.strip() for t in text.split(",") if t.strip()]
+        bad = [n for n in names if n not in allowed]
+        if not names or bad:
+            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(bad) or repr(text)}; choose from "
+                                             f"{','.join(allowed)}, comma-separated")
+        return names
+    return parse

@@ -13,7 +13,7 @@ import warnings
 
 from . import __version__
 from .errors import OnnxfuseError
-from .schema import BACKENDS
+from .schema import BACKENDS, TYPES as _DTYPES
 
 DEFAULT_OUT = pathlib.Path("models")
 
@@ -28,7 +28,7 @@ def _console(quiet: bool = False):
     return console(quiet)
 
 
-from .argtypes import (layer_sizes as _sizes, name_list as _names, port as _port,  # noqa: E402
+from .argtypes import (choice_list, layer_sizes as _sizes, name_list as _names, port as _port,  # noqa: E402
                        positive_int as _positive, window_size as _window)
 
 
@@ -223,26 +223,28 @@ def _fuse(args) -> int:
     return 0
 
 
-def _backend_list(text: str) -> list[str]:
-    """--backends cpu,cuda,triton."""
+def _all_backends() -> tuple[str, ...]:
     from .kernels.build import ALL_BACKENDS
-    names = _names(text)
-    bad = [n for n in names if n not in ALL_BACKENDS]
-    if bad:
-        raise argparse.ArgumentTypeError(f"unknown backend(s) {', '.join(bad)}; choose from {','.join(ALL_BACKENDS)}, "
-                                         "comma-separated")
-    return names
+    return ALL_BACKENDS
 
 
-def _pattern_list(text: str) -> list[str]:
-    """--patterns a,b (commas, like every list flag); the names are fuse.PATTERNS'."""
-    from .fuse import PATTERNS
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [n for n in names if n not in PATTERNS]
-    if not names or bad:
-        raise argparse.ArgumentTypeError(f"unknown pattern(s) {', '.join(bad) or repr(text)}; choose from "
-                                         f"{', '.join(PATTERNS)}, comma-separated")
-    return names
+def _patterns() -> list[str]:
+    from .fuse import PATTERNS  # imports onnxscript: only when a --patterns value is parsed
+    return list(PATTERNS)
+
+
+def _doctor_modes() -> tuple[str, ...]:
+    from .kernels.doctor import ALL_MODES
+    return ALL_MODES
+
+
+def _ops() -> list[str]:
+    from .schema import OPS
+    return list(OPS)
+
+
+_backend_list = choice_list(_all_backends, "backend(s)")  # --backends cpu,cuda,triton
+_pattern_list = choice_list(_patterns, "pattern(s)")      # --patterns a,b (the names are fuse.PATTERNS')
 
 
 def _print_ort_stage(con, res) -> None:
@@ -354,12 +356,20 @@ def _age(seconds: float) -> str:
 def _doctor(args) -> int:
     from . import info
     from .kernels import doctor
-    rows = doctor.run_doctor()
+    if args.lib and not pathlib.Path(args.lib).is_file():
+        raise OnnxfuseError(f"--lib {args.lib}: no such file; give a built libonnxfuse_ops.so "
+                            "('onnxfuse build --print-path' prints the path of one)")
+    verbose = args.verbose and not (args.quiet or args.json)
+    chosen = {k: v for k, v in (("ops", args.ops), ("dtypes", args.dtypes), ("modes", args.modes)) if v}
+    rows = doctor.run_doctor(providers=tuple(args.providers or ("cpu", "cuda")), backends=args.backends,
+                             lib_path=args.lib, on_row=(lambda r: print(doctor.format_row(r), flush=True))
+                             if verbose else None, **chosen)
     summary = info.check_summary(rows)
     if args.json:
         print(json.dumps({"rows": rows, "summary": summary, "passed": summary["passed"]}, indent=2))
-    elif not args.quiet:
-        info.print_check(_console(), rows, title="onnxfuse doctor: every op x backend against PyTorch", every=True)
+    elif not args.quiet:  # with --verbose the rows were printed as they ran: the failures and counts are left
+        info.print_check(_console(), rows, title="onnxfuse doctor: every op x backend against PyTorch",
+                         every=not verbose)
     return 0 if summary["passed"] else 1
 
 
@@ -507,7 +517,24 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output_flags(ca, "print as JSON")
     ca.set_defaults(func=_cache)
 
-    do = sub.add_parser("doctor", help="build/load the library and check every op per backend against PyTorch")
+    do = sub.add_parser("doctor", help="build/load the library and check every op per backend against PyTorch",
+                        description="Check every onnxfuse op on every kernel backend against PyTorch: a one-node "
+                                    "model per op, dtype and shape, run in onnxruntime (CPU EP; CUDA EP plain, on a "
+                                    "user stream and under CUDA graphs). GPU rows are skipped, saying why, without "
+                                    "onnxruntime-gpu, a GPU or the library's CUDA kernels. Exit 1 when a check fails.")
+    do.add_argument("--providers", type=choice_list(("cpu", "cuda"), "provider(s)"), metavar="P1,P2",
+                    help="execution providers to check: cpu, cuda (default both)")
+    do.add_argument("--backends", type=_backend_list, metavar="B1,B2",
+                    help="kernel backends to check: cpu (CPU EP), cuda, triton (CUDA EP) (default all)")
+    do.add_argument("--ops", type=choice_list(_ops, "op(s)"), metavar="OP1,OP2", help="ops to check (default all)")
+    do.add_argument("--dtypes", type=choice_list(_DTYPES, "dtype(s)"), metavar="T1,T2",
+                    help=f"element types to check: {','.join(_DTYPES)} (default all)")
+    do.add_argument("--modes", type=choice_list(_doctor_modes, "mode(s)"), metavar="M1,M2",
+                    help="CUDA EP modes: plain, user_stream, cuda_graph (default all; the CPU EP runs plain)")
+    do.add_argument("--lib", metavar="PATH", help="the libonnxfuse_ops.so to check (default: ONNXFUSE_LIBRARY, else "
+                    "the cached build, built first if there is none)")
+    do.add_argument("-v", "--verbose", action="store_true",
+                    help="print each check as it finishes (long GPU runs), then the failures and counts")
     _add_output_flags(do, "print the result as JSON", quiet_help="print nothing; the exit code says it")
     do.set_defaults(func=_doctor)
 

@@ -38,7 +38,6 @@ found (``CUDA_HOME``, ``/usr/local/cuda``, ``PATH``) unless ``backends`` leaves 
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import datetime
@@ -776,26 +775,3 @@ def clean(include_headers: bool = False) -> list[pathlib.Path]:
                 shutil.rmtree(d)
             removed.append(d)
     return removed
-
-
-def main(argv=None) -> int:
-    """`python -m onnxfuse.kernels.build`: build and print the library's path (`onnxfuse build` is the CLI)."""
-    ap = argparse.ArgumentParser(prog="python -m onnxfuse.kernels.build", description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", help="CUDA archs, e.g. 80,90 (default 90)")
-    ap.add_argument("--backends", help=f"comma list from {','.join(ALL_BACKENDS)} (default: all available)")
-    ap.add_argument("--experiments", action="store_true", help="also build the Triton A/B experiment variants")
-    ap.add_argument("--force", action="store_true", help="rebuild even when a cached library exists")
-    ap.add_argument("--quiet", action="store_true")
-    a = ap.parse_args(argv)
-    try:
-        r = build(arch=a.arch, backends=a.backends.split(",") if a.backends else None, force=a.force, quiet=a.quiet,
-                  experiments=a.experiments)
-    except BuildError as e:
-        print(f"onnxfuse.kernels.build: error: {e}", file=sys.stderr)
-        return 1
-    print(r.path)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
