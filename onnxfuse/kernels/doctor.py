@@ -249,7 +249,7 @@ def compare(y, ref, dtype: str) -> tuple[bool, float, float]:
 
 
 def _cuda_ep() -> bool:
-    from .build import onnxruntime_has_cuda
+    from .toolchain import onnxruntime_has_cuda
     return onnxruntime_has_cuda()
 
 
