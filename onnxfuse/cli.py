@@ -94,8 +94,9 @@ def _run_export(args, kind, spec, name) -> int:
                           "exporter": res.exporter, "seconds": round(res.seconds, 2), "op_counts": res.op_counts,
                           "recipe": res.recipe}, indent=2))
     elif not args.quiet:
+        from ._term import human_size
         con = _console()
-        data = f" and its weights {res.data_path} ({_size(res.data_path.stat().st_size)})" if res.data_path else ""
+        data = f" and its weights {res.data_path} ({human_size(res.data_path.stat().st_size)})" if res.data_path else ""
         con.print(f"wrote {res.path}{data} ({res.exporter} exporter, {res.seconds:.1f} s, "
                   f"{sum(res.op_counts.values())} nodes)", soft_wrap=True)
         con.print("  " + ", ".join(f"{k} {v}" for k, v in res.op_counts.items()))
@@ -319,7 +320,7 @@ def _cache(args) -> int:
         return 0
     if args.quiet:
         return 0
-    from ._term import Table
+    from ._term import Table, human_age, human_size
     t = Table("key", "status", "backends", "archs", "experiments", "size", "age",
               title=f"onnxfuse build cache: {kernels.build_dir()}", numeric=("key", "size", "age"))
     for e in entries:
@@ -327,7 +328,7 @@ def _cache(args) -> int:
         if e["status"] == "failed":
             status += f" at {e.get('stage')}"
         t.add_row(e["key"], status, ",".join(e["backends"]) or "-", ",".join(e["archs"]) or "-",
-                  "yes" if e["experiments"] else "no", _size(e["size_bytes"]), _age(e["age_s"]))
+                  "yes" if e["experiments"] else "no", human_size(e["size_bytes"]), human_age(e["age_s"]))
     con = _console()
     con.print(t)
     failed = [e for e in entries if e["status"] == "failed"]
@@ -336,21 +337,6 @@ def _cache(args) -> int:
     if not entries:
         con.print("no cached builds; 'onnxfuse build' makes one")
     return 0
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
-def _age(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f} {unit}"
-    return f"{seconds:.0f} s"
 
 
 def _doctor(args) -> int:
