@@ -28,7 +28,7 @@ EXPERIMENT_VARIANTS = {"small_cfg": 3, "lora_onepass": 2, "stack_cfg": 3}
 
 # ------------------------------------------------------------------------------------------------ MLPStack
 # stack_mode=auto on the Triton backend, by M (rows) and the widest layer, for the H100's 132 SMs (the launcher
-# scales the SM multiples by the GPU's own count). Re-measure with `scripts/gpu_check.py --only-stack` and
+# scales the SM multiples by the GPU's own count). Re-measure with `scripts/gpu_variants.py --stack` and
 # `onnxfuse bench dlrm-bottom dlrm-top --profile`; these are the only numbers the choice reads.
 #   * grid: the persistent kernel (every layer's tiles spread over all SMs, a grid barrier between layers) while M
 #     is at most STACK_GRID_MAX_M: it fills the GPU at small M, where a row block per program runs on a handful of
