@@ -347,9 +347,9 @@ def _doctor(args) -> int:
                             "('onnxfuse build --print-path' prints the path of one)")
     verbose = args.verbose and not (args.quiet or args.json)
     chosen = {k: v for k, v in (("ops", args.ops), ("dtypes", args.dtypes), ("modes", args.modes)) if v}
+    on_row = (lambda r: print(doctor.format_row(r), flush=True)) if verbose else None
     rows = doctor.run_doctor(providers=tuple(args.providers or ("cpu", "cuda")), backends=args.backends,
-                             lib_path=args.lib, on_row=(lambda r: print(doctor.format_row(r), flush=True))
-                             if verbose else None, **chosen)
+                             lib_path=args.lib, on_row=on_row, **chosen)
     summary = info.check_summary(rows)
     if args.json:
         print(json.dumps({"rows": rows, "summary": summary, "passed": summary["passed"]}, indent=2))
