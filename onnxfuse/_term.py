@@ -62,3 +62,20 @@ class Stages:
 
 
 Progress = Callable[[int, int, str, str], None]
+
+
+def human_size(n: int) -> str:
+    """Bytes as "512 B", "3.4 MB"."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def human_age(seconds: float) -> str:
+    """Seconds as "42 s", "7 min", "3 h", "2 d"."""
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.0f} s"

@@ -44,3 +44,39 @@ def name_list(text: str) -> list[str]:
     if not names:
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated names like gate_proj,up_proj")
     return names
+
+
+def window_size(text: str) -> tuple[int, int]:
+    """WIDTHxHEIGHT in pixels, each 200-8000 (`--window 1600x1000`)."""
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected WIDTHxHEIGHT, like 1600x1000")
+    if not (200 <= w <= 8000 and 200 <= h <= 8000):
+        raise argparse.ArgumentTypeError(f"{text!r}: width and height must be 200-8000 pixels")
+    return w, h
+
+
+def port(text: str) -> int:
+    """A TCP port, 0-65535 (0: any free port)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number")
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"{v}: a port is 1-65535 (0: any free port)")
+    return v
+
+
+def choice_list(choices, what: str):
+    """A type for `--FLAG a,b`: comma-separated names, each one of `choices` (a sequence, or a function returning
+    one, for choices that are expensive to import)."""
+    def parse(text: str) -> list[str]:
+        allowed = choices() if callable(choices) else choices
+        names = [t.strip() for t in text.split(",") if t.strip()]
+        bad = [n for n in names if n not in allowed]
+        if not names or bad:
+            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(bad) or repr(text)}; choose from "
+                                             f"{','.join(allowed)}, comma-separated")
+        return names
+    return parse

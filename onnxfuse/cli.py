@@ -13,7 +13,7 @@ import warnings
 
 from . import __version__
 from .errors import OnnxfuseError
-from .schema import BACKENDS
+from .schema import BACKENDS, TYPES as _DTYPES
 
 DEFAULT_OUT = pathlib.Path("models")
 
@@ -28,7 +28,8 @@ def _console(quiet: bool = False):
     return console(quiet)
 
 
-from .argtypes import layer_sizes as _sizes, name_list as _names, positive_int as _positive  # noqa: E402
+from .argtypes import (choice_list, layer_sizes as _sizes, name_list as _names, port as _port,  # noqa: E402
+                       positive_int as _positive, window_size as _window)
 
 
 # ------------------------------------------------------------------------------------------------------ export
@@ -93,8 +94,9 @@ def _run_export(args, kind, spec, name) -> int:
                           "exporter": res.exporter, "seconds": round(res.seconds, 2), "op_counts": res.op_counts,
                           "recipe": res.recipe}, indent=2))
     elif not args.quiet:
+        from ._term import human_size
         con = _console()
-        data = f" and its weights {res.data_path} ({_size(res.data_path.stat().st_size)})" if res.data_path else ""
+        data = f" and its weights {res.data_path} ({human_size(res.data_path.stat().st_size)})" if res.data_path else ""
         con.print(f"wrote {res.path}{data} ({res.exporter} exporter, {res.seconds:.1f} s, "
                   f"{sum(res.op_counts.values())} nodes)", soft_wrap=True)
         con.print("  " + ", ".join(f"{k} {v}" for k, v in res.op_counts.items()))
@@ -222,26 +224,28 @@ def _fuse(args) -> int:
     return 0
 
 
-def _backend_list(text: str) -> list[str]:
-    """--backends cpu,cuda,triton."""
+def _all_backends() -> tuple[str, ...]:
     from .kernels.build import ALL_BACKENDS
-    names = _names(text)
-    bad = [n for n in names if n not in ALL_BACKENDS]
-    if bad:
-        raise argparse.ArgumentTypeError(f"unknown backend(s) {', '.join(bad)}; choose from {','.join(ALL_BACKENDS)}, "
-                                         "comma-separated")
-    return names
+    return ALL_BACKENDS
 
 
-def _pattern_list(text: str) -> list[str]:
-    """--patterns a,b (commas, like every list flag); the names are fuse.PATTERNS'."""
-    from .fuse import PATTERNS
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [n for n in names if n not in PATTERNS]
-    if not names or bad:
-        raise argparse.ArgumentTypeError(f"unknown pattern(s) {', '.join(bad) or repr(text)}; choose from "
-                                         f"{', '.join(PATTERNS)}, comma-separated")
-    return names
+def _patterns() -> list[str]:
+    from .fuse import PATTERNS  # imports onnxscript: only when a --patterns value is parsed
+    return list(PATTERNS)
+
+
+def _doctor_modes() -> tuple[str, ...]:
+    from .kernels.doctor import ALL_MODES
+    return ALL_MODES
+
+
+def _ops() -> list[str]:
+    from .schema import OPS
+    return list(OPS)
+
+
+_backend_list = choice_list(_all_backends, "backend(s)")  # --backends cpu,cuda,triton
+_pattern_list = choice_list(_patterns, "pattern(s)")      # --patterns a,b (the names are fuse.PATTERNS')
 
 
 def _print_ort_stage(con, res) -> None:
@@ -316,7 +320,7 @@ def _cache(args) -> int:
         return 0
     if args.quiet:
         return 0
-    from ._term import Table
+    from ._term import Table, human_age, human_size
     t = Table("key", "status", "backends", "archs", "experiments", "size", "age",
               title=f"onnxfuse build cache: {kernels.build_dir()}", numeric=("key", "size", "age"))
     for e in entries:
@@ -324,7 +328,7 @@ def _cache(args) -> int:
         if e["status"] == "failed":
             status += f" at {e.get('stage')}"
         t.add_row(e["key"], status, ",".join(e["backends"]) or "-", ",".join(e["archs"]) or "-",
-                  "yes" if e["experiments"] else "no", _size(e["size_bytes"]), _age(e["age_s"]))
+                  "yes" if e["experiments"] else "no", human_size(e["size_bytes"]), human_age(e["age_s"]))
     con = _console()
     con.print(t)
     failed = [e for e in entries if e["status"] == "failed"]
@@ -335,30 +339,23 @@ def _cache(args) -> int:
     return 0
 
 
-def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
-def _age(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f} {unit}"
-    return f"{seconds:.0f} s"
-
-
 def _doctor(args) -> int:
     from . import info
     from .kernels import doctor
-    rows = doctor.run_doctor()
+    if args.lib and not pathlib.Path(args.lib).is_file():
+        raise OnnxfuseError(f"--lib {args.lib}: no such file; give a built libonnxfuse_ops.so "
+                            "('onnxfuse build --print-path' prints the path of one)")
+    verbose = args.verbose and not (args.quiet or args.json)
+    chosen = {k: v for k, v in (("ops", args.ops), ("dtypes", args.dtypes), ("modes", args.modes)) if v}
+    on_row = (lambda r: print(doctor.format_row(r), flush=True)) if verbose else None
+    rows = doctor.run_doctor(providers=tuple(args.providers or ("cpu", "cuda")), backends=args.backends,
+                             lib_path=args.lib, on_row=on_row, **chosen)
     summary = info.check_summary(rows)
     if args.json:
         print(json.dumps({"rows": rows, "summary": summary, "passed": summary["passed"]}, indent=2))
-    elif not args.quiet:
-        info.print_check(_console(), rows, title="onnxfuse doctor: every op x backend against PyTorch", every=True)
+    elif not args.quiet:  # with --verbose the rows were printed as they ran: the failures and counts are left
+        info.print_check(_console(), rows, title="onnxfuse doctor: every op x backend against PyTorch",
+                         every=not verbose)
     return 0 if summary["passed"] else 1
 
 
@@ -506,13 +503,30 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output_flags(ca, "print as JSON")
     ca.set_defaults(func=_cache)
 
-    do = sub.add_parser("doctor", help="build/load the library and check every op per backend against PyTorch")
+    do = sub.add_parser("doctor", help="build/load the library and check every op per backend against PyTorch",
+                        description="Check every onnxfuse op on every kernel backend against PyTorch: a one-node "
+                                    "model per op, dtype and shape, run in onnxruntime (CPU EP; CUDA EP plain, on a "
+                                    "user stream and under CUDA graphs). GPU rows are skipped, saying why, without "
+                                    "onnxruntime-gpu, a GPU or the library's CUDA kernels. Exit 1 when a check fails.")
+    do.add_argument("--providers", type=choice_list(("cpu", "cuda"), "provider(s)"), metavar="P1,P2",
+                    help="execution providers to check: cpu, cuda (default both)")
+    do.add_argument("--backends", type=_backend_list, metavar="B1,B2",
+                    help="kernel backends to check: cpu (CPU EP), cuda, triton (CUDA EP) (default all)")
+    do.add_argument("--ops", type=choice_list(_ops, "op(s)"), metavar="OP1,OP2", help="ops to check (default all)")
+    do.add_argument("--dtypes", type=choice_list(_DTYPES, "dtype(s)"), metavar="T1,T2",
+                    help=f"element types to check: {','.join(_DTYPES)} (default all)")
+    do.add_argument("--modes", type=choice_list(_doctor_modes, "mode(s)"), metavar="M1,M2",
+                    help="CUDA EP modes: plain, user_stream, cuda_graph (default all; the CPU EP runs plain)")
+    do.add_argument("--lib", metavar="PATH", help="the libonnxfuse_ops.so to check (default: ONNXFUSE_LIBRARY, else "
+                    "the cached build, built first if there is none)")
+    do.add_argument("-v", "--verbose", action="store_true",
+                    help="print each check as it finishes (long GPU runs), then the failures and counts")
     _add_output_flags(do, "print the result as JSON", quiet_help="print nothing; the exit code says it")
     do.set_defaults(func=_doctor)
 
     from . import bench, view
     bench.register(sub, _Parser)
-    view.register(sub, _Parser)
+    _add_view(sub, view)
 
     inf = sub.add_parser("info", help="versions, providers, GPU, headers and kernel library status")
     inf.add_argument("--check", action="store_true",
@@ -522,6 +536,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     _remember_parsers(p)
     return p
+
+
+def _add_view(sub, view) -> None:
+    """The `view` command's parser; `view.run(args)` does the work."""
+    v = sub.add_parser("view", help="show a model in Netron (served on 127.0.0.1), or screenshot it",
+                       description="Serve a model with Netron on this machine and print its URL (Ctrl-C stops it); "
+                                   "--diff shows a model before and after fusing; --screenshot writes a PNG with "
+                                   "headless Chromium.")
+    v.add_argument("model", nargs="?", metavar="MODEL", help="the .onnx model to show")
+    v.add_argument("--diff", nargs=2, metavar=("UNFUSED", "FUSED"),
+                   help="serve two models (e.g. before and after 'onnxfuse fuse') on two ports")
+    v.add_argument("--port", type=_port, help="port to serve on (default: 8080 if free, else another; "
+                   "with --diff the second model gets PORT+1; 0: any free port)")
+    v.add_argument("--host", default=view.DEFAULT_HOST, help=f"address to serve on (default {view.DEFAULT_HOST}; "
+                   "a non-loopback address needs --allow-remote)")
+    v.add_argument("--allow-remote", action="store_true",
+                   help="allow a non-loopback --host (the model and the files beside it become readable there)")
+    v.add_argument("--no-browser", action="store_true", help="do not open a web browser; just print the URL")
+    v.add_argument("--screenshot", "-o", metavar="PNG",
+                   help="render the model in headless Chromium, write this PNG and exit (no server left running)")
+    v.add_argument("--node", help="with --screenshot: the node to center and select (default: the first onnxfuse node)")
+    v.add_argument("--window", type=_window, default=view.DEFAULT_WINDOW, metavar="WxH",
+                   help="with --screenshot: the browser window in pixels (default 1600x1000)")
+    v.add_argument("--no-sidebar", action="store_true", help="with --screenshot: leave out the node's properties")
+    v.add_argument("--timeout", type=float, default=60.0, help="with --screenshot: seconds to wait for Netron (default 60)")
+    v.add_argument("--force", action="store_true", help="with --screenshot: overwrite an existing PNG")
+    _add_output_flags(v, "print JSON: the screenshot's summary, or one line per served model with its URL")
+    v.set_defaults(func=view.run)
 
 
 def _remember_parsers(parser) -> None:

@@ -4,6 +4,8 @@
 //   OMP_WAIT_POLICY=passive ./a.out [M K N ...]
 // Single-thread GEMM+bias+relu engines on the bench shapes, interleaved: ours (gemm.cc), oneDNN matmul (prepacked,
 // post-ops), OpenBLAS sgemm + epilogue.
+// Why a program and not the CLI: it times the GEMM engines themselves, outside onnxruntime and the kernel library
+// (OpenBLAS is no dependency of onnxfuse), the comparison behind the CPU backend's choice of oneDNN.
 #include <chrono>
 #include <cstdio>
 #include <cstring>

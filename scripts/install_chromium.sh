@@ -4,6 +4,8 @@
 # (without it they render as empty boxes).
 # Idempotent: installs only what is missing, and does nothing when /usr/bin/chromium and the fonts are there.
 # Needs root (or passwordless sudo) and apt. Non-interactive.
+# Why a script: it installs system packages as root, which `onnxfuse view` should never do by itself (it says
+# where to get Chromium and points here instead).
 set -euo pipefail
 
 missing=()

@@ -8,6 +8,9 @@ Writes benchmarks/results/scale-cpu-<date>.json and prints a table. Goals: fuse 
 and peak RSS stays under 1.5x the weights. Models go to models/scale/ (git-ignored) and are deleted after each N
 unless --keep. Before each export the script estimates what the exporter needs (the module is built by
 onnxfuse.zoo directly in fp16) and skips an N that cannot fit in this machine's memory instead of letting it OOM.
+
+Why a script: it measures the CLI from outside (each `onnxfuse export` / `onnxfuse fuse` a subprocess under
+/usr/bin/time for its peak RSS), which no onnxfuse command can do for itself.
 """
 from __future__ import annotations
 

@@ -172,7 +172,7 @@ def test_check_goals_exit_code_from_json(tmp_path, capsys):
     assert "goal" in err and "dlrm-bottom" in err
     args = parser.parse_args(["bench", "--from-json", str(path), "--no-plot", "-q"])
     assert args.func(args) == 0  # without --check-goals a miss is reported, not an error
-    from onnxfuse import cli  # `python -m onnxfuse.bench ARGS` is cli.main(["bench", *ARGS])
+    from onnxfuse import cli  # `onnxfuse bench ARGS` is cli.main(["bench", *ARGS])
     assert cli.main(["bench", "--from-json", str(path), "--check-goals", "--no-plot", "-q"]) == 1
     ok = tmp_path / "ok.json"
     ok.write_text(json.dumps(_synthetic(unfused=0.10, fused=0.02, compiled=0.05)))

@@ -46,3 +46,21 @@ def test_info_json(capsys):
     assert cli.main(["info", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["versions"]["onnx"] and "CPUExecutionProvider" in data["providers"] and "kernels" in data
+
+
+def test_doctor_options_choose_what_is_checked(capsys):
+    """`onnxfuse doctor` takes what run_doctor can choose (the old `python -m onnxfuse.kernels.doctor` options and
+    more): providers, backends, ops, dtypes, modes, the library, and -v (each row as it finishes)."""
+    argv = ["doctor", "--providers", "cpu", "--backends", "cpu", "--ops", "LinearRelu", "--dtypes", "float",
+            "--modes", "plain"]
+    assert cli.main(argv + ["--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert rows and {(r["op"], r["provider"], r["backend"], r["dtype"], r["mode"]) for r in rows} == \
+        {("LinearRelu", "cpu", "cpu", "float", "plain")}
+    assert cli.main(argv + ["-v"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("PASS  LinearRelu") == len(rows) and f"{len(rows)} passed, 0 failed" in out
+    assert cli.main(["doctor", "--lib", "/nonexistent/libonnxfuse_ops.so"]) == 2
+    assert "--lib" in capsys.readouterr().err
+    assert cli.main(["doctor", "--ops", "NoSuchOp"]) == 2
+    assert "unknown op(s) NoSuchOp" in capsys.readouterr().err

@@ -489,7 +489,7 @@ def test_experiments_need_an_experiments_build():
 
 
 # ------------------------------------------------------------------------------------------------ GPU backends compile
-@pytest.mark.skipif(kbuild.find_nvcc() is None or kbuild._triton_version() is None, reason="needs nvcc and triton")
+@pytest.mark.skipif(kbuild.find_nvcc() is None or kbuild.triton_version() is None, reason="needs nvcc and triton")
 def test_cuda_and_triton_backends_compile(cache, capfd):
     """CI has no GPU but has nvcc and Triton: prove the CUDA and Triton backends build (66 s on the 2-core CPU
     machine with a warm Triton cache), with every stage reported, the default (no experiments) cubin set, and only

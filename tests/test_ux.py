@@ -284,7 +284,7 @@ def test_public_api_has_docstrings():
 
 
 API_MODULES = ("onnxfuse", "onnxfuse.export", "onnxfuse.fuse", "onnxfuse.verify", "onnxfuse.runtime",
-               "onnxfuse.kernels", "onnxfuse.kernels.build")
+               "onnxfuse.kernels", "onnxfuse.kernels.build", "onnxfuse.kernels.cache", "onnxfuse.kernels.toolchain")
 
 
 def public_without_docstrings(modules=API_MODULES) -> list[str]:

@@ -28,13 +28,8 @@ URL_LINE = re.compile(r"serving (?P<path>\S+) \((?P<fused>\d+) onnxfuse nodes?\)
 
 
 def _command() -> list[str]:
-    """`python -m onnxfuse.cli view` once cli.py registers the command, else the module's own entry point."""
-    from onnxfuse import cli
-    parser = cli.build_parser()
-    subs = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
-    if subs and "view" in subs[0].choices:
-        return [sys.executable, "-m", "onnxfuse.cli", "view"]
-    return [sys.executable, "-m", "onnxfuse.view"]
+    """`python -m onnxfuse view` (onnxfuse/__main__.py, the same parser as the `onnxfuse` script)."""
+    return [sys.executable, "-m", "onnxfuse", "view"]
 
 
 def _env(**extra) -> dict:

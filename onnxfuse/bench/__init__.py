@@ -5,7 +5,7 @@ and without CUDA graphs) on one workload, in one process and one run.
     onnxfuse bench llama-mlp dlrm        # some named cases
     onnxfuse bench models/x.onnx         # a model file (fused on the fly when it is not fused yet)
     onnxfuse bench --from-json R.json --check-goals   # re-read a results file: table, goals, plot; no run
-    python -m onnxfuse.bench plot R.json [-o R.png]   # the plot alone (e.g. on a machine with matplotlib)
+    onnxfuse bench plot R.json [-o R.png]   # the plot alone (e.g. on a machine with matplotlib)
 
 Method (GPU): inputs and outputs are torch tensors bound to onnxruntime with IOBinding (no host copies in the
 timings); non-graph ORT sessions run on torch's current stream (provider option user_compute_stream); CUDA-graph

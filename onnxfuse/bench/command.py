@@ -1,7 +1,7 @@
 """The `onnxfuse bench` command line.
 
 register(subparsers) adds the `bench` subcommand to onnxfuse.cli's parser: the one parser of the command
-(`python -m onnxfuse.bench ...` goes through onnxfuse.cli as well). cli_main(args), which onnxfuse.cli dispatches,
+(`python -m onnxfuse bench ...` is the same command). cli_main(args), which onnxfuse.cli dispatches,
 runs the benchmark (or re-reads a results file with --from-json, or only plots one: `bench plot RESULTS.json
 [-o PNG]`), writes the JSON and the plot, prints the table, and returns 1 when --check-goals finds a goal missed.
 """
@@ -138,7 +138,7 @@ def cli_main(args) -> int:
         plot_path = plot(result, target)
         if plot_path is None:
             result.setdefault("notes", []).append(
-                f"no plot: matplotlib is not installed; make it later with 'python -m onnxfuse.bench plot {json_path}'")
+                f"no plot: matplotlib is not installed; make it later with 'onnxfuse bench plot {json_path}'")
     failed = goals_failed(result)
     if args.json:
         print(json.dumps(result, indent=1, default=json_default))
@@ -161,7 +161,7 @@ def cli_main(args) -> int:
 
 
 def _plot_only(args) -> int:
-    """`bench plot RESULTS.json [-o PNG]` (as `python -m onnxfuse.bench plot ...`): only the plot of a results file
+    """`bench plot RESULTS.json [-o PNG]` : only the plot of a results file
     (default: the JSON's path with .png); no table, no goals."""
     if len(args.targets) != 2:
         raise OnnxfuseError("bench plot takes one results JSON: onnxfuse bench plot RESULTS.json [-o PNG]")

@@ -7,8 +7,9 @@
 
 `library_path()` returns a cached library that covers what the session needs (a CPU session takes any current
 build; a CUDA session one with the CUDA and, where buildable, Triton kernels), building one when there is none:
-only the CPU backend where onnxruntime has no CUDA EP, every buildable backend otherwise (see `build.py` for the
-cache, the ORT headers and nvcc). `build()` builds explicitly; `build_info()` reads what a built library recorded.
+only the CPU backend where onnxruntime has no CUDA EP, every buildable backend otherwise (`build.py` builds,
+`cache.py` keeps the builds, `toolchain.py` finds the ORT headers, nvcc and oneDNN). `build()` builds explicitly;
+`build_info()` reads what a built library recorded.
 
 Environment: ONNXFUSE_LIBRARY (a prebuilt library to use instead of the cache), ONNXFUSE_BUILD_DIR (cache dir),
 ORT_INCLUDE_DIR (headers), ONNXFUSE_BACKENDS (comma list an automatic build compiles, e.g. "cpu"); read once by
@@ -24,8 +25,9 @@ import os
 import pathlib
 import sys
 
-from .build import (ALL_BACKENDS, LIB_NAME, BuildError, BuildResult, auto_backends, available_backends, build,
-                    build_dir, cache_entries, clean, find_cached, link_stable, stable_links, stable_name, stable_path)
+from .build import BuildResult, build, cache_entries, find_cached
+from .cache import ALL_BACKENDS, LIB_NAME, build_dir, clean, link_stable, stable_links, stable_name, stable_path
+from .toolchain import BuildError, auto_backends, available_backends
 
 __all__ = ["BuildError", "BuildResult", "announcements", "auto_backends", "available_backends", "build", "build_dir",
            "build_info", "cache_entries", "clean", "find_cached", "library_path", "link_stable", "needed_backends",

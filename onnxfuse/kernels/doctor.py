@@ -14,6 +14,9 @@ CUDA sessions are created with ``session.disable_cpu_ep_fallback`` so a node ORT
 loudly instead of silently running on the CPU. GPU rows say ``SKIP`` with the reason when onnxruntime-gpu, a GPU or
 the library's CUDA kernels are missing. The backend under test is each node's `backend` attribute (nothing in the
 environment overrides it); `node_attrs` adds more attributes, e.g. MLPStack's stack_mode.
+
+`onnxfuse doctor` is the command line (cli.py): --providers, --backends, --ops, --dtypes, --modes and --lib choose
+what run_doctor checks, -v prints each row as it finishes.
 """
 from __future__ import annotations
 
@@ -246,7 +249,7 @@ def compare(y, ref, dtype: str) -> tuple[bool, float, float]:
 
 
 def _cuda_ep() -> bool:
-    from .build import onnxruntime_has_cuda
+    from .toolchain import onnxruntime_has_cuda
     return onnxruntime_has_cuda()
 
 
@@ -437,23 +440,3 @@ def format_row(r: dict) -> str:
         (f" {r['layers']}" if r.get("layers") else "")
     return (f"{r['status']:5} {r['op']:15} {r['provider']:4} {r['backend']:6} {r['dtype']:8} {shape:26} "
             f"{r['mode']:11} {err} {r['detail']}")
-
-
-def main(argv=None):
-    import argparse
-
-    p = argparse.ArgumentParser(description="Check onnxfuse kernels against the PyTorch reference.")
-    p.add_argument("--providers", default="cpu,cuda")
-    p.add_argument("--backends", default=None, help="comma list of cpu,cuda,triton")
-    p.add_argument("--lib", default=None, help="libonnxfuse_ops.so to test (default: build / cached build)")
-    args = p.parse_args(argv)
-    rows = run_doctor(providers=tuple(args.providers.split(",")),
-                      backends=args.backends.split(",") if args.backends else None, lib_path=args.lib, verbose=True)
-    bad = [r for r in rows if r["status"] in ("FAIL", "ERROR")]
-    print(f"{len(rows)} checks: {sum(r['status'] == 'PASS' for r in rows)} pass, {len(bad)} fail/error, "
-          f"{sum(r['status'] == 'SKIP' for r in rows)} skipped")
-    return 1 if bad else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

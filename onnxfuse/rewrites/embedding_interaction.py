@@ -12,19 +12,21 @@ than trusting node names:
 
   * the pieces between the vectors, the pairwise product and the output (Unsqueeze, Concat, Reshape, Flatten,
     Transpose, Gather / GatherND with constant indices, Squeeze, Identity, and the Shape arithmetic that feeds their
-    shape inputs) are run by a small abstract interpreter over index arrays: every element of a value is labelled
-    with the source element it holds, the batch axis is tracked symbolically, and a Reshape that would mix the
-    batch axis with another refuses. The stacked vectors must come out as [B, n, d] holding v_0..v_F in order, and
-    the selected products as [B, n(n-1)/2] holding (i, j) for i > j in row-major order: exactly the op's output.
+    shape inputs) are run by a small abstract interpreter over index arrays (_index_interpreter.py): every element
+    of a value is labelled with the source element it holds, the batch axis is tracked symbolically, and a Reshape
+    that would mix the batch axis with another refuses. The stacked vectors must come out as [B, n, d] holding
+    v_0..v_F in order, and the selected products as [B, n(n-1)/2] holding (i, j) for i > j in row-major order:
+    exactly the op's output.
     Whatever the exporter (dynamo's GatherND, TorchScript's Flatten + Gather of i*n + j with Shape arithmetic,
     onnxruntime's folded constants), only the index arrays matter;
   * the product is MatMul(T, Transpose(T, [0, 2, 1])) or onnxruntime's FusedMatMul(T, T, transB=1, alpha=1)
     (fuse's stage 1 makes it);
   * each embedding is Gather(table, column f of one id matrix) with a constant table [R_f, d], or TorchScript's
     EmbeddingBag Loop (slice indices[offsets[b] : offsets[b+1]], gather, ReduceSum over the bag) checked node by
-    node. The hash (id + 1) mod cardinality is absorbed when spelled exactly so (Mod with fmod=0, the constant 1,
-    a per-feature constant 0 < cardinality <= rows); any other id computation stays in the graph and the op looks
-    the ids up as they come (sound: the op indexes exactly like Gather, negative ids included).
+    node (_embedding_leaves.py). The hash (id + 1) mod cardinality is absorbed when spelled exactly so (Mod with
+    fmod=0, the constant 1, a per-feature constant 0 < cardinality <= rows); any other id computation stays in the
+    graph and the op looks the ids up as they come (sound: the op indexes exactly like Gather, negative ids
+    included).
 
 Refused (with the reason, for --explain): a triangle other than the strict lower one (DLRM's
 arch_interaction_itself), a Gram matrix of something else, tables that are not constants (graph inputs, or
@@ -38,514 +40,20 @@ once); table_offsets and cardinality are int64 initializers. An ONNX function ha
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 from onnxscript import ir
 
 from ..schema import DOMAIN, embedding_overload, interaction_width
 from . import _base
+from ._embedding_leaves import Leaf, bag_leaf, onehot_leaf
+from ._index_interpreter import (BATCH, MAX_DEPTH, MOVES, Abs, Match, Refused, int_attr, is_default, made_by,
+                                 value_name)
 
 PATTERN = "embedding_interaction"
-_DEFAULT = ("", "ai.onnx")
-# Data-movement ops the interpreter runs (input 0 is the data, Concat takes several).
-_MOVES = ("Identity", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Transpose", "Gather", "GatherND", "Concat")
-_MAX_DEPTH = 64
-_INT64_MAX = 2 ** 63 - 1
 EMBEDDING_DOC = ("GPU: one kernel (hash, every lookup,",
                  "  the pairwise dots or the concat);",
                  "  CPU: one pass per sample")
-
-
-class _Batch:
-    """The batch dimension: its size is unknown at fuse time (or static, then also known as an int)."""
-
-    def __repr__(self):
-        return "B"
-
-
-BATCH = _Batch()
-
-
-class Refused(Exception):
-    def __init__(self, reason: str, value: ir.Value | None = None):
-        super().__init__(reason)
-        self.reason = reason
-        self.value = value
-
-
-def _prod(values) -> int:
-    return math.prod(int(v) for v in values)
-
-
-@dataclasses.dataclass
-class Abs:
-    """A value as the interpreter sees it: its dims (ints, and BATCH at axis `bax`) and, for every element of the
-    non-batch axes, the label of the source element it holds."""
-    dims: list
-    bax: int
-    content: np.ndarray
-
-
-def _name(v: ir.Value | None) -> str:
-    return "?" if v is None else (v.name or "?")
-
-
-def _is_default(node: ir.Node | None) -> bool:
-    return node is not None and node.domain in _DEFAULT
-
-
-def _op(v: ir.Value | None, *types: str) -> ir.Node | None:
-    """The producer of `v` if it is a default-domain node of one of `types`."""
-    node = v.producer() if v is not None else None
-    return node if _is_default(node) and node.op_type in types else None
-
-
-def _int_attr(node: ir.Node, name: str, default):
-    a = node.attributes.get(name)
-    return default if a is None else a.value
-
-
-class _Match:
-    """One candidate: the interpreter, the nodes it read and the intermediates that must have no other use."""
-
-    def __init__(self, graph: ir.Graph, x: ir.Value | None):
-        self.graph = graph
-        self.x = x
-        self.nodes: dict[int, ir.Node] = {}
-        self.data: dict[int, ir.Value] = {}  # values that must not be used outside the match
-        self.abs: dict[int, Abs] = {}
-        self.bsize: int | None = None
-        self.bname: str | None = None
-        self.d: int | None = None
-        if x is not None:
-            self.set_x(x)
-
-    def set_x(self, x: ir.Value) -> None:
-        xd = _base.dims(x)
-        if xd is None or len(xd) != 2 or not isinstance(xd[1], int):
-            raise Refused(f"the dense vector {_name(x)} has shape {xd}: a [batch, d] tensor with a static d is needed", x)
-        self.x = x
-        self.d = xd[1]
-        self.bsize = xd[0] if isinstance(xd[0], int) else None
-        self.bname = xd[0] if isinstance(xd[0], str) else None
-        if self.bsize is None and self.bname is None:
-            raise Refused(f"the batch dimension of {_name(x)} is unknown", x)
-
-    def read(self, node: ir.Node) -> ir.Node:
-        self.nodes[id(node)] = node
-        return node
-
-    def keep_private(self, v: ir.Value) -> None:
-        self.data[id(v)] = v
-
-    # ------------------------------------------------------------------------------------------ shape arithmetic
-    def shape_of(self, v: ir.Value) -> list:
-        if id(v) in self.abs:
-            return list(self.abs[id(v)].dims)
-        if v is self.x:
-            return [BATCH, self.d]
-        d = _base.dims(v)
-        if d is None:
-            raise Refused(f"the shape of {_name(v)} is unknown", v)
-        out = []
-        for s in d:
-            if isinstance(s, int):
-                out.append(s)
-            elif s == self.bname:
-                out.append(BATCH)
-            else:
-                raise Refused(f"{_name(v)} has a symbolic dimension {s!r} other than the batch", v)
-        return out
-
-    def ints(self, v: ir.Value | None, depth: int = 0) -> np.ndarray:
-        """The value of a small integer tensor computed from constants and shapes (object array of ints and
-        BATCH); refuses anything else."""
-        out = self._ints(v, depth)
-        if not isinstance(out, np.ndarray):  # a scalar picked out of an object array
-            holder = np.empty((), dtype=object)
-            holder[()] = out
-            out = holder
-        return out
-
-    def _ints(self, v: ir.Value | None, depth: int):
-        if v is None:
-            raise Refused("a shape or index input is missing")
-        if depth > _MAX_DEPTH:
-            raise Refused(f"{_name(v)}: shape computation too deep", v)
-        c = _base.const(v)
-        if c is not None:
-            if c.dtype.kind not in "iu":
-                raise Refused(f"{_name(v)} is a {c.dtype} constant where integers are needed", v)
-            return np.asarray(c, dtype=np.int64).astype(object)
-        node = v.producer()
-        if not _is_default(node):
-            raise Refused(f"{_name(v)} is neither a constant nor computed from shapes", v)
-        self.read(node)
-        op = node.op_type
-        if op == "Shape":
-            dims = self.shape_of(node.inputs[0])
-            r = len(dims)
-            start, end = _int_attr(node, "start", 0), _int_attr(node, "end", r)
-            start, end = (start + r if start < 0 else start), (end + r if end < 0 else end)
-            return np.array(dims[max(0, min(start, r)):max(0, min(end, r))], dtype=object)
-        if op in ("Identity", "Cast"):
-            return self.ints(node.inputs[0], depth + 1)
-        if op == "Gather":
-            data, idx = self.ints(node.inputs[0], depth + 1), self.ints(node.inputs[1], depth + 1)
-            axis = _int_attr(node, "axis", 0)
-            if data.ndim != 1 or axis not in (0, -1) or any(i is BATCH for i in idx.ravel()):
-                raise Refused(f"{_base.node_label(node)}: unsupported shape Gather", v)
-            ii = idx.astype(np.int64)
-            ii = np.where(ii < 0, ii + len(data), ii)
-            if ii.size and (ii.min() < 0 or ii.max() >= len(data)):
-                raise Refused(f"{_base.node_label(node)}: index out of range", v)
-            return data[ii]
-        if op in ("Unsqueeze", "Squeeze"):
-            data = self.ints(node.inputs[0], depth + 1)
-            axes = self.ints(node.inputs[1], depth + 1) if len(node.inputs) > 1 and node.inputs[1] is not None else None
-            if axes is None:
-                if op == "Unsqueeze":
-                    raise Refused(f"{_base.node_label(node)}: Unsqueeze without axes", v)
-                return data.reshape([s for s in data.shape if s != 1])
-            axes = [int(a) for a in axes.ravel()]
-            if op == "Unsqueeze":
-                rank = data.ndim + len(axes)
-                shape, it = [], iter(data.shape)
-                axes = {a + rank if a < 0 else a for a in axes}
-                shape = [1 if i in axes else next(it) for i in range(rank)]
-                return data.reshape(shape)
-            axes = {a + data.ndim if a < 0 else a for a in axes}
-            return data.reshape([s for i, s in enumerate(data.shape) if i not in axes])
-        if op == "Concat":
-            parts = [self.ints(i, depth + 1) for i in node.inputs]
-            return np.concatenate(parts, axis=_int_attr(node, "axis", 0))
-        if op in ("Add", "Sub", "Mul"):
-            a, b = self.ints(node.inputs[0], depth + 1), self.ints(node.inputs[1], depth + 1)
-            if any(x is BATCH for x in [*a.ravel(), *b.ravel()]):
-                raise Refused(f"{_base.node_label(node)}: arithmetic on the batch size", v)
-            a, b = a.astype(np.int64), b.astype(np.int64)
-            return ({"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}[op](a, b)).astype(object)
-        raise Refused(f"{_name(v)} is computed by {_base.node_label(node)} ({op}), which the index check does not "
-                      "evaluate", v)
-
-    # ------------------------------------------------------------------------------------------ data movement
-    def run(self, node: ir.Node, ins: list[Abs]) -> Abs:
-        op = node.op_type
-        a = ins[0]
-        label = _base.node_label(node)
-        if op == "Identity":
-            return a
-        if op == "Transpose":
-            rank = len(a.dims)
-            perm = list(_int_attr(node, "perm", list(range(rank))[::-1]))
-            if sorted(perm) != list(range(rank)):
-                raise Refused(f"{label}: bad perm {perm}")
-            old_nb = [i for i in range(rank) if i != a.bax]
-            order = [old_nb.index(p) for p in perm if p != a.bax]
-            return Abs([a.dims[p] for p in perm], perm.index(a.bax), a.content.transpose(order))
-        if op == "Reshape":
-            return self._reshape(a, list(self.ints(node.inputs[1]).ravel()), _int_attr(node, "allowzero", 0), label)
-        if op == "Flatten":
-            rank = len(a.dims)
-            axis = _int_attr(node, "axis", 1)
-            axis = axis + rank if axis < 0 else axis
-            left = [s for i, s in enumerate(a.dims[:axis]) if i != a.bax]
-            right = [s for i, s in enumerate(a.dims[axis:], start=axis) if i != a.bax]
-            if a.bax < axis:
-                target = [BATCH if _prod(left) == 1 else -2, _prod(right)]
-            else:
-                target = [_prod(left), BATCH if _prod(right) == 1 else -2]
-            if -2 in target:
-                raise Refused(f"{label}: Flatten merges the batch axis with other axes")
-            return self._reshape(a, target, 1, label)
-        if op in ("Unsqueeze", "Squeeze"):
-            if len(node.inputs) < 2 or node.inputs[1] is None:
-                raise Refused(f"{label}: {op} without an axes input")
-            axes = [int(x) for x in self.ints(node.inputs[1]).ravel()]
-            if op == "Unsqueeze":
-                rank = len(a.dims) + len(axes)
-                axes = {x + rank if x < 0 else x for x in axes}
-                it = iter(a.dims)
-                dims = [1 if i in axes else next(it) for i in range(rank)]
-            else:
-                rank = len(a.dims)
-                axes = {x + rank if x < 0 else x for x in axes}
-                if a.bax in axes or any(a.dims[x] != 1 for x in axes):
-                    raise Refused(f"{label}: squeezes an axis that is not 1 or the batch axis")
-                dims = [s for i, s in enumerate(a.dims) if i not in axes]
-            bax = dims.index(BATCH)
-            return Abs(dims, bax, a.content.reshape([s for i, s in enumerate(dims) if i != bax]))
-        if op == "Gather":
-            rank = len(a.dims)
-            axis = _int_attr(node, "axis", 0)
-            axis = axis + rank if axis < 0 else axis
-            if axis == a.bax:
-                raise Refused(f"{label}: gathers along the batch axis")
-            idx = self._indices(node.inputs[1], a.dims[axis], label)
-            ax = axis if axis < a.bax else axis - 1
-            dims = a.dims[:axis] + list(idx.shape) + a.dims[axis + 1:]
-            bax = a.bax if a.bax < axis else a.bax + idx.ndim - 1
-            return Abs(dims, bax, np.take(a.content, idx, axis=ax))
-        if op == "GatherND":
-            if _int_attr(node, "batch_dims", 0) != 0:
-                raise Refused(f"{label}: GatherND with batch_dims")
-            raw = self.ints(node.inputs[1])
-            if raw.ndim < 1 or any(x is BATCH for x in raw.ravel()):
-                raise Refused(f"{label}: GatherND indices are not constant")
-            k = raw.shape[-1]
-            if a.bax < k:
-                raise Refused(f"{label}: GatherND indexes the batch axis")
-            idx = raw.astype(np.int64)
-            for j in range(k):
-                size = a.dims[j]
-                idx[..., j] = np.where(idx[..., j] < 0, idx[..., j] + size, idx[..., j])
-                if idx.size and (idx[..., j].min() < 0 or idx[..., j].max() >= size):
-                    raise Refused(f"{label}: GatherND index out of range")
-            content = a.content[tuple(idx[..., j] for j in range(k))]
-            return Abs(list(idx.shape[:-1]) + a.dims[k:], idx.ndim - 1 + (a.bax - k), content)
-        if op == "Concat":
-            rank = len(a.dims)
-            axis = _int_attr(node, "axis", 0)
-            axis = axis + rank if axis < 0 else axis
-            if any(len(b.dims) != rank or b.bax != a.bax for b in ins) or axis == a.bax:
-                raise Refused(f"{label}: concatenates along the batch axis or values of other layouts")
-            for b in ins:
-                if [s for i, s in enumerate(b.dims) if i != axis] != [s for i, s in enumerate(a.dims) if i != axis]:
-                    raise Refused(f"{label}: concatenates values of different shapes")
-            ax = axis if axis < a.bax else axis - 1
-            dims = list(a.dims)
-            dims[axis] = sum(int(b.dims[axis]) for b in ins)
-            return Abs(dims, a.bax, np.concatenate([b.content for b in ins], axis=ax))
-        raise Refused(f"{label}: {op} is not a data-movement op the index check runs")
-
-    def _indices(self, v: ir.Value, size, label: str) -> np.ndarray:
-        raw = self.ints(v)
-        if any(x is BATCH for x in raw.ravel()) or not isinstance(size, int):
-            raise Refused(f"{label}: indices are not constant")
-        idx = raw.astype(np.int64)
-        idx = np.where(idx < 0, idx + size, idx)
-        if idx.size and (idx.min() < 0 or idx.max() >= size):
-            raise Refused(f"{label}: index out of range")
-        return idx
-
-    def _reshape(self, a: Abs, target: list, allowzero: int, label: str) -> Abs:
-        t = list(target)
-        for i, v in enumerate(t):
-            if v is not BATCH and v == 0 and not allowzero:
-                if i >= len(a.dims):
-                    raise Refused(f"{label}: a 0 in the shape past the input's rank")
-                t[i] = a.dims[i]
-        pre, post = _prod(a.dims[:a.bax]), _prod(a.dims[a.bax + 1:])
-        if any(v is not BATCH and v < -1 for v in t) or sum(1 for v in t if v is not BATCH and v == -1) > 1:
-            raise Refused(f"{label}: invalid target shape {t}")
-        if self.bsize is not None:  # static batch: plain ints, then find the axis that is the batch
-            t = [self.bsize if v is BATCH else int(v) for v in t]
-            total = pre * self.bsize * post
-            if -1 in t:
-                known = _prod(v for v in t if v != -1)
-                if known == 0 or total % known:
-                    raise Refused(f"{label}: target shape {t} does not fit {total} elements")
-                t[t.index(-1)] = total // known
-            if _prod(t) != total:
-                raise Refused(f"{label}: target shape {t} does not fit {total} elements")
-            q = next((q for q in range(len(t)) if _prod(t[:q]) == pre and t[q] == self.bsize
-                      and _prod(t[q + 1:]) == post), None)
-            if q is None:
-                raise Refused(f"{label}: the reshape to {t} mixes the batch axis with other axes")
-        else:
-            at = [i for i, v in enumerate(t) if v is BATCH]
-            if len(at) > 1:
-                raise Refused(f"{label}: the batch size appears twice in the target shape")
-            if at:
-                q = at[0]
-                left, right = t[:q], t[q + 1:]
-                for side, want in ((left, pre), (right, post)):
-                    if -1 in side:
-                        known = _prod(v for v in side if v != -1)
-                        if known == 0 or want % known:
-                            raise Refused(f"{label}: the reshape mixes the batch axis with other axes")
-                        side[side.index(-1)] = want // known
-                    if _prod(side) != want:
-                        raise Refused(f"{label}: the reshape mixes the batch axis with other axes")
-                t = left + [BATCH] + right
-            else:
-                if -1 not in t:
-                    raise Refused(f"{label}: the target shape {t} fixes the batch size of a dynamic batch")
-                q = t.index(-1)
-                if _prod(v for v in t if v != -1) != pre * post or _prod(t[:q]) != pre:
-                    raise Refused(f"{label}: the reshape to {t} mixes the batch axis with other axes")
-        dims = [BATCH if i == q else int(v) for i, v in enumerate(t)]
-        return Abs(dims, q, a.content.reshape([v for i, v in enumerate(dims) if i != q]))
-
-
-# ------------------------------------------------------------------------------------------------ leaves
-@dataclasses.dataclass
-class Leaf:
-    value: ir.Value
-    kind: str                     # "x" | "onehot" | "bag"
-    table: ir.Value | None = None
-    ids: ir.Value | None = None   # onehot: the [B, F] id matrix; bag: the [F, N] indices
-    offsets: ir.Value | None = None  # bag: the [F, B] offsets
-    column: int = -1              # the feature: id column (onehot) or row of indices/offsets (bag)
-
-
-def _scalar(v: ir.Value | None) -> int | None:
-    c = _base.const(v)
-    if c is None or c.dtype.kind not in "iu" or c.size != 1 or c.ndim > 1:
-        return None
-    return int(c.reshape(-1)[0])
-
-
-def _const_list(v: ir.Value | None) -> list[int] | None:
-    c = _base.const(v)
-    if c is None or c.dtype.kind not in "iu":
-        return None
-    return [int(x) for x in c.reshape(-1)]
-
-
-def _row_of(m: _Match, v: ir.Value, axis: int) -> tuple[ir.Value, int]:
-    """`v` is slice `k` of a matrix along `axis`: Gather(M, k, axis) with a scalar k, or Squeeze(Split(M, axis)[k],
-    [axis]) with unit splits. Returns (M, k)."""
-    g = _op(v, "Gather")
-    if g is not None and _int_attr(g, "axis", 0) == axis and _scalar(g.inputs[1]) is not None \
-            and _base.const(g.inputs[1]).ndim == 0:
-        m.read(g)
-        k = _scalar(g.inputs[1])
-        d = _base.dims(g.inputs[0])
-        if k < 0 and d is not None and isinstance(d[axis], int):
-            k += d[axis]
-        return g.inputs[0], k
-    sq = _op(v, "Squeeze")
-    if sq is not None and len(sq.inputs) > 1 and _const_list(sq.inputs[1]) == [axis]:
-        sp = _op(sq.inputs[0], "Split")
-        if sp is not None and _int_attr(sp, "axis", 0) == axis:
-            n_out = len(sp.outputs)
-            sizes = _const_list(sp.inputs[1]) if len(sp.inputs) > 1 and sp.inputs[1] is not None else None
-            d = _base.dims(sp.inputs[0])
-            unit = sizes == [1] * n_out if sizes is not None else (d is not None and d[axis] == n_out)
-            if unit:
-                m.read(sq)
-                m.read(sp)
-                m.keep_private(sq.inputs[0])
-                return sp.inputs[0], sq.inputs[0].index()
-    raise Refused(f"{_name(v)} is not one row (axis {axis}) of an id matrix: Gather(M, k, axis={axis}) or "
-                  "Squeeze(Split(M)[k])", v)
-
-
-def _float_table(v: ir.Value, role: str) -> np.ndarray:
-    reason = _base.not_constant(v, role)
-    if reason:
-        raise Refused(f"{reason}: the tables are concatenated into one constant at fuse time", v)
-    arr = v.const_value
-    if len(arr.shape) != 2 or v.dtype not in _base.FLOAT_TYPES:
-        raise Refused(f"{role} {_name(v)} is not a 2-D float/float16/bfloat16 table", v)
-    return arr
-
-
-def _truthy(m: _Match, v: ir.Value | None) -> bool:
-    c = _base.const(v)
-    if c is None:
-        cast = _op(v, "Cast", "Identity")
-        if cast is None:
-            return False
-        m.read(cast)
-        c = _base.const(cast.inputs[0])
-    return c is not None and c.size == 1 and bool(c.reshape(-1)[0])
-
-
-def _onehot_leaf(m: _Match, v: ir.Value) -> Leaf | None:
-    g = _op(v, "Gather")
-    if g is None or _int_attr(g, "axis", 0) != 0:
-        return None
-    table = g.inputs[0]
-    td = _base.dims(table)
-    if td is None or len(td) != 2 or table.dtype not in _base.FLOAT_TYPES:
-        return None
-    _float_table(table, f"the embedding table of {_base.node_label(g)}")
-    m.read(g)
-    ids, col = _row_of(m, g.inputs[1], 1)
-    m.keep_private(g.inputs[1])
-    return Leaf(v, "onehot", table, ids, None, col)
-
-
-def _bag_leaf(m: _Match, v: ir.Value) -> Leaf | None:
-    """TorchScript's EmbeddingBag(mode='sum', offsets) as a Loop over the bags (torch.onnx symbolic_opset11
-    embedding_bag): checked node by node, in and around the body."""
-    loop = _op(v, "Loop")
-    if loop is None:
-        return None
-    label = _base.node_label(loop)
-    body_attr = loop.attributes.get("body")
-    body = body_attr.value if body_attr is not None else None
-    if body is None or len(loop.inputs) != 2 or len(loop.outputs) != 1 or len(body.inputs) != 2 \
-            or len(body.outputs) != 2:
-        raise Refused(f"{label}: a Loop that is not an EmbeddingBag over bags (loop-carried values)", v)
-    trip, cond = loop.inputs
-    it = body.inputs[0]
-    if not _truthy(m, cond) or not (_truthy(m, body.outputs[0]) or body.outputs[0] is body.inputs[1]):
-        raise Refused(f"{label}: the Loop's condition is not constant true", v)
-    red = body.outputs[1].producer()
-    if red is None or red.graph is not body or not _is_default(red):
-        raise Refused(f"{label}: the Loop body is not an EmbeddingBag", v)
-    if red.op_type != "ReduceSum":
-        mode = {"ReduceMean": "mean", "ReduceMax": "max"}.get(red.op_type, red.op_type)
-        raise Refused(f"{label}: the bag is reduced with {red.op_type} (EmbeddingBag mode={mode!r}): only "
-                      "mode='sum' is fused", v)
-    if _int_attr(red, "keepdims", 1) != 0 or _int_attr(red, "noop_with_empty_axes", 0) != 0 \
-            or len(red.inputs) < 2 or _const_list(red.inputs[1]) != [0]:
-        raise Refused(f"{label}: the bag ReduceSum is not over axis 0 without keepdims", v)
-    g = _op(red.inputs[0], "Gather")
-    if g is None or _int_attr(g, "axis", 0) != 0:
-        raise Refused(f"{label}: the bag rows are not gathered from a table (per-sample weights are not fused)", v)
-    table = g.inputs[0]
-    _float_table(table, f"the embedding table of {label}")
-    sl = _op(g.inputs[1], "Slice")
-    if sl is None or len(sl.inputs) < 4 or _const_list(sl.inputs[3]) != [0] or \
-            (len(sl.inputs) > 4 and sl.inputs[4] is not None and _const_list(sl.inputs[4]) != [1]):
-        raise Refused(f"{label}: the bag is not a slice of the indices", v)
-    idx = sl.inputs[0]
-
-    def at_iter(u: ir.Value) -> ir.Value:
-        un = _op(u, "Unsqueeze")
-        if un is None or len(un.inputs) < 2 or _const_list(un.inputs[1]) != [0]:
-            raise Refused(f"{label}: the bag bounds are not the offsets at the iteration", v)
-        ga = _op(un.inputs[0], "Gather")
-        if ga is None or _int_attr(ga, "axis", 0) != 0 or ga.inputs[1] is not it:
-            raise Refused(f"{label}: the bag bounds are not the offsets at the iteration", v)
-        return ga.inputs[0]
-
-    starts, ends = at_iter(sl.inputs[1]), at_iter(sl.inputs[2])
-    # starts = Concat(offsets_f, [len(indices_f)]); ends = starts[1:]; the trip count is len(ends)
-    cat = _op(starts, "Concat")
-    if cat is None or _int_attr(cat, "axis", 0) != 0 or len(cat.inputs) != 2:
-        raise Refused(f"{label}: the bag starts are not the offsets followed by the number of indices", v)
-    n_u = _op(cat.inputs[1], "Unsqueeze")
-    n_g = _op(n_u.inputs[0], "Gather") if n_u is not None and _const_list(n_u.inputs[1]) == [0] else None
-    n_s = _op(n_g.inputs[0], "Shape") if n_g is not None and _scalar(n_g.inputs[1]) == 0 else None
-    if n_s is None or n_s.inputs[0] is not idx or _int_attr(n_s, "start", 0) != 0:
-        raise Refused(f"{label}: the last bag does not end at the number of indices", v)
-    es = _op(ends, "Slice")
-    if es is None or es.inputs[0] is not starts or _const_list(es.inputs[1]) != [1] or \
-            (_const_list(es.inputs[2]) or [0])[0] < 2 ** 62 or \
-            (len(es.inputs) > 3 and es.inputs[3] is not None and _const_list(es.inputs[3]) != [0]) or \
-            (len(es.inputs) > 4 and es.inputs[4] is not None and _const_list(es.inputs[4]) != [1]):
-        raise Refused(f"{label}: the bag ends are not the next offsets", v)
-    t_g = _op(trip, "Gather")
-    t_s = _op(t_g.inputs[0], "Shape") if t_g is not None and _scalar(t_g.inputs[1]) == 0 else None
-    if t_s is None or t_s.inputs[0] is not ends or _int_attr(t_s, "start", 0) != 0:
-        raise Refused(f"{label}: the Loop does not run once per bag", v)
-    for node in (loop, cat, n_u, n_g, n_s, es, t_g, t_s):
-        m.read(node)
-    for val in (starts, ends, cat.inputs[1], n_u.inputs[0], n_g.inputs[0], trip, t_g.inputs[0]):
-        m.keep_private(val)
-    indices, row_i = _row_of(m, idx, 0)
-    offsets, row_o = _row_of(m, cat.inputs[0], 0)
-    m.keep_private(idx)
-    m.keep_private(cat.inputs[0])
-    if row_i != row_o:
-        raise Refused(f"{label}: indices row {row_i} is bagged with offsets row {row_o}", v)
-    return Leaf(v, "bag", table, indices, offsets, row_i)
 
 
 # ------------------------------------------------------------------------------------------------ the pass
@@ -554,7 +62,7 @@ class Found:
     interaction: str
     final: ir.Node
     leaves: list[Leaf]      # v_0 (X) then the features in order
-    match: _Match
+    match: Match
     hash_nodes: list[ir.Node] = dataclasses.field(default_factory=list)
     ids: ir.Value | None = None
     cardinality: np.ndarray | None = None
@@ -594,7 +102,7 @@ class EmbeddingInteractionPass:
         count = 0
         explained: set[int] = set()
         for node in reversed(list(graph)):
-            if node.graph is not graph or node.op_type != "Concat" or not _is_default(node):
+            if node.graph is not graph or node.op_type != "Concat" or not is_default(node):
                 continue
             try:
                 found = self._candidate(graph, node)
@@ -634,7 +142,7 @@ class EmbeddingInteractionPass:
         od = _base.dims(out)
         gram = self._gram_path(final)
         if gram is not None:
-            m = _Match(graph, None)
+            m = Match(graph, None)
             try:
                 self._opset_check()
             except Refused as r:
@@ -649,12 +157,12 @@ class EmbeddingInteractionPass:
         if od is not None and len(od) != 2:
             return None
         try:
-            leaves = self._leaves(_Match(graph, None), out, None, probe=True)
+            leaves = self._leaves(Match(graph, None), out, None, probe=True)
         except Refused:
             return None
         if not any(l.kind != "x" for l in leaves):
             return None
-        m = _Match(graph, None)
+        m = Match(graph, None)
         try:
             self._opset_check()
             return self._cat(graph, final, m)
@@ -668,12 +176,12 @@ class EmbeddingInteractionPass:
         if len(final.inputs) != 2:
             return None
         v, path = final.inputs[1], []
-        for _ in range(_MAX_DEPTH):
+        for _ in range(MAX_DEPTH):
             node = v.producer() if v is not None else None
             if node is None:
                 return None
-            if node.op_type == "MatMul" and _is_default(node):
-                tr = _op(node.inputs[1], "Transpose")
+            if node.op_type == "MatMul" and is_default(node):
+                tr = made_by(node.inputs[1], "Transpose")
                 if tr is not None and tr.inputs[0] is node.inputs[0]:
                     return node, node.inputs[0], path, tr
                 return None
@@ -681,13 +189,13 @@ class EmbeddingInteractionPass:
                 if node.inputs[0] is node.inputs[1]:
                     return node, node.inputs[0], path, None
                 return None
-            if not _is_default(node) or node.op_type not in _MOVES or node.op_type == "Concat":
+            if not is_default(node) or node.op_type not in MOVES or node.op_type == "Concat":
                 return None
             path.append(node)
             v = node.inputs[0]
         return None
 
-    def _leaves(self, m: _Match, v: ir.Value, x: ir.Value | None, probe: bool = False) -> list[Leaf]:
+    def _leaves(self, m: Match, v: ir.Value, x: ir.Value | None, probe: bool = False) -> list[Leaf]:
         """The vectors a stacking/concatenation is made of, walking back through data-movement nodes: X, then the
         embeddings. With `probe` nothing is refused: non-embedding leaves are reported as 'x'."""
         out: list[Leaf] = []
@@ -695,15 +203,15 @@ class EmbeddingInteractionPass:
 
         def walk(u: ir.Value, depth: int) -> None:
             if id(u) in seen:
-                raise Refused(f"{_name(u)} is stacked twice", u)
+                raise Refused(f"{value_name(u)} is stacked twice", u)
             seen.add(id(u))
-            if depth > _MAX_DEPTH:
+            if depth > MAX_DEPTH:
                 raise Refused("the stacking of the vectors is too deep", u)
             if x is not None and u is x:
                 out.append(Leaf(u, "x"))
                 return
             try:
-                leaf = _onehot_leaf(m, u) or _bag_leaf(m, u)
+                leaf = onehot_leaf(m, u) or bag_leaf(m, u)
             except Refused:
                 if probe:
                     out.append(Leaf(u, "onehot"))  # an embedding-like node: a candidate worth explaining
@@ -714,7 +222,7 @@ class EmbeddingInteractionPass:
                 out.append(leaf)
                 return
             node = u.producer()
-            if _is_default(node) and node.op_type in _MOVES and node.op_type != "Gather":
+            if is_default(node) and node.op_type in MOVES and node.op_type != "Gather":
                 m.read(node)
                 m.keep_private(u)
                 for i in ([*node.inputs] if node.op_type == "Concat" else [node.inputs[0]]):
@@ -726,13 +234,13 @@ class EmbeddingInteractionPass:
             if probe:
                 out.append(Leaf(u, "x"))
                 return
-            raise Refused(f"{_name(u)} (from {_base.node_label(node) if node else 'a graph input'}) is neither the "
+            raise Refused(f"{value_name(u)} (from {_base.node_label(node) if node else 'a graph input'}) is neither the "
                           "dense vector nor an embedding lookup", u)
 
         walk(v, 0)
         return out
 
-    def _stack(self, m: _Match, v: ir.Value, leaves: list[Leaf]) -> Abs:
+    def _stack(self, m: Match, v: ir.Value, leaves: list[Leaf]) -> Abs:
         """Run the data movement from the leaves to `v`; leaf j is labelled j (its elements j*d + c)."""
         label = {id(l.value): j for j, l in enumerate(leaves)}
         d = m.d
@@ -751,7 +259,7 @@ class EmbeddingInteractionPass:
 
         return ev(v)
 
-    def _vectors(self, m: _Match, leaves: list[Leaf], content: np.ndarray, n: int) -> list[Leaf]:
+    def _vectors(self, m: Match, leaves: list[Leaf], content: np.ndarray, n: int) -> list[Leaf]:
         """The leaves in the order the content holds them ([n, d] rows of j*d + c); refuses any other layout."""
         d = m.d
         rows = content.reshape(n, d)
@@ -764,11 +272,11 @@ class EmbeddingInteractionPass:
             raise Refused("the dense vector is not the first of the interaction's vectors", vecs[0].value)
         return vecs
 
-    def _check_leaves(self, m: _Match, leaves: list[Leaf]) -> None:
+    def _check_leaves(self, m: Match, leaves: list[Leaf]) -> None:
         xs = [l for l in leaves if l.kind == "x"]
         if len(xs) != 1:
             raise Refused(f"{len(xs)} vectors are neither embeddings nor the dense vector "
-                          f"({', '.join(_name(l.value) for l in xs)})")
+                          f"({', '.join(value_name(l.value) for l in xs)})")
         m.set_x(xs[0].value)
         kinds = {l.kind for l in leaves if l.kind != "x"}
         if len(kinds) != 1:
@@ -778,25 +286,25 @@ class EmbeddingInteractionPass:
                 continue
             td = l.table.const_value.shape
             if int(td[1]) != m.d:
-                raise Refused(f"the table {_name(l.table)} is {int(td[1])} wide, the dense vector {m.d}: the op "
+                raise Refused(f"the table {value_name(l.table)} is {int(td[1])} wide, the dense vector {m.d}: the op "
                               "needs one width", l.table)
             if l.table.dtype != m.x.dtype:
-                raise Refused(f"the table {_name(l.table)} is {l.table.dtype.name.lower()}, the dense vector "
+                raise Refused(f"the table {value_name(l.table)} is {l.table.dtype.name.lower()}, the dense vector "
                               f"{m.x.dtype.name.lower() if m.x.dtype else '?'}", l.table)
 
-    def _dot(self, graph, final: ir.Node, gram, m: _Match) -> Found:
+    def _dot(self, graph, final: ir.Node, gram, m: Match) -> Found:
         gram_node, t_val, path, transpose = gram
         x = final.inputs[0]
         m.set_x(x)
-        if _int_attr(final, "axis", 0) not in (1, -1):
+        if int_attr(final, "axis", 0) not in (1, -1):
             raise Refused(f"{_base.node_label(final)} does not concatenate along the features")
         if gram_node.op_type == "FusedMatMul":
             a = gram_node.attributes
             if a.get("alpha") is not None and a.get("alpha").value != 1.0 or any(
-                    _int_attr(gram_node, k, 0) != want for k, want in
+                    int_attr(gram_node, k, 0) != want for k, want in
                     (("transA", 0), ("transB", 1), ("transBatchA", 0), ("transBatchB", 0))):
                 raise Refused(f"{_base.node_label(gram_node)} is not T @ T^T (FusedMatMul transB=1, alpha=1)")
-        elif list(_int_attr(transpose, "perm", [])) != [0, 2, 1]:
+        elif list(int_attr(transpose, "perm", [])) != [0, 2, 1]:
             raise Refused(f"{_base.node_label(transpose)} does not swap the last two axes of the stacked vectors")
         m.read(final)
         m.read(gram_node)
@@ -813,7 +321,7 @@ class EmbeddingInteractionPass:
         n = len(leaves)
         t_abs = self._stack(m, t_val, leaves)
         if t_abs.dims != [BATCH, n, m.d] or t_abs.bax != 0:
-            raise Refused(f"the stacked vectors {_name(t_val)} are {t_abs.dims}, not [batch, {n}, {m.d}]", t_val)
+            raise Refused(f"the stacked vectors {value_name(t_val)} are {t_abs.dims}, not [batch, {n}, {m.d}]", t_val)
         vecs = self._vectors(m, leaves, t_abs.content, n)
         z = Abs([BATCH, n, n], 0, np.arange(n * n, dtype=np.int64).reshape(n, n))
         m.abs[id(gram_node.outputs[0])] = z
@@ -823,7 +331,7 @@ class EmbeddingInteractionPass:
         li, lj = np.tril_indices(n, -1)
         want = li * n + lj
         if z.bax != 0 or len(z.dims) != 2:
-            raise Refused(f"the selected products {_name(final.inputs[1])} are {z.dims}, not [batch, pairs]",
+            raise Refused(f"the selected products {value_name(final.inputs[1])} are {z.dims}, not [batch, pairs]",
                           final.inputs[1])
         if not np.array_equal(z.content, want):
             got = [(int(c) // n, int(c) % n) for c in z.content.reshape(-1)[:6]]
@@ -832,7 +340,7 @@ class EmbeddingInteractionPass:
                           final.inputs[1])
         return self._finish(Found("dot", final, vecs, m))
 
-    def _cat(self, graph, final: ir.Node, m: _Match) -> Found:
+    def _cat(self, graph, final: ir.Node, m: Match) -> Found:
         out = final.outputs[0]
         leaves = self._leaves(m, out, None)
         self._check_leaves(m, leaves)
@@ -840,7 +348,7 @@ class EmbeddingInteractionPass:
         n = len(leaves)
         a = self._stack(m, out, leaves)
         if a.dims != [BATCH, n * m.d] or a.bax != 0:
-            raise Refused(f"{_name(out)} is {a.dims}, not the [batch, {n * m.d}] concatenation of the vectors", out)
+            raise Refused(f"{value_name(out)} is {a.dims}, not the [batch, {n * m.d}] concatenation of the vectors", out)
         vecs = self._vectors(m, leaves, a.content, n)
         return self._finish(Found("cat", final, vecs, m))
 
@@ -860,13 +368,13 @@ class EmbeddingInteractionPass:
         sd = _base.dims(src)
         axis = 1 if kind == "onehot" else 0
         if sd is None or len(sd) != 2 or sd[axis] != n_feat:
-            raise Refused(f"the id matrix {_name(src)} has shape {sd}: it must have exactly {n_feat} features", src)
+            raise Refused(f"the id matrix {value_name(src)} has shape {sd}: it must have exactly {n_feat} features", src)
         if src.dtype != ir.DataType.INT64:
-            raise Refused(f"the ids {_name(src)} are {src.dtype.name.lower() if src.dtype else '?'}, not int64", src)
+            raise Refused(f"the ids {value_name(src)} are {src.dtype.name.lower() if src.dtype else '?'}, not int64", src)
         if kind == "bag":
             od = _base.dims(feats[0].offsets)
             if od is None or len(od) != 2 or od[0] != n_feat or feats[0].offsets.dtype != ir.DataType.INT64:
-                raise Refused(f"the offsets {_name(feats[0].offsets)} are not int64 [{n_feat}, batch]",
+                raise Refused(f"the offsets {value_name(feats[0].offsets)} are not int64 [{n_feat}, batch]",
                               feats[0].offsets)
         rows = np.array([int(l.table.const_value.shape[0]) for l in feats], dtype=np.int64)
         f.ids, f.cardinality = src, rows
@@ -877,10 +385,10 @@ class EmbeddingInteractionPass:
     def _hash(self, f: Found, rows: np.ndarray) -> None:
         """Absorb (ids + 1) mod cardinality when spelled exactly so; otherwise the op takes the id matrix as it is."""
         m = f.match
-        mod = _op(f.ids, "Mod")
-        if mod is None or _int_attr(mod, "fmod", 0) != 0:
+        mod = made_by(f.ids, "Mod")
+        if mod is None or int_attr(mod, "fmod", 0) != 0:
             return
-        add = _op(mod.inputs[0], "Add")
+        add = made_by(mod.inputs[0], "Add")
         if add is None:
             return
         for a, b in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
@@ -949,7 +457,7 @@ class EmbeddingInteractionPass:
                 users = [u.node for u in v.uses() if id(u.node) not in internal]
                 other = "a graph output" if v.is_graph_output() else \
                     ", ".join(sorted({_base.node_label(u) for u in users})) or "another node"
-                raise Refused(f"{_name(v)} is also used by {other}: it must stay in memory, so the lookups and the "
+                raise Refused(f"{value_name(v)} is also used by {other}: it must stay in memory, so the lookups and the "
                               "interaction are not fused", v)
         return list(cand.values())
 

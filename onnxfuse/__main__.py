@@ -1,0 +1,6 @@
+"""`python -m onnxfuse ...`: the same as the `onnxfuse` command (cli.main)."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

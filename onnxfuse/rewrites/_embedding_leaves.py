@@ -1,0 +1,184 @@
+"""The leaves of the embedding_interaction pass: an embedding lookup or bag, recognised node by node.
+
+`onehot_leaf`: Gather(table, column f of one id matrix) with a constant [R_f, d] table. `bag_leaf`: TorchScript's
+EmbeddingBag(mode="sum", offsets) Loop (slice indices[offsets[b] : offsets[b+1]], gather, ReduceSum over the bag),
+each node and value of the loop and its bounds checked. Each returns a Leaf (None when the value is not that kind of
+lookup at all) or raises Refused naming the check that failed.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from onnxscript import ir
+
+from . import _base
+from ._index_interpreter import Match, Refused, int_attr, is_default, made_by, value_name
+
+
+@dataclasses.dataclass
+class Leaf:
+    value: ir.Value
+    kind: str                     # "x" | "onehot" | "bag"
+    table: ir.Value | None = None
+    ids: ir.Value | None = None   # onehot: the [B, F] id matrix; bag: the [F, N] indices
+    offsets: ir.Value | None = None  # bag: the [F, B] offsets
+    column: int = -1              # the feature: id column (onehot) or row of indices/offsets (bag)
+
+
+def _scalar(v: ir.Value | None) -> int | None:
+    c = _base.const(v)
+    if c is None or c.dtype.kind not in "iu" or c.size != 1 or c.ndim > 1:
+        return None
+    return int(c.reshape(-1)[0])
+
+
+def _const_list(v: ir.Value | None) -> list[int] | None:
+    c = _base.const(v)
+    if c is None or c.dtype.kind not in "iu":
+        return None
+    return [int(x) for x in c.reshape(-1)]
+
+
+def _row_of(m: Match, v: ir.Value, axis: int) -> tuple[ir.Value, int]:
+    """`v` is slice `k` of a matrix along `axis`: Gather(M, k, axis) with a scalar k, or Squeeze(Split(M, axis)[k],
+    [axis]) with unit splits. Returns (M, k)."""
+    g = made_by(v, "Gather")
+    if g is not None and int_attr(g, "axis", 0) == axis and _scalar(g.inputs[1]) is not None \
+            and _base.const(g.inputs[1]).ndim == 0:
+        m.read(g)
+        k = _scalar(g.inputs[1])
+        d = _base.dims(g.inputs[0])
+        if k < 0 and d is not None and isinstance(d[axis], int):
+            k += d[axis]
+        return g.inputs[0], k
+    sq = made_by(v, "Squeeze")
+    if sq is not None and len(sq.inputs) > 1 and _const_list(sq.inputs[1]) == [axis]:
+        sp = made_by(sq.inputs[0], "Split")
+        if sp is not None and int_attr(sp, "axis", 0) == axis:
+            n_out = len(sp.outputs)
+            sizes = _const_list(sp.inputs[1]) if len(sp.inputs) > 1 and sp.inputs[1] is not None else None
+            d = _base.dims(sp.inputs[0])
+            unit = sizes == [1] * n_out if sizes is not None else (d is not None and d[axis] == n_out)
+            if unit:
+                m.read(sq)
+                m.read(sp)
+                m.keep_private(sq.inputs[0])
+                return sp.inputs[0], sq.inputs[0].index()
+    raise Refused(f"{value_name(v)} is not one row (axis {axis}) of an id matrix: Gather(M, k, axis={axis}) or "
+                  "Squeeze(Split(M)[k])", v)
+
+
+def _float_table(v: ir.Value, role: str) -> np.ndarray:
+    reason = _base.not_constant(v, role)
+    if reason:
+        raise Refused(f"{reason}: the tables are concatenated into one constant at fuse time", v)
+    arr = v.const_value
+    if len(arr.shape) != 2 or v.dtype not in _base.FLOAT_TYPES:
+        raise Refused(f"{role} {value_name(v)} is not a 2-D float/float16/bfloat16 table", v)
+    return arr
+
+
+def _truthy(m: Match, v: ir.Value | None) -> bool:
+    c = _base.const(v)
+    if c is None:
+        cast = made_by(v, "Cast", "Identity")
+        if cast is None:
+            return False
+        m.read(cast)
+        c = _base.const(cast.inputs[0])
+    return c is not None and c.size == 1 and bool(c.reshape(-1)[0])
+
+
+def onehot_leaf(m: Match, v: ir.Value) -> Leaf | None:
+    g = made_by(v, "Gather")
+    if g is None or int_attr(g, "axis", 0) != 0:
+        return None
+    table = g.inputs[0]
+    td = _base.dims(table)
+    if td is None or len(td) != 2 or table.dtype not in _base.FLOAT_TYPES:
+        return None
+    _float_table(table, f"the embedding table of {_base.node_label(g)}")
+    m.read(g)
+    ids, col = _row_of(m, g.inputs[1], 1)
+    m.keep_private(g.inputs[1])
+    return Leaf(v, "onehot", table, ids, None, col)
+
+
+def bag_leaf(m: Match, v: ir.Value) -> Leaf | None:
+    """TorchScript's EmbeddingBag(mode='sum', offsets) as a Loop over the bags (torch.onnx symbolic_opset11
+    embedding_bag): checked node by node, in and around the body."""
+    loop = made_by(v, "Loop")
+    if loop is None:
+        return None
+    label = _base.node_label(loop)
+    body_attr = loop.attributes.get("body")
+    body = body_attr.value if body_attr is not None else None
+    if body is None or len(loop.inputs) != 2 or len(loop.outputs) != 1 or len(body.inputs) != 2 \
+            or len(body.outputs) != 2:
+        raise Refused(f"{label}: a Loop that is not an EmbeddingBag over bags (loop-carried values)", v)
+    trip, cond = loop.inputs
+    it = body.inputs[0]
+    if not _truthy(m, cond) or not (_truthy(m, body.outputs[0]) or body.outputs[0] is body.inputs[1]):
+        raise Refused(f"{label}: the Loop's condition is not constant true", v)
+    red = body.outputs[1].producer()
+    if red is None or red.graph is not body or not is_default(red):
+        raise Refused(f"{label}: the Loop body is not an EmbeddingBag", v)
+    if red.op_type != "ReduceSum":
+        mode = {"ReduceMean": "mean", "ReduceMax": "max"}.get(red.op_type, red.op_type)
+        raise Refused(f"{label}: the bag is reduced with {red.op_type} (EmbeddingBag mode={mode!r}): only "
+                      "mode='sum' is fused", v)
+    if int_attr(red, "keepdims", 1) != 0 or int_attr(red, "noop_with_empty_axes", 0) != 0 \
+            or len(red.inputs) < 2 or _const_list(red.inputs[1]) != [0]:
+        raise Refused(f"{label}: the bag ReduceSum is not over axis 0 without keepdims", v)
+    g = made_by(red.inputs[0], "Gather")
+    if g is None or int_attr(g, "axis", 0) != 0:
+        raise Refused(f"{label}: the bag rows are not gathered from a table (per-sample weights are not fused)", v)
+    table = g.inputs[0]
+    _float_table(table, f"the embedding table of {label}")
+    sl = made_by(g.inputs[1], "Slice")
+    if sl is None or len(sl.inputs) < 4 or _const_list(sl.inputs[3]) != [0] or \
+            (len(sl.inputs) > 4 and sl.inputs[4] is not None and _const_list(sl.inputs[4]) != [1]):
+        raise Refused(f"{label}: the bag is not a slice of the indices", v)
+    idx = sl.inputs[0]
+
+    def at_iter(u: ir.Value) -> ir.Value:
+        un = made_by(u, "Unsqueeze")
+        if un is None or len(un.inputs) < 2 or _const_list(un.inputs[1]) != [0]:
+            raise Refused(f"{label}: the bag bounds are not the offsets at the iteration", v)
+        ga = made_by(un.inputs[0], "Gather")
+        if ga is None or int_attr(ga, "axis", 0) != 0 or ga.inputs[1] is not it:
+            raise Refused(f"{label}: the bag bounds are not the offsets at the iteration", v)
+        return ga.inputs[0]
+
+    starts, ends = at_iter(sl.inputs[1]), at_iter(sl.inputs[2])
+    # starts = Concat(offsets_f, [len(indices_f)]); ends = starts[1:]; the trip count is len(ends)
+    cat = made_by(starts, "Concat")
+    if cat is None or int_attr(cat, "axis", 0) != 0 or len(cat.inputs) != 2:
+        raise Refused(f"{label}: the bag starts are not the offsets followed by the number of indices", v)
+    n_u = made_by(cat.inputs[1], "Unsqueeze")
+    n_g = made_by(n_u.inputs[0], "Gather") if n_u is not None and _const_list(n_u.inputs[1]) == [0] else None
+    n_s = made_by(n_g.inputs[0], "Shape") if n_g is not None and _scalar(n_g.inputs[1]) == 0 else None
+    if n_s is None or n_s.inputs[0] is not idx or int_attr(n_s, "start", 0) != 0:
+        raise Refused(f"{label}: the last bag does not end at the number of indices", v)
+    es = made_by(ends, "Slice")
+    if es is None or es.inputs[0] is not starts or _const_list(es.inputs[1]) != [1] or \
+            (_const_list(es.inputs[2]) or [0])[0] < 2 ** 62 or \
+            (len(es.inputs) > 3 and es.inputs[3] is not None and _const_list(es.inputs[3]) != [0]) or \
+            (len(es.inputs) > 4 and es.inputs[4] is not None and _const_list(es.inputs[4]) != [1]):
+        raise Refused(f"{label}: the bag ends are not the next offsets", v)
+    t_g = made_by(trip, "Gather")
+    t_s = made_by(t_g.inputs[0], "Shape") if t_g is not None and _scalar(t_g.inputs[1]) == 0 else None
+    if t_s is None or t_s.inputs[0] is not ends or int_attr(t_s, "start", 0) != 0:
+        raise Refused(f"{label}: the Loop does not run once per bag", v)
+    for node in (loop, cat, n_u, n_g, n_s, es, t_g, t_s):
+        m.read(node)
+    for val in (starts, ends, cat.inputs[1], n_u.inputs[0], n_g.inputs[0], trip, t_g.inputs[0]):
+        m.keep_private(val)
+    indices, row_i = _row_of(m, idx, 0)
+    offsets, row_o = _row_of(m, cat.inputs[0], 0)
+    m.keep_private(idx)
+    m.keep_private(cat.inputs[0])
+    if row_i != row_o:
+        raise Refused(f"{label}: indices row {row_i} is bagged with offsets row {row_o}", v)
+    return Leaf(v, "bag", table, indices, offsets, row_i)

@@ -1,0 +1,205 @@
+"""The package's layout (issue 17): modules small enough to read, no import cycles, one command line.
+
+  * no module over 650 lines unless its docstring says why, in a sentence starting "Over 600 lines:";
+  * no cycle among onnxfuse's modules through their module-level imports (imports inside functions are how a module
+    defers a heavy or optional dependency; they run after every module involved has loaded), and every module
+    imports in a fresh interpreter;
+  * cli.py is the command line: the only module that builds an argparse.ArgumentParser or defines main(), besides
+    the bench package's `register(subparsers)`. `python -m onnxfuse` (__main__.py) runs cli.main.
+"""
+from __future__ import annotations
+
+import ast
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PKG = ROOT / "onnxfuse"
+MAX_LINES = 650
+# The bench package keeps the bench command's parser (bench/command.py: register(subparsers)), which cli.py calls.
+BENCH = ("onnxfuse/bench/",)
+# kernels/triton/ is no package (no __init__.py): Triton kernel sources and aot.py, which the CMake build runs as a
+# script (`python aot.py --out ...`, its own argparse) to compile the kernels ahead of time.
+BUILD_SCRIPTS = ("onnxfuse/kernels/triton/",)
+
+
+def _rel(path: pathlib.Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def _files() -> list[pathlib.Path]:
+    return sorted(PKG.rglob("*.py"))
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    """Dotted name -> file of every module of the package (the build scripts of kernels/triton/ left out)."""
+    out = {}
+    for path in _files():
+        rel = _rel(path)
+        if rel.startswith(BUILD_SCRIPTS):
+            continue
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def test_no_module_over_650_lines_without_saying_why():
+    too_long = []
+    for path in _files():
+        rel = _rel(path)
+        text = path.read_text()
+        lines = len(text.splitlines())
+        doc = ast.get_docstring(ast.parse(text)) or ""
+        if lines > MAX_LINES and "Over 600 lines:" not in doc:
+            too_long.append(f"{rel}: {lines} lines")
+    assert not too_long, ("split these, or say why not in a docstring sentence starting 'Over 600 lines:': "
+                          + "; ".join(too_long))
+
+
+def _top_level_imports(tree: ast.Module):
+    """Import statements that run when the module loads: at the top level, and in top-level if/try blocks."""
+    stack = list(tree.body)
+    while stack:
+        node = stack.pop(0)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, (ast.If, ast.Try)):
+            stack[:0] = [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", []),
+                         *(s for h in getattr(node, "handlers", []) for s in h.body)]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the onnxfuse modules its module-level imports load. `from P import x` loads P.x when that is a
+    module, else P; importing a.b also runs the __init__ of each package on the way that is not the importer's own
+    (its own packages are already loading when it runs)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        ancestors = {".".join(name.split(".")[:i]) for i in range(1, len(name.split(".")) + 1)}
+        edges: set[str] = set()
+
+        def add(target: str) -> None:
+            parts = target.split(".")
+            for i in range(1, len(parts) + 1):  # the packages on the way, then the module itself
+                prefix = ".".join(parts[:i])
+                if prefix in modules and prefix not in ancestors:
+                    edges.add(prefix)
+
+        for node in _top_level_imports(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == "onnxfuse":
+                        add(alias.name)
+                continue
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if source.split(".")[0] != "onnxfuse":
+                continue
+            add(source)
+            for alias in node.names:
+                if f"{source}.{alias.name}" in modules:
+                    add(f"{source}.{alias.name}")
+        edges.discard(name)
+        graph[name] = edges
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the graph (its modules in import order, the first repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycle_among_module_level_imports():
+    graph = import_graph()
+    assert "onnxfuse.kernels.build" in graph["onnxfuse.kernels"]  # the graph sees relative imports
+    assert "onnxfuse.kernels.cache" in graph["onnxfuse.kernels.toolchain"]
+    cycle = find_cycle(graph)
+    assert cycle is None, "module-level import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_no_module_imports_cli():
+    """cli.py sits on top: nothing but __main__.py imports it (view once did, for its parser class)."""
+    users = [name for name, edges in import_graph().items() if "onnxfuse.cli" in edges and name != "onnxfuse.__main__"]
+    # imports inside functions too (view once imported cli's parser class in one)
+    spelled = re.compile(r"^\s*(from\s+(\.+|onnxfuse\.)cli\s+import|import\s+onnxfuse\.cli\b"
+                         r"|from\s+(\.+|onnxfuse)\s+import\s+(.*,\s*)?cli\b)", re.M)
+    for name, path in _modules().items():
+        if name not in ("onnxfuse.cli", "onnxfuse.__main__") and spelled.search(path.read_text()):
+            users.append(name)
+    assert not users, f"these modules import cli.py: {sorted(set(users))}"
+
+
+def test_every_module_imports_in_a_fresh_interpreter():
+    names = [n for n in _modules() if n != "onnxfuse.__main__"]  # __main__ runs the CLI
+    code = ("import importlib, subprocess, sys\n"
+            "bad = []\n"
+            "for name in sys.argv[1:]:\n"
+            "    p = subprocess.run([sys.executable, '-c', f'import {name}'], capture_output=True, text=True)\n"
+            "    if p.returncode:\n"
+            "        bad.append(name + ': ' + (p.stderr.strip().splitlines() or ['?'])[-1])\n"
+            "print('\\n'.join(bad))\n")
+    r = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0 and not r.stdout.strip(), r.stdout + r.stderr
+
+
+def _builds_a_parser(tree: ast.Module) -> bool:
+    return any(isinstance(n, ast.Attribute) and n.attr == "ArgumentParser" or
+               isinstance(n, ast.Name) and n.id == "ArgumentParser" for n in ast.walk(tree))
+
+
+@pytest.mark.parametrize("what", ["ArgumentParser", "main()"])
+def test_cli_is_the_only_command_line(what):
+    found = []
+    for path in _files():
+        rel = _rel(path)
+        if rel in ("onnxfuse/cli.py", "onnxfuse/__main__.py") or rel.startswith(BENCH + BUILD_SCRIPTS):
+            continue
+        tree = ast.parse(path.read_text())
+        if what == "ArgumentParser" and _builds_a_parser(tree):
+            found.append(rel)
+        if what == "main()" and any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body):
+            found.append(rel)
+    assert not found, f"{what} outside cli.py (its options belong in cli.py's parser): {found}"
+
+
+def test_python_dash_m_onnxfuse_is_the_cli():
+    r = subprocess.run([sys.executable, "-m", "onnxfuse", "doctor", "--help"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("usage: onnxfuse doctor") and "--providers" in r.stdout
