@@ -220,3 +220,30 @@ def test_llama_cases_export_through_onnxfuse_export(tmp_path):
     case = res["cases"][0]
     assert case["models"]["fused_ops"] == {"SwiGLU": 1}
     assert case["variants"]["fused-cpu"]["median_ms"] > 0 and case["variants"]["ort-unfused"]["median_ms"] > 0
+
+
+def test_bench_cache_keys_change_with_the_rules(tmp_path, monkeypatch):
+    """A cached fused model is reused only while the code that wrote it is unchanged: the key carries a fingerprint
+    of the export / stage-1 / rule sources (a DLRM fused before the embedding rule existed was timed as current)."""
+    from onnxfuse.bench import cases
+    (tmp_path / "rewrites").mkdir()
+    (tmp_path / "fuse.py").write_text("x = 1\n")
+    (tmp_path / "rewrites" / "rule.py").write_text("y = 1\n")
+    first = cases.pipeline_fingerprint(tmp_path)
+    cases._FINGERPRINTS.clear()
+    assert cases.pipeline_fingerprint(tmp_path) == first
+    cases._FINGERPRINTS.clear()
+    (tmp_path / "rewrites" / "rule.py").write_text("y = 2\n")
+    assert cases.pipeline_fingerprint(tmp_path) != first
+    cases._FINGERPRINTS.clear()
+    (tmp_path / "cli.py").write_text("z = 1\n")  # the CLI writes no model
+    second = cases.pipeline_fingerprint(tmp_path)
+    cases._FINGERPRINTS.clear()
+    (tmp_path / "cli.py").write_text("z = 2\n")
+    assert cases.pipeline_fingerprint(tmp_path) == second
+    cases._FINGERPRINTS.clear()
+    keys = set()
+    for fp in ("a", "b"):
+        monkeypatch.setattr(cases, "pipeline_fingerprint", lambda root=None, fp=fp: fp)
+        keys.add(cases.CASES["dlrm"].make(16, "fp32", 0, True, 1).key)
+    assert len(keys) == 2 and all(k.startswith("dlrm-16-fp32-s0-") for k in keys)

@@ -43,9 +43,35 @@ class CaseDef:
     make: Callable                 # (size, dtype, seed, quick, layers) -> Workload
 
 
+# What makes the exported, ORT-optimized and fused models: a change to any of these files gives new cache keys, so
+# a bench never times a model that an older export or older rules wrote (the package version alone did not move).
+PIPELINE_SOURCES = ("*.py", "rewrites/*.py")
+_PIPELINE_SKIP = ("cli.py", "info.py", "argtypes.py", "_term.py")
+
+
+def pipeline_fingerprint(root: pathlib.Path | None = None) -> str:
+    """sha1 (12 hex digits) over the sources of export, stage 1 and the rules (PIPELINE_SOURCES under `root`, the
+    package by default): the part of every bench cache key that changes when the code that writes the models does."""
+    root = pathlib.Path(root) if root is not None else pathlib.Path(__file__).resolve().parent.parent
+    if root in _FINGERPRINTS:
+        return _FINGERPRINTS[root]
+    h = hashlib.sha1()
+    for pattern in PIPELINE_SOURCES:
+        for path in sorted(root.glob(pattern)):
+            if path.name in _PIPELINE_SKIP:
+                continue
+            h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    _FINGERPRINTS[root] = h.hexdigest()[:12]
+    return _FINGERPRINTS[root]
+
+
+_FINGERPRINTS: dict[pathlib.Path, str] = {}
+
+
 def _key(case: str, size: int, dtype: str, seed: int, params: dict) -> str:
     from .. import __version__
-    blob = json.dumps({"params": params, "onnxfuse": __version__}, sort_keys=True, default=str)
+    blob = json.dumps({"params": params, "onnxfuse": __version__, "pipeline": pipeline_fingerprint()},
+                      sort_keys=True, default=str)
     return f"{case}-{size}-{dtype}-s{seed}-{hashlib.sha1(blob.encode()).hexdigest()[:8]}"
 
 
