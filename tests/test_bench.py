@@ -247,3 +247,19 @@ def test_bench_cache_keys_change_with_the_rules(tmp_path, monkeypatch):
         monkeypatch.setattr(cases, "pipeline_fingerprint", lambda root=None, fp=fp: fp)
         keys.add(cases.CASES["dlrm"].make(16, "fp32", 0, True, 1).key)
     assert len(keys) == 2 and all(k.startswith("dlrm-16-fp32-s0-") for k in keys)
+
+
+def test_bench_table_prints_the_readme_table(tmp_path, capsys):
+    """`onnxfuse bench table R.json ...`: one markdown row per case and size, each side at its best variant."""
+    from onnxfuse import cli
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(_synthetic(unfused=0.10, fused=0.02, compiled=0.05)))
+    assert cli.main(["bench", "table", str(path), str(path)]) == 0
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| dlrm-bottom")]
+    assert len(rows) == 2
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    # eager 0.06, compile 0.05, unfused best of plain/graph 0.098, no ORT-optimized, fused best 0.02 (triton)
+    assert cells[:7] == ["dlrm-bottom", "2048 batch", "0.060", "0.050", "0.098", "-", "0.020"]
+    assert cells[7:10] == ["4.9×", "-", "2.5×"]
+    assert cli.main(["bench", "table", str(tmp_path / "absent.json")]) == 2
+    assert "no such results file" in capsys.readouterr().err

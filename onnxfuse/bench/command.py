@@ -2,8 +2,8 @@
 
 register(subparsers) adds the `bench` subcommand to onnxfuse.cli's parser: the one parser of the command
 (`python -m onnxfuse bench ...` is the same command). cli_main(args), which onnxfuse.cli dispatches,
-runs the benchmark (or re-reads a results file with --from-json, or only plots one: `bench plot RESULTS.json
-[-o PNG]`), writes the JSON and the plot, prints the table, and returns 1 when --check-goals finds a goal missed.
+runs the benchmark (or re-reads a results file with --from-json, only plots one: `bench plot RESULTS.json
+[-o PNG]`, or prints the README's markdown table of several: `bench table R.json [R2.json ...]`), writes the JSON and the plot, prints the table, and returns 1 when --check-goals finds a goal missed.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from ..errors import OnnxfuseError
 from .cases import CASES
 from .goals import goals_failed
 from .report import (DEFAULT_RESULTS, NOISY_SPREAD, annotate, default_output, format_table, json_default, load_json,
-                     plot, reevaluate, write_json)
+                     markdown_table, plot, reevaluate, write_json)
 from .runner import DEFAULT_CACHE, Options, run
 from .variants import VARIANTS
 
@@ -54,7 +54,8 @@ def register(subparsers, parser_class=None) -> argparse.ArgumentParser:
     p = subparsers.add_parser("bench", help="benchmark torch, ORT unfused and ORT fused (per backend, CUDA graphs)",
                               description=DESCRIPTION)
     p.add_argument("targets", nargs="*", metavar="CASE|MODEL.onnx",
-                   help=f"named cases ({', '.join(CASES)}; default all) or one .onnx model")
+                   help=f"named cases ({', '.join(CASES)}; default all) or one .onnx model; 'plot R.json' only plots a "
+                        "results file, 'table R.json [R2.json ...]' prints their markdown table (the README's)")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                    help="where to run (default: cuda when torch sees a GPU, else cpu)")
     p.add_argument("--dtype", choices=["fp16", "fp32"], help="benchmark dtype (default fp16 on cuda, fp32 on cpu)")
@@ -111,6 +112,11 @@ def cli_main(args) -> int:
     """The `bench` command: run (or re-read), write the JSON and the plot, print the table; 1 if goals fail."""
     if args.targets[:1] == ["plot"] and not args.from_json:
         return _plot_only(args)
+    if args.targets[:1] == ["table"] and not args.from_json:
+        if len(args.targets) < 2:
+            raise OnnxfuseError("bench table takes results JSONs: onnxfuse bench table R.json [R2.json ...]")
+        print(markdown_table([load_json(t) for t in args.targets[1:]]))
+        return 0
     quiet = args.quiet or args.json
     if args.noisy_spread < 1:
         raise OnnxfuseError(f"--noisy-spread {args.noisy_spread}: p90/p10 is at least 1; give a threshold like 1.25")

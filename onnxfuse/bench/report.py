@@ -172,6 +172,41 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _best(variants: dict, prefix: str):
+    timed = [(v["median_ms"], k) for k, v in variants.items() if k.startswith(prefix) and "median_ms" in v]
+    return min(timed) if timed else (None, None)
+
+
+def markdown_table(results: list[dict]) -> str:
+    """The README's results table from one or more results files (`onnxfuse bench table R.json ...`): a row per
+    case and size with torch eager, torch.compile, ORT unfused and ORT-optimized (each the faster of plain and CUDA
+    graph), onnxfuse (the fastest fused variant), the three ratios, and the GPU kernel time per run (unfused ->
+    fused) where --profile recorded it. Times in ms."""
+    head = ("| case | size | torch eager | torch.compile | ORT unfused | ORT-optimized | onnxfuse | vs unfused "
+            "| vs ORT-optimized | vs compile | GPU kernel us/run, unfused → fused |")
+    lines = [head, "|" + "---|" * head.count(" |")]
+    for result in results:
+        for c in result["cases"]:
+            v = c.get("variants", {})
+            eager = v.get("torch-eager", {}).get("median_ms")
+            compiled = v.get("torch-compile", {}).get("median_ms")
+            unfused, u_name = _best(v, "ort-unfused")
+            optimized, _ = _best(v, "ort-optimized")
+            fused, f_name = _best(v, "fused-")
+
+            def ratio(base):
+                return "-" if base is None or not fused else f"{base / fused:.3g}×"
+            kernel = "-"
+            if u_name and f_name and v[u_name].get("gpu_kernel_us") and v[f_name].get("gpu_kernel_us"):
+                kernel = " → ".join(f"{us:.0f}" if us >= 100 else f"{us:.3g}"
+                                    for us in (v[u_name]["gpu_kernel_us"], v[f_name]["gpu_kernel_us"]))
+            size = f"{c.get('size')} {'tok' if c.get('size_name') == 'tokens' else c.get('size_name', '')}".strip()
+            lines.append(f"| {c['case']} | {size} | {_fmt(eager)} | {_fmt(compiled)} | {_fmt(unfused)} "
+                         f"| {_fmt(optimized)} | {_fmt(fused)} | {ratio(unfused)} | {ratio(optimized)} "
+                         f"| {ratio(compiled)} | {kernel} |")
+    return "\n".join(lines)
+
+
 def plot(result: dict, path) -> pathlib.Path | None:
     """A perf-report style PNG: median ms vs size per variant, one panel per case. None without matplotlib."""
     try:
