@@ -28,7 +28,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxfuse import cli, fuse, kernels, runtime, schema, testing, verify, zoo
 
-DATA = pathlib.Path(__file__).resolve().parent / "data"
+DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
 _spec = importlib.util.spec_from_file_location("dlrm_original", DATA / "dlrm_original.py")
 dlrm_original = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(dlrm_original)
@@ -457,7 +457,7 @@ def test_empty_batch_and_empty_bags(lib):
 
 _ISA_SCRIPT = r"""
 import sys, pathlib
-sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]) / "tests")]
+sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]) / "tests" / "rewrites")]
 import numpy as np, onnxruntime as ort
 import test_embedding_interaction as t
 from onnxfuse import kernels
@@ -472,7 +472,7 @@ print("ok")
 
 @pytest.mark.parametrize("isa", ["generic", "avx2"])
 def test_other_instruction_sets(lib, isa):
-    root = pathlib.Path(__file__).resolve().parents[1]
+    root = pathlib.Path(__file__).resolve().parents[2]
     p = subprocess.run([sys.executable, "-c", _ISA_SCRIPT, str(lib), str(root)],
                        env={**os.environ, "ONNXFUSE_CPU_ISA": isa}, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and "ok" in p.stdout, p.stdout + p.stderr

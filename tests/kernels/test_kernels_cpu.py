@@ -1,7 +1,7 @@
 """CPU kernels of the onnxfuse custom-op library against onnxfuse.schema.reference, run through onnxruntime.
 
 Every GEMM op of schema.OPS x {float, float16, bfloat16} as a single-node model on the CPU EP (the embedding ops are in
-test_embedding_interaction.py), plus hypothesis property
+tests/rewrites/test_embedding_interaction.py), plus hypothesis property
 tests over shapes (M=1, odd K/N, 3-D X, LoRA ranks 1/4/16, scales). ONNXFUSE_HYPOTHESIS_PROFILE=nightly runs
 thousands of examples instead of the quick default.
 """
@@ -46,7 +46,7 @@ def lib() -> pathlib.Path:
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-# The ops tested here (the embedding-interaction ops have their own tests in test_embedding_interaction.py: other
+# The ops tested here (the embedding-interaction ops have their own tests in tests/rewrites/test_embedding_interaction.py: other
 # inputs, no weights).
 OPS_UNDER_TEST = [op for op in schema.OPS if op not in schema.EMBEDDING_OPS]
 
@@ -137,7 +137,7 @@ def test_single_row(lib, op):
 
 _THREADS_SCRIPT = r"""
 import sys, pathlib
-sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]) / "tests")]
+sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]) / "tests" / "kernels")]
 import torch
 import test_kernels_cpu as t
 inputs = t.random_inputs("SwiGLU", (97,), 300, 700, 0, "float", 5)
@@ -147,7 +147,7 @@ torch.save(t.run_op(pathlib.Path(sys.argv[1]), "SwiGLU", inputs), sys.argv[3])
 
 def test_thread_count_does_not_change_results(lib, tmp_path):
     """ONNXFUSE_CPU_THREADS is read once per process (on the first GEMM), so each count runs in its own process."""
-    root = pathlib.Path(__file__).resolve().parents[1]
+    root = pathlib.Path(__file__).resolve().parents[2]
     outs = []
     for threads in ("1", "3"):
         out = tmp_path / f"y{threads}.pt"
@@ -250,7 +250,7 @@ def test_property_constant_weights_match_reference(lib, op, dtype, lead, K, N, r
 
 _CONST_ISA_SCRIPT = r"""
 import sys, pathlib
-sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]) / "tests")]
+sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]) / "tests" / "kernels")]
 import test_kernels_cpu as t
 from onnxfuse import schema
 lib = pathlib.Path(sys.argv[1])
@@ -268,7 +268,7 @@ def test_constant_weights_on_older_instruction_sets(lib, isa):
     BF16/FP16/AMX (bf16 emulated, fp16 falls back): every op and type still matches the reference."""
     if "onednn" not in kernels.build_info(lib).get("cpu_gemm", ""):
         pytest.skip("library built without oneDNN")
-    root = pathlib.Path(__file__).resolve().parents[1]
+    root = pathlib.Path(__file__).resolve().parents[2]
     env = {**os.environ, "DNNL_MAX_CPU_ISA": isa}
     p = subprocess.run([sys.executable, "-c", _CONST_ISA_SCRIPT, str(lib), str(root)], env=env, capture_output=True,
                        text=True, timeout=300)
@@ -310,7 +310,7 @@ def test_concurrent_sessions_share_the_pool(lib):
 
 _ISA_SCRIPT = r"""
 import sys, pathlib
-sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]) / "tests")]
+sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]) / "tests" / "kernels")]
 import test_kernels_cpu as t
 from onnxfuse import schema
 lib = pathlib.Path(sys.argv[1])
@@ -325,7 +325,7 @@ print("ok")
 @pytest.mark.parametrize("isa", ["generic", "avx2"])
 def test_other_instruction_sets(lib, isa):
     """The AVX2 and baseline micro-kernels (normally shadowed by AVX-512 here) give the same answers."""
-    root = pathlib.Path(__file__).resolve().parents[1]
+    root = pathlib.Path(__file__).resolve().parents[2]
     env = {**os.environ, "ONNXFUSE_CPU_ISA": isa}
     p = subprocess.run([sys.executable, "-c", _ISA_SCRIPT, str(lib), str(root)], env=env, capture_output=True,
                        text=True, timeout=300)

@@ -24,7 +24,7 @@ from onnxfuse.testing import assert_close
 
 from test_properties import examples
 
-DATA = pathlib.Path(__file__).parent / "data"
+DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
 HF_MLPS = DATA / "hf_mlps.py"
 DTYPES = {"fp32": (TensorProto.FLOAT, np.float32), "fp16": (TensorProto.FLOAT16, np.float16)}
 SQRT2, BETA, KAPPA, ALPHA = math.sqrt(2.0), math.sqrt(2.0 / math.pi), schema.GELU_TANH_COEFF, schema.QUICK_GELU_ALPHA
