@@ -88,7 +88,8 @@ def with_node_attributes(model: onnx.ModelProto | str | os.PathLike, attributes:
 def session(model: onnx.ModelProto | str | os.PathLike, provider: str = "cpu", *,
             library: bool | str | os.PathLike | None = None,
             graph_optimization: bool = True, cuda_graph: bool = False, provider_options: dict | None = None,
-            backend: str | None = None, node_attributes: dict | None = None, sess_options=None):
+            backend: str | None = None, node_attributes: dict | None = None, sess_options=None,
+            cpu_fallback: bool = True):
     """An onnxruntime.InferenceSession for `model` (a path or a ModelProto) on `provider` ("cpu" or "cuda"), with
     the onnxfuse kernel library registered when the model needs it and one-line errors instead of onnxruntime's.
 
@@ -105,6 +106,8 @@ def session(model: onnx.ModelProto | str | os.PathLike, provider: str = "cpu", *
     in place what the model needs: the kernel library (registered once per SessionOptions object), the external
     weights folder for an in-memory copy, and graph_optimization=False's level; it keeps your log level. Without
     it, onnxfuse makes one with log_severity_level 3 (errors only).
+    cpu_fallback=False (provider "cuda"): no CPU EP, and session.disable_cpu_ep_fallback set, so a node onnxruntime
+    cannot place on the GPU fails session creation instead of silently running on the CPU (`onnxfuse doctor`).
     """
     rt = ort()
     if provider not in PROVIDERS:
@@ -160,8 +163,10 @@ def session(model: onnx.ModelProto | str | os.PathLike, provider: str = "cpu", *
     if cuda_graph:
         opts["enable_cuda_graph"] = "1"
     providers = [(ep, opts)] if provider == "cuda" else [ep]
-    if provider == "cuda":
+    if provider == "cuda" and cpu_fallback:
         providers.append("CPUExecutionProvider")
+    elif provider == "cuda":
+        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     if proto.ir_version > _MAX_IR_VERSION:
         raise OnnxfuseError(f"the model has IR version {proto.ir_version}, newer than onnxruntime {rt.__version__} loads "
                             f"(<= {_MAX_IR_VERSION}); re-export it with 'onnxfuse export' (or re-save it with "

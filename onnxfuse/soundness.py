@@ -177,17 +177,18 @@ def compare(before: list[tuple], after: list[tuple]) -> str | None:
 
 
 def _ort_loads(path: pathlib.Path) -> str | None:
-    """None when onnxruntime's CPU provider loads the model without the kernel library; else its error."""
+    """None when onnxruntime's CPU provider loads the model without the kernel library (runtime.session with
+    library=False, no graph optimisations, nothing logged); else its error."""
     try:
         import onnxruntime as ort
     except ImportError:
         return None
+    from . import runtime
     so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 4
     try:
-        ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    except Exception as e:  # onnxruntime raises its own exception types (Fail, InvalidGraph, ...)
+        runtime.session(path, "cpu", library=False, graph_optimization=False, sess_options=so)
+    except Exception as e:  # OnnxfuseError with onnxruntime's reason
         return first_line(e)
     return None
 

@@ -6,6 +6,7 @@ import argparse
 import copy
 import importlib.util
 import json
+import re
 
 import pytest
 
@@ -183,10 +184,26 @@ def test_check_goals_exit_code_from_json(tmp_path, capsys):
 
 
 def test_table_mentions_every_variant(cpu_result):
+    """Every variant of every case has its own row (its median, to the printed digits) or sits on the case's
+    "skipped:" line with its reason. (Names are prefixes of one another, ort-unfused of ort-unfused+graph: the row
+    is matched whole, not by substring.)"""
     text = bench.format_table(cpu_result)
-    for name in bench.VARIANTS:
-        assert name in text
-    assert "goals:" in text
+    blocks = text.split("\n\n")[1:]  # the run's header, then one block per case, then the goals
+    assert "goals:" in blocks[-1]
+    for case, block in zip(cpu_result["cases"], blocks):
+        assert block.startswith(case["case"] + " "), block
+        assert set(case["variants"]) == set(bench.VARIANTS), sorted(set(bench.VARIANTS) ^ set(case["variants"]))
+        lines = block.splitlines()
+        skipped = next((ln for ln in lines if ln.startswith("  skipped: ")), "")
+        for name, v in case["variants"].items():
+            if "median_ms" in v:
+                row = f"  {name:20} {v['median_ms']:10.4f} "
+                assert any(ln.startswith(row) for ln in lines), (case["case"], name, block)
+            else:
+                assert re.search(rf"(: |; |, ){re.escape(name)}(, [^(]*)? \({re.escape(v['skipped'])}\)", skipped), \
+                    (case["case"], name, skipped)
+    ran = [n for c in cpu_result["cases"] for n, v in c["variants"].items() if "median_ms" in v]
+    assert {"ort-unfused", "fused-cpu"} <= set(ran), ran  # the CPU variants ran, so rows were checked
 
 
 def test_bad_input():
@@ -201,11 +218,8 @@ def test_bad_input():
     assert cli.main(["bench", "--runs", "0"]) == 2  # argparse: must be positive
 
 
-def test_cli_main_when_wired(cache_dir, tmp_path):
+def test_cli_main(cache_dir, tmp_path):
     from onnxfuse import cli
-    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    if "bench" not in sub.choices:
-        pytest.skip("bench is not wired into onnxfuse/cli.py yet")
     out = tmp_path / "r.json"
     rc = cli.main(["bench", "dlrm-bottom", "--device", "cpu", "--runs", "2", "--warmup", "0", "--cache-dir",
                    str(cache_dir), "-o", str(out), "--variants", "ort-unfused,fused-cpu", "--no-plot", "-q"])

@@ -82,7 +82,7 @@ def test_verify_stages_quiet_and_json(fused_tiny, capfd):
 
 def test_first_use_build_inside_verify_is_one_line(fused_tiny, monkeypatch, capfd):
     """No cached library: verify builds one and says so once, naming the backends and the log; -q says nothing.
-    (The build itself is stood in for by the real library, as tests/test_kernel_build.py builds for real.)"""
+    (The build itself is stood in for by the real library, as tests/kernels/test_kernel_build.py builds for real.)"""
     _, fused = fused_tiny
     monkeypatch.delenv("ONNXFUSE_LIBRARY", raising=False)
     real = kernels.library_path(provider="cpu")

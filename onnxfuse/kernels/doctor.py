@@ -22,11 +22,7 @@ from __future__ import annotations
 
 import time
 
-from .. import schema
-
-# (atol, rtol) on |y - ref| <= atol + rtol * max|ref| per element type: tight enough that a wrong index, a missing
-# bias or a wrong activation fails (those give errors of order max|ref|).
-TOLERANCES = {"float": (2e-4, 2e-4), "float16": (4e-3, 4e-3), "bfloat16": (3e-2, 1.6e-2)}
+from .. import schema, testing
 
 # Default shapes: (M, K, N, r); r only for the LoRA ops. Small, odd and one realistic each. SwiGLU: (M, K, N, r,
 # activation), every gate activation on each shape (a 4-tuple means silu, the attribute's default).
@@ -52,11 +48,9 @@ DEFAULT_SHAPES = {
                              (33, 20, 40, "dot", "none")],
     "EmbeddingBagInteraction": [(1, 16, 26, "dot", 2), (129, 16, 26, "dot", 3), (37, 8, 5, "cat", 1)],
 }
-# The embedding ops' int64 inputs (no Cast to T in the doctor's models).
-EMBEDDING_INT_INPUTS = ("ids", "indices", "offsets", "table_offsets", "cardinality")
 # Integer inputs (fed as int64, not cast to the op's type): Embedding's ids (drawn in [-V, V) to cover negatives)
 # and the embedding-interaction ops' ids, bags and table layout.
-INT_INPUTS = {("Embedding", "ids")} | {(op, name) for op in schema.EMBEDDING_OPS for name in EMBEDDING_INT_INPUTS}
+INT_INPUTS = testing.INT_INPUTS
 
 
 def embedding_table_sizes(features: int) -> list[int]:
@@ -65,11 +59,6 @@ def embedding_table_sizes(features: int) -> list[int]:
 
 
 ALL_MODES = ("plain", "user_stream", "cuda_graph")
-
-
-def _onnx_type(dtype: str) -> int:
-    from onnx import TensorProto
-    return {"float": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}[dtype]
 
 
 def stack_shapes(m: int, widths) -> dict[str, list[int]]:
@@ -126,36 +115,12 @@ def input_shapes(op: str, m: int, k: int, n: int, r: int) -> dict[str, list[int]
 
 def make_model(op: str, dtype: str, shapes: dict[str, list[int]], backend: str, scale: float | None = None,
                extra_attrs: dict | None = None) -> bytes:
-    """One onnxfuse node between Casts: float32 inputs -> T -> op -> float32 output. `shapes` lists the node's
-    inputs in order (for MLPStack: X, W_1, bias_1, ...)."""
-    from onnx import TensorProto, helper
-
-    s = schema.OPS[op]
-    t = _onnx_type(dtype)
-    nodes, inputs = [], []
-    for name in shapes:
-        if (op, name) in INT_INPUTS:
-            inputs.append(helper.make_tensor_value_info(name, TensorProto.INT64, shapes[name]))
-            nodes.append(helper.make_node("Identity", [name], [name + "_t"]))
-            continue
-        inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shapes[name]))
-        nodes.append(helper.make_node("Cast", [name], [name + "_t"], to=t))
+    """One onnxfuse node between Casts: float32 inputs -> T -> op -> float32 output (testing.op_model). `shapes`
+    lists the node's inputs in order (for MLPStack: X, W_1, bias_1, ...)."""
     attrs = {"backend": backend, **(extra_attrs or {})}
-    if "scale" in s.attr_names and scale is not None:
+    if "scale" in schema.OPS[op].attr_names and scale is not None:
         attrs["scale"] = float(scale)
-    overload = ""
-    if op in schema.EMBEDDING_OPS:
-        overload = schema.embedding_overload(op, attrs["interaction"], attrs.get("hash", "none"))
-    elif op == "MLPStack":
-        overload = attrs.get("activations", "")
-    nodes.append(helper.make_node(op, [n + "_t" for n in shapes], ["Y_t"], domain=schema.DOMAIN, overload=overload,
-                                  **attrs))
-    nodes.append(helper.make_node("Cast", ["Y_t"], ["Y"], to=TensorProto.FLOAT))
-    out = helper.make_tensor_value_info("Y", TensorProto.FLOAT, out_shape(op, shapes, extra_attrs))
-    graph = helper.make_graph(nodes, f"doctor_{op}", inputs, [out])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", schema.ONNX_OPSET),
-                                                    helper.make_opsetid(schema.DOMAIN, schema.DOMAIN_VERSION)],
-                              ir_version=schema.IR_VERSION)
+    model = testing.op_model(op, dtype, shapes, attrs, cast=True, out_shape=out_shape(op, shapes, extra_attrs))
     return model.SerializeToString()
 
 
@@ -235,17 +200,9 @@ def _embedding_inputs(op: str, tdt, shapes: dict[str, list[int]], seed: int) -> 
 
 
 def compare(y, ref, dtype: str) -> tuple[bool, float, float]:
-    import numpy as np
-
-    y = np.asarray(y, dtype=np.float32)
-    ref = np.asarray(ref, dtype=np.float32)
-    if y.shape != ref.shape:
-        return False, float("inf"), 0.0
-    atol, rtol = TOLERANCES[dtype]
-    tol = atol + rtol * float(np.abs(ref).max(initial=0.0))
-    err = float(np.abs(y - ref).max(initial=0.0)) if y.size else 0.0
-    ok = bool(np.isfinite(y).all()) and err <= tol
-    return ok, err, tol
+    """(ok, max |y - ref|, its bound) under testing.TOLERANCES[dtype]["doctor"]."""
+    c = testing.check_close(y, ref, dtype, "doctor")
+    return c.ok, c.err, c.bound
 
 
 def _cuda_ep() -> bool:
@@ -286,16 +243,12 @@ class _Runner:
         self._stream = None
 
     def session(self, model: bytes, provider: str, cuda_opts: dict | None = None):
-        so = self.ort.SessionOptions()
-        from . import register
-        register(so, self.lib_path)
-        so.log_severity_level = 3
-        if provider == "cuda":
-            so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-            providers = [("CUDAExecutionProvider", dict(cuda_opts or {}))]  # no CPU EP: fallback is off
-        else:
-            providers = ["CPUExecutionProvider"]
-        return self.ort.InferenceSession(model, so, providers=providers)
+        """A session of `model` with the doctor's library; on "cuda" without the CPU EP (fallback off)."""
+        import onnx
+
+        from .. import runtime
+        return runtime.session(onnx.load_from_string(model), provider, library=self.lib_path,
+                               provider_options=cuda_opts, cpu_fallback=False)
 
     def user_stream(self):
         import torch

@@ -26,9 +26,9 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxfuse import cli, fuse, kernels, runtime, schema, verify, zoo
+from onnxfuse import cli, fuse, kernels, runtime, schema, testing, verify, zoo
 
-DATA = pathlib.Path(__file__).resolve().parent / "data"
+DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
 _spec = importlib.util.spec_from_file_location("dlrm_original", DATA / "dlrm_original.py")
 dlrm_original = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(dlrm_original)
@@ -381,25 +381,9 @@ def test_original_dlrm_at_opset_11_is_refused_until_converted(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ kernels
 def _model(op, dtype, shapes, attrs) -> bytes:
-    """One node between Casts (float32 graph inputs and output; int64 inputs as they are)."""
-    et = {"float": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}[dtype]
-    nodes, ins = [], []
-    for name, shape in shapes.items():
-        if name in ("X", "table"):
-            ins.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
-            nodes.append(helper.make_node("Cast", [name], [name + "_t"], to=et))
-        else:
-            ins.append(helper.make_tensor_value_info(name, TensorProto.INT64, shape))
-            nodes.append(helper.make_node("Identity", [name], [name + "_t"]))
-    nodes.append(helper.make_node(op, [n + "_t" for n in shapes], ["Y_t"], domain=schema.DOMAIN, **attrs,
-                                  overload=schema.embedding_overload(op, attrs["interaction"], attrs.get("hash", "none"))))
-    nodes.append(helper.make_node("Cast", ["Y_t"], ["Y"], to=TensorProto.FLOAT))
-    g = helper.make_graph(nodes, "one", ins, [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(schema.DOMAIN, 1)],
-                          ir_version=10)
-    from onnxfuse import functions
-    functions.add_functions(m)  # for the library-less runs
-    return m.SerializeToString()
+    """One node between Casts (float32 graph inputs and output; int64 inputs as they are), with its function body
+    for the library-less runs."""
+    return testing.op_model(op, dtype, shapes, attrs, cast=True, functions=True).SerializeToString()
 
 
 def _case(op, dtype, batch, d, sizes, interaction, hash_="none", bag_len=2, seed=0):
@@ -444,8 +428,7 @@ def test_cpu_kernel_and_function_body_match_the_reference(lib, op, hash_, intera
         ref = ref.float().numpy()
         got = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
         # the kernel rounds where the reference does; only the fp32 sums' order differs (one T ulp at most)
-        assert got.shape == ref.shape
-        assert _rel(got, ref) <= {"float": 1e-6, "float16": 1e-3, "bfloat16": 8e-3}[dtype], (batch, d, len(sizes))
+        testing.assert_close(got, ref, dtype, f"batch {batch} d {d} features {len(sizes)}", kind="embedding")
         if dtype == "float":  # the function body (ONNX ops in T) where numpy can carry T
             body = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
             np.testing.assert_allclose(body, ref, rtol=1e-5, atol=1e-5)
@@ -474,7 +457,7 @@ def test_empty_batch_and_empty_bags(lib):
 
 _ISA_SCRIPT = r"""
 import sys, pathlib
-sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]) / "tests")]
+sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]) / "tests" / "rewrites")]
 import numpy as np, onnxruntime as ort
 import test_embedding_interaction as t
 from onnxfuse import kernels
@@ -489,7 +472,7 @@ print("ok")
 
 @pytest.mark.parametrize("isa", ["generic", "avx2"])
 def test_other_instruction_sets(lib, isa):
-    root = pathlib.Path(__file__).resolve().parents[1]
+    root = pathlib.Path(__file__).resolve().parents[2]
     p = subprocess.run([sys.executable, "-c", _ISA_SCRIPT, str(lib), str(root)],
                        env={**os.environ, "ONNXFUSE_CPU_ISA": isa}, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and "ok" in p.stdout, p.stdout + p.stderr

@@ -1,7 +1,7 @@
 """CPU kernels of the onnxfuse custom-op library against onnxfuse.schema.reference, run through onnxruntime.
 
 Every GEMM op of schema.OPS x {float, float16, bfloat16} as a single-node model on the CPU EP (the embedding ops are in
-test_embedding_interaction.py), plus hypothesis property
+tests/rewrites/test_embedding_interaction.py), plus hypothesis property
 tests over shapes (M=1, odd K/N, 3-D X, LoRA ranks 1/4/16, scales). ONNXFUSE_HYPOTHESIS_PROFILE=nightly runs
 thousands of examples instead of the quick default.
 """
@@ -25,7 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from onnxfuse import kernels, schema
+from onnxfuse import kernels, schema, testing
+from onnxfuse.testing import assert_close, input_names
 
 # The package re-exports the build() function under the module's name; take the module itself.
 kbuild = importlib.import_module("onnxfuse.kernels.build")
@@ -36,15 +37,7 @@ settings.register_profile("nightly", max_examples=3000, deadline=None,
                           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 settings.load_profile(os.environ.get("ONNXFUSE_HYPOTHESIS_PROFILE", "quick"))
 
-ONNX_TYPE = {"float": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
-TORCH_TYPE = {"float": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# Relative to the output scale. fp16/bf16 outputs are rounded by both sides, so one ulp of disagreement is expected:
-# fp16 ulp is 2^-11 relative, bf16 2^-8. A kernel that drops the bias, the LoRA branch or the scale is off by > 10%.
-TOLERANCE = {  # dtype: (max ||out-ref||/||ref||, max |out-ref| / max(1, max|ref|))
-    "float": (1e-5, 1e-4),
-    "float16": (2e-3, 1e-2),
-    "bfloat16": (1.5e-2, 3e-2),
-}
+TORCH_TYPE = {d: testing.torch_type(d) for d in schema.TYPES}
 
 
 @pytest.fixture(scope="module")
@@ -53,18 +46,13 @@ def lib() -> pathlib.Path:
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-# The ops tested here (the embedding-interaction ops have their own tests in test_embedding_interaction.py: other
+# The ops tested here (the embedding-interaction ops have their own tests in tests/rewrites/test_embedding_interaction.py: other
 # inputs, no weights).
 OPS_UNDER_TEST = [op for op in schema.OPS if op not in schema.EMBEDDING_OPS]
 
 # MLPStack under test: three layers K -> N -> N//2+1 -> N, so relu and sigmoid each appear, a narrow odd hidden
 # width, and an intermediate that must stay in the op's type between layers.
 STACK_ACTS = "relu.sigmoid.relu"
-
-
-def input_names(op: str, n_inputs: int) -> list[str]:
-    s = schema.OPS[op]
-    return schema.stack_input_names((n_inputs - 1) // 2) if s.variadic else list(s.inputs)
 
 
 def op_attrs(op: str, scale: float = 0.5) -> dict:
@@ -75,61 +63,14 @@ def op_attrs(op: str, scale: float = 0.5) -> dict:
     return attrs
 
 
-def out_width(op: str, inputs: list[torch.Tensor]) -> int:
-    if op == "RotaryEmbedding":
-        return inputs[0].shape[-1]
-    if op == "Embedding":
-        return inputs[0].shape[1]
-    return inputs[-2].shape[-1] if op == "MLPStack" else inputs[2 if op == "SwiGLU" else 1].shape[-1]
-
-
 # Ops with weights the CPU kernels prepack when they are constants (RotaryEmbedding has none: cos/sin are
 # activations; Embedding copies rows of its table as they are).
 WEIGHTED_OPS = [op for op in OPS_UNDER_TEST if op not in ("RotaryEmbedding", "Embedding")]
-INT_INPUTS = {("Embedding", "ids")}
-
-
-def out_shape(op: str, inputs: list[torch.Tensor]) -> tuple[int, ...]:
-    if op == "Embedding":
-        return tuple(inputs[1].shape) + (inputs[0].shape[1],)
-    return tuple(inputs[0].shape[:-1]) + (out_width(op, inputs),)
-
-
-def make_model(op: str, dtype: str, shapes: list[tuple[int, ...]], attrs: dict | None = None) -> onnx.ModelProto:
-    s = schema.OPS[op]
-    et = ONNX_TYPE[dtype]
-    names = input_names(op, len(shapes))
-    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64 if (op, n) in INT_INPUTS else et, list(shape))
-              for n, shape in zip(names, shapes)]
-    node = helper.make_node(op, names, list(s.outputs), domain=schema.DOMAIN, **(attrs or {}))
-    graph = helper.make_graph([node], f"single_{op}", inputs, [helper.make_tensor_value_info(s.outputs[0], et, None)])
-    return helper.make_model(graph, ir_version=schema.IR_VERSION,
-                             opset_imports=[helper.make_opsetid("", schema.ONNX_OPSET),
-                                            helper.make_opsetid(schema.DOMAIN, schema.DOMAIN_VERSION)])
-
-
-def _ortvalue(t: torch.Tensor, dtype: str) -> ort.OrtValue:
-    if not t.is_floating_point():  # integer inputs (Embedding's ids) go as they are
-        return ort.OrtValue.ortvalue_from_numpy(t.contiguous().numpy())
-    if dtype == "bfloat16":  # numpy has no bfloat16: hand ORT the raw 16-bit patterns
-        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(t.contiguous().view(torch.uint16).numpy(),
-                                                                TensorProto.BFLOAT16)
-    return ort.OrtValue.ortvalue_from_numpy(t.contiguous().numpy())
 
 
 def run_op(lib, op: str, inputs: list[torch.Tensor], attrs: dict | None = None) -> torch.Tensor:
-    """Run one onnxfuse node on the CPU EP; returns Y as a torch tensor of the inputs' dtype."""
-    dtype = {v: k for k, v in TORCH_TYPE.items()}[inputs[0].dtype]
-    model = make_model(op, dtype, [tuple(t.shape) for t in inputs], attrs)
-    so = kernels.session_options(path=lib)
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    y = torch.empty(out_shape(op, inputs), dtype=inputs[0].dtype)
-    binding = sess.io_binding()
-    for name, t in zip(input_names(op, len(inputs)), inputs):
-        binding.bind_ortvalue_input(name, _ortvalue(t, dtype))
-    binding.bind_ortvalue_output(schema.OPS[op].outputs[0], _ortvalue(y, dtype))  # ORT writes into y's memory
-    sess.run_with_iobinding(binding)
-    return y
+    """Run one onnxfuse node on the CPU EP with the library `lib` (testing.run_op)."""
+    return testing.run_op(op, inputs, attrs, library=lib)
 
 
 def random_inputs(op: str, lead: tuple[int, ...], K: int, N: int, r: int, dtype: str, seed: int) -> list[torch.Tensor]:
@@ -157,19 +98,6 @@ def random_inputs(op: str, lead: tuple[int, ...], K: int, N: int, r: int, dtype:
             out += [rnd(k, n, scale=1.0 / math.sqrt(k)), rnd(n)]
         return out
     return [x, rnd(K, N, scale=w_scale), rnd(N)]
-
-
-def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: str, what: str) -> None:
-    assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
-    o, r = out.float(), ref.float()
-    assert torch.isfinite(o).all(), f"{what}: non-finite output"
-    rel_tol, abs_tol = TOLERANCE[dtype]
-    err = (o - r).abs()
-    scale = max(1.0, r.abs().max().item()) if r.numel() else 1.0
-    rel = (err.norm() / r.norm().clamp_min(1e-30)).item() if r.numel() else 0.0
-    max_abs = err.max().item() if r.numel() else 0.0
-    assert rel <= rel_tol or r.norm().item() < 1e-6, f"{what}: ||out-ref||/||ref|| = {rel:.3g} > {rel_tol}"
-    assert max_abs <= abs_tol * scale, f"{what}: max |out-ref| = {max_abs:.3g} > {abs_tol * scale:.3g}"
 
 
 def check(lib, op, lead, K, N, r, dtype, scale=1.0, seed=0):
@@ -209,7 +137,7 @@ def test_single_row(lib, op):
 
 _THREADS_SCRIPT = r"""
 import sys, pathlib
-sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]) / "tests")]
+sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]) / "tests" / "kernels")]
 import torch
 import test_kernels_cpu as t
 inputs = t.random_inputs("SwiGLU", (97,), 300, 700, 0, "float", 5)
@@ -219,7 +147,7 @@ torch.save(t.run_op(pathlib.Path(sys.argv[1]), "SwiGLU", inputs), sys.argv[3])
 
 def test_thread_count_does_not_change_results(lib, tmp_path):
     """ONNXFUSE_CPU_THREADS is read once per process (on the first GEMM), so each count runs in its own process."""
-    root = pathlib.Path(__file__).resolve().parents[1]
+    root = pathlib.Path(__file__).resolve().parents[2]
     outs = []
     for threads in ("1", "3"):
         out = tmp_path / f"y{threads}.pt"
@@ -232,48 +160,24 @@ def test_thread_count_does_not_change_results(lib, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ constant weights
-def _initializer(name: str, t: torch.Tensor, dtype: str) -> onnx.TensorProto:
-    raw = t.contiguous().view(torch.uint16 if dtype != "float" else torch.float32).numpy().tobytes()
-    return helper.make_tensor(name, ONNX_TYPE[dtype], list(t.shape), vals=raw, raw=True)
-
-
 def _weights_session(lib, op: str, inputs: list[torch.Tensor], attrs: dict, mode: str,
                      log_severity: int = 2) -> ort.InferenceSession:
     """One-node session whose weights (every input but X) are: 'const' initializers, 'input' graph inputs, or
     'overridable' initializers that are also graph inputs (ORT does not treat those as constant)."""
-    dtype = {v: k for k, v in TORCH_TYPE.items()}[inputs[0].dtype]
-    s = schema.OPS[op]
-    et = ONNX_TYPE[dtype]
+    dtype = testing.dtype_name(inputs[0].dtype)
     names = input_names(op, len(inputs))
-    graph_inputs = [helper.make_tensor_value_info(names[0], et, [None] * (inputs[0].dim() - 1) + [inputs[0].shape[-1]])]
-    inits = []
-    for name, t in zip(names[1:], inputs[1:]):
-        if mode in ("input", "overridable"):
-            graph_inputs.append(helper.make_tensor_value_info(name, et, list(t.shape)))
-        if mode in ("const", "overridable"):
-            inits.append(_initializer(name, t, dtype))
-    node = helper.make_node(op, names, list(s.outputs), domain=schema.DOMAIN, **attrs)
-    graph = helper.make_graph([node], f"weights_{op}", graph_inputs,
-                              [helper.make_tensor_value_info(s.outputs[0], et, None)], initializer=inits)
-    model = helper.make_model(graph, ir_version=schema.IR_VERSION,
-                              opset_imports=[helper.make_opsetid("", schema.ONNX_OPSET),
-                                             helper.make_opsetid(schema.DOMAIN, schema.DOMAIN_VERSION)])
+    graph_inputs = {names[0]: [None] * (inputs[0].dim() - 1) + [inputs[0].shape[-1]]}
+    if mode in ("input", "overridable"):
+        graph_inputs.update((name, list(t.shape)) for name, t in zip(names[1:], inputs[1:]))
+    inits = dict(zip(names[1:], inputs[1:])) if mode in ("const", "overridable") else {}
+    model = testing.op_model(op, dtype, graph_inputs, attrs, initializers=inits)
     so = ort.SessionOptions()
     so.log_severity_level = log_severity
     return ort.InferenceSession(model.SerializeToString(), kernels.session_options(so, path=lib),
                                 providers=["CPUExecutionProvider"])
 
 
-def _run_session(sess, op: str, feeds: dict[str, torch.Tensor], out_shape: tuple[int, ...]) -> torch.Tensor:
-    x = next(iter(feeds.values()))
-    dtype = {v: k for k, v in TORCH_TYPE.items()}[x.dtype]
-    y = torch.empty(out_shape, dtype=x.dtype)
-    binding = sess.io_binding()
-    for name, t in feeds.items():
-        binding.bind_ortvalue_input(name, _ortvalue(t, dtype))
-    binding.bind_ortvalue_output(schema.OPS[op].outputs[0], _ortvalue(y, dtype))
-    sess.run_with_iobinding(binding)
-    return y
+_run_session = testing.run_session
 
 
 @pytest.mark.parametrize("dtype", ["float", "bfloat16"])
@@ -316,7 +220,7 @@ def check_const(lib, op, lead, K, N, r, dtype, scale=1.0, seed=0):
     inputs = random_inputs(op, lead, K, N, r, dtype, seed)
     attrs = op_attrs(op, scale)
     sess = _weights_session(lib, op, inputs, attrs, "const")
-    out = _run_session(sess, op, {input_names(op, len(inputs))[0]: inputs[0]}, out_shape(op, inputs))
+    out = _run_session(sess, op, {input_names(op, len(inputs))[0]: inputs[0]}, testing.default_out_shape(op, inputs))
     assert_close(out, schema.reference(op, inputs, attrs), dtype,
                  f"{op}[{dtype}] const weights X{(*lead, K)} N={N} r={r} scale={scale}")
 
@@ -346,7 +250,7 @@ def test_property_constant_weights_match_reference(lib, op, dtype, lead, K, N, r
 
 _CONST_ISA_SCRIPT = r"""
 import sys, pathlib
-sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]) / "tests")]
+sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]) / "tests" / "kernels")]
 import test_kernels_cpu as t
 from onnxfuse import schema
 lib = pathlib.Path(sys.argv[1])
@@ -364,7 +268,7 @@ def test_constant_weights_on_older_instruction_sets(lib, isa):
     BF16/FP16/AMX (bf16 emulated, fp16 falls back): every op and type still matches the reference."""
     if "onednn" not in kernels.build_info(lib).get("cpu_gemm", ""):
         pytest.skip("library built without oneDNN")
-    root = pathlib.Path(__file__).resolve().parents[1]
+    root = pathlib.Path(__file__).resolve().parents[2]
     env = {**os.environ, "DNNL_MAX_CPU_ISA": isa}
     p = subprocess.run([sys.executable, "-c", _CONST_ISA_SCRIPT, str(lib), str(root)], env=env, capture_output=True,
                        text=True, timeout=300)
@@ -406,7 +310,7 @@ def test_concurrent_sessions_share_the_pool(lib):
 
 _ISA_SCRIPT = r"""
 import sys, pathlib
-sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]) / "tests")]
+sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]) / "tests" / "kernels")]
 import test_kernels_cpu as t
 from onnxfuse import schema
 lib = pathlib.Path(sys.argv[1])
@@ -421,7 +325,7 @@ print("ok")
 @pytest.mark.parametrize("isa", ["generic", "avx2"])
 def test_other_instruction_sets(lib, isa):
     """The AVX2 and baseline micro-kernels (normally shadowed by AVX-512 here) give the same answers."""
-    root = pathlib.Path(__file__).resolve().parents[1]
+    root = pathlib.Path(__file__).resolve().parents[2]
     env = {**os.environ, "ONNXFUSE_CPU_ISA": isa}
     p = subprocess.run([sys.executable, "-c", _ISA_SCRIPT, str(lib), str(root)], env=env, capture_output=True,
                        text=True, timeout=300)

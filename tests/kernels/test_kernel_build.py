@@ -26,7 +26,7 @@ from onnxfuse import cli, kernels, schema
 from onnxfuse.kernels import ops_header
 
 kbuild = importlib.import_module("onnxfuse.kernels.build")
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 KERNELS = ROOT / "onnxfuse" / "kernels"
 
 

@@ -19,15 +19,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxfuse import cli, export, functions, fuse, runtime, schema, soundness, verify
+from onnxfuse import cli, export, functions, fuse, runtime, schema, soundness, testing, verify
+from onnxfuse.testing import assert_close
 
-from test_kernels_cpu import TORCH_TYPE, assert_close, run_op
 from test_properties import examples
 
-DATA = pathlib.Path(__file__).parent / "data"
+DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
 HF_MLPS = DATA / "hf_mlps.py"
 DTYPES = {"fp32": (TensorProto.FLOAT, np.float32), "fp16": (TensorProto.FLOAT16, np.float16)}
-TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2}  # max |fused - unfused| / max(1, max|unfused|), as in test_properties
 SQRT2, BETA, KAPPA, ALPHA = math.sqrt(2.0), math.sqrt(2.0 / math.pi), schema.GELU_TANH_COEFF, schema.QUICK_GELU_ALPHA
 mk = helper.make_node
 
@@ -239,11 +238,9 @@ def assert_fused_equal(tmp_path, model, activation, dtype, name="m", **kw):
     soundness.check_model(fused)
     feeds = _feeds(model, 7)
     ref = runtime.session(str(src), "cpu", library=False).run(None, feeds)[0].astype(np.float64)
-    scale = max(1.0, float(np.abs(ref).max()))
     for library in (False, True):
         out = runtime.session(str(dst), "cpu", library=library).run(None, feeds)[0].astype(np.float64)
-        err = float(np.abs(out - ref).max())
-        assert np.isfinite(out).all() and err <= TOLERANCE[dtype] * scale, (library, err)
+        assert_close(out, ref, dtype, f"library={library}", kind="graph")
     return res, fused
 
 
@@ -521,11 +518,11 @@ def lib():
 @pytest.mark.parametrize("act", schema.GATE_ACTIVATIONS)
 def test_cpu_kernel_matches_reference_per_activation(lib, act, dtype):
     g = torch.Generator().manual_seed(3)
-    x = (torch.randn(3, 37, 70, generator=g)).to(TORCH_TYPE[dtype])
-    wg = (torch.randn(70, 45, generator=g) * 2.5 / math.sqrt(70)).to(TORCH_TYPE[dtype])
-    wu = (torch.randn(70, 45, generator=g) / math.sqrt(70)).to(TORCH_TYPE[dtype])
+    x = (torch.randn(3, 37, 70, generator=g)).to(testing.torch_type(dtype))
+    wg = (torch.randn(70, 45, generator=g) * 2.5 / math.sqrt(70)).to(testing.torch_type(dtype))
+    wu = (torch.randn(70, 45, generator=g) / math.sqrt(70)).to(testing.torch_type(dtype))
     attrs = {"activation": act}
-    out = run_op(lib, "SwiGLU", [x, wg, wu], attrs)
+    out = testing.run_op("SwiGLU", [x, wg, wu], attrs, library=lib)
     assert_close(out, schema.reference("SwiGLU", [x, wg, wu], attrs), dtype, f"SwiGLU[{act}, {dtype}]")
 
 
@@ -538,7 +535,7 @@ def _epilogue_probe(dtype: str, act: str):
     fraction of it. (Further into the tail 1 + erf(g / sqrt 2) cancels in fp32 arithmetic, PyTorch's as much as
     ours, so the probe stays out of it.)"""
     n = 64
-    t = TORCH_TYPE[dtype]
+    t = testing.torch_type(dtype)
     if dtype == "float":
         g = torch.linspace(-4.5, 4.5, n * n).reshape(n, n)
         u = torch.ones(n, n)
@@ -554,7 +551,7 @@ def test_tolerance_tells_the_activations_apart(lib, act, dtype):
     """The kernel passes against its own activation's reference and the same tolerance fails every other
     activation's: a kernel computing gelu for gelu_tanh (or silu for quick_gelu) would not pass."""
     inputs = _epilogue_probe(dtype, act)
-    out = run_op(lib, "SwiGLU", inputs, {"activation": act})
+    out = testing.run_op("SwiGLU", inputs, {"activation": act}, library=lib)
     assert_close(out, schema.reference("SwiGLU", inputs, {"activation": act}), dtype, act)
     for other in schema.GATE_ACTIVATIONS:
         if other != act:
@@ -565,7 +562,7 @@ def test_tolerance_tells_the_activations_apart(lib, act, dtype):
 def test_unknown_activation_fails_kernel_creation(lib):
     x, wg, wu = (torch.ones(2, 4), torch.ones(4, 3), torch.ones(4, 3))
     with pytest.raises(Exception, match="unknown activation 'swish2'"):
-        run_op(lib, "SwiGLU", [x, wg, wu], {"activation": "swish2"})
+        testing.run_op("SwiGLU", [x, wg, wu], {"activation": "swish2"}, library=lib)
 
 
 # ------------------------------------------------------------------------------------------------ models fused before

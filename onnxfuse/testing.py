@@ -1,0 +1,288 @@
+"""Test helpers for onnxfuse's custom ops, the one place for them (shaped like onnxscript's rewriter/testing.py).
+
+  * `op_model`: a model of one onnxfuse node, with typed graph inputs or (cast=True) float32 graph inputs and
+    output with Casts to and from the op's type T (numpy has no bfloat16); `run_op` runs one node on torch tensors.
+  * `TOLERANCES`: the kernel-vs-reference bounds, one row per element type and one named entry per kind of check
+    (the doctor's, the CPU kernel tests', the embedding kernels', the Triton interpreter's, fused-vs-unfused
+    graphs); `assert_close` and
+    `check_close` apply them with a message naming the error and the bound.
+
+Model-level checks against PyTorch (a whole exported model, `onnxfuse verify`) have their own table,
+`onnxfuse.verify.TOLERANCES`.
+
+    from onnxfuse import schema, testing
+    y = testing.run_op("SwiGLU", [x, w_gate, w_up], {"activation": "silu"})
+    testing.assert_close(y, schema.reference("SwiGLU", [x, w_gate, w_up], {"activation": "silu"}), "float")
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from . import schema
+
+ONNX_TYPE = {"float": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
+
+# Inputs fed as int64 (never cast to T): Embedding's ids and the embedding-interaction ops' ids, bags and table
+# layout.
+EMBEDDING_INT_INPUTS = ("ids", "indices", "offsets", "table_offsets", "cardinality")
+INT_INPUTS = {("Embedding", "ids")} | {(op, name) for op in schema.EMBEDDING_OPS for name in EMBEDDING_INT_INPUTS}
+
+_ALIASES = {"float": "float", "fp32": "float", "float32": "float", "f32": "float",
+            "float16": "float16", "fp16": "float16", "half": "float16", "f16": "float16",
+            "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
+
+def dtype_name(dtype) -> str:
+    """The schema name ("float", "float16", "bfloat16") of `dtype`: a schema name, an alias (fp32, fp16, bf16,
+    float32), a numpy dtype or a torch dtype."""
+    if isinstance(dtype, str) and dtype in _ALIASES:
+        return _ALIASES[dtype]
+    text = str(dtype).replace("torch.", "")
+    if text in _ALIASES:
+        return _ALIASES[text]
+    try:
+        return _ALIASES[np.dtype(dtype).name]
+    except (TypeError, KeyError):
+        raise ValueError(f"unknown element type {dtype!r}; use one of {', '.join(schema.TYPES)}") from None
+
+
+def torch_type(dtype):
+    """The torch dtype of a schema type name (or alias)."""
+    import torch
+    return {"float": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype_name(dtype)]
+
+
+# ------------------------------------------------------------------------------------------------ tolerances
+@dataclass(frozen=True)
+class Tolerance:
+    """max|actual - expected| <= atol + rtol * max(floor, max|expected|); and, when rel_l2 is set,
+    ||actual - expected|| / ||expected|| <= rel_l2 (not checked when ||expected|| < 1e-6). Outputs must be finite."""
+    atol: float = 0.0
+    rtol: float = 0.0
+    floor: float = 0.0
+    rel_l2: float | None = None
+
+    def bound(self, scale: float) -> float:
+        """The bound on max|actual - expected| for max|expected| = scale."""
+        return self.atol + self.rtol * max(self.floor, scale)
+
+
+# Per element type, one entry per kind of check:
+#   doctor      — `onnxfuse doctor` (every backend, realistic shapes): atol + rtol * max|ref|, tight enough that a
+#                 wrong index, a missing bias or a wrong activation fails (those give errors of order max|ref|);
+#   kernel      — the CPU kernel tests: relative L2 error, and max error relative to max(1, max|ref|). fp16/bf16
+#                 outputs are rounded by both sides, so one ulp of disagreement is expected (fp16 ulp is 2^-11
+#                 relative, bf16 2^-8); a kernel that drops the bias, the LoRA branch or the scale is off by > 10%;
+#   embedding   — the embedding-interaction CPU kernels, which round where the reference does (only the fp32 sums'
+#                 order differs, one T ulp at most): max error relative to max|ref|;
+#   interpreter — the embedding-interaction Triton kernel in the Triton interpreter: the same bounds relative to
+#                 max(1, max|ref|);
+#   graph       — a fused graph against the unfused one in onnxruntime (max error relative to max(1, max|ref|)).
+TOLERANCES: dict[str, dict[str, Tolerance]] = {
+    "float": {"doctor": Tolerance(atol=2e-4, rtol=2e-4),
+              "kernel": Tolerance(rtol=1e-4, floor=1.0, rel_l2=1e-5),
+              "embedding": Tolerance(rtol=1e-6, floor=1e-6),
+              "interpreter": Tolerance(rtol=1e-6, floor=1.0),
+              "graph": Tolerance(rtol=1e-4, floor=1.0)},
+    "float16": {"doctor": Tolerance(atol=4e-3, rtol=4e-3),
+                "kernel": Tolerance(rtol=1e-2, floor=1.0, rel_l2=2e-3),
+                "embedding": Tolerance(rtol=1e-3, floor=1e-6),
+                "interpreter": Tolerance(rtol=1e-3, floor=1.0),
+                "graph": Tolerance(rtol=1e-2, floor=1.0)},
+    "bfloat16": {"doctor": Tolerance(atol=3e-2, rtol=1.6e-2),
+                 "kernel": Tolerance(rtol=3e-2, floor=1.0, rel_l2=1.5e-2),
+                 "embedding": Tolerance(rtol=8e-3, floor=1e-6),
+                 "interpreter": Tolerance(rtol=8e-3, floor=1.0)},
+}
+KINDS = ("doctor", "kernel", "embedding", "interpreter", "graph")
+
+
+def tolerance(dtype, kind: str = "kernel") -> Tolerance:
+    """TOLERANCES' entry for `dtype` (any spelling dtype_name takes) and `kind`; KeyError naming what exists."""
+    row = TOLERANCES[dtype_name(dtype)]
+    if kind not in row:
+        raise KeyError(f"no {kind!r} tolerance for {dtype_name(dtype)}; it has {', '.join(row)}")
+    return row[kind]
+
+
+def _numpy(a) -> np.ndarray:
+    if hasattr(a, "detach"):  # a torch tensor, bfloat16 included
+        a = a.detach().float().cpu().numpy()
+    return np.asarray(a, dtype=np.float64)
+
+
+@dataclass
+class Closeness:
+    """What check_close measured: `ok`, max|actual - expected| (`err`) and its `bound`, the relative L2 error
+    (`rel_l2`, None when not checked) and, when not ok, `reason`."""
+    ok: bool
+    err: float
+    bound: float
+    rel_l2: float | None = None
+    reason: str = ""
+
+
+def check_close(actual, expected, dtype, kind: str = "kernel") -> Closeness:
+    """Compare `actual` with `expected` (numpy arrays or torch tensors, any float type) under tolerance(dtype, kind)."""
+    tol = tolerance(dtype, kind)
+    a, e = _numpy(actual), _numpy(expected)
+    if a.shape != e.shape:
+        return Closeness(False, float("inf"), 0.0, reason=f"shape {list(a.shape)} != expected {list(e.shape)}")
+    scale = float(np.abs(e).max(initial=0.0))
+    bound = tol.bound(scale)
+    if not np.isfinite(a).all():
+        bad = int((~np.isfinite(a)).sum())
+        return Closeness(False, float("inf"), bound, reason=f"{bad} of {a.size} values are not finite")
+    err = float(np.abs(a - e).max(initial=0.0))
+    rel = None
+    if tol.rel_l2 is not None and e.size:
+        norm = float(np.linalg.norm(e))
+        rel = float(np.linalg.norm(a - e)) / max(norm, 1e-30)
+        if rel > tol.rel_l2 and norm >= 1e-6:
+            return Closeness(False, err, bound, rel, f"||actual-expected||/||expected|| = {rel:.3g} > {tol.rel_l2:g}")
+    if err > bound:
+        return Closeness(False, err, bound, rel, f"max |actual-expected| = {err:.3g} > {bound:.3g} "
+                         f"(atol {tol.atol:g} + rtol {tol.rtol:g} * max({tol.floor:g}, max|expected| {scale:.3g}))")
+    return Closeness(True, err, bound, rel)
+
+
+def assert_close(actual, expected, dtype, what: str = "", *, kind: str = "kernel") -> None:
+    """AssertionError unless `actual` is within tolerance(dtype, kind) of `expected`; the message starts with `what`
+    and names the element type, the kind of check, the error and the bound."""
+    c = check_close(actual, expected, dtype, kind)
+    if not c.ok:
+        where = f"{what}: " if what else ""
+        raise AssertionError(f"{where}{c.reason} [{dtype_name(dtype)}, {kind} tolerance]")
+
+
+# ------------------------------------------------------------------------------------------------ models
+def overload(op: str, attrs: dict) -> str:
+    """The node's `overload` (its ONNX function body's name suffix): the embedding ops' interaction/hash, MLPStack's
+    activations, else ""."""
+    if op in schema.EMBEDDING_OPS:
+        return schema.embedding_overload(op, attrs["interaction"], attrs.get("hash", "none"))
+    if op == "MLPStack":
+        return attrs.get("activations", "")
+    return ""
+
+
+def input_names(op: str, n_inputs: int) -> list[str]:
+    """The node's input names (MLPStack: X, W_1, bias_1, ... for (n_inputs - 1) // 2 layers)."""
+    s = schema.OPS[op]
+    return schema.stack_input_names((n_inputs - 1) // 2) if s.variadic else list(s.inputs)
+
+
+def _initializer(name: str, t, dtype: str) -> onnx.TensorProto:
+    import torch
+    if dtype == "float":
+        raw = t.contiguous().to(torch.float32).numpy().tobytes()
+    else:
+        raw = t.contiguous().to(torch_type(dtype)).view(torch.uint16).numpy().tobytes()
+    return helper.make_tensor(name, ONNX_TYPE[dtype], list(t.shape), vals=raw, raw=True)
+
+
+def op_model(op: str, dtype, inputs, attrs: dict | None = None, *, initializers: dict | None = None,
+             cast: bool = False, out_shape=None, functions: bool = False) -> onnx.ModelProto:
+    """A model of one onnxfuse `op` node of element type `dtype`.
+
+    inputs: the graph inputs, {name: shape} in the node's order (a shape may hold None or names for symbolic
+    dims), or a list of shapes named by input_names. initializers: {name: torch tensor} stored as initializers of
+    type T (a name also in `inputs` is an overridable initializer); the node takes the inputs, then the
+    initializers not among them. The integer inputs (INT_INPUTS) are int64. cast=True: float graph inputs and the
+    output are float32, with Casts to and from T around the node (int64 inputs pass through an Identity).
+    out_shape: Y's declared shape (None: unknown). functions=True adds the ops' ONNX function bodies, so the model
+    runs without the kernel library."""
+    dtype = dtype_name(dtype)
+    attrs = dict(attrs or {})
+    if not isinstance(inputs, dict):
+        inputs = dict(zip(input_names(op, len(inputs)), inputs))
+    inits = dict(initializers or {})
+    names = list(dict.fromkeys([*inputs, *inits]))
+    t = ONNX_TYPE[dtype]
+    s = schema.OPS[op]
+    nodes, graph_inputs = [], []
+    for name, shape in inputs.items():
+        shape = None if shape is None else list(shape)
+        if (op, name) in INT_INPUTS:
+            graph_inputs.append(helper.make_tensor_value_info(name, TensorProto.INT64, shape))
+            if cast:
+                nodes.append(helper.make_node("Identity", [name], [name + "_t"]))
+        elif cast:
+            graph_inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
+            nodes.append(helper.make_node("Cast", [name], [name + "_t"], to=t))
+        else:
+            graph_inputs.append(helper.make_tensor_value_info(name, t, shape))
+    if cast and inits:
+        raise ValueError("op_model: initializers go with typed inputs (cast=False)")
+    node_inputs = [n + "_t" for n in names] if cast else names
+    y = s.outputs[0]
+    nodes.append(helper.make_node(op, node_inputs, [y + "_t" if cast else y], domain=schema.DOMAIN,
+                                  overload=overload(op, attrs), **attrs))
+    if cast:
+        nodes.append(helper.make_node("Cast", [y + "_t"], [y], to=TensorProto.FLOAT))
+    out = helper.make_tensor_value_info(y, TensorProto.FLOAT if cast else t,
+                                        None if out_shape is None else list(out_shape))
+    graph = helper.make_graph(nodes, f"one_{op}", graph_inputs, [out],
+                              initializer=[_initializer(n, v, dtype) for n, v in inits.items()])
+    model = helper.make_model(graph, ir_version=schema.IR_VERSION,
+                              opset_imports=[helper.make_opsetid("", schema.ONNX_OPSET),
+                                             helper.make_opsetid(schema.DOMAIN, schema.DOMAIN_VERSION)])
+    if functions:
+        from . import functions as _functions
+        _functions.add_functions(model)
+    return model
+
+
+def ortvalue(t, dtype=None):
+    """An onnxruntime.OrtValue over a CPU torch tensor's memory (bfloat16 as its raw 16-bit patterns; integer
+    tensors as they are)."""
+    import onnxruntime as ort
+    import torch
+    if not t.is_floating_point():
+        return ort.OrtValue.ortvalue_from_numpy(t.contiguous().numpy())
+    if dtype_name(dtype or t.dtype) == "bfloat16":  # numpy has no bfloat16
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(t.contiguous().view(torch.uint16).numpy(),
+                                                                TensorProto.BFLOAT16)
+    return ort.OrtValue.ortvalue_from_numpy(t.contiguous().numpy())
+
+
+def run_session(sess, op: str, feeds: dict, out_shape) -> "torch.Tensor":  # noqa: F821
+    """Run a one-node session on CPU torch tensors through IO binding; Y (of X's dtype) is written by onnxruntime
+    into a tensor of `out_shape`."""
+    import torch
+    x = next(t for t in feeds.values() if t.is_floating_point())
+    y = torch.empty(tuple(out_shape), dtype=x.dtype)
+    binding = sess.io_binding()
+    for name, t in feeds.items():
+        binding.bind_ortvalue_input(name, ortvalue(t))
+    binding.bind_ortvalue_output(schema.OPS[op].outputs[0], ortvalue(y))  # ORT writes into y's memory
+    sess.run_with_iobinding(binding)
+    return y
+
+
+def run_op(op: str, inputs: list, attrs: dict | None = None, *, library: bool | str | os.PathLike | None = True,
+           out_shape=None) -> "torch.Tensor":  # noqa: F821
+    """Run one onnxfuse node on the CPU EP on torch tensors (inputs in the node's order, X first) and return Y as a
+    tensor of X's dtype. library: as runtime.session's (True: the cached build, or a path). out_shape: Y's shape
+    (default: X's leading dims and the op's output width, ids.shape + [D] for Embedding)."""
+    from . import runtime
+    dtype = dtype_name(inputs[0].dtype)
+    model = op_model(op, dtype, [tuple(t.shape) for t in inputs], attrs)
+    sess = runtime.session(model, "cpu", library=library)
+    feeds = dict(zip(input_names(op, len(inputs)), inputs))
+    return run_session(sess, op, feeds, out_shape or default_out_shape(op, inputs))
+
+
+def default_out_shape(op: str, inputs: list) -> tuple[int, ...]:
+    """Y's shape for the weighted ops, RotaryEmbedding and Embedding on these input tensors."""
+    if op == "Embedding":
+        return tuple(inputs[1].shape) + (inputs[0].shape[1],)
+    if op == "RotaryEmbedding":
+        return tuple(inputs[0].shape)
+    width = inputs[-2].shape[-1] if op == "MLPStack" else inputs[2 if op == "SwiGLU" else 1].shape[-1]
+    return tuple(inputs[0].shape[:-1]) + (width,)
