@@ -1,7 +1,8 @@
-"""The Triton kernels that have no other CPU check, run by Triton's interpreter (TRITON_INTERPRET=1: numpy on the CPU)
-against onnxfuse.schema.reference: the embedding kernel (both ops, dot and cat, hash, bags with empty and clamped
-bounds, odd d and feature counts) and the persistent MLPStack grid kernel (one program: every layer, barrier and
-ping-pong scratch; several programs for one layer: the round-robin tiles cover the output exactly once).
+"""Triton kernels run by Triton's interpreter (TRITON_INTERPRET=1: numpy on the CPU) against onnxfuse.schema.reference:
+the embedding kernel (both ops, dot and cat, hash, bags with empty and clamped bounds, odd d and feature counts), the
+persistent MLPStack grid kernel (one program: every layer, barrier and ping-pong scratch; several programs for one
+layer: the round-robin tiles cover the output exactly once) and the kernels on gemm_loop.py's shared main loop
+(linear_act, swiglu with every gate activation, the two LoRA phases).
 
 What the interpreter cannot show is left to the GPU tests (tests/test_gpu.py): bf16 dot products (its bf16 tl.dot is
 wrong, the kernels' is not), the grid barrier between concurrently running programs, and speed. Each check runs in a
@@ -19,7 +20,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 _PRELUDE = r"""
-import importlib.util, os, sys
+import importlib, importlib.util, os, sys
 os.environ["TRITON_INTERPRET"] = "1"
 import numpy as np, torch, triton, triton.language as tl
 import triton.runtime.interpreter as _ti
@@ -33,10 +34,12 @@ _ti._patch_lang_tensor = _patched
 sys.path.insert(0, sys.argv[1])
 from onnxfuse import schema, testing
 def load(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(sys.argv[1], "onnxfuse/kernels/triton", name + ".py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    # As aot.py imports them: the kernel files as one private package (they share gemm_loop.py relatively).
+    if "_kernels" not in sys.modules:
+        pkg = importlib.util.module_from_spec(importlib.util.spec_from_loader("_kernels", loader=None, is_package=True))
+        pkg.__path__ = [os.path.join(sys.argv[1], "onnxfuse/kernels/triton")]
+        sys.modules["_kernels"] = pkg
+    return importlib.import_module("_kernels." + name)
 TT = {"float": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 """
 
@@ -132,6 +135,55 @@ print("ok")
 """
 
 
+_GEMM = _PRELUDE + r"""
+# The kernels on gemm_loop.py's _gemm_main: LinearRelu/LinearSigmoid, SwiGLU (DUAL: two products in one K loop, every
+# gate activation) and the two LoRA phases; shapes with ragged M, N and K tiles and more than one group of row tiles.
+la, sw, lora = load("linear_act"), load("swiglu"), load("lora_linear")
+# The interpreter has no libdevice (its tanh returns None): gelu_tanh's tanh through tl.sigmoid here.
+import types
+sw.libdevice = types.SimpleNamespace(tanh=lambda v: 2.0 * tl.sigmoid(2.0 * v) - 1.0)
+g = torch.Generator().manual_seed(0)
+cfg = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=2)
+def grid(m, n):
+    return (triton.cdiv(m, 16) * triton.cdiv(n, 32),)
+checks = 0
+for dtype in ("float", "float16"):
+    t = TT[dtype]
+    prec = "ieee" if dtype == "float" else "tf32"
+    for m, k, n in ((37, 40, 70), (5, 16, 32), (64, 33, 17)):
+        x = torch.randn(m, k, generator=g).to(t)
+        w, w2 = (torch.randn(k, n, generator=g) / k ** 0.5).to(t), (torch.randn(k, n, generator=g) / k ** 0.5).to(t)
+        b = torch.randn(n, generator=g).to(t)
+        for act, op in ((1, "LinearRelu"), (2, "LinearSigmoid")):
+            y = torch.full((m, n), float("nan")).to(t)
+            la._linear_act_kernel[grid(m, n)](x, w, b, y, m, n, k, act, DOT_PRECISION=prec, **cfg)
+            testing.assert_close(y, schema.reference(op, [x, w, b]), t, str((op, dtype, m, k, n)), kind="interpreter")
+            checks += 1
+        for code, name in enumerate(schema.GATE_ACTIVATIONS):
+            y = torch.full((m, n), float("nan")).to(t)
+            sw._swiglu_kernel[grid(m, n)](x, w, w2, y, m, n, k, code, DOT_PRECISION=prec, **cfg)
+            ref = schema.reference("SwiGLU", [x, w, w2], {"activation": name})
+            testing.assert_close(y, ref, t, str(("SwiGLU", name, dtype, m, k, n)), kind="interpreter")
+            checks += 1
+        for r, split in ((4, 1), (16, 3)):
+            a = (torch.randn(k, r, generator=g) / k ** 0.5).to(t)
+            bm = (torch.randn(r, n, generator=g) / r ** 0.5).to(t)
+            kb_per_split = triton.cdiv(triton.cdiv(k, 16), split)
+            ts = torch.full((split, m, 16), float("nan"))
+            lora._lora_xa_kernel[(triton.cdiv(m, 16) * split,)](x, a, ts, m, k, r, kb_per_split, BLOCK_M=16,
+                                                                BLOCK_K=16, R_PAD=16, DOT_PRECISION=prec)
+            for relu, op in ((0, "LoRALinear"), (1, "LoRALinearRelu")):
+                y = torch.full((m, n), float("nan")).to(t)
+                lora._lora_main_kernel[grid(m, n)](x, w, ts, bm, b, y, m, n, k, r, split, 0.5, relu, R_PAD=16,
+                                                   DOT_PRECISION=prec, **cfg)
+                ref = schema.reference(op, [x, w, a, bm, b], {"scale": 0.5})
+                testing.assert_close(y, ref, t, str((op, dtype, m, k, n, r, split)), kind="interpreter")
+                checks += 1
+assert checks == 2 * 3 * (2 + 6 + 4), checks
+print("ok")
+"""
+
+
 def _run(script: str) -> str:
     p = subprocess.run([sys.executable, "-c", script, str(ROOT)], capture_output=True, text=True, timeout=1200,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -148,3 +200,9 @@ def test_embedding_kernel_in_the_interpreter():
 def test_mlp_stack_grid_kernel_in_the_interpreter():
     pytest.importorskip("triton")
     _run(_GRID)
+
+
+def test_gemm_loop_kernels_in_the_interpreter():
+    """linear_act, swiglu (every gate activation) and the LoRA pair, which share gemm_loop._gemm_main: against the
+    schema reference in fp32 and fp16 (the GPU tests cover bf16, speed and the aligned cubins)."""
+    _run(_GEMM)

@@ -79,6 +79,7 @@ if(ONNXFUSE_WITH_TRITON)
   set(_onnxfuse_aot_deps
     ${_onnxfuse_triton_dir}/aot.py
     ${_onnxfuse_triton_dir}/table.py
+    ${_onnxfuse_triton_dir}/gemm_loop.py
     ${_onnxfuse_triton_dir}/linear_act.py
     ${_onnxfuse_triton_dir}/swiglu.py
     ${_onnxfuse_triton_dir}/lora_linear.py

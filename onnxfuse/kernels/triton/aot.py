@@ -14,12 +14,14 @@ build also writes into the generated onnxfuse_ops.h that the launcher reads. Spe
   * aligned: pointers 16-byte aligned and K, N multiples of 16, for LoRA also r a multiple of 8 (divisibility hints
     give vectorised, cp.async-pipelined loads), or not;
   * LoRA only: r padded to 16, 32 or 64. LoRA runs as the two-phase pair "lora_xa" (fp32 partials of X @ A into
-    scratch; its config's BLOCK_N is unused) and "lora_main" (linear_act's main loop plus one T @ B dot);
+    scratch; its config's BLOCK_N is unused) and "lora_main" (the GEMM main loop plus one T @ B dot);
   * variant: 0 for every kernel. With --experiments (an opt-in library, `onnxfuse build --experiments`) the A/B
     alternatives are compiled too: variants 1 and 2 of the "small" class of fp16/bf16 kernels (SMALL_VARIANTS,
     aligned build only; node attribute small_cfg), variants 1 and 2 of the fp16/bf16 one-kernel MLPStack
     (STACK_VARIANTS; attribute stack_cfg), and the one-pass LoRA kernel "lora_linear" (T = X @ A in the main loop;
     attribute lora_onepass=1). The launcher falls back to variant 0 where a variant was not built.
+Kernel sources: KERNEL_FILES, imported as one package so that they can share @triton.jit helpers through relative
+imports (gemm_loop.py: the GEMM tile and K loop; cuda/cuda.cmake lists every file as an input of this step).
 Tile configs live in CONFIGS per arch; `--configs FILE` (JSON of the same shape) overrides entries, the hook for
 autotuned configs. Triton 3.6 ABI: kernel params are the non-constexpr args, then two scratch pointers (global,
 profile); specialisations that need either scratch are refused here, since the launcher passes null.
@@ -205,6 +207,10 @@ def specialisations(archs, overrides=None, experiments: bool = False):
 
 
 def compile_one(spec: dict) -> dict:
+    # No line info in the cubins (ptxas -suppress-debug-info): with it, ptxas schedules around the debug scopes of
+    # inlined helpers (gemm_loop.py), so how the source is factored would change the SASS. Set in the environment,
+    # not as a knob, because Triton's cache key reads the environment.
+    os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
     import triton
     from triton.backends.compiler import GPUTarget
 

@@ -4,10 +4,10 @@ Two ways, picked by the launcher (cuda/triton_launch.cc; the node attribute lora
 
 * two-phase (default): ``_lora_xa_kernel`` writes fp32 partial sums of ``T = X @ A`` into a scratch buffer
   ``[SPLIT, M, R_PAD]`` (grid: row tiles x SPLIT slices of K, no atomics, so the result is deterministic; padded
-  columns r..R_PAD are written as zeros), then ``_lora_main_kernel`` runs the plain GEMM main loop of
-  linear_act (one tl.dot per K step, so Hopper keeps its wgmma pipeline) and after the loop sums the SPLIT partials
-  of its row tile, rounds ``scale * T`` to the input type and adds ``T @ B`` with one more tl.dot before the
-  bias (+ relu) epilogue. The scratch comes from onnxruntime's allocator (cuda/ops_cuda.cc).
+  columns r..R_PAD are written as zeros), then ``_lora_main_kernel`` runs the GEMM main loop (gemm_loop.py's
+  ``_gemm_main``; one tl.dot per K step, so Hopper keeps its wgmma pipeline) and after the loop sums the SPLIT
+  partials of its row tile, rounds ``scale * T`` to the input type and adds ``T @ B`` with one more tl.dot before
+  the bias (+ relu) epilogue. The scratch comes from onnxruntime's allocator (cuda/ops_cuda.cc).
 * one-pass (``_lora_linear_kernel``, compiled only into a library built with experiments): T accumulated in the
   same K loop as ``X @ W`` (two dots per K step, the [BLOCK_K, R] tile of A loaded with an R-dependent mask), T
   recomputed once per column tile; no scratch.
@@ -18,7 +18,7 @@ accumulation. ``R_PAD`` is r rounded up to 16, 32 or 64; ``RELU`` is a run-time 
 import triton
 import triton.language as tl
 
-from .linear_act import _tile_ids
+from .gemm_loop import _gemm_main, _store_tile, _tile_ids
 
 
 @triton.jit
@@ -59,8 +59,7 @@ def _lora_linear_kernel(x_ptr, w_ptr, a_ptr, b_ptr, bias_ptr, y_ptr, M, N, K, R,
     acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if RELU != 0:
         acc = tl.maximum(acc, 0.0)
-    y_ptrs = y_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(offs_m < M)[:, None] & n_ok[None, :])
+    _store_tile(y_ptr, N, acc, offs_m, offs_m < M, offs_n, n_ok)
 
 
 @triton.jit
@@ -102,26 +101,11 @@ def _lora_main_kernel(x_ptr, w_ptr, t_ptr, b_ptr, bias_ptr, y_ptr, M, N, K, R, S
                       R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Phase 2: ``y = [relu](x @ w + bias + (scale * sum_s t[s]).to(x.dtype) @ b)``; t from _lora_xa_kernel.
 
-    The K loop is linear_act's (one dot per step); the rank-r term is one extra dot after it.
+    The tile and K loop are gemm_loop._gemm_main's; the rank-r term is one extra dot after it.
     """
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
+    acc, _, offs_m, offs_n, rows, n_ok = _gemm_main(x_ptr, w_ptr, w_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                                                    False, DOT_PRECISION)
     offs_r = tl.arange(0, R_PAD)
-    rows = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
-    n_ok = offs_n < N
-    x_ptrs = x_ptr + rows[:, None] * K + offs_k[None, :]
-    w_ptrs = w_ptr + offs_k.to(tl.int64)[:, None] * N + offs_n[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BLOCK_K)):
-        k0 = kb * BLOCK_K
-        k_ok = (k0 + offs_k) < K
-        x = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
-        w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        acc = tl.dot(x, w, acc, input_precision=DOT_PRECISION)
-        x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K * N.to(tl.int64)
     # Rank-r term: T row tile (sum of the SPLIT fp32 partials; padded columns are zero) times the B column tile.
     t_ptrs = t_ptr + rows[:, None] * R_PAD + offs_r[None, :]
     t = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
@@ -134,8 +118,7 @@ def _lora_main_kernel(x_ptr, w_ptr, t_ptr, b_ptr, bias_ptr, y_ptr, M, N, K, R, S
     acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if RELU != 0:
         acc = tl.maximum(acc, 0.0)
-    y_ptrs = y_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(offs_m < M)[:, None] & n_ok[None, :])
+    _store_tile(y_ptr, N, acc, offs_m, offs_m < M, offs_n, n_ok)
 
 
 KERNELS = {

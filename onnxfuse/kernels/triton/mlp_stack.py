@@ -3,12 +3,12 @@
     h_0 = x;  h_i = act_i(h_{i-1} @ w_i + b_i);  y = h_L           (L <= 4, act_i: 1 = relu, 2 = sigmoid)
 
 Each program owns BLOCK_M rows and runs them through every layer: per layer it walks the output columns in
-BLOCK_N tiles, each a K loop of tl.dot with the bias and activation in the epilogue. The intermediate h_i of its
-rows goes to a scratch row block that only this program touches ([2, M, SW] ping-pong in the op's type, so it is
-rounded exactly as the unfused graph stores it) and is read back by the next layer after a CTA barrier
-(__syncthreads orders the global writes of the block's threads before its later reads). The scratch is a few KB
-per program and stays in L1/L2: what the stack saves over one kernel per layer is the launch per layer, the HBM
-round trip of every intermediate and the tail of each small grid.
+BLOCK_N tiles, each a K loop of tl.dot with the bias and activation in the epilogue (gemm_loop.py's _rows_dot
+and _bias_act). The intermediate h_i of its rows goes to a scratch row block that only this program
+touches ([2, M, SW] ping-pong in the op's type, so it is rounded exactly as the unfused graph stores it) and is read
+back by the next layer after a CTA barrier (__syncthreads orders the global writes of the block's threads before its
+later reads). The scratch is a few KB per program and stays in L1/L2: what the stack saves over one kernel per layer
+is the launch per layer, the HBM round trip of every intermediate and the tail of each small grid.
 
 Compiled ahead of time by `aot.py`; the launcher (cuda/triton_launch.cc) picks BLOCK_M so the grid covers the
 SMs, and runs wide or long-M stacks as one linear_act launch per layer instead.
@@ -20,6 +20,8 @@ software grid barrier on a counter between layers; triton/table.py's thresholds 
 import triton
 import triton.language as tl
 
+from .gemm_loop import _bias_act, _rows_dot
+
 
 @triton.jit
 def _stack_layer(in_ptr, in_ld, out_ptr, out_ld, w_ptr, b_ptr, K, N, ACT, rows, offs_m, m_ok,
@@ -30,19 +32,9 @@ def _stack_layer(in_ptr, in_ld, out_ptr, out_ld, w_ptr, b_ptr, K, N, ACT, rows, 
     for n0 in range(0, N, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + offs_k
-            k_ok = kk < K
-            a = tl.load(in_ptr + rows[:, None] * in_ld + kk[None, :], mask=k_ok[None, :], other=0.0)
-            w = tl.load(w_ptr + kk.to(tl.int64)[:, None] * N + offs_n[None, :], mask=k_ok[:, None] & n_ok[None, :],
-                        other=0.0)
-            acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
-        z = acc + tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        if ACT == 1:
-            z = tl.maximum(z, 0.0)
-        else:
-            z = 1.0 / (1.0 + tl.exp(-z))
+        acc = _rows_dot(in_ptr, in_ld, rows, w_ptr, K, N, offs_k, offs_n, n_ok, BLOCK_M, BLOCK_N, BLOCK_K,
+                        DOT_PRECISION, "")
+        z = _bias_act(acc, b_ptr, offs_n, n_ok, ACT)
         tl.store(out_ptr + offs_m.to(tl.int64)[:, None] * out_ld + offs_n[None, :], z.to(out_ptr.dtype.element_ty),
                  mask=m_ok[:, None] & n_ok[None, :])
 
@@ -122,20 +114,9 @@ def _grid_layer(in_ptr, in_ld, out_ptr, out_ld, w_ptr, b_ptr, M, K, N, ACT, pid,
         m_ok = offs_m < M
         n_ok = offs_n < N
         rows = tl.where(m_ok, offs_m, 0).to(tl.int64)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + offs_k
-            k_ok = kk < K
-            a = tl.load(in_ptr + rows[:, None] * in_ld + kk[None, :], mask=k_ok[None, :], other=0.0,
-                        cache_modifier=".cg")
-            w = tl.load(w_ptr + kk.to(tl.int64)[:, None] * N + offs_n[None, :], mask=k_ok[:, None] & n_ok[None, :],
-                        other=0.0)
-            acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
-        z = acc + tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        if ACT == 1:
-            z = tl.maximum(z, 0.0)
-        else:
-            z = 1.0 / (1.0 + tl.exp(-z))
+        acc = _rows_dot(in_ptr, in_ld, rows, w_ptr, K, N, offs_k, offs_n, n_ok, BLOCK_M, BLOCK_N, BLOCK_K,
+                        DOT_PRECISION, ".cg")
+        z = _bias_act(acc, b_ptr, offs_n, n_ok, ACT)
         tl.store(out_ptr + offs_m.to(tl.int64)[:, None] * out_ld + offs_n[None, :], z.to(out_ptr.dtype.element_ty),
                  mask=m_ok[:, None] & n_ok[None, :])
         t += nprog

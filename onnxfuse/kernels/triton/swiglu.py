@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from .linear_act import _tile_ids
+from .gemm_loop import _gemm_main, _store_tile
 
 # (Triton kernels read module globals only as constexpr.)
 _SQRT1_2 = tl.constexpr(0.7071067811865476)         # 1 / sqrt(2)
@@ -46,34 +46,10 @@ def _swiglu_kernel(x_ptr, wg_ptr, wu_ptr, y_ptr, M, N, K, ACT,
 
     x [M, K], wg and wu [K, N], y [M, N], row-major contiguous; fp32 accumulation, act in fp32, 64-bit offsets.
     """
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    rows = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
-    n_ok = offs_n < N
-    x_ptrs = x_ptr + rows[:, None] * K + offs_k[None, :]
-    w_off = offs_k.to(tl.int64)[:, None] * N + offs_n[None, :]
-    wg_ptrs = wg_ptr + w_off
-    wu_ptrs = wu_ptr + w_off
-    gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BLOCK_K)):
-        k0 = kb * BLOCK_K
-        k_ok = (k0 + offs_k) < K
-        w_mask = k_ok[:, None] & n_ok[None, :]
-        x = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
-        wg = tl.load(wg_ptrs, mask=w_mask, other=0.0)
-        wu = tl.load(wu_ptrs, mask=w_mask, other=0.0)
-        gate = tl.dot(x, wg, gate, input_precision=DOT_PRECISION)
-        up = tl.dot(x, wu, up, input_precision=DOT_PRECISION)
-        x_ptrs += BLOCK_K
-        step = BLOCK_K * N.to(tl.int64)
-        wg_ptrs += step
-        wu_ptrs += step
+    gate, up, offs_m, offs_n, _, n_ok = _gemm_main(x_ptr, wg_ptr, wu_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
+                                                   GROUP_M, True, DOT_PRECISION)
     y = _gate_activation(gate, ACT) * up
-    y_ptrs = y_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-    tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=(offs_m < M)[:, None] & n_ok[None, :])
+    _store_tile(y_ptr, N, y, offs_m, offs_m < M, offs_n, n_ok)
 
 
 KERNELS = {

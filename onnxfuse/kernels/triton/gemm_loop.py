@@ -1,0 +1,121 @@
+"""The GEMM main loop of every Triton GEMM kernel, as @triton.jit helpers (no kernel here; aot.py compiles the
+kernels that call them, and Triton inlines a helper into each):
+
+* ``_tile_ids``: the grouped tile order (GROUP_M row tiles share each column tile while it is still in L2);
+* ``_gemm_main``: one output tile of ``X @ W`` (and, with DUAL, of ``X @ W2`` in the same K loop) up to the
+  epilogue: the tile, the pointers and the K loop (masked loads, one tl.dot per product per K block, fp32
+  accumulators). linear_act.py, lora_linear.py's main phase and swiglu.py (DUAL: gate and up) run on it;
+* ``_rows_dot``: the K loop of one ``[BLOCK_M, BLOCK_N]`` tile of rows already chosen by the caller (MLPStack, whose
+  programs walk the column tiles and layers themselves);
+* ``_bias_act``: the bias + relu/sigmoid epilogue of LinearRelu, LinearSigmoid and MLPStack;
+* ``_store_tile``: the masked store of a GEMM tile (linear_act, swiglu, lora_linear).
+
+A faster loop (TMA descriptors, warp specialisation) lands here once. aot.py compiles without line info
+(``disable_line_info``): with it, an inlined helper changes only the PTX's debug scopes, yet ptxas schedules some
+cubins differently around them. Without it, the move of the loops into these helpers was checked per specialisation
+(all 580 of `aot.specialisations(["80", "90"], experiments=True)`, nvdisasm of each cubin before and after): 541 have
+the same SASS; the 39 others are swiglu's, whose W mask is now built after the X load as linear_act's always was
+(same register counts, the instructions reordered or slightly changed), timed on the GPU before it landed. Only
+lora_linear.py's one-pass experiment keeps a loop of its own: it carries a third operand ([K, R] of A) of another
+shape.
+
+aot.py imports the kernel files as one package, so they import this module relatively; build.py's cache key hashes
+every triton/*.py and cuda/cuda.cmake lists this file among the AOT step's inputs.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Grouped tile order: GROUP_M row tiles share each column tile while it is still in L2."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_rows
+    pid_n = (pid % per_group) // group_rows
+    return pid_m, pid_n
+
+
+@triton.jit
+def _gemm_main(x_ptr, w_ptr, w2_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               GROUP_M: tl.constexpr, DUAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """``acc, acc2, offs_m, offs_n, rows, n_ok``: this program's tile of ``x.float() @ w.float()`` in fp32 (acc
+    [BLOCK_M, BLOCK_N]) and, when DUAL, of ``x.float() @ w2.float()`` (acc2; without DUAL it is zeros and w2_ptr is
+    never read: pass w_ptr), the tile's row and column offsets, the rows clamped to row 0 past M (64-bit) and the
+    column mask.
+
+    x [M, K], w and w2 [K, N], row-major contiguous; 64-bit row and column offsets, so M*K and K*N may pass 2**31.
+    Rows past M are clamped to row 0 on load (their results must not be stored: mask the store with offs_m < M), so
+    only K and N are masked; with the aligned specialisation (K, N multiples of 16) those masks are constant over 16
+    elements and the loads stay vectorised. One tl.dot per product per K step, so Hopper keeps its wgmma pipeline.
+    """
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    rows = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
+    n_ok = offs_n < N
+    x_ptrs = x_ptr + rows[:, None] * K + offs_k[None, :]
+    w_off = offs_k.to(tl.int64)[:, None] * N + offs_n[None, :]
+    w_ptrs = w_ptr + w_off
+    w2_ptrs = w2_ptr + w_off
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+        k0 = kb * BLOCK_K
+        k_ok = (k0 + offs_k) < K
+        x = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if DUAL:
+            w2 = tl.load(w2_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        acc = tl.dot(x, w, acc, input_precision=DOT_PRECISION)
+        if DUAL:
+            acc2 = tl.dot(x, w2, acc2, input_precision=DOT_PRECISION)
+        x_ptrs += BLOCK_K
+        step = BLOCK_K * N.to(tl.int64)
+        w_ptrs += step
+        if DUAL:
+            w2_ptrs += step
+    return acc, acc2, offs_m, offs_n, rows, n_ok
+
+
+@triton.jit
+def _rows_dot(in_ptr, in_ld, rows, w_ptr, K, N, offs_k, offs_n, n_ok, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, CACHE: tl.constexpr):
+    """``in[rows, :K] @ w[:K, offs_n]`` in fp32 ([BLOCK_M, BLOCK_N]): rows (64-bit) are valid rows chosen by the
+    caller, in has leading dimension in_ld, w is [K, N] row-major; K and N masked. CACHE is the cache modifier of
+    the loads of ``in`` ("" or ".cg" for data another program wrote in this launch); offs_k is
+    ``tl.arange(0, BLOCK_K)``, made by the caller outside its own loops (made in here, inside them, the cubins
+    come out differently)."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + offs_k
+        k_ok = kk < K
+        a = tl.load(in_ptr + rows[:, None] * in_ld + kk[None, :], mask=k_ok[None, :], other=0.0,
+                    cache_modifier=CACHE)
+        w = tl.load(w_ptr + kk.to(tl.int64)[:, None] * N + offs_n[None, :], mask=k_ok[:, None] & n_ok[None, :],
+                    other=0.0)
+        acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
+    return acc
+
+
+@triton.jit
+def _bias_act(acc, bias_ptr, offs_n, n_ok, ACT):
+    """``act(acc + bias[offs_n])`` in fp32: ACT 1 = relu, anything else sigmoid (LinearRelu / LinearSigmoid)."""
+    z = acc + tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    if ACT == 1:
+        z = tl.maximum(z, 0.0)
+    else:
+        z = 1.0 / (1.0 + tl.exp(-z))
+    return z
+
+
+@triton.jit
+def _store_tile(y_ptr, ld, z, offs_m, m_ok, offs_n, n_ok):
+    """``y[offs_m, offs_n] = z`` cast to y's type, masked to the valid rows and columns; y has leading dimension ld."""
+    y_ptrs = y_ptr + offs_m.to(tl.int64)[:, None] * ld + offs_n[None, :]
+    tl.store(y_ptrs, z.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
