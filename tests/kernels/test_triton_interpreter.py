@@ -139,9 +139,6 @@ _GEMM = _PRELUDE + r"""
 # The kernels on gemm_loop.py's _gemm_main: LinearRelu/LinearSigmoid, SwiGLU (DUAL: two products in one K loop, every
 # gate activation) and the two LoRA phases; shapes with ragged M, N and K tiles and more than one group of row tiles.
 la, sw, lora = load("linear_act"), load("swiglu"), load("lora_linear")
-# The interpreter has no libdevice (its tanh returns None): gelu_tanh's tanh through tl.sigmoid here.
-import types
-sw.libdevice = types.SimpleNamespace(tanh=lambda v: 2.0 * tl.sigmoid(2.0 * v) - 1.0)
 g = torch.Generator().manual_seed(0)
 cfg = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=2)
 def grid(m, n):
