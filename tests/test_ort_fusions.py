@@ -18,7 +18,7 @@ import pytest
 
 from onnxfuse import cli, fuse, onnxio, ort_fusions, runtime, soundness, verify
 
-from test_rewrites import CASES, COMBOS, _export, _valid_feeds, expected_ops
+from cases import CASES, COMBOS, expected_ops, export_case as _export, valid_feeds as _valid_feeds
 
 DATA = pathlib.Path(__file__).parent / "data"
 SIGNATURES = DATA / "fuse_signatures.json"

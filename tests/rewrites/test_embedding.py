@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxfuse import fuse, runtime, soundness
 from onnxfuse.errors import OnnxfuseError
 
-from test_rewrites import _export
+from cases import export_case as _export
 
 V, D = 50, 72  # rows of 288 bytes in fp32, 144 in fp16
 

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxfuse import fuse, runtime, soundness, verify
 
-from test_rewrites import COMBOS, _export
+from cases import COMBOS, export_case as _export
 
 mk = helper.make_node
 I64_MAX = 2**63 - 1

@@ -672,3 +672,66 @@ def test_gated_mlp_inside_a_model_local_function_is_left_alone_and_said(tmp_path
     assert not res.matches and res.in_functions == 2
     assert any("function local.MLP" in r["reason"] and r["rule"].startswith("swiglu") for r in res.refusals)
     assert fuse.fuse(src, dst, force=True, ort=False).in_functions == 2
+
+
+# ------------------------------------------------------------------------------ SiLU spellings on hand-made graphs
+def _swiglu_graph(spelling: str, gemm_trans_b: bool = False, k=6, n=10):
+    rng = np.random.default_rng(1)
+    wg, wu = (rng.standard_normal((n, k) if gemm_trans_b else (k, n)).astype(np.float32) for _ in range(2))
+    inits = [numpy_helper.from_array(wg, "Wg"), numpy_helper.from_array(wu, "Wu"),
+             numpy_helper.from_array(np.array(1.0, np.float32), "one")]
+    mk = helper.make_node
+    if gemm_trans_b:
+        nodes = [mk("Gemm", ["X", "Wg"], ["g"], transB=1), mk("Gemm", ["X", "Wu"], ["u"], transB=1)]
+    else:
+        nodes = [mk("MatMul", ["X", "Wg"], ["g"]), mk("MatMul", ["X", "Wu"], ["u"])]
+    if spelling == "sigmoid_mul":
+        nodes += [mk("Sigmoid", ["g"], ["sg"]), mk("Mul", ["sg", "g"], ["silu"])]
+    elif spelling == "swish":
+        nodes += [mk("Swish", ["g"], ["silu"])]
+    else:
+        nodes += [mk("Neg", ["g"], ["ng"]), mk("Exp", ["ng"], ["e"]), mk("Add", ["one", "e"], ["d"])]
+        nodes += [mk("Div", ["g", "d"], ["silu"])] if spelling == "div_exp" else [
+            mk("Reciprocal", ["d"], ["rd"]), mk("Mul", ["g", "rd"], ["silu"])]
+    nodes.append(mk("Mul", ["u", "silu"], ["Y"]))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [5, k])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits)
+    opset = 24 if spelling == "swish" else 18
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10), wg, wu
+
+
+@pytest.mark.parametrize("spelling,trans", [("sigmoid_mul", False), ("sigmoid_mul", True), ("swish", False),
+                                            ("div_exp", False), ("reciprocal_exp", False)])
+def test_swiglu_spellings(tmp_path, spelling, trans):
+    model, wg, wu = _swiglu_graph(spelling, trans)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    res = fuse.fuse(path, tmp_path / "f.onnx")
+    assert [m.op for m in res.matches] == ["SwiGLU"]
+    fused = onnx.load(str(tmp_path / "f.onnx"))
+    assert [n.op_type for n in fused.graph.node] == ["SwiGLU"]
+    x = np.random.default_rng(2).standard_normal((5, 6)).astype(np.float32)
+    if trans:
+        wg, wu = wg.T, wu.T
+    g = x @ wg
+    ref = g / (1 + np.exp(-g)) * (x @ wu)
+    for library in (False, True):
+        out = runtime.session(str(tmp_path / "f.onnx"), "cpu", library=library).run(None, {"X": x})[0]
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_two_d_dynamo_mlp_gemm_transb(tmp_path):
+    """The dynamo exporter spells a 2-D Llama MLP as Gemm(transB=1): SwiGLU must still fire, weights transposed."""
+    import torch
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaMLP
+    torch.manual_seed(0)
+    mlp = LlamaMLP(LlamaConfig(hidden_size=32, intermediate_size=48)).eval()
+    x = torch.randn(7, 32)
+    torch.onnx.export(mlp, (x,), str(tmp_path / "m.onnx"), dynamo=True, input_names=["x"], verbose=False)
+    m = onnx.load(str(tmp_path / "m.onnx"))
+    assert "Gemm" in {n.op_type for n in m.graph.node}
+    res = fuse.fuse(tmp_path / "m.onnx", tmp_path / "f.onnx")
+    assert [mm.op for mm in res.matches] == ["SwiGLU"]
+    out = runtime.session(str(tmp_path / "f.onnx"), "cpu").run(None, {"x": x.numpy()})[0]
+    np.testing.assert_allclose(out, mlp(x).detach().numpy(), rtol=1e-4, atol=1e-5)

@@ -4,54 +4,18 @@ from __future__ import annotations
 
 import collections
 import json
-import pathlib
 
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from onnxfuse import cli, export, fuse, runtime, soundness, verify
 
-DATA = pathlib.Path(__file__).parent / "data"
-# model -> (spec overrides, expected onnxfuse op counts, nodes each match removes by op type)
-CASES = {
-    "llama2": (dict(kind="llama", num_hidden_layers=2), {"SwiGLU": 2, "RotaryEmbedding": 4}),
-    "llama-lora": (dict(kind="llama", lora_rank=8), {"LoRALinear": 3, "RotaryEmbedding": 2}),
-    # bottom 13-512-256-64-16 (4 x relu) and top 367-512-256-1 (relu, relu, sigmoid): one MLPStack each; the hash,
-    # the 26 lookups and the dot interaction between them: one EmbeddingInteraction
-    "dlrm": (dict(kind="dlrm"), {"MLPStack": 2, "EmbeddingInteraction": 1}),
-    "dlrm-lora": (dict(kind="dlrm", lora_rank=4), {"LoRALinearRelu": 6, "LoRALinear": 1, "EmbeddingInteraction": 1}),
-}
-COMBOS = [(e, d) for e in ("dynamo", "torchscript") for d in ("fp32", "fp16")]
-
-
-def expected_ops(case: str, dtype: str) -> dict[str, int]:
-    """CASES' op counts, plus the token Embedding where its rows pass the rule's threshold (the tiny Llama's 64
-    values are 256 bytes in fp32, 128 in fp16)."""
-    want = dict(CASES[case][1])
-    if CASES[case][0]["kind"] == "llama" and dtype == "fp32":
-        want["Embedding"] = 1
-    return want
+from cases import CASES, COMBOS, DATA, expected_ops, export_case as _export, valid_feeds as _valid_feeds
 
 
 def _counts(model):
     return collections.Counter((n.domain or "", n.op_type) for n in model.graph.node)
-
-
-def _valid_feeds(sess, seed):
-    """Random feeds the models accept: non-negative categorical ids, an all-ones attention mask."""
-    feeds = runtime.random_feeds(sess, seed=seed)
-    if "sparse" in feeds:
-        feeds["sparse"] = np.abs(feeds["sparse"])
-    if "attention_mask" in feeds:
-        feeds["attention_mask"] = np.ones_like(feeds["attention_mask"])
-    return feeds
-
-
-def _export(exported, case, exporter, dtype):
-    kw = dict(CASES[case][0])
-    return exported(kw.pop("kind"), exporter=exporter, dtype=dtype, **kw)
 
 
 def test_export_spellings_match_reference(exported):
@@ -160,112 +124,6 @@ def test_fuse_bad_input(tmp_path, capsys):
     assert "not a readable ONNX model" in capsys.readouterr().err
     assert not (tmp_path / "out.onnx").exists()
     assert cli.main(["fuse", str(tmp_path / "missing.onnx")]) == 2
-
-
-# ------------------------------------------------------------------------------ hand-made graphs: spellings, refusals
-
-def _linear_relu_graph(bias_shape=(8,), weight_is_input=False, reuse_intermediate=False, k=6, n=8):
-    rng = np.random.default_rng(0)
-    w = numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "W")
-    b = numpy_helper.from_array(rng.standard_normal(bias_shape).astype(np.float32), "b")
-    nodes = [helper.make_node("MatMul", ["X", "W"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["z"]),
-             helper.make_node("Relu", ["z"], ["Y"])]
-    outputs = [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)]
-    if reuse_intermediate:
-        nodes.append(helper.make_node("Neg", ["z"], ["Z2"]))
-        outputs.append(helper.make_tensor_value_info("Z2", TensorProto.FLOAT, None))
-    inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, k])]
-    inits = [b]
-    if weight_is_input:
-        inputs.append(helper.make_tensor_value_info("W", TensorProto.FLOAT, [k, n]))
-    else:
-        inits.append(w)
-    g = helper.make_graph(nodes, "g", inputs, outputs, inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
-
-
-@pytest.mark.parametrize("variant,reason", [
-    (dict(bias_shape=(4, 1)), "does not broadcast along the last axis"),
-    (dict(weight_is_input=True), "not a constant"),
-    (dict(reuse_intermediate=True), "z is also used by"),
-])
-def test_rule_refuses_and_explains(tmp_path, variant, reason, capsys):
-    path = tmp_path / "m.onnx"
-    onnx.save(_linear_relu_graph(**variant), str(path))
-    res = fuse.fuse(path, tmp_path / "out.onnx", explain=True)
-    assert not res.matches and not (tmp_path / "out.onnx").exists()
-    assert any(reason in r["reason"] for r in res.refusals), res.refusals
-    assert cli.main(["fuse", str(path), "-o", str(tmp_path / "out.onnx"), "--explain"]) == 0
-    assert reason in capsys.readouterr().out
-
-
-def test_rule_fires_on_the_well_formed_twin(tmp_path):
-    path = tmp_path / "m.onnx"
-    onnx.save(_linear_relu_graph(bias_shape=(1, 8)), str(path))
-    res = fuse.fuse(path, tmp_path / "out.onnx")
-    assert [m.op for m in res.matches] == ["LinearRelu"]
-
-
-def _swiglu_graph(spelling: str, gemm_trans_b: bool = False, k=6, n=10):
-    rng = np.random.default_rng(1)
-    wg, wu = (rng.standard_normal((n, k) if gemm_trans_b else (k, n)).astype(np.float32) for _ in range(2))
-    inits = [numpy_helper.from_array(wg, "Wg"), numpy_helper.from_array(wu, "Wu"),
-             numpy_helper.from_array(np.array(1.0, np.float32), "one")]
-    mk = helper.make_node
-    if gemm_trans_b:
-        nodes = [mk("Gemm", ["X", "Wg"], ["g"], transB=1), mk("Gemm", ["X", "Wu"], ["u"], transB=1)]
-    else:
-        nodes = [mk("MatMul", ["X", "Wg"], ["g"]), mk("MatMul", ["X", "Wu"], ["u"])]
-    if spelling == "sigmoid_mul":
-        nodes += [mk("Sigmoid", ["g"], ["sg"]), mk("Mul", ["sg", "g"], ["silu"])]
-    elif spelling == "swish":
-        nodes += [mk("Swish", ["g"], ["silu"])]
-    else:
-        nodes += [mk("Neg", ["g"], ["ng"]), mk("Exp", ["ng"], ["e"]), mk("Add", ["one", "e"], ["d"])]
-        nodes += [mk("Div", ["g", "d"], ["silu"])] if spelling == "div_exp" else [
-            mk("Reciprocal", ["d"], ["rd"]), mk("Mul", ["g", "rd"], ["silu"])]
-    nodes.append(mk("Mul", ["u", "silu"], ["Y"]))
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [5, k])],
-                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits)
-    opset = 24 if spelling == "swish" else 18
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10), wg, wu
-
-
-@pytest.mark.parametrize("spelling,trans", [("sigmoid_mul", False), ("sigmoid_mul", True), ("swish", False),
-                                            ("div_exp", False), ("reciprocal_exp", False)])
-def test_swiglu_spellings(tmp_path, spelling, trans):
-    model, wg, wu = _swiglu_graph(spelling, trans)
-    path = tmp_path / "m.onnx"
-    onnx.save(model, str(path))
-    res = fuse.fuse(path, tmp_path / "f.onnx")
-    assert [m.op for m in res.matches] == ["SwiGLU"]
-    fused = onnx.load(str(tmp_path / "f.onnx"))
-    assert [n.op_type for n in fused.graph.node] == ["SwiGLU"]
-    x = np.random.default_rng(2).standard_normal((5, 6)).astype(np.float32)
-    if trans:
-        wg, wu = wg.T, wu.T
-    g = x @ wg
-    ref = g / (1 + np.exp(-g)) * (x @ wu)
-    for library in (False, True):
-        out = runtime.session(str(tmp_path / "f.onnx"), "cpu", library=library).run(None, {"X": x})[0]
-        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
-
-
-def test_two_d_dynamo_mlp_gemm_transb(tmp_path):
-    """The dynamo exporter spells a 2-D Llama MLP as Gemm(transB=1): SwiGLU must still fire, weights transposed."""
-    import torch
-    from transformers import LlamaConfig
-    from transformers.models.llama.modeling_llama import LlamaMLP
-    torch.manual_seed(0)
-    mlp = LlamaMLP(LlamaConfig(hidden_size=32, intermediate_size=48)).eval()
-    x = torch.randn(7, 32)
-    torch.onnx.export(mlp, (x,), str(tmp_path / "m.onnx"), dynamo=True, input_names=["x"], verbose=False)
-    m = onnx.load(str(tmp_path / "m.onnx"))
-    assert "Gemm" in {n.op_type for n in m.graph.node}
-    res = fuse.fuse(tmp_path / "m.onnx", tmp_path / "f.onnx")
-    assert [mm.op for mm in res.matches] == ["SwiGLU"]
-    out = runtime.session(str(tmp_path / "f.onnx"), "cpu").run(None, {"x": x.numpy()})[0]
-    np.testing.assert_allclose(out, mlp(x).detach().numpy(), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("graph_opt", [True, False])
