@@ -145,13 +145,11 @@ extern "C" int onnxfuse_cuda_embedding_interaction(int dtype, int interaction, i
                                                    const int64_t* table_offsets, const int64_t* cardinality, void* y,
                                                    int64_t batch, int64_t d, int64_t features, int64_t n_indices,
                                                    int64_t rows, void* stream) {
-  if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || batch < 0 || d < 0 || features < 0 || n_indices < 0 ||
-      rows < 0 || (interaction != ONNXFUSE_INTERACTION_DOT && interaction != ONNXFUSE_INTERACTION_CAT) ||
-      (hash != ONNXFUSE_HASH_NONE && hash != ONNXFUSE_HASH_MOD))
-    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  int64_t width = 0;
+  const int check = onnxfuse_embedding_interaction_check(dtype, interaction, hash, batch, d, features, n_indices, rows,
+                                                         &width);
+  if (check != 0) return check > 0 ? 0 : check;
   const int64_t n = features + 1;
-  const int64_t width = interaction == ONNXFUSE_INTERACTION_DOT ? d + n * (n - 1) / 2 : n * d;
-  if (batch == 0 || width == 0) return 0;
   const size_t per_warp = size_t(n) * size_t(d + 1) * sizeof(float);
   if (per_warp > kMaxShared) return ONNXFUSE_ERR_TOO_LARGE;  // (F + 1)(d + 1) > 51200 floats per sample
   int warps = kMaxWarpsPerBlock;

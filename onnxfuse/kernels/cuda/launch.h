@@ -79,6 +79,21 @@ static inline int onnxfuse_rotary_check(int dtype, const void* x, const void* co
   return (x == 0 || cos == 0 || sin == 0 || y == 0) ? ONNXFUSE_ERR_BAD_ARGUMENT : 0;
 }
 
+// The embedding-interaction launchers' shared argument check: ONNXFUSE_ERR_BAD_ARGUMENT, 1 for "nothing to do" (no
+// samples or an empty output row), or 0; *width gets the output row width (d + n(n-1)/2 for dot, n d for cat, with
+// n = features + 1 vectors per sample).
+static inline int onnxfuse_embedding_interaction_check(int dtype, int interaction, int hash, int64_t batch, int64_t d,
+                                                       int64_t features, int64_t n_indices, int64_t rows,
+                                                       int64_t* width) {
+  if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || batch < 0 || d < 0 || features < 0 || n_indices < 0 ||
+      rows < 0 || (interaction != ONNXFUSE_INTERACTION_DOT && interaction != ONNXFUSE_INTERACTION_CAT) ||
+      (hash != ONNXFUSE_HASH_NONE && hash != ONNXFUSE_HASH_MOD))
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  const int64_t n = features + 1;
+  *width = interaction == ONNXFUSE_INTERACTION_DOT ? d + n * (n - 1) / 2 : n * d;
+  return (batch == 0 || *width == 0) ? 1 : 0;
+}
+
 // Embedding: Y [n, D] = table [vocab, D] rows at ids (int64, n of them); negative ids count from the end, ids outside
 // [-vocab, vocab) give rows of zeros.
 int onnxfuse_cuda_embedding(int dtype, const void* table, const int64_t* ids, void* y, int64_t n, int64_t vocab,

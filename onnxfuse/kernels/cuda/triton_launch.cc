@@ -360,6 +360,34 @@ int64_t GridStackTiles(int64_t m, int n_layers, const int64_t* widths, const Tri
   }
   return most;
 }
+
+// The layer arguments both stack kernels take after their own (triton/mlp_stack.py's _LAYER_PARAMS): hidden layers
+// 1..3 (unused ones: null pointers, zero widths, relu) and the final layer. args() lists their addresses in order.
+struct StackLayerArgs {
+  const void* hw[3] = {nullptr, nullptr, nullptr};
+  const void* hb[3] = {nullptr, nullptr, nullptr};
+  int32_t hn[3] = {0, 0, 0};
+  int32_t ha[3] = {ONNXFUSE_ACT_RELU, ONNXFUSE_ACT_RELU, ONNXFUSE_ACT_RELU};
+  const void* wf;
+  const void* bf;
+  int32_t nf, af;
+
+  StackLayerArgs(int n_layers, const int* acts, const void* const* w, const void* const* b, const int64_t* widths)
+      : wf(w[n_layers - 1]), bf(b[n_layers - 1]), nf(int32_t(widths[n_layers])), af(acts[n_layers - 1]) {
+    for (int i = 0; i + 1 < n_layers; ++i) {
+      hw[i] = w[i];
+      hb[i] = b[i];
+      hn[i] = int32_t(widths[i + 1]);
+      ha[i] = acts[i];
+    }
+  }
+  // Copies the 16 addresses into out[0..15].
+  void args(void** out) {
+    void* a[] = {&hw[0], &hb[0], &hn[0], &ha[0], &hw[1], &hb[1], &hn[1], &ha[1],
+                 &hw[2], &hb[2], &hn[2], &ha[2], &wf, &bf, &nf, &af};
+    for (int i = 0; i < 16; ++i) out[i] = a[i];
+  }
+};
 }  // namespace
 
 extern "C" int64_t onnxfuse_triton_mlp_stack_scratch_bytes(int dtype, int n_layers, int64_t m, const int64_t* widths) {
@@ -405,23 +433,13 @@ extern "C" int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* act
     int32_t SW = int32_t(onnxfuse_mlp_stack_scratch_width(n_layers, widths));
     const void* s_ptr = need > 0 ? scratch : y;
     void* bar_ptr = static_cast<char*>(scratch) + need;
-    const void* hw[3] = {nullptr, nullptr, nullptr};
-    const void* hb[3] = {nullptr, nullptr, nullptr};
-    int32_t hn[3] = {0, 0, 0}, ha[3] = {ONNXFUSE_ACT_RELU, ONNXFUSE_ACT_RELU, ONNXFUSE_ACT_RELU};
-    for (int i = 0; i + 1 < n_layers; ++i) {
-      hw[i] = w[i];
-      hb[i] = b[i];
-      hn[i] = int32_t(widths[i + 1]);
-      ha[i] = acts[i];
-    }
-    const void* wf = w[n_layers - 1];
-    const void* bf = b[n_layers - 1];
-    int32_t nf = int32_t(widths[n_layers]), af = acts[n_layers - 1];
+    StackLayerArgs layers(n_layers, acts, w, b, widths);
     void* scratch_global = nullptr;
     void* scratch_profile = nullptr;
-    void* args[] = {&x, &y, &s_ptr, &bar_ptr, &M, &K0, &SW, &L,
-                    &hw[0], &hb[0], &hn[0], &ha[0], &hw[1], &hb[1], &hn[1], &ha[1], &hw[2], &hb[2], &hn[2], &ha[2],
-                    &wf, &bf, &nf, &af, &scratch_global, &scratch_profile};
+    void* args[8 + 16 + 2] = {&x, &y, &s_ptr, &bar_ptr, &M, &K0, &SW, &L};
+    layers.args(args + 8);
+    args[24] = &scratch_global;
+    args[25] = &scratch_profile;
     // The barrier counter starts at zero for every launch: reset on the stream, so a CUDA graph replays it too.
     cudaError_t e = cudaMemsetAsync(bar_ptr, 0, sizeof(int32_t), static_cast<cudaStream_t>(stream));
     if (e != cudaSuccess) return int(e);
@@ -456,24 +474,13 @@ extern "C" int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* act
   int32_t M = int32_t(m), K0 = int32_t(widths[0]), L = n_layers;
   int32_t SW = int32_t(onnxfuse_mlp_stack_scratch_width(n_layers, widths));
   const void* s_ptr = need > 0 ? scratch : y;  // never read or written when L == 1
-  // Hidden layers 1..3 (unused ones: null pointers, zero widths) and the final layer.
-  const void* hw[3] = {nullptr, nullptr, nullptr};
-  const void* hb[3] = {nullptr, nullptr, nullptr};
-  int32_t hn[3] = {0, 0, 0}, ha[3] = {ONNXFUSE_ACT_RELU, ONNXFUSE_ACT_RELU, ONNXFUSE_ACT_RELU};
-  for (int i = 0; i + 1 < n_layers; ++i) {
-    hw[i] = w[i];
-    hb[i] = b[i];
-    hn[i] = int32_t(widths[i + 1]);
-    ha[i] = acts[i];
-  }
-  const void* wf = w[n_layers - 1];
-  const void* bf = b[n_layers - 1];
-  int32_t nf = int32_t(widths[n_layers]), af = acts[n_layers - 1];
+  StackLayerArgs layers(n_layers, acts, w, b, widths);
   void* scratch_global = nullptr;
   void* scratch_profile = nullptr;
-  void* args[] = {&x, &y, &s_ptr, &M, &K0, &SW, &L,
-                  &hw[0], &hb[0], &hn[0], &ha[0], &hw[1], &hb[1], &hn[1], &ha[1], &hw[2], &hb[2], &hn[2], &ha[2],
-                  &wf, &bf, &nf, &af, &scratch_global, &scratch_profile};
+  void* args[7 + 16 + 2] = {&x, &y, &s_ptr, &M, &K0, &SW, &L};
+  layers.args(args + 7);
+  args[23] = &scratch_global;
+  args[24] = &scratch_profile;
   return LaunchSpec(spec, index, device, (m + spec->block_m - 1) / spec->block_m, args, stream);
 }
 
@@ -516,14 +523,12 @@ extern "C" int onnxfuse_triton_embedding_interaction(int dtype, int interaction,
                                                      const int64_t* table_offsets, const int64_t* cardinality,
                                                      void* y, int64_t batch, int64_t d, int64_t features,
                                                      int64_t n_indices, int64_t rows, void* stream) {
-  if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || batch < 0 || d < 0 || features < 0 || n_indices < 0 ||
-      rows < 0 || (interaction != ONNXFUSE_INTERACTION_DOT && interaction != ONNXFUSE_INTERACTION_CAT) ||
-      (hash != ONNXFUSE_HASH_NONE && hash != ONNXFUSE_HASH_MOD))
-    return ONNXFUSE_ERR_BAD_ARGUMENT;
-  const int64_t n = features + 1;
-  const int64_t width = interaction == ONNXFUSE_INTERACTION_DOT ? d + n * (n - 1) / 2 : n * d;
+  int64_t width = 0;
+  const int check = onnxfuse_embedding_interaction_check(dtype, interaction, hash, batch, d, features, n_indices, rows,
+                                                         &width);
+  if (check != 0) return check > 0 ? 0 : check;
   if (TooLarge(batch, width, n_indices) || TooLarge(d, features, 0)) return ONNXFUSE_ERR_TOO_LARGE;
-  if (batch == 0 || width == 0) return 0;
+  const int64_t n = features + 1;
   // The smallest compiled tile holding n vectors of d: NP indexes the size class, DP is the r_pad field.
   int np_index = -1, dp = 0;
   for (int i = 0; i < ids::kNumEmbedNps && np_index < 0; ++i)
