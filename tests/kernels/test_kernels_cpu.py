@@ -248,12 +248,16 @@ def test_property_constant_weights_match_reference(lib, op, dtype, lead, K, N, r
     check_const(lib, op, lead, K, N, r, dtype, scale=scale, seed=seed)
 
 
-_CONST_ISA_SCRIPT = r"""
+# The ISA tests' subprocess scripts: argv = [library, checkout root]; this module imported as `t`.
+_ISA_PRELUDE = r"""
 import sys, pathlib
 sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]) / "tests" / "kernels")]
 import test_kernels_cpu as t
 from onnxfuse import schema
 lib = pathlib.Path(sys.argv[1])
+"""
+
+_CONST_ISA_SCRIPT = _ISA_PRELUDE + r"""
 for op in t.WEIGHTED_OPS:
     for dtype in schema.TYPES:
         t.check_const(lib, op, (13,), 37, 29, 4, dtype, scale=0.5, seed=7)
@@ -308,12 +312,7 @@ def test_concurrent_sessions_share_the_pool(lib):
     assert not errors, errors
 
 
-_ISA_SCRIPT = r"""
-import sys, pathlib
-sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]) / "tests" / "kernels")]
-import test_kernels_cpu as t
-from onnxfuse import schema
-lib = pathlib.Path(sys.argv[1])
+_ISA_SCRIPT = _ISA_PRELUDE + r"""
 for op in t.OPS_UNDER_TEST:
     for dtype in schema.TYPES:
         t.check(lib, op, (13,), 37, 29, 4, dtype, scale=0.5, seed=7)

@@ -26,6 +26,7 @@ def _linear_act_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, ACT,
                                                  False, DOT_PRECISION)
     _store_tile(y_ptr, N, _bias_act(acc, bias_ptr, offs_n, n_ok, ACT), offs_m, offs_m < M, offs_n, n_ok)
 
+
 # name -> (kernel, ordered non-constexpr parameters with their Triton types; "*T" is the op's element type)
 KERNELS = {
     "linear_act": (_linear_act_kernel, [("x_ptr", "*T"), ("w_ptr", "*T"), ("bias_ptr", "*T"), ("y_ptr", "*T"),
