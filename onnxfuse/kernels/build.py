@@ -39,7 +39,7 @@ KERNELS_DIR = pathlib.Path(__file__).resolve().parent
 STAGES = ("headers", "configure", "cpu", "cuda", "triton", "link")
 # What the build reads from this folder. pyproject.toml's package-data must ship every one of these (a test checks).
 SOURCE_GLOBS = ("*.cc", "*.h", "cpu/*.cc", "cpu/*.h", "common/*.h", "cuda/*.cc", "cuda/*.h", "cuda/*.cu",
-                "cuda/*.cuh", "cuda/*.cmake", "CMakeLists.txt", "exports.map", "triton/*.py", "ops_header.py")
+                "cuda/*.cmake", "CMakeLists.txt", "exports.map", "triton/*.py", "ops_header.py")
 # Sources only the CUDA/Triton build compiles; a CPU-only build's key ignores them so edits there do not rebuild it.
 _GPU_ONLY = ("cuda/", "triton/")
 

@@ -229,7 +229,7 @@ def test_wheel_ships_every_file_the_build_reads(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("onnxfuse-*.whl")
     shipped = set(zipfile.ZipFile(wheel).namelist())
     needed = {f"onnxfuse/kernels/{f.relative_to(KERNELS)}" for f in kbuild.source_files()}
-    assert any(n.endswith(".cuh") for n in needed) and any(n.startswith("onnxfuse/kernels/triton/") for n in needed)
+    assert any(n.endswith(".cu") for n in needed) and any(n.startswith("onnxfuse/kernels/triton/") for n in needed)
     assert needed <= shipped, sorted(needed - shipped)
 
 
@@ -492,8 +492,8 @@ def test_experiments_need_an_experiments_build():
 @pytest.mark.skipif(kbuild.find_nvcc() is None or kbuild.triton_version() is None, reason="needs nvcc and triton")
 def test_cuda_and_triton_backends_compile(cache, capfd):
     """CI has no GPU but has nvcc and Triton: prove the CUDA and Triton backends build (66 s on the 2-core CPU
-    machine with a warm Triton cache), with every stage reported, the default (no experiments) cubin set, and only
-    the two exported symbols. The sessions of the other tests use the CPU-only automatic build."""
+    machine with a warm Triton cache), with every stage reported, the default (no experiments) cubin set, only
+    the two exported symbols and no link to cuBLAS or the CUDA driver. The sessions of the other tests use the CPU-only automatic build."""
     assert cli.main(["build", "--backends", "cpu,cuda,triton"]) == 0
     err = capfd.readouterr().err
     assert re.findall(r"onnxfuse build \[\d/6\] (\w+)", err) == list(kbuild.STAGES), err
@@ -506,6 +506,9 @@ def test_cuda_and_triton_backends_compile(cache, capfd):
         out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
         assert sorted(ln.split()[-1] for ln in out.splitlines() if ln.strip()) == ["RegisterCustomOps",
                                                                                    "onnxfuse_build_info"]
+    if shutil.which("readelf"):  # cuBLASLt is dlopen'ed at run time, the driver API never linked
+        needed = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True).stdout
+        assert "NEEDED" in needed and not re.search(r"NEEDED.*(libcublas|libcuda\.so|libcudart\.so)", needed), needed
 
 
 def test_a_copied_library_without_its_onednn_names_the_fix(tmp_path):

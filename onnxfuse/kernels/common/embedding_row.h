@@ -7,15 +7,15 @@
 #include "onnxfuse_ops.h"
 
 #ifdef __CUDACC__
-#define ONNXFUSE_HOST_DEVICE __host__ __device__ __forceinline__
+#define ONNXFUSE_ROW_FN __host__ __device__ __forceinline__
 #else
-#define ONNXFUSE_HOST_DEVICE static inline
+#define ONNXFUSE_ROW_FN static inline
 #endif
 
 // The hash (ONNXFUSE_HASH_MOD: (id + 1) mod card, Python's modulus, wrapping at INT64_MAX like torch and
 // onnxruntime), then a negative id counted from the end of its table (ONNX Gather), then the row in the
 // concatenated table; -1 (a zero vector) for an id outside [0, card) or a row outside [0, rows). Never overflows.
-ONNXFUSE_HOST_DEVICE int64_t onnxfuse_embedding_row(int64_t id, int hash, int64_t card, int64_t table_offset,
+ONNXFUSE_ROW_FN int64_t onnxfuse_embedding_row(int64_t id, int hash, int64_t card, int64_t table_offset,
                                                     int64_t rows) {
   if (card <= 0) return -1;
   if (hash == ONNXFUSE_HASH_MOD) {

@@ -8,8 +8,9 @@
 # without Triton the launcher's stubs go into onnxfuse_cuda.
 #
 # Linking: the CUDA runtime is linked statically (cudart_static) and nothing links libcuda, so the library loads on
-# machines without a driver (CPU-only onnxruntime); the CUDA kernels simply never run there. No cuBLAS/cuBLASLt
-# dependency: the GEMMs are our own (see gemm_kernels.cuh), so the library needs no libcublasLt.so at load time.
+# machines without a driver (CPU-only onnxruntime); the CUDA kernels simply never run there. The CUDA backend's GEMMs
+# are cuBLASLt's, loaded at run time with dlopen (cuda/gemm.cu, declarations in cuda/cublaslt_api.h): nothing links
+# libcublasLt, so neither the build needs cuBLAS headers nor the library needs libcublasLt.so to load.
 #
 # Optional cache variables:
 #   ONNXFUSE_TRITON_CONFIGS  JSON file of tuned Triton tile configs per arch (triton/aot.py --configs)
@@ -31,6 +32,7 @@ set(_onnxfuse_cuda_dir "${CMAKE_CURRENT_SOURCE_DIR}/cuda")
 set(_onnxfuse_triton_dir "${CMAKE_CURRENT_SOURCE_DIR}/triton")
 
 add_library(onnxfuse_cuda OBJECT
+  ${_onnxfuse_cuda_dir}/gemm.cu
   ${_onnxfuse_cuda_dir}/linear_act.cu
   ${_onnxfuse_cuda_dir}/swiglu.cu
   ${_onnxfuse_cuda_dir}/lora_linear.cu
@@ -41,8 +43,8 @@ add_library(onnxfuse_cuda OBJECT
   ${_onnxfuse_cuda_dir}/ops_cuda.cc)
 onnxfuse_kernel_target(onnxfuse_cuda)
 
-# One SASS per arch, plus PTX of the highest one so that newer GPUs can JIT it. No sm_90a: the hand-written kernels
-# use mma.sync (wmma), not wgmma; Triton builds its own sm_90a cubins.
+# One SASS per arch, plus PTX of the highest one so that newer GPUs can JIT it. The hand-written kernels here are
+# elementwise and gather kernels (the GEMMs are cuBLASLt's), so no sm_90a; Triton builds its own sm_90a cubins.
 set(_onnxfuse_gencode "")
 set(_onnxfuse_max_arch 0)
 foreach(arch IN LISTS ONNXFUSE_CUDA_ARCHS)
@@ -119,4 +121,4 @@ endif()
 target_sources(onnxfuse_ops PRIVATE $<TARGET_OBJECTS:onnxfuse_cuda>)
 # The link pulls in CUDA objects: no device link (no -rdc), the static runtime, and no arch probing.
 set_target_properties(onnxfuse_ops PROPERTIES CUDA_ARCHITECTURES OFF CUDA_RUNTIME_LIBRARY Static)
-target_link_libraries(onnxfuse_ops PRIVATE CUDA::cudart_static)
+target_link_libraries(onnxfuse_ops PRIVATE CUDA::cudart_static ${CMAKE_DL_LIBS})

@@ -33,24 +33,42 @@ enum onnxfuse_error {
   ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH = -4, // no cubin for this GPU's compute capability in the library
   ONNXFUSE_ERR_TOO_LARGE = -5,          // a dimension past what the kernel indexes (Triton: 2^31 - 1 per dim)
   ONNXFUSE_ERR_NO_KERNEL_FOR_SHAPE = -6,  // no Triton tile compiled for this shape (the embedding ops' NP x DP)
+  ONNXFUSE_ERR_NO_CUBLASLT = -7,        // the CUDA backend's GEMMs found no libcublasLt.so.13 / .so.12 to load
+  ONNXFUSE_ERR_CUBLAS = -8,             // a cuBLASLt call failed (the error string names the call and status)
 };
 
-// LinearRelu (act = ONNXFUSE_ACT_RELU) and LinearSigmoid (ONNXFUSE_ACT_SIGMOID): Y = act(X @ W + bias).
+// The CUDA backend's GEMMs run on cuBLASLt (cuda/gemm.cu) with up to this much workspace, which every GEMM
+// launcher's scratch starts with; onnxfuse_cuda_*_scratch_bytes() say how much scratch each launcher needs.
+#define ONNXFUSE_CUBLASLT_WORKSPACE_BYTES (32ll << 20)
+
+// The CUDA backend's GEMM launchers take a device scratch of at least the bytes their *_scratch_bytes() function
+// returns (a negative code for bad arguments); the caller allocates it from onnxruntime's allocator and may free it
+// as soon as the launcher returns (later work on the same stream is what reuses it).
+//
+// LinearRelu (act = ONNXFUSE_ACT_RELU) and LinearSigmoid (ONNXFUSE_ACT_SIGMOID): Y = act(X @ W + bias). ReLU and the
+// bias are cuBLASLt's epilogue; sigmoid is one elementwise pass over Y after it.
+int64_t onnxfuse_cuda_linear_act_scratch_bytes(int dtype, int64_t m, int64_t n);
 int onnxfuse_cuda_linear_act(int dtype, int act, const void* x, const void* w, const void* bias, void* y, int64_t m,
-                             int64_t k, int64_t n, void* stream);
+                             int64_t k, int64_t n, void* scratch, int64_t scratch_bytes, void* stream);
 // SwiGLU: Y = act(X @ W_gate) * (X @ W_up), act an onnxfuse_gate_act code (silu, gelu, gelu_tanh, quick_gelu,
-// relu, sigmoid; common/gate_act.h), computed in fp32.
+// relu, sigmoid; common/gate_act.h), computed in fp32: two GEMMs (the gate into Y, the up product into scratch),
+// then one elementwise pass.
+int64_t onnxfuse_cuda_swiglu_scratch_bytes(int dtype, int64_t m, int64_t n);
 int onnxfuse_cuda_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up, void* y, int64_t m,
-                         int64_t k, int64_t n, void* stream);
-// LoRALinear (relu = 0) and LoRALinearRelu (relu = 1): Y = [relu](X @ W + bias + scale * ((X @ A) @ B)).
+                         int64_t k, int64_t n, void* scratch, int64_t scratch_bytes, void* stream);
+// LoRALinear (relu = 0) and LoRALinearRelu (relu = 1): Y = [relu](X @ W + bias + scale * ((X @ A) @ B)): three GEMMs,
+// T = scale * X @ A into scratch, Y = T @ B, then Y = [relu](X @ W + Y + bias) in the big GEMM's epilogue.
+int64_t onnxfuse_cuda_lora_scratch_bytes(int dtype, int64_t m, int64_t r);
 int onnxfuse_cuda_lora_linear(int dtype, int relu, const void* x, const void* w, const void* a, const void* b,
                               const void* bias, float scale, void* y, int64_t m, int64_t k, int64_t n, int64_t r,
-                              void* stream);
+                              void* scratch, int64_t scratch_bytes, void* stream);
 // MLPStack: n_layers (1..ONNXFUSE_MAX_STACK_LAYERS) layers h_i = act_i(h_{i-1} @ w[i] + b[i]) with widths[0] = K
 // and widths[i + 1] = N of layer i; acts[i] is ONNXFUSE_ACT_RELU or ONNXFUSE_ACT_SIGMOID. The intermediates live
 // in the caller's device scratch of onnxfuse_mlp_stack_scratch_bytes() bytes (two [M, SW] buffers of the element
-// type, SW = the widest hidden layer rounded up to 16). The CUDA backend runs one linear_act launch per layer.
+// type, SW = the widest hidden layer rounded up to 16). The CUDA backend runs one linear_act launch per layer and
+// needs onnxfuse_cuda_mlp_stack_scratch_bytes(): those buffers, then the cuBLASLt workspace.
 int64_t onnxfuse_mlp_stack_scratch_bytes(int dtype, int n_layers, int64_t m, const int64_t* widths);
+int64_t onnxfuse_cuda_mlp_stack_scratch_bytes(int dtype, int n_layers, int64_t m, const int64_t* widths);
 // SW of that scratch: the widest hidden layer (widths[1 .. n_layers-1]) rounded up to 16 elements.
 static inline int64_t onnxfuse_mlp_stack_scratch_width(int n_layers, const int64_t* widths) {
   int64_t sw = 0;

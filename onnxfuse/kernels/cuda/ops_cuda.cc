@@ -3,11 +3,12 @@
 // The structs follow docs/adding-an-op.md; Compute takes ORT's compute stream from the kernel context and calls a
 // launcher of cuda/launch.h (hand-written CUDA in cuda/*.cu, or the Triton AOT cubins through
 // cuda/triton_launch.cc). Nothing here synchronises, reads device data or calls cudaMalloc, so the ops run on a
-// user stream and under CUDA-graph capture. The one device buffer (the Triton two-phase LoRA's scratch for
-// X @ A) comes from onnxruntime's allocator of the kernel's device (KernelContext_GetAllocator, the CUDA EP's
-// arena) and is freed as soon as the launches are enqueued: the arena may hand it to a later kernel, which runs
-// after ours on the same stream (the pattern of onnxruntime's own CUDA kernels' scratch buffers). Errors come back
-// as an Ort::Status naming the op, the backend and the CUDA (or onnxfuse) error.
+// user stream and under CUDA-graph capture. Device scratch (the CUDA backend's cuBLASLt workspace and
+// intermediates, the Triton two-phase LoRA's X @ A, the stacks' layer buffers) comes from onnxruntime's allocator
+// of the kernel's device (KernelContext_GetAllocator, the CUDA EP's arena) and is freed as soon as the launches are
+// enqueued: the arena may hand it to a later kernel, which runs after ours on the same stream (the pattern of
+// onnxruntime's own CUDA kernels' scratch buffers). Errors come back as an Ort::Status naming the op, the backend
+// and the CUDA (or onnxfuse) error.
 //
 // Everything a kernel is told comes from its node's attributes, read when the session creates it: backend,
 // SwiGLU's activation, MLPStack's stack_mode (auto|fused|layers), and the Triton A/B experiment knobs small_cfg (decode-path tile
@@ -15,7 +16,8 @@
 // (ONNXFUSE_EXPERIMENTS, `onnxfuse build --experiments`) accepts. Nothing is read from the environment.
 //
 // Backend per node (attribute `backend`, common/attrs.h). On the CUDA EP:
-//   cuda   -> hand-written CUDA kernels;
+//   cuda   -> the CUDA kernels: cuBLASLt GEMMs with fused epilogues (cuda/gemm.cu) and hand-written CUDA for the
+//             rest (rotary, embeddings);
 //   triton -> Triton AOT kernels (a clear error if the library was built without them or has no cubin for the GPU);
 //   auto   -> Triton when built with a cubin for this GPU's arch, else CUDA;
 //   cpu    -> treated as auto: the node was placed on the CUDA EP, whose inputs live in device memory, so a CPU
@@ -128,6 +130,15 @@ class DeviceScratch {
   void* p_ = nullptr;
 };
 
+// Runs launch(scratch, bytes) with `bytes` (a *_scratch_bytes() result: negative is an error code) of scratch.
+template <typename Launch>
+int WithScratch(OrtKernelContext* ctx, size_t like_input, int64_t bytes, Launch&& launch) {
+  if (bytes < 0) return int(bytes);
+  std::unique_ptr<DeviceScratch> scratch;
+  if (bytes > 0) scratch = std::make_unique<DeviceScratch>(ctx, like_input, size_t(bytes));
+  return launch(scratch ? scratch->get() : nullptr, bytes);
+}
+
 // Op is schema::LinearRelu (Act = ONNXFUSE_ACT_RELU) or schema::LinearSigmoid (ONNXFUSE_ACT_SIGMOID).
 template <typename T, int Act, typename Op>
 struct LinearActCuda {
@@ -144,7 +155,13 @@ struct LinearActCuda {
       const void *x = X.Data(), *w = W.Data(), *b = bias.Data();
       Dispatch(
           kName, attrs,
-          [&] { return onnxfuse_cuda_linear_act(DtypeCode<T>(), Act, x, w, b, y, d.M, d.K, d.N, stream); },
+          [&] {
+            return WithScratch(ctx, Op::kX, onnxfuse_cuda_linear_act_scratch_bytes(DtypeCode<T>(), d.M, d.N),
+                               [&](void* sp, int64_t bytes) {
+                                 return onnxfuse_cuda_linear_act(DtypeCode<T>(), Act, x, w, b, y, d.M, d.K, d.N, sp,
+                                                                 bytes, stream);
+                               });
+          },
           [&] {
             return onnxfuse_triton_linear_act(DtypeCode<T>(), Act, x, w, b, y, d.M, d.K, d.N, knobs.small_cfg, stream);
           });
@@ -173,7 +190,14 @@ struct SwiGLUCuda {
       void* stream = StreamOf(ctx);
       const void *x = X.Data(), *wg = Wg.Data(), *wu = Wu.Data();
       Dispatch(
-          kName, attrs, [&] { return onnxfuse_cuda_swiglu(DtypeCode<T>(), act, x, wg, wu, y, d.M, d.K, d.N, stream); },
+          kName, attrs,
+          [&] {
+            return WithScratch(ctx, schema::SwiGLU::kX, onnxfuse_cuda_swiglu_scratch_bytes(DtypeCode<T>(), d.M, d.N),
+                               [&](void* sp, int64_t bytes) {
+                                 return onnxfuse_cuda_swiglu(DtypeCode<T>(), act, x, wg, wu, y, d.M, d.K, d.N, sp,
+                                                             bytes, stream);
+                               });
+          },
           [&] {
             return onnxfuse_triton_swiglu(DtypeCode<T>(), act, x, wg, wu, y, d.M, d.K, d.N, knobs.small_cfg, stream);
           });
@@ -251,17 +275,22 @@ struct LoRACuda {
       Dispatch(
           kName, attrs,
           [&] {
-            return onnxfuse_cuda_lora_linear(DtypeCode<T>(), Relu, x, w, a, b, bi, s, y, d.M, d.K, d.N, d.r, stream);
+            return WithScratch(ctx, Op::kX, onnxfuse_cuda_lora_scratch_bytes(DtypeCode<T>(), d.M, d.r),
+                               [&](void* sp, int64_t bytes) {
+                                 return onnxfuse_cuda_lora_linear(DtypeCode<T>(), Relu, x, w, a, b, bi, s, y, d.M,
+                                                                  d.K, d.N, d.r, sp, bytes, stream);
+                               });
           },
           [&] {
+            // A negative size (e.g. no cubin for this GPU) comes back as the code: Dispatch may fall back to CUDA.
             const int onepass = knobs.lora_onepass;
-            const int64_t bytes = onnxfuse_triton_lora_scratch_bytes(DtypeCode<T>(), d.M, d.K, d.N, d.r, onepass);
-            if (bytes < 0) return int(bytes);  // e.g. no cubin for this GPU: Dispatch may fall back to CUDA
-            std::unique_ptr<DeviceScratch> scratch;
-            if (bytes > 0) scratch = std::make_unique<DeviceScratch>(ctx, Op::kX, size_t(bytes));
-            return onnxfuse_triton_lora_linear(DtypeCode<T>(), Relu, x, w, a, b, bi, s, y, d.M, d.K, d.N, d.r,
-                                               knobs.small_cfg, onepass, scratch ? scratch->get() : nullptr, bytes,
-                                               stream);
+            return WithScratch(ctx, Op::kX,
+                               onnxfuse_triton_lora_scratch_bytes(DtypeCode<T>(), d.M, d.K, d.N, d.r, onepass),
+                               [&](void* sp, int64_t bytes) {
+                                 return onnxfuse_triton_lora_linear(DtypeCode<T>(), Relu, x, w, a, b, bi, s, y, d.M,
+                                                                    d.K, d.N, d.r, knobs.small_cfg, onepass, sp,
+                                                                    bytes, stream);
+                               });
           });
     });
   }
@@ -300,25 +329,25 @@ struct MLPStackCuda {
         b[i] = in.data[Op::Bias(i)];
       }
       const int dt = DtypeCode<T>();
-      int64_t bytes = onnxfuse_mlp_stack_scratch_bytes(dt, n, d.M, d.widths.data());
-      if (bytes < 0) Fail(std::string(kName) + ": " + onnxfuse_cuda_error_string(int(bytes)), ORT_RUNTIME_EXCEPTION);
-      // The Triton launcher also keeps the grid kernel's barrier counter in the scratch (negative: no Triton).
-      const int64_t triton_bytes = onnxfuse_triton_mlp_stack_scratch_bytes(dt, n, d.M, d.widths.data());
-      if (triton_bytes > bytes) bytes = triton_bytes;
-      std::unique_ptr<DeviceScratch> scratch;
-      if (bytes > 0) scratch = std::make_unique<DeviceScratch>(context, Op::kX, size_t(bytes));
-      void* sp = scratch ? scratch->get() : nullptr;
+      const int64_t* widths = d.widths.data();
       void* stream = StreamOf(context);
       Dispatch(
           kName, attrs,
           [&] {
-            return onnxfuse_cuda_mlp_stack(dt, n, acts.data(), in.data[Op::kX], w.data(), b.data(), y, d.M,
-                                           d.widths.data(), sp, bytes, stream);
+            return WithScratch(context, Op::kX, onnxfuse_cuda_mlp_stack_scratch_bytes(dt, n, d.M, widths),
+                               [&](void* sp, int64_t bytes) {
+                                 return onnxfuse_cuda_mlp_stack(dt, n, acts.data(), in.data[Op::kX], w.data(),
+                                                                b.data(), y, d.M, widths, sp, bytes, stream);
+                               });
           },
           [&] {
-            return onnxfuse_triton_mlp_stack(dt, n, acts.data(), in.data[Op::kX], w.data(), b.data(), y, d.M,
-                                             d.widths.data(), mode, knobs.stack_cfg, knobs.small_cfg, sp, bytes,
-                                             stream);
+            // The layer buffers and the grid kernel's barrier counter (negative: no Triton).
+            return WithScratch(context, Op::kX, onnxfuse_triton_mlp_stack_scratch_bytes(dt, n, d.M, widths),
+                               [&](void* sp, int64_t bytes) {
+                                 return onnxfuse_triton_mlp_stack(dt, n, acts.data(), in.data[Op::kX], w.data(),
+                                                                  b.data(), y, d.M, widths, mode, knobs.stack_cfg,
+                                                                  knobs.small_cfg, sp, bytes, stream);
+                               });
           });
     }).release();
   }

@@ -1,32 +1,44 @@
 // SwiGLU (onnxfuse.schema) on the CUDA backend: Y = act(X @ W_gate) * (X @ W_up), act one of the gate activations
-// (common/gate_act.h, by run-time code). Both GEMMs share each X tile in one kernel and act * up runs on the fp32
-// accumulators, so the two [M, N] intermediates never reach memory.
-#include "gemm_kernels.cuh"
+// (common/gate_act.h, by run-time code). Two cuBLASLt GEMMs, the gate product into Y and the up product into the
+// scratch after the cuBLASLt workspace, then one elementwise pass Y = act(Y) * U in fp32.
+#include "common/gate_act.h"
+#include "gemm.h"
 
 namespace ock = onnxfuse::cuda_kernels;
 
 namespace {
 template <typename T>
-int Run(int act, const void* x, const void* wg, const void* wu, void* y, int64_t m, int64_t k, int64_t n,
-        cudaStream_t stream) {
-  ock::GemmParams<T> p{};
-  p.act = act;
-  p.x = static_cast<const T*>(x);
-  p.w0 = static_cast<const T*>(wg);
-  p.w1 = static_cast<const T*>(wu);
-  p.y = static_cast<T*>(y);
-  p.m = m, p.k = k, p.n = n;
-  return ock::LaunchGemm<T, 2, ock::kEpiSwiglu, 0>(p, stream);
-}
+struct GateTimesUp {
+  T* y;
+  const T* up;
+  int act;
+  __device__ void operator()(int64_t i) const {
+    y[i] = ock::from_f<T>(onnxfuse::GateActivation(act, ock::to_f(y[i])) * ock::to_f(up[i]));
+  }
+};
 }  // namespace
 
+extern "C" int64_t onnxfuse_cuda_swiglu_scratch_bytes(int dtype, int64_t m, int64_t n) {
+  if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || m < 0 || n < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  return ONNXFUSE_CUBLASLT_WORKSPACE_BYTES + ock::Align256(m * n * ock::ElemBytes(dtype));
+}
+
 extern "C" int onnxfuse_cuda_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up, void* y,
-                                    int64_t m, int64_t k, int64_t n, void* stream) {
-  if (!ock::check_common(dtype, x, y, m, k, n) || !onnxfuse::ValidGateActivation(act)) return ONNXFUSE_ERR_BAD_ARGUMENT;
+                                    int64_t m, int64_t k, int64_t n, void* scratch, int64_t scratch_bytes,
+                                    void* stream) {
+  if (!ock::CheckCommon(dtype, x, y, m, k, n) || !onnxfuse::ValidGateActivation(act)) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (m == 0 || n == 0) return 0;
+  if (scratch == nullptr || scratch_bytes < onnxfuse_cuda_swiglu_scratch_bytes(dtype, m, n))
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case ONNXFUSE_FP32: return Run<float>(act, x, w_gate, w_up, y, m, k, n, s);
-    case ONNXFUSE_FP16: return Run<__half>(act, x, w_gate, w_up, y, m, k, n, s);
-    default: return Run<__nv_bfloat16>(act, x, w_gate, w_up, y, m, k, n, s);
-  }
+  void* up = static_cast<char*>(scratch) + ONNXFUSE_CUBLASLT_WORKSPACE_BYTES;
+  ock::GemmArgs g;
+  g.dtype = dtype, g.x = x, g.w = w_gate, g.y = y, g.m = m, g.k = k, g.n = n;
+  if (int err = ock::Gemm(g, scratch, ONNXFUSE_CUBLASLT_WORKSPACE_BYTES, s)) return err;
+  g.w = w_up, g.y = up;
+  if (int err = ock::Gemm(g, scratch, ONNXFUSE_CUBLASLT_WORKSPACE_BYTES, s)) return err;
+  return ock::ByDtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return ock::LaunchElementwise(m * n, GateTimesUp<T>{static_cast<T*>(y), static_cast<const T*>(up), act}, s);
+  });
 }

@@ -18,7 +18,7 @@ SIZE_CLASSES = ("small", "medium", "large")
 SIZE_CLASS_MAX_M = (16, 128)
 
 # LoRA rank padding: a rank r runs on the kernel of the smallest R_PADS entry >= r; the last is the largest rank
-# the GPU kernels take (the hand-written CUDA LoRA kernel sizes its shared memory by it too).
+# the GPU kernels take (the CUDA backend's launcher checks it too).
 R_PADS = (16, 32, 64)
 MAX_LORA_RANK = R_PADS[-1]
 

@@ -1,0 +1,226 @@
+// The CUDA backend's GEMM on cuBLASLt (cuda/gemm.h): loading libcublasLt, one handle per device and host thread,
+// one cached plan (descriptors + the heuristic's algorithm) per problem, and the K = 0 case. Also the launchers'
+// error strings (onnxfuse_cuda_error_string).
+//
+// Loading: dlopen of libcublasLt.so.13, .so.12, then .so, first among the libraries already in the process
+// (RTLD_NOLOAD: the one onnxruntime-gpu's CUDA EP linked), then by the loader's search path. Nothing links it, so
+// the library still loads where no cuBLAS is installed; a CUDA-backend GEMM then fails with ONNXFUSE_ERR_NO_CUBLASLT.
+//
+// CUDA graphs: cublasLtMatmul only enqueues work on the stream it is given; the workspace is the caller's (from
+// onnxruntime's allocator). The heuristic query and the descriptors are host work, done on a plan's first use (in
+// ORT's warm-up run, before any capture) and cached.
+//
+// Threads: a cuBLASLt handle and the plans (whose descriptor holds the bias pointer, set per call) are per host
+// thread, so concurrent Run() calls on one session share nothing mutable. Handles are deliberately never
+// destroyed: their count is bounded by onnxruntime's threads, and destroying one at process exit can run after the
+// CUDA driver has shut down.
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "cublaslt_api.h"
+#include "gemm.h"
+
+namespace onnxfuse::cuda_kernels {
+namespace {
+
+namespace lt = onnxfuse::cublaslt;
+
+// The last cuBLASLt failure of this thread, for onnxfuse_cuda_error_string(ONNXFUSE_ERR_CUBLAS).
+thread_local char g_cublas_error[160] = "onnxfuse: cuBLASLt call failed";
+
+const lt::Api* LoadApi() {
+  static lt::Api api{};
+  static const lt::Api* loaded = [] () -> const lt::Api* {
+    static const char* kNames[] = {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"};
+    void* lib = nullptr;
+    for (int flags : {RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD, RTLD_NOW | RTLD_LOCAL})
+      for (const char* name : kNames)
+        if (lib == nullptr) lib = dlopen(name, flags);
+    if (lib == nullptr) return nullptr;
+    bool ok = true;
+    auto sym = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+      ok = ok && fn != nullptr;
+    };
+    sym(api.Create, "cublasLtCreate");
+    sym(api.MatmulDescCreate, "cublasLtMatmulDescCreate");
+    sym(api.MatmulDescDestroy, "cublasLtMatmulDescDestroy");
+    sym(api.MatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute");
+    sym(api.MatrixLayoutCreate, "cublasLtMatrixLayoutCreate");
+    sym(api.MatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy");
+    sym(api.MatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate");
+    sym(api.MatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy");
+    sym(api.MatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute");
+    sym(api.MatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic");
+    sym(api.Matmul, "cublasLtMatmul");
+    sym(api.GetStatusName, "cublasLtGetStatusName");
+    sym(api.GetVersion, "cublasLtGetVersion");
+    return ok ? &api : nullptr;
+  }();
+  return loaded;
+}
+
+int CublasFail(const lt::Api* api, const char* call, lt::Status st) {
+  std::snprintf(g_cublas_error, sizeof g_cublas_error, "onnxfuse: cuBLASLt %s failed: %s (cuBLASLt %zu)", call,
+                api->GetStatusName(st), api->GetVersion());
+  return ONNXFUSE_ERR_CUBLAS;
+}
+
+cudaDataType_t LtType(int dtype) {
+  return dtype == ONNXFUSE_FP32 ? CUDA_R_32F : dtype == ONNXFUSE_FP16 ? CUDA_R_16F : CUDA_R_16BF;
+}
+
+// The largest power of two (<= 256) dividing the address: cuBLASLt's heuristic picks by the operands' alignment.
+uint32_t AlignmentOf(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && a % al) al /= 2;
+  return al;
+}
+
+// A problem: what the descriptors and the heuristic's choice depend on.
+using PlanKey = std::tuple<int, int, int64_t, int64_t, int64_t, uint32_t, bool, uint32_t, uint32_t, uint32_t, uint32_t,
+                           uint32_t, int64_t>;
+
+struct Plan {
+  lt::MatmulDesc desc = nullptr;
+  lt::Layout a = nullptr, b = nullptr, c = nullptr;  // W, X, Y (C and D share a layout)
+  lt::MatmulAlgo algo{};
+  size_t workspace = 0;
+};
+
+struct ThreadState {
+  std::map<int, lt::Handle> handles;  // per device
+  std::map<PlanKey, Plan> plans;      // never erased: one per distinct problem this thread ran
+};
+thread_local ThreadState t_state;
+
+int MakePlan(const lt::Api* api, lt::Handle h, const GemmArgs& g, uint32_t epilogue, const uint32_t align[4],
+             int64_t workspace_bytes, Plan* plan) {
+  const cudaDataType_t t = LtType(g.dtype);
+  lt::Status st = api->MatmulDescCreate(&plan->desc, lt::kCompute32F, CUDA_R_32F);
+  if (st != lt::kStatusSuccess) return CublasFail(api, "MatmulDescCreate", st);
+  const int32_t op_n = lt::kOpN;
+  api->MatmulDescSetAttribute(plan->desc, lt::kDescTransA, &op_n, sizeof op_n);
+  api->MatmulDescSetAttribute(plan->desc, lt::kDescTransB, &op_n, sizeof op_n);
+  api->MatmulDescSetAttribute(plan->desc, lt::kDescEpilogue, &epilogue, sizeof epilogue);
+  if (g.bias != nullptr) api->MatmulDescSetAttribute(plan->desc, lt::kDescBiasPointer, &g.bias, sizeof g.bias);
+  if ((st = api->MatrixLayoutCreate(&plan->a, t, uint64_t(g.n), uint64_t(g.k), g.n)) != lt::kStatusSuccess ||
+      (st = api->MatrixLayoutCreate(&plan->b, t, uint64_t(g.k), uint64_t(g.m), g.k)) != lt::kStatusSuccess ||
+      (st = api->MatrixLayoutCreate(&plan->c, t, uint64_t(g.n), uint64_t(g.m), g.n)) != lt::kStatusSuccess)
+    return CublasFail(api, "MatrixLayoutCreate", st);
+  lt::Preference pref = nullptr;
+  if ((st = api->MatmulPreferenceCreate(&pref)) != lt::kStatusSuccess)
+    return CublasFail(api, "MatmulPreferenceCreate", st);
+  const uint64_t ws = uint64_t(workspace_bytes);
+  api->MatmulPreferenceSetAttribute(pref, lt::kPrefMaxWorkspaceBytes, &ws, sizeof ws);
+  api->MatmulPreferenceSetAttribute(pref, lt::kPrefMinAlignmentABytes, &align[0], sizeof align[0]);
+  api->MatmulPreferenceSetAttribute(pref, lt::kPrefMinAlignmentBBytes, &align[1], sizeof align[1]);
+  api->MatmulPreferenceSetAttribute(pref, lt::kPrefMinAlignmentCBytes, &align[2], sizeof align[2]);
+  api->MatmulPreferenceSetAttribute(pref, lt::kPrefMinAlignmentDBytes, &align[3], sizeof align[3]);
+  lt::HeuristicResult result{};
+  int found = 0;
+  st = api->MatmulAlgoGetHeuristic(h, plan->desc, plan->a, plan->b, plan->c, plan->c, pref, 1, &result, &found);
+  api->MatmulPreferenceDestroy(pref);
+  if (st != lt::kStatusSuccess) return CublasFail(api, "MatmulAlgoGetHeuristic", st);
+  if (found < 1) return CublasFail(api, "MatmulAlgoGetHeuristic (no algorithm)", lt::kStatusNotSupported);
+  plan->algo = result.algo;
+  plan->workspace = result.workspaceSize;
+  return 0;
+}
+
+template <typename T>
+struct BiasFill {  // Y[i] = [relu](beta * C[i] + bias[i % n]) for K = 0
+  const T* bias;
+  const T* c;
+  T* y;
+  int64_t n;
+  float beta;
+  bool relu;
+  __device__ void operator()(int64_t i) const {
+    float v = (bias != nullptr ? to_f(bias[i % n]) : 0.f) + (c != nullptr ? beta * to_f(c[i]) : 0.f);
+    if (relu) v = v > 0.f ? v : (v != v ? v : 0.f);
+    y[i] = from_f<T>(v);
+  }
+};
+
+}  // namespace
+
+int64_t ElemBytes(int dtype) { return dtype == ONNXFUSE_FP32 ? 4 : 2; }
+
+int Gemm(const GemmArgs& g, void* workspace, int64_t workspace_bytes, cudaStream_t stream) {
+  if (g.m <= 0 || g.n <= 0) return 0;
+  if (g.k == 0) {
+    return ByDtype(g.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const BiasFill<T> f{static_cast<const T*>(g.bias), g.beta != 0.f ? static_cast<const T*>(g.c) : nullptr,
+                          static_cast<T*>(g.y), g.n, g.beta, g.relu};
+      return LaunchElementwise(g.m * g.n, f, stream);
+    });
+  }
+  const lt::Api* api = LoadApi();
+  if (api == nullptr) return ONNXFUSE_ERR_NO_CUBLASLT;
+  int device = 0;
+  if (cudaError_t e = cudaGetDevice(&device)) return int(e);
+  ThreadState& ts = t_state;
+  lt::Handle& h = ts.handles[device];
+  if (h == nullptr) {
+    if (lt::Status st = api->Create(&h)) {
+      h = nullptr;
+      return CublasFail(api, "Create", st);
+    }
+  }
+  const uint32_t epilogue = g.bias != nullptr ? (g.relu ? lt::kEpilogueReluBias : lt::kEpilogueBias)
+                                              : (g.relu ? lt::kEpilogueRelu : lt::kEpilogueDefault);
+  const void* c = g.beta != 0.f ? g.c : g.y;
+  const uint32_t align[4] = {AlignmentOf(g.w), AlignmentOf(g.x), AlignmentOf(c), AlignmentOf(g.y)};
+  const PlanKey key{device, g.dtype, g.m, g.k, g.n, epilogue, g.beta != 0.f, align[0], align[1], align[2], align[3],
+                    g.bias != nullptr ? AlignmentOf(g.bias) : 0, workspace_bytes};
+  auto it = ts.plans.find(key);
+  if (it == ts.plans.end()) {
+    Plan plan;
+    const int err = MakePlan(api, h, g, epilogue, align, workspace_bytes, &plan);
+    if (err != 0) {
+      if (plan.desc) api->MatmulDescDestroy(plan.desc);
+      for (lt::Layout l : {plan.a, plan.b, plan.c})
+        if (l) api->MatrixLayoutDestroy(l);
+      return err;
+    }
+    it = ts.plans.emplace(key, plan).first;
+  }
+  Plan& p = it->second;
+  if (g.bias != nullptr) api->MatmulDescSetAttribute(p.desc, lt::kDescBiasPointer, &g.bias, sizeof g.bias);
+  if (p.workspace > uint64_t(workspace_bytes) || (p.workspace > 0 && workspace == nullptr))
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  const lt::Status st = api->Matmul(h, p.desc, &g.alpha, g.w, p.a, g.x, p.b, &g.beta, c, p.c, g.y, p.c, &p.algo,
+                                    workspace, p.workspace, stream);
+  if (st != lt::kStatusSuccess) return CublasFail(api, "Matmul", st);
+  return 0;
+}
+
+}  // namespace onnxfuse::cuda_kernels
+
+extern "C" const char* onnxfuse_cuda_error_string(int code) {
+  switch (code) {
+    case ONNXFUSE_OK: return "no error";
+    case ONNXFUSE_ERR_BAD_ARGUMENT: return "onnxfuse: bad argument (negative size, null pointer or unknown dtype)";
+    case ONNXFUSE_ERR_RANK_TOO_LARGE:
+      return "onnxfuse: LoRA rank larger than " ONNXFUSE_STRINGIFY(ONNXFUSE_MAX_LORA_RANK) " is not supported on the GPU";
+    case ONNXFUSE_ERR_NO_TRITON: return "onnxfuse: library built without Triton kernels (ONNXFUSE_WITH_TRITON=OFF)";
+    case ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH:
+      return "onnxfuse: no kernel for this GPU's compute capability (rebuild with its arch in ONNXFUSE_CUDA_ARCHS)";
+    case ONNXFUSE_ERR_TOO_LARGE: return "onnxfuse: tensor dimension too large for the kernel's indexing";
+    case ONNXFUSE_ERR_NO_KERNEL_FOR_SHAPE:
+      return "onnxfuse: no Triton kernel compiled for this shape (backend cuda serves it; auto falls back to it)";
+    case ONNXFUSE_ERR_NO_CUBLASLT:
+      return "onnxfuse: the CUDA backend's GEMMs need libcublasLt.so.13 or .so.12 (CUDA's cuBLAS, also needed by "
+             "onnxruntime-gpu's CUDA EP): install it or put its folder on LD_LIBRARY_PATH, or use backend=triton";
+    case ONNXFUSE_ERR_CUBLAS: return onnxfuse::cuda_kernels::g_cublas_error;
+    default: return code > 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "onnxfuse: unknown error";
+  }
+}

@@ -1,0 +1,83 @@
+// The CUDA backend's GEMM: cuBLASLt (loaded at run time, cuda/cublaslt_api.h) with its fused epilogues, shared by
+// linear_act.cu, swiglu.cu, lora_linear.cu and mlp_stack.cu; plus the small elementwise kernels for what cuBLASLt
+// has no epilogue for (sigmoid, act(gate) * up) and for K = 0. Compiled by nvcc only.
+//
+// Row-major [M, K] @ [K, N] -> [M, N] is cuBLASLt's column-major Y^T = W^T X^T: W is the column-major A [N, K]
+// (ld N), X the column-major B [K, M] (ld K), Y the column-major D [N, M] (ld N), and the bias runs along D's rows.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "launch.h"
+
+namespace onnxfuse::cuda_kernels {
+
+// Y = [relu](alpha * X @ W + beta * C + bias); C may be Y itself (read before written), bias may be null.
+struct GemmArgs {
+  int dtype = ONNXFUSE_FP32;
+  const void* x = nullptr;     // [M, K]
+  const void* w = nullptr;     // [K, N]
+  const void* bias = nullptr;  // [N] or null
+  const void* c = nullptr;     // [M, N] when beta != 0
+  void* y = nullptr;           // [M, N]
+  int64_t m = 0, k = 0, n = 0;
+  float alpha = 1.f, beta = 0.f;
+  bool relu = false;
+};
+
+// Enqueues the GEMM on `stream` with a cuBLASLt algorithm chosen once per shape, alignment and thread (heuristic,
+// cached), using up to `workspace_bytes` of `workspace`. M, N >= 1; K = 0 gives Y = [relu](beta * C + bias). Returns
+// a launch.h code (ONNXFUSE_ERR_NO_CUBLASLT, ONNXFUSE_ERR_CUBLAS, a cudaError_t).
+int Gemm(const GemmArgs& g, void* workspace, int64_t workspace_bytes, cudaStream_t stream);
+
+int64_t ElemBytes(int dtype);
+// Bytes rounded up to 256, so a buffer placed after it in one scratch block keeps cuBLASLt's preferred alignment.
+inline int64_t Align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+inline bool CheckCommon(int dtype, const void* x, const void* y, int64_t m, int64_t k, int64_t n) {
+  if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || m < 0 || k < 0 || n < 0) return false;
+  if (m > 0 && n > 0 && (y == nullptr || (k > 0 && x == nullptr))) return false;
+  return true;
+}
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T>
+__device__ __forceinline__ T from_f(float v);
+template <>
+__device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// Runs f<T>() with T the element type of `dtype` (float, __half, __nv_bfloat16).
+template <typename F>
+int ByDtype(int dtype, F&& f) {
+  switch (dtype) {
+    case ONNXFUSE_FP32: return f(float{});
+    case ONNXFUSE_FP16: return f(__half{});
+    default: return f(__nv_bfloat16{});
+  }
+}
+
+// Grid-stride elementwise launch over `count` elements: body(i) for each i.
+template <typename Body>
+__global__ void ElementwiseKernel(int64_t count, Body body) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
+    body(i);
+}
+template <typename Body>
+int LaunchElementwise(int64_t count, Body body, cudaStream_t stream) {
+  if (count <= 0) return 0;
+  const int threads = 256;
+  const int64_t blocks = (count + threads - 1) / threads;
+  ElementwiseKernel<<<unsigned(blocks < 8192 ? blocks : 8192), threads, 0, stream>>>(count, body);
+  return int(cudaGetLastError());
+}
+
+}  // namespace onnxfuse::cuda_kernels
