@@ -355,8 +355,25 @@ def _doctor(args) -> int:
         print(json.dumps({"rows": rows, "summary": summary, "passed": summary["passed"]}, indent=2))
     elif not args.quiet:  # with --verbose the rows were printed as they ran: the failures and counts are left
         info.print_check(_console(), rows, title="onnxfuse doctor: every op x backend against PyTorch",
-                         every=not verbose)
+                         every=not verbose, notes=doctor.library_notes(args.lib))
     return 0 if summary["passed"] else 1
+
+
+def _tune(args) -> int:
+    from .kernels import tune
+    out = pathlib.Path(args.output) if args.output else (tune.TUNED_FILE if args.into_package else None)
+    if out is None or not out.parent.is_dir():
+        raise OnnxfuseError(f"-o {out}: no folder {out.parent}" if out else "onnxfuse tune: say where the table goes: "
+                            f"-o FILE.json, or --into-package to update {tune.TUNED_FILE} (what the build applies)")
+    try:
+        table = tune.run_tune(kernels=args.kernels or tune.KERNELS, sizes=args.sizes or tune.SIZES, jobs=args.jobs,
+                              rep_ms=args.rep_ms, on_line=None if args.quiet else print)
+    except RuntimeError as e:
+        raise OnnxfuseError(str(e)) from None
+    msg = tune.save(table, out)
+    if not args.quiet:
+        print(msg)
+    return 0
 
 
 def _info(args) -> int:
@@ -523,6 +540,22 @@ def build_parser() -> argparse.ArgumentParser:
                     help="print each check as it finishes (long GPU runs), then the failures and counts")
     _add_output_flags(do, "print the result as JSON", quiet_help="print nothing; the exit code says it")
     do.set_defaults(func=_doctor)
+
+    tu = sub.add_parser("tune", help="time Triton tile configs on this GPU; write the table the build compiles with",
+                        description="Time the Triton GEMM kernels' tile configs (linear_act, swiglu, lora_main; "
+                                    "fp16) on this GPU per size class on the benchmark shapes, check each against "
+                                    "torch, write the fastest as triton/aot.py --configs JSON (timings under 'meta').")
+    tu.add_argument("-o", "--output", metavar="FILE.json", help="where to write the table")
+    tu.add_argument("--into-package", action="store_true",
+                    help="merge the result into onnxfuse/kernels/triton/tuned.json, the table the build applies")
+    tu.add_argument("--kernels", type=choice_list(("linear_act", "swiglu", "lora_main"), "kernel(s)"),
+                    metavar="K1,K2", help="kernels to tune (default linear_act,swiglu,lora_main)")
+    tu.add_argument("--sizes", type=choice_list(("small", "medium", "large"), "size class(es)"), metavar="S1,S2",
+                    help="size classes to tune: small (M <= 16), medium (<= 128), large (default all)")
+    tu.add_argument("--jobs", type=int, help="parallel compile workers (default: one per CPU)")
+    tu.add_argument("--rep-ms", type=int, default=200, help="milliseconds of timed runs per config (default 200)")
+    tu.add_argument("-q", "--quiet", action="store_true", help="print nothing")
+    tu.set_defaults(func=_tune)
 
     from . import bench, view
     bench.register(sub, _Parser)

@@ -57,9 +57,9 @@ def _shape(r: dict) -> str:
             (f" {r['layers']}" if r.get("layers") else ""))
 
 
-def print_check(con, rows: list[dict], title: str, every: bool = False) -> None:
+def print_check(con, rows: list[dict], title: str, every: bool = False, notes=()) -> None:
     """The doctor's rows as a table (every row that ran when `every`, else the failures only), one line per skip
-    reason, and the counts."""
+    reason, the `notes` (lines about the library), and the counts."""
     from ._term import Table
     s = check_summary(rows)
     shown = [r for r in rows if r.get("status") != "SKIP"] if every else s["failures"]
@@ -74,6 +74,8 @@ def print_check(con, rows: list[dict], title: str, every: bool = False) -> None:
         con.print(t)
     for reason, n in s["skip_reasons"].items():
         con.print(f"SKIP {n} checks: {reason}", soft_wrap=True)
+    for line in notes:
+        con.print(line, soft_wrap=True, markup=False)
     con.print(f"{s['pass']} passed, {s['fail']} failed, {s['skip']} skipped")
 
 

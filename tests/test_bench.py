@@ -277,3 +277,9 @@ def test_bench_table_prints_the_readme_table(tmp_path, capsys):
     assert cells[7:10] == ["4.9×", "-", "2.5×"]
     assert cli.main(["bench", "table", str(tmp_path / "absent.json")]) == 2
     assert "no such results file" in capsys.readouterr().err
+
+
+def test_kernel_roofline_takes_the_gpu_kernel_time_in_place_of_the_median():
+    from onnxfuse.bench import ratios
+    assert ratios.kernel_roofline({"roofline_pct": 60.0, "median_ms": 0.15, "gpu_kernel_us": 100.0}) == 90.0
+    assert ratios.kernel_roofline({"roofline_pct": 60.0, "median_ms": 0.15}) is None  # not profiled

@@ -63,9 +63,18 @@ def compute_ratios(variants: dict, floor: dict | None = None) -> dict:
         "fused_over_gemms": ratio(best_f, median(variants, "torch-gemms")),
         "gemms_over_fused": ratio(median(variants, "torch-gemms"), best_f),  # goal form of the line above
         "roofline_pct": (variants.get(best_f_name) or {}).get("roofline_pct") if best_f_name else None,
+        # the same roofline over the fused variant's summed GPU kernel time (--profile) instead of its median: what
+        # the kernels reach without onnxruntime's per-run floor and the gaps between launches
+        "kernel_roofline_pct": kernel_roofline(variants.get(best_f_name) or {}) if best_f_name else None,
         "eager_over_gemms": ratio(median(variants, "torch-eager"), median(variants, "torch-gemms")),
     }
     return out
+
+
+def kernel_roofline(v: dict) -> float | None:
+    """roofline_pct with the variant's GPU kernel time (gpu_kernel_us, from --profile) in place of its median."""
+    pct, med, us = v.get("roofline_pct"), v.get("median_ms"), v.get("gpu_kernel_us")
+    return None if not (pct and med and us) else round(pct * med * 1e3 / us, 2)
 
 
 def add_variant_speedups(variants: dict, floor: dict | None = None) -> None:

@@ -39,7 +39,8 @@ KERNELS_DIR = pathlib.Path(__file__).resolve().parent
 STAGES = ("headers", "configure", "cpu", "cuda", "triton", "link")
 # What the build reads from this folder. pyproject.toml's package-data must ship every one of these (a test checks).
 SOURCE_GLOBS = ("*.cc", "*.h", "cpu/*.cc", "cpu/*.h", "common/*.h", "cuda/*.cc", "cuda/*.h", "cuda/*.cu",
-                "cuda/*.cmake", "CMakeLists.txt", "exports.map", "triton/*.py", "ops_header.py")
+                "cuda/*.cmake", "CMakeLists.txt", "exports.map", "triton/*.py", "triton/*.json",
+                "ops_header.py")
 # Sources only the CUDA/Triton build compiles; a CPU-only build's key ignores them so edits there do not rebuild it.
 _GPU_ONLY = ("cuda/", "triton/")
 
@@ -305,6 +306,9 @@ def _compile(p: Plan, log, progress: _Progress) -> None:
     root = build_dir()
     info = {"library": "onnxfuse_ops", "cache_key": p.key, "backends": p.backends, "archs": p.archs,
             "experiments": p.experiments, "header_source": p.header_source, "cpu_gemm": p.cpu_gemm, **p.versions}
+    if "triton" in p.backends:  # the tile configs of triton/tuned.json the AOT step compiles over aot.py's CONFIGS
+        from .tune import _aot
+        info["triton_tuned"] = {a: k for a, k in _aot().default_overrides().items() if a in p.archs}
     work = pathlib.Path(tempfile.mkdtemp(prefix=f".{p.key}-", dir=root))
     cmake = shutil.which("cmake")
 

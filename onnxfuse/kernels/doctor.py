@@ -24,15 +24,21 @@ import time
 
 from .. import schema, testing
 
-# Default shapes: (M, K, N, r); r only for the LoRA ops. Small, odd and one realistic each. SwiGLU: (M, K, N, r,
-# activation), every gate activation on each shape (a 4-tuple means silu, the attribute's default).
+# Default shapes: (M, K, N, r); r only for the LoRA ops. Small, odd and one realistic each, plus, for the GEMM ops,
+# aligned shapes of every size class of triton/table.py (M <= 16, <= 128, larger with enough tiles to fill the SMs)
+# so that every tuned Triton config (triton/tuned.json; onnxfuse.kernels.tune.doctor_coverage checks) runs here.
+# SwiGLU: (M, K, N, r, activation), every gate activation on each shape of _SWIGLU_SHAPES (a 4-tuple means silu,
+# the attribute's default), silu on the size-class shapes.
 _SWIGLU_SHAPES = [(1, 256, 688, 0), (37, 129, 67, 0), (200, 1024, 512, 0)]
+_MEDIUM, _LARGE = (64, 256, 256), (2048, 32, 2560)  # aligned; the large one has >= 160 tiles of any tuned tile
 DEFAULT_SHAPES = {
-    "LinearRelu": [(1, 13, 512, 0), (37, 129, 67, 0), (256, 512, 256, 0)],
+    "LinearRelu": [(1, 13, 512, 0), (37, 129, 67, 0), (256, 512, 256, 0), (16, 256, 512, 0), (*_MEDIUM, 0),
+                   (*_LARGE, 0)],
     "LinearSigmoid": [(1, 256, 1, 0), (37, 129, 67, 0), (256, 512, 256, 0)],
-    "SwiGLU": [(*shape, act) for act in schema.GATE_ACTIVATIONS for shape in _SWIGLU_SHAPES],
-    "LoRALinear": [(1, 256, 256, 16), (37, 129, 67, 7), (200, 512, 512, 16)],
-    "LoRALinearRelu": [(1, 256, 256, 16), (37, 129, 67, 7), (200, 512, 512, 64)],
+    "SwiGLU": [(*shape, act) for act in schema.GATE_ACTIVATIONS for shape in _SWIGLU_SHAPES]
+    + [(*_MEDIUM, 0, "silu"), (*_LARGE, 0, "silu")],
+    "LoRALinear": [(1, 256, 256, 16), (37, 129, 67, 7), (200, 512, 512, 16), (*_MEDIUM, 16)],
+    "LoRALinearRelu": [(1, 256, 256, 16), (37, 129, 67, 7), (200, 512, 512, 64), (*_LARGE, 16)],
     # MLPStack: (M, layer widths, activations). DLRM's bottom MLP, an odd narrow stack, DLRM's top MLP.
     "MLPStack": [(1, (13, 512, 256, 64, 16), "relu.relu.relu.relu"), (37, (129, 67, 33, 1), "relu.relu.sigmoid"),
                  (256, (367, 512, 256, 1), "relu.relu.sigmoid")],
@@ -230,6 +236,25 @@ def gpu_status(lib_path) -> tuple[bool, str]:
     except Exception as e:  # an old library without build info: let the sessions tell
         return True, f"could not read build info ({e})"
     return True, ""
+
+
+def library_notes(lib_path=None) -> list[str]:
+    """What the checked library was built with that the rows do not say: its Triton tile table (the tuned configs
+    of triton/tuned.json and --configs, all of which the default shapes run: tune.doctor_coverage)."""
+    try:
+        from . import build_info, library_path
+        info = build_info(lib_path or library_path())
+    except Exception:  # noqa: BLE001 - no library or no build info: nothing to add
+        return []
+    if "triton" not in info.get("backends", []):
+        return []
+    tuned = info.get("triton_tuned") or {}
+    if not tuned:
+        return ["Triton tile configs: aot.py's built-in CONFIGS (no tuned table in this build)"]
+    parts = [f"sm_{arch}: " + ", ".join(f"{k}/{size} {tuple(cfg)}" for k, groups in kernels.items()
+                                        for classes in groups.values() for size, cfg in classes.items())
+             for arch, kernels in tuned.items()]
+    return ["Triton tile configs tuned (triton/tuned.json, every one run by the checks above): " + "; ".join(parts)]
 
 
 class _Runner:

@@ -220,6 +220,12 @@ def render() -> str:
     add(f"inline constexpr int kNumEmbedDps = {len(table.EMBED_DPS)};")
     add("inline constexpr int64_t kEmbedDps[] = {" + ", ".join(str(int(v)) for v in table.EMBED_DPS) + "};")
     add(f"inline constexpr int kEmbeddingAutoTriton = {int(table.EMBEDDING_AUTO_TRITON)};")
+    add("// backend=auto: (kernel, first M, last M) ranges where the CUDA backend runs instead of Triton (table.py).")
+    add("struct AutoRule { int kernel; int64_t m_first, m_last; };")
+    add(f"inline constexpr int kNumAutoCuda = {len(table.AUTO_CUDA)};")
+    add("inline constexpr AutoRule kAutoCuda[] = {" + ", ".join(
+        f"{{k{_camel(k)}, {int(a)}, {int(b)}}}" for k, a, b in table.AUTO_CUDA) + ("" if table.AUTO_CUDA else
+                                                                                "{-1, 0, -1}") + "};")
     add("// LoRA rank padding: rank r runs on the kernel of the smallest entry >= r.")
     add(f"inline constexpr int kNumRPads = {len(table.R_PADS)};")
     add("inline constexpr int kRPads[] = {" + ", ".join(str(int(r)) for r in table.R_PADS) + "};")

@@ -13,7 +13,7 @@
 # libcublasLt, so neither the build needs cuBLAS headers nor the library needs libcublasLt.so to load.
 #
 # Optional cache variables:
-#   ONNXFUSE_TRITON_CONFIGS  JSON file of tuned Triton tile configs per arch (triton/aot.py --configs)
+#   ONNXFUSE_TRITON_CONFIGS  JSON file of tile configs per arch applied over triton/tuned.json (aot.py --configs)
 #   ONNXFUSE_TRITON_JOBS     parallel Triton compilations (default: number of CPUs)
 
 if(NOT DEFINED CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS "/usr/local/cuda/bin/nvcc")
@@ -81,6 +81,7 @@ if(ONNXFUSE_WITH_TRITON)
   set(_onnxfuse_aot_deps
     ${_onnxfuse_triton_dir}/aot.py
     ${_onnxfuse_triton_dir}/table.py
+    ${_onnxfuse_triton_dir}/tuned.json
     ${_onnxfuse_triton_dir}/gemm_loop.py
     ${_onnxfuse_triton_dir}/linear_act.py
     ${_onnxfuse_triton_dir}/swiglu.py

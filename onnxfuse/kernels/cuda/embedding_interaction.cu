@@ -16,7 +16,7 @@
 
 namespace {
 
-constexpr int kMaxWarpsPerBlock = 4;
+constexpr int kMaxWarpsPerBlock = 8;
 constexpr size_t kDefaultShared = 48 * 1024;  // more needs the per-kernel opt-in
 constexpr size_t kMaxShared = 200 * 1024;     // under every sm_80+ limit (227 KB on sm_90, 163 KB on sm_80)
 
@@ -104,18 +104,25 @@ __global__ void EmbeddingInteractionKernel(Params p) {
   T* out = static_cast<T*>(p.y) + b * p.width;
   for (int64_t c = lane; c < p.d; c += 32) out[c] = x[c];
   if (p.interaction == ONNXFUSE_INTERACTION_DOT) {
-    const int64_t pairs = n * (n - 1) / 2;
-    for (int64_t q = lane; q < pairs; q += 32) {
-      // pair q = i(i-1)/2 + j with j < i: i from the square root, then corrected exactly
-      int64_t i = int64_t((1.0f + sqrtf(1.0f + 8.0f * float(q))) * 0.5f);
-      while (i * (i - 1) / 2 > q) --i;
-      while ((i + 1) * i / 2 <= q) ++i;
-      const int64_t j = q - i * (i - 1) / 2;
-      const float* vi = v + i * ld;
-      const float* vj = v + j * ld;
+    // Pair q = i(i-1)/2 + j with j < i. Lane q starts at pair q (i from the square root, then corrected exactly)
+    // and steps 32 pairs at a time by moving j on and wrapping it into the next rows: no division per pair.
+    // (n <= 51200 / (d + 1) vectors, so the pair count and the indices fit in 32 bits.)
+    const int pairs = int(n * (n - 1) / 2), dd = int(p.d), ldi = int(ld);
+    int i = int((1.0f + sqrtf(1.0f + 8.0f * float(lane))) * 0.5f);
+    while (i * (i - 1) / 2 > lane) --i;
+    while ((i + 1) * i / 2 <= lane) ++i;
+    int j = lane - i * (i - 1) / 2;
+    for (int q = lane; q < pairs; q += 32) {
+      const float* vi = v + i * ldi;
+      const float* vj = v + j * ldi;
       float s = 0.0f;
-      for (int64_t c = 0; c < p.d; ++c) s = fmaf(vi[c], vj[c], s);
+      for (int c = 0; c < dd; ++c) s = fmaf(vi[c], vj[c], s);
       out[p.d + q] = FromF<T>(s);
+      j += 32;
+      while (j >= i) {
+        j -= i;
+        ++i;
+      }
     }
   } else {
     for (int64_t q = lane; q < p.F * p.d; q += 32) out[p.d + q] = FromF<T>(v[(q / p.d + 1) * ld + q % p.d]);

@@ -19,7 +19,8 @@
 //   cuda   -> the CUDA kernels: cuBLASLt GEMMs with fused epilogues (cuda/gemm.cu) and hand-written CUDA for the
 //             rest (rotary, embeddings);
 //   triton -> Triton AOT kernels (a clear error if the library was built without them or has no cubin for the GPU);
-//   auto   -> Triton when built with a cubin for this GPU's arch, else CUDA;
+//   auto   -> Triton when built with a cubin for this GPU's arch, else CUDA; but CUDA for the op and M ranges of
+//             triton/table.py's AUTO_CUDA (measured faster there);
 //   cpu    -> treated as auto: the node was placed on the CUDA EP, whose inputs live in device memory, so a CPU
 //             kernel cannot serve it here; the CPU kernels run when the node is placed on the CPU EP.
 #include <memory>
@@ -42,9 +43,17 @@ constexpr int DtypeCode() {
   return DTypeOf<T>::code;
 }
 
+// Whether backend=auto runs the CUDA backend for this Triton kernel id and M (triton/table.py AUTO_CUDA).
+bool AutoPrefersCuda(int kernel, int64_t m) {
+  for (const triton::AutoRule& r : triton::kAutoCuda)
+    if (r.kernel == kernel && m >= r.m_first && m <= r.m_last) return true;
+  return false;
+}
+
 // Runs `cuda_fn` or `triton_fn` (each returning a launch.h code) for the node's backend; throws with op and cause.
+// `prefer_cuda`: AutoPrefersCuda() for the call, which backend=auto follows.
 template <typename CudaFn, typename TritonFn>
-void Dispatch(const char* op, const OpAttrs& attrs, CudaFn&& cuda_fn, TritonFn&& triton_fn) {
+void Dispatch(const char* op, const OpAttrs& attrs, CudaFn&& cuda_fn, TritonFn&& triton_fn, bool prefer_cuda = false) {
   int err = 0;
   Backend used = Backend::kCuda;
   switch (attrs.backend) {
@@ -56,7 +65,7 @@ void Dispatch(const char* op, const OpAttrs& attrs, CudaFn&& cuda_fn, TritonFn&&
       err = triton_fn();
       break;
     default:  // auto, cpu
-      if (onnxfuse_triton_available()) {
+      if (onnxfuse_triton_available() && !prefer_cuda) {
         used = Backend::kTriton;
         err = triton_fn();
         if (err == ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH || err == ONNXFUSE_ERR_NO_KERNEL_FOR_SHAPE) {
@@ -348,7 +357,8 @@ struct MLPStackCuda {
                                                                   b.data(), y, d.M, widths, mode, knobs.stack_cfg,
                                                                   knobs.small_cfg, sp, bytes, stream);
                                });
-          });
+          },
+          AutoPrefersCuda(triton::kMlpStack, d.M));
     }).release();
   }
   OpAttrs attrs;

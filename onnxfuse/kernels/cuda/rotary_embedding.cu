@@ -1,9 +1,10 @@
 // RotaryEmbedding (onnxfuse.schema) on the CUDA backend: Y = X * cos + rotate_half(X) * sin, one pass, fp32 math.
 //
-// Memory bound: each thread owns one (row, j) pair of the two halves, j < D/2, and writes Y[row, j] and
-// Y[row, j + D/2] from X[row, j], X[row, j + D/2] and the matching cos/sin entries (a cos/sin row is shared by every
-// head of a position, so it is read from L2 after the first head). Grid-stride loop over rows * D/2 pairs, 64-bit
-// indices.
+// Memory bound: each thread owns VEC consecutive pairs (row, j .. j + VEC - 1) of the two halves, j < D/2, and
+// writes them in Y[row, j..] and Y[row, j + D/2 ..] from the matching X, cos and sin entries, with 16-byte loads and
+// stores when D/2 is a multiple of VEC and the pointers are 16-byte aligned (VEC = 16 / sizeof(T)), else VEC = 1. A
+// cos/sin row is shared by every head of a position, so it is read from L2 after the first head. Grid-stride loop,
+// 64-bit indices; the row's index arithmetic is paid once per VEC pairs.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -27,29 +28,55 @@ struct RotaryArgs {
   int64_t cs0, cs1, cs2, ss0, ss1, ss2;
 };
 
-template <typename T>
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Vec {
+  T v[VEC];
+};
+
+template <typename T, int VEC>
 __global__ void RotaryKernel(const T* __restrict__ x, const T* __restrict__ cs, const T* __restrict__ sn,
                              T* __restrict__ y, RotaryArgs a) {
-  const int64_t total = a.rows * a.half, d = 2 * a.half;
+  using V = Vec<T, VEC>;
+  const int64_t per_row = a.half / VEC, total = a.rows * per_row, d = 2 * a.half;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = i / a.half, j = i - r * a.half;
+    const int64_t r = i / per_row, j = (i - r * per_row) * VEC;
     const int64_t i2 = r % a.d2, i1 = (r / a.d2) % a.d1, i0 = r / (a.d2 * a.d1);
     const int64_t crow = (i0 * a.cs0 + i1 * a.cs1 + i2 * a.cs2) * d, srow = (i0 * a.ss0 + i1 * a.ss1 + i2 * a.ss2) * d;
-    const float lo = to_f(x[r * d + j]), hi = to_f(x[r * d + j + a.half]);
-    y[r * d + j] = from_f<T>(lo * to_f(cs[crow + j]) - hi * to_f(sn[srow + j]));
-    y[r * d + j + a.half] = from_f<T>(hi * to_f(cs[crow + j + a.half]) + lo * to_f(sn[srow + j + a.half]));
+    const int64_t xo = r * d + j;
+    const V lo = *reinterpret_cast<const V*>(x + xo), hi = *reinterpret_cast<const V*>(x + xo + a.half);
+    const V clo = *reinterpret_cast<const V*>(cs + crow + j), chi = *reinterpret_cast<const V*>(cs + crow + j + a.half);
+    const V slo = *reinterpret_cast<const V*>(sn + srow + j), shi = *reinterpret_cast<const V*>(sn + srow + j + a.half);
+    V ylo, yhi;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      const float l = to_f(lo.v[e]), h = to_f(hi.v[e]);
+      ylo.v[e] = from_f<T>(l * to_f(clo.v[e]) - h * to_f(slo.v[e]));
+      yhi.v[e] = from_f<T>(h * to_f(chi.v[e]) + l * to_f(shi.v[e]));
+    }
+    *reinterpret_cast<V*>(y + xo) = ylo;
+    *reinterpret_cast<V*>(y + xo + a.half) = yhi;
   }
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <typename T, int VEC>
+int Launch(const void* x, const void* cs, const void* sn, void* y, const RotaryArgs& a, cudaStream_t stream) {
+  const int threads = 256;
+  const int64_t total = a.rows * (a.half / VEC);
+  int64_t blocks = (total + threads - 1) / threads;
+  if (blocks > 65536) blocks = 65536;  // grid-stride beyond
+  RotaryKernel<T, VEC><<<unsigned(blocks), threads, 0, stream>>>(
+      static_cast<const T*>(x), static_cast<const T*>(cs), static_cast<const T*>(sn), static_cast<T*>(y), a);
+  return int(cudaGetLastError());
 }
 
 template <typename T>
 int Run(const void* x, const void* cs, const void* sn, void* y, const RotaryArgs& a, cudaStream_t stream) {
-  const int threads = 256;
-  const int64_t total = a.rows * a.half;
-  int64_t blocks = (total + threads - 1) / threads;
-  if (blocks > 65536) blocks = 65536;  // grid-stride beyond
-  RotaryKernel<T><<<unsigned(blocks), threads, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(cs),
-                                                            static_cast<const T*>(sn), static_cast<T*>(y), a);
-  return int(cudaGetLastError());
+  constexpr int kVec = 16 / sizeof(T);
+  if (a.half % kVec == 0 && Aligned16(x) && Aligned16(cs) && Aligned16(sn) && Aligned16(y))
+    return Launch<T, kVec>(x, cs, sn, y, a, stream);
+  return Launch<T, 1>(x, cs, sn, y, a, stream);
 }
 
 }  // namespace

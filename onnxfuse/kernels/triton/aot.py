@@ -22,8 +22,9 @@ build also writes into the generated onnxfuse_ops.h that the launcher reads. Spe
     attribute lora_onepass=1). The launcher falls back to variant 0 where a variant was not built.
 Kernel sources: KERNEL_FILES, imported as one package so that they can share @triton.jit helpers through relative
 imports (gemm_loop.py: the GEMM tile and K loop; cuda/cuda.cmake lists every file as an input of this step).
-Tile configs live in CONFIGS per arch; `--configs FILE` (JSON of the same shape) overrides entries, the hook for
-autotuned configs. Triton 3.6 ABI: kernel params are the non-constexpr args, then two scratch pointers (global,
+Tile configs live in CONFIGS per arch; tuned.json in this folder (written by `onnxfuse tune` on the GPU, committed
+for sm_90) overrides entries for the archs it lists, and `--configs FILE` (JSON of the same shape) overrides those
+(`default_overrides`). Triton 3.6 ABI: kernel params are the non-constexpr args, then two scratch pointers (global,
 profile); specialisations that need either scratch are refused here, since the launcher passes null.
 """
 from __future__ import annotations
@@ -162,6 +163,22 @@ def _load_kernels():
     return kernels
 
 
+TUNED = HERE / "tuned.json"
+
+
+def default_overrides(configs: pathlib.Path | None = None) -> dict:
+    """tuned.json's entries (if the file exists), then those of `configs`, per arch / kernel / group / size class."""
+    out: dict = {}
+    for path in (TUNED if TUNED.is_file() else None, configs):
+        for arch, kernels in (json.loads(path.read_text()) if path else {}).items():
+            if arch == "meta":
+                continue
+            for kernel, groups in kernels.items():
+                for group, classes in groups.items():
+                    out.setdefault(arch, {}).setdefault(kernel, {}).setdefault(group, {}).update(classes)
+    return out
+
+
 def configs_for(arch: str, overrides: dict | None = None) -> dict:
     base = CONFIGS.get(arch) or CONFIGS["90" if int(arch) >= 90 else "80"]
     out = json.loads(json.dumps(base))  # deep copy, tuples -> lists
@@ -295,7 +312,7 @@ def main(argv=None):
     import triton
 
     archs = [a.strip() for a in args.archs.replace(",", ";").split(";") if a.strip()]
-    overrides = json.loads(args.configs.read_text()) if args.configs else None
+    overrides = default_overrides(args.configs)
     specs = list(specialisations(archs, overrides, experiments=args.experiments))
     t0 = time.time()
     if args.jobs > 1:
@@ -311,7 +328,10 @@ def main(argv=None):
         summary = [{k: v for k, v in r.items() if k != "cubin"} | {"cubin_bytes": len(r["cubin"]),
                    "cubin_sha256": hashlib.sha256(r["cubin"]).hexdigest()[:16]} for r in results]
         args.manifest.write_text(json.dumps({"triton": triton.__version__, "archs": archs,
-                                             "experiments": args.experiments, "kernels": summary}, indent=1))
+                                             "experiments": args.experiments,
+                                             "tuned": str(TUNED) if TUNED.is_file() else None,
+                                             "configs": str(args.configs) if args.configs else None,
+                                             "overrides": overrides, "kernels": summary}, indent=1))
     total = sum(len(r["cubin"]) for r in results)
     print(f"onnxfuse triton aot: {len(results)} cubins for sm_{'/sm_'.join(archs)}, {total / 1e6:.1f} MB, "
           f"{time.time() - t0:.0f} s -> {args.out}")

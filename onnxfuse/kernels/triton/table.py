@@ -56,3 +56,17 @@ STACK_GRID_COOPERATIVE = 1
 EMBED_NPS = (32, 64)
 EMBED_DPS = (16, 32, 64, 128)
 EMBEDDING_AUTO_TRITON = 1
+
+# ------------------------------------------------------------------------------------------------ backend=auto
+# On the CUDA EP, backend=auto runs the Triton kernels except for an op's main kernel and rows M in one of these
+# (kernel, first M, last M) ranges, where the CUDA backend (cuBLASLt GEMMs, cuda/gemm.cu) measured faster in the same
+# run (H100, fp16, CUDA graphs, ms; benchmarks/results/h100-2026-11-23/ab-cublaslt-tuned/, Triton with tuned.json):
+#                                   Triton    CUDA
+#   dlrm (two MLPStacks), batch 2048  0.0724   0.0650   MLPStack at M = 2048 runs per layer on Triton too
+#   dlrm-top, batch 2048              0.0467   0.0460
+#   dlrm-bottom, batch 2048           0.0320   0.0320
+# Everywhere else Triton was as fast or faster (SwiGLU 1.03-1.10x, LoRA 1.02x, MLPStack at batch 128 1.07-1.15x,
+# rotary and the embedding interaction). The range is MLPStack's per-layer one (between STACK_GRID_MAX_M and
+# STACK_ROWS_MIN_SM_MULT x 128 SMs), where both backends launch one GEMM per layer.
+AUTO_CUDA = (("mlp_stack", STACK_GRID_MAX_M + 1, STACK_ROWS_MIN_SM_MULT * 128 - 1),)
+
