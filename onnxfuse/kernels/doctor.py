@@ -31,14 +31,17 @@ from .. import schema, testing
 # the attribute's default), silu on the size-class shapes.
 _SWIGLU_SHAPES = [(1, 256, 688, 0), (37, 129, 67, 0), (200, 1024, 512, 0)]
 _MEDIUM, _LARGE = (64, 256, 256), (2048, 32, 2560)  # aligned; the large one has >= 160 tiles of any tuned tile
+# The persistent TMA kernels (triton/table.py TMA_*: K >= TMA_MIN_K, large class, tiles >= SMs): M, K and N not
+# multiples of the tile, so the descriptors' zero fill at every edge is checked.
+_TMA = (1100, 1040, 3856)
 DEFAULT_SHAPES = {
     "LinearRelu": [(1, 13, 512, 0), (37, 129, 67, 0), (256, 512, 256, 0), (16, 256, 512, 0), (*_MEDIUM, 0),
-                   (*_LARGE, 0)],
-    "LinearSigmoid": [(1, 256, 1, 0), (37, 129, 67, 0), (256, 512, 256, 0)],
+                   (*_LARGE, 0), (*_TMA, 0)],
+    "LinearSigmoid": [(1, 256, 1, 0), (37, 129, 67, 0), (256, 512, 256, 0), (*_TMA, 0)],
     "SwiGLU": [(*shape, act) for act in schema.GATE_ACTIVATIONS for shape in _SWIGLU_SHAPES]
     + [(*_MEDIUM, 0, "silu"), (*_LARGE, 0, "silu")],
-    "LoRALinear": [(1, 256, 256, 16), (37, 129, 67, 7), (200, 512, 512, 16), (*_MEDIUM, 16)],
-    "LoRALinearRelu": [(1, 256, 256, 16), (37, 129, 67, 7), (200, 512, 512, 64), (*_LARGE, 16)],
+    "LoRALinear": [(1, 256, 256, 16), (37, 129, 67, 7), (200, 512, 512, 16), (*_MEDIUM, 16), (*_TMA, 16)],
+    "LoRALinearRelu": [(1, 256, 256, 16), (37, 129, 67, 7), (200, 512, 512, 64), (*_LARGE, 16), (*_TMA, 64)],
     # MLPStack: (M, layer widths, activations). DLRM's bottom MLP, an odd narrow stack, DLRM's top MLP.
     "MLPStack": [(1, (13, 512, 256, 64, 16), "relu.relu.relu.relu"), (37, (129, 67, 33, 1), "relu.relu.sigmoid"),
                  (256, (367, 512, 256, 1), "relu.relu.sigmoid")],

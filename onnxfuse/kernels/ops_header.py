@@ -226,6 +226,10 @@ def render() -> str:
     add("inline constexpr AutoRule kAutoCuda[] = {" + ", ".join(
         f"{{k{_camel(k)}, {int(a)}, {int(b)}}}" for k, a, b in table.AUTO_CUDA) + ("" if table.AUTO_CUDA else
                                                                                 "{-1, 0, -1}") + "};")
+    add("// Persistent TMA GEMMs (table.py): its size class, the least K, the descriptor scratch per program.")
+    add(f"inline constexpr int kTmaSizeClass = {table.SIZE_CLASSES.index(table.TMA_SIZE_CLASS)};")
+    add(f"inline constexpr int64_t kTmaMinK = {int(table.TMA_MIN_K)};")
+    add(f"inline constexpr int64_t kTmaScratchPerProgram = {int(table.TMA_SCRATCH_PER_PROGRAM)};")
     add("// LoRA rank padding: rank r runs on the kernel of the smallest entry >= r.")
     add(f"inline constexpr int kNumRPads = {len(table.R_PADS)};")
     add("inline constexpr int kRPads[] = {" + ", ".join(str(int(r)) for r in table.R_PADS) + "};")

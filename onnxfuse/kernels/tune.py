@@ -7,6 +7,8 @@ class of triton/table.py, each on the op's benchmark shape of that class (SHAPES
 same inputs, checked against torch (a config with a wrong result is rejected) and timed with
 triton.testing.do_bench (median, L2 flushed between runs). A candidate replaces the built-in config only when it is
 faster by more than MIN_GAIN, so run-to-run noise does not churn the table. fp32 ("f") configs are not tuned.
+Where the library runs the persistent TMA build (triton/table.py TMA_*: linear_act and lora_main, large class, the
+bench's K = 4096), the candidates run on it, as the library would; the picked config serves both builds of the class.
 
 The build applies triton/tuned.json (committed; written by this command on an H100, sm_90) on top of aot.py's
 CONFIGS for the archs it lists, and `--configs FILE` on top of that; `onnxfuse doctor` runs every op on shapes of
@@ -88,6 +90,16 @@ class _Problem:
         def rnd(*s, scale=1.0):
             return (torch.randn(*s, generator=g, device=dev, dtype=torch.float32) * scale).to(dt)
 
+        table = _aot().TABLE
+        major, _ = torch.cuda.get_device_capability()
+        # the persistent TMA kernel where the library runs it on this shape (cuda/triton_launch.cc WithTma)
+        self.tma = (kernel in table.TMA_KERNELS and size == table.TMA_SIZE_CLASS and k >= table.TMA_MIN_K
+                    and major >= 9)
+        self.sms = torch.cuda.get_device_properties(0).multi_processor_count
+        if self.tma:
+            import triton
+            # TMA descriptors are built on the device, in global scratch that a JIT launch takes from here
+            triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
         self.x = rnd(m, k)
         self.w = rnd(k, n, scale=k ** -0.5)
         self.y = torch.empty(m, n, device=dev, dtype=dt)
@@ -112,17 +124,19 @@ class _Problem:
 
     def launch(self, fn, cfg):
         bm, bn, bk, group_m, warps, stages = cfg
-        grid = (((self.m + bm - 1) // bm) * ((self.n + bn - 1) // bn),)
+        tiles = ((self.m + bm - 1) // bm) * ((self.n + bn - 1) // bn)
+        nprog = min(tiles, self.sms) if self.tma else tiles
+        grid = (nprog,)
         meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, DOT_PRECISION="tf32", num_warps=warps,
                     num_stages=stages)
         m, n, k = self.m, self.n, self.k
         if self.kernel == "swiglu":
             fn[grid](self.x, self.w, self.w2, self.y, m, n, k, 0, **meta)
         elif self.kernel == "linear_act":
-            fn[grid](self.x, self.w, self.bias, self.y, m, n, k, self.act, **meta)
+            fn[grid](self.x, self.w, self.bias, self.y, m, n, k, self.act, nprog, TMA=self.tma, **meta)
         else:
-            fn[grid](self.x, self.w, self.t, self.b, self.bias, self.y, m, n, k, self.r, 1, self.scale, 1,
-                     R_PAD=16, **meta)
+            fn[grid](self.x, self.w, self.t, self.b, self.bias, self.y, m, n, k, self.r, 1, self.scale, 1, nprog,
+                     R_PAD=16, TMA=self.tma, **meta)
 
     def error(self) -> float:
         ref = self.ref
@@ -270,6 +284,19 @@ def doctor_coverage(shapes: dict, arch: str = "90", sms: int = 132) -> list[str]
                     hit |= cls == size and aligned and (size != "large" or tiles >= sms)
             if not hit:
                 missing.append(f"{kernel}/{size}")
+    # the persistent TMA builds: K >= TMA_MIN_K on an aligned shape of their class whose tiles cover the SMs
+    tma_size = aot.TABLE.TMA_SIZE_CLASS
+    for kernel in aot.TABLE.TMA_KERNELS:
+        bm, bn = cfgs[kernel]["h"][tma_size][:2]
+        hit = False
+        for op in OPS_OF_KERNEL.get(kernel, ()):
+            for m, k, n, r, *_ in shapes.get(op, ()):
+                cls = "small" if m <= limits[0] else "medium" if m <= limits[1] else "large"
+                aligned = k % 16 == 0 and n % 16 == 0 and (kernel != "lora_main" or r % 8 == 0)
+                hit |= (cls == tma_size and aligned and k >= aot.TABLE.TMA_MIN_K
+                        and -(-m // bm) * -(-n // bn) >= sms)
+        if not hit:
+            missing.append(f"{kernel}/{tma_size}/tma")
     return missing
 
 

@@ -484,8 +484,17 @@ def test_experiments_need_an_experiments_build():
     # sm_90: the experiments are 110 cubins on top of the default set
     assert len(full) - len(default) == 110
     # linear_act, swiglu, mlp_stack, rotary_embedding, embedding, mlp_stack_grid 18 each; lora_xa and lora_main 54
-    # each; embedding_interaction 24 (3 dtypes x 8 (NP, DP) tiles)
-    assert len(default) == 240
+    # each; embedding_interaction 24 (3 dtypes x 8 (NP, DP) tiles); then the persistent TMA builds: linear_act's and
+    # lora_main's (x 3 rank paddings) aligned fp16/bf16 large class, 8
+    assert len(default) == 248
+    tma = [s for s in default if s["tma"]]
+    assert {(s["kernel"], s["dtype"], s["size"], s["aligned"]) for s in tma} == {
+        (k, d, "large", 1) for k in ("linear_act", "lora_main") for d in ("fp16", "bf16")} and len(tma) == 8
+    # each beside the cp.async build of the same key and config, and none for sm_80
+    plain = {(s["kernel"], s["dtype"], s["size"], s["aligned"], s["r_pad"], s["config"]) for s in default
+             if not s["tma"]}
+    assert all((s["kernel"], s["dtype"], s["size"], 1, s["r_pad"], s["config"]) in plain for s in tma)
+    assert not any(s["tma"] for s in aot.specialisations(["80"]))
 
 
 # ------------------------------------------------------------------------------------------------ GPU backends compile

@@ -138,6 +138,8 @@ print("ok")
 _GEMM = _PRELUDE + r"""
 # The kernels on gemm_loop.py's _gemm_main: LinearRelu/LinearSigmoid, SwiGLU (DUAL: two products in one K loop, every
 # gate activation) and the two LoRA phases; shapes with ragged M, N and K tiles and more than one group of row tiles.
+# linear_act and lora_main also as their persistent TMA builds (gemm_loop._gemm_tile_tma: descriptor loads, zero
+# fill past every edge, 3 programs walking all the tiles) on the aligned shapes (K and N multiples of 16).
 la, sw, lora = load("linear_act"), load("swiglu"), load("lora_linear")
 g = torch.Generator().manual_seed(0)
 cfg = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=2)
@@ -147,15 +149,22 @@ checks = 0
 for dtype in ("float", "float16"):
     t = TT[dtype]
     prec = "ieee" if dtype == "float" else "tf32"
-    for m, k, n in ((37, 40, 70), (5, 16, 32), (64, 33, 17)):
+    for m, k, n in ((37, 40, 70), (5, 16, 32), (64, 33, 17), (37, 48, 80)):
         x = torch.randn(m, k, generator=g).to(t)
         w, w2 = (torch.randn(k, n, generator=g) / k ** 0.5).to(t), (torch.randn(k, n, generator=g) / k ** 0.5).to(t)
         b = torch.randn(n, generator=g).to(t)
         for act, op in ((1, "LinearRelu"), (2, "LinearSigmoid")):
             y = torch.full((m, n), float("nan")).to(t)
-            la._linear_act_kernel[grid(m, n)](x, w, b, y, m, n, k, act, DOT_PRECISION=prec, **cfg)
+            nprog = grid(m, n)[0]
+            la._linear_act_kernel[(nprog,)](x, w, b, y, m, n, k, act, nprog, DOT_PRECISION=prec, TMA=False, **cfg)
             testing.assert_close(y, schema.reference(op, [x, w, b]), t, str((op, dtype, m, k, n)), kind="interpreter")
             checks += 1
+            if k % 16 == 0 and n % 16 == 0:
+                y = torch.full((m, n), float("nan")).to(t)
+                la._linear_act_kernel[(3,)](x, w, b, y, m, n, k, act, 3, DOT_PRECISION=prec, TMA=True, **cfg)
+                testing.assert_close(y, schema.reference(op, [x, w, b]), t, str((op, "tma", dtype, m, k, n)),
+                                     kind="interpreter")
+                checks += 1
         for code, name in enumerate(schema.GATE_ACTIVATIONS):
             y = torch.full((m, n), float("nan")).to(t)
             sw._swiglu_kernel[grid(m, n)](x, w, w2, y, m, n, k, code, DOT_PRECISION=prec, **cfg)
@@ -171,12 +180,21 @@ for dtype in ("float", "float16"):
                                                                 BLOCK_K=16, R_PAD=16, DOT_PRECISION=prec)
             for relu, op in ((0, "LoRALinear"), (1, "LoRALinearRelu")):
                 y = torch.full((m, n), float("nan")).to(t)
-                lora._lora_main_kernel[grid(m, n)](x, w, ts, bm, b, y, m, n, k, r, split, 0.5, relu, R_PAD=16,
-                                                   DOT_PRECISION=prec, **cfg)
+                nprog = grid(m, n)[0]
+                lora._lora_main_kernel[(nprog,)](x, w, ts, bm, b, y, m, n, k, r, split, 0.5, relu, nprog, R_PAD=16,
+                                                 DOT_PRECISION=prec, TMA=False, **cfg)
                 ref = schema.reference(op, [x, w, a, bm, b], {"scale": 0.5})
                 testing.assert_close(y, ref, t, str((op, dtype, m, k, n, r, split)), kind="interpreter")
                 checks += 1
-assert checks == 2 * 3 * (2 + 6 + 4), checks
+                if k % 16 == 0 and n % 16 == 0:
+                    y = torch.full((m, n), float("nan")).to(t)
+                    lora._lora_main_kernel[(3,)](x, w, ts, bm, b, y, m, n, k, r, split, 0.5, relu, 3, R_PAD=16,
+                                                 DOT_PRECISION=prec, TMA=True, **cfg)
+                    testing.assert_close(y, ref, t, str((op, "tma", dtype, m, k, n, r, split)), kind="interpreter")
+                    checks += 1
+# per dtype: 4 shapes x (2 linear + 6 swiglu + 4 lora), and the TMA builds on the two aligned shapes ((37, 48, 80):
+# 9 ragged tiles for 3 programs)
+assert checks == 2 * (4 * (2 + 6 + 4) + 2 * (2 + 4)), checks
 print("ok")
 """
 

@@ -125,12 +125,19 @@ int onnxfuse_cuda_embedding(int dtype, const void* table, const int64_t* ids, vo
 //                (fp32, unaligned) falls back to 0;
 //   lora_onepass 0: two-phase LoRA (T = X @ A into scratch, then the GEMM), 1: one-pass kernel.
 int onnxfuse_triton_available(void);
+// Device scratch (bytes) the Triton LinearRelu/LinearSigmoid launcher may use for these sizes on the current device:
+// the TMA descriptors of the persistent TMA kernel (triton/table.py TMA_*), 0 where it cannot run; a negative code
+// on bad sizes. onnxfuse_triton_linear_act runs the other kernel when `scratch` is null or short, so the scratch is
+// an option (MLPStack's per-layer launches pass theirs); allocated and freed by the caller as LoRA's below.
+int64_t onnxfuse_triton_linear_act_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n);
 int onnxfuse_triton_linear_act(int dtype, int act, const void* x, const void* w, const void* bias, void* y, int64_t m,
-                               int64_t k, int64_t n, int small_cfg, void* stream);
+                               int64_t k, int64_t n, int small_cfg, void* scratch, int64_t scratch_bytes,
+                               void* stream);
 int onnxfuse_triton_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up, void* y,
                            int64_t m, int64_t k, int64_t n, int small_cfg, void* stream);
 // Device scratch (bytes) the Triton LoRA launcher needs for these sizes on the current device: 0 for the one-pass
-// kernel, else the fp32 partial sums of X @ A ([SPLIT, M, r_pad]); a negative ONNXFUSE_ERR_* / -cudaError_t when it
+// kernel, else the fp32 partial sums of X @ A ([SPLIT, M, r_pad]) and, where the persistent TMA lora_main may run,
+// its descriptors after them (128-byte aligned; without room for them the other lora_main runs); a negative ONNXFUSE_ERR_* / -cudaError_t when it
 // cannot tell (e.g. ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH). The caller allocates it (from onnxruntime's allocator, so the
 // launch stays CUDA-graph safe), passes it to onnxfuse_triton_lora_linear and may free it right after that returns:
 // only work enqueued later on the same stream can reuse the memory.

@@ -172,7 +172,12 @@ struct LinearActCuda {
                                });
           },
           [&] {
-            return onnxfuse_triton_linear_act(DtypeCode<T>(), Act, x, w, b, y, d.M, d.K, d.N, knobs.small_cfg, stream);
+            // A negative size (no Triton in this library) comes back as the code: Dispatch may fall back to CUDA.
+            return WithScratch(ctx, Op::kX, onnxfuse_triton_linear_act_scratch_bytes(DtypeCode<T>(), d.M, d.K, d.N),
+                               [&](void* sp, int64_t bytes) {
+                                 return onnxfuse_triton_linear_act(DtypeCode<T>(), Act, x, w, b, y, d.M, d.K, d.N,
+                                                                   knobs.small_cfg, sp, bytes, stream);
+                               });
           });
     });
   }

@@ -16,6 +16,11 @@
 // at the end of the caller's scratch, zeroed with cudaMemsetAsync on the same stream before each launch, so the
 // sequence is CUDA-graph safe), or one linear_act per layer; auto follows triton/table.py (ChooseStackMode).
 //
+// Persistent TMA GEMMs (triton/table.py TMA_*): where FindForShape picks the aligned large-class linear_act or
+// lora_main, K >= kTmaMinK and the caller's scratch has room for the device-side TMA descriptors (Triton's global
+// scratch, kTmaScratchPerProgram bytes per program), the TMA build runs on min(tiles, SMs) programs (WithTma);
+// without that scratch the cp.async build runs, so the scratch is an option, never a requirement.
+//
 // LoRA runs in two phases unless lora_onepass: "lora_xa" writes fp32 partial sums of X @ A to the caller's
 // scratch [SPLIT, M, r_pad] (grid: row tiles x SPLIT slices of K, SPLIT chosen so that about one program per SM
 // runs; no atomics), then "lora_main" (the linear_act main loop + one T @ B dot) reads them. Both launches go to
@@ -98,13 +103,14 @@ int NumSMs(int device) {
 
 // The spec for (kernel, dtype, size class, aligned, r_pad, variant) whose cubin runs on `arch`: Triton builds sm_90
 // as sm_90a (runs on 9.0 only); an sm_8x cubin runs on later minors of major 8. Picks the highest such arch.
+// tma: 1 for the persistent TMA build (triton/table.py TMA_KERNELS), 0 for the others.
 const TritonSpec* FindExact(int kernel, int dtype, int size_class, int aligned, int r_pad, int variant, int arch,
-                            int* index) {
+                            int* index, int tma = 0) {
   const TritonSpec* best = nullptr;
   for (int i = 0; i < kNumTritonSpecs; ++i) {
     const TritonSpec& s = kTritonSpecs[i];
     if (s.kernel != kernel || s.dtype != dtype || s.size_class != size_class || s.aligned != aligned ||
-        s.r_pad != r_pad || s.variant != variant)
+        s.r_pad != r_pad || s.variant != variant || s.tma != tma)
       continue;
     const bool runs = (s.arch == arch) || (s.arch / 10 == arch / 10 && s.arch < arch && s.arch / 10 != 9);
     if (runs && (best == nullptr || s.arch > best->arch)) {
@@ -143,6 +149,39 @@ const TritonSpec* FindForShape(int kernel, int dtype, int64_t m, int64_t n, bool
   }
   return spec;
 }
+
+// The persistent TMA build of a GEMM launch that FindForShape resolved to `spec` (entry *index): taken when the
+// spec is the aligned large-class kernel, K >= kTmaMinK and the caller's scratch holds the descriptors of
+// min(tiles, SMs) programs (128-byte aligned, kTmaScratchPerProgram bytes each); else `spec` stays. On success
+// *grid is the persistent grid and *index the TMA entry.
+const TritonSpec* WithTma(const TritonSpec* spec, int* index, int64_t m, int64_t k, int64_t n, int arch, int device,
+                          const void* scratch, int64_t scratch_bytes, int64_t* grid) {
+  *grid = spec == nullptr ? 0 : Tiles(m, n, spec);
+  if (spec == nullptr || !spec->aligned || spec->size_class != ids::kTmaSizeClass || spec->variant != 0 ||
+      k < ids::kTmaMinK || scratch == nullptr || (reinterpret_cast<uintptr_t>(scratch) & 127u) != 0)
+    return spec;
+  int tma_index = -1;
+  const TritonSpec* tma =
+      FindExact(spec->kernel, spec->dtype, spec->size_class, 1, spec->r_pad, 0, arch, &tma_index, 1);
+  if (tma == nullptr) return spec;
+  const int64_t sms = NumSMs(device);
+  const int64_t programs = *grid < sms ? *grid : sms;
+  if (scratch_bytes < programs * ids::kTmaScratchPerProgram) return spec;
+  *grid = programs;
+  *index = tma_index;
+  return tma;
+}
+
+// Scratch for the TMA descriptors of a GEMM of these sizes on the current device: an upper bound (the launcher
+// decides on alignment at launch), 0 where no TMA kernel can run.
+int64_t TmaScratchBytes(int64_t m, int64_t k) {
+  int device = 0;
+  const int arch = CurrentArch(&device);
+  if (arch < 90 || SizeClass(m) != ids::kTmaSizeClass || k < ids::kTmaMinK) return 0;
+  return NumSMs(device) * ids::kTmaScratchPerProgram;
+}
+
+int64_t RoundUp128(int64_t v) { return (v + 127) / 128 * 128; }
 
 // Loads the cubin `spec` (table entry `index`) once, and opts it into its shared memory once per device.
 int EnsureLoaded(const TritonSpec* spec, int index, int device) {
@@ -247,19 +286,34 @@ bool TooLarge(int64_t m, int64_t k, int64_t n) {
 extern "C" int onnxfuse_triton_available(void) { return 1; }
 
 // The argument order of each launch matches the kernel's KERNELS table in triton/*.py; Triton 3.6 appends two scratch
-// pointers (global, profile), passed as null (aot.py refuses kernels that need either).
+// pointers (global, profile): the global one is the TMA descriptors' scratch for the persistent TMA kernels, null for
+// the others (aot.py refuses any other kernel that needs either).
+extern "C" int64_t onnxfuse_triton_linear_act_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n) {
+  if (BadCommon(dtype, m, k, n)) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  return dtype == ONNXFUSE_FP32 ? 0 : TmaScratchBytes(m, k);
+}
+
 extern "C" int onnxfuse_triton_linear_act(int dtype, int act, const void* x, const void* w, const void* bias, void* y,
-                                          int64_t m, int64_t k, int64_t n, int small_cfg, void* stream) {
+                                          int64_t m, int64_t k, int64_t n, int small_cfg, void* scratch,
+                                          int64_t scratch_bytes, void* stream) {
   if (BadCommon(dtype, m, k, n) || (act != ONNXFUSE_ACT_RELU && act != ONNXFUSE_ACT_SIGMOID))
     return ONNXFUSE_ERR_BAD_ARGUMENT;
   if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
   if (m == 0 || n == 0) return 0;
-  int32_t M = int32_t(m), N = int32_t(n), K = int32_t(k), ACT = act;
-  void* scratch_global = nullptr;
-  void* scratch_profile = nullptr;
-  void* args[] = {&x, &w, &bias, &y, &M, &N, &K, &ACT, &scratch_global, &scratch_profile};
+  int device = 0;
+  const int arch = CurrentArch(&device);
+  if (arch < 0) return -arch;
   const bool aligned = Aligned16(x) && Aligned16(w) && Aligned16(bias) && Aligned16(y) && k % 16 == 0 && n % 16 == 0;
-  return Launch(kKernelLinearAct, dtype, m, n, aligned, 0, small_cfg, args, stream);
+  int index = -1;
+  const TritonSpec* spec = FindForShape(kKernelLinearAct, dtype, m, n, aligned, 0, small_cfg, arch, device, &index);
+  if (spec == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
+  int64_t grid = 0;
+  spec = WithTma(spec, &index, m, k, n, arch, device, scratch, scratch_bytes, &grid);
+  int32_t M = int32_t(m), N = int32_t(n), K = int32_t(k), ACT = act, NPROG = int32_t(grid);
+  void* scratch_global = spec->tma ? scratch : nullptr;
+  void* scratch_profile = nullptr;
+  void* args[] = {&x, &w, &bias, &y, &M, &N, &K, &ACT, &NPROG, &scratch_global, &scratch_profile};
+  return LaunchSpec(spec, index, device, grid, args, stream);
 }
 
 extern "C" int onnxfuse_triton_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up, void* y,
@@ -295,7 +349,9 @@ extern "C" int64_t onnxfuse_triton_lora_scratch_bytes(int dtype, int64_t m, int6
   // The xa configs of the aligned and unaligned builds share BLOCK_M / BLOCK_K, so the plan does not depend on it.
   const int err = PlanLoRA(dtype, m, k, r, true, &plan);
   if (err != 0) return err > 0 ? -int64_t(err) : int64_t(err);
-  return LoRAScratchBytes(m, r, plan);
+  // then, 128-byte aligned, the TMA descriptors of the persistent lora_main (where it may run)
+  const int64_t tma = dtype == ONNXFUSE_FP32 ? 0 : TmaScratchBytes(m, k);
+  return tma > 0 ? RoundUp128(LoRAScratchBytes(m, r, plan)) + tma : LoRAScratchBytes(m, r, plan);
 }
 
 extern "C" int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, const void* w, const void* a,
@@ -330,10 +386,16 @@ extern "C" int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, c
   void* xa_args[] = {&x, &a, &scratch, &M, &K, &R, &KB_PER_SPLIT, &scratch_global, &scratch_profile};
   const int64_t grid_xa = ((m + plan.xa->block_m - 1) / plan.xa->block_m) * plan.split;
   if ((err = LaunchSpec(plan.xa, plan.xa_index, plan.device, grid_xa, xa_args, stream)) != 0) return err;
-  // Phase 2: Y = X @ W + (scale * sum T) @ B + bias [relu].
-  void* main_args[] = {&x, &w, &scratch, &b, &bias, &y, &M, &N, &K, &R, &SPLIT, &SCALE, &RELU, &scratch_global,
+  // Phase 2: Y = X @ W + (scale * sum T) @ B + bias [relu]; the TMA descriptors after the partials.
+  const int64_t partials = RoundUp128(LoRAScratchBytes(m, r, plan));
+  int64_t grid = 0;
+  main_spec = WithTma(main_spec, &index, m, k, n, plan.arch, plan.device, static_cast<char*>(scratch) + partials,
+                      scratch_bytes - partials, &grid);
+  int32_t NPROG = int32_t(grid);
+  void* main_global = main_spec->tma ? static_cast<char*>(scratch) + partials : nullptr;
+  void* main_args[] = {&x, &w, &scratch, &b, &bias, &y, &M, &N, &K, &R, &SPLIT, &SCALE, &RELU, &NPROG, &main_global,
                        &scratch_profile};
-  return LaunchSpec(main_spec, index, plan.device, Tiles(m, n, main_spec), main_args, stream);
+  return LaunchSpec(main_spec, index, plan.device, grid, main_args, stream);
 }
 
 namespace {
@@ -390,9 +452,19 @@ struct StackLayerArgs {
 };
 }  // namespace
 
+// The layer buffers, the grid kernel's barrier counter, then (128-byte aligned) the TMA descriptors of the
+// per-layer linear_act launches where a layer may run on the persistent TMA kernel.
+static int64_t StackTmaOffset(int64_t need) { return RoundUp128(need + ONNXFUSE_STACK_BARRIER_BYTES); }
+
 extern "C" int64_t onnxfuse_triton_mlp_stack_scratch_bytes(int dtype, int n_layers, int64_t m, const int64_t* widths) {
   const int64_t need = onnxfuse_mlp_stack_scratch_bytes(dtype, n_layers, m, widths);
-  return need < 0 ? need : need + ONNXFUSE_STACK_BARRIER_BYTES;
+  if (need < 0) return need;
+  int64_t tma = 0;
+  for (int i = 0; i < n_layers && dtype != ONNXFUSE_FP32; ++i) {
+    const int64_t t = TmaScratchBytes(m, widths[i]);
+    tma = t > tma ? t : tma;
+  }
+  return tma > 0 ? StackTmaOffset(need) + tma : need + ONNXFUSE_STACK_BARRIER_BYTES;
 }
 
 extern "C" int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* acts, const void* x,
@@ -451,9 +523,13 @@ extern "C" int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* act
     mode = ONNXFUSE_STACK_LAYERS;
   }
   if (mode != ONNXFUSE_STACK_FUSED) {
+    const int64_t tma_offset = StackTmaOffset(need);
+    void* tma_scratch = scratch != nullptr && scratch_bytes > tma_offset ? static_cast<char*>(scratch) + tma_offset
+                                                                         : nullptr;
+    const int64_t tma_bytes = tma_scratch != nullptr ? scratch_bytes - tma_offset : 0;
     return onnxfuse::StackPerLayer(n_layers, x, y, scratch, need, [&](int i, const void* in, void* out) {
       return onnxfuse_triton_linear_act(dtype, acts[i], in, w[i], b[i], out, m, widths[i], widths[i + 1], small_cfg,
-                                        stream);
+                                        tma_scratch, tma_bytes, stream);
     });
   }
   // BLOCK_M (mlp_stack's size classes 0/1/2 = 16/32/64 rows): the smallest whose grid fits on the SMs, else the
@@ -557,8 +633,11 @@ extern "C" int onnxfuse_triton_embedding_interaction(int dtype, int interaction,
 #else  // built without Triton: the launchers exist and say so.
 
 extern "C" int onnxfuse_triton_available(void) { return 0; }
+extern "C" int64_t onnxfuse_triton_linear_act_scratch_bytes(int, int64_t, int64_t, int64_t) {
+  return ONNXFUSE_ERR_NO_TRITON;
+}
 extern "C" int onnxfuse_triton_linear_act(int, int, const void*, const void*, const void*, void*, int64_t, int64_t,
-                                          int64_t, int, void*) {
+                                          int64_t, int, void*, int64_t, void*) {
   return ONNXFUSE_ERR_NO_TRITON;
 }
 extern "C" int onnxfuse_triton_swiglu(int, int, const void*, const void*, const void*, void*, int64_t, int64_t,

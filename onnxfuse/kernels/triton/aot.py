@@ -5,7 +5,7 @@ Run by the CMake build (cuda/cuda.cmake) on a machine that needs no GPU:
     python aot.py --out BUILD/triton_kernels.h --archs 90 [--archs 80] [--configs tuned.json] [--jobs 2] [--experiments]
 
 The header holds one byte array per cubin and a table `kTritonSpecs` that `cuda/triton_launch.cc` (hand-written)
-searches at launch time: (kernel, dtype, size class, aligned, r_pad, arch, variant) -> cubin, entry name, warps,
+searches at launch time: (kernel, dtype, size class, aligned, r_pad, arch, variant, tma) -> cubin, entry name, warps,
 shared memory, block shape. Kernel ids, dtype codes, size classes and rank padding come from table.py, which the
 build also writes into the generated onnxfuse_ops.h that the launcher reads. Specialisations:
   * dtype: fp32, fp16, bf16 (fp32 GEMMs use tl.dot with input_precision="ieee": exact fp32, no TF32 rounding);
@@ -15,6 +15,9 @@ build also writes into the generated onnxfuse_ops.h that the launcher reads. Spe
     give vectorised, cp.async-pipelined loads), or not;
   * LoRA only: r padded to 16, 32 or 64. LoRA runs as the two-phase pair "lora_xa" (fp32 partials of X @ A into
     scratch; its config's BLOCK_N is unused) and "lora_main" (the GEMM main loop plus one T @ B dot);
+  * tma: the aligned fp16/bf16 builds of table.TMA_KERNELS in table.TMA_SIZE_CLASS on sm_90+ are compiled a second
+    time with TMA=True (tma_eligible): persistent, tiles loaded through TMA descriptors (gemm_loop._gemm_tile_tma),
+    same tile config;
   * variant: 0 for every kernel. With --experiments (an opt-in library, `onnxfuse build --experiments`) the A/B
     alternatives are compiled too: variants 1 and 2 of the "small" class of fp16/bf16 kernels (SMALL_VARIANTS,
     aligned build only; node attribute small_cfg), variants 1 and 2 of the fp16/bf16 one-kernel MLPStack
@@ -25,7 +28,9 @@ imports (gemm_loop.py: the GEMM tile and K loop; cuda/cuda.cmake lists every fil
 Tile configs live in CONFIGS per arch; tuned.json in this folder (written by `onnxfuse tune` on the GPU, committed
 for sm_90) overrides entries for the archs it lists, and `--configs FILE` (JSON of the same shape) overrides those
 (`default_overrides`). Triton 3.6 ABI: kernel params are the non-constexpr args, then two scratch pointers (global,
-profile); specialisations that need either scratch are refused here, since the launcher passes null.
+profile). Only the TMA builds may need global scratch (their device-side descriptors, at most
+table.TMA_SCRATCH_PER_PROGRAM bytes per program, which the launcher takes from the caller's scratch); any other
+need of either scratch is refused here, since the launcher passes null.
 """
 from __future__ import annotations
 
@@ -204,15 +209,18 @@ def specialisations(archs, overrides=None, experiments: bool = False):
                     for np_index, n_pad in enumerate(TABLE.EMBED_NPS):
                         for d_pad in TABLE.EMBED_DPS:
                             yield dict(kernel=kernel, dtype=dtype, size=SIZE_CLASSES[np_index], aligned=0,
-                                       r_pad=d_pad, arch=arch, variant=0, config=EMBED_CONFIGS[(n_pad, d_pad)])
+                                       r_pad=d_pad, arch=arch, variant=0, tma=0, config=EMBED_CONFIGS[(n_pad, d_pad)])
                 continue
             for dtype, _ in DTYPES:
                 group = "f" if dtype == "fp32" else "h"
                 for size in SIZE_CLASSES:
                     for aligned in (1, 0):
                         for r_pad in (R_PADS if kernel in LORA_KERNELS else (0,)):
-                            base = dict(kernel=kernel, dtype=dtype, size=size, aligned=aligned, r_pad=r_pad, arch=arch)
+                            base = dict(kernel=kernel, dtype=dtype, size=size, aligned=aligned, r_pad=r_pad, arch=arch,
+                                        tma=0)
                             yield dict(base, variant=0, config=tuple(cfgs[kernel][group][size]))
+                            if tma_eligible(dict(base, variant=0)):
+                                yield dict(base, variant=0, tma=1, config=tuple(cfgs[kernel][group][size]))
                             if not experiments:
                                 continue
                             if kernel == "mlp_stack" and group == "h":
@@ -250,6 +258,7 @@ def compile_one(spec: dict) -> dict:
         constexprs["R_PAD"] = spec["r_pad"]
     if spec["kernel"] in EMBED_KERNELS:
         constexprs.update(NP=TABLE.EMBED_NPS[SIZE_CLASSES.index(spec["size"])], DP=spec["r_pad"])
+    constexprs["TMA"] = uses_tma(spec)
     constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}  # lora_xa has no BLOCK_N / GROUP_M
     for k in constexprs:
         signature[k] = "constexpr"
@@ -258,8 +267,13 @@ def compile_one(spec: dict) -> dict:
     compiled = triton.compile(src, target=GPUTarget("cuda", int(spec["arch"]), 32),
                               options={"num_warps": warps, "num_stages": stages})
     md = compiled.metadata
-    if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):
-        raise RuntimeError(f"{spec}: needs Triton global/profile scratch, which the AOT launcher does not provide")
+    scratch = int(getattr(md, "global_scratch_size", 0) or 0)
+    if getattr(md, "profile_scratch_size", 0) or (scratch and not constexprs.get("TMA")):
+        raise RuntimeError(f"{spec}: needs Triton global/profile scratch, which the AOT launcher gives only the "
+                           "persistent TMA kernels")
+    if scratch and (scratch > TABLE.TMA_SCRATCH_PER_PROGRAM or int(getattr(md, "global_scratch_align", 1)) > 128):
+        raise RuntimeError(f"{spec}: {scratch} bytes of descriptor scratch per program (align "
+                           f"{getattr(md, 'global_scratch_align', 1)}), over table.TMA_SCRATCH_PER_PROGRAM")
     if tuple(getattr(md, "cluster_dims", (1, 1, 1)) or (1, 1, 1)) not in ((1, 1, 1), (0, 0, 0)) \
             or getattr(md, "num_ctas", 1) != 1:
         raise RuntimeError(f"{spec}: thread-block clusters are not supported by the AOT launcher")
@@ -269,9 +283,21 @@ def compile_one(spec: dict) -> dict:
                 seconds=round(time.time() - t0, 2), n_params=len(params))
 
 
+def tma_eligible(spec: dict) -> bool:
+    """Whether a specialisation also gets a persistent TMA build (gemm_loop._gemm_tile_tma): a kernel of
+    table.TMA_KERNELS, sm_90 or later, the aligned build (TMA needs 16-byte aligned bases and row strides), 16-bit
+    types, table.TMA_SIZE_CLASS, variant 0."""
+    return (spec["kernel"] in TABLE.TMA_KERNELS and int(spec["arch"]) >= 90 and bool(spec["aligned"])
+            and spec["dtype"] != "fp32" and spec["size"] == TABLE.TMA_SIZE_CLASS and spec.get("variant", 0) == 0)
+
+
+def uses_tma(spec: dict) -> bool:
+    return bool(spec.get("tma", 0))
+
+
 def _c_ident(spec):
-    return "k_{kernel}_{dtype}_{size}_{a}_r{r_pad}_sm{arch}_v{variant}".format(a="al" if spec["aligned"] else "un",
-                                                                               **spec)
+    return "k_{kernel}_{dtype}_{size}_{a}_r{r_pad}_sm{arch}_v{variant}{t}".format(
+        a="al" if spec["aligned"] else "un", t="_tma" if spec.get("tma") else "", **spec)
 
 
 def write_header(results, out: pathlib.Path, triton_version: str):
@@ -283,14 +309,16 @@ def write_header(results, out: pathlib.Path, triton_version: str):
         lines.append(f"alignas(16) static const unsigned char {_c_ident(r)}[{len(data)}] = {{{body}}};")
     lines += ["", "struct TritonSpec {", "  int kernel, dtype, size_class, aligned, r_pad, arch, variant;",
               "  const unsigned char* cubin; size_t cubin_size; const char* name;",
-              "  int num_warps, shared, block_m, block_n, block_k;", "};", "",
+              "  int num_warps, shared, block_m, block_n, block_k;",
+              "  int tma;  // 1: persistent TMA kernel (grid <= SMs, NPROG, descriptor scratch per program)", "};", "",
               "static const TritonSpec kTritonSpecs[] = {"]
     dt = dict(DTYPES)
     for r in results:
         bm, bn, bk = r["config"][0], r["config"][1], r["config"][2]
         lines.append(f"  {{{KERNEL_IDS[r['kernel']]}, {dt[r['dtype']]}, {SIZE_CLASSES.index(r['size'])}, "
                      f"{r['aligned']}, {r['r_pad']}, {r['arch']}, {r['variant']}, {_c_ident(r)}, "
-                     f"sizeof({_c_ident(r)}), \"{r['name']}\", {r['num_warps']}, {r['shared']}, {bm}, {bn}, {bk}}},  "
+                     f"sizeof({_c_ident(r)}), \"{r['name']}\", {r['num_warps']}, {r['shared']}, {bm}, {bn}, {bk}, "
+                     f"{int(r.get('tma', 0))}}},  "
                      f"// {r['kernel']} {r['dtype']} {r['size']} cfg={list(r['config'])}")
     lines += ["};", f"static const int kNumTritonSpecs = {len(results)};", "",
               "}  // namespace onnxfuse::triton_aot", ""]

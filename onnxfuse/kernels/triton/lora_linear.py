@@ -18,7 +18,7 @@ accumulation. ``R_PAD`` is r rounded up to 16, 32 or 64; ``RELU`` is a run-time 
 import triton
 import triton.language as tl
 
-from .gemm_loop import _gemm_main, _store_tile, _tile_ids
+from .gemm_loop import _gemm_main, _gemm_tile_tma, _store_tile, _tile_ids, _tma_descs
 
 
 @triton.jit
@@ -96,15 +96,32 @@ def _lora_xa_kernel(x_ptr, a_ptr, t_ptr, M, K, R, KB_PER_SPLIT,
 
 
 @triton.jit
-def _lora_main_kernel(x_ptr, w_ptr, t_ptr, b_ptr, bias_ptr, y_ptr, M, N, K, R, SPLIT, scale, RELU,
+def _lora_main_kernel(x_ptr, w_ptr, t_ptr, b_ptr, bias_ptr, y_ptr, M, N, K, R, SPLIT, scale, RELU, NPROG,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                      R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                      R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr):
     """Phase 2: ``y = [relu](x @ w + bias + (scale * sum_s t[s]).to(x.dtype) @ b)``; t from _lora_xa_kernel.
 
-    The tile and K loop are gemm_loop._gemm_main's; the rank-r term is one extra dot after it.
+    The tile and K loop are gemm_loop's (_gemm_main, or with TMA the persistent _gemm_tile_tma, NPROG programs
+    walking the tiles); the rank-r term is one extra dot after it (_lora_epilogue).
     """
-    acc, _, offs_m, offs_n, rows, n_ok = _gemm_main(x_ptr, w_ptr, w_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-                                                    False, DOT_PRECISION)
+    if TMA:
+        xd, wd = _tma_descs(x_ptr, w_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
+        for tile in tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N), NPROG):
+            acc, offs_m, offs_n, rows, n_ok = _gemm_tile_tma(xd, wd, tile, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
+                                                             GROUP_M, DOT_PRECISION)
+            _lora_epilogue(acc, offs_m, offs_n, rows, n_ok, t_ptr, b_ptr, bias_ptr, y_ptr, M, N, R, SPLIT, scale,
+                           RELU, BLOCK_M, R_PAD, DOT_PRECISION)
+    else:
+        acc, _, offs_m, offs_n, rows, n_ok = _gemm_main(x_ptr, w_ptr, w_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
+                                                        GROUP_M, False, DOT_PRECISION)
+        _lora_epilogue(acc, offs_m, offs_n, rows, n_ok, t_ptr, b_ptr, bias_ptr, y_ptr, M, N, R, SPLIT, scale, RELU,
+                       BLOCK_M, R_PAD, DOT_PRECISION)
+
+
+@triton.jit
+def _lora_epilogue(acc, offs_m, offs_n, rows, n_ok, t_ptr, b_ptr, bias_ptr, y_ptr, M, N, R, SPLIT, scale, RELU,
+                   BLOCK_M: tl.constexpr, R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """``y[tile] = [relu](acc + bias + (scale * sum_s t[s, rows]).to(b.dtype) @ b[:, cols])``."""
     offs_r = tl.arange(0, R_PAD)
     # Rank-r term: T row tile (sum of the SPLIT fp32 partials; padded columns are zero) times the B column tile.
     t_ptrs = t_ptr + rows[:, None] * R_PAD + offs_r[None, :]
@@ -130,5 +147,6 @@ KERNELS = {
                                   ("R", "i32"), ("KB_PER_SPLIT", "i32")]),
     "lora_main": (_lora_main_kernel, [("x_ptr", "*T"), ("w_ptr", "*T"), ("t_ptr", "*fp32"), ("b_ptr", "*T"),
                                       ("bias_ptr", "*T"), ("y_ptr", "*T"), ("M", "i32"), ("N", "i32"), ("K", "i32"),
-                                      ("R", "i32"), ("SPLIT", "i32"), ("scale", "fp32"), ("RELU", "i32")]),
+                                      ("R", "i32"), ("SPLIT", "i32"), ("scale", "fp32"), ("RELU", "i32"),
+                                      ("NPROG", "i32")]),
 }

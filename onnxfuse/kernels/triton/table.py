@@ -22,6 +22,27 @@ SIZE_CLASS_MAX_M = (16, 128)
 R_PADS = (16, 32, 64)
 MAX_LORA_RANK = R_PADS[-1]
 
+# Persistent TMA GEMMs (gemm_loop._gemm_tile_tma): on sm_90 and later, the aligned fp16/bf16 "large" builds of
+# TMA_KERNELS are compiled twice, with the cp.async loop (one tile per program) and with tiles loaded through TMA
+# descriptors built on the device, min(tiles, SMs) programs walking the tiles. The launcher runs the TMA one where K
+# >= TMA_MIN_K and the caller gave it the descriptors' scratch (TMA_SCRATCH_PER_PROGRAM bytes per program; aot.py
+# checks each cubin's need against it), else the other. H100, fp16, triton.testing.do_bench (scripts/tma_probe.py,
+# benchmarks/results/h100-2026-11-23/tma-probe/):
+#                                   cp.async   TMA    cuBLAS (torch.matmul)
+#   linear_act 2048 x 4096 x 4096     104.9    97.7    93.0 us
+#   linear_act 4096 x 4096 x 4096     218.8   205.0   194.6
+#   linear_act 2048 x 4096 x 11008    341.2   292.3   296.9
+#   linear_act 8192 x  512 x  512      15.7    17.0    13.8   (short K: the cp.async loop stays)
+#   lora_main  2048 x 4096 x 4096     108.0   102.5           (rank-r dot after the K loop)
+#   swiglu     2048 x 4096 x 11008    669.1   699.7   583.7 (two GEMMs)  -> not on TMA
+# The whole LoRALinearRelu node (lora_xa + lora_main) at 2048 tokens, steady-state GPU time per CUDA-graph replay
+# (scripts/ab_throughput.py, 3 rounds): 112.7 us -> 105.6 us, cuBLAS base GEMM 92.0 us (1.22x -> 1.15x). Launching
+# lora_main as a programmatic dependent of lora_xa (PDL, its K loop overlapping phase 1) measured 107.7 us: not kept.
+TMA_KERNELS = ("linear_act", "lora_main")
+TMA_SIZE_CLASS = "large"
+TMA_MIN_K = 1024
+TMA_SCRATCH_PER_PROGRAM = 512
+
 # Experiment variants (built only with `onnxfuse build --experiments`): the number of values each knob takes,
 # variant 0 being the default kernel. aot.py checks its variant configs against these counts.
 EXPERIMENT_VARIANTS = {"small_cfg": 3, "lora_onepass": 2, "stack_cfg": 3}
