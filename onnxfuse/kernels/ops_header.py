@@ -220,12 +220,13 @@ def render() -> str:
     add(f"inline constexpr int kNumEmbedDps = {len(table.EMBED_DPS)};")
     add("inline constexpr int64_t kEmbedDps[] = {" + ", ".join(str(int(v)) for v in table.EMBED_DPS) + "};")
     add(f"inline constexpr int kEmbeddingAutoTriton = {int(table.EMBEDDING_AUTO_TRITON)};")
-    add("// backend=auto: (kernel, first M, last M) ranges where the CUDA backend runs instead of Triton (table.py).")
-    add("struct AutoRule { int kernel; int64_t m_first, m_last; };")
+    add("// backend=auto: (kernel, first M, last M, least K) rules where the CUDA backend runs instead of Triton")
+    add("// (table.py).")
+    add("struct AutoRule { int kernel; int64_t m_first, m_last, k_min; };")
     add(f"inline constexpr int kNumAutoCuda = {len(table.AUTO_CUDA)};")
     add("inline constexpr AutoRule kAutoCuda[] = {" + ", ".join(
-        f"{{k{_camel(k)}, {int(a)}, {int(b)}}}" for k, a, b in table.AUTO_CUDA) + ("" if table.AUTO_CUDA else
-                                                                                "{-1, 0, -1}") + "};")
+        f"{{k{_camel(k)}, {int(a)}, {int(b)}, {int(c)}}}" for k, a, b, c in table.AUTO_CUDA)
+        + ("" if table.AUTO_CUDA else "{-1, 0, -1, 0}") + "};")
     add("// Persistent TMA GEMMs (table.py): its size class, the least K, the descriptor scratch per program.")
     add(f"inline constexpr int kTmaSizeClass = {table.SIZE_CLASSES.index(table.TMA_SIZE_CLASS)};")
     add(f"inline constexpr int64_t kTmaMinK = {int(table.TMA_MIN_K)};")

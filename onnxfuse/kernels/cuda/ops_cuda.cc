@@ -19,7 +19,7 @@
 //   cuda   -> the CUDA kernels: cuBLASLt GEMMs with fused epilogues (cuda/gemm.cu) and hand-written CUDA for the
 //             rest (rotary, embeddings);
 //   triton -> Triton AOT kernels (a clear error if the library was built without them or has no cubin for the GPU);
-//   auto   -> Triton when built with a cubin for this GPU's arch, else CUDA; but CUDA for the op and M ranges of
+//   auto   -> Triton when built with a cubin for this GPU's arch, else CUDA; but CUDA for the op, M and K rules of
 //             triton/table.py's AUTO_CUDA (measured faster there);
 //   cpu    -> treated as auto: the node was placed on the CUDA EP, whose inputs live in device memory, so a CPU
 //             kernel cannot serve it here; the CPU kernels run when the node is placed on the CPU EP.
@@ -43,10 +43,10 @@ constexpr int DtypeCode() {
   return DTypeOf<T>::code;
 }
 
-// Whether backend=auto runs the CUDA backend for this Triton kernel id and M (triton/table.py AUTO_CUDA).
-bool AutoPrefersCuda(int kernel, int64_t m) {
+// Whether backend=auto runs the CUDA backend for this Triton kernel id, M and K (triton/table.py AUTO_CUDA).
+bool AutoPrefersCuda(int kernel, int64_t m, int64_t k) {
   for (const triton::AutoRule& r : triton::kAutoCuda)
-    if (r.kernel == kernel && m >= r.m_first && m <= r.m_last) return true;
+    if (r.kernel == kernel && m >= r.m_first && m <= r.m_last && k >= r.k_min) return true;
   return false;
 }
 
@@ -214,7 +214,8 @@ struct SwiGLUCuda {
           },
           [&] {
             return onnxfuse_triton_swiglu(DtypeCode<T>(), act, x, wg, wu, y, d.M, d.K, d.N, knobs.small_cfg, stream);
-          });
+          },
+          AutoPrefersCuda(triton::kSwiglu, d.M, d.K));
     });
   }
   OpAttrs attrs;
@@ -363,7 +364,7 @@ struct MLPStackCuda {
                                                                   knobs.small_cfg, sp, bytes, stream);
                                });
           },
-          AutoPrefersCuda(triton::kMlpStack, d.M));
+          AutoPrefersCuda(triton::kMlpStack, d.M, widths[0]));
     }).release();
   }
   OpAttrs attrs;

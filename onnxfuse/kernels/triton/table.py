@@ -79,8 +79,8 @@ EMBED_DPS = (16, 32, 64, 128)
 EMBEDDING_AUTO_TRITON = 1
 
 # ------------------------------------------------------------------------------------------------ backend=auto
-# On the CUDA EP, backend=auto runs the Triton kernels except for an op's main kernel and rows M in one of these
-# (kernel, first M, last M) ranges, where the CUDA backend (cuBLASLt GEMMs, cuda/gemm.cu) measured faster in the same
+# On the CUDA EP, backend=auto runs the Triton kernels except for an op's main kernel, rows M and inner size K in one
+# of these (kernel, first M, last M, least K) rules, where the CUDA backend (cuBLASLt GEMMs, cuda/gemm.cu) measured faster in the same
 # run (H100, fp16, CUDA graphs, ms; benchmarks/results/h100-2026-11-23/ab-cublaslt-tuned/, Triton with tuned.json):
 #                                   Triton    CUDA
 #   dlrm (two MLPStacks), batch 2048  0.0724   0.0650   MLPStack at M = 2048 runs per layer on Triton too
@@ -89,5 +89,12 @@ EMBEDDING_AUTO_TRITON = 1
 # Everywhere else Triton was as fast or faster (SwiGLU 1.03-1.10x, LoRA 1.02x, MLPStack at batch 128 1.07-1.15x,
 # rotary and the embedding interaction). The range is MLPStack's per-layer one (between STACK_GRID_MAX_M and
 # STACK_ROWS_MIN_SM_MULT x 128 SMs), where both backends launch one GEMM per layer.
-AUTO_CUDA = (("mlp_stack", STACK_GRID_MAX_M + 1, STACK_ROWS_MIN_SM_MULT * 128 - 1),)
+# SwiGLU from 2048 rows with K >= 2048, on cuBLASLt (two GEMMs and the vectorised act(gate)*up pass), measured in
+# the runs of benchmarks/results/h100-2026-11-23/bench-llama.json and bench-gated.json (2026-11-24; GPU kernel time
+# per run, us, CUDA / Triton, the same run):
+#   Llama-2-7B layer, 2048 tokens (K 4096, N 11008)   SwiGLU 506 + 42 / 627; whole layer 1455 / 1601
+#   llama-mlp / geglu-mlp / phi3-mlp, 2048 tokens     881 / 900, 860 / 922, 901 / 887 (with the down GEMM)
+#   seed Llama layer, 2048 tokens (K 1024)            393 / 379 -> stays on Triton
+AUTO_CUDA = (("mlp_stack", STACK_GRID_MAX_M + 1, STACK_ROWS_MIN_SM_MULT * 128 - 1, 0),
+             ("swiglu", 2048, 1 << 40, 2048))
 
