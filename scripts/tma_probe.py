@@ -19,20 +19,37 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
-def _tiles(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GM: tl.constexpr):
-    num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(N, BN)
-    per_group = GM * num_n
-    first_m = (pid // per_group) * GM
-    rows = tl.minimum(num_m - first_m, GM)
-    return first_m + (pid % per_group) % rows, (pid % per_group) // rows
+def _gemm_loop():
+    """triton/gemm_loop.py, as aot.py's loader imports it (the kernel files' private package)."""
+    sys.path.insert(0, ".")
+    from onnxfuse.kernels import tune
+    tune._aot()._load_kernels()
+    return sys.modules["_onnxfuse_triton_kernels.gemm_loop"]
+
+
+_gl = _gemm_loop()
+_tma_descs, _tile_of, _store_tile = _gl._tma_descs, _gl._tile_of, _gl._store_tile
+
+
+def _time_one(record_row, name, fn, y, want, flops=None):
+    """Run fn once, check y against want (max error over max |want|), time it with do_bench; one JSON row."""
+    try:
+        fn()
+        torch.cuda.synchronize()
+        err = ((y.float() - want).abs().max() / want.abs().max()).item()
+        ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+        row = {"variant": name, "us": round(ms * 1000, 2), "rel_err": err}
+        if flops:
+            row["tflops"] = round(flops / ms / 1e9, 1)
+    except Exception as e:  # noqa: BLE001 - a probe: report and go on
+        row = {"variant": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
+    record_row(row)
 
 
 @triton.jit
 def _tma_gemm(x_ptr, w_ptr, y_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GM: tl.constexpr,
               STAGES: tl.constexpr, WS: tl.constexpr):
-    pid_m, pid_n = _tiles(tl.program_id(0), M, N, BM, BN, GM)
+    pid_m, pid_n = _tile_of(tl.program_id(0), M, N, BM, BN, GM)
     xd = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
     wd = tl.make_tensor_descriptor(w_ptr, shape=[K, N], strides=[N, 1], block_shape=[BK, BN])
     yd = tl.make_tensor_descriptor(y_ptr, shape=[M, N], strides=[N, 1], block_shape=[BM, BN])
@@ -54,7 +71,7 @@ def _tma_persistent(x_ptr, w_ptr, y_ptr, M, N, K, BM: tl.constexpr, BN: tl.const
     num_tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
     k_tiles = tl.cdiv(K, BK)
     for tile in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=FLATTEN, warp_specialize=WS):
-        pid_m, pid_n = _tiles(tile, M, N, BM, BN, GM)
+        pid_m, pid_n = _tile_of(tile, M, N, BM, BN, GM)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for kb in range(k_tiles):
             a = xd.load([pid_m * BM, kb * BK])
@@ -62,16 +79,6 @@ def _tma_persistent(x_ptr, w_ptr, y_ptr, M, N, K, BM: tl.constexpr, BN: tl.const
             acc = tl.dot(a, b, acc)
         yd.store([pid_m * BM, pid_n * BN], acc.to(y_ptr.dtype.element_ty))
 
-def _gemm_loop():
-    """triton/gemm_loop.py, as aot.py's loader imports it (the kernel files' private package)."""
-    sys.path.insert(0, ".")
-    from onnxfuse.kernels import tune
-    tune._aot()._load_kernels()
-    return sys.modules["_onnxfuse_triton_kernels.gemm_loop"]
-
-
-_gl = _gemm_loop()
-_tma_descs, _tile_of, _store_tile = _gl._tma_descs, _gl._tile_of, _gl._store_tile
 
 
 @triton.jit
@@ -121,15 +128,7 @@ def lora_variants(record_row, sms):
     kmain = tune._aot()._load_kernels()["lora_main"][0]
 
     def timed(name, fn, want):
-        try:
-            fn()
-            torch.cuda.synchronize()
-            err = ((y.float() - want).abs().max() / want.abs().max()).item()
-            ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
-            row = {"variant": name, "us": round(ms * 1000, 2), "rel_err": err}
-        except Exception as e:  # noqa: BLE001
-            row = {"variant": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
-        record_row(row)
+        _time_one(record_row, name, fn, y, want)
 
     timed("torch.matmul", lambda: torch.matmul(x, w, out=y), x.float() @ w.float())
     for cfg in ((128, 256, 64, 8, 8, 3),):
@@ -162,15 +161,7 @@ def real_kernels(record_row, sms):
     g = torch.Generator(device="cuda").manual_seed(1)
 
     def timed(name, fn, y, ref, flops):
-        try:
-            fn()
-            torch.cuda.synchronize()
-            err = ((y.float() - ref).abs().max() / ref.abs().max()).item()
-            ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
-            record_row({"variant": name, "us": round(ms * 1000, 2), "tflops": round(flops / ms / 1e9, 1),
-                        "rel_err": err})
-        except Exception as e:  # noqa: BLE001
-            record_row({"variant": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"})
+        _time_one(record_row, name, fn, y, ref, flops)
 
     for M, K, N in ((2048, 4096, 4096), (4096, 4096, 4096), (2048, 4096, 11008), (8192, 512, 512)):
         x = torch.randn(M, K, device="cuda", dtype=dt, generator=g)
@@ -255,18 +246,7 @@ def main(argv=None):
     ref = (x.float() @ w.float())
 
     def record(name, fn, y):
-        try:
-            fn()
-            torch.cuda.synchronize()
-            err = ((y.float() - ref).abs().max() / ref.abs().max()).item()
-            ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
-            row = {"variant": name, "us": round(ms * 1000, 2), "tflops": round(2 * M * N * K / ms / 1e9, 1),
-                   "rel_err": err}
-        except Exception as e:  # noqa: BLE001 - a probe: report and go on
-            row = {"variant": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
-        print(json.dumps(row), flush=True)
-        if out:
-            out.write(json.dumps(row) + "\n")
+        _time_one(record_row, name, fn, y, ref, 2 * M * N * K)
 
     y = torch.empty(M, N, device="cuda", dtype=torch.float16)
     record("torch.matmul", lambda: torch.matmul(x, w, out=y), y)
