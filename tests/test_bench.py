@@ -279,6 +279,25 @@ def test_bench_table_prints_the_readme_table(tmp_path, capsys):
     assert "no such results file" in capsys.readouterr().err
 
 
+def test_bench_backends_prints_each_backend_with_its_roofline(tmp_path, capsys):
+    """`onnxfuse bench backends R.json ...`: per case, every fused backend that ran at its faster of plain / graph,
+    with % of the roofline (and over the GPU kernel time where profiled); backends that never ran get no column."""
+    from onnxfuse import cli
+    run = _synthetic(unfused=0.10, fused=0.02, compiled=0.05)
+    v = run["cases"][0]["variants"]
+    v["fused-triton+graph"] = dict(v["fused-triton"], median_ms=0.016, roofline_pct=62.5, gpu_kernel_us=10.0)
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(run))
+    assert cli.main(["bench", "backends", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("| case | size | triton: ms") and "cuda: ms" in out[0] and "auto" not in out[0]
+    cells = [c.strip() for c in out[2].strip("|").split("|")]
+    # triton: the graph run (0.016, 62.5 % of the roofline; 100 % over its 10 us of kernels); cuda: plain 0.022
+    assert cells == ["dlrm-bottom", "2048 batch", "0.016 g (62 %, 100 %)", "0.022 (50 %)"]
+    assert cli.main(["bench", "backends"]) == 2
+    assert "bench backends takes results JSONs" in capsys.readouterr().err
+
+
 def test_kernel_roofline_takes_the_gpu_kernel_time_in_place_of_the_median():
     from onnxfuse.bench import ratios
     assert ratios.kernel_roofline({"roofline_pct": 60.0, "median_ms": 0.15, "gpu_kernel_us": 100.0}) == 90.0

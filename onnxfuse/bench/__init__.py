@@ -36,7 +36,7 @@ from .harness import Device, OrtRun, measure_ceilings, measure_ort_floor, profil
 from .models import flops_and_bytes, prepare_file_models, prepare_models
 from .ratios import add_variant_speedups, compute_ratios
 from .report import (DEFAULT_RESULTS, NOISY_SPREAD, annotate, default_output, format_table, load_json,
-                     markdown_table, plot, reevaluate, results_dir, slug, write_json)
+                     markdown_backends_table, markdown_table, plot, reevaluate, results_dir, slug, write_json)
 from .runner import DEFAULT_CACHE, SCHEMA_VERSION, Options, run, run_workload
 from .variants import FUSED_GPU, GPU_ONLY, ORT_OPTIMIZED, UNFUSED, VARIANTS, run_variants
 
@@ -54,7 +54,7 @@ __all__ = [
     "goals_failed",
     # output
     "NOISY_SPREAD", "DEFAULT_RESULTS", "annotate", "results_dir", "default_output", "slug", "write_json", "load_json",
-    "reevaluate", "format_table", "markdown_table", "plot",
+    "reevaluate", "format_table", "markdown_table", "markdown_backends_table", "plot",
     # the command (onnxfuse.cli calls register; cli_main is the subcommand's func)
     "register", "options_from_args", "cli_main",
 ]

@@ -18,7 +18,7 @@ from ..errors import OnnxfuseError
 from .cases import CASES
 from .goals import goals_failed
 from .report import (DEFAULT_RESULTS, NOISY_SPREAD, annotate, default_output, format_table, json_default, load_json,
-                     markdown_table, plot, reevaluate, write_json)
+                     markdown_backends_table, markdown_table, plot, reevaluate, write_json)
 from .runner import DEFAULT_CACHE, Options, run
 from .variants import VARIANTS
 
@@ -55,7 +55,8 @@ def register(subparsers, parser_class=None) -> argparse.ArgumentParser:
                               description=DESCRIPTION)
     p.add_argument("targets", nargs="*", metavar="CASE|MODEL.onnx",
                    help=f"named cases ({', '.join(CASES)}; default all) or one .onnx model; 'plot R.json' only plots a "
-                        "results file, 'table R.json [R2.json ...]' prints their markdown table (the README's)")
+                        "results file, 'table R.json [R2.json ...]' prints their markdown table (the README's), "
+                        "'backends R.json [...]' the per-backend one (ms and % of roofline)")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                    help="where to run (default: cuda when torch sees a GPU, else cpu)")
     p.add_argument("--dtype", choices=["fp16", "fp32"], help="benchmark dtype (default fp16 on cuda, fp32 on cpu)")
@@ -116,6 +117,11 @@ def cli_main(args) -> int:
         if len(args.targets) < 2:
             raise OnnxfuseError("bench table takes results JSONs: onnxfuse bench table R.json [R2.json ...]")
         print(markdown_table([load_json(t) for t in args.targets[1:]]))
+        return 0
+    if args.targets[:1] == ["backends"] and not args.from_json:
+        if len(args.targets) < 2:
+            raise OnnxfuseError("bench backends takes results JSONs: onnxfuse bench backends R.json [R2.json ...]")
+        print(markdown_backends_table([load_json(t) for t in args.targets[1:]]))
         return 0
     quiet = args.quiet or args.json
     if args.noisy_spread < 1:

@@ -16,7 +16,7 @@ import re
 
 from ..errors import OnnxfuseError
 from .goals import cross_case_ratios, evaluate_goals
-from .ratios import compute_ratios
+from .ratios import compute_ratios, kernel_roofline
 from .variants import VARIANTS
 
 DEFAULT_RESULTS = pathlib.Path("benchmarks/results")  # in the checkout (results_dir)
@@ -204,6 +204,35 @@ def markdown_table(results: list[dict]) -> str:
             lines.append(f"| {c['case']} | {size} | {_fmt(eager)} | {_fmt(compiled)} | {_fmt(unfused)} "
                          f"| {_fmt(optimized)} | {_fmt(fused)} | {ratio(unfused)} | {ratio(optimized)} "
                          f"| {ratio(compiled)} | {kernel} |")
+    return "\n".join(lines)
+
+
+BACKENDS = ("triton", "cuda", "auto", "cpu")
+
+
+def markdown_backends_table(results: list[dict]) -> str:
+    """The README's per-backend table (`onnxfuse bench backends R.json ...`): a row per case and size with each fused
+    backend's median ms (the faster of plain and CUDA graph; "g" marks the graph run) and % of the roofline at it,
+    and the % of the roofline over the GPU kernel time where --profile recorded it; backends not run are left out."""
+    seen = [b for b in BACKENDS if any(f"fused-{b}" in c.get("variants", {}) and
+                                       "median_ms" in c["variants"][f"fused-{b}"]
+                                       for r in results for c in r["cases"])]
+    head = "| case | size | " + " | ".join(f"{b}: ms (% roof, % roof of kernel time)" for b in seen) + " |"
+    lines = [head, "|" + "---|" * (2 + len(seen))]
+    for result in results:
+        for c in result["cases"]:
+            v = c.get("variants", {})
+            cells = []
+            for b in seen:
+                ms, name = _best(v, f"fused-{b}")
+                if name is None:
+                    cells.append("-")
+                    continue
+                roof, kern = v[name].get("roofline_pct"), kernel_roofline(v[name])
+                pcts = ", ".join(f"{x:.0f} %" for x in (roof, kern) if isinstance(x, (int, float)))
+                cells.append(f"{_fmt(ms)}{' g' if name.endswith('+graph') else ''}" + (f" ({pcts})" if pcts else ""))
+            size = f"{c.get('size')} {'tok' if c.get('size_name') == 'tokens' else c.get('size_name', '')}".strip()
+            lines.append(f"| {c['case']} | {size} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
