@@ -42,9 +42,10 @@ DEFAULT_SHAPES = {
     + [(*_MEDIUM, 0, "silu"), (*_LARGE, 0, "silu")],
     "LoRALinear": [(1, 256, 256, 16), (37, 129, 67, 7), (200, 512, 512, 16), (*_MEDIUM, 16), (*_TMA, 16)],
     "LoRALinearRelu": [(1, 256, 256, 16), (37, 129, 67, 7), (200, 512, 512, 64), (*_LARGE, 16), (*_TMA, 64)],
-    # MLPStack: (M, layer widths, activations). DLRM's bottom MLP, an odd narrow stack, DLRM's top MLP.
+    # MLPStack: (M, layer widths, activations). DLRM's bottom MLP, an odd narrow stack, DLRM's top MLP, and a stack
+    # that runs per layer (M between the grid and row-block ranges) with a first layer on the persistent TMA build.
     "MLPStack": [(1, (13, 512, 256, 64, 16), "relu.relu.relu.relu"), (37, (129, 67, 33, 1), "relu.relu.sigmoid"),
-                 (256, (367, 512, 256, 1), "relu.relu.sigmoid")],
+                 (256, (367, 512, 256, 1), "relu.relu.sigmoid"), (2050, (1040, 2576, 48), "relu.sigmoid")],
     # RotaryEmbedding: (X shape, cos/sin shape). Decode (one token), an odd head dim broadcast along heads, a 7B-like
     # layer in the untransposed [B, S, H, D] layout with cos/sin [B, S, 1, D], and a 2-D X.
     "RotaryEmbedding": [((1, 1, 32, 128), (1, 1, 1, 128)), ((2, 3, 5, 34), (2, 1, 5, 34)),
