@@ -56,7 +56,7 @@ def register(subparsers, parser_class=None) -> argparse.ArgumentParser:
     p.add_argument("targets", nargs="*", metavar="CASE|MODEL.onnx",
                    help=f"named cases ({', '.join(CASES)}; default all) or one .onnx model; 'plot R.json' only plots a "
                         "results file, 'table R.json [R2.json ...]' prints their markdown table (the README's), "
-                        "'backends R.json [...]' the per-backend one (ms and % of roofline)")
+                        "'backends R.json [...]' the per-backend one (ms and %% of roofline)")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                    help="where to run (default: cuda when torch sees a GPU, else cpu)")
     p.add_argument("--dtype", choices=["fp16", "fp32"], help="benchmark dtype (default fp16 on cuda, fp32 on cpu)")
