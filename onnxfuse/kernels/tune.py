@@ -271,32 +271,24 @@ def doctor_coverage(shapes: dict, arch: str = "90", sms: int = 132) -> list[str]
     aot = _aot()
     cfgs = aot.configs_for(arch, aot.default_overrides())
     limits = aot.TABLE.SIZE_CLASS_MAX_M
-    missing = []
-    for kernel, ops in OPS_OF_KERNEL.items():
-        for size in SIZES:
-            bm, bn = cfgs[kernel]["h"][size][:2]
-            hit = False
-            for op in ops:
-                for m, k, n, r, *_ in shapes.get(op, ()):
-                    cls = "small" if m <= limits[0] else "medium" if m <= limits[1] else "large"
-                    aligned = k % 16 == 0 and n % 16 == 0 and (kernel != "lora_main" or r % 8 == 0)
-                    tiles = -(-m // bm) * -(-n // bn)
-                    hit |= cls == size and aligned and (size != "large" or tiles >= sms)
-            if not hit:
-                missing.append(f"{kernel}/{size}")
-    # the persistent TMA builds: K >= TMA_MIN_K on an aligned shape of their class whose tiles cover the SMs
-    tma_size = aot.TABLE.TMA_SIZE_CLASS
-    for kernel in aot.TABLE.TMA_KERNELS:
-        bm, bn = cfgs[kernel]["h"][tma_size][:2]
-        hit = False
+
+    def runs(kernel: str, size: str, min_k: int = 0) -> bool:
+        """Some doctor shape of the kernel's ops runs its aligned config of `size` (with K >= min_k)."""
+        bm, bn = cfgs[kernel]["h"][size][:2]
         for op in OPS_OF_KERNEL.get(kernel, ()):
             for m, k, n, r, *_ in shapes.get(op, ()):
                 cls = "small" if m <= limits[0] else "medium" if m <= limits[1] else "large"
                 aligned = k % 16 == 0 and n % 16 == 0 and (kernel != "lora_main" or r % 8 == 0)
-                hit |= (cls == tma_size and aligned and k >= aot.TABLE.TMA_MIN_K
-                        and -(-m // bm) * -(-n // bn) >= sms)
-        if not hit:
-            missing.append(f"{kernel}/{tma_size}/tma")
+                tiles = -(-m // bm) * -(-n // bn)
+                if cls == size and aligned and k >= min_k and (size != "large" or tiles >= sms):
+                    return True
+        return False
+
+    missing = [f"{kernel}/{size}" for kernel in OPS_OF_KERNEL for size in SIZES if not runs(kernel, size)]
+    # the persistent TMA builds: K >= TMA_MIN_K on an aligned shape of their class whose tiles cover the SMs
+    tma_size = aot.TABLE.TMA_SIZE_CLASS
+    missing += [f"{kernel}/{tma_size}/tma" for kernel in aot.TABLE.TMA_KERNELS
+                if not runs(kernel, tma_size, aot.TABLE.TMA_MIN_K)]
     return missing
 
 

@@ -137,10 +137,10 @@ int onnxfuse_triton_swiglu(int dtype, int act, const void* x, const void* w_gate
                            int64_t m, int64_t k, int64_t n, int small_cfg, void* stream);
 // Device scratch (bytes) the Triton LoRA launcher needs for these sizes on the current device: 0 for the one-pass
 // kernel, else the fp32 partial sums of X @ A ([SPLIT, M, r_pad]) and, where the persistent TMA lora_main may run,
-// its descriptors after them (128-byte aligned; without room for them the other lora_main runs); a negative ONNXFUSE_ERR_* / -cudaError_t when it
-// cannot tell (e.g. ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH). The caller allocates it (from onnxruntime's allocator, so the
-// launch stays CUDA-graph safe), passes it to onnxfuse_triton_lora_linear and may free it right after that returns:
-// only work enqueued later on the same stream can reuse the memory.
+// its descriptors after them (128-byte aligned; without room for them the other lora_main runs); a negative
+// ONNXFUSE_ERR_* / -cudaError_t when it cannot tell (e.g. ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH). The caller allocates it
+// (from onnxruntime's allocator, so the launch stays CUDA-graph safe), passes it to onnxfuse_triton_lora_linear and
+// may free it right after that returns: only work enqueued later on the same stream can reuse the memory.
 int64_t onnxfuse_triton_lora_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t r, int lora_onepass);
 int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, const void* w, const void* a, const void* b,
                                 const void* bias, float scale, void* y, int64_t m, int64_t k, int64_t n, int64_t r,

@@ -172,12 +172,12 @@ const TritonSpec* WithTma(const TritonSpec* spec, int* index, int64_t m, int64_t
   return tma;
 }
 
-// Scratch for the TMA descriptors of a GEMM of these sizes on the current device: an upper bound (the launcher
-// decides on alignment at launch), 0 where no TMA kernel can run.
-int64_t TmaScratchBytes(int64_t m, int64_t k) {
+// Scratch for the TMA descriptors of a GEMM of this type and sizes on the current device: an upper bound (the
+// launcher decides on alignment at launch), 0 where no TMA kernel can run (fp32 has no TMA build).
+int64_t TmaScratchBytes(int dtype, int64_t m, int64_t k) {
   int device = 0;
   const int arch = CurrentArch(&device);
-  if (arch < 90 || SizeClass(m) != ids::kTmaSizeClass || k < ids::kTmaMinK) return 0;
+  if (dtype == ONNXFUSE_FP32 || arch < 90 || SizeClass(m) != ids::kTmaSizeClass || k < ids::kTmaMinK) return 0;
   return NumSMs(device) * ids::kTmaScratchPerProgram;
 }
 
@@ -290,7 +290,7 @@ extern "C" int onnxfuse_triton_available(void) { return 1; }
 // the others (aot.py refuses any other kernel that needs either).
 extern "C" int64_t onnxfuse_triton_linear_act_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n) {
   if (BadCommon(dtype, m, k, n)) return ONNXFUSE_ERR_BAD_ARGUMENT;
-  return dtype == ONNXFUSE_FP32 ? 0 : TmaScratchBytes(m, k);
+  return TmaScratchBytes(dtype, m, k);
 }
 
 extern "C" int onnxfuse_triton_linear_act(int dtype, int act, const void* x, const void* w, const void* bias, void* y,
@@ -350,7 +350,7 @@ extern "C" int64_t onnxfuse_triton_lora_scratch_bytes(int dtype, int64_t m, int6
   const int err = PlanLoRA(dtype, m, k, r, true, &plan);
   if (err != 0) return err > 0 ? -int64_t(err) : int64_t(err);
   // then, 128-byte aligned, the TMA descriptors of the persistent lora_main (where it may run)
-  const int64_t tma = dtype == ONNXFUSE_FP32 ? 0 : TmaScratchBytes(m, k);
+  const int64_t tma = TmaScratchBytes(dtype, m, k);
   return tma > 0 ? RoundUp128(LoRAScratchBytes(m, r, plan)) + tma : LoRAScratchBytes(m, r, plan);
 }
 
@@ -460,8 +460,8 @@ extern "C" int64_t onnxfuse_triton_mlp_stack_scratch_bytes(int dtype, int n_laye
   const int64_t need = onnxfuse_mlp_stack_scratch_bytes(dtype, n_layers, m, widths);
   if (need < 0) return need;
   int64_t tma = 0;
-  for (int i = 0; i < n_layers && dtype != ONNXFUSE_FP32; ++i) {
-    const int64_t t = TmaScratchBytes(m, widths[i]);
+  for (int i = 0; i < n_layers; ++i) {
+    const int64_t t = TmaScratchBytes(dtype, m, widths[i]);
     tma = t > tma ? t : tma;
   }
   return tma > 0 ? StackTmaOffset(need) + tma : need + ONNXFUSE_STACK_BARRIER_BYTES;

@@ -258,7 +258,7 @@ def compile_one(spec: dict) -> dict:
         constexprs["R_PAD"] = spec["r_pad"]
     if spec["kernel"] in EMBED_KERNELS:
         constexprs.update(NP=TABLE.EMBED_NPS[SIZE_CLASSES.index(spec["size"])], DP=spec["r_pad"])
-    constexprs["TMA"] = uses_tma(spec)
+    constexprs["TMA"] = bool(spec.get("tma", 0))
     constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}  # lora_xa has no BLOCK_N / GROUP_M
     for k in constexprs:
         signature[k] = "constexpr"
@@ -289,10 +289,6 @@ def tma_eligible(spec: dict) -> bool:
     types, table.TMA_SIZE_CLASS, variant 0."""
     return (spec["kernel"] in TABLE.TMA_KERNELS and int(spec["arch"]) >= 90 and bool(spec["aligned"])
             and spec["dtype"] != "fp32" and spec["size"] == TABLE.TMA_SIZE_CLASS and spec.get("variant", 0) == 0)
-
-
-def uses_tma(spec: dict) -> bool:
-    return bool(spec.get("tma", 0))
 
 
 def _c_ident(spec):

@@ -17,13 +17,13 @@ kernels that call them, and Triton inlines a helper into each):
 
 Warp specialisation (tl.range(warp_specialize=True)) measured no gain over the TMA loop on the H100 (Triton 3.6).
 
-aot.py compiles without line info (``disable_line_info``): with it, an inlined helper changes only the PTX's debug scopes, yet ptxas schedules some
-cubins differently around them. Without it, the move of the loops into these helpers was checked per specialisation
-(all 580 of `aot.specialisations(["80", "90"], experiments=True)`, nvdisasm of each cubin before and after): 541 have
-the same SASS; the 39 others are swiglu's, whose W mask is now built after the X load as linear_act's always was
-(same register counts, the instructions reordered or slightly changed), timed on the GPU before it landed. Only
-lora_linear.py's one-pass experiment keeps a loop of its own: it carries a third operand ([K, R] of A) of another
-shape.
+aot.py compiles without line info (``disable_line_info``): with it, an inlined helper changes only the PTX's debug
+scopes, yet ptxas schedules some cubins differently around them. Without it, the move of the loops into these
+helpers was checked per specialisation (all 580 of `aot.specialisations(["80", "90"], experiments=True)`, nvdisasm
+of each cubin before and after): 541 have the same SASS; the 39 others are swiglu's, whose W mask is now built after
+the X load as linear_act's always was (same register counts, the instructions reordered or slightly changed), timed
+on the GPU before it landed. Only lora_linear.py's one-pass experiment keeps a loop of its own: it carries a third
+operand ([K, R] of A) of another shape.
 
 aot.py imports the kernel files as one package, so they import this module relatively; build.py's cache key hashes
 every triton/*.py and cuda/cuda.cmake lists this file among the AOT step's inputs.

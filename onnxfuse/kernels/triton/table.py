@@ -80,8 +80,9 @@ EMBEDDING_AUTO_TRITON = 1
 
 # ------------------------------------------------------------------------------------------------ backend=auto
 # On the CUDA EP, backend=auto runs the Triton kernels except for an op's main kernel, rows M and inner size K in one
-# of these (kernel, first M, last M, least K) rules, where the CUDA backend (cuBLASLt GEMMs, cuda/gemm.cu) measured faster in the same
-# run (H100, fp16, CUDA graphs, ms; benchmarks/results/h100-2026-11-23/ab-cublaslt-tuned/, Triton with tuned.json):
+# of these (kernel, first M, last M, least K) rules, where the CUDA backend (cuBLASLt GEMMs, cuda/gemm.cu) measured
+# faster in the same run (H100, fp16, CUDA graphs, ms; benchmarks/results/h100-2026-11-23/ab-cublaslt-tuned/, Triton
+# with tuned.json):
 #                                   Triton    CUDA
 #   dlrm (two MLPStacks), batch 2048  0.0724   0.0650   MLPStack at M = 2048 runs per layer on Triton too
 #   dlrm-top, batch 2048              0.0467   0.0460
