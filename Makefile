@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 MODEL := models/llama-seed-1l-fp32
 
-.PHONY: setup demo test wheel-check clean
+.PHONY: setup demo test test-isa wheel-check clean
 setup: $(VENV)/.installed
 
 # constraints.txt pins the tested versions (torch==2.13.0: on the CPU machines pip takes the local CPU build of it).
@@ -23,6 +23,13 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# The CPU kernel tests once per lower vector-ISA family, forced (CI runs it after `make test`): what a host without
+# AVX-512 (avx2) or without AVX2 (generic) runs, on whatever host this is.
+ISA_TESTS := tests/kernels/test_kernels_cpu.py tests/test_node_attributes.py tests/rewrites/test_embedding_interaction.py
+test-isa: setup
+	ONNXFUSE_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(BIN)/python -m pytest -q -p no:cacheprovider $(ISA_TESTS)
+	ONNXFUSE_CPU_ISA=generic ONEDNN_MAX_CPU_ISA=AVX $(BIN)/python -m pytest -q -p no:cacheprovider $(ISA_TESTS)
 
 wheel-check:
 	PYTHON=$(PYTHON) .ci/wheel-check

@@ -13,6 +13,7 @@ import warnings
 
 from . import __version__
 from .errors import OnnxfuseError
+from .host import FAMILIES
 from .schema import BACKENDS, TYPES as _DTYPES
 
 DEFAULT_OUT = pathlib.Path("models")
@@ -173,7 +174,7 @@ def _fuse(args) -> int:
     res = f.fuse(args.model, out, patterns=args.patterns, report_path=args.report, explain=args.explain,
                  force=args.force, write_unchanged=args.write_unchanged,
                  external_data=args.external_data, ort=not args.no_ort_fusions, backend=args.backend,
-                 provider=args.provider)
+                 provider=args.provider, cpu_isa=args.cpu_isa)
     if args.json:
         print(json.dumps(res.report(), indent=2))
         return 0
@@ -341,22 +342,10 @@ def _cache(args) -> int:
 
 def _doctor(args) -> int:
     from . import info
-    from .kernels import doctor
     if args.lib and not pathlib.Path(args.lib).is_file():
         raise OnnxfuseError(f"--lib {args.lib}: no such file; give a built libonnxfuse_ops.so "
                             "('onnxfuse build --print-path' prints the path of one)")
-    verbose = args.verbose and not (args.quiet or args.json)
-    chosen = {k: v for k, v in (("ops", args.ops), ("dtypes", args.dtypes), ("modes", args.modes)) if v}
-    on_row = (lambda r: print(doctor.format_row(r), flush=True)) if verbose else None
-    rows = doctor.run_doctor(providers=tuple(args.providers or ("cpu", "cuda")), backends=args.backends,
-                             lib_path=args.lib, on_row=on_row, **chosen)
-    summary = info.check_summary(rows)
-    if args.json:
-        print(json.dumps({"rows": rows, "summary": summary, "passed": summary["passed"]}, indent=2))
-    elif not args.quiet:  # with --verbose the rows were printed as they ran: the failures and counts are left
-        info.print_check(_console(), rows, title="onnxfuse doctor: every op x backend against PyTorch",
-                         every=not verbose, notes=doctor.library_notes(args.lib))
-    return 0 if summary["passed"] else 1
+    return info.doctor_command(args, _console)
 
 
 def _tune(args) -> int:
@@ -486,8 +475,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "library picks per node at run time)")
     fu.add_argument("--provider", choices=["cpu", "cuda"],
                     help="the execution provider the model will run on: cpu leaves to onnxruntime the patterns whose "
-                         "CPU kernel measured slower than onnxruntime's own path (fuse.CPU_LEFT_TO_ORT; --patterns "
-                         "overrides)")
+                         "CPU kernel measured slower than onnxruntime's own path on hosts of this CPU's vector ISA "
+                         "family (fuse.CPU_LEFT_TO_ORT; --patterns overrides)")
+    fu.add_argument("--cpu-isa", choices=[name for name, _ in FAMILIES],
+                    help="with --provider cpu: the host family the model will run on (default this host's, e.g. "
+                         "avx2 on a CPU without AVX-512)")
     fu.add_argument("--force", action="store_true", help="overwrite an existing output file")
     _add_output_flags(fu, "print the fusion report as JSON")
     fu.set_defaults(func=_fuse)
@@ -536,6 +528,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="CUDA EP modes: plain, user_stream, cuda_graph (default all; the CPU EP runs plain)")
     do.add_argument("--lib", metavar="PATH", help="the libonnxfuse_ops.so to check (default: ONNXFUSE_LIBRARY, else "
                     "the cached build, built first if there is none)")
+    do.add_argument("--special-values", action="store_true",
+                    help="also check IEEE semantics: rows of NaN, +-Inf, -0, the type's max and subnormals in X, "
+                         "NaN and Inf exactly where PyTorch has them (on the CPU with weights as inputs and as "
+                         "initializers)")
     do.add_argument("-v", "--verbose", action="store_true",
                     help="print each check as it finishes (long GPU runs), then the failures and counts")
     _add_output_flags(do, "print the result as JSON", quiet_help="print nothing; the exit code says it")

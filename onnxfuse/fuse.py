@@ -22,7 +22,8 @@ import time
 import onnx
 from onnxscript import ir
 
-from . import functions, onnxio, ort_fusions, soundness
+from . import cpu_policy, functions, host, onnxio, ort_fusions, soundness
+from .cpu_policy import CPU_LEFT_TO_ORT, cpu_left_to_ort  # noqa: F401  (fuse.CPU_LEFT_TO_ORT: the public name)
 from .errors import OnnxfuseError
 from .rewrites import (_base, _explain, embedding, embedding_interaction, linear_act, lora_linear, mlp_stack,
                        rotary_embedding, swiglu)
@@ -274,35 +275,31 @@ def _as_list(rule_sets):
     return rule_sets if isinstance(rule_sets, list) else [rule_sets]
 
 
-# Patterns whose CPU kernel is slower than onnxruntime's own path on the CPU EP, as measured: fuse(provider="cpu")
-# leaves them to onnxruntime (an explicit --patterns list still fuses them).
-CPU_LEFT_TO_ORT = {
-    "swiglu": "the CPU SwiGLU kernel (two oneDNN GEMMs per tile) measured 0.83-0.93x of onnxruntime's MLAS "
-              "MatMuls + Sigmoid/Mul on the 2-core CPU machine (benchmarks/results/cpu-2core-2026-11-23/)",
-    "linear_act": "fp32 Linear+activation layers: oneDNN and MLAS both run at ~90% of the FMA peak, and the fused "
-                  "DLRM MLPs measured 0.80-0.96x of onnxruntime on the 2-core CPU machine (same results)",
-    "mlp_stack": "chains linear_act nodes, which are left to onnxruntime on the CPU",
-}
-
-
 def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patterns: list[str] | None = None,
          report_path: str | os.PathLike | None = None, explain: bool = False, force: bool = False,
          write_unchanged: bool = False, external_data: bool | None = None, ort: bool = True, rules: bool = True,
-         backend: str | None = None, provider: str | None = None) -> FuseResult:
+         backend: str | None = None, provider: str | None = None, cpu_isa: str | None = None) -> FuseResult:
     """Fuse the model at `src` and write it to `out` (nothing is written when nothing changed, unless
     `write_unchanged`). `ort=False` skips stage 1 (onnxruntime's fusions); `rules=False` skips stage 2 (onnxfuse's
     rules), which gives the model a user gets from onnxruntime's fusions alone (bench's ort-optimized variant). `backend` (auto|cpu|cuda|triton), when
     given, is written into every onnxfuse node's `backend` attribute (the kernel family the library runs for it;
-    default auto). `provider="cpu"` leaves the patterns of CPU_LEFT_TO_ORT to onnxruntime unless `patterns` names
-    them (the result's left_to_ort says which and why). Raises OnnxfuseError with one line on bad input or when the
+    default auto). `provider="cpu"` leaves the patterns of CPU_LEFT_TO_ORT[family] to onnxruntime unless `patterns`
+    names them (the result's left_to_ort says which and why); the family is `cpu_isa` (avx512, avx2, generic),
+    default the host's (host.kernel_family()). Raises OnnxfuseError with one line on bad input or when the
     soundness gate trips."""
     t0 = time.perf_counter()
     if provider not in (None, "cpu", "cuda"):
         raise OnnxfuseError(f"--provider must be cpu or cuda (got {provider!r})")
     left_to_ort = {}
-    if provider == "cpu" and patterns is None:
-        left_to_ort = dict(CPU_LEFT_TO_ORT)
-        patterns = [p for p in PATTERNS if p not in left_to_ort]
+    if cpu_isa is not None and provider != "cpu":
+        raise OnnxfuseError("--cpu-isa goes with --provider cpu (it picks that provider's table of patterns)")
+    family = None  # the CPU host family whose table applies (provider="cpu" without --patterns)
+    if provider == "cpu":
+        left = cpu_left_to_ort(cpu_isa)  # an unknown family is an error either way
+        if patterns is None:  # an explicit --patterns list fuses what it names
+            family = cpu_isa or host.kernel_family()
+            left_to_ort = left
+            patterns = [p for p in PATTERNS if p not in left_to_ort]
     if backend is not None and backend not in BACKENDS:
         raise OnnxfuseError(f"--backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
     src = pathlib.Path(src)
@@ -326,6 +323,11 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
     nodes_after_ort = len(model.graph) if ort else None
     if rules:
         recorder, removed, total, fused_flops, refusals, in_functions = fuse_model(model, patterns, explain)
+        if family is not None:
+            expanded = cpu_policy.expand_linear_layers(model, recorder, family)
+            if expanded:
+                left_to_ort["linear_act"] = (f"on {family} hosts, {expanded} fused linear node(s) put back as "
+                                             f"MatMul + Add + activation: {cpu_policy.CPU_STACKS_ONLY[family].reason}")
     else:
         recorder, removed, total, fused_flops, refusals, in_functions = _base.Recorder(), {}, None, None, [], 0
     if backend is not None:

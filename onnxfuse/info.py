@@ -30,6 +30,9 @@ def collect(check: bool = False) -> dict:
     data["gpu"] = _gpus()
     data["nvcc"] = shutil.which("nvcc") or (shutil.which("/usr/local/cuda/bin/nvcc") and "/usr/local/cuda/bin/nvcc")
     data["kernels"] = kernel_status()
+    from . import host
+    lib = data["kernels"].get("library")
+    data["host"] = host.describe(lib if lib and not lib.startswith("not built") else None)
     if check:
         from .kernels import doctor
         rows = doctor.run_doctor()
@@ -37,6 +40,29 @@ def collect(check: bool = False) -> dict:
         data["check_summary"] = check_summary(rows)
         data["check_passed"] = data["check_summary"]["passed"]  # skipped checks (no GPU here) are not failures
     return data
+
+
+def doctor_command(args, console) -> int:
+    """`onnxfuse doctor`: run the checks the flags choose (then the special-values ones with --special-values),
+    print them (each row as it finishes with --verbose, else the table; JSON with --json), return the exit code."""
+    import json
+
+    from .kernels import doctor
+    verbose = args.verbose and not (args.quiet or args.json)
+    chosen = {k: v for k, v in (("ops", args.ops), ("dtypes", args.dtypes), ("modes", args.modes)) if v}
+    on_row = (lambda r: print(doctor.format_row(r), flush=True)) if verbose else None
+    run = dict(providers=tuple(args.providers or ("cpu", "cuda")), backends=args.backends, lib_path=args.lib,
+               on_row=on_row, **chosen)
+    rows = doctor.run_doctor(**run)
+    if args.special_values:
+        rows += doctor.run_doctor(**run, special=True)
+    summary = check_summary(rows)
+    if args.json:
+        print(json.dumps({"rows": rows, "summary": summary, "passed": summary["passed"]}, indent=2))
+    elif not args.quiet:  # with --verbose the rows were printed as they ran: the failures and counts are left
+        print_check(console(), rows, title="onnxfuse doctor: every op x backend against PyTorch",
+                    every=not verbose, notes=doctor.library_notes(args.lib))
+    return 0 if summary["passed"] else 1
 
 
 def check_summary(rows: list[dict]) -> dict:
@@ -61,6 +87,7 @@ def print_check(con, rows: list[dict], title: str, every: bool = False, notes=()
     """The doctor's rows as a table (every row that ran when `every`, else the failures only), one line per skip
     reason, the `notes` (lines about the library), and the counts."""
     from ._term import Table
+    from .kernels.doctor import mode_label
     s = check_summary(rows)
     shown = [r for r in rows if r.get("status") != "SKIP"] if every else s["failures"]
     if shown:
@@ -70,7 +97,7 @@ def print_check(con, rows: list[dict], title: str, every: bool = False, notes=()
             err = "" if r.get("max_err") is None else f"{r['max_err']:.2g} / {r['tol']:.2g}"
             style = {"PASS": "green", "FAIL": "red", "ERROR": "red"}.get(r["status"], "")
             t.add_row(f"[{style}]{r['status']}[/]", r["op"], r["provider"], r["backend"], r["dtype"], _shape(r),
-                      r["mode"], err, r.get("detail", ""))
+                      mode_label(r), err, r.get("detail", ""))
         con.print(t)
     for reason, n in s["skip_reasons"].items():
         con.print(f"SKIP {n} checks: {reason}", soft_wrap=True)
@@ -126,6 +153,9 @@ def print_info(data: dict, con=None) -> None:
     for k, v in data["versions"].items():
         t.add_row(k, v or "[dim]not installed[/]")
     t.add_row("onnxruntime providers", ", ".join(data["providers"]) or "-")
+    if data.get("host"):
+        from . import host
+        t.add_row("CPU", host.summary(data["host"]))
     t.add_row("GPU", "; ".join(data["gpu"]) or "none")
     t.add_row("nvcc", data["nvcc"] or "not found (CPU-only kernel library)")
     k = data.get("kernels", {})

@@ -151,6 +151,56 @@ def check_close(actual, expected, dtype, kind: str = "kernel") -> Closeness:
     return Closeness(True, err, bound, rel)
 
 
+def check_special(actual, expected, dtype, kind: str = "kernel") -> Closeness:
+    """Compare outputs computed from inputs holding special values (NaN, +-Inf, -0, the type's max, subnormals) with
+    IEEE semantics: NaN exactly where `expected` has NaN, +-Inf exactly where it has +-Inf (same sign), and the
+    finite rest within tolerance(dtype, kind) of a bound scaled by the finite expected values."""
+    tol = tolerance(dtype, kind)
+    a, e = _numpy(actual).astype(np.float64), _numpy(expected).astype(np.float64)
+    if a.shape != e.shape:
+        return Closeness(False, float("inf"), 0.0, reason=f"shape {list(a.shape)} != expected {list(e.shape)}")
+    nan_a, nan_e = np.isnan(a), np.isnan(e)
+    finite_e = np.isfinite(e)
+    scale = float(np.abs(e[finite_e]).max(initial=0.0))
+    bound = tol.bound(scale)
+    if (nan_a != nan_e).any():
+        lost, made = int((nan_e & ~nan_a).sum()), int((nan_a & ~nan_e).sum())
+        return Closeness(False, float("inf"), bound, reason=f"NaN where the reference has none: {made}; "
+                                                             f"NaN of the reference lost: {lost} (of {a.size})")
+    inf_e = np.isinf(e)
+    if (np.isinf(a) != inf_e).any() or (np.sign(a[inf_e]) != np.sign(e[inf_e])).any():
+        bad = int(((np.isinf(a) != inf_e) | (inf_e & (np.sign(a) != np.sign(e)))).sum())
+        return Closeness(False, float("inf"), bound, reason=f"{bad} of {a.size} values differ in +-Inf")
+    err = float(np.abs(a[finite_e] - e[finite_e]).max(initial=0.0))
+    if err > bound:
+        return Closeness(False, err, bound, reason=f"finite values: max |actual-expected| = {err:.3g} > {bound:.3g}")
+    return Closeness(True, err, bound)
+
+
+def with_special_rows(t, first: int = 0):
+    """A copy of float tensor `t` whose rows (of its last dimension; row i = the i-th vector) from `first` on hold
+    special values in turn: all NaN; one NaN; one +Inf; one -Inf; all -0.0; one the type's max; all the smallest
+    subnormal; the other rows as they were. Returns (tensor, number of rows changed)."""
+    import torch
+    x = t.clone()
+    flat = x.reshape(-1, x.shape[-1]) if x.dim() else x.reshape(1, 1)
+    info = torch.finfo(x.dtype)
+    width = flat.shape[1]
+    rows = [("all", float("nan")), ("one", float("nan")), ("one", float("inf")), ("one", float("-inf")),
+            ("all", -0.0), ("one", info.max), ("all", info.smallest_normal * 2.0 ** -3)]
+    changed = 0
+    for i, (where, value) in enumerate(rows):
+        r = first + i
+        if r >= flat.shape[0]:
+            break
+        if where == "all":
+            flat[r] = value
+        else:
+            flat[r, (3 * r + 1) % width] = value
+        changed += 1
+    return flat.reshape(x.shape), changed
+
+
 def assert_close(actual, expected, dtype, what: str = "", *, kind: str = "kernel") -> None:
     """AssertionError unless `actual` is within tolerance(dtype, kind) of `expected`; the message starts with `what`
     and names the element type, the kind of check, the error and the bound."""
@@ -194,7 +244,8 @@ def op_model(op: str, dtype, inputs, attrs: dict | None = None, *, initializers:
     dims), or a list of shapes named by input_names. initializers: {name: torch tensor} stored as initializers of
     type T (a name also in `inputs` is an overridable initializer); the node takes the inputs, then the
     initializers not among them. The integer inputs (INT_INPUTS) are int64. cast=True: float graph inputs and the
-    output are float32, with Casts to and from T around the node (int64 inputs pass through an Identity).
+    output are float32, with Casts to and from T around the node (int64 inputs pass through an Identity;
+    initializers, stored in T, feed the node as they are).
     out_shape: Y's declared shape (None: unknown). functions=True adds the ops' ONNX function bodies, so the model
     runs without the kernel library."""
     dtype = dtype_name(dtype)
@@ -217,9 +268,8 @@ def op_model(op: str, dtype, inputs, attrs: dict | None = None, *, initializers:
             nodes.append(helper.make_node("Cast", [name], [name + "_t"], to=t))
         else:
             graph_inputs.append(helper.make_tensor_value_info(name, t, shape))
-    if cast and inits:
-        raise ValueError("op_model: initializers go with typed inputs (cast=False)")
-    node_inputs = [n + "_t" for n in names] if cast else names
+    # with cast=True the initializers are stored in T and feed the node directly; only graph inputs are cast
+    node_inputs = [n + "_t" if n in inputs else n for n in names] if cast else names
     y = s.outputs[0]
     nodes.append(helper.make_node(op, node_inputs, [y + "_t" if cast else y], domain=schema.DOMAIN,
                                   overload=overload(op, attrs), **attrs))
@@ -266,15 +316,21 @@ def run_session(sess, op: str, feeds: dict, out_shape) -> "torch.Tensor":  # noq
 
 
 def run_op(op: str, inputs: list, attrs: dict | None = None, *, library: bool | str | os.PathLike | None = True,
-           out_shape=None) -> "torch.Tensor":  # noqa: F821
+           out_shape=None, constants: bool = False) -> "torch.Tensor":  # noqa: F821
     """Run one onnxfuse node on the CPU EP on torch tensors (inputs in the node's order, X first) and return Y as a
     tensor of X's dtype. library: as runtime.session's (True: the cached build, or a path). out_shape: Y's shape
-    (default: X's leading dims and the op's output width, ids.shape + [D] for Embedding)."""
+    (default: X's leading dims and the op's output width, ids.shape + [D] for Embedding). constants=True: every
+    input but X is an initializer (the kernels' prepacked path: oneDNN where the library and the CPU have it)."""
     from . import runtime
     dtype = dtype_name(inputs[0].dtype)
-    model = op_model(op, dtype, [tuple(t.shape) for t in inputs], attrs)
+    names = input_names(op, len(inputs))
+    if constants:
+        model = op_model(op, dtype, {names[0]: tuple(inputs[0].shape)}, attrs,
+                         initializers=dict(zip(names[1:], inputs[1:])))
+    else:
+        model = op_model(op, dtype, [tuple(t.shape) for t in inputs], attrs)
     sess = runtime.session(model, "cpu", library=library)
-    feeds = dict(zip(input_names(op, len(inputs)), inputs))
+    feeds = dict(zip(names[:1] if constants else names, inputs))
     return run_session(sess, op, feeds, out_shape or default_out_shape(op, inputs))
 
 

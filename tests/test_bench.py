@@ -222,8 +222,8 @@ def test_cli_main(cache_dir, tmp_path):
     from onnxfuse import cli
     out = tmp_path / "r.json"
     rc = cli.main(["bench", "dlrm-bottom", "--device", "cpu", "--runs", "2", "--warmup", "0", "--cache-dir",
-                   str(cache_dir), "-o", str(out), "--variants", "ort-unfused,fused-cpu", "--no-plot", "-q"])
-    assert rc == 0 and json.loads(out.read_text())["cases"][0]["variants"]["fused-cpu"]["median_ms"] > 0
+                   str(cache_dir), "-o", str(out), "--variants", "ort-unfused,fused-cpu-all", "--no-plot", "-q"])
+    assert rc == 0 and json.loads(out.read_text())["cases"][0]["variants"]["fused-cpu-all"]["median_ms"] > 0
     assert cli.main(["bench", "nope", "--device", "cpu", "-q"]) == 2
 
 
@@ -233,7 +233,17 @@ def test_llama_cases_export_through_onnxfuse_export(tmp_path):
     res = bench.run(["seed-mlp"], bench.Options(device="cpu", quick=True, runs=3, warmup=1, cache_dir=tmp_path))
     case = res["cases"][0]
     assert case["models"]["fused_ops"] == {"SwiGLU": 1}
-    assert case["variants"]["fused-cpu"]["median_ms"] > 0 and case["variants"]["ort-unfused"]["median_ms"] > 0
+    assert case["variants"]["fused-cpu-all"]["median_ms"] > 0 and case["variants"]["ort-unfused"]["median_ms"] > 0
+    # fused-cpu is what `fuse --provider cpu` gives this host: SwiGLU where its family's table keeps it, else a skip
+    # that names the table's reason
+    from onnxfuse import cpu_policy, host
+    family = host.kernel_family()
+    assert case["models"]["cpu_family"] == family and res["host"]["kernel_family"] == family
+    if "swiglu" in cpu_policy.CPU_LEFT_TO_ORT[family]:
+        assert "left to onnxruntime" in case["variants"]["fused-cpu"]["skipped"]
+        assert f"swiglu: on {family} hosts" in case["variants"]["fused-cpu"]["skipped"]
+    else:
+        assert case["models"]["fused_cpu_ops"] == {"SwiGLU": 1} and case["variants"]["fused-cpu"]["median_ms"] > 0
 
 
 def test_bench_cache_keys_change_with_the_rules(tmp_path, monkeypatch):

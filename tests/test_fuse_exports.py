@@ -10,6 +10,7 @@ import onnx
 import pytest
 
 from onnxfuse import cli, export, fuse, runtime, soundness, verify
+from onnxfuse.errors import OnnxfuseError
 
 from cases import CASES, COMBOS, DATA, expected_ops, export_case as _export, valid_feeds as _valid_feeds
 
@@ -141,8 +142,10 @@ def test_fp16_fused_equals_unfused_with_ort_optimisations(exported, tmp_path, ca
     assert np.abs(out - ref).max() <= 1e-2 * max(1.0, float(np.abs(ref).max()))
 
 
-def test_fuse_provider_cpu_leaves_slower_patterns_to_onnxruntime(tmp_path):
-    """fuse(provider="cpu") does not apply the patterns of fuse.CPU_LEFT_TO_ORT and says why; --patterns overrides."""
+@pytest.mark.parametrize("family", ["avx512", "avx2", "generic"])
+def test_fuse_provider_cpu_leaves_slower_patterns_to_onnxruntime(tmp_path, family, monkeypatch):
+    """fuse(provider="cpu") does not apply the patterns of fuse.CPU_LEFT_TO_ORT for the host's family and says why,
+    naming the family; --patterns overrides; --cpu-isa picks another family's table."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -155,8 +158,40 @@ def test_fuse_provider_cpu_leaves_slower_patterns_to_onnxruntime(tmp_path):
                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])], initializer=[w, b])
     src = tmp_path / "m.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), str(src))
-    res = f.fuse(src, tmp_path / "cpu.onnx", provider="cpu", ort=False, write_unchanged=True)
-    assert not res.matches and set(res.left_to_ort) == set(f.CPU_LEFT_TO_ORT) and "linear_act" in res.left_to_ort
+    res = f.fuse(src, tmp_path / "cpu.onnx", provider="cpu", cpu_isa=family, ort=False, write_unchanged=True)
+    # a family with CPU_STACKS_ONLY fuses the layer, then puts it back (it is no narrow MLPStack) and says so
+    stacks_only = {"linear_act"} if family in f.cpu_policy.CPU_STACKS_ONLY else set()
+    assert not res.matches and set(res.left_to_ort) == set(f.CPU_LEFT_TO_ORT[family]) | stacks_only, res.left_to_ort
+    assert [n.op_type for n in onnx.load(str(tmp_path / "cpu.onnx")).graph.node] == ["MatMul", "Add", "Relu"]
+    assert all(why.startswith(f"on {family} hosts, ") for why in res.left_to_ort.values()), res.left_to_ort
     assert res.report()["left_to_ort"] == res.left_to_ort
-    res = f.fuse(src, tmp_path / "all.onnx", provider="cpu", ort=False, patterns=["linear_act"])
+    res = f.fuse(src, tmp_path / "all.onnx", provider="cpu", cpu_isa=family, ort=False, patterns=["linear_act"])
     assert [m.op for m in res.matches] == ["LinearRelu"] and not res.left_to_ort
+    # without --cpu-isa, the family the kernels run here: forcing the lowest one gives its table
+    monkeypatch.setenv("ONNXFUSE_CPU_ISA", "generic")  # (the forced family must be one this CPU has: generic is)
+    res = f.fuse(src, tmp_path / "here.onnx", provider="cpu", ort=False, write_unchanged=True, force=True)
+    assert set(res.left_to_ort) == set(f.CPU_LEFT_TO_ORT["generic"]), res.left_to_ort
+    with pytest.raises(OnnxfuseError, match="--cpu-isa goes with --provider cpu"):
+        f.fuse(src, tmp_path / "x.onnx", cpu_isa="avx2", ort=False)
+
+
+def test_fuse_provider_cpu_keeps_only_narrow_stacks_on_avx2(exported, tmp_path):
+    """On avx2 hosts (CPU_STACKS_ONLY) the DLRM bottom MLP, whose first layer reads 13 features, stays one MLPStack;
+    the top MLP (first layer 367 wide) is put back as MatMul + Add + activation; the model still equals the unfused
+    one and fuses the embeddings as on every family."""
+    import onnxruntime as ort
+    src = exported("dlrm")
+    res = fuse.fuse(src, tmp_path / "f.onnx", provider="cpu", cpu_isa="avx2")
+    ops = _counts(onnx.load(str(tmp_path / "f.onnx")))
+    assert ops[("onnxfuse", "MLPStack")] == 1 and ops[("onnxfuse", "EmbeddingInteraction")] == 1, ops
+    assert not any(op in ("LinearRelu", "LinearSigmoid") for _, op in ops), ops
+    assert [m.op for m in res.matches].count("MLPStack") == 1
+    assert "linear_act" in res.left_to_ort and "first layer reads more than 64" in res.left_to_ort["linear_act"]
+    fused = onnx.load(str(tmp_path / "f.onnx"))
+    stack = next(n for n in fused.graph.node if n.op_type == "MLPStack")
+    w1 = next(t for t in fused.graph.initializer if t.name == stack.input[1])
+    assert list(w1.dims) == [13, 512], w1.dims  # the bottom MLP's first layer
+    plain = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    feeds = _valid_feeds(plain, 0)
+    np.testing.assert_allclose(runtime.session(str(tmp_path / "f.onnx"), library=True).run(None, feeds)[0],
+                               plain.run(None, feeds)[0], rtol=1e-5, atol=1e-6)

@@ -29,6 +29,16 @@ def test_doctor_every_op_backend_dtype_and_mode_on_cuda():
     assert {r["mode"] for r in rows} == set(doctor.ALL_MODES)
 
 
+def test_doctor_special_values_on_cuda():
+    """IEEE semantics on the GPU: rows of NaN, +-Inf, -0, the type's max and subnormals through every op x {cuda,
+    triton} x dtype, plain, on a user stream and under CUDA graphs; NaN and Inf exactly where PyTorch has them."""
+    from onnxfuse.kernels import doctor
+    rows = doctor.run_doctor(providers=("cuda",), backends=("cuda", "triton"), special=True)
+    assert rows and all(r["values"] == "special" for r in rows)
+    bad = [doctor.format_row(r) for r in rows if r["status"] != "PASS"]
+    assert not bad, "\n".join(bad)
+
+
 @pytest.mark.parametrize("kind,overrides,dtype", [
     ("llama", dict(num_hidden_layers=2), "fp16"),
     ("llama", dict(lora_rank=8), "fp32"),

@@ -72,7 +72,13 @@ def test_session_node_attributes_reach_the_kernel(dlrm, tmp_path):
     ref = runtime.session(str(tmp_path / "f.onnx"), library=True).run(None, feeds)[0]
     for mode in schema.STACK_MODES:
         out = runtime.session(str(tmp_path / "f.onnx"), library=True, node_attributes={"stack_mode": mode})
-        np.testing.assert_array_equal(out.run(None, feeds)[0], ref)
+        out = out.run(None, feeds)[0]
+        if mode == "layers":
+            # The CPU kernel runs each layer over all rows instead of 64-row blocks through every layer: oneDNN may
+            # pick another kernel for the other row count (it does on AVX2 hosts), which sums in another order.
+            np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+        else:  # auto, fused and grid run the same CPU code (mlp_stack.cc): the same bits
+            np.testing.assert_array_equal(out, ref)
     with pytest.raises(OnnxfuseError, match="stack_mode 'one'"):
         runtime.session(str(tmp_path / "f.onnx"), library=True, node_attributes={"stack_mode": "one"})
     with pytest.raises(OnnxfuseError, match="unknown onnxfuse node attribute 'stack'"):

@@ -39,8 +39,11 @@ def _export_module(module, inputs: dict, path: pathlib.Path, output_names) -> No
     onnxio.save(model, path)
 
 
-def prepare_models(w: Workload, dtype: str, seed: int, cache_dir: pathlib.Path, quiet: bool) -> dict:
-    """Export and fuse (cached under cache_dir by key); returns paths, timings and the fused op counts."""
+def prepare_models(w: Workload, dtype: str, seed: int, cache_dir: pathlib.Path, quiet: bool,
+                   cpu: bool = False) -> dict:
+    """Export and fuse (cached under cache_dir by key); returns paths, timings and the fused op counts. cpu=True
+    also fuses for the CPU provider on this host's family (fuse(provider="cpu"): "fused_cpu", its ops, and the
+    patterns it left to onnxruntime with their reasons)."""
     from .. import export, fuse
     cache_dir.mkdir(parents=True, exist_ok=True)
     src = cache_dir / f"{w.key}.onnx"
@@ -68,7 +71,19 @@ def prepare_models(w: Workload, dtype: str, seed: int, cache_dir: pathlib.Path, 
     if not ort_opt.exists():
         fuse.fuse(src, ort_opt, force=True, write_unchanged=True, rules=False)
     info["fused_ops"] = _onnxfuse_ops(fused)
+    if cpu:
+        info.update(_fuse_for_cpu(src, cache_dir / f"{w.key}.fused-cpu"))
     return info
+
+
+def _fuse_for_cpu(src: pathlib.Path, stem: pathlib.Path) -> dict:
+    """The model `fuse --provider cpu` writes on this host (cached per host family), what it fused and left."""
+    from .. import fuse, host
+    family = host.kernel_family()
+    path = stem.with_name(f"{stem.name}-{family}.onnx")
+    res = fuse.fuse(src, path, force=True, write_unchanged=True, provider="cpu")
+    return {"fused_cpu": str(path), "fused_cpu_ops": _onnxfuse_ops(path), "cpu_family": family,
+            "left_to_ort": res.left_to_ort}
 
 
 def _onnxfuse_ops(path) -> dict:

@@ -131,6 +131,9 @@ def format_table(result: dict) -> str:
     """Plain-text tables (one per case, then the goals): readable in CI logs and with or without rich."""
     lines = [f"onnxfuse bench on {result['device']} ({result['dtype']}; peak {result['peak_tflops']} TFLOP/s, "
              f"copy {result['bandwidth_gbs']} GB/s; {result.get('method', {}).get('runs', '?')} runs, median)"]
+    if result.get("host"):
+        from .. import host
+        lines.append(f"host: {host.summary(result['host'])}")
     floor = result.get("ort_floor_ms") or {}
     if floor:
         lines.append("onnxruntime floor (Identity on 4 floats, same harness): " +

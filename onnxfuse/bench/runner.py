@@ -15,6 +15,7 @@ import pathlib
 import platform
 import time
 
+from .. import host
 from ..errors import OnnxfuseError
 from .cases import CASES, Workload, file_workload, workloads
 from .goals import cross_case_ratios, evaluate_goals
@@ -98,19 +99,21 @@ def _versions() -> dict:
     return out
 
 
-def _device_name(kind: str) -> str:
+def _device_name(kind: str, desc: dict) -> str:
     if kind == "cuda":
         import torch
         return torch.cuda.get_device_name(0)
-    name = platform.processor() or platform.machine()
+    return f"CPU {desc['cpu_model']} ({desc['threads']} threads, {host.family(desc)})"
+
+
+def _host(opts) -> dict:
+    """host.describe() with what the kernel library runs here (the CPU kernels' GEMM family and oneDNN's choice)."""
+    from .. import kernels
     try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"CPU {name} ({os.cpu_count()} threads)"
+        lib = opts.lib or kernels.library_path(provider=opts.device)
+    except Exception:  # no library: the variants that need one report it themselves
+        lib = None
+    return host.describe(lib)
 
 
 def run(targets: list[str] | None = None, options: Options | None = None) -> dict:
@@ -141,13 +144,16 @@ def run(targets: list[str] | None = None, options: Options | None = None) -> dic
         torch.backends.cuda.matmul.allow_tf32 = opts.tf32
         torch.backends.cudnn.allow_tf32 = opts.tf32
     t_start = time.perf_counter()
-    log(f"device {_device_name(opts.device)}; measuring peak GEMM rate and copy bandwidth", opts.quiet)
+    desc = _host(opts)
+    log(f"device {_device_name(opts.device, desc)}; host {host.summary(desc)}", opts.quiet)
+    log("measuring peak GEMM rate and copy bandwidth", opts.quiet)
     ceilings = measure_ceilings(dev, opts.dtype, opts.quick)
     ort_floor = measure_ort_floor(dev, opts)
     result = {
         "schema_version": SCHEMA_VERSION,
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
-        "device": _device_name(opts.device), "device_type": opts.device,
+        "device": _device_name(opts.device, desc), "device_type": opts.device,
+        "host": desc,
         "versions": _versions(),
         "peak_tflops": ceilings["peak_tflops"], "bandwidth_gbs": ceilings["bandwidth_gbs"],
         "ceilings": ceilings,
@@ -198,8 +204,8 @@ def run_workload(w: Workload, opts: Options, dev: Device, result: dict) -> dict:
     t0 = time.perf_counter()
     entry: dict = {"case": w.case, "size": w.size, "size_name": w.size_name, "shape": dict(w.shape),
                    "dtype": opts.dtype, "quick": w.quick}
-    models = prepare_file_models(w, opts.cache_dir) if w.key == "file" else prepare_models(w, opts.dtype, opts.seed,
-                                                                                            opts.cache_dir, opts.quiet)
+    models = (prepare_file_models(w, opts.cache_dir) if w.key == "file" else
+              prepare_models(w, opts.dtype, opts.seed, opts.cache_dir, opts.quiet, cpu=opts.device == "cpu"))
     entry["models"] = models
     flops, nbytes = flops_and_bytes(models["unfused"] or models["fused"])
     entry["flops"], entry["bytes"] = flops, nbytes

@@ -30,8 +30,8 @@ from .cache import ALL_BACKENDS, LIB_NAME, build_dir, clean, link_stable, stable
 from .toolchain import BuildError, auto_backends, available_backends
 
 __all__ = ["BuildError", "BuildResult", "announcements", "auto_backends", "available_backends", "build", "build_dir",
-           "build_info", "cache_entries", "clean", "find_cached", "library_path", "link_stable", "needed_backends",
-           "register", "registered_library", "session_options", "stable_links", "stable_name", "stable_path"]
+           "build_info", "cache_entries", "clean", "find_cached", "host_info", "library_path", "link_stable",
+           "needed_backends", "register", "registered_library", "session_options", "stable_links", "stable_name", "stable_path"]
 
 _resolved: dict[tuple, pathlib.Path] = {}
 _announce = [True]
@@ -99,6 +99,19 @@ def library_path(build_if_missing: bool = True, provider: str | None = None) -> 
     result = build(backends=backends, quiet=True, on_build_start=say)
     _resolved[key] = result.path
     return result.path
+
+
+def host_info(path: str | os.PathLike | None = None) -> dict:
+    """What the library's CPU kernels run on this host (probed once per process, after ONNXFUSE_CPU_ISA and oneDNN's
+    ISA cap): {"gemm_isa": built-in GEMM family, "onednn": None or {"isa", "matmul": {type: implementation or None}}}.
+    A type whose matmul is None keeps the built-in GEMM for its prepacked weights."""
+    lib = ctypes.CDLL(str(path or library_path()))
+    try:
+        fn = lib.onnxfuse_host_info
+    except AttributeError:
+        raise BuildError(f"{path or library_path()} predates onnxfuse_host_info; rebuild it ('onnxfuse build')") from None
+    fn.restype = ctypes.c_char_p
+    return json.loads(fn().decode())
 
 
 def build_info(path: str | os.PathLike | None = None) -> dict:

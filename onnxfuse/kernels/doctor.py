@@ -124,14 +124,22 @@ def input_shapes(op: str, m: int, k: int, n: int, r: int) -> dict[str, list[int]
 
 
 def make_model(op: str, dtype: str, shapes: dict[str, list[int]], backend: str, scale: float | None = None,
-               extra_attrs: dict | None = None) -> bytes:
+               extra_attrs: dict | None = None, constants: dict | None = None) -> bytes:
     """One onnxfuse node between Casts: float32 inputs -> T -> op -> float32 output (testing.op_model). `shapes`
-    lists the node's inputs in order (for MLPStack: X, W_1, bias_1, ...)."""
+    lists the node's inputs in order (for MLPStack: X, W_1, bias_1, ...); `constants` ({name: T tensor}) makes those
+    inputs initializers instead (the CPU kernels' prepacked path: oneDNN where the library and the CPU have it)."""
     attrs = {"backend": backend, **(extra_attrs or {})}
     if "scale" in schema.OPS[op].attr_names and scale is not None:
         attrs["scale"] = float(scale)
-    model = testing.op_model(op, dtype, shapes, attrs, cast=True, out_shape=out_shape(op, shapes, extra_attrs))
+    graph_inputs = {k: v for k, v in shapes.items() if k not in (constants or {})}
+    model = testing.op_model(op, dtype, graph_inputs, attrs, cast=True, initializers=constants,
+                             out_shape=out_shape(op, shapes, extra_attrs))
     return model.SerializeToString()
+
+
+# Ops whose inputs after X are weights: with special=True the CPU rows run them both as graph inputs (the built-in
+# GEMM) and as initializers (prepacked: oneDNN's post-ops where the library has oneDNN for the type on this CPU).
+WEIGHTED_OPS = ("LinearRelu", "LinearSigmoid", "SwiGLU", "LoRALinear", "LoRALinearRelu", "MLPStack")
 
 
 def out_shape(op: str, shapes: dict[str, list[int]], attrs: dict | None = None) -> list[int]:
@@ -215,6 +223,12 @@ def compare(y, ref, dtype: str) -> tuple[bool, float, float]:
     return c.ok, c.err, c.bound
 
 
+def compare_special(y, ref, dtype: str) -> tuple[bool, float, float]:
+    """compare() with IEEE semantics for outputs of special-value inputs (testing.check_special)."""
+    c = testing.check_special(y, ref, dtype, "doctor")
+    return c.ok, c.err, c.bound
+
+
 def _cuda_ep() -> bool:
     from .toolchain import onnxruntime_has_cuda
     return onnxruntime_has_cuda()
@@ -243,22 +257,26 @@ def gpu_status(lib_path) -> tuple[bool, str]:
 
 
 def library_notes(lib_path=None) -> list[str]:
-    """What the checked library was built with that the rows do not say: its Triton tile table (the tuned configs
-    of triton/tuned.json and --configs, all of which the default shapes run: tune.doctor_coverage)."""
+    """What the rows do not say: the host the CPU rows ran on (its CPU, vector ISA and what the kernels run there:
+    host.summary) and the checked library's Triton tile table (the tuned configs of triton/tuned.json and --configs,
+    all of which the default shapes run: tune.doctor_coverage)."""
+    from .. import host
     try:
         from . import build_info, library_path
-        info = build_info(lib_path or library_path())
-    except Exception:  # noqa: BLE001 - no library or no build info: nothing to add
-        return []
+        lib = lib_path or library_path()
+        info = build_info(lib)
+    except Exception:  # noqa: BLE001 - no library or no build info: the host alone
+        return [f"host: {host.summary(host.describe())}"]
+    notes = [f"host: {host.summary(host.describe(lib))}"]
     if "triton" not in info.get("backends", []):
-        return []
+        return notes
     tuned = info.get("triton_tuned") or {}
     if not tuned:
-        return ["Triton tile configs: aot.py's built-in CONFIGS (no tuned table in this build)"]
+        return notes + ["Triton tile configs: aot.py's built-in CONFIGS (no tuned table in this build)"]
     parts = [f"sm_{arch}: " + ", ".join(f"{k}/{size} {tuple(cfg)}" for k, groups in kernels.items()
                                         for classes in groups.values() for size, cfg in classes.items())
              for arch, kernels in tuned.items()]
-    return ["Triton tile configs tuned (triton/tuned.json, every one run by the checks above): " + "; ".join(parts)]
+    return notes + ["Triton tile configs tuned (triton/tuned.json, every one run by the checks above): " + "; ".join(parts)]
 
 
 class _Runner:
@@ -316,7 +334,7 @@ class _Runner:
 
 def run_doctor(providers=("cpu", "cuda"), backends=None, *, ops=None, dtypes=schema.TYPES, shapes=None,
                modes=ALL_MODES, lib_path=None, seed=0, verbose=False, on_row=None,
-               node_attrs: dict | None = None) -> list[dict]:
+               node_attrs: dict | None = None, special: bool = False) -> list[dict]:
     """Check ops against `schema.reference`; returns one dict per (op, provider, backend, dtype, shape, mode).
 
     providers: subset of ("cpu", "cuda"). backends: subset of ("cpu", "cuda", "triton") (default: all that apply;
@@ -326,6 +344,11 @@ def run_doctor(providers=("cpu", "cuda"), backends=None, *, ops=None, dtypes=sch
     (e.g. {"stack_mode": "fused"}, or an experiment knob). Row keys: op, provider, backend, dtype, M, K, N, r,
     mode, status (PASS / FAIL / ERROR / SKIP), max_err, tol, seconds, detail; `layers` describes an MLPStack's
     layers and a SwiGLU's activation.
+
+    special=True checks IEEE semantics instead of random data: X's rows (or the first float input's) hold NaN,
+    +-Inf, -0, the type's max and subnormals (testing.with_special_rows), and the output must have NaN and +-Inf
+    exactly where the reference has them (testing.check_special); on the CPU the weighted ops run with their
+    weights as graph inputs and as initializers (row key `weights`). Rows carry `values`: "special" or "random".
     """
     import numpy as np
 
@@ -373,47 +396,75 @@ def run_doctor(providers=("cpu", "cuda"), backends=None, *, ops=None, dtypes=sch
 
                 def data():
                     if not cache:
-                        import torch
-                        ins = make_inputs(op, dtype, shp, seed, torch_device)
-                        # the CUDA-graph check rebinds the first float input in place (X; the table for Embedding)
-                        first = next(n for n in shp if (op, n) not in INT_INPUTS)
-                        x2 = make_inputs(op, dtype, {first: shp[first]}, seed + 1, torch_device)[0]
-                        ref = schema.reference(op, ins, attrs).float().cpu().numpy()
-                        ref2 = schema.reference(op, [x2 if n == first else t for n, t in zip(shp, ins)],
-                                                attrs).float().cpu().numpy()
-                        feeds = {name: (t if (op, name) in INT_INPUTS else t.float()).cpu().numpy()
-                                 for name, t in zip(shp, ins)}
-                        cache.update(feeds=feeds, feeds2={first: x2.float().cpu().numpy()}, ref=ref, ref2=ref2)
-                        del ins, x2
-                        if torch_device == "cuda":
-                            torch.cuda.empty_cache()
+                        cache.update(_doctor_data(op, dtype, shp, attrs, seed, torch_device, special))
                     return cache
 
                 for provider, backend, pmodes in plan:
+                    weight_modes = ("inputs", "constants") if special and provider == "cpu" and op in WEIGHTED_OPS \
+                        else ("inputs",)
                     for mode in pmodes:
-                        row = dict(op=op, provider=provider, backend=backend, dtype=dtype, M=m, K=k, N=n, r=r,
-                                   layers=layers, mode=mode, status="SKIP", max_err=None, tol=None, seconds=0.0, detail="")
-                        if provider == "cuda" and not gpu_ok:
-                            row["detail"] = "skipped: " + gpu_reason
+                        for weights in weight_modes:
+                            row = dict(op=op, provider=provider, backend=backend, dtype=dtype, M=m, K=k, N=n, r=r,
+                                       layers=layers, mode=mode, status="SKIP", max_err=None, tol=None, seconds=0.0,
+                                       detail="", values="special" if special else "random", weights=weights)
+                            if provider == "cuda" and not gpu_ok:
+                                row["detail"] = "skipped: " + gpu_reason
+                                emit(row)
+                                continue
+                            t0 = time.time()
+                            try:
+                                row.update(_check(runner, data(), op, dtype, shp, backend, scale,
+                                                  {**extra, **(node_attrs or {})}, provider, mode, weights, special))
+                            except Exception as e:  # report, keep going
+                                row.update(status="ERROR", detail=f"{type(e).__name__}: {str(e)[:500]}")
+                            row["seconds"] = round(time.time() - t0, 3)
                             emit(row)
-                            continue
-                        t0 = time.time()
-                        try:
-                            d = data()
-                            model = make_model(op, dtype, shp, backend, scale, {**extra, **(node_attrs or {})})
-                            y, y2 = runner.run(model, provider, mode, d["feeds"], d["feeds2"], out_shape(op, shp, extra))
-                            ok, err, tol = compare(y, d["ref"], dtype)
-                            detail = ""
-                            if y2 is not None:
-                                ok2, err2, tol2 = compare(y2, d["ref2"], dtype)
-                                detail = f"rebound X: max_err {err2:.3g} (tol {tol2:.3g})"
-                                ok, err, tol = ok and ok2, max(err, err2), max(tol, tol2)
-                            row.update(status="PASS" if ok else "FAIL", max_err=err, tol=tol, detail=detail)
-                        except Exception as e:  # report, keep going
-                            row.update(status="ERROR", detail=f"{type(e).__name__}: {str(e)[:500]}")
-                        row["seconds"] = round(time.time() - t0, 3)
-                        emit(row)
     return rows
+
+
+def _doctor_data(op, dtype, shp, attrs, seed, torch_device, special) -> dict:
+    """Inputs (as T tensors and as float32/int64 feeds), a second X for the CUDA-graph rebind, and both references;
+    with `special`, the first float input (X; the table for Embedding) holds special values in its rows."""
+    import torch
+    ins = make_inputs(op, dtype, shp, seed, torch_device)
+    # the CUDA-graph check rebinds the first float input in place (X; the table for Embedding)
+    first = next(n for n in shp if (op, n) not in INT_INPUTS)
+    x2 = make_inputs(op, dtype, {first: shp[first]}, seed + 1, torch_device)[0]
+    if special:
+        at = list(shp).index(first)
+        ins[at] = testing.with_special_rows(ins[at])[0]
+        x2 = testing.with_special_rows(x2, first=1)[0]  # other rows hold them after the rebind
+    ref = schema.reference(op, ins, attrs).float().cpu().numpy()
+    ref2 = schema.reference(op, [x2 if n == first else t for n, t in zip(shp, ins)], attrs).float().cpu().numpy()
+    feeds = {name: (t if (op, name) in INT_INPUTS else t.float()).cpu().numpy() for name, t in zip(shp, ins)}
+    out = dict(feeds=feeds, feeds2={first: x2.float().cpu().numpy()}, ref=ref, ref2=ref2,
+               tensors={name: t.cpu() for name, t in zip(shp, ins)}, first=first)
+    del ins, x2
+    if torch_device == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def _check(runner, d, op, dtype, shp, backend, scale, attrs, provider, mode, weights, special) -> dict:
+    """One row's run and comparison: status, max_err, tol, detail."""
+    constants = None
+    feeds = d["feeds"]
+    if weights == "constants":  # every input but the first float one as an initializer in T
+        constants = {n: t for n, t in d["tensors"].items() if n != d["first"] and (op, n) not in INT_INPUTS}
+        feeds = {n: v for n, v in feeds.items() if n not in constants}
+    model = make_model(op, dtype, shp, backend, scale, attrs, constants)
+    y, y2 = runner.run(model, provider, mode, feeds, d["feeds2"], out_shape(op, shp, attrs))
+    cmp = compare_special if special else compare
+    ok, err, tol = cmp(y, d["ref"], dtype)
+    detail = ""
+    if y2 is not None:
+        ok2, err2, tol2 = cmp(y2, d["ref2"], dtype)
+        detail = f"rebound X: max_err {err2:.3g} (tol {tol2:.3g})"
+        ok, err, tol = ok and ok2, max(err, err2), max(tol, tol2)
+    if not ok and special:
+        c = testing.check_special(y, d["ref"], dtype, "doctor")
+        detail = (detail + "; " if detail else "") + (c.reason or "after the rebind")
+    return dict(status="PASS" if ok else "FAIL", max_err=err, tol=tol, detail=detail)
 
 
 def format_row(r: dict) -> str:
@@ -421,4 +472,10 @@ def format_row(r: dict) -> str:
     shape = f"M{r['M']} K{r['K']} N{r['N']}" + (f" r{r['r']}" if r["r"] else "") + \
         (f" {r['layers']}" if r.get("layers") else "")
     return (f"{r['status']:5} {r['op']:15} {r['provider']:4} {r['backend']:6} {r['dtype']:8} {shape:26} "
-            f"{r['mode']:11} {err} {r['detail']}")
+            f"{mode_label(r):11} {err} {r['detail']}")
+
+
+def mode_label(r: dict) -> str:
+    """A row's mode with its kind of data: 'plain', 'plain+special', 'plain+special+const' (weights initializers)."""
+    return r["mode"] + ("+special" if r.get("values") == "special" else "") + \
+        ("+const" if r.get("weights") == "constants" else "")

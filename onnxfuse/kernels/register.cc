@@ -1,7 +1,8 @@
 // The one file that registers: RegisterCustomOps (what onnxruntime calls after
 // SessionOptions.register_custom_ops_library) builds the onnxfuse domain once per process and fills it through each
 // execution provider's folder (cpu::RegisterOps, cuda::RegisterOps); onnxfuse_build_info hands the build record to
-// onnxfuse.kernels.build_info(). These two are the library's only exported symbols (exports.map).
+// onnxfuse.kernels.build_info(), onnxfuse_host_info what the CPU kernels run on this host. These three are the
+// library's only exported symbols (exports.map).
 #include <mutex>
 #include <string>
 
@@ -11,6 +12,7 @@
 namespace onnxfuse {
 namespace cpu {
 void RegisterOps(Ort::CustomOpDomain& domain);
+std::string HostInfoJson();  // cpu/onednn_gemm.h
 }
 #ifdef ONNXFUSE_WITH_CUDA
 namespace cuda {
@@ -70,3 +72,16 @@ ONNXFUSE_EXPORT OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* opt
 }
 
 ONNXFUSE_EXPORT const char* onnxfuse_build_info() { return ONNXFUSE_BUILD_INFO_JSON; }
+
+// What the CPU kernels run on this host (onnxfuse.kernels.host_info()): probed on the first call, then fixed, like
+// the kernels' own choice (ONNXFUSE_CPU_ISA and oneDNN's ISA cap are read once per process).
+ONNXFUSE_EXPORT const char* onnxfuse_host_info() {
+  static const std::string info = [] {
+    try {
+      return onnxfuse::cpu::HostInfoJson();
+    } catch (const std::exception&) {
+      return std::string("{\"error\": \"probing the host failed\"}");
+    }
+  }();
+  return info.c_str();
+}

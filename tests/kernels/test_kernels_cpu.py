@@ -211,8 +211,17 @@ def test_constant_weights_are_prepacked_once_and_match(lib, op, dtype, capfd):
             assert_close(out, ref, dtype, f"{op}[{dtype}] weights={mode} run {run}")
         used = capfd.readouterr().err
         assert ("computing with prepacked weights" in used) == (mode == "const"), (mode, used)
-        if mode == "const" and "onednn" in kernels.build_info(lib).get("cpu_gemm", ""):
-            assert "(oneDNN)" in used, used
+        if mode == "const":  # the engine this host has for the type (oneDNN's bf16/fp16 need AVX-512 / AMX)
+            engine = "oneDNN" if onednn_matmul(lib, dtype) else "built-in GEMM"
+            assert f"({engine}" in created and f"computing with prepacked weights ({engine})" in used, (created, used)
+
+
+def onednn_matmul(lib, dtype: str) -> str | None:
+    """The oneDNN matmul the library's prepacked weights of `dtype` get on this host (None: the built-in GEMM), as
+    the library reports it (kernels.host_info probes it with the kernels' own OnednnMatmul::Init)."""
+    dnnl = kernels.host_info(lib)["onednn"]
+    assert (dnnl is not None) == ("onednn" in kernels.build_info(lib).get("cpu_gemm", "")), dnnl
+    return dnnl["matmul"][dtype] if dnnl else None
 
 
 def check_const(lib, op, lead, K, N, r, dtype, scale=1.0, seed=0):
@@ -414,7 +423,7 @@ def test_build_is_cached(lib):
 def test_exports_only_the_entry_points(lib):
     out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True).stdout
     symbols = sorted(line.split()[-1] for line in out.splitlines() if line.strip())
-    assert symbols == ["RegisterCustomOps", "onnxfuse_build_info"], symbols
+    assert symbols == ["RegisterCustomOps", "onnxfuse_build_info", "onnxfuse_host_info"], symbols
 
 
 def test_header_discovery_honours_ort_include_dir(lib, monkeypatch, tmp_path):

@@ -514,16 +514,22 @@ def lib():
     return kernels.build(backends=["cpu"], quiet=True).path
 
 
+# Weights as graph inputs run the built-in GEMM's epilogue; as initializers, oneDNN's eltwise post-op for the gate
+# (where the library and the CPU have oneDNN for the type; relu stays in the built-in epilogue).
+WEIGHTS = ("inputs", "constants")
+
+
+@pytest.mark.parametrize("weights", WEIGHTS)
 @pytest.mark.parametrize("dtype", schema.TYPES)
 @pytest.mark.parametrize("act", schema.GATE_ACTIVATIONS)
-def test_cpu_kernel_matches_reference_per_activation(lib, act, dtype):
+def test_cpu_kernel_matches_reference_per_activation(lib, act, dtype, weights):
     g = torch.Generator().manual_seed(3)
     x = (torch.randn(3, 37, 70, generator=g)).to(testing.torch_type(dtype))
     wg = (torch.randn(70, 45, generator=g) * 2.5 / math.sqrt(70)).to(testing.torch_type(dtype))
     wu = (torch.randn(70, 45, generator=g) / math.sqrt(70)).to(testing.torch_type(dtype))
     attrs = {"activation": act}
-    out = testing.run_op("SwiGLU", [x, wg, wu], attrs, library=lib)
-    assert_close(out, schema.reference("SwiGLU", [x, wg, wu], attrs), dtype, f"SwiGLU[{act}, {dtype}]")
+    out = testing.run_op("SwiGLU", [x, wg, wu], attrs, library=lib, constants=weights == "constants")
+    assert_close(out, schema.reference("SwiGLU", [x, wg, wu], attrs), dtype, f"SwiGLU[{act}, {dtype}, {weights}]")
 
 
 def _epilogue_probe(dtype: str, act: str):
@@ -545,13 +551,14 @@ def _epilogue_probe(dtype: str, act: str):
     return [torch.eye(n, dtype=t), g.to(t), u.to(t)]
 
 
+@pytest.mark.parametrize("weights", WEIGHTS)
 @pytest.mark.parametrize("dtype", schema.TYPES)
 @pytest.mark.parametrize("act", schema.GATE_ACTIVATIONS)
-def test_tolerance_tells_the_activations_apart(lib, act, dtype):
+def test_tolerance_tells_the_activations_apart(lib, act, dtype, weights):
     """The kernel passes against its own activation's reference and the same tolerance fails every other
     activation's: a kernel computing gelu for gelu_tanh (or silu for quick_gelu) would not pass."""
     inputs = _epilogue_probe(dtype, act)
-    out = testing.run_op("SwiGLU", inputs, {"activation": act}, library=lib)
+    out = testing.run_op("SwiGLU", inputs, {"activation": act}, library=lib, constants=weights == "constants")
     assert_close(out, schema.reference("SwiGLU", inputs, {"activation": act}), dtype, act)
     for other in schema.GATE_ACTIVATIONS:
         if other != act:

@@ -40,9 +40,10 @@ struct LoRACpu {
       mm_b.w = lb->data;  // Compute matches B by the constant's own pointer
     }
     if (!onednn) wb.Init(FormatOf<T>::value, wc, &lb);
+    const std::string why = mm_a.why + mm_b.why + mm_w.why;  // the first that failed; empty when not tried
     log.Created(Op::kName, onednn ? "W A B bias (oneDNN " + mm_w.mm.Describe(64) + ")"
                                   : std::string(wb.valid ? "[W;B] " : "") + (la.valid ? "A " : "") +
-                                        (bias.valid ? "bias" : ""));
+                                        (bias.valid ? "bias" : "") + (why.empty() ? "" : " (built-in GEMM: " + why + ")"));
   }
 
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& W,

@@ -1,6 +1,8 @@
 // OnednnMatmul (see onednn_gemm.h): oneDNN matmul primitives over prepacked column blocks of a constant weight.
 #include "cpu/onednn_gemm.h"
 
+#include "common/gate_act.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -10,6 +12,8 @@
 #include <new>
 #include <stdexcept>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #ifdef ONNXFUSE_WITH_ONEDNN
 #include <oneapi/dnnl/dnnl.hpp>
@@ -52,13 +56,36 @@ float ApplyPost(const std::vector<PostOp>& post, float scale, float z, float t) 
     switch (p) {
       case PostOp::Relu: z = z > 0.f ? z : (z == z ? 0.f : z); break;
       case PostOp::Sigmoid: z = 1.0f / (1.0f + std::exp(-z)); break;
-      case PostOp::Swish: z = z / (1.0f + std::exp(-z)); break;
+      case PostOp::Swish: z = GateAct<ONNXFUSE_GATE_SILU>(z); break;
+      case PostOp::QuickGelu: z = GateAct<ONNXFUSE_GATE_QUICK_GELU>(z); break;
+      case PostOp::GeluErf: z = GateAct<ONNXFUSE_GATE_GELU>(z); break;
+      case PostOp::GeluTanh: z = GateAct<ONNXFUSE_GATE_GELU_TANH>(z); break;
       case PostOp::Scale: z *= scale; break;
       case PostOp::Add: z += t; break;
       case PostOp::Mul: z *= t; break;
     }
   }
   return z;
+}
+
+// ReLU that keeps NaN (x > 0 ? x : NaN stays NaN : 0) over an [m, width] tile of row stride ld, in its format.
+void ReluInPlace(Format f, void* p, int64_t m, int64_t width, int64_t ld) {
+  if (f == Format::F32) {
+    for (int64_t i = 0; i < m; ++i) {
+      float* row = static_cast<float*>(p) + i * ld;
+      for (int64_t j = 0; j < width; ++j) row[j] = row[j] > 0.f ? row[j] : (row[j] == row[j] ? 0.f : row[j]);
+    }
+    return;
+  }
+  // Half types by their bits: a set sign bit on a non-NaN (negative, -0, -inf) becomes +0.
+  const uint16_t nan_above = f == Format::F16 ? 0x7c00u : 0x7f80u;
+  for (int64_t i = 0; i < m; ++i) {
+    uint16_t* row = static_cast<uint16_t*>(p) + i * ld;
+    for (int64_t j = 0; j < width; ++j) {
+      const uint16_t h = row[j];
+      row[j] = (h & 0x8000u) && (h & 0x7fffu) <= nan_above ? uint16_t(0) : h;
+    }
+  }
 }
 
 using dt = dnnl::memory::data_type;
@@ -171,13 +198,23 @@ struct OnednnMatmul::Impl {
   int64_t LdY(int64_t width) const { return spec.ldy > 0 ? spec.ldy : spec.ldy < 0 ? width : spec.N; }
   int64_t LdPrim(int64_t width) const { return blocks > 1 ? width : LdY(width); }
 
+  // A trailing ReLU is applied by ReluInPlace after the primitive, not as oneDNN's eltwise_relu: that one is a max
+  // with 0, which turns NaN into 0 where ONNX's and PyTorch's relu keep it (a NaN must reach the output).
+  bool TrailingRelu() const { return !spec.post.empty() && spec.post.back() == PostOp::Relu; }
+
   dnnl::primitive_attr Attr(int64_t m, int64_t width) const {
     dnnl::post_ops po;
-    for (PostOp p : spec.post) {
+    for (size_t i = 0; i < spec.post.size() - (TrailingRelu() ? 1 : 0); ++i) {
+      const PostOp p = spec.post[i];
       switch (p) {
-        case PostOp::Relu: po.append_eltwise(dnnl::algorithm::eltwise_relu, 0.f, 0.f); break;
+        case PostOp::Relu: throw std::logic_error("OnednnMatmul: ReLU must be the last post-op");
         case PostOp::Sigmoid: po.append_eltwise(dnnl::algorithm::eltwise_logistic, 0.f, 0.f); break;
         case PostOp::Swish: po.append_eltwise(dnnl::algorithm::eltwise_swish, 1.f, 0.f); break;
+        case PostOp::QuickGelu:
+          po.append_eltwise(dnnl::algorithm::eltwise_swish, ONNXFUSE_QUICK_GELU_ALPHA, 0.f);
+          break;
+        case PostOp::GeluErf: po.append_eltwise(dnnl::algorithm::eltwise_gelu_erf, 0.f, 0.f); break;
+        case PostOp::GeluTanh: po.append_eltwise(dnnl::algorithm::eltwise_gelu_tanh, 0.f, 0.f); break;
         case PostOp::Scale: po.append_eltwise(dnnl::algorithm::eltwise_linear, spec.scale, 0.f); break;
         case PostOp::Add:
         case PostOp::Mul:
@@ -319,6 +356,7 @@ void OnednnMatmul::Run(int64_t m, const void* x, void* y, int64_t j, const float
     }
     if (e.scratch > 0) args[DNNL_ARG_SCRATCHPAD].set_data_handle(ThreadScratch(e.scratch));
     e.prim->execute(ThreadStream(), args);
+    if (im.TrailingRelu()) ReluInPlace(s.dst, dst, m, width, im.LdPrim(width));
     if (copy)
       for (int64_t i = 0; i < m; ++i)
         std::memcpy(static_cast<char*>(y) + size_t(i * ldy) * es, static_cast<char*>(dst) + size_t(i * width) * es,
@@ -334,7 +372,52 @@ std::string OnednnMatmul::Describe(int64_t m) const {
   return impl_->Get(m, 0)->impl;
 }
 
+namespace {
+
+const char* IsaName(dnnl::cpu_isa isa) {
+  switch (isa) {
+    case dnnl::cpu_isa::sse41: return "sse41";
+    case dnnl::cpu_isa::avx: return "avx";
+    case dnnl::cpu_isa::avx2: return "avx2";
+    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
+    case dnnl::cpu_isa::avx2_vnni_2: return "avx2_vnni_2";
+    case dnnl::cpu_isa::avx512_core: return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_fp16: return "avx512_core_fp16";
+    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
+    case dnnl::cpu_isa::avx512_core_amx_fp16: return "avx512_core_amx_fp16";
+    default: return "default";
+  }
+}
+
+}  // namespace
+
+std::string OnednnHostJson() {
+  // A weight of the shape class the kernels prepack (K and N past kNarrowN, a bias and an activation post-op).
+  constexpr int64_t kProbe = 64;
+  const std::vector<float> bias(kProbe, 0.0f);
+  const std::vector<float> w(kProbe * kProbe, 0.0f);  // all-zero bits are 0 in every format
+  std::string out = std::string("{\"isa\": \"") + IsaName(dnnl::get_effective_cpu_isa()) + "\", \"matmul\": {";
+  const std::pair<const char*, Format> types[] = {{"float", Format::F32}, {"float16", Format::F16},
+                                                  {"bfloat16", Format::BF16}};
+  bool first = true;
+  for (const auto& [name, format] : types) {
+    MatmulSpec spec;
+    spec.src = spec.dst = format;
+    spec.K = spec.N = kProbe;
+    spec.post = {PostOp::Relu};
+    OnednnMatmul mm;
+    const bool ok = mm.Init(spec, w.data(), bias.data(), nullptr);
+    out += std::string(first ? "" : ", ") + "\"" + name + "\": " + (ok ? "\"" + mm.Describe(kProbe) + "\"" : "null");
+    first = false;
+  }
+  return out + "}}";
+}
+
 #else  // built without oneDNN
+
+std::string OnednnHostJson() { return "null"; }
 
 struct OnednnMatmul::Impl {};
 bool OnednnBuilt() { return false; }
@@ -348,6 +431,10 @@ void OnednnMatmul::Run(int64_t, const void*, void*, int64_t, const float*) const
 std::string OnednnMatmul::Describe(int64_t) const { return "not built"; }
 
 #endif
+
+std::string HostInfoJson() {
+  return std::string("{\"gemm_isa\": \"") + GemmIsa() + "\", \"onednn\": " + OnednnHostJson() + "}";
+}
 
 OnednnMatmul::OnednnMatmul() = default;
 OnednnMatmul::~OnednnMatmul() = default;

@@ -32,7 +32,16 @@ namespace cpu {
 // Whether this library was built with oneDNN (the build info's cpu_gemm says which one).
 bool OnednnBuilt();
 
-enum class PostOp { Relu, Sigmoid, Swish, Scale, Add, Mul };
+// What the CPU kernels run on this host, as JSON (onnxfuse_host_info, kernels.host_info()): the built-in GEMM's
+// micro-kernel family ("gemm_isa", after ONNXFUSE_CPU_ISA) and, where oneDNN is built in, the ISA it dispatches to
+// (after ONEDNN_MAX_CPU_ISA / DNNL_MAX_CPU_ISA) and, per element type, the matmul implementation that a prepacked
+// weight of that type gets (null: none on this CPU, the kernels keep the built-in GEMM). Probed once per process
+// with the same OnednnMatmul::Init the kernels call, so it says what they do rather than a guess of it.
+std::string HostInfoJson();
+
+// Swish is silu (x * sigmoid(x)); QuickGelu x * sigmoid(1.702 x) (oneDNN's swish with alpha 1.702); GeluErf and
+// GeluTanh torch's gelu with approximate='none' / 'tanh' (common/gate_act.h has the formulas).
+enum class PostOp { Relu, Sigmoid, Swish, QuickGelu, GeluErf, GeluTanh, Scale, Add, Mul };
 
 struct MatmulSpec {
   Format src = Format::F32;  // X and W

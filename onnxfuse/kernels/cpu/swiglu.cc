@@ -1,8 +1,9 @@
 // SwiGLU on the CPU EP: Y = act(X @ W_gate) * (X @ W_up), act the node's gate activation (common/gate_act.h). Both
 // GEMMs run tile by tile, so the gate and up products of a tile meet without a full-size intermediate. With oneDNN
-// (constant weights, silu gate): per tile, silu(X @ W_gate) into an fp32 tile (swish post-op), then X @ W_up with a
-// multiply by that tile as a post-op, written once as Y. Otherwise (another activation, weights that are not
-// constants, no oneDNN) the built-in GEMM carries both accumulators to one epilogue.
+// (constant weights, any gate but relu): per tile, act(X @ W_gate) into an fp32 tile (an eltwise post-op: swish,
+// gelu_erf, gelu_tanh, swish with alpha 1.702, logistic), then X @ W_up with a multiply by that tile as a post-op,
+// written once as Y. Otherwise (a relu gate, weights that are not constants, no oneDNN) the built-in GEMM carries
+// both accumulators to one epilogue.
 #include "common/gate_act.h"
 #include "cpu/ops.h"
 
@@ -34,6 +35,18 @@ void RunSwiGLU(GemmArgs g, T* y, int64_t n) {
   Gemm(g);
 }
 
+// The oneDNN post-op that computes gate activation `act` (none for relu: oneDNN's is max(x, 0), which loses NaN).
+std::optional<PostOp> GatePostOp(int act) {
+  switch (act) {
+    case ONNXFUSE_GATE_SILU: return PostOp::Swish;
+    case ONNXFUSE_GATE_QUICK_GELU: return PostOp::QuickGelu;
+    case ONNXFUSE_GATE_GELU: return PostOp::GeluErf;
+    case ONNXFUSE_GATE_GELU_TANH: return PostOp::GeluTanh;
+    case ONNXFUSE_GATE_SIGMOID: return PostOp::Sigmoid;
+    default: return std::nullopt;
+  }
+}
+
 // Constant W_gate / W_up are prepared once, at kernel creation.
 template <typename T>
 struct SwiGLUCpu {
@@ -42,8 +55,10 @@ struct SwiGLUCpu {
       : attrs(ReadOpAttrs(api, info, Op::kName)), act(ReadGateActivation(api, info, Op::kName)),
         log(LoggerOf(api, info)) {
     const auto gc = GetConstantInput(api, info, Op::kWGate), uc = GetConstantInput(api, info, Op::kWUp);
-    // oneDNN has the silu gate as a post-op (swish); the other activations run in the built-in GEMM's epilogue.
-    if (act == ONNXFUSE_GATE_SILU && gc && uc && gc->shape.size() == 2 && gc->shape == uc->shape) {
+    // Every gate activation is a oneDNN eltwise post-op (GatePostOp); relu only in the built-in GEMM's epilogue,
+    // which keeps NaN (oneDNN's relu is a max with 0).
+    const std::optional<PostOp> gate_post = GatePostOp(act);
+    if (gate_post && gc && uc && gc->shape.size() == 2 && gc->shape == uc->shape) {
       // silu(X @ W_gate) into a dense fp32 tile, then (X @ W_up) * tile as a binary post-op. (The other order,
       // swish then a multiply in one post-op chain, has no brgemm kernel in oneDNN 3.2: it runs the reference one.)
       MatmulSpec spec;
@@ -52,7 +67,7 @@ struct SwiGLUCpu {
       spec.block_n = ColumnBlock(spec.N);
       spec.dst = Format::F32;
       spec.ldy = -1;
-      spec.post = {PostOp::Swish};
+      spec.post = {*gate_post};
       onednn = gate.Init(spec, gc, nullptr);
       spec.dst = FormatOf<T>::value;
       spec.ldy = 0;
@@ -63,7 +78,7 @@ struct SwiGLUCpu {
       wg.Init(FormatOf<T>::value, gc);
       wu.Init(FormatOf<T>::value, uc);
     }
-    const std::string why = act != ONNXFUSE_GATE_SILU ? "gate activation other than silu" : up.why + gate.why;
+    const std::string why = !gate_post ? "relu gate (kept in the built-in epilogue)" : up.why + gate.why;
     log.Created(Op::kName, onednn ? "W_gate W_up (oneDNN " + gate.mm.Describe(64) + ", " + up.mm.Describe(64) + ")"
                                   : std::string(wg.valid ? "W_gate " : "") + (wu.valid ? "W_up" : "") +
                                         (gc && uc ? " (built-in GEMM: " + why + ")" : ""));

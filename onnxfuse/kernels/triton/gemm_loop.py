@@ -141,11 +141,17 @@ def _rows_dot(in_ptr, in_ld, rows, w_ptr, K, N, offs_k, offs_n, n_ok, BLOCK_M: t
 
 
 @triton.jit
+def _relu(z):
+    """relu that keeps NaN, like torch.relu and ONNX's Relu (``tl.maximum(z, 0.0)`` is PTX max, which returns 0)."""
+    return tl.where(z > 0.0, z, tl.where(z != z, z, 0.0))
+
+
+@triton.jit
 def _bias_act(acc, bias_ptr, offs_n, n_ok, ACT):
     """``act(acc + bias[offs_n])`` in fp32: ACT 1 = relu, anything else sigmoid (LinearRelu / LinearSigmoid)."""
     z = acc + tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if ACT == 1:
-        z = tl.maximum(z, 0.0)
+        z = _relu(z)
     else:
         z = 1.0 / (1.0 + tl.exp(-z))
     return z

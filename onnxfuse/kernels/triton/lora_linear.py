@@ -18,7 +18,7 @@ accumulation. ``R_PAD`` is r rounded up to 16, 32 or 64; ``RELU`` is a run-time 
 import triton
 import triton.language as tl
 
-from .gemm_loop import _gemm_main, _gemm_tile_tma, _store_tile, _tile_ids, _tma_descs
+from .gemm_loop import _gemm_main, _gemm_tile_tma, _relu, _store_tile, _tile_ids, _tma_descs
 
 
 @triton.jit
@@ -58,7 +58,7 @@ def _lora_linear_kernel(x_ptr, w_ptr, a_ptr, b_ptr, bias_ptr, y_ptr, M, N, K, R,
     acc = tl.dot((t * scale).to(b.dtype), b, acc, input_precision=DOT_PRECISION)
     acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if RELU != 0:
-        acc = tl.maximum(acc, 0.0)
+        acc = _relu(acc)
     _store_tile(y_ptr, N, acc, offs_m, offs_m < M, offs_n, n_ok)
 
 
@@ -134,7 +134,7 @@ def _lora_epilogue(acc, offs_m, offs_n, rows, n_ok, t_ptr, b_ptr, bias_ptr, y_pt
     acc = tl.dot((t * scale).to(b.dtype), b, acc, input_precision=DOT_PRECISION)
     acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if RELU != 0:
-        acc = tl.maximum(acc, 0.0)
+        acc = _relu(acc)
     _store_tile(y_ptr, N, acc, offs_m, offs_m < M, offs_n, n_ok)
 
 
