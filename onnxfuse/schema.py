@@ -213,7 +213,10 @@ def gate_activation(name: str, g):
     if name == "silu":
         return F.silu(g)
     if name == "gelu":
-        return F.gelu(g)
+        # gelu(+Inf) is +Inf (0.5 * g * (1 + erf(g / sqrt 2)), and onnxruntime's unfused graph), but PyTorch's
+        # vectorised CPU gelu returns NaN for it on some builds (torch 2.11 on an AVX-512 Xeon; 2.13 on AVX2 gives
+        # +Inf): pin the formula's value so the reference does not depend on the host.
+        return torch.where(g == float("inf"), g, F.gelu(g))
     if name == "gelu_tanh":
         return F.gelu(g, approximate="tanh")
     if name == "quick_gelu":

@@ -195,6 +195,21 @@ for dtype in ("float", "float16"):
 # per dtype: 4 shapes x (2 linear + 6 swiglu + 4 lora), and the TMA builds on the two aligned shapes ((37, 48, 80):
 # 9 ragged tiles for 3 programs)
 assert checks == 2 * (4 * (2 + 6 + 4) + 2 * (2 + 4)), checks
+# A row with one +Inf through LoRA (r 4 padded to 16): the padded columns of T are x @ 0, NaN in that row, and must
+# not reach the outputs, which are +-Inf like the reference's (IEEE semantics, testing.check_special).
+m, k, n, r = 9, 40, 70, 4
+x = torch.randn(m, k, generator=g)
+x[3, 5] = float("inf")
+w, b = torch.randn(k, n, generator=g) / k ** 0.5, torch.randn(n, generator=g)
+a, bm = torch.randn(k, r, generator=g) / k ** 0.5, torch.randn(r, n, generator=g) / r ** 0.5
+ts = torch.full((1, m, 16), float("nan"))
+lora._lora_xa_kernel[(1,)](x, a, ts, m, k, r, triton.cdiv(k, 16), BLOCK_M=16, BLOCK_K=16, R_PAD=16,
+                           DOT_PRECISION="ieee")
+y = torch.full((m, n), float("nan"))
+lora._lora_main_kernel[grid(m, n)](x, w, ts, bm, b, y, m, n, k, r, 1, 0.5, 0, grid(m, n)[0], R_PAD=16,
+                                   DOT_PRECISION="ieee", TMA=False, **cfg)
+c = testing.check_special(y, schema.reference("LoRALinear", [x, w, a, bm, b], {"scale": 0.5}), "float")
+assert c.ok, c.reason
 print("ok")
 """
 

@@ -149,6 +149,15 @@ struct BiasFill {  // Y[i] = [relu](beta * C[i] + bias[i % n]) for K = 0
   }
 };
 
+template <typename T>
+struct ReluKeepingNan {  // Y[i] = relu(Y[i]); NaN stays NaN
+  T* y;
+  __device__ void operator()(int64_t i) const {
+    const float v = to_f(y[i]);
+    if (!(v > 0.f) && v == v) y[i] = from_f<T>(0.f);
+  }
+};
+
 }  // namespace
 
 int64_t ElemBytes(int dtype) { return dtype == ONNXFUSE_FP32 ? 4 : 2; }
@@ -175,8 +184,13 @@ int Gemm(const GemmArgs& g, void* workspace, int64_t workspace_bytes, cudaStream
       return CublasFail(api, "Create", st);
     }
   }
-  const uint32_t epilogue = g.bias != nullptr ? (g.relu ? lt::kEpilogueReluBias : lt::kEpilogueBias)
-                                              : (g.relu ? lt::kEpilogueRelu : lt::kEpilogueDefault);
+  // cuBLASLt's fp16 ReLU epilogue turns NaN into 0 (onnxfuse doctor --special-values on an H100: LinearRelu and
+  // MLPStack fp16 lost every NaN row; its fp32 and bf16 epilogues kept them), so fp16 takes the bias epilogue and a
+  // NaN-keeping ReLU pass over Y after the GEMM.
+  const bool relu_after = g.relu && g.dtype == ONNXFUSE_FP16;
+  const bool relu_epi = g.relu && !relu_after;
+  const uint32_t epilogue = g.bias != nullptr ? (relu_epi ? lt::kEpilogueReluBias : lt::kEpilogueBias)
+                                              : (relu_epi ? lt::kEpilogueRelu : lt::kEpilogueDefault);
   const void* c = g.beta != 0.f ? g.c : g.y;
   const uint32_t align[4] = {AlignmentOf(g.w), AlignmentOf(g.x), AlignmentOf(c), AlignmentOf(g.y)};
   const PlanKey key{device, g.dtype, g.m, g.k, g.n, epilogue, g.beta != 0.f, align[0], align[1], align[2], align[3],
@@ -200,6 +214,7 @@ int Gemm(const GemmArgs& g, void* workspace, int64_t workspace_bytes, cudaStream
   const lt::Status st = api->Matmul(h, p.desc, &g.alpha, g.w, p.a, g.x, p.b, &g.beta, c, p.c, g.y, p.c, &p.algo,
                                     workspace, p.workspace, stream);
   if (st != lt::kStatusSuccess) return CublasFail(api, "Matmul", st);
+  if (relu_after) return LaunchElementwise(g.m * g.n, ReluKeepingNan<__half>{static_cast<__half*>(g.y)}, stream);
   return 0;
 }
 

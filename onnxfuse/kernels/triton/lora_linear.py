@@ -55,6 +55,7 @@ def _lora_linear_kernel(x_ptr, w_ptr, a_ptr, b_ptr, bias_ptr, y_ptr, M, N, K, R,
         w_ptrs += BLOCK_K * N.to(tl.int64)
         a_ptrs += BLOCK_K * R
     b = tl.load(b_ptr + offs_r[:, None] * N + offs_n[None, :], mask=r_ok[:, None] & n_ok[None, :], other=0.0)
+    t = tl.where(r_ok[None, :], t, 0.0)  # padded columns: x @ 0 is NaN in a row with an infinite x
     acc = tl.dot((t * scale).to(b.dtype), b, acc, input_precision=DOT_PRECISION)
     acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if RELU != 0:
@@ -91,6 +92,9 @@ def _lora_xa_kernel(x_ptr, a_ptr, t_ptr, M, K, R, KB_PER_SPLIT,
         t = tl.dot(x, a, t, input_precision=DOT_PRECISION)
         x_ptrs += BLOCK_K
         a_ptrs += BLOCK_K * R
+    # The padded columns hold x @ 0, which is NaN (not 0) in a row with an infinite x: zero them, or the epilogue's
+    # T @ B would add NaN to every output of that row where the reference has +-Inf.
+    t = tl.where(r_ok[None, :], t, 0.0)
     t_ptrs = t_ptr + (split.to(tl.int64) * M + offs_m.to(tl.int64))[:, None] * R_PAD + offs_r[None, :]
     tl.store(t_ptrs, t, mask=(offs_m < M)[:, None])
 
