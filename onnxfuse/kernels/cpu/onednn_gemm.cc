@@ -58,7 +58,6 @@ float ApplyPost(const std::vector<PostOp>& post, float scale, float z, float t) 
       case PostOp::Sigmoid: z = 1.0f / (1.0f + std::exp(-z)); break;
       case PostOp::Swish: z = GateAct<ONNXFUSE_GATE_SILU>(z); break;
       case PostOp::QuickGelu: z = GateAct<ONNXFUSE_GATE_QUICK_GELU>(z); break;
-      case PostOp::GeluErf: z = GateAct<ONNXFUSE_GATE_GELU>(z); break;
       case PostOp::GeluTanh: z = GateAct<ONNXFUSE_GATE_GELU_TANH>(z); break;
       case PostOp::Scale: z *= scale; break;
       case PostOp::Add: z += t; break;
@@ -213,7 +212,6 @@ struct OnednnMatmul::Impl {
         case PostOp::QuickGelu:
           po.append_eltwise(dnnl::algorithm::eltwise_swish, ONNXFUSE_QUICK_GELU_ALPHA, 0.f);
           break;
-        case PostOp::GeluErf: po.append_eltwise(dnnl::algorithm::eltwise_gelu_erf, 0.f, 0.f); break;
         case PostOp::GeluTanh: po.append_eltwise(dnnl::algorithm::eltwise_gelu_tanh, 0.f, 0.f); break;
         case PostOp::Scale: po.append_eltwise(dnnl::algorithm::eltwise_linear, spec.scale, 0.f); break;
         case PostOp::Add:

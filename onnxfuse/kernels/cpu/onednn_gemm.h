@@ -39,9 +39,9 @@ bool OnednnBuilt();
 // with the same OnednnMatmul::Init the kernels call, so it says what they do rather than a guess of it.
 std::string HostInfoJson();
 
-// Swish is silu (x * sigmoid(x)); QuickGelu x * sigmoid(1.702 x) (oneDNN's swish with alpha 1.702); GeluErf and
-// GeluTanh torch's gelu with approximate='none' / 'tanh' (common/gate_act.h has the formulas).
-enum class PostOp { Relu, Sigmoid, Swish, QuickGelu, GeluErf, GeluTanh, Scale, Add, Mul };
+// Swish is silu (x * sigmoid(x)); QuickGelu x * sigmoid(1.702 x) (oneDNN's swish with alpha 1.702); GeluTanh
+// torch's gelu with approximate='tanh' (common/gate_act.h has the formulas).
+enum class PostOp { Relu, Sigmoid, Swish, QuickGelu, GeluTanh, Scale, Add, Mul };
 
 struct MatmulSpec {
   Format src = Format::F32;  // X and W
