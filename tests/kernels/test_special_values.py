@@ -50,7 +50,7 @@ def test_check_special_fails_a_kernel_that_drops_special_values(bad, why):
     assert not c.ok and why in c.reason, c.reason
 
 
-def _linear_relu_model(path, k=8, n=6):
+def _linear_relu_model(path, k=8, n=12):  # n >= 8: not the narrow dot-product path
     g = torch.Generator().manual_seed(0)
     w = helper.make_tensor("W", TensorProto.FLOAT, [k, n], (torch.randn(k, n, generator=g) / k ** 0.5).flatten())
     b = helper.make_tensor("b", TensorProto.FLOAT, [n], torch.randn(n, generator=g).flatten() * 0.1)
