@@ -11,6 +11,7 @@ its fused-cpu-all variant (every pattern fused) is the evidence for the next rev
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from onnxscript import ir
 
@@ -56,13 +57,23 @@ CPU_STACKS_ONLY: dict[str, StacksOnly] = {
 }
 
 
-def cpu_left_to_ort(family: str | None = None) -> dict[str, str]:
+# Families whose table holds only on small hosts: the avx512 entries were measured on 2 cores of a Sapphire Rapids;
+# on a 16-thread one every GEMM pattern won (SwiGLU 1.16-1.97x, the DLRM MLPs 1.21-1.50x, whole DLRM 2.10-2.20x
+# unfused onnxruntime: benchmarks/results/cpu-avx512-16t-2026-11-25/), so past this many threads nothing is left out.
+CPU_TABLE_MAX_THREADS: dict[str, int] = {"avx512": 4}
+
+
+def cpu_left_to_ort(family: str | None = None, threads: int | None = None) -> dict[str, str]:
     """The patterns fuse(provider="cpu") leaves to onnxruntime on a host of `family` (default this host's: the CPU
-    kernels' family, host.kernel_family()), each with its reason, which names the family."""
+    kernels' family, host.kernel_family()) of `threads` (default this one's), each with its reason, which names
+    the family."""
     from . import host
     family = family or host.kernel_family()
     if family not in CPU_LEFT_TO_ORT:
         raise OnnxfuseError(f"--cpu-isa must be one of {', '.join(CPU_LEFT_TO_ORT)} (got {family!r})")
+    threads = threads or os.cpu_count() or 1
+    if threads > CPU_TABLE_MAX_THREADS.get(family, threads):
+        return {}
     return {p: f"on {family} hosts, {why}" for p, why in CPU_LEFT_TO_ORT[family].items()}
 
 

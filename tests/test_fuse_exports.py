@@ -195,3 +195,11 @@ def test_fuse_provider_cpu_keeps_only_narrow_stacks_on_avx2(exported, tmp_path):
     feeds = _valid_feeds(plain, 0)
     np.testing.assert_allclose(runtime.session(str(tmp_path / "f.onnx"), library=True).run(None, feeds)[0],
                                plain.run(None, feeds)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_cpu_table_of_a_small_host_family_only_holds_on_small_hosts():
+    """The avx512 table was measured on 2 cores; on 16 threads every GEMM pattern won, so nothing is left out."""
+    from onnxfuse import cpu_policy
+    assert set(cpu_policy.cpu_left_to_ort("avx512", threads=2)) == set(cpu_policy.CPU_LEFT_TO_ORT["avx512"])
+    assert cpu_policy.cpu_left_to_ort("avx512", threads=16) == {}
+    assert cpu_policy.cpu_left_to_ort("avx2", threads=16) == cpu_policy.cpu_left_to_ort("avx2", threads=2)
