@@ -77,8 +77,6 @@ def cpu_left_to_ort(family: str | None = None, threads: int | None = None) -> di
     return {p: f"on {family} hosts, {why}" for p, why in CPU_LEFT_TO_ORT[family].items()}
 
 
-
-
 _LAYER_ACTS = {"LinearRelu": ["relu"], "LinearSigmoid": ["sigmoid"]}
 
 

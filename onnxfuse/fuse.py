@@ -295,10 +295,10 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
         raise OnnxfuseError("--cpu-isa goes with --provider cpu (it picks that provider's table of patterns)")
     family = None  # the CPU host family whose table applies (provider="cpu" without --patterns)
     if provider == "cpu":
-        left = cpu_left_to_ort(cpu_isa)  # an unknown family is an error either way
+        target = cpu_isa or host.kernel_family()
+        left = cpu_left_to_ort(target)  # an unknown family is an error either way
         if patterns is None:  # an explicit --patterns list fuses what it names
-            family = cpu_isa or host.kernel_family()
-            left_to_ort = left
+            family, left_to_ort = target, left
             patterns = [p for p in PATTERNS if p not in left_to_ort]
     if backend is not None and backend not in BACKENDS:
         raise OnnxfuseError(f"--backend must be one of {', '.join(BACKENDS)} (got {backend!r})")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import platform
 import shutil
 import subprocess
@@ -31,8 +32,8 @@ def collect(check: bool = False) -> dict:
     data["nvcc"] = shutil.which("nvcc") or (shutil.which("/usr/local/cuda/bin/nvcc") and "/usr/local/cuda/bin/nvcc")
     data["kernels"] = kernel_status()
     from . import host
-    lib = data["kernels"].get("library")
-    data["host"] = host.describe(lib if lib and not lib.startswith("not built") else None)
+    lib = data["kernels"].get("library", "")  # a path, or why there is none
+    data["host"] = host.describe(lib if os.path.isfile(lib) else None)
     if check:
         from .kernels import doctor
         rows = doctor.run_doctor()

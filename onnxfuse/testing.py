@@ -151,6 +151,18 @@ def check_close(actual, expected, dtype, kind: str = "kernel") -> Closeness:
     return Closeness(True, err, bound, rel)
 
 
+def special_mismatch(actual: np.ndarray, expected: np.ndarray) -> str | None:
+    """Why two same-shaped arrays disagree on NaN or +-Inf (NaN exactly where `expected` has NaN, +-Inf exactly where
+    it has +-Inf, same sign), or None when they agree there."""
+    nan_a, nan_e = np.isnan(actual), np.isnan(expected)
+    if (nan_a != nan_e).any():
+        lost, made = int((nan_e & ~nan_a).sum()), int((nan_a & ~nan_e).sum())
+        return f"NaN where the reference has none: {made}; NaN of the reference lost: {lost} (of {actual.size})"
+    inf_e = np.isinf(expected)
+    bad = (np.isinf(actual) != inf_e) | (inf_e & (np.sign(actual) != np.sign(expected)))
+    return f"{int(bad.sum())} of {actual.size} values differ in +-Inf" if bad.any() else None
+
+
 def check_special(actual, expected, dtype, kind: str = "kernel") -> Closeness:
     """Compare outputs computed from inputs holding special values (NaN, +-Inf, -0, the type's max, subnormals) with
     IEEE semantics: NaN exactly where `expected` has NaN, +-Inf exactly where it has +-Inf (same sign), and the
@@ -159,18 +171,11 @@ def check_special(actual, expected, dtype, kind: str = "kernel") -> Closeness:
     a, e = _numpy(actual).astype(np.float64), _numpy(expected).astype(np.float64)
     if a.shape != e.shape:
         return Closeness(False, float("inf"), 0.0, reason=f"shape {list(a.shape)} != expected {list(e.shape)}")
-    nan_a, nan_e = np.isnan(a), np.isnan(e)
     finite_e = np.isfinite(e)
-    scale = float(np.abs(e[finite_e]).max(initial=0.0))
-    bound = tol.bound(scale)
-    if (nan_a != nan_e).any():
-        lost, made = int((nan_e & ~nan_a).sum()), int((nan_a & ~nan_e).sum())
-        return Closeness(False, float("inf"), bound, reason=f"NaN where the reference has none: {made}; "
-                                                             f"NaN of the reference lost: {lost} (of {a.size})")
-    inf_e = np.isinf(e)
-    if (np.isinf(a) != inf_e).any() or (np.sign(a[inf_e]) != np.sign(e[inf_e])).any():
-        bad = int(((np.isinf(a) != inf_e) | (inf_e & (np.sign(a) != np.sign(e)))).sum())
-        return Closeness(False, float("inf"), bound, reason=f"{bad} of {a.size} values differ in +-Inf")
+    bound = tol.bound(float(np.abs(e[finite_e]).max(initial=0.0)))
+    mismatch = special_mismatch(a, e)
+    if mismatch:
+        return Closeness(False, float("inf"), bound, reason=mismatch)
     err = float(np.abs(a[finite_e] - e[finite_e]).max(initial=0.0))
     if err > bound:
         return Closeness(False, err, bound, reason=f"finite values: max |actual-expected| = {err:.3g} > {bound:.3g}")
