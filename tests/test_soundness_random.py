@@ -7,24 +7,22 @@ outputs in onnxruntime (CPU EP, library registered) for the default feeds, for f
 overridable initializer, and for an X whose rows hold NaN, +-Inf, -0 and subnormals (NaN and +-Inf exactly where
 the original has them: IEEE semantics). A fusion that changes a value or a shape fails here.
 
-Quick profile: 150 graphs (CI); ONNXFUSE_HYPOTHESIS_PROFILE=nightly: thousands (see conftest.py).
+Graphs per profile (quick in CI, nightly): tests/fuzzing.py. The other rule families (rotary, embedding, DLRM
+interactions and bags): test_soundness_random_families.py.
 """
 from __future__ import annotations
-
-import os
-import pathlib
-import tempfile
 
 import numpy as np
 import onnx
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxfuse import fuse, runtime, testing
+from onnxfuse import testing
 
-QUICK = os.environ.get("ONNXFUSE_HYPOTHESIS_PROFILE", "quick") == "quick"
+from fuzzing import compare_fused, fuzz_settings
+
 DTYPES = {"fp32": (TensorProto.FLOAT, np.float32, 1e-4), "fp16": (TensorProto.FLOAT16, np.float16, 2e-2)}
 mk = helper.make_node
 
@@ -230,28 +228,8 @@ def shape_of(model: onnx.ModelProto, name: str) -> list[int]:
     return [d.dim_value for d in vi.type.tensor_type.shape.dim]
 
 
-@settings(max_examples=150) if QUICK else settings()
+@fuzz_settings("gemm")
 @given(random_graphs())
 def test_random_graphs_fuse_soundly(case):
     model, feeds, dtype = case
-    onnx.checker.check_model(model, full_check=True)  # the generator itself makes valid models
-    tol = DTYPES[dtype][2]
-    with tempfile.TemporaryDirectory() as tmp:
-        src, dst = pathlib.Path(tmp) / "m.onnx", pathlib.Path(tmp) / "f.onnx"
-        onnx.save(model, str(src))
-        fuse.fuse(src, dst)  # the soundness gate raises if the output is unloadable or changes a signature
-        if not dst.exists():
-            return
-        ref_sess = runtime.session(str(src), "cpu", library=False)
-        out_sess = runtime.session(str(dst), "cpu", library=True)
-        for f in feeds:
-            ref, out = ref_sess.run(None, f), out_sess.run(None, f)
-            for r, o, info in zip(ref, out, ref_sess.get_outputs()):
-                assert r.shape == o.shape and r.dtype == o.dtype, (info.name, r.shape, o.shape)
-                r64, o64 = r.astype(np.float64), o.astype(np.float64)
-                mismatch = testing.special_mismatch(o64, r64)
-                assert mismatch is None, (info.name, mismatch)
-                fin = np.isfinite(r64)
-                scale = max(1.0, float(np.max(np.abs(r64[fin]), initial=0.0)))
-                err = float(np.max(np.abs(o64[fin] - r64[fin]), initial=0.0))
-                assert err <= tol * scale, (info.name, err)
+    compare_fused(model, feeds, DTYPES[dtype][2])
