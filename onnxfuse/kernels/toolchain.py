@@ -33,6 +33,7 @@ from .cache import build_dir
 
 HEADERS_VERSION = "1.21"  # what the trixie .deb gives; the C API is append-only, so it loads into newer runtimes
 REQUIRED_HEADERS = ("onnxruntime_cxx_api.h", "onnxruntime_lite_custom_op.h")
+REMEMBERED_HEADERS = "ort-headers-from-env"  # the cache's copy of the last ORT_INCLUDE_DIR
 DEFAULT_ARCHS = ("90",)
 _NO_HEADERS_HINT = ("set ORT_INCLUDE_DIR to an onnxruntime release's include directory (the GitHub release tarball "
                     "onnxruntime-linux-x64-<version>.tgz has it under include/), or install libonnxruntime-dev")
@@ -110,7 +111,11 @@ def find_ort_headers(fetch: bool = True, log: list[str] | None = None) -> tuple[
         if not has_headers(d):
             raise BuildError(f"ORT_INCLUDE_DIR={env} does not contain {' and '.join(REQUIRED_HEADERS)}; "
                              f"{_NO_HEADERS_HINT}")
+        _remember_headers(d, log)
         return d, f"ORT_INCLUDE_DIR={d}"
+    remembered = build_dir() / REMEMBERED_HEADERS
+    if has_headers(remembered):  # a copy of the last ORT_INCLUDE_DIR: builds made with it stay found without it
+        return remembered, f"copy of an earlier ORT_INCLUDE_DIR {remembered}"
     cached = build_dir() / f"ort-headers-{HEADERS_VERSION}"
     if has_headers(cached):
         return cached, f"cached copy {cached}"
@@ -123,6 +128,27 @@ def find_ort_headers(fetch: bool = True, log: list[str] | None = None) -> tuple[
             return cached, f"Debian trixie libonnxruntime-dev {HEADERS_VERSION} fetched into {cached}"
     raise BuildError(f"onnxruntime C/C++ headers not found (ORT_INCLUDE_DIR unset, no {cached}, no {system}"
                      f"{', apt fetch of libonnxruntime-dev failed' if fetch else ''}); {_NO_HEADERS_HINT}")
+
+
+def _remember_headers(d: pathlib.Path, log: list[str]) -> None:
+    """Keep a copy of ORT_INCLUDE_DIR's headers in the cache (replacing an older copy): the cache key holds their
+    digest, so a later shell without the variable finds the same headers, the same key and the built library."""
+    dest = build_dir() / REMEMBERED_HEADERS
+    if has_headers(dest) and headers_digest(dest) == headers_digest(d):
+        return
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        staging = pathlib.Path(tempfile.mkdtemp(prefix=".ort-headers-", dir=dest.parent))
+        for h in d.glob("*.h"):
+            shutil.copy2(h, staging / h.name)
+        old = dest.with_name(dest.name + ".old")
+        if dest.exists():
+            os.replace(dest, old)
+        os.replace(staging, dest)
+        shutil.rmtree(old, ignore_errors=True)
+        log.append(f"headers: ORT_INCLUDE_DIR={d} copied to {dest}")
+    except OSError as e:  # a read-only cache: builds still work while the variable is set
+        log.append(f"headers: could not copy ORT_INCLUDE_DIR into the cache ({e})")
 
 
 # ------------------------------------------------------------------------------------------------ toolchain

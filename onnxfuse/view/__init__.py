@@ -20,7 +20,7 @@ from .screenshot import (CHROMIUM, CHROMIUM_FLAGS, DEFAULT_WINDOW, INSTALL_HINT,
 from .serve import (DEFAULT_HOST, DOMAIN, Served, check_host, is_loopback, netron_module, serve, sigterm_exits, stop,
                     validate, wait)
 
-__all__ = ["CHROMIUM", "CHROMIUM_FLAGS", "DEFAULT_HOST", "DEFAULT_WINDOW", "DOMAIN", "INSTALL_HINT", "Headless",
+__all__ = ["register", "CHROMIUM", "CHROMIUM_FLAGS", "DEFAULT_HOST", "DEFAULT_WINDOW", "DOMAIN", "INSTALL_HINT", "Headless",
            "OnnxfuseError", "Served", "check_host", "dom", "find_chromium", "is_loopback", "open_netron", "run",
            "screenshot", "serve", "stop", "wait"]
 
@@ -28,6 +28,7 @@ __all__ = ["CHROMIUM", "CHROMIUM_FLAGS", "DEFAULT_HOST", "DEFAULT_WINDOW", "DOMA
 def run(args, *, block: bool = True) -> int:
     """The `view` command. block=False returns as soon as the server(s) run (stop them with view.stop())."""
     models = list(args.diff) if args.diff else ([args.model] if args.model else [])
+    models = [_decoder_of(m) for m in models]
     if args.diff and args.model:
         raise OnnxfuseError("give either MODEL or --diff UNFUSED FUSED, not both")
     if not models:
@@ -64,6 +65,14 @@ def run(args, *, block: bool = True) -> int:
     return 0
 
 
+def _decoder_of(path: str) -> str:
+    """A genai model folder's decoder model (what its genai_config.json names); any other path as given."""
+    if pathlib.Path(path).is_dir():
+        from ..genai import folder
+        return str(folder.decoder_path(pathlib.Path(path)))
+    return path
+
+
 def _serve_all(args, models, *, block: bool) -> int:
     served: list[Served] = []
     try:
@@ -90,3 +99,34 @@ def _serve_all(args, models, *, block: bool) -> int:
         if block:
             print("press Ctrl-C to stop", flush=True)
     return 0
+
+
+def register(sub) -> None:
+    """The `view` command's parser under cli.py's subparsers; `run(args)` does the work."""
+    from ..argtypes import port as _port, window_size as _window
+    v = sub.add_parser("view", help="show a model in Netron (served on 127.0.0.1), or screenshot it",
+                       description="Serve a model with Netron on this machine and print its URL (Ctrl-C stops it); "
+                                   "--diff shows a model before and after fusing; --screenshot writes a PNG with "
+                                   "headless Chromium.")
+    v.add_argument("model", nargs="?", metavar="MODEL", help="the .onnx model to show, or a genai model folder (its decoder)")
+    v.add_argument("--diff", nargs=2, metavar=("UNFUSED", "FUSED"),
+                   help="serve two models (e.g. before and after 'onnxfuse fuse') on two ports")
+    v.add_argument("--port", type=_port, help="port to serve on (default: 8080 if free, else another; "
+                   "with --diff the second model gets PORT+1; 0: any free port)")
+    v.add_argument("--host", default=DEFAULT_HOST, help=f"address to serve on (default {DEFAULT_HOST}; "
+                   "a non-loopback address needs --allow-remote)")
+    v.add_argument("--allow-remote", action="store_true",
+                   help="allow a non-loopback --host (the model and the files beside it become readable there)")
+    v.add_argument("--no-browser", action="store_true", help="do not open a web browser; just print the URL")
+    v.add_argument("--screenshot", "-o", metavar="PNG",
+                   help="render the model in headless Chromium, write this PNG and exit (no server left running)")
+    v.add_argument("--node", help="with --screenshot: the node to center and select (default: the first onnxfuse node)")
+    v.add_argument("--window", type=_window, default=DEFAULT_WINDOW, metavar="WxH",
+                   help="with --screenshot: the browser window in pixels (default 1600x1000)")
+    v.add_argument("--no-sidebar", action="store_true", help="with --screenshot: leave out the node's properties")
+    v.add_argument("--timeout", type=float, default=60.0, help="with --screenshot: seconds to wait for Netron (default 60)")
+    v.add_argument("--force", action="store_true", help="with --screenshot: overwrite an existing PNG")
+    v.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    v.add_argument("--json", action="store_true", help="print JSON: the screenshot's summary, or one line per served model with "
+                   "its URL")
+    v.set_defaults(func=run)

@@ -431,8 +431,16 @@ def test_header_discovery_honours_ort_include_dir(lib, monkeypatch, tmp_path):
     copy = tmp_path / "include"
     shutil.copytree(good, copy)
     monkeypatch.setenv("ORT_INCLUDE_DIR", str(copy))
+    monkeypatch.setenv("ONNXFUSE_BUILD_DIR", str(tmp_path / "cache"))
     found, source = kbuild.find_ort_headers(fetch=False)
     assert found == copy and "ORT_INCLUDE_DIR" in source
+    # a later shell without the variable finds the same headers (the cache keeps a copy), so the same cache key
+    # and the library built with them
+    monkeypatch.delenv("ORT_INCLUDE_DIR")
+    toolchain = importlib.import_module("onnxfuse.kernels.toolchain")
+    again, source = kbuild.find_ort_headers(fetch=False)
+    assert again.parent == tmp_path / "cache" and "earlier ORT_INCLUDE_DIR" in source
+    assert toolchain.headers_digest(again) == toolchain.headers_digest(copy)
 
 
 def test_header_discovery_bad_dir_is_a_clear_error(monkeypatch, tmp_path):

@@ -1,0 +1,115 @@
+"""Real checkpoints to text through onnxruntime-genai: `export hf`, `fuse DIR`, `generate`, `verify DIR`.
+
+onnxfuse builds on genai's engine (its model builder writes the decoder with GroupQueryAttention, packed QKV,
+SkipSimplifiedLayerNormalization and the KV cache; its Generator runs it) and adds what it lacks: onnxfuse's fused
+kernels in the decoder, verification against the transformers CausalLM, and one command from a checkpoint to text.
+
+    from onnxfuse import genai
+    res = genai.export_hf("SmolLM2-135M-Instruct.Q4_1.gguf", "models/smollm2")   # build + fuse
+    genai.generate(res.folder, "What is the capital of France?", chat=True).text
+
+Modules: source (checkpoint folders, GGUF, hub ids), folder (genai folders: builder, fuse, recipe), generate
+(text and timings), check (verify against transformers), command (the CLI).
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import time
+
+from ..errors import OnnxfuseError
+from . import folder as gf
+from .check import FolderVerifyResult, verify_folder  # noqa: F401
+from .generate import Generation, Sampling, generate  # noqa: F401
+from .source import Source, architecture, check_folder, kind_of, resolve
+
+DEFAULT_OUT = pathlib.Path("models")
+
+
+@dataclasses.dataclass
+class ExportResult:
+    folder: pathlib.Path
+    source: Source
+    precision: str
+    provider: str
+    builder_seconds: float
+    fuse_seconds: float | None
+    fused: dict[str, int]
+    left_to_onnxruntime: dict[str, str]
+    op_counts: dict[str, int]
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["folder"], d["source"] = str(self.folder), self.source.recipe()
+        return d
+
+
+def default_folder(spec: str, precision: str, provider: str) -> pathlib.Path:
+    name = pathlib.Path(spec.rstrip("/")).name
+    name = name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
+    return DEFAULT_OUT / f"{name.lower()}-{precision}-{provider}"
+
+
+def export_hf(spec: str, out: str | pathlib.Path | None = None, *, precision: str = "fp32", provider: str = "cpu",
+              fuse: bool = True, force: bool = False, extra_options: list[str] | None = None,
+              trust_remote_code: bool = False, allow_pickle: bool = False, cpu_isa: str | None = None,
+              progress=None) -> ExportResult:
+    """Checkpoint `spec` (transformers folder, .gguf, hub id) -> genai folder `out` through genai's model builder,
+    then fused (`fuse`): the folder's decoder is the fused one and its config names the kernel library. Nothing is
+    left at `out` when a step fails."""
+    say = progress or (lambda *_: None)  # _term.Progress: (index, total, stage, detail)
+    total = 3 if fuse else 2
+    if precision not in gf.PRECISIONS:
+        raise OnnxfuseError(f"--dtype must be one of {', '.join(gf.PRECISIONS)} (got {precision!r})")
+    if provider not in ("cpu", "cuda"):
+        raise OnnxfuseError(f"--provider must be cpu or cuda (got {provider!r})")
+    kind_of(spec)  # a bad SOURCE fails before anything is written
+    out = pathlib.Path(out) if out is not None else default_folder(spec, precision, provider)
+    supported = gf.supported_architectures()
+    if provider == "cuda":
+        from .generate import genai
+        genai("cuda")
+    with gf.staged(out, force) as tmp:
+        work = tmp / ".work"
+        work.mkdir()
+        say(1, total, "source", f"reading {spec}")
+        source = resolve(spec, work, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
+        hf_config = check_folder(source.folder, allow_pickle=True)
+        arch = architecture(hf_config)
+        gf.check_known_gaps(arch, hf_config)
+        if arch not in supported:
+            raise OnnxfuseError(f"{spec}: architecture {arch} is not one genai's model builder has; it has "
+                                f"{', '.join(a for a in supported if a.endswith('ForCausalLM'))} (and multimodal ones)")
+        built = work / "built" if fuse else tmp
+        built.mkdir(exist_ok=True)
+        say(2, total, "build", f"genai model builder ({precision}, {provider})")
+        seconds = gf.run_builder(source.folder, built, precision, provider, work / "cache", extra_options or [],
+                                 work / "builder.log", trust_remote_code=trust_remote_code)
+        recipe = {"source": source.recipe(), "precision": precision, "provider": provider,
+                  "extra_options": list(extra_options or []), "architecture": arch}
+        fuse_seconds, left = None, {}
+        if fuse:
+            say(3, total, "fuse", f"onnxfuse rules on the decoder (for {provider})")
+            t0 = time.perf_counter()
+            res = gf.fuse_folder(built, tmp, provider=provider, cpu_isa=cpu_isa, recipe=recipe)
+            fuse_seconds, left = time.perf_counter() - t0, dict(res.left_to_ort)
+        else:
+            gf.write_recipe(tmp, {**recipe, "fused": {}})
+        import shutil
+        shutil.rmtree(work)
+        counts = gf.op_counts(gf.decoder_path(tmp))
+    fused = {op: n for op, n in counts.items() if op.startswith("onnxfuse::")}
+    return ExportResult(out, source, precision, provider, seconds, fuse_seconds, fused, left, counts)
+
+
+def fuse_dir(src: str | pathlib.Path, out: str | pathlib.Path | None = None, *, provider: str | None = None,
+             cpu_isa: str | None = None, patterns: list[str] | None = None, force: bool = False):
+    """Fuse genai folder `src` into a new folder `out` (default `<src>-fused`). Returns (out, FuseResult)."""
+    src = pathlib.Path(src)
+    gf.read_config(src)
+    out = pathlib.Path(out) if out is not None else src.with_name(src.name + "-fused")
+    if out.resolve() == src.resolve():
+        raise OnnxfuseError(f"{out}: is the input folder; give another folder with -o")
+    with gf.staged(out, force) as tmp:
+        res = gf.fuse_folder(src, tmp, provider=provider, cpu_isa=cpu_isa, patterns=patterns)
+    return out, res

@@ -1,0 +1,154 @@
+"""`onnxfuse verify DIR`: a genai folder against the transformers CausalLM it was built from.
+
+  * logits: the prefill (every prompt position) and 16 greedy decode steps through genai's KV cache, each against
+    transformers fed the same tokens with its own cache, within verify.TOLERANCES for the folder's dtype
+    (max|d| / max|ref|, the reference in fp32 on the same weights);
+  * text: 32 greedy tokens from genai's Generator against transformers' generate(do_sample=False): token for token
+    in fp32; in fp16/bf16 the first divergence is reported (near-equal logits may round the other way).
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import numpy as np
+
+from ..errors import OnnxfuseError
+from . import folder as gf
+from .source import Source, load_causal_lm, load_tokenizer, resolve
+
+DEFAULT_PROMPT = "The capital of France is"
+LOGIT_STEPS = 16
+TEXT_TOKENS = 32
+# fp32: a whole decoder through genai's attention (GroupQueryAttention, its softcap) and onnxruntime's contrib
+# kernels, against transformers' eager one: the builder's own unfused Gemma 2 measured 1.0e-4 of the largest logit;
+# the half types take verify.TOLERANCES'.
+FOLDER_TOLERANCES = {"fp32": 5e-4}
+DTYPES = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "int4": "fp32"}  # int4 runs fp32 activations on the CPU
+
+
+@dataclasses.dataclass
+class TokenCheck:
+    onnx: list[int]
+    reference: list[int]
+    first_divergence: int | None
+    exact_required: bool
+
+    @property
+    def passed(self) -> bool:
+        return self.first_divergence is None or not self.exact_required
+
+
+@dataclasses.dataclass
+class FolderVerifyResult:
+    folder: str
+    provider: str
+    dtype: str
+    fused_nodes: int
+    library: bool
+    prompt_ids: list[int]
+    outputs: list  # verify.OutputCheck
+    tokens: TokenCheck
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outputs) and self.tokens.passed
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["passed"] = self.passed
+        d["tokens"]["passed"] = self.tokens.passed
+        return d
+
+
+def source_of(folder: pathlib.Path, recipe: dict | None, override: str | None, work: pathlib.Path,
+              trust_remote_code: bool = False) -> Source:
+    """The checkpoint behind `folder`: `override` (--source), else the recipe's."""
+    spec = override or (recipe or {}).get("source", {}).get("source")
+    if not spec:
+        raise OnnxfuseError(f"{folder}: no {gf.RECIPE} names its checkpoint (a folder made by the builder directly); "
+                            "pass --source with the transformers folder or .gguf it was built from")
+    trust = trust_remote_code or bool((recipe or {}).get("source", {}).get("trust_remote_code"))
+    return resolve(spec, work, trust_remote_code=trust, allow_pickle=True, convert=False)
+
+
+def verify_folder(folder: pathlib.Path, *, source: Source, provider: str | None = None,
+                  prompt: str = DEFAULT_PROMPT, prompt_ids: list[int] | None = None,
+                  tolerance: float | None = None) -> FolderVerifyResult:
+    import torch
+
+    from ..verify import TOLERANCES, compare
+    from .generate import kv_length, load_model
+    config = gf.read_config(folder)
+    recipe = gf.read_recipe(folder) or {}
+    provider = provider or gf.provider_of(config)
+    dtype = DTYPES.get(recipe.get("precision", _precision_of(folder, config)), "fp32")
+    tol = tolerance if tolerance is not None else FOLDER_TOLERANCES.get(dtype, TOLERANCES[(dtype, provider)])
+    tokenizer = load_tokenizer(folder)
+    ids = list(prompt_ids) if prompt_ids is not None else [int(i) for i in tokenizer(prompt)["input_ids"]]
+    if not ids:
+        raise OnnxfuseError("the prompt has no tokens; give a non-empty --prompt")
+    ref_model = load_causal_lm(source)
+    og, model = load_model(folder, provider)
+    vocab = int(config["model"]["vocab_size"])
+    outputs = []
+
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=kv_length(config, len(ids) + LOGIT_STEPS + 1), do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(ids)
+    got = np.asarray(gen.get_output("logits"), np.float32).reshape(len(ids), -1)[:, :vocab]
+    with torch.no_grad():
+        out = ref_model(torch.tensor([ids]), use_cache=True)
+    ref = out.logits[0].float().numpy()[:, :vocab]
+    outputs.append(compare(f"prefill logits ({len(ids)} positions)", got, ref, tol))
+    past = out.past_key_values
+    for step in range(1, LOGIT_STEPS + 1):
+        if gen.is_done():
+            break
+        gen.generate_next_token()
+        token = int(gen.get_next_tokens()[0])
+        got = np.asarray(gen.get_logits(), np.float32).reshape(-1)[:vocab]
+        with torch.no_grad():
+            out = ref_model(torch.tensor([[token]]), past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        outputs.append(compare(f"decode step {step} logits", got, out.logits[0, -1].float().numpy()[:vocab], tol))
+
+    onnx_tokens = greedy_tokens(og, model, ids, TEXT_TOKENS, kv_length(config, len(ids) + TEXT_TOKENS))
+    with torch.no_grad():
+        seq = ref_model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 max_new_tokens=TEXT_TOKENS, do_sample=False, pad_token_id=_pad(ref_model, config))
+    ref_tokens = [int(t) for t in seq[0, len(ids):]]
+    first = next((i for i, (a, b) in enumerate(zip(onnx_tokens, ref_tokens)) if a != b), None)
+    if first is None and len(onnx_tokens) != len(ref_tokens):
+        first = min(len(onnx_tokens), len(ref_tokens))
+    tokens = TokenCheck(onnx_tokens, ref_tokens, first, exact_required=dtype == "fp32")
+    fused = sum((recipe.get("fused") or {}).values())
+    library = bool(config["model"]["decoder"].get("session_options", {}).get("custom_ops_library"))
+    return FolderVerifyResult(str(folder), provider, dtype, fused, library, ids, outputs, tokens)
+
+
+def greedy_tokens(og, model, ids: list[int], n: int, max_length: int) -> list[int]:
+    """Up to `n` greedy tokens after `ids` (genai stops at EOS, as transformers' generate does)."""
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=max_length, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(ids)
+    new = []
+    while not gen.is_done() and len(new) < n:
+        gen.generate_next_token()
+        new.append(int(gen.get_next_tokens()[0]))
+    return new
+
+
+def _pad(model, config: dict) -> int | None:
+    pad = getattr(model.generation_config, "pad_token_id", None)
+    return pad if pad is not None else config["model"].get("pad_token_id")
+
+
+def _precision_of(folder: pathlib.Path, config: dict) -> str:
+    """fp32/fp16/bf16 from the decoder's logits type (folders without a recipe)."""
+    import onnx
+    m = onnx.load(str(gf.decoder_path(folder, config)), load_external_data=False)
+    et = next((o.type.tensor_type.elem_type for o in m.graph.output if o.name == "logits"), onnx.TensorProto.FLOAT)
+    return {onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16"}.get(et, "fp32")

@@ -1,0 +1,186 @@
+"""The command line of genai folders: `export hf`, `generate`, and what `fuse`, `verify` and `view` do when given a
+folder. Each function parses nothing itself: cli.py's parsers call them with their args."""
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+from ..argtypes import option_list, positive_int
+from ..errors import OnnxfuseError
+from ..host import FAMILIES
+
+
+def register_export(exsub) -> None:
+    """`export hf` under cli.py's `export` subparsers."""
+    hf = exsub.add_parser("hf", help="a transformers CausalLM checkpoint (folder, .gguf or hub id) -> an "
+                                     "onnxruntime-genai model folder, fused",
+                          description="Build an onnxruntime-genai model folder from a checkpoint with genai's model "
+                                      "builder, then fuse its decoder (default): the folder's model.onnx is the "
+                                      "fused one and genai_config.json names the kernel library beside it. Run it "
+                                      "with 'onnxfuse generate DIR', check it with 'onnxfuse verify DIR'.")
+    hf.add_argument("source", metavar="SOURCE",
+                    help="a transformers checkpoint folder (config.json + safetensors), a .gguf file (dequantized "
+                         "by transformers' GGUF loader), or a hub id where the hub is reachable")
+    hf.add_argument("-o", "--output", metavar="DIR", help="the model folder (default models/<name>-<dtype>-<provider>)")
+    hf.add_argument("--dtype", choices=["fp32", "fp16", "bf16", "int4"], default="fp32",
+                    help="the builder's precision (default fp32)")
+    hf.add_argument("--provider", choices=["cpu", "cuda"], default="cpu",
+                    help="the execution provider the folder is built and fused for (default cpu)")
+    hf.add_argument("--no-fuse", dest="fuse", action="store_false",
+                    help="write the builder's folder as it is (fuse it later with 'onnxfuse fuse DIR')")
+    hf.add_argument("--cpu-isa", choices=[name for name, _ in FAMILIES],
+                    help="with --provider cpu: the host family the folder will run on (default this host's): "
+                         "patterns measured slower there than onnxruntime's own are left to it")
+    hf.add_argument("--extra-options", type=option_list, metavar="K=V,K2=V2", default=[],
+                    help="passed to the builder's --extra_options (e.g. int4_block_size=32,int4_accuracy_level=4)")
+    hf.add_argument("--trust-remote-code", action="store_true",
+                    help="let transformers run the checkpoint's own Python code (off by default: a checkpoint is "
+                         "untrusted input)")
+    hf.add_argument("--allow-pickle", action="store_true",
+                    help="accept a folder whose weights are only pickles (.bin), which can run code when loaded")
+    hf.add_argument("--force", action="store_true", help="replace an existing output folder")
+    hf.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    hf.add_argument("--json", action="store_true", help="print the result as JSON")
+    hf.set_defaults(func=export_command)
+
+
+def register(sub) -> None:
+    """`generate`, a command of its own."""
+    g = sub.add_parser("generate", help="generate text with an onnxruntime-genai model folder (fused or not)",
+                       description="Tokenize with transformers (the chat template with --chat), run genai's "
+                                   "Generator, stream the text as it comes, stop at EOS; prefill ms and decode "
+                                   "tokens/s go to stderr at the end.")
+    g.add_argument("folder", metavar="DIR", help="a genai model folder ('onnxfuse export hf' or the builder made it)")
+    g.add_argument("--prompt", required=True, help="the prompt text")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template as a user turn")
+    g.add_argument("--max-new-tokens", type=positive_int, default=128, help="new tokens at most (default 128)")
+    g.add_argument("--greedy", action="store_true", help="pick the most likely token (the default unless "
+                   "--temperature/--top-p/--top-k/--seed is given)")
+    g.add_argument("--temperature", type=float, help="sample with this temperature")
+    g.add_argument("--top-p", type=float, help="sample from the nucleus of this probability")
+    g.add_argument("--top-k", type=positive_int, help="sample from the k most likely tokens")
+    g.add_argument("--seed", type=int, help="random seed of the sampling")
+    g.add_argument("--provider", choices=["cpu", "cuda"], help="execution provider (default: the folder's)")
+    g.add_argument("-q", "--quiet", action="store_true", help="print only the generated text")
+    g.add_argument("--json", action="store_true", help="print ids, text and timings as JSON instead of streaming")
+    g.set_defaults(func=generate_command)
+
+
+def add_verify_args(ve) -> None:
+    """What `verify` takes for a folder."""
+    ve.add_argument("--source", metavar="CHECKPOINT",
+                    help="for a genai folder: the transformers folder or .gguf it was built from (default: the "
+                         "folder's onnxfuse.json)")
+    ve.add_argument("--prompt", help="for a genai folder: the prompt of the logits and text checks (default "
+                                     "'The capital of France is')")
+
+
+# ------------------------------------------------------------------------------------------------ commands
+def _no_progress_bars() -> None:
+    """transformers' GGUF loader draws a tqdm bar of its own; tqdm reads TQDM_DISABLE when first imported."""
+    import os
+    os.environ.setdefault("TQDM_DISABLE", "1")
+
+
+def export_command(args) -> int:
+    _no_progress_bars()
+    from . import export_hf
+    from .._term import Stages
+    stages = Stages("export hf", not (args.quiet or args.json))
+    res = export_hf(args.source, args.output, precision=args.dtype, provider=args.provider, fuse=args.fuse,
+                    force=args.force, extra_options=args.extra_options, trust_remote_code=args.trust_remote_code,
+                    allow_pickle=args.allow_pickle, cpu_isa=args.cpu_isa, progress=stages)
+    if args.json:
+        print(json.dumps(res.to_dict(), indent=2))
+    elif not args.quiet:
+        fused = ", ".join(f"{op} x{n}" for op, n in res.fused.items()) or "nothing fused"
+        print(f"wrote {res.folder} (builder {res.builder_seconds:.1f} s"
+              f"{f', fuse {res.fuse_seconds:.1f} s' if res.fuse_seconds is not None else ''}): {fused}")
+        for pattern, why in res.left_to_onnxruntime.items():
+            print(f"  {pattern}: left to onnxruntime: {why}")
+        print(f"  run it: onnxfuse generate {res.folder} --prompt '...'  check it: onnxfuse verify {res.folder}")
+    return 0
+
+
+def generate_command(args) -> int:
+    from . import generate
+    from .generate import Sampling
+    sampled = any(v is not None for v in (args.temperature, args.top_p, args.top_k, args.seed))
+    if args.greedy and sampled:
+        raise OnnxfuseError("--greedy does not go with --temperature/--top-p/--top-k/--seed; choose one")
+    sampling = Sampling(greedy=not sampled, temperature=args.temperature if args.temperature is not None else 1.0,
+                        top_p=args.top_p if args.top_p is not None else 1.0,
+                        top_k=args.top_k if args.top_k is not None else 50, seed=args.seed)
+
+    def stream(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    res = generate(pathlib.Path(args.folder), args.prompt, chat=args.chat, max_new_tokens=args.max_new_tokens,
+                   sampling=sampling, provider=args.provider, on_text=None if args.json else stream)
+    if args.json:
+        print(json.dumps(res.to_dict(), indent=2))
+        return 0
+    print()
+    if not args.quiet:
+        rate = f"{res.decode_tokens_per_s:.1f} tokens/s" if res.decode_tokens_per_s else "n/a"
+        print(f"[{len(res.prompt_ids)} prompt tokens, prefill {res.prefill_ms:.1f} ms; {len(res.new_ids)} new tokens, "
+              f"decode {rate}{', stopped at EOS' if res.stopped_at_eos else ''}]", file=sys.stderr)
+    return 0
+
+
+def fuse_command(args) -> int:
+    """`fuse DIR`: a new fused folder."""
+    from . import fuse_dir
+    if args.report or args.explain or args.backend or args.external_data or args.no_ort_fusions \
+            or args.write_unchanged:
+        raise OnnxfuseError("fuse DIR (a genai folder) takes -o, --provider, --cpu-isa, --patterns, --force, -q and "
+                            "--json; fuse the folder's model.onnx itself for the other options")
+    out, res = fuse_dir(args.model, args.output, provider=args.provider, cpu_isa=args.cpu_isa,
+                        patterns=args.patterns, force=args.force)
+    if args.json:
+        print(json.dumps({"folder": str(out), **res.report()}, indent=2))
+    elif not args.quiet:
+        fused = ", ".join(f"onnxfuse::{r['op']} x{r['matches']}" for r in res.table()) or "nothing fused"
+        print(f"wrote {out}: {fused}")
+        for pattern, why in res.left_to_ort.items():
+            print(f"  {pattern}: left to onnxruntime: {why}")
+    return 0
+
+
+def verify_command(args) -> int:
+    _no_progress_bars()
+    import tempfile
+    from . import folder as gf
+    from .check import DEFAULT_PROMPT, source_of, verify_folder
+    from .._term import Table, console
+    folder = pathlib.Path(args.model)
+    if args.module or args.backend or args.no_graph_opt or args.require_library:
+        raise OnnxfuseError("verify DIR (a genai folder) takes --source, --prompt, --provider, --tolerance, -q and "
+                            "--json")
+    gf.read_config(folder)
+    with tempfile.TemporaryDirectory() as work:
+        source = source_of(folder, gf.read_recipe(folder), args.source, pathlib.Path(work))
+        res = verify_folder(folder, source=source, provider=args.provider if args.provider != "cpu" else None,
+                            prompt=args.prompt or DEFAULT_PROMPT, tolerance=args.tolerance)
+    if args.json:
+        print(json.dumps(res.to_dict(), indent=2))
+    elif not args.quiet:
+        t = Table("output", "shape", "max abs err", "max rel err", "rel L2 err", "tolerance", "result",
+                  title=f"verify {folder} ({res.provider}, {res.dtype}, {res.fused_nodes} onnxfuse nodes)",
+                  numeric=("shape", "max abs err", "max rel err", "rel L2 err", "tolerance", "result"))
+        for o in res.outputs:
+            t.add_row(o.name, "x".join(map(str, o.shape)), f"{o.max_abs_err:.3e}", f"{o.max_rel_err:.3e}",
+                      f"{o.rel_l2_err:.3e}", f"{o.tolerance:.0e}", "[green]PASS[/]" if o.passed else "[red]FAIL[/]")
+        con = console()
+        con.print(t)
+        tk = res.tokens
+        if tk.first_divergence is None:
+            con.print(f"greedy text: {len(tk.onnx)} tokens, token for token equal to transformers' generate")
+        else:
+            con.print(f"greedy text: first divergence at new token {tk.first_divergence} (genai "
+                      f"{tk.onnx[tk.first_divergence:tk.first_divergence + 3]}, transformers "
+                      f"{tk.reference[tk.first_divergence:tk.first_divergence + 3]})"
+                      f"{': FAIL (fp32 must be exact)' if tk.exact_required else ' (allowed in ' + res.dtype + ')'}")
+    return 0 if res.passed else 1

