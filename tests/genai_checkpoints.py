@@ -23,8 +23,11 @@ def _configs():
         "gemma": (tf.GemmaConfig, tf.GemmaForCausalLM, dict(head_dim=16, hidden_activation="gelu_pytorch_tanh")),
         "gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM, dict(head_dim=16, sliding_window=64,
                                                                query_pre_attn_scalar=16)),
+        # one local and one global layer: both rotary thetas (genai/_builder.py adapts them for the builder)
         "gemma3": (tf.Gemma3TextConfig, tf.Gemma3ForCausalLM, dict(head_dim=16, sliding_window=64,
-                                                                   query_pre_attn_scalar=16)),
+                                                                   query_pre_attn_scalar=16,
+                                                                   layer_types=["sliding_attention",
+                                                                                "full_attention"])),
     }
 
 

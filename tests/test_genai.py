@@ -1,5 +1,5 @@
 """Checkpoints to text through onnxruntime-genai (onnxfuse.genai): the family matrix (tiny random checkpoints of
-Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma and Gemma 2 saved with save_pretrained) through genai's model builder,
+Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2 and Gemma 3 saved with save_pretrained) through genai's model builder,
 fused with every rule, verified against the transformers CausalLM (prefill and 16 decode steps of logits through the
 KV cache, 32 greedy tokens token for token), with the builder's and the fused folder's node counts pinned in
 tests/data/genai_signatures.json (a builder upgrade that changes its graphs fails here instead of silently losing
@@ -50,7 +50,7 @@ def _reference_greedy(ckpt: pathlib.Path, ids: list[int], n: int) -> list[int]:
 
 
 # ------------------------------------------------------------------------------------------------ family matrix
-@pytest.mark.parametrize("family", [f for f in ckpts.FAMILIES if f != "gemma3"])
+@pytest.mark.parametrize("family", ckpts.FAMILIES)
 def test_family_builds_fuses_and_verifies(checkpoints, tmp_path, family):
     ckpt = checkpoints(family)
     built = genai.export_hf(str(ckpt), tmp_path / "built", fuse=False)
@@ -76,10 +76,20 @@ def test_family_builds_fuses_and_verifies(checkpoints, tmp_path, family):
     assert result.library and result.fused_nodes == sum(n for op, n in fused_counts.items() if op.startswith("onnxfuse"))
 
 
-def test_gemma3_is_refused_with_the_reason_and_nothing_written(checkpoints, tmp_path):
-    with pytest.raises(OnnxfuseError, match="transformers 4.x"):
-        genai.export_hf(str(checkpoints("gemma3")), tmp_path / "g3")
-    assert not (tmp_path / "g3").exists() and not list(tmp_path.iterdir())
+def test_a_failed_build_leaves_nothing_and_keeps_the_log(checkpoints, tmp_path, monkeypatch):
+    """The builder failing halfway (here: a checkpoint folder whose weights file is cut short) leaves no folder,
+    and the error names the builder's log, kept outside the removed work folder."""
+    import shutil
+    broken = tmp_path / "broken"
+    shutil.copytree(checkpoints("llama"), broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    monkeypatch.setenv("ONNXFUSE_BUILD_DIR", str(tmp_path / "cache"))
+    with pytest.raises(OnnxfuseError, match="model builder failed") as e:
+        genai.export_hf(str(broken), tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
+    log = pathlib.Path(str(e.value).rsplit("its log: ", 1)[1])
+    assert log.is_file() and log.parent.parent == tmp_path / "cache"
 
 
 def test_verify_fails_on_a_folder_of_other_weights(checkpoints, tmp_path):
@@ -216,3 +226,21 @@ def test_smollm2_gguf_answers_and_verifies(tmp_path):
     with_source = genai.check.source_of(res.folder, gf.read_recipe(res.folder), None, tmp_path)
     result = genai.verify_folder(res.folder, source=with_source)
     assert result.passed, result.to_dict()
+
+
+def test_bench_genai_times_folders_against_the_first(checkpoints, tmp_path, capsys):
+    ckpt = checkpoints("llama")
+    genai.export_hf(str(ckpt), tmp_path / "plain", fuse=False)
+    genai.fuse_dir(tmp_path / "plain", tmp_path / "fused", patterns=["swiglu"])
+    out = tmp_path / "r.json"
+    assert cli.main(["bench", "genai", str(tmp_path / "plain"), str(tmp_path / "fused"), "--device", "cpu",
+                     "--sizes", "8,16", "--runs", "2", "--warmup", "1", "-o", str(out)]) == 0
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert [(pathlib.Path(r["folder"]).name, r["prompt_tokens"]) for r in rows] == \
+        [("plain", 8), ("plain", 16), ("fused", 8), ("fused", 16)]
+    assert all(r["prefill_ms"] > 0 and r["decode_ms_per_token"] > 0 and r["new_tokens"] == 64 for r in rows)
+    assert rows[0]["decode_speedup_vs_first"] == 1.0 and rows[2]["fused"] == {"onnxfuse::SwiGLU": 2}
+    assert rows[0]["weight_bytes"] == rows[2]["weight_bytes"] > 0 and result["versions"]["onnxruntime_genai"]
+    assert "vs first" in capsys.readouterr().out
+    _one_line_error(capsys, ["bench", "genai"], "bench genai takes genai model folders")

@@ -123,6 +123,8 @@ def cli_main(args) -> int:
             raise OnnxfuseError("bench backends takes results JSONs: onnxfuse bench backends R.json [R2.json ...]")
         print(markdown_backends_table([load_json(t) for t in args.targets[1:]]))
         return 0
+    if args.targets[:1] == ["genai"] and not args.from_json:
+        return _genai(args)
     quiet = args.quiet or args.json
     if args.noisy_spread < 1:
         raise OnnxfuseError(f"--noisy-spread {args.noisy_spread}: p90/p10 is at least 1; give a threshold like 1.25")
@@ -183,4 +185,29 @@ def _plot_only(args) -> int:
         raise OnnxfuseError("matplotlib is not installed; pip install matplotlib")
     if not args.quiet:
         print(f"wrote {out}")
+    return 0
+
+
+def _genai(args) -> int:
+    """`bench genai DIR [DIR ...]`: onnxruntime-genai folders timed in one run (prefill and decode; the first
+    folder is the baseline), written as JSON to -o or the results folder."""
+    from ..genai import folder as gf, timing
+    folders = [pathlib.Path(t) for t in args.targets[1:]]
+    if not folders:
+        raise OnnxfuseError("bench genai takes genai model folders: onnxfuse bench genai BASELINE_DIR [DIR ...]")
+    for f in folders:
+        gf.read_config(f)
+    provider = "cuda" if args.device == "cuda" else "cpu" if args.device == "cpu" else \
+        gf.provider_of(gf.read_config(folders[0]))
+    say = None if (args.quiet or args.json) else (lambda text: print(f"onnxfuse bench genai: {text}",
+                                                                      file=sys.stderr, flush=True))
+    result = timing.bench(folders, provider=provider, sizes=args.sizes, runs=args.runs or 5,
+                          warmup=args.warmup if args.warmup is not None else 2, progress=say)
+    result["target"] = "genai"
+    out = write_json(result, pathlib.Path(args.output) if args.output else default_output(result, args.results_dir))
+    if args.json:
+        print(json.dumps(result, indent=1))
+    elif not args.quiet:
+        print(timing.table(result))
+        print(f"\nwrote {out}")
     return 0

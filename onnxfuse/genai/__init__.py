@@ -76,7 +76,6 @@ def export_hf(spec: str, out: str | pathlib.Path | None = None, *, precision: st
         source = resolve(spec, work, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
         hf_config = check_folder(source.folder, allow_pickle=True)
         arch = architecture(hf_config)
-        gf.check_known_gaps(arch, hf_config)
         if arch not in supported:
             raise OnnxfuseError(f"{spec}: architecture {arch} is not one genai's model builder has; it has "
                                 f"{', '.join(a for a in supported if a.endswith('ForCausalLM'))} (and multimodal ones)")

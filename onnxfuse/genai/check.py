@@ -74,7 +74,8 @@ def source_of(folder: pathlib.Path, recipe: dict | None, override: str | None, w
 
 def verify_folder(folder: pathlib.Path, *, source: Source, provider: str | None = None,
                   prompt: str = DEFAULT_PROMPT, prompt_ids: list[int] | None = None,
-                  tolerance: float | None = None) -> FolderVerifyResult:
+                  tolerance: float | None = None, cuda_graph: bool = False, reference=None) -> FolderVerifyResult:
+    """`reference`: the transformers model of `source`, already loaded (several checks of one folder share it)."""
     import torch
 
     from ..verify import TOLERANCES, compare
@@ -88,8 +89,10 @@ def verify_folder(folder: pathlib.Path, *, source: Source, provider: str | None 
     ids = list(prompt_ids) if prompt_ids is not None else [int(i) for i in tokenizer(prompt)["input_ids"]]
     if not ids:
         raise OnnxfuseError("the prompt has no tokens; give a non-empty --prompt")
-    ref_model = load_causal_lm(source)
-    og, model = load_model(folder, provider)
+    ref_model = reference if reference is not None else load_causal_lm(source)
+    device = "cuda" if provider == "cuda" and torch.cuda.is_available() else "cpu"
+    ref_model.to(device)  # fp32 on the GPU beside the folder's model: a 7B reference takes 28 GB
+    og, model = load_model(folder, provider, cuda_graph)
     vocab = int(config["model"]["vocab_size"])
     outputs = []
 
@@ -99,8 +102,8 @@ def verify_folder(folder: pathlib.Path, *, source: Source, provider: str | None 
     gen.append_tokens(ids)
     got = np.asarray(gen.get_output("logits"), np.float32).reshape(len(ids), -1)[:, :vocab]
     with torch.no_grad():
-        out = ref_model(torch.tensor([ids]), use_cache=True)
-    ref = out.logits[0].float().numpy()[:, :vocab]
+        out = ref_model(torch.tensor([ids], device=device), use_cache=True)
+    ref = out.logits[0].float().cpu().numpy()[:, :vocab]
     outputs.append(compare(f"prefill logits ({len(ids)} positions)", got, ref, tol))
     past = out.past_key_values
     for step in range(1, LOGIT_STEPS + 1):
@@ -110,15 +113,16 @@ def verify_folder(folder: pathlib.Path, *, source: Source, provider: str | None 
         token = int(gen.get_next_tokens()[0])
         got = np.asarray(gen.get_logits(), np.float32).reshape(-1)[:vocab]
         with torch.no_grad():
-            out = ref_model(torch.tensor([[token]]), past_key_values=past, use_cache=True)
+            out = ref_model(torch.tensor([[token]], device=device), past_key_values=past, use_cache=True)
         past = out.past_key_values
-        outputs.append(compare(f"decode step {step} logits", got, out.logits[0, -1].float().numpy()[:vocab], tol))
+        outputs.append(compare(f"decode step {step} logits", got, out.logits[0, -1].float().cpu().numpy()[:vocab], tol))
 
     onnx_tokens = greedy_tokens(og, model, ids, TEXT_TOKENS, kv_length(config, len(ids) + TEXT_TOKENS))
     with torch.no_grad():
-        seq = ref_model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+        seq = ref_model.generate(torch.tensor([ids], device=device),
+                                 attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=device),
                                  max_new_tokens=TEXT_TOKENS, do_sample=False, pad_token_id=_pad(ref_model, config))
-    ref_tokens = [int(t) for t in seq[0, len(ids):]]
+    ref_tokens = [int(t) for t in seq[0, len(ids):].cpu()]
     first = next((i for i, (a, b) in enumerate(zip(onnx_tokens, ref_tokens)) if a != b), None)
     if first is None and len(onnx_tokens) != len(ref_tokens):
         first = min(len(onnx_tokens), len(ref_tokens))

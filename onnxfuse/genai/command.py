@@ -62,6 +62,8 @@ def register(sub) -> None:
     g.add_argument("--top-k", type=positive_int, help="sample from the k most likely tokens")
     g.add_argument("--seed", type=int, help="random seed of the sampling")
     g.add_argument("--provider", choices=["cpu", "cuda"], help="execution provider (default: the folder's)")
+    g.add_argument("--cuda-graph", action="store_true", help="with --provider cuda: genai runs each decode step as "
+                   "a captured CUDA graph")
     g.add_argument("-q", "--quiet", action="store_true", help="print only the generated text")
     g.add_argument("--json", action="store_true", help="print ids, text and timings as JSON instead of streaming")
     g.set_defaults(func=generate_command)
@@ -74,6 +76,8 @@ def add_verify_args(ve) -> None:
                          "folder's onnxfuse.json)")
     ve.add_argument("--prompt", help="for a genai folder: the prompt of the logits and text checks (default "
                                      "'The capital of France is')")
+    ve.add_argument("--cuda-graph", action="store_true", help="for a genai folder on --provider cuda: genai runs "
+                    "the decode steps as captured CUDA graphs")
 
 
 # ------------------------------------------------------------------------------------------------ commands
@@ -118,7 +122,8 @@ def generate_command(args) -> int:
         sys.stdout.flush()
 
     res = generate(pathlib.Path(args.folder), args.prompt, chat=args.chat, max_new_tokens=args.max_new_tokens,
-                   sampling=sampling, provider=args.provider, on_text=None if args.json else stream)
+                   sampling=sampling, provider=args.provider, cuda_graph=args.cuda_graph,
+                   on_text=None if args.json else stream)
     if args.json:
         print(json.dumps(res.to_dict(), indent=2))
         return 0
@@ -163,7 +168,8 @@ def verify_command(args) -> int:
     with tempfile.TemporaryDirectory() as work:
         source = source_of(folder, gf.read_recipe(folder), args.source, pathlib.Path(work))
         res = verify_folder(folder, source=source, provider=args.provider if args.provider != "cpu" else None,
-                            prompt=args.prompt or DEFAULT_PROMPT, tolerance=args.tolerance)
+                            prompt=args.prompt or DEFAULT_PROMPT, tolerance=args.tolerance,
+                            cuda_graph=args.cuda_graph)
     if args.json:
         print(json.dumps(res.to_dict(), indent=2))
     elif not args.quiet:

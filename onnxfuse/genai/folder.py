@@ -136,7 +136,8 @@ def run_builder(hf_folder: pathlib.Path, out: pathlib.Path, precision: str, prov
     extra = list(extra_options)
     if trust_remote_code:
         extra.append("hf_remote=true")
-    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_folder), "-o", str(out),
+    # the builder's own CLI behind onnxfuse's adaptation of Gemma 3's config to it (genai/_builder.py)
+    cmd = [sys.executable, "-m", "onnxfuse.genai._builder", "-i", str(hf_folder), "-o", str(out),
            "-p", precision, "-e", provider, "-c", str(cache)] + (["--extra_options", *extra] if extra else [])
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
@@ -158,23 +159,6 @@ def _keep_log(log: pathlib.Path, name: str) -> pathlib.Path:
     shutil.copy2(log, kept)
     return kept
 
-
-# Checkpoints the builder of onnxruntime-genai 0.18 misreads with transformers 5 (checked: it fails or builds a wrong
-# model), by architecture: why, and what works instead.
-KNOWN_GAPS = {
-    "Gemma3ForCausalLM": (
-        lambda config: isinstance(config.get("rope_parameters"), dict)
-        and "sliding_attention" in config["rope_parameters"],
-        "genai 0.18's model builder reads Gemma 3's rotary settings in transformers 4's form (rope_local_base_freq, "
-        "one rope_parameters); transformers 5 keeps one per layer type, and the builder stops with KeyError "
-        "'rope_type': build this checkpoint with transformers 4.x installed, or a newer onnxruntime-genai"),
-}
-
-
-def check_known_gaps(arch: str, config: dict) -> None:
-    gap = KNOWN_GAPS.get(arch)
-    if gap is not None and gap[0](config):
-        raise OnnxfuseError(f"{arch}: {gap[1]}")
 
 
 def fuse_folder(src: pathlib.Path, out: pathlib.Path, *, provider: str | None = None, cpu_isa: str | None = None,

@@ -48,15 +48,20 @@ def genai(provider: str = "cpu"):
     return og
 
 
-def load_model(folder: pathlib.Path, provider: str | None = None):
-    """genai's Model for `folder` on `provider` (default: the one the folder was built for)."""
+def load_model(folder: pathlib.Path, provider: str | None = None, cuda_graph: bool = False):
+    """genai's Model for `folder` on `provider` (default: the one the folder was built for); `cuda_graph`: genai
+    captures the decode step in a CUDA graph (its KV buffers are shared between steps, as the builder sets)."""
     config = gf.read_config(folder)
     provider = provider or gf.provider_of(config)
+    if cuda_graph and provider != "cuda":
+        raise OnnxfuseError("--cuda-graph needs --provider cuda")
     og = genai(provider)
     cfg = og.Config(str(folder))
     cfg.clear_providers()
     if provider == "cuda":
         cfg.append_provider("cuda")
+        if cuda_graph:
+            cfg.set_provider_option("cuda", "enable_cuda_graph", "1")
     try:
         return og, og.Model(cfg)
     except Exception as e:
@@ -87,7 +92,7 @@ def kv_length(config: dict, needed: int) -> int:
 
 
 def generate(folder: pathlib.Path, prompt: str, *, chat: bool = False, max_new_tokens: int = 128,
-             sampling: Sampling | None = None, provider: str | None = None,
+             sampling: Sampling | None = None, provider: str | None = None, cuda_graph: bool = False,
              on_text: Callable[[str], None] | None = None, tokenizer=None) -> Generation:
     """Generate up to `max_new_tokens` after `prompt`; `on_text` receives the text as it grows (new pieces)."""
     from .source import load_tokenizer
@@ -100,7 +105,7 @@ def generate(folder: pathlib.Path, prompt: str, *, chat: bool = False, max_new_t
         raise OnnxfuseError("the prompt has no tokens for this tokenizer; give a non-empty --prompt")
     if len(ids) >= limit:
         raise OnnxfuseError(f"the prompt is {len(ids)} tokens; the model's context holds {limit}: shorten it")
-    og, model = load_model(folder, provider)
+    og, model = load_model(folder, provider, cuda_graph)
     params = og.GeneratorParams(model)
     options = {"max_length": kv_length(config, len(ids) + max_new_tokens), "do_sample": not sampling.greedy}
     if not sampling.greedy:
