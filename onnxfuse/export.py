@@ -149,24 +149,10 @@ def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: st
         # onnxfuse's convention (and the model's external-data locations) name.
         tmp_path = tmp / out.name
         order = ["dynamo", "torchscript"] if exporter == "auto" else [exporter]
-        used, errors = None, []
         stage(1, f"torch.onnx ({' then '.join(order) if exporter == 'auto' else exporter} exporter; "
                  f"{weight_bytes / 1e6:.1f} MB of weights)")
-        for name in order:
-            try:
-                torch_export(module, inputs, tmp_path, name, names, outs, _dynamic(kind, spec, names) if dynamic else None)
-                used = name
-                break
-            except Exception as e:  # exporter failures are many and varied; keep the first line of each
-                msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                errors.append(f"{name}: {type(e).__name__}: {msg[:300]}")
-                if exporter == "auto" and name == "dynamo":
-                    notes.append(f"dynamo exporter failed ({msg[:200]}); fell back to the TorchScript exporter")
-                    warnings.warn(notes[-1])
-                for f in tmp.iterdir():  # a failed exporter's partial files
-                    f.unlink()
-        if used is None:
-            raise OnnxfuseError("export failed: " + " | ".join(errors) + "; try --exporter torchscript or a smaller config")
+        used = _export_with_fallback(module, inputs, tmp_path, order, names, outs,
+                                     _dynamic(kind, spec, names) if dynamic else None, notes)
         recipe = make_recipe(kind, spec, seed, dtype, inputs, used, dynamic)
         del module  # the exported weights are on disk now; do not hold a second copy while writing
         gc.collect()
@@ -198,6 +184,26 @@ def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: st
         shutil.rmtree(tmp, ignore_errors=True)
     data_path = parent / data_name if (parent / data_name).is_file() and external_data else None
     return ExportResult(out, used, time.perf_counter() - t0, op_counts(model), recipe, notes, data_path)
+
+
+def _export_with_fallback(module, inputs, path: pathlib.Path, order: list[str], names, outs, dynamic_shapes,
+                          notes: list[str]) -> str:
+    """Export with the first exporter of `order` that works (its name returned); a dynamo failure before TorchScript
+    is a warning and a note. Raises OnnxfuseError with every exporter's first error line when none works."""
+    errors = []
+    for name in order:
+        try:
+            torch_export(module, inputs, path, name, names, outs, dynamic_shapes)
+            return name
+        except Exception as e:  # exporter failures are many and varied; keep the first line of each
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            errors.append(f"{name}: {type(e).__name__}: {msg[:300]}")
+            if len(order) > 1 and name == "dynamo":
+                notes.append(f"dynamo exporter failed ({msg[:200]}); fell back to the TorchScript exporter")
+                warnings.warn(notes[-1])
+            for f in path.parent.iterdir():  # a failed exporter's partial files
+                f.unlink()
+    raise OnnxfuseError("export failed: " + " | ".join(errors) + "; try --exporter torchscript or a smaller config")
 
 
 def _single_data_file(path: pathlib.Path, data_name: str) -> bool:

@@ -23,6 +23,7 @@ import onnx
 from onnxscript import ir
 
 from . import cpu_policy, functions, host, onnxio, ort_fusions, soundness
+from .flops import model_flops
 from .cpu_policy import CPU_LEFT_TO_ORT, cpu_left_to_ort  # noqa: F401  (fuse.CPU_LEFT_TO_ORT: the public name)
 from .errors import OnnxfuseError
 from .rewrites import (_base, _explain, embedding, embedding_interaction, linear_act, lora_linear, mlp_stack,
@@ -100,23 +101,6 @@ class FuseResult:
                 "already_fused": self.already_fused, "in_functions": self.in_functions,
                 "ort_fusions": None if self.ort is None else self.ort.to_dict(), "nodes_after_ort": self.nodes_after_ort,
                 "seconds": round(self.seconds, 3), "output": self.output, "left_to_ort": self.left_to_ort}
-
-
-def model_flops(model: ir.Model) -> int | None:
-    """FLOPs of the main graph's MatMul/Gemm nodes (2 * output elements * K); None if a shape is not static."""
-    total = 0
-    for node in model.graph:
-        if node.op_type not in ("MatMul", "Gemm") or node.domain not in ("", "ai.onnx"):
-            continue
-        out, a = node.outputs[0], node.inputs[0]
-        if out.shape is None or a.shape is None or not out.shape.is_static() or not a.shape.is_static():
-            return None
-        k = a.shape[-1] if not (node.op_type == "Gemm" and node.attributes.get_int("transA", 0)) else a.shape[0]
-        numel = 1
-        for d in out.shape:
-            numel *= d
-        total += 2 * numel * k
-    return total
 
 
 class _ShapeInferenceLog:
@@ -290,16 +274,7 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
     t0 = time.perf_counter()
     if provider not in (None, "cpu", "cuda"):
         raise OnnxfuseError(f"--provider must be cpu or cuda (got {provider!r})")
-    left_to_ort = {}
-    if cpu_isa is not None and provider != "cpu":
-        raise OnnxfuseError("--cpu-isa goes with --provider cpu (it picks that provider's table of patterns)")
-    family = None  # the CPU host family whose table applies (provider="cpu" without --patterns)
-    if provider == "cpu":
-        target = cpu_isa or host.kernel_family()
-        left = cpu_left_to_ort(target)  # an unknown family is an error either way
-        if patterns is None:  # an explicit --patterns list fuses what it names
-            family, left_to_ort = target, left
-            patterns = [p for p in PATTERNS if p not in left_to_ort]
+    patterns, family, left_to_ort = _provider_patterns(provider, cpu_isa, patterns)
     if backend is not None and backend not in BACKENDS:
         raise OnnxfuseError(f"--backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
     src = pathlib.Path(src)
@@ -339,33 +314,55 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
                         refusals, already, 0.0, in_functions=in_functions, ort=stage1, nodes_after_ort=nodes_after_ort,
                         left_to_ort=left_to_ort)
     if result.changed or write_unchanged:
-        model.ir_version = min(model.ir_version or 10, onnxio.MAX_IR_VERSION)
-        if external_data is None:  # automatic: keep the source's layout, and go external past protobuf's limit
-            external_data = src_external or not _fits_in_memory(src)
-        if not external_data:
-            # Small and inline: one proto in memory, written atomically by onnxio.save.
-            proto = ir.serde.serialize_model(model)
-            if src_external:  # --no external data asked for a model whose weights are in a file: pull them in
-                from onnx.external_data_helper import load_external_data_for_model
-                load_external_data_for_model(proto, str(src.parent))
-            functions.add_functions(proto)
-            onnxio.set_metadata(proto, REPORT_KEY, json.dumps(_metadata_report(result)))
-            if result.changed:
-                soundness.check(proto, src, before)
-            result.model = proto
-            if out is not None:
-                onnxio.save(proto, out, external_data=False)
-                result.output = str(out)
-        elif out is not None:
-            # Weights stream from the source's data file (or memory, for tensors the rules made) into the output's
-            # own '<out>.data': the fused model never points at the source's weights file.
-            _save_large(model, out, result, src, before if result.changed else None)
+        _write(model, result, src, out, src_external, external_data, before)
     result.seconds = time.perf_counter() - t0
     if report_path is not None:
         tmp = pathlib.Path(str(report_path) + ".tmp")
         tmp.write_text(json.dumps(result.report(), indent=2))
         os.replace(tmp, report_path)
     return result
+
+
+def _provider_patterns(provider: str | None, cpu_isa: str | None, patterns: list[str] | None):
+    """(patterns to apply, the CPU family whose table applies or None, {pattern: why it is left to onnxruntime}):
+    provider="cpu" without an explicit --patterns list leaves the family's CPU_LEFT_TO_ORT patterns out."""
+    if cpu_isa is not None and provider != "cpu":
+        raise OnnxfuseError("--cpu-isa goes with --provider cpu (it picks that provider's table of patterns)")
+    if provider != "cpu":
+        return patterns, None, {}
+    target = cpu_isa or host.kernel_family()
+    left = cpu_left_to_ort(target)  # an unknown family is an error either way
+    if patterns is not None:  # an explicit --patterns list fuses what it names
+        return patterns, None, {}
+    left_to_ort = dict(left)
+    return [p for p in PATTERNS if p not in left_to_ort], target, left_to_ort
+
+
+def _write(model: ir.Model, result: FuseResult, src: pathlib.Path, out, src_external: bool, external_data,
+           before) -> None:
+    """Serialize the fused model (inline, or its weights streamed into '<out>.data'), with its functions and report,
+    through the soundness gate when anything changed; sets result.model / result.output."""
+    model.ir_version = min(model.ir_version or 10, onnxio.MAX_IR_VERSION)
+    if external_data is None:  # automatic: keep the source's layout, and go external past protobuf's limit
+        external_data = src_external or not _fits_in_memory(src)
+    if not external_data:
+        # Small and inline: one proto in memory, written atomically by onnxio.save.
+        proto = ir.serde.serialize_model(model)
+        if src_external:  # --no external data asked for a model whose weights are in a file: pull them in
+            from onnx.external_data_helper import load_external_data_for_model
+            load_external_data_for_model(proto, str(src.parent))
+        functions.add_functions(proto)
+        onnxio.set_metadata(proto, REPORT_KEY, json.dumps(_metadata_report(result)))
+        if result.changed:
+            soundness.check(proto, src, before)
+        result.model = proto
+        if out is not None:
+            onnxio.save(proto, out, external_data=False)
+            result.output = str(out)
+    elif out is not None:
+        # Weights stream from the source's data file (or memory, for tensors the rules made) into the output's own
+        # '<out>.data': the fused model never points at the source's weights file.
+        _save_large(model, out, result, src, before if result.changed else None)
 
 
 def _metadata_report(result: FuseResult) -> dict:

@@ -35,7 +35,7 @@ def collect(check: bool = False) -> dict:
     lib = data["kernels"].get("library", "")  # a path, or why there is none
     data["host"] = host.describe(lib if os.path.isfile(lib) else None)
     if check:
-        from .kernels import doctor
+        from . import doctor
         rows = doctor.run_doctor()
         data["check"] = rows
         data["check_summary"] = check_summary(rows)
@@ -48,7 +48,7 @@ def doctor_command(args, console) -> int:
     print them (each row as it finishes with --verbose, else the table; JSON with --json), return the exit code."""
     import json
 
-    from .kernels import doctor
+    from . import doctor
     verbose = args.verbose and not (args.quiet or args.json)
     chosen = {k: v for k, v in (("ops", args.ops), ("dtypes", args.dtypes), ("modes", args.modes)) if v}
     on_row = (lambda r: print(doctor.format_row(r), flush=True)) if verbose else None
@@ -88,7 +88,7 @@ def print_check(con, rows: list[dict], title: str, every: bool = False, notes=()
     """The doctor's rows as a table (every row that ran when `every`, else the failures only), one line per skip
     reason, the `notes` (lines about the library), and the counts."""
     from ._term import Table
-    from .kernels.doctor import mode_label
+    from .doctor import mode_label
     s = check_summary(rows)
     shown = [r for r in rows if r.get("status") != "SKIP"] if every else s["failures"]
     if shown:

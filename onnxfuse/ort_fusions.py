@@ -223,7 +223,7 @@ def reference(source: onnx.ModelProto) -> tuple[list, list] | str:
         return "outputs are not float32/float16 (onnxruntime's CPU provider cannot run this model's type)"
     if source.ByteSize() > CHECK_BYTE_LIMIT:
         return "the model is too large for a CPU check"
-    from .fuse import model_flops
+    from .flops import model_flops
     flops = model_flops(ir.serde.deserialize_model(source))
     if flops is not None and flops > CHECK_FLOP_LIMIT:
         return f"the model's {flops / 1e9:.0f} GFLOP are too many for a CPU check"

@@ -145,20 +145,7 @@ def session(model: onnx.ModelProto | str | os.PathLike, provider: str = "cpu", *
     if library is None:
         library = has_onnxfuse_nodes(proto)
     if library:
-        from . import kernels
-        try:
-            kernels.session_options(so, path=lib_path, provider=provider)
-        except (OnnxfuseError, kernels.BuildError, OSError) as e:
-            reason = str(e).splitlines()[0]
-            if lib_path is not None:  # the message names the library and the fix
-                raise OnnxfuseError(reason) from None
-            if explicit or not _has_functions(proto):
-                raise OnnxfuseError(f"the onnxfuse kernel library is unavailable ({reason}); run 'onnxfuse build' "
-                                    "and see 'onnxfuse info'") from None
-            # Without the library the fused nodes still run: onnxruntime inlines their ONNX function bodies.
-            warnings.warn(f"onnxfuse kernel library unavailable ({reason}); onnxfuse nodes run as their ONNX "
-                          "function bodies (slower). Run 'onnxfuse build' to get the kernels.",
-                          LibraryUnavailableWarning, stacklevel=2)
+        _register_library(so, proto, lib_path, provider, explicit)
     opts = dict(provider_options or {})
     if cuda_graph:
         opts["enable_cuda_graph"] = "1"
@@ -175,22 +162,46 @@ def session(model: onnx.ModelProto | str | os.PathLike, provider: str = "cpu", *
     try:
         return rt.InferenceSession(src, so, providers=providers)
     except Exception as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        missing = re.search(r"Could not find an implementation for (\w+\(\d+\))", msg)
-        if missing and provider == "cpu" and _has_bf16(proto):
-            raise OnnxfuseError(f"onnxruntime's CPU provider has no bfloat16 kernel for {missing.group(1)}; run bf16 "
-                                "models with --provider cuda, or export with --dtype fp16/fp32 for the CPU") from None
-        opset = re.search(r"[Oo]pset (\d+)", msg)
-        if opset and ("under development" in msg or "support" in msg.lower()):
-            raise OnnxfuseError(f"onnxruntime {rt.__version__} cannot load this model: opset {opset.group(1)} is newer "
-                                f"than it supports; re-export it with 'onnxfuse export' (opset {ONNX_OPSET})") from None
-        if "onnxfuse" in msg and "not a registered function/op" in msg.replace("is not a registered", "not a registered"):
-            raise OnnxfuseError(f"onnxruntime cannot run this fused model's onnxfuse ops: {msg[:300]}; register the "
-                                "kernel library (onnxfuse.kernels.library_path(), or 'onnxfuse run', which does it)") from None
-        if "Unsupported model IR version" in msg or "opset" in msg.lower() and "support" in msg.lower():
-            raise OnnxfuseError(f"onnxruntime {rt.__version__} cannot load this model: {msg[:300]}; re-export it with "
-                                "'onnxfuse export' (IR version <= 13, opset <= 23)") from None
-        raise OnnxfuseError(f"onnxruntime could not load the model: {msg[:400]}") from None
+        raise _load_error(e, provider, proto, rt.__version__) from None
+
+
+def _register_library(so, proto: onnx.ModelProto, lib_path, provider: str, explicit: bool) -> None:
+    """The kernel library into `so`; where it cannot be had and the model carries function bodies and did not ask
+    for the library explicitly, a LibraryUnavailableWarning instead (the nodes then run as their bodies)."""
+    from . import kernels
+    try:
+        kernels.session_options(so, path=lib_path, provider=provider)
+    except (OnnxfuseError, kernels.BuildError, OSError) as e:
+        reason = str(e).splitlines()[0]
+        if lib_path is not None:  # the message names the library and the fix
+            raise OnnxfuseError(reason) from None
+        if explicit or not _has_functions(proto):
+            raise OnnxfuseError(f"the onnxfuse kernel library is unavailable ({reason}); run 'onnxfuse build' "
+                                "and see 'onnxfuse info'") from None
+        # Without the library the fused nodes still run: onnxruntime inlines their ONNX function bodies.
+        warnings.warn(f"onnxfuse kernel library unavailable ({reason}); onnxfuse nodes run as their ONNX "
+                      "function bodies (slower). Run 'onnxfuse build' to get the kernels.",
+                      LibraryUnavailableWarning, stacklevel=3)
+
+
+def _load_error(e: Exception, provider: str, proto: onnx.ModelProto, version: str) -> OnnxfuseError:
+    """onnxruntime's session-creation error as one line naming the fix."""
+    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+    missing = re.search(r"Could not find an implementation for (\w+\(\d+\))", msg)
+    if missing and provider == "cpu" and _has_bf16(proto):
+        return OnnxfuseError(f"onnxruntime's CPU provider has no bfloat16 kernel for {missing.group(1)}; run bf16 "
+                             "models with --provider cuda, or export with --dtype fp16/fp32 for the CPU")
+    opset = re.search(r"[Oo]pset (\d+)", msg)
+    if opset and ("under development" in msg or "support" in msg.lower()):
+        return OnnxfuseError(f"onnxruntime {version} cannot load this model: opset {opset.group(1)} is newer "
+                             f"than it supports; re-export it with 'onnxfuse export' (opset {ONNX_OPSET})")
+    if "onnxfuse" in msg and "not a registered function/op" in msg.replace("is not a registered", "not a registered"):
+        return OnnxfuseError(f"onnxruntime cannot run this fused model's onnxfuse ops: {msg[:300]}; register the "
+                             "kernel library (onnxfuse.kernels.library_path(), or 'onnxfuse run', which does it)")
+    if "Unsupported model IR version" in msg or "opset" in msg.lower() and "support" in msg.lower():
+        return OnnxfuseError(f"onnxruntime {version} cannot load this model: {msg[:300]}; re-export it with "
+                             "'onnxfuse export' (IR version <= 13, opset <= 23)")
+    return OnnxfuseError(f"onnxruntime could not load the model: {msg[:400]}")
 
 
 def _has_bf16(model: onnx.ModelProto) -> bool:

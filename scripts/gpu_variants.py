@@ -67,7 +67,7 @@ def _model(op: str, shapes: dict, attrs: dict) -> bytes:
     from onnx import TensorProto, helper
 
     from onnxfuse import schema
-    from onnxfuse.kernels import doctor
+    from onnxfuse import doctor
 
     t = TensorProto.FLOAT16
     overload = attrs.get("activations", "") if op == "MLPStack" else \
@@ -112,7 +112,7 @@ def _measure(op: str, shapes: dict, attrs: dict, lib: str, iters: int, graphs=(F
     import torch
 
     from onnxfuse import schema
-    from onnxfuse.kernels import doctor
+    from onnxfuse import doctor
 
     ins = doctor.make_inputs(op, "float16", shapes, seed, "cuda")
     tensors = dict(zip(shapes, ins))
@@ -143,7 +143,7 @@ def _has_experiments(lib: str) -> bool:
 
 def stack_modes(lib: str, iters: int) -> list[dict]:
     """MLPStack per forced stack_mode (Triton), auto, and the CUDA backend, at DLRM's two MLPs over STACK_ROWS."""
-    from onnxfuse.kernels import doctor
+    from onnxfuse import doctor
 
     cfgs = (0, 1, 2) if _has_experiments(lib) else (0,)
     variants = [(f"triton fused cfg{c}", {"backend": "triton", "stack_mode": "fused", **({"stack_cfg": c} if c else {})})
@@ -164,7 +164,7 @@ def stack_modes(lib: str, iters: int) -> list[dict]:
 
 def experiments(lib: str, iters: int) -> list[dict]:
     """The Triton experiment variants (a library built with `onnxfuse build --experiments`)."""
-    from onnxfuse.kernels import doctor
+    from onnxfuse import doctor
 
     if not _has_experiments(lib):
         print(f"experiments: skipped, {lib} was built without them (onnxfuse build --experiments)", flush=True)
@@ -183,7 +183,7 @@ def experiments(lib: str, iters: int) -> list[dict]:
 def activations(lib: str, iters: int) -> list[dict]:
     """SwiGLU per gate activation and backend at the Llama MLP's shapes, with the ratio to silu's time."""
     from onnxfuse import schema
-    from onnxfuse.kernels import doctor
+    from onnxfuse import doctor
 
     rows = []
     for m, k, n in GATED_SHAPES:

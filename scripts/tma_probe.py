@@ -22,7 +22,7 @@ import triton.language as tl
 def _gemm_loop():
     """triton/gemm_loop.py, as aot.py's loader imports it (the kernel files' private package)."""
     sys.path.insert(0, ".")
-    from onnxfuse.kernels import tune
+    from onnxfuse import tune
     tune._aot()._load_kernels()
     return sys.modules["_onnxfuse_triton_kernels.gemm_loop"]
 
@@ -113,7 +113,7 @@ def _lora_tma(x_ptr, w_ptr, t_ptr, b_ptr, bias_ptr, y_ptr, M, N, K, R, scale, NP
 
 def lora_variants(record_row, sms):
     """lora_main's TMA build and where its rank-r term goes (probe kernel _lora_tma) against torch.matmul."""
-    from onnxfuse.kernels import tune
+    from onnxfuse import tune
     M, K, N, r = 2048, 4096, 4096, 16
     g = torch.Generator(device="cuda").manual_seed(0)
     dt = torch.float16
@@ -155,7 +155,7 @@ def lora_variants(record_row, sms):
 def real_kernels(record_row, sms):
     """onnxfuse's own kernels (triton/*.py through aot's loader) with TMA off (cp.async loop, one tile per program)
     and on (persistent, min(tiles, SMs) programs), on the bench shapes."""
-    from onnxfuse.kernels import tune
+    from onnxfuse import tune
     kernels = tune._aot()._load_kernels()
     dt = torch.float16
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -221,7 +221,7 @@ def main(argv=None):
     ap.add_argument("--lora", action="store_true", help="time lora_main's TMA build and rank-r placements")
     args = ap.parse_args(argv)
     sys.path.insert(0, ".")
-    from onnxfuse.kernels import tune
+    from onnxfuse import tune
 
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count

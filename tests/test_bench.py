@@ -260,10 +260,10 @@ def test_bench_cache_keys_change_with_the_rules(tmp_path, monkeypatch):
     (tmp_path / "rewrites" / "rule.py").write_text("y = 2\n")
     assert cases.pipeline_fingerprint(tmp_path) != first
     cases._FINGERPRINTS.clear()
-    (tmp_path / "cli.py").write_text("z = 1\n")  # the CLI writes no model
+    (tmp_path / "doctor.py").write_text("z = 1\n")  # the doctor writes no model
     second = cases.pipeline_fingerprint(tmp_path)
     cases._FINGERPRINTS.clear()
-    (tmp_path / "cli.py").write_text("z = 2\n")
+    (tmp_path / "doctor.py").write_text("z = 2\n")
     assert cases.pipeline_fingerprint(tmp_path) == second
     cases._FINGERPRINTS.clear()
     keys = set()

@@ -49,7 +49,7 @@ def test_info_json(capsys):
 
 
 def test_doctor_options_choose_what_is_checked(capsys):
-    """`onnxfuse doctor` takes what run_doctor can choose (the old `python -m onnxfuse.kernels.doctor` options and
+    """`onnxfuse doctor` takes what run_doctor can choose (the old `python -m onnxfuse.doctor` options and
     more): providers, backends, ops, dtypes, modes, the library, and -v (each row as it finishes)."""
     argv = ["doctor", "--providers", "cpu", "--backends", "cpu", "--ops", "LinearRelu", "--dtypes", "float",
             "--modes", "plain"]

@@ -21,7 +21,7 @@ def _cuda_first():
 
 def test_doctor_every_op_backend_dtype_and_mode_on_cuda():
     """Every op x {cuda, triton} x {fp32, fp16, bf16} against PyTorch: plain, on a user stream, under CUDA graphs."""
-    from onnxfuse.kernels import doctor
+    from onnxfuse import doctor
     rows = doctor.run_doctor(providers=("cuda",), backends=("cuda", "triton"))
     assert rows
     bad = [doctor.format_row(r) for r in rows if r["status"] != "PASS"]
@@ -32,7 +32,7 @@ def test_doctor_every_op_backend_dtype_and_mode_on_cuda():
 def test_doctor_special_values_on_cuda():
     """IEEE semantics on the GPU: rows of NaN, +-Inf, -0, the type's max and subnormals through every op x {cuda,
     triton} x dtype, plain, on a user stream and under CUDA graphs; NaN and Inf exactly where PyTorch has them."""
-    from onnxfuse.kernels import doctor
+    from onnxfuse import doctor
     rows = doctor.run_doctor(providers=("cuda",), backends=("cuda", "triton"), special=True)
     assert rows and all(r["values"] == "special" for r in rows)
     bad = [doctor.format_row(r) for r in rows if r["status"] != "PASS"]
@@ -134,7 +134,7 @@ def test_bench_runs_on_the_gpu(tmp_path):
 def test_mlp_stack_modes_from_the_node_attribute(stack_mode):
     """stack_mode=fused (one Triton kernel, row blocks), =grid (one persistent kernel, layers split over the SMs)
     and =layers (a launch per layer), forced per node, against PyTorch."""
-    from onnxfuse.kernels import doctor
+    from onnxfuse import doctor
     shapes = {"MLPStack": [(m, (13, 512, 256, 64, 16), "relu.relu.relu.relu") for m in (1, 128, 333, 20000)]
               + [(m, (367, 512, 256, 1), "relu.relu.sigmoid") for m in (128, 2048)]
               + [(77, (29, 40), "sigmoid")]}
@@ -149,7 +149,7 @@ def test_default_library_refuses_experiment_knobs():
     import onnxruntime as ort
 
     from onnxfuse import kernels
-    from onnxfuse.kernels import doctor
+    from onnxfuse import doctor
     lib = kernels.library_path(provider="cuda")
     if kernels.build_info(lib).get("experiments"):
         pytest.skip("this library was built with --experiments")
@@ -164,7 +164,7 @@ def _stack_session(m, widths, acts, stack_mode, cuda_graph):
     import onnxruntime as ort
 
     from onnxfuse import kernels
-    from onnxfuse.kernels import doctor
+    from onnxfuse import doctor
     model = doctor.make_model("MLPStack", "float16", doctor.stack_shapes(m, widths), "triton",
                               extra_attrs={"activations": acts, "stack_mode": stack_mode})
     opts = {"enable_cuda_graph": "1"} if cuda_graph else {}
@@ -183,7 +183,7 @@ def test_mlp_stack_grid_barrier_holds_over_many_runs(m, widths, acts, cuda_graph
     import torch
 
     from onnxfuse import schema
-    from onnxfuse.kernels import doctor
+    from onnxfuse import doctor
     shp = doctor.stack_shapes(m, widths)
     fixed = doctor.make_inputs("MLPStack", "float16", shp, 0, "cpu")[1:]
     feeds = {name: t.float().numpy() for name, t in zip(list(shp)[1:], fixed)}
@@ -213,7 +213,7 @@ def test_embedding_ops_past_the_triton_tiles_run_on_the_cuda_kernel():
     import onnxruntime as ort
 
     from onnxfuse import kernels, schema
-    from onnxfuse.kernels import doctor
+    from onnxfuse import doctor
     shapes = {"EmbeddingInteraction": [(9, 136, 3, "dot", "mod"), (5, 16, 70, "dot", "none")],
               "EmbeddingBagInteraction": [(7, 136, 4, "cat", 2)]}
     rows = doctor.run_doctor(providers=("cuda",), backends=("cuda",), ops=list(shapes), shapes=shapes)

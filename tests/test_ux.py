@@ -125,7 +125,7 @@ def _rows(statuses):
 
 
 def test_info_check_skips_pass_and_failures_are_shown(monkeypatch, capsys):
-    from onnxfuse.kernels import doctor
+    from onnxfuse import doctor
     monkeypatch.setattr(doctor, "run_doctor", lambda: _rows(["PASS"] * 3 + ["SKIP"] * 500))
     assert cli.main(["info", "--check"]) == 0  # skipped checks are not failures
     out = capsys.readouterr().out

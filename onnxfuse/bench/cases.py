@@ -46,7 +46,7 @@ class CaseDef:
 # What makes the exported, ORT-optimized and fused models: a change to any of these files gives new cache keys, so
 # a bench never times a model that an older export or older rules wrote (the package version alone did not move).
 PIPELINE_SOURCES = ("*.py", "rewrites/*.py")
-_PIPELINE_SKIP = ("cli.py", "info.py", "argtypes.py", "_term.py")
+_PIPELINE_SKIP = ("info.py", "argtypes.py", "_term.py", "doctor.py", "tune.py")
 
 
 def pipeline_fingerprint(root: pathlib.Path | None = None) -> str:

@@ -46,10 +46,10 @@ def _variant_list(text: str) -> list[str]:
 
 
 def register(subparsers, parser_class=None) -> argparse.ArgumentParser:
-    """Add the `bench` subcommand, with all its arguments, to cli.py's subparsers; its func(args) (cli_main) returns
+    """Add the `bench` subcommand, with all its arguments, to the cli package's subparsers; its func(args) (cli_main) returns
     the exit code.
 
-    parser_class is accepted for symmetry with cli.py (its subparsers already create parsers of that class).
+    parser_class is accepted for symmetry with the cli package (its subparsers already create parsers of that class).
     """
     p = subparsers.add_parser("bench", help="benchmark torch, ORT unfused and ORT fused (per backend, CUDA graphs)",
                               description=DESCRIPTION)

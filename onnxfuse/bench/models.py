@@ -102,9 +102,10 @@ def flops_and_bytes(path) -> tuple[int | None, int | None]:
     from onnxscript import ir
 
     from .. import fuse as _fuse
+    from ..flops import model_flops
     model = ir.load(str(path))
     _fuse.infer_shapes(model)
-    flops = _fuse.model_flops(model)
+    flops = model_flops(model)
 
     def nbytes(v) -> int | None:
         if v is None or v.shape is None or v.dtype is None or not v.shape.is_static():

@@ -25,11 +25,13 @@ NOISY_SPREAD = 1.25
 
 
 def results_dir() -> pathlib.Path:
-    """Where results go without -o: benchmarks/results/ of the onnxfuse checkout this package runs from (an editable
-    install), else the user data dir (e.g. ~/.local/share/onnxfuse/bench-results); never the current directory."""
+    """Where results go without -o: benchmarks/results/local/ of the onnxfuse checkout this package runs from (an
+    editable install; git-ignored, so a run in the checkout never makes tracked-looking files: a result set is
+    committed by moving it into a folder of its own beside it), else the user data dir (e.g.
+    ~/.local/share/onnxfuse/bench-results); never the current directory."""
     checkout = pathlib.Path(__file__).resolve().parents[2]
     if (checkout / "pyproject.toml").is_file() and (checkout / DEFAULT_RESULTS).is_dir():
-        return checkout / DEFAULT_RESULTS
+        return checkout / DEFAULT_RESULTS / "local"
     try:
         import platformdirs
         return pathlib.Path(platformdirs.user_data_dir("onnxfuse")) / "bench-results"

@@ -25,7 +25,7 @@ def _adapt(config):
     return config
 
 
-def main(argv: list[str]) -> None:
+def run(argv: list[str]) -> None:
     import transformers
     load = transformers.AutoConfig.from_pretrained.__func__
 
@@ -38,4 +38,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(sys.argv[1:])

@@ -1,5 +1,5 @@
 """The command line of genai folders: `export hf`, `generate`, and what `fuse`, `verify` and `view` do when given a
-folder. Each function parses nothing itself: cli.py's parsers call them with their args."""
+folder. Each function parses nothing itself: the cli package's parsers call them with their args."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,7 @@ from ..host import FAMILIES
 
 
 def register_export(exsub) -> None:
-    """`export hf` under cli.py's `export` subparsers."""
+    """`export hf` under the cli package's `export` subparsers."""
     hf = exsub.add_parser("hf", help="a transformers CausalLM checkpoint (folder, .gguf or hub id) -> an "
                                      "onnxruntime-genai model folder, fused",
                           description="Build an onnxruntime-genai model folder from a checkpoint with genai's model "

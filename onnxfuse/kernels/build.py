@@ -17,6 +17,7 @@ import dataclasses
 import datetime
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 import pathlib
@@ -37,6 +38,20 @@ from .toolchain import auto_backends, onnxruntime_has_cuda  # noqa: F401, E402
 
 KERNELS_DIR = pathlib.Path(__file__).resolve().parent
 STAGES = ("headers", "configure", "cpu", "cuda", "triton", "link")
+
+
+TRITON_DIR = pathlib.Path(__file__).resolve().parent / "triton"
+
+
+def aot_module():
+    """triton/aot.py (a build script, not a package module), loaded once."""
+    name = "_onnxfuse_aot"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, TRITON_DIR / "aot.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
 # What the build reads from this folder. pyproject.toml's package-data must ship every one of these (a test checks).
 SOURCE_GLOBS = ("*.cc", "*.h", "cpu/*.cc", "cpu/*.h", "common/*.h", "cuda/*.cc", "cuda/*.h", "cuda/*.cu",
                 "cuda/*.cmake", "CMakeLists.txt", "exports.map", "triton/*.py", "triton/*.json",
@@ -307,8 +322,7 @@ def _compile(p: Plan, log, progress: _Progress) -> None:
     info = {"library": "onnxfuse_ops", "cache_key": p.key, "backends": p.backends, "archs": p.archs,
             "experiments": p.experiments, "header_source": p.header_source, "cpu_gemm": p.cpu_gemm, **p.versions}
     if "triton" in p.backends:  # the tile configs of triton/tuned.json the AOT step compiles over aot.py's CONFIGS
-        from .tune import _aot
-        info["triton_tuned"] = {a: k for a, k in _aot().default_overrides().items() if a in p.archs}
+        info["triton_tuned"] = {a: k for a, k in aot_module().default_overrides().items() if a in p.archs}
     work = pathlib.Path(tempfile.mkdtemp(prefix=f".{p.key}-", dir=root))
     cmake = shutil.which("cmake")
 

@@ -199,93 +199,107 @@ class Match:
 
     # ------------------------------------------------------------------------------------------ data movement
     def run(self, node: ir.Node, ins: list[Abs]) -> Abs:
+        """What `node` computes from its inputs' abstract values (the ops of MOVES, one method each)."""
         op = node.op_type
-        a = ins[0]
-        label = _base.node_label(node)
         if op == "Identity":
-            return a
-        if op == "Transpose":
+            return ins[0]
+        method = self._METHODS.get(op)
+        if method is None:
+            raise Refused(f"{_base.node_label(node)}: {op} is not a data-movement op the index check runs")
+        return getattr(self, method)(node, ins, ins[0], op, _base.node_label(node))
+
+    # op -> the method that moves its indices (the ops of MOVES; Identity passes its input through)
+    _METHODS = {"Transpose": "_op_transpose", "Reshape": "_op_reshape", "Flatten": "_op_flatten",
+                "Unsqueeze": "_op_unsqueeze", "Squeeze": "_op_unsqueeze", "Gather": "_op_gather",
+                "GatherND": "_op_gathernd", "Concat": "_op_concat"}
+
+    def _op_transpose(self, node: ir.Node, ins: list[Abs], a: Abs, op: str, label: str) -> Abs:
+        rank = len(a.dims)
+        perm = list(int_attr(node, "perm", list(range(rank))[::-1]))
+        if sorted(perm) != list(range(rank)):
+            raise Refused(f"{label}: bad perm {perm}")
+        old_nb = [i for i in range(rank) if i != a.bax]
+        order = [old_nb.index(p) for p in perm if p != a.bax]
+        return Abs([a.dims[p] for p in perm], perm.index(a.bax), a.content.transpose(order))
+
+    def _op_reshape(self, node: ir.Node, ins: list[Abs], a: Abs, op: str, label: str) -> Abs:
+        return self._reshape(a, list(self.ints(node.inputs[1]).ravel()), int_attr(node, "allowzero", 0), label)
+
+    def _op_flatten(self, node: ir.Node, ins: list[Abs], a: Abs, op: str, label: str) -> Abs:
+        rank = len(a.dims)
+        axis = int_attr(node, "axis", 1)
+        axis = axis + rank if axis < 0 else axis
+        left = [s for i, s in enumerate(a.dims[:axis]) if i != a.bax]
+        right = [s for i, s in enumerate(a.dims[axis:], start=axis) if i != a.bax]
+        if a.bax < axis:
+            target = [BATCH if prod(left) == 1 else -2, prod(right)]
+        else:
+            target = [prod(left), BATCH if prod(right) == 1 else -2]
+        if -2 in target:
+            raise Refused(f"{label}: Flatten merges the batch axis with other axes")
+        return self._reshape(a, target, 1, label)
+
+    def _op_unsqueeze(self, node: ir.Node, ins: list[Abs], a: Abs, op: str, label: str) -> Abs:
+        if len(node.inputs) < 2 or node.inputs[1] is None:
+            raise Refused(f"{label}: {op} without an axes input")
+        axes = [int(x) for x in self.ints(node.inputs[1]).ravel()]
+        if op == "Unsqueeze":
+            rank = len(a.dims) + len(axes)
+            axes = {x + rank if x < 0 else x for x in axes}
+            it = iter(a.dims)
+            dims = [1 if i in axes else next(it) for i in range(rank)]
+        else:
             rank = len(a.dims)
-            perm = list(int_attr(node, "perm", list(range(rank))[::-1]))
-            if sorted(perm) != list(range(rank)):
-                raise Refused(f"{label}: bad perm {perm}")
-            old_nb = [i for i in range(rank) if i != a.bax]
-            order = [old_nb.index(p) for p in perm if p != a.bax]
-            return Abs([a.dims[p] for p in perm], perm.index(a.bax), a.content.transpose(order))
-        if op == "Reshape":
-            return self._reshape(a, list(self.ints(node.inputs[1]).ravel()), int_attr(node, "allowzero", 0), label)
-        if op == "Flatten":
-            rank = len(a.dims)
-            axis = int_attr(node, "axis", 1)
-            axis = axis + rank if axis < 0 else axis
-            left = [s for i, s in enumerate(a.dims[:axis]) if i != a.bax]
-            right = [s for i, s in enumerate(a.dims[axis:], start=axis) if i != a.bax]
-            if a.bax < axis:
-                target = [BATCH if prod(left) == 1 else -2, prod(right)]
-            else:
-                target = [prod(left), BATCH if prod(right) == 1 else -2]
-            if -2 in target:
-                raise Refused(f"{label}: Flatten merges the batch axis with other axes")
-            return self._reshape(a, target, 1, label)
-        if op in ("Unsqueeze", "Squeeze"):
-            if len(node.inputs) < 2 or node.inputs[1] is None:
-                raise Refused(f"{label}: {op} without an axes input")
-            axes = [int(x) for x in self.ints(node.inputs[1]).ravel()]
-            if op == "Unsqueeze":
-                rank = len(a.dims) + len(axes)
-                axes = {x + rank if x < 0 else x for x in axes}
-                it = iter(a.dims)
-                dims = [1 if i in axes else next(it) for i in range(rank)]
-            else:
-                rank = len(a.dims)
-                axes = {x + rank if x < 0 else x for x in axes}
-                if a.bax in axes or any(a.dims[x] != 1 for x in axes):
-                    raise Refused(f"{label}: squeezes an axis that is not 1 or the batch axis")
-                dims = [s for i, s in enumerate(a.dims) if i not in axes]
-            bax = dims.index(BATCH)
-            return Abs(dims, bax, a.content.reshape([s for i, s in enumerate(dims) if i != bax]))
-        if op == "Gather":
-            rank = len(a.dims)
-            axis = int_attr(node, "axis", 0)
-            axis = axis + rank if axis < 0 else axis
-            if axis == a.bax:
-                raise Refused(f"{label}: gathers along the batch axis")
-            idx = self._indices(node.inputs[1], a.dims[axis], label)
-            ax = axis if axis < a.bax else axis - 1
-            dims = a.dims[:axis] + list(idx.shape) + a.dims[axis + 1:]
-            bax = a.bax if a.bax < axis else a.bax + idx.ndim - 1
-            return Abs(dims, bax, np.take(a.content, idx, axis=ax))
-        if op == "GatherND":
-            if int_attr(node, "batch_dims", 0) != 0:
-                raise Refused(f"{label}: GatherND with batch_dims")
-            raw = self.ints(node.inputs[1])
-            if raw.ndim < 1 or any(x is BATCH for x in raw.ravel()):
-                raise Refused(f"{label}: GatherND indices are not constant")
-            k = raw.shape[-1]
-            if a.bax < k:
-                raise Refused(f"{label}: GatherND indexes the batch axis")
-            idx = raw.astype(np.int64)
-            for j in range(k):
-                size = a.dims[j]
-                idx[..., j] = np.where(idx[..., j] < 0, idx[..., j] + size, idx[..., j])
-                if idx.size and (idx[..., j].min() < 0 or idx[..., j].max() >= size):
-                    raise Refused(f"{label}: GatherND index out of range")
-            content = a.content[tuple(idx[..., j] for j in range(k))]
-            return Abs(list(idx.shape[:-1]) + a.dims[k:], idx.ndim - 1 + (a.bax - k), content)
-        if op == "Concat":
-            rank = len(a.dims)
-            axis = int_attr(node, "axis", 0)
-            axis = axis + rank if axis < 0 else axis
-            if any(len(b.dims) != rank or b.bax != a.bax for b in ins) or axis == a.bax:
-                raise Refused(f"{label}: concatenates along the batch axis or values of other layouts")
-            for b in ins:
-                if [s for i, s in enumerate(b.dims) if i != axis] != [s for i, s in enumerate(a.dims) if i != axis]:
-                    raise Refused(f"{label}: concatenates values of different shapes")
-            ax = axis if axis < a.bax else axis - 1
-            dims = list(a.dims)
-            dims[axis] = sum(int(b.dims[axis]) for b in ins)
-            return Abs(dims, a.bax, np.concatenate([b.content for b in ins], axis=ax))
-        raise Refused(f"{label}: {op} is not a data-movement op the index check runs")
+            axes = {x + rank if x < 0 else x for x in axes}
+            if a.bax in axes or any(a.dims[x] != 1 for x in axes):
+                raise Refused(f"{label}: squeezes an axis that is not 1 or the batch axis")
+            dims = [s for i, s in enumerate(a.dims) if i not in axes]
+        bax = dims.index(BATCH)
+        return Abs(dims, bax, a.content.reshape([s for i, s in enumerate(dims) if i != bax]))
+
+    def _op_gather(self, node: ir.Node, ins: list[Abs], a: Abs, op: str, label: str) -> Abs:
+        rank = len(a.dims)
+        axis = int_attr(node, "axis", 0)
+        axis = axis + rank if axis < 0 else axis
+        if axis == a.bax:
+            raise Refused(f"{label}: gathers along the batch axis")
+        idx = self._indices(node.inputs[1], a.dims[axis], label)
+        ax = axis if axis < a.bax else axis - 1
+        dims = a.dims[:axis] + list(idx.shape) + a.dims[axis + 1:]
+        bax = a.bax if a.bax < axis else a.bax + idx.ndim - 1
+        return Abs(dims, bax, np.take(a.content, idx, axis=ax))
+
+    def _op_gathernd(self, node: ir.Node, ins: list[Abs], a: Abs, op: str, label: str) -> Abs:
+        if int_attr(node, "batch_dims", 0) != 0:
+            raise Refused(f"{label}: GatherND with batch_dims")
+        raw = self.ints(node.inputs[1])
+        if raw.ndim < 1 or any(x is BATCH for x in raw.ravel()):
+            raise Refused(f"{label}: GatherND indices are not constant")
+        k = raw.shape[-1]
+        if a.bax < k:
+            raise Refused(f"{label}: GatherND indexes the batch axis")
+        idx = raw.astype(np.int64)
+        for j in range(k):
+            size = a.dims[j]
+            idx[..., j] = np.where(idx[..., j] < 0, idx[..., j] + size, idx[..., j])
+            if idx.size and (idx[..., j].min() < 0 or idx[..., j].max() >= size):
+                raise Refused(f"{label}: GatherND index out of range")
+        content = a.content[tuple(idx[..., j] for j in range(k))]
+        return Abs(list(idx.shape[:-1]) + a.dims[k:], idx.ndim - 1 + (a.bax - k), content)
+
+    def _op_concat(self, node: ir.Node, ins: list[Abs], a: Abs, op: str, label: str) -> Abs:
+        rank = len(a.dims)
+        axis = int_attr(node, "axis", 0)
+        axis = axis + rank if axis < 0 else axis
+        if any(len(b.dims) != rank or b.bax != a.bax for b in ins) or axis == a.bax:
+            raise Refused(f"{label}: concatenates along the batch axis or values of other layouts")
+        for b in ins:
+            if [s for i, s in enumerate(b.dims) if i != axis] != [s for i, s in enumerate(a.dims) if i != axis]:
+                raise Refused(f"{label}: concatenates values of different shapes")
+        ax = axis if axis < a.bax else axis - 1
+        dims = list(a.dims)
+        dims[axis] = sum(int(b.dims[axis]) for b in ins)
+        return Abs(dims, a.bax, np.concatenate([b.content for b in ins], axis=ax))
 
     def _indices(self, v: ir.Value, size, label: str) -> np.ndarray:
         raw = self.ints(v)

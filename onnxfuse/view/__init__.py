@@ -6,7 +6,7 @@
 
 Two modules: serve.py serves models with the `netron` package's server (loopback unless --allow-remote);
 screenshot.py renders one in headless Chromium over the DevTools protocol and writes a PNG. This package holds the
-command (`run`, called by cli.py with the parsed arguments) and re-exports both modules' API.
+command (`run`, called by the cli package with the parsed arguments) and re-exports both modules' API.
 """
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ def _serve_all(args, models, *, block: bool) -> int:
 
 
 def register(sub) -> None:
-    """The `view` command's parser under cli.py's subparsers; `run(args)` does the work."""
+    """The `view` command's parser under the cli package's subparsers; `run(args)` does the work."""
     from ..argtypes import port as _port, window_size as _window
     v = sub.add_parser("view", help="show a model in Netron (served on 127.0.0.1), or screenshot it",
                        description="Serve a model with Netron on this machine and print its URL (Ctrl-C stops it); "

@@ -14,7 +14,7 @@ import torch
 from onnx import TensorProto, helper
 
 from onnxfuse import fuse, kernels, runtime, schema, testing
-from onnxfuse.kernels import doctor
+from onnxfuse import doctor
 
 
 def test_doctor_special_values_on_the_cpu():

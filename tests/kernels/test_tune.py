@@ -1,4 +1,4 @@
-"""`onnxfuse tune` and the tuned table the build applies (onnxfuse/kernels/tune.py, triton/tuned.json, aot.py's
+"""`onnxfuse tune` and the tuned table the build applies (onnxfuse/tune.py, triton/tuned.json, aot.py's
 default_overrides): candidates, the table's format and merge, the build picking it up, the doctor covering every
 tuned config, and clear errors. The sweep itself runs on the GPU (marker gpu)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pathlib
 import pytest
 
 from onnxfuse import cli
-from onnxfuse.kernels import doctor, tune
+from onnxfuse import doctor, tune
 
 aot = tune._aot()
 

@@ -15,18 +15,18 @@ loudly instead of silently running on the CPU. GPU rows say ``SKIP`` with the re
 the library's CUDA kernels are missing. The backend under test is each node's `backend` attribute (nothing in the
 environment overrides it); `node_attrs` adds more attributes, e.g. MLPStack's stack_mode.
 
-`onnxfuse doctor` is the command line (cli.py): --providers, --backends, --ops, --dtypes, --modes and --lib choose
+`onnxfuse doctor` is the command line (cli/kernels.py): --providers, --backends, --ops, --dtypes, --modes and --lib choose
 what run_doctor checks, -v prints each row as it finishes.
 """
 from __future__ import annotations
 
 import time
 
-from .. import schema, testing
+from . import schema, testing
 
 # Default shapes: (M, K, N, r); r only for the LoRA ops. Small, odd and one realistic each, plus, for the GEMM ops,
 # aligned shapes of every size class of triton/table.py (M <= 16, <= 128, larger with enough tiles to fill the SMs)
-# so that every tuned Triton config (triton/tuned.json; onnxfuse.kernels.tune.doctor_coverage checks) runs here.
+# so that every tuned Triton config (triton/tuned.json; onnxfuse.tune.doctor_coverage checks) runs here.
 # SwiGLU: (M, K, N, r, activation), every gate activation on each shape of _SWIGLU_SHAPES (a 4-tuple means silu,
 # the attribute's default), silu on the size-class shapes.
 _SWIGLU_SHAPES = [(1, 256, 688, 0), (37, 129, 67, 0), (200, 1024, 512, 0)]
@@ -225,7 +225,7 @@ def compare(y, ref, dtype: str) -> tuple[bool, float, float]:
 
 
 def _cuda_ep() -> bool:
-    from .toolchain import onnxruntime_has_cuda
+    from .kernels.toolchain import onnxruntime_has_cuda
     return onnxruntime_has_cuda()
 
 
@@ -242,7 +242,7 @@ def gpu_status(lib_path) -> tuple[bool, str]:
     except ImportError:
         return False, "torch not installed (the doctor uses it for references and streams)"
     try:
-        from . import build_info
+        from .kernels import build_info
         info = build_info(lib_path)
         if "cuda" not in info.get("backends", []):
             return False, f"library {lib_path} was built without CUDA kernels (backends {info.get('backends')})"
@@ -255,9 +255,9 @@ def library_notes(lib_path=None) -> list[str]:
     """What the rows do not say: the host the CPU rows ran on (its CPU, vector ISA and what the kernels run there:
     host.summary) and the checked library's Triton tile table (the tuned configs of triton/tuned.json and --configs,
     all of which the default shapes run: tune.doctor_coverage)."""
-    from .. import host
+    from . import host
     try:
-        from . import build_info, library_path
+        from .kernels import build_info, library_path
         lib = lib_path or library_path()
         info = build_info(lib)
     except Exception:  # noqa: BLE001 - no library or no build info: the host alone
@@ -288,7 +288,7 @@ class _Runner:
         """A session of `model` with the doctor's library; on "cuda" without the CPU EP (fallback off)."""
         import onnx
 
-        from .. import runtime
+        from . import runtime
         return runtime.session(onnx.load_from_string(model), provider, library=self.lib_path,
                                provider_options=cuda_opts, cpu_fallback=False)
 
@@ -345,9 +345,8 @@ def run_doctor(providers=("cpu", "cuda"), backends=None, *, ops=None, dtypes=sch
     exactly where the reference has them (testing.check_special); on the CPU the weighted ops run with their
     weights as graph inputs and as initializers (row key `weights`). Rows carry `values`: "special" or "random".
     """
-    import numpy as np
 
-    from . import library_path
+    from .kernels import library_path
 
     ops = list(ops or schema.OPS)
     shapes = shapes or DEFAULT_SHAPES
@@ -355,23 +354,8 @@ def run_doctor(providers=("cpu", "cuda"), backends=None, *, ops=None, dtypes=sch
     lib = lib_path or library_path(provider="cuda" if "cuda" in providers and _cuda_ep() else "cpu")
     rows: list[dict] = []
 
-    plan = []  # (provider, backend, modes)
-    if "cpu" in providers and "cpu" in backends:
-        plan.append(("cpu", "cpu", ("plain",)))
-    gpu_ok, gpu_reason = (False, "")
-    if "cuda" in providers:
-        gpu_ok, gpu_reason = gpu_status(lib)
-        if gpu_ok:
-            import onnxruntime as ort
-            if hasattr(ort, "preload_dlls"):
-                ort.preload_dlls()
-        for b in ("cuda", "triton"):
-            if b in backends:
-                plan.append(("cuda", b, tuple(modes)))
-
-    torch_device = "cpu"
-    if gpu_ok:
-        torch_device = "cuda"
+    plan, gpu_ok, gpu_reason = _plan(providers, backends, modes, lib)
+    torch_device = "cuda" if gpu_ok else "cpu"
     runner = _Runner(lib)
 
     def emit(row):
@@ -415,6 +399,24 @@ def run_doctor(providers=("cpu", "cuda"), backends=None, *, ops=None, dtypes=sch
                             row["seconds"] = round(time.time() - t0, 3)
                             emit(row)
     return rows
+
+
+def _plan(providers, backends, modes, lib) -> tuple[list, bool, str]:
+    """([(provider, backend, modes)] to run, whether the GPU rows can run, why not)."""
+    plan = []
+    if "cpu" in providers and "cpu" in backends:
+        plan.append(("cpu", "cpu", ("plain",)))
+    gpu_ok, gpu_reason = (False, "")
+    if "cuda" in providers:
+        gpu_ok, gpu_reason = gpu_status(lib)
+        if gpu_ok:
+            import onnxruntime as ort
+            if hasattr(ort, "preload_dlls"):
+                ort.preload_dlls()
+        for b in ("cuda", "triton"):
+            if b in backends:
+                plan.append(("cuda", b, tuple(modes)))
+    return plan, gpu_ok, gpu_reason
 
 
 def _doctor_data(op, dtype, shp, attrs, seed, torch_device, special) -> dict:

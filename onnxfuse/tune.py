@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime
-import importlib.util
 import json
 import multiprocessing
 import pathlib
-import sys
 
-TRITON_DIR = pathlib.Path(__file__).resolve().parent / "triton"
+from .kernels.build import TRITON_DIR, aot_module as _aot
+
 TUNED_FILE = TRITON_DIR / "tuned.json"
 
 # kernel -> size class -> (M, K, N[, R]): the bench cases' shapes (llama-mlp, lora-linear).
@@ -38,17 +37,6 @@ KERNELS = tuple(SHAPES)
 SIZES = ("small", "medium", "large")
 MIN_GAIN = 0.03          # a candidate must beat the built-in config by more than 3 %
 SHARED_LIMIT = 220 * 1024  # bytes of shared memory per block a candidate may need (H100: 227 KB)
-
-
-def _aot():
-    """triton/aot.py (a build script, not a package module)."""
-    name = "_onnxfuse_aot"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, TRITON_DIR / "aot.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
 
 
 def shared_bytes(kernel: str, cfg) -> int:
@@ -79,7 +67,7 @@ class _Problem:
 
     def __init__(self, kernel: str, size: str, seed: int = 0):
         import torch
-        from .. import schema
+        from . import schema
         self.kernel, self.size = kernel, size
         shape = SHAPES[kernel][size]
         m, k, n = shape[:3]
