@@ -64,6 +64,16 @@ class Stages:
 Progress = Callable[[int, int, str, str], None]
 
 
+def checks_table(title: str, outputs) -> Table:
+    """verify's table: one row per checked output (verify.OutputCheck: name, shape, errors, tolerance, passed)."""
+    t = Table("output", "shape", "max abs err", "max rel err", "rel L2 err", "tolerance", "result", title=title,
+              numeric=("shape", "max abs err", "max rel err", "rel L2 err", "tolerance", "result"))
+    for o in outputs:
+        t.add_row(o.name, "x".join(map(str, o.shape)), f"{o.max_abs_err:.3e}", f"{o.max_rel_err:.3e}",
+                  f"{o.rel_l2_err:.3e}", f"{o.tolerance:.0e}", "[green]PASS[/]" if o.passed else "[red]FAIL[/]")
+    return t
+
+
 def human_size(n: int) -> str:
     """Bytes as "512 B", "3.4 MB"."""
     for unit in ("B", "KB", "MB", "GB"):

@@ -15,7 +15,7 @@ def _verify(args) -> int:
     if pathlib.Path(args.model).is_dir():
         return genai_command.verify_command(args)
     from .. import verify as v
-    from .._term import Stages, Table
+    from .._term import Stages, checks_table
     module = inputs = None
     if args.module:
         made = v.load_factory(args.module)
@@ -26,13 +26,8 @@ def _verify(args) -> int:
     if args.json:
         print(json.dumps(res.to_dict(), indent=2))
     elif not args.quiet:
-        t = Table("output", "shape", "max abs err", "max rel err", "rel L2 err", "tolerance", "result",
-                  title=f"verify {args.model} ({res.provider}, {res.dtype}, {res.fused_nodes} onnxfuse nodes)",
-                  numeric=("shape", "max abs err", "max rel err", "rel L2 err", "tolerance", "result"))
-        for o in res.outputs:
-            t.add_row(o.name, "x".join(map(str, o.shape)), f"{o.max_abs_err:.3e}", f"{o.max_rel_err:.3e}",
-                      f"{o.rel_l2_err:.3e}", f"{o.tolerance:.0e}", "[green]PASS[/]" if o.passed else "[red]FAIL[/]")
-        _console().print(t)
+        _console().print(checks_table(f"verify {args.model} ({res.provider}, {res.dtype}, {res.fused_nodes} onnxfuse "
+                                      "nodes)", res.outputs))
     return 0 if res.passed else 1
 
 

@@ -159,7 +159,7 @@ def verify_command(args) -> int:
     import tempfile
     from . import folder as gf
     from .check import DEFAULT_PROMPT, source_of, verify_folder
-    from .._term import Table, console
+    from .._term import checks_table, console
     folder = pathlib.Path(args.model)
     if args.module or args.backend or args.no_graph_opt or args.require_library:
         raise OnnxfuseError("verify DIR (a genai folder) takes --source, --prompt, --provider, --tolerance, -q and "
@@ -173,14 +173,9 @@ def verify_command(args) -> int:
     if args.json:
         print(json.dumps(res.to_dict(), indent=2))
     elif not args.quiet:
-        t = Table("output", "shape", "max abs err", "max rel err", "rel L2 err", "tolerance", "result",
-                  title=f"verify {folder} ({res.provider}, {res.dtype}, {res.fused_nodes} onnxfuse nodes)",
-                  numeric=("shape", "max abs err", "max rel err", "rel L2 err", "tolerance", "result"))
-        for o in res.outputs:
-            t.add_row(o.name, "x".join(map(str, o.shape)), f"{o.max_abs_err:.3e}", f"{o.max_rel_err:.3e}",
-                      f"{o.rel_l2_err:.3e}", f"{o.tolerance:.0e}", "[green]PASS[/]" if o.passed else "[red]FAIL[/]")
         con = console()
-        con.print(t)
+        con.print(checks_table(f"verify {folder} ({res.provider}, {res.dtype}, {res.fused_nodes} onnxfuse nodes)",
+                               res.outputs))
         tk = res.tokens
         if tk.first_divergence is None:
             con.print(f"greedy text: {len(tk.onnx)} tokens, token for token equal to transformers' generate")
