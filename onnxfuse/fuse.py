@@ -317,9 +317,7 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
         _write(model, result, src, out, src_external, external_data, before)
     result.seconds = time.perf_counter() - t0
     if report_path is not None:
-        tmp = pathlib.Path(str(report_path) + ".tmp")
-        tmp.write_text(json.dumps(result.report(), indent=2))
-        os.replace(tmp, report_path)
+        onnxio.write_atomic(report_path, json.dumps(result.report(), indent=2))
     return result
 
 

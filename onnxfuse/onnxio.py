@@ -35,6 +35,23 @@ def load(path: str | os.PathLike, load_external_data: bool = True) -> onnx.Model
     return model
 
 
+def write_atomic(path: str | os.PathLike, data: bytes | str) -> pathlib.Path:
+    """Write `data` to `path` through a temporary file beside it, renamed into place: a reader never sees a
+    half-written file, and a failure leaves the old one (or none). The one writer of onnxfuse's small files
+    (reports, results, tables, screenshots, npz outputs)."""
+    p = pathlib.Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent if str(p.parent) else ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, p)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+    return p
+
+
 def check_output_path(path: str | os.PathLike, force: bool = False) -> pathlib.Path:
     """Refuse before any work is done if the output cannot be written."""
     p = pathlib.Path(path)

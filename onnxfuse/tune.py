@@ -23,6 +23,7 @@ import json
 import multiprocessing
 import pathlib
 
+from . import onnxio
 from .kernels.build import TRITON_DIR, aot_module as _aot
 
 TUNED_FILE = TRITON_DIR / "tuned.json"
@@ -240,9 +241,7 @@ def save(table: dict, out: pathlib.Path) -> str:
     if out.resolve() == TUNED_FILE.resolve() and TUNED_FILE.is_file():
         table = merge_tables(json.loads(TUNED_FILE.read_text()), table)
     validate(table, str(out))
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(table, indent=1) + "\n")
-    tmp.replace(out)  # never a half-written table
+    onnxio.write_atomic(out, json.dumps(table, indent=1) + "\n")  # never a half-written table
     if out.resolve() == TUNED_FILE.resolve():
         return f"wrote {out}; the next 'onnxfuse build' compiles with it"
     return f"wrote {out}; merge it into {TUNED_FILE} (onnxfuse tune --into-package) for the build to use it"

@@ -10,10 +10,10 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-import os
 import pathlib
 import re
 
+from .. import onnxio
 from ..errors import OnnxfuseError
 from .goals import cross_case_ratios, evaluate_goals
 from .ratios import compute_ratios, kernel_roofline
@@ -86,9 +86,7 @@ def write_json(result: dict, path: pathlib.Path) -> pathlib.Path:
     path = pathlib.Path(path)
     if path.parent and not path.parent.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=1, default=json_default))
-    os.replace(tmp, path)
+    onnxio.write_atomic(path, json.dumps(result, indent=1, default=json_default))
     return path
 
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 
 from ..genai import command as genai_command
@@ -52,9 +51,10 @@ def _run(args) -> int:
     outs = sess.run(None, feeds)
     names = [o.name for o in sess.get_outputs()]
     if args.output:
-        tmp = pathlib.Path(args.output).with_suffix(".tmp.npz")
-        np.savez(tmp, **dict(zip(names, outs)))
-        os.replace(tmp, args.output)
+        import io
+        buf = io.BytesIO()
+        np.savez(buf, **dict(zip(names, outs)))
+        onnxio.write_atomic(args.output, buf.getvalue())
     summary = {n: {"shape": list(o.shape), "dtype": str(o.dtype), "mean": float(np.mean(o)), "std": float(np.std(o))}
                for n, o in zip(names, outs)}
     if args.json:

@@ -226,9 +226,7 @@ def screenshot(path, out, *, node: str | None = None, window: tuple[int, int] = 
             data = base64.b64decode(b.call("Page.captureScreenshot", {"format": "png"})["data"])
     finally:
         stop(served)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, out)
+    onnxio.write_atomic(out, data)
     return {"path": str(out), "bytes": len(data), "nodes_drawn": count, "fused_nodes": len(served.fused_nodes),
             "selected": (shown or "").removeprefix("node-name-") or None}
 
