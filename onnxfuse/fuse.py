@@ -197,10 +197,22 @@ def _op_counts(model: ir.Model) -> collections.Counter:
     return collections.Counter(n.op_type for g in _base.graphs(model.graph) for n in g if n.domain != DOMAIN)
 
 
-def fuse_model(model: ir.Model, patterns: list[str] | None = None, explain: bool = False):
+@dataclasses.dataclass
+class RuleStage:
+    """What stage 2 did to a model: the recorder of its matches, node types removed (by count), the model's total
+    and fused GEMM FLOPs (None where shapes are dynamic), the refusals (with explain) and the candidates inside
+    model-local functions, which the rules leave alone."""
+    recorder: _base.Recorder
+    removed: dict[str, int]
+    total_flops: int | None
+    fused_flops: int | None
+    refusals: list[dict]
+    in_functions: int
+
+
+def fuse_model(model: ir.Model, patterns: list[str] | None = None, explain: bool = False) -> RuleStage:
     """Stage 2 on an in-memory onnx_ir model: apply onnxfuse's rules for `patterns` (default all, PATTERNS order),
-    in place. Returns (recorder of the matches, node types removed, total FLOPs, fused FLOPs, refusals, candidates
-    inside model-local functions). `fuse` is the entry point for files (stage 1, soundness gate, writing)."""
+    in place. `fuse` is the entry point for files (stage 1, soundness gate, writing)."""
     patterns = list(PATTERNS) if not patterns else patterns
     unknown = [p for p in patterns if p not in PATTERNS]
     if unknown:
@@ -252,7 +264,7 @@ def fuse_model(model: ir.Model, patterns: list[str] | None = None, explain: bool
     after = _op_counts(model)
     removed = {k: before[k] - after.get(k, 0) for k in before if before[k] - after.get(k, 0) > 0}
     fused = sum(m.flops for m in recorder.matches) if all(m.flops is not None for m in recorder.matches) else None
-    return recorder, removed, total, fused, refusals, in_functions
+    return RuleStage(recorder, removed, total, fused, refusals, in_functions)
 
 
 def _as_list(rule_sets):
@@ -297,21 +309,22 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
     del proto
     nodes_after_ort = len(model.graph) if ort else None
     if rules:
-        recorder, removed, total, fused_flops, refusals, in_functions = fuse_model(model, patterns, explain)
+        stage2 = fuse_model(model, patterns, explain)
         if family is not None:
-            expanded = cpu_policy.expand_linear_layers(model, recorder, family)
+            expanded = cpu_policy.expand_linear_layers(model, stage2.recorder, family)
             if expanded:
                 left_to_ort["linear_act"] = (f"on {family} hosts, {expanded} fused linear node(s) put back as "
                                              f"MatMul + Add + activation: {cpu_policy.CPU_STACKS_ONLY[family].reason}")
     else:
-        recorder, removed, total, fused_flops, refusals, in_functions = _base.Recorder(), {}, None, None, [], 0
+        stage2 = RuleStage(_base.Recorder(), {}, None, None, [], 0)
     if backend is not None:
         for graph in _base.graphs(model.graph):
             for node in graph:
                 if node.domain == DOMAIN:
                     node.attributes["backend"] = ir.AttrString("backend", backend)
-    result = FuseResult(None, recorder.matches, nodes_before, len(model.graph), removed, total, fused_flops,
-                        refusals, already, 0.0, in_functions=in_functions, ort=stage1, nodes_after_ort=nodes_after_ort,
+    result = FuseResult(None, stage2.recorder.matches, nodes_before, len(model.graph), stage2.removed,
+                        stage2.total_flops, stage2.fused_flops, stage2.refusals, already, 0.0,
+                        in_functions=stage2.in_functions, ort=stage1, nodes_after_ort=nodes_after_ort,
                         left_to_ort=left_to_ort)
     if result.changed or write_unchanged:
         _write(model, result, src, out, src_external, external_data, before)
