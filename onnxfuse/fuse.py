@@ -228,7 +228,8 @@ def fuse_model(model: ir.Model, patterns: list[str] | None = None, explain: bool
             for rs in _as_list(PATTERNS[name](recorder)):
                 _base.apply(rs, model)
                 if explain:  # graph passes (mlp_stack) say why during the real pass
-                    stack_refusals += getattr(rs, "refusals", [])
+                    if isinstance(rs, _base.GraphPass):
+                        stack_refusals += rs.refusals
     if recorder.matches:
         # A Gemm(transB=1) weight the rules transposed into a new [K, N] initializer is dead now: drop it (and any
         # other node or initializer the rewrite orphaned) so the fused model does not carry the weights twice.

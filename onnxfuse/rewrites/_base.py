@@ -418,12 +418,30 @@ class ExplainTracer(MatchingTracer):
                                  "function": f"{container.domain}.{container.name}" if in_function else None})
 
 
+class GraphPass:
+    """A rule written as a graph pass instead of a pattern, for subgraphs of a varying number of nodes (gated MLPs in
+    every spelling, MLP stacks, DLRM interactions): `apply_to_model(model, tracer)` rewrites the main graph and its
+    If/Loop/Scan bodies and returns the count (with a tracer, the --explain re-run, it changes nothing);
+    `refusals` holds why candidates did not fuse, recorded by the real pass; `trace_function` says what would have
+    matched inside a model-local function (default: nothing). `fuse` runs these beside the rewriter's rule sets."""
+
+    def __init__(self, recorder: Recorder):
+        self.recorder = recorder
+        self.refusals: list[dict] = []
+
+    def apply_to_model(self, model: ir.Model, tracer=None) -> int:
+        raise NotImplementedError
+
+    def trace_function(self, model: ir.Model, function: ir.Function, tracer) -> None:
+        return None
+
+
 def rule_set(rules) -> RewriteRuleSet:
     return RewriteRuleSet([r.rule(*args) for r, args in rules], commute=True)
 
 
 def apply(rules, model: ir.Model, tracer: ExplainTracer | None = None) -> int:
-    """Apply a rule set (or a graph pass with `apply_to_model`) to the main graph and its If/Loop/Scan bodies, never
+    """Apply a rule set (or a GraphPass) to the main graph and its If/Loop/Scan bodies, never
     to model-local functions: a function holds no initializers for the constants a rewrite makes, and its weights
     are its parameters. With a tracer nothing changes; the functions are traced too, so --explain can say that a
     candidate inside one was left alone."""
@@ -440,8 +458,8 @@ def apply(rules, model: ir.Model, tracer: ExplainTracer | None = None) -> int:
 
 def trace_functions(rules, model: ir.Model, tracer: ExplainTracer) -> None:
     """Run a rule set over the model-local functions with a tracer only (nothing changes): what would have matched
-    there is what `fuse` reports as left alone. A graph pass takes part through its own `trace_function`."""
-    if hasattr(rules, "trace_function"):
+    there is what `fuse` reports as left alone. A GraphPass takes part through its `trace_function`."""
+    if isinstance(rules, GraphPass):
         for function in list(model.functions.values()):
             if function.domain != DOMAIN:
                 rules.trace_function(model, function, tracer)

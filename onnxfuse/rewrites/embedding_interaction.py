@@ -69,12 +69,11 @@ class Found:
     hash: str = "none"
 
 
-class EmbeddingInteractionPass:
-    """The graph pass (quacks like a rule set: apply_to_model). Refusals of candidates are kept for --explain."""
+class EmbeddingInteractionPass(_base.GraphPass):
+    """The graph pass. Refusals of candidates are kept for --explain."""
 
     def __init__(self, recorder: _base.Recorder):
-        self.recorder = recorder
-        self.refusals: list[dict] = []
+        super().__init__(recorder)
         self.opset: int | None = None
 
     def apply_to_model(self, model: ir.Model, tracer=None) -> int:

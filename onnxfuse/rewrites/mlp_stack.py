@@ -79,14 +79,9 @@ def _width(value: ir.Value | None, axis: int):
     return d[axis] if d else "?"
 
 
-class MLPStackPass:
-    """Chains LinearRelu/LinearSigmoid nodes into MLPStack nodes; quacks like a rule set (`apply_to_model`)."""
-
-    def __init__(self, recorder: _base.Recorder):
-        self.recorder = recorder
-        # Why adjacent layers were not chained, from the last apply_to_model (for --explain). Recorded during the
-        # real pass: the explain re-run sees the stacks, no longer the layers.
-        self.refusals: list[dict] = []
+class MLPStackPass(_base.GraphPass):
+    """Chains LinearRelu/LinearSigmoid nodes into MLPStack nodes. Its refusals: why adjacent layers were not chained,
+    recorded during the real pass (the explain re-run sees the stacks, no longer the layers)."""
 
     def chains(self, graph: ir.Graph, refusals: list[dict] | None = None) -> list[list[ir.Node]]:
         nxt: dict[int, ir.Node] = {}

@@ -199,17 +199,12 @@ class _Shim:
         return value
 
 
-class SwiGLUPass:
-    """Finds gated MLPs and replaces each with one SwiGLU node; quacks like a rule set (`apply_to_model`)."""
+class SwiGLUPass(_base.GraphPass):
+    """Finds gated MLPs and replaces each with one SwiGLU node. Its refusals: why gated MLPs were not fused, from
+    the last real pass (a later rule may take part of a refused candidate: linear_act fuses a ReLU gate's
+    Linear+Relu, and the explain re-run over the fused model would no longer see it as a gated MLP)."""
 
     op = OP
-
-    def __init__(self, recorder: _base.Recorder):
-        self.recorder = recorder
-        # Why gated MLPs were not fused, from the last real pass (for --explain): a later rule may take part of a
-        # refused candidate (linear_act fuses a ReLU gate's Linear+Relu), and the explain re-run over the fused
-        # model would no longer see it as a gated MLP.
-        self.refusals: list[dict] = []
 
     # -------------------------------------------------------------------------------------------- entry points
 
