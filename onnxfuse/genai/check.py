@@ -3,7 +3,8 @@
   * logits: the prefill (every prompt position) and 16 greedy decode steps through genai's KV cache, each against
     transformers fed the same tokens with its own cache, within verify.TOLERANCES for the folder's dtype
     (max|d| / max|ref|, the reference in fp32 on the same weights);
-  * text: 32 greedy tokens from genai's Generator against transformers' generate(do_sample=False): token for token
+  * text: 32 greedy tokens (EOS held back until then) from genai's Generator against transformers'
+    generate(do_sample=False, min_new_tokens=32): token for token
     in fp32; in fp16/bf16 the first divergence is reported (near-equal logits may round the other way).
 """
 from __future__ import annotations
@@ -121,7 +122,8 @@ def verify_folder(folder: pathlib.Path, *, source: Source, provider: str | None 
     with torch.no_grad():
         seq = ref_model.generate(torch.tensor([ids], device=device),
                                  attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=device),
-                                 max_new_tokens=TEXT_TOKENS, do_sample=False, pad_token_id=_pad(ref_model, config))
+                                 max_new_tokens=TEXT_TOKENS, min_new_tokens=TEXT_TOKENS, do_sample=False,
+                                 pad_token_id=_pad(ref_model, config))
     ref_tokens = [int(t) for t in seq[0, len(ids):].cpu()]
     first = next((i for i, (a, b) in enumerate(zip(onnx_tokens, ref_tokens)) if a != b), None)
     if first is None and len(onnx_tokens) != len(ref_tokens):
@@ -133,9 +135,10 @@ def verify_folder(folder: pathlib.Path, *, source: Source, provider: str | None 
 
 
 def greedy_tokens(og, model, ids: list[int], n: int, max_length: int) -> list[int]:
-    """Up to `n` greedy tokens after `ids` (genai stops at EOS, as transformers' generate does)."""
+    """`n` greedy tokens after `ids`, EOS held back until then (as transformers' generate with min_new_tokens)."""
     params = og.GeneratorParams(model)
-    params.set_search_options(max_length=max_length, do_sample=False)
+    # min_length: EOS is not picked before n tokens (transformers' min_new_tokens), so every check compares n
+    params.set_search_options(max_length=max_length, min_length=len(ids) + n, do_sample=False)
     gen = og.Generator(model, params)
     gen.append_tokens(ids)
     new = []
