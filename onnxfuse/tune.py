@@ -236,14 +236,31 @@ def merge_tables(base: dict, new: dict) -> dict:
     return out
 
 
-def save(table: dict, out: pathlib.Path) -> str:
-    """Writes `table` to `out` (merged into it when `out` is the package's tuned.json), atomically; the message."""
-    if out.resolve() == TUNED_FILE.resolve() and TUNED_FILE.is_file():
-        table = merge_tables(json.loads(TUNED_FILE.read_text()), table)
+def save(table: dict, out: pathlib.Path, records_dir: pathlib.Path | None = None) -> str:
+    """Writes `table` to `out` atomically; the message. Into the package's tuned.json (what the build applies) go
+    only the configs, merged into it; the timings of the run (its "meta") go to a records file in `records_dir`
+    (default: bench's results folder, git-ignored in a checkout), so the package holds no measurements."""
+    into_package = out.resolve() == TUNED_FILE.resolve()
+    records = None
+    if into_package:
+        table = dict(table)
+        meta = table.pop("meta", None)
+        if TUNED_FILE.is_file():
+            current = json.loads(TUNED_FILE.read_text())
+            current.pop("meta", None)
+            table = merge_tables(current, table)
+        if meta is not None:
+            from .bench.report import results_dir
+            folder = pathlib.Path(records_dir) if records_dir is not None else results_dir()
+            folder.mkdir(parents=True, exist_ok=True)
+            records = folder / f"tune-sm{meta.get('arch', 'x')}-{meta.get('date', 'undated')}.json"
     validate(table, str(out))
     onnxio.write_atomic(out, json.dumps(table, indent=1) + "\n")  # never a half-written table
-    if out.resolve() == TUNED_FILE.resolve():
-        return f"wrote {out}; the next 'onnxfuse build' compiles with it"
+    if records is not None:
+        onnxio.write_atomic(records, json.dumps(meta, indent=1) + "\n")
+    if into_package:
+        return f"wrote {out}; the next 'onnxfuse build' compiles with it" + (f"; the timings: {records}" if records
+                                                                             else "")
     return f"wrote {out}; merge it into {TUNED_FILE} (onnxfuse tune --into-package) for the build to use it"
 
 

@@ -81,6 +81,22 @@ def test_save_writes_whole_tables_only(tmp_path):
     assert not (tmp_path / "bad.json").exists() and list(tmp_path.glob("*.tmp")) == []
 
 
+def test_the_package_table_holds_configs_and_the_timings_go_to_a_record(tmp_path, monkeypatch):
+    package = tmp_path / "tuned.json"
+    package.write_text(json.dumps({"90": {"swiglu": {"h": {"small": [16, 64, 128, 1, 4, 4]}}}}))
+    monkeypatch.setattr(tune, "TUNED_FILE", package)
+    table = {"90": {"linear_act": {"h": {"large": [128, 128, 32, 8, 8, 3]}}},
+             "meta": {"arch": "90", "date": "2026-11-25", "results": {"linear_act": {}}}}
+    msg = tune.save(table, package, records_dir=tmp_path / "records")
+    written = json.loads(package.read_text())
+    assert "meta" not in written and written["90"]["swiglu"]["h"]["small"] == [16, 64, 128, 1, 4, 4]
+    assert written["90"]["linear_act"]["h"]["large"] == [128, 128, 32, 8, 8, 3]
+    record = tmp_path / "records" / "tune-sm90-2026-11-25.json"
+    assert json.loads(record.read_text())["results"] == {"linear_act": {}} and str(record) in msg
+    # the package's own table holds no measurements either
+    assert "meta" not in json.loads(tune.TRITON_DIR.joinpath("tuned.json").read_text())
+
+
 def test_the_doctor_runs_every_tuned_config():
     assert tune.doctor_coverage(doctor.DEFAULT_SHAPES) == []
     # and the check can fail: without the large-M shapes, the large configs are not exercised
