@@ -8,7 +8,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 MODEL := models/llama-seed-1l-fp32
 
-.PHONY: setup demo chat test test-isa fuzz-nightly wheel-check clean
+.PHONY: setup demo chat test lint test-isa fuzz-nightly wheel-check clean
 setup: $(VENV)/.installed
 
 # constraints.txt pins the tested versions (torch==2.13.0: on the CPU machines pip takes the local CPU build of it).
@@ -35,6 +35,10 @@ chat: setup
 
 test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# pyflakes-level checks of the package, tests and scripts (pyproject.toml's [tool.ruff]); CI runs it.
+lint: setup
+	$(BIN)/ruff check onnxfuse tests scripts
 
 # The CPU kernel tests once per lower vector-ISA family, forced (CI runs it after `make test`): what a host without
 # AVX-512 (avx2) or without AVX2 (generic) runs, on whatever host this is.

@@ -191,7 +191,8 @@ def run_tune(kernels=KERNELS, sizes=SIZES, jobs: int | None = None, rep_ms: int 
                     if err > 2e-2:
                         err_text = f"wrong result (max error {err:.3g} of max |ref|)"
                     else:
-                        ms = triton.testing.do_bench(lambda: prob.launch(fn, cfg), rep=rep_ms, return_mode="median")
+                        ms = triton.testing.do_bench(lambda prob=prob, cfg=cfg: prob.launch(fn, cfg), rep=rep_ms,
+                                                     return_mode="median")
                 except Exception as e:  # noqa: BLE001
                     err_text = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
             rows.append({"config": list(cfg), "ms": ms, "rel_err": err, "error": err_text})

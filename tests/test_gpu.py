@@ -6,7 +6,6 @@ from __future__ import annotations
 
 
 import numpy as np
-import onnx
 import pytest
 
 pytestmark = pytest.mark.gpu

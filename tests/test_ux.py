@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import onnxfuse
-from onnxfuse import cli, info, kernels, runtime
+from onnxfuse import cli, kernels, runtime
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

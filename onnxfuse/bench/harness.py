@@ -86,13 +86,13 @@ def measure_ceilings(dev: Device, dtype: str, quick: bool) -> dict:
     a = torch.randn(n, n, device=on, dtype=tdt, generator=g)
     b = torch.randn(n, n, device=on, dtype=tdt, generator=g)
     runs = 20 if on == "cuda" else 10
-    t = min(dev.measure(lambda: torch.matmul(a, b), 5, runs))  # ceilings: the best run
+    t = min(dev.measure(lambda a=a, b=b: torch.matmul(a, b), 5, runs))  # ceilings: the best run
     peak = 2 * n ** 3 / (t * 1e-3) / 1e12
     del a, b
     numel = (1 << 28) if on == "cuda" else (1 << 24)  # 1 GiB / 64 MiB of fp32
     x = torch.rand(numel, device=on, generator=g)
     y = torch.empty_like(x)
-    t = min(dev.measure(lambda: y.copy_(x), 5, runs))
+    t = min(dev.measure(lambda x=x, y=y: y.copy_(x), 5, runs))
     bw = 2 * numel * 4 / (t * 1e-3) / 1e9
     del x, y
     return {"peak_tflops": round(peak, 2), "peak_gemm": f"torch.matmul {n}x{n}x{n} {dtype}, best of {runs}",

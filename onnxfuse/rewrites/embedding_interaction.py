@@ -353,7 +353,6 @@ class EmbeddingInteractionPass(_base.GraphPass):
 
     # -------------------------------------------------------------------------------------- features, hash
     def _finish(self, f: Found) -> Found:
-        m = f.match
         feats = f.leaves[1:]
         kind = feats[0].kind
         ids = {id(l.ids) for l in feats}

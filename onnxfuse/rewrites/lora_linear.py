@@ -19,7 +19,6 @@ function body needs CastLike).
 from __future__ import annotations
 
 import numpy as np
-from onnxscript import ir
 from onnxscript.rewriter import MatchResult
 
 from . import _base

@@ -16,14 +16,11 @@ import shutil
 import subprocess
 import sys
 
-import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from onnx import TensorProto, helper
 
 from onnxfuse import kernels, schema, testing
 from onnxfuse.testing import assert_close, input_names

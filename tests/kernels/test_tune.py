@@ -4,7 +4,6 @@ tuned config, and clear errors. The sweep itself runs on the GPU (marker gpu).""
 from __future__ import annotations
 
 import json
-import pathlib
 
 import pytest
 

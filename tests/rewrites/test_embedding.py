@@ -10,7 +10,6 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxfuse import fuse, runtime, soundness
-from onnxfuse.errors import OnnxfuseError
 
 from cases import export_case as _export
 

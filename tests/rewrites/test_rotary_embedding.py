@@ -9,7 +9,7 @@ import onnx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from onnxfuse import fuse, runtime, soundness, verify
 
@@ -45,10 +45,8 @@ def _rotary_graph(x_shape, cos_shape, *, transposed=False, halves=None, steps=(1
         nodes.append(mk("Neg", ["second"], ["neg"]))
         nodes.append(mk("Concat", ["first", "neg"] if swap_concat else ["neg", "first"], ["rot"], axis=concat_axis))
     nodes += [mk("Mul", [t, "cos"], ["xc"]), mk("Mul", ["rot", "sin"], ["rs"]), mk("Add", ["xc", "rs"], ["y"])]
-    out = "y"
     if transposed:
         nodes.append(mk("Transpose", ["y"], ["Y"], perm=list(perm_out or perm)))
-        out = "Y"
     else:
         nodes.append(mk("Identity", ["y"], ["Y"]))
     g = helper.make_graph(nodes, "rotary", [helper.make_tensor_value_info("X", et, list(x_shape)),
@@ -94,7 +92,7 @@ def _ops(path):
 @pytest.mark.parametrize("exporter,dtype", COMBOS)
 def test_llama_rotary_fuses_with_its_transposes_and_verifies(exported, tmp_path, exporter, dtype):
     src = _export(exported, "llama2", exporter, dtype)
-    res = fuse.fuse(src, tmp_path / "f.onnx")
+    fuse.fuse(src, tmp_path / "f.onnx")
     ops = _ops(tmp_path / "f.onnx")
     assert ops["RotaryEmbedding"] == 4  # q and k of 2 layers
     assert ops["Neg"] == 0 and ops["Slice"] == 0, ops
