@@ -9,7 +9,6 @@ seed, the dtype, the input spec and the versions that made it; ``onnxfuse verify
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import gc
 import io
@@ -27,6 +26,7 @@ import onnx
 import torch
 
 from . import __version__, onnxio, zoo
+from .onnxio import op_counts  # noqa: F401  (export.op_counts: the public name)
 from .errors import OnnxfuseError
 from .schema import IR_VERSION, ONNX_OPSET
 
@@ -93,13 +93,6 @@ def read_recipe(model: onnx.ModelProto) -> dict | None:
     """The recipe `export` stored in `model` (a dict, see make_recipe), or None for a model it did not write."""
     raw = onnxio.get_metadata(model, RECIPE_KEY)
     return json.loads(raw) if raw else None
-
-
-def op_counts(model: onnx.ModelProto) -> dict[str, int]:
-    """Node counts per op type ('domain::Op' for non-standard domains), main graph only, sorted by count."""
-    c = collections.Counter(f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
-                            for n in model.graph.node)
-    return dict(sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 STAGES = ("module", "export", "write", "external data")

@@ -122,6 +122,14 @@ def _all_data_inline(model: onnx.ModelProto) -> bool:
     return not any(uses_external_data(t) for t in model.graph.initializer)
 
 
+def op_counts(model: onnx.ModelProto) -> dict[str, int]:
+    """Node counts per op type ('domain::Op' for non-standard domains), main graph only, sorted by count."""
+    import collections
+    c = collections.Counter(f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
+                            for n in model.graph.node)
+    return dict(sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def get_metadata(model: onnx.ModelProto, key: str) -> str | None:
     for prop in model.metadata_props:
         if prop.key == key:

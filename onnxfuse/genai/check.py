@@ -80,14 +80,14 @@ def verify_folder(folder: pathlib.Path, *, source: Source, provider: str | None 
     import torch
 
     from ..verify import TOLERANCES, compare
-    from .generate import kv_length, load_model
+    from .generate import kv_length, load_model, prompt_ids as tokenize
     config = gf.read_config(folder)
     recipe = gf.read_recipe(folder) or {}
     provider = provider or gf.provider_of(config)
-    dtype = DTYPES.get(recipe.get("precision", _precision_of(folder, config)), "fp32")
+    dtype = DTYPES.get(recipe.get("precision") or _precision_of(folder, config), "fp32")
     tol = tolerance if tolerance is not None else FOLDER_TOLERANCES.get(dtype, TOLERANCES[(dtype, provider)])
     tokenizer = load_tokenizer(folder)
-    ids = list(prompt_ids) if prompt_ids is not None else [int(i) for i in tokenizer(prompt)["input_ids"]]
+    ids = list(prompt_ids) if prompt_ids is not None else tokenize(tokenizer, prompt, chat=False)
     if not ids:
         raise OnnxfuseError("the prompt has no tokens; give a non-empty --prompt")
     ref_model = reference if reference is not None else load_causal_lm(source)
@@ -156,6 +156,6 @@ def _pad(model, config: dict) -> int | None:
 def _precision_of(folder: pathlib.Path, config: dict) -> str:
     """fp32/fp16/bf16 from the decoder's logits type (folders without a recipe)."""
     import onnx
-    m = onnx.load(str(gf.decoder_path(folder, config)), load_external_data=False)
+    m = gf.graph(gf.decoder_path(folder, config))
     et = next((o.type.tensor_type.elem_type for o in m.graph.output if o.name == "logits"), onnx.TensorProto.FLOAT)
     return {onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16"}.get(et, "fp32")

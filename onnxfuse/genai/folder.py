@@ -11,7 +11,6 @@ interrupted or failed export or fuse leaves no half-written folder.
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import json
 import os
@@ -23,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from .. import __version__
+from .. import __version__, onnxio
 from ..errors import OnnxfuseError
 from ..schema import DOMAIN
 
@@ -77,13 +76,15 @@ def read_recipe(folder: pathlib.Path) -> dict | None:
             from None
 
 
-def op_counts(model_path: pathlib.Path) -> dict[str, int]:
-    """Node counts of the decoder by 'domain::op' (the default domain without a prefix), sorted."""
+def graph(model_path: pathlib.Path):
+    """The decoder's ModelProto without its weights (a graph-only read, also for a 13 GB decoder)."""
     import onnx
-    m = onnx.load(str(model_path), load_external_data=False)
-    c = collections.Counter(f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
-                            for n in m.graph.node)
-    return dict(sorted(c.items()))
+    return onnx.load(str(model_path), load_external_data=False)
+
+
+def op_counts(model_path: pathlib.Path) -> dict[str, int]:
+    """Node counts of the decoder by 'domain::op' (the default domain without a prefix): onnxio.op_counts."""
+    return onnxio.op_counts(graph(model_path))
 
 
 def provider_of(config: dict) -> str:
@@ -171,12 +172,14 @@ def fuse_folder(src: pathlib.Path, out: pathlib.Path, *, provider: str | None = 
     config = read_config(src)
     model = decoder_path(src, config)
     provider = provider or provider_of(config)
-    data_files = _data_files(model)
+    source = graph(model)
+    data_files = _data_files(source)
     for item in src.iterdir():  # everything but the decoder and its weights, which fuse writes anew
         if item.name in (model.name, *data_files, RECIPE, LIBRARY) or item.name.startswith("."):
             continue
         (shutil.copytree if item.is_dir() else shutil.copy2)(item, out / item.name)
-    before = op_counts(model)
+    before = onnxio.op_counts(source)
+    del source
     # Stage 1 (onnxruntime's fusions) is off: the builder already wrote them, and its graph is left as it is.
     res = fuse_mod.fuse(model, out / model.name, patterns=patterns, provider=provider,
                         cpu_isa=cpu_isa if provider == "cpu" else None, ort=False, write_unchanged=True)
@@ -205,10 +208,8 @@ def write_recipe(folder: pathlib.Path, recipe: dict) -> None:
     (folder / RECIPE).write_text(json.dumps(recipe, indent=2, sort_keys=True) + "\n")
 
 
-def _data_files(model: pathlib.Path) -> set[str]:
-    """The external-data files the decoder's initializers name."""
-    import onnx
-    m = onnx.load(str(model), load_external_data=False)
+def _data_files(m) -> set[str]:
+    """The external-data files the decoder's initializers name (`m`: its graph, folder.graph)."""
     names = set()
     for t in m.graph.initializer:
         for e in t.external_data:

@@ -15,15 +15,13 @@ import time
 
 import numpy as np
 
+from .. import onnxio
 from . import folder as gf
 from .generate import kv_length, load_model
 
 
-def weight_bytes(folder) -> int:
-    """Bytes of the decoder's initializers (external data files and inline tensors)."""
-    import onnx
-    path = gf.decoder_path(folder)
-    m = onnx.load(str(path), load_external_data=False)
+def weight_bytes(m) -> int:
+    """Bytes of the decoder's initializers, external and inline (`m`: its graph, folder.graph)."""
     total = 0
     for t in m.graph.initializer:
         ext = {e.key: e.value for e in t.external_data}
@@ -100,9 +98,10 @@ def bench(folders: list, *, provider: str = "cpu", sizes: list[int] | None = Non
     peak = copy_peak_gbs() if provider == "cuda" else None
     rows = []
     for folder in folders:
-        nbytes = weight_bytes(folder)
+        decoder = gf.graph(gf.decoder_path(folder))
+        nbytes, counts = weight_bytes(decoder), onnxio.op_counts(decoder)
+        del decoder
         recipe = gf.read_recipe(folder) or {}
-        counts = gf.op_counts(gf.decoder_path(folder))
         for cuda_graph in modes:
             for size in sizes:
                 if progress:
