@@ -9,6 +9,7 @@
 // AVX2+FMA and baseline x86-64 and chosen like the GEMM's micro-kernel (GemmIsa, ONNXFUSE_CPU_ISA).
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "cpu/ops.h"
 
@@ -21,6 +22,8 @@ namespace {
 // read zeros): GCC vector types give 8 independent vector accumulators per step, which hides the multiply-add
 // latency; the loop has no tail.
 typedef float V8 __attribute__((vector_size(32)));
+// A broadcast (one vbroadcastss from memory), not V8{} + x: that is a real add (0 + x), plus a register broadcast.
+static inline __attribute__((always_inline)) V8 Splat8(float x) { return V8{x, x, x, x, x, x, x, x}; }
 #define ONNXFUSE_TRI_DOTS(SUFFIX, ATTR)                                                                  \
   ATTR void TriDots_##SUFFIX(const float* vt, int64_t n, int64_t d, int64_t ldt, float* out) {          \
     for (int64_t j0 = 0; j0 + 1 < n; j0 += 16) {                                                         \
@@ -31,8 +34,8 @@ typedef float V8 __attribute__((vector_size(32)));
           V8 r0, r1;                                                                                     \
           std::memcpy(&r0, col + j0, sizeof r0);                                                         \
           std::memcpy(&r1, col + j0 + 8, sizeof r1);                                                     \
-          const V8 b0 = V8{} + col[i0], b1 = V8{} + col[i0 + 1];                                         \
-          const V8 b2 = V8{} + col[i0 + 2], b3 = V8{} + col[i0 + 3];                                     \
+          const V8 b0 = Splat8(col[i0]), b1 = Splat8(col[i0 + 1]);                                       \
+          const V8 b2 = Splat8(col[i0 + 2]), b3 = Splat8(col[i0 + 3]);                                   \
           a00 += b0 * r0, a01 += b0 * r1, a10 += b1 * r0, a11 += b1 * r1;                                \
           a20 += b2 * r0, a21 += b2 * r1, a30 += b3 * r0, a31 += b3 * r1;                                \
         }                                                                                                \
@@ -43,7 +46,12 @@ typedef float V8 __attribute__((vector_size(32)));
         std::memcpy(acc[3], &a30, 32), std::memcpy(acc[3] + 8, &a31, 32);                                \
         for (int64_t r = 0; r < 4 && i0 + r < n; ++r) {                                                  \
           const int64_t i = i0 + r, m = i - j0 < 16 ? i - j0 : 16;                                       \
-          std::memcpy(out + i * (i - 1) / 2 + j0, acc[r], size_t(m) * sizeof(float));                   \
+          float* o = out + i * (i - 1) / 2 + j0;                                                         \
+          if (m == 16) {                                                                                 \
+            std::memcpy(o, acc[r], 16 * sizeof(float));                                                  \
+          } else {                                                                                       \
+            for (int64_t q = 0; q < m; ++q) o[q] = acc[r][q];                                            \
+          }                                                                                              \
         }                                                                                                \
       }                                                                                                  \
     }                                                                                                    \
@@ -82,6 +90,7 @@ template <typename T>
 struct SampleBuffers {
   std::vector<float> vt, tri, sum;
   std::vector<T> rounded;
+  std::vector<int64_t> rows;
 };
 
 // Feature f of sample b as T values (the looked-up row, a zero vector, or the rounded bag sum) into `dst`.
@@ -121,6 +130,8 @@ void RunSamples(const Call<T>& c, int64_t b0, int64_t b1) {
   const bool dot = c.interaction == ONNXFUSE_INTERACTION_DOT;
   buf.sum.resize(size_t(d));
   buf.rounded.resize(size_t(d));
+  buf.rows.resize(size_t(e.F));
+  int64_t* rows = buf.rows.data();
   if (dot) {
     buf.vt.assign(size_t(d * ldt), 0.0f);
     buf.tri.resize(size_t(n * (n - 1) / 2));
@@ -136,13 +147,28 @@ void RunSamples(const Call<T>& c, int64_t b0, int64_t b1) {
     }
     float* vt = buf.vt.data();
     for (int64_t k = 0; k < d; ++k) vt[k * ldt] = ToF32<T>(xb[k]);
-    for (int64_t f = 0; f < e.F; ++f) {
-      T* r = buf.rounded.data();
-      Feature(c, b, f, buf, r);
-      for (int64_t k = 0; k < d; ++k) vt[k * ldt + f + 1] = ToF32<T>(r[k]);
+    if (!c.bag) {  // one row per feature: its rows first (independent hashes), then read straight into vt
+      for (int64_t f = 0; f < e.F; ++f) {
+        rows[f] = onnxfuse_embedding_row(c.ids[b * e.F + f], c.hash, c.cardinality[f], c.table_offsets[f], e.R);
+        if (rows[f] >= 0) __builtin_prefetch(c.table + rows[f] * d);  // the random rows' misses overlap
+      }
+      for (int64_t f = 0; f < e.F; ++f) {
+        const T* r = rows[f] < 0 ? nullptr : c.table + rows[f] * d;
+        for (int64_t k = 0; k < d; ++k) vt[k * ldt + f + 1] = r == nullptr ? 0.0f : ToF32<T>(r[k]);
+      }
+    } else {
+      for (int64_t f = 0; f < e.F; ++f) {
+        T* r = buf.rounded.data();
+        Feature(c, b, f, buf, r);
+        for (int64_t k = 0; k < d; ++k) vt[k * ldt + f + 1] = ToF32<T>(r[k]);
+      }
+    }
+    T* z = out + d;
+    if constexpr (std::is_same_v<T, float>) {  // the dots are the output: no copy
+      tri_dots(vt, n, d, ldt, z);
+      continue;
     }
     tri_dots(vt, n, d, ldt, buf.tri.data());
-    T* z = out + d;
     const float* t = buf.tri.data();
     for (int64_t k = 0, p = n * (n - 1) / 2; k < p; ++k) z[k] = FromF32<T>(t[k]);
   }
