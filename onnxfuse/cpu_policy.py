@@ -3,21 +3,15 @@
 The CPU kernels pick their code at run time by the host's vector ISA (host.FAMILIES), and how they compare with
 onnxruntime's own MLAS kernels differs by family: oneDNN's fp32 matmul is a brgemm kernel with AVX-512 and its older
 gemm:jit kernel without. CPU_LEFT_TO_ORT lists, per family, the patterns whose fused op measured slower than the
-unfused graph there, each with its measurement; CPU_STACKS_ONLY keeps one shape where a family's linear layers still
-win: an MLPStack whose first layer is narrow (DLRM's bottom MLP, 13 features), with every other linear_act node put
-back as MatMul + Add + activation by `expand_linear_layers`. The bench's fused-cpu variant is what this gives a host;
-its fused-cpu-all variant (every pattern fused) is the evidence for the next revision.
+unfused graph there, each with its measurement. The bench's fused-cpu variant is what this gives a host; its
+fused-cpu-all variant (every pattern fused) is the evidence for the next revision.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 
-from onnxscript import ir
 
 from .errors import OnnxfuseError
-from .rewrites import _base
-from .schema import DOMAIN
 
 # Patterns whose CPU kernel measured slower than onnxruntime's own path (MLAS) on the CPU EP, per host family (the
 # CPU kernels' vector ISA, host.FAMILIES): fuse(provider="cpu") leaves them to onnxruntime on a host of that family
@@ -33,27 +27,20 @@ CPU_LEFT_TO_ORT: dict[str, dict[str, str]] = {
                       "DLRM MLPs measured 0.80-0.96x of onnxruntime on a 2-core Sapphire Rapids (same results)",
         "mlp_stack": "chains linear_act nodes, which are left to onnxruntime on the CPU",
     },
-    "avx2": {  # linear_act and mlp_stack: CPU_STACKS_ONLY
+    "avx2": {
         "swiglu": "without AVX-512, oneDNN 3.2's fp32 matmul is its gemm:jit kernel, not brgemm: the fused Llama MLP "
-                  "measured 0.75-0.87x, GeGLU 0.81-0.87x and Phi-3 0.84-0.89x of onnxruntime on a 2-core AMD EPYC "
+                  "measured 0.75-0.88x, GeGLU 0.81-0.89x and Phi-3 0.78-0.89x of onnxruntime on 2-core AMD EPYCs "
                   "(benchmarks/results/cpu-avx2-2026-11-25/)",
+        "linear_act": "MLAS runs fp32 GEMMs at 90-100% of the FMA peak on a 2-core AMD EPYC (Zen 1: family 23, "
+                      "model 1): the DLRM bottom MLP as one MLPStack measured 0.97-0.98x and the top 0.94-0.95x of "
+                      "onnxruntime, and the whole DLRM was faster with both left to onnxruntime "
+                      "(benchmarks/results/cpu-avx2-2026-11-25/)",
+        "mlp_stack": "chains linear_act nodes, which are left to onnxruntime on the CPU",
+        "lora_linear": "the LoRA linear (64 x 256 x 256, rank 16) measured 0.90x of onnxruntime's MLAS MatMuls on a "
+                       "2-core AMD EPYC (Zen 1), 1.43x on an earlier one (benchmarks/results/cpu-avx2-2026-11-25/): "
+                       "left to onnxruntime where it can lose",
     },
     "generic": {p: "not measured on a host without AVX2: left to onnxruntime's MLAS" for p in _CPU_GEMM_PATTERNS},
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class StacksOnly:
-    """On this family linear_act layers stay fused only inside an MLPStack whose first layer has K <= max_k."""
-    max_k: int
-    reason: str
-
-
-CPU_STACKS_ONLY: dict[str, StacksOnly] = {
-    "avx2": StacksOnly(64, "the DLRM bottom MLP (13-512-256-64-16) as one MLPStack measured 1.78x onnxruntime on "
-                           "a 2-core AMD EPYC, the top MLP (367-512-256-1) 0.88x (benchmarks/results/"
-                           "cpu-avx2-2026-11-25/): stacks whose first layer reads more than 64 features, and "
-                           "single layers, are left to onnxruntime"),
 }
 
 
@@ -75,51 +62,3 @@ def cpu_left_to_ort(family: str | None = None, threads: int | None = None) -> di
     if threads > CPU_TABLE_MAX_THREADS.get(family, threads):
         return {}
     return {p: f"on {family} hosts, {why}" for p, why in CPU_LEFT_TO_ORT[family].items()}
-
-
-_LAYER_ACTS = {"LinearRelu": ["relu"], "LinearSigmoid": ["sigmoid"]}
-
-
-def expand_linear_layers(model: ir.Model, recorder: _base.Recorder, family: str) -> int:
-    """Put back as MatMul + Add + activation every LinearRelu/LinearSigmoid node, and every MLPStack whose first
-    layer has K > max_k, of CPU_STACKS_ONLY[family] (a no-op for other families); drops their matches from the
-    recorder. Returns how many fused nodes were expanded."""
-    rule = CPU_STACKS_ONLY.get(family)
-    if rule is None:
-        return 0
-    expanded = set()
-    for graph in _base.graphs(model.graph):
-        for node in list(graph):
-            if node.domain != DOMAIN:
-                continue
-            if node.op_type in _LAYER_ACTS:
-                acts = _LAYER_ACTS[node.op_type]
-            elif node.op_type == "MLPStack":
-                k = (_base.dims(node.inputs[1]) or [None])[0]
-                if isinstance(k, int) and k <= rule.max_k:
-                    continue
-                acts = node.attributes.get_string("activations", "").split(".")
-            else:
-                continue
-            _expand(graph, node, acts)
-            expanded.add(node.name)
-    recorder.matches[:] = [m for m in recorder.matches if m.node not in expanded]
-    return len(expanded)
-
-
-def _expand(graph: ir.Graph, node: ir.Node, acts: list[str]) -> None:
-    """One fused linear node (X, W_1, bias_1, ...) -> per layer MatMul, Add, Relu/Sigmoid, in place."""
-    h = node.inputs[0]
-    new_nodes = []
-    for i, act in enumerate(acts):
-        w, b = node.inputs[1 + 2 * i], node.inputs[2 + 2 * i]
-        mm = ir.Node("", "MatMul", [h, w], num_outputs=1)
-        add = ir.Node("", "Add", [mm.outputs[0], b], num_outputs=1)
-        out = ir.Node("", "Relu" if act == "relu" else "Sigmoid", [add.outputs[0]], num_outputs=1)
-        for n in (mm, add, out):
-            n.outputs[0].dtype = node.outputs[0].dtype
-        new_nodes += [mm, add, out]
-        h = out.outputs[0]
-    old_out = node.outputs[0]
-    h.shape = old_out.shape
-    ir.convenience.replace_nodes_and_values(graph, node, [node], new_nodes, [old_out], [h])

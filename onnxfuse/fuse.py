@@ -311,11 +311,6 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
     nodes_after_ort = len(model.graph) if ort else None
     if rules:
         stage2 = fuse_model(model, patterns, explain)
-        if family is not None:
-            expanded = cpu_policy.expand_linear_layers(model, stage2.recorder, family)
-            if expanded:
-                left_to_ort["linear_act"] = (f"on {family} hosts, {expanded} fused linear node(s) put back as "
-                                             f"MatMul + Add + activation: {cpu_policy.CPU_STACKS_ONLY[family].reason}")
     else:
         stage2 = RuleStage(_base.Recorder(), {}, None, None, [], 0)
     if backend is not None:

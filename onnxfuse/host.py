@@ -22,11 +22,14 @@ _NOTABLE = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "av
             "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_bf16", "amx_tile", "amx_fp16")
 
 
+CPUINFO = pathlib.Path("/proc/cpuinfo")
+
+
 def _cpuinfo() -> dict[str, str]:
     """The first processor's fields of /proc/cpuinfo (empty where there is none)."""
     fields: dict[str, str] = {}
     try:
-        text = pathlib.Path("/proc/cpuinfo").read_text()
+        text = CPUINFO.read_text()
     except OSError:
         return fields
     for line in text.splitlines():
@@ -39,6 +42,19 @@ def _cpuinfo() -> dict[str, str]:
 
 def cpu_model() -> str:
     return _cpuinfo().get("model name") or platform.processor() or platform.machine()
+
+
+def cpu_id() -> dict:
+    """Vendor, family, model and stepping (/proc/cpuinfo): what tells CPUs of one model name apart, e.g. a virtual
+    machine's "AMD EPYC" that is a Zen 1 (family 23, model 1: 128-bit FMA units) or a Zen 3 (family 25)."""
+    info = _cpuinfo()
+    out: dict = {"vendor": info.get("vendor_id", "")}
+    for key, name in (("cpu family", "family"), ("model", "model"), ("stepping", "stepping")):
+        try:
+            out[name] = int(info[key])
+        except (KeyError, ValueError):
+            out[name] = None
+    return out
 
 
 def cpu_flags() -> set[str]:
@@ -64,7 +80,7 @@ def describe(lib: str | os.PathLike | None = None) -> dict:
     """The host: CPU model, threads, vector ISA family and notable flags, any forcing variables set, and (with a
     built library) what its CPU kernels run here: the built-in GEMM's family and oneDNN's ISA and matmul per type."""
     flags = cpu_flags()
-    out = {"cpu_model": cpu_model(), "threads": os.cpu_count(), "vector_isa": vector_isa(flags),
+    out = {"cpu_model": cpu_model(), "cpu_id": cpu_id(), "threads": os.cpu_count(), "vector_isa": vector_isa(flags),
            "kernel_family": kernel_family(),
            "flags": sorted(f for f in _NOTABLE if f in flags),
            "forced": {v: os.environ[v] for v in FORCING_VARIABLES if os.environ.get(v)}}
@@ -83,9 +99,12 @@ def family(desc: dict) -> str:
 
 
 def summary(desc: dict) -> str:
-    """One line: 'AMD EPYC (2 threads), AVX2 (no AVX-512); built-in GEMM avx2; oneDNN avx2: float brg:avx2, ...'."""
+    """One line: 'AMD EPYC (2 threads, family 23 model 1), vector ISA avx2 (no AVX-512); built-in GEMM avx2; oneDNN
+    avx2: float gemm:jit:f32, ...'."""
     isa = desc["vector_isa"]
-    text = f"{desc['cpu_model']} ({desc['threads']} threads), vector ISA {isa}"
+    ident = desc.get("cpu_id") or {}
+    fam = f", family {ident['family']} model {ident['model']}" if ident.get("family") is not None else ""
+    text = f"{desc['cpu_model']} ({desc['threads']} threads{fam}), vector ISA {isa}"
     if isa != "avx512":
         text += " (no AVX-512)"
     if desc.get("forced"):

@@ -246,6 +246,23 @@ def test_llama_cases_export_through_onnxfuse_export(tmp_path):
         assert case["models"]["fused_cpu_ops"] == {"SwiGLU": 1} and case["variants"]["fused-cpu"]["median_ms"] > 0
 
 
+def test_host_description_tells_cpus_of_one_model_name_apart(monkeypatch, tmp_path):
+    """A result names the CPU's vendor, family, model and stepping besides its model name (a virtual machine's
+    "AMD EPYC" may be a Zen 1 or a Zen 3), and the one-line summary carries family and model."""
+    from onnxfuse import host
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 23\nmodel\t\t: 1\n"
+                       "model name\t: AMD EPYC\nstepping\t: 2\nflags\t\t: fpu avx avx2 fma f16c\n\nprocessor\t: 1\n")
+    monkeypatch.setattr(host, "CPUINFO", cpuinfo)
+    desc = host.describe()
+    assert desc["cpu_id"] == {"vendor": "AuthenticAMD", "family": 23, "model": 1, "stepping": 2}
+    assert desc["vector_isa"] == "avx2" and desc["cpu_model"] == "AMD EPYC"
+    assert host.summary(desc).startswith("AMD EPYC (") and "family 23 model 1" in host.summary(desc)
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu\n")  # a CPU without these fields: None, no family text
+    desc = host.describe()
+    assert desc["cpu_id"]["family"] is None and "family" not in host.summary(desc)
+
+
 def test_bench_cache_keys_change_with_the_rules(tmp_path, monkeypatch):
     """A cached fused model is reused only while the code that wrote it is unchanged: the key carries a fingerprint
     of the export / stage-1 / rule sources (a DLRM fused before the embedding rule existed was timed as current)."""
