@@ -23,104 +23,34 @@ from __future__ import annotations
 import time
 
 from . import schema, testing
+from .ops import embedding_interaction, mlp_stack
+from .ops._family import gemm_input_shapes
 
-# Default shapes: (M, K, N, r); r only for the LoRA ops. Small, odd and one realistic each, plus, for the GEMM ops,
-# aligned shapes of every size class of triton/table.py (M <= 16, <= 128, larger with enough tiles to fill the SMs)
-# so that every tuned Triton config (triton/tuned.json; onnxfuse.tune.doctor_coverage checks) runs here.
-# SwiGLU: (M, K, N, r, activation), every gate activation on each shape of _SWIGLU_SHAPES (a 4-tuple means silu,
-# the attribute's default), silu on the size-class shapes.
-_SWIGLU_SHAPES = [(1, 256, 688, 0), (37, 129, 67, 0), (200, 1024, 512, 0)]
-_MEDIUM, _LARGE = (64, 256, 256), (2048, 32, 2560)  # aligned; the large one has >= 160 tiles of any tuned tile
-# The persistent TMA kernels (triton/table.py TMA_*: K >= TMA_MIN_K, large class, tiles >= SMs): M, K and N not
-# multiples of the tile, so the descriptors' zero fill at every edge is checked.
-_TMA = (1100, 1040, 3856)
-DEFAULT_SHAPES = {
-    "LinearRelu": [(1, 13, 512, 0), (37, 129, 67, 0), (256, 512, 256, 0), (16, 256, 512, 0), (*_MEDIUM, 0),
-                   (*_LARGE, 0), (*_TMA, 0)],
-    "LinearSigmoid": [(1, 256, 1, 0), (37, 129, 67, 0), (256, 512, 256, 0), (*_TMA, 0)],
-    "SwiGLU": [(*shape, act) for act in schema.GATE_ACTIVATIONS for shape in _SWIGLU_SHAPES]
-    + [(*_MEDIUM, 0, "silu"), (*_LARGE, 0, "silu")],
-    "LoRALinear": [(1, 256, 256, 16), (37, 129, 67, 7), (200, 512, 512, 16), (*_MEDIUM, 16), (*_TMA, 16)],
-    "LoRALinearRelu": [(1, 256, 256, 16), (37, 129, 67, 7), (200, 512, 512, 64), (*_LARGE, 16), (*_TMA, 64)],
-    # MLPStack: (M, layer widths, activations). DLRM's bottom MLP, an odd narrow stack, DLRM's top MLP, and a stack
-    # that runs per layer (M between the grid and row-block ranges) with a first layer on the persistent TMA build.
-    "MLPStack": [(1, (13, 512, 256, 64, 16), "relu.relu.relu.relu"), (37, (129, 67, 33, 1), "relu.relu.sigmoid"),
-                 (256, (367, 512, 256, 1), "relu.relu.sigmoid"), (2050, (1040, 2576, 48), "relu.sigmoid")],
-    # RotaryEmbedding: (X shape, cos/sin shape). Decode (one token), an odd head dim broadcast along heads, a 7B-like
-    # layer in the untransposed [B, S, H, D] layout with cos/sin [B, S, 1, D], and a 2-D X.
-    "RotaryEmbedding": [((1, 1, 32, 128), (1, 1, 1, 128)), ((2, 3, 5, 34), (2, 1, 5, 34)),
-                        ((1, 512, 32, 128), (1, 512, 1, 128)), ((37, 64), (37, 64))],
-    # Embedding: (table [V, D], ids shape). A Llama vocabulary row width, an odd row (no 16-byte vectors), decode.
-    "Embedding": [((1000, 4096), (2, 64)), ((77, 33), (5, 3)), ((32000, 128), (1,))],
-    # Embedding ops: (B, d, features, interaction, hash or mean bag length). DLRM's 26 features of 16 at batch 1 and
-    # 128 (dot, the hash) and cat; 40 features of 20 (the 64-vector, 32-wide Triton tile) without the hash.
-    "EmbeddingInteraction": [(1, 16, 26, "dot", "mod"), (128, 16, 26, "dot", "mod"), (37, 16, 26, "cat", "none"),
-                             (33, 20, 40, "dot", "none")],
-    "EmbeddingBagInteraction": [(1, 16, 26, "dot", 2), (129, 16, 26, "dot", 3), (37, 8, 5, "cat", 1)],
-}
+# Default shapes per op, from its family (onnxfuse/ops/<family>.py `doctor_shapes`): for the GEMM ops (M, K, N, r),
+# r only for the LoRA ops, small, odd and one realistic each plus aligned shapes of every size class of
+# triton/table.py (so that every tuned Triton config runs here: onnxfuse.tune.doctor_coverage checks); SwiGLU
+# (M, K, N, r, activation), a 4-tuple meaning silu; MLPStack (M, layer widths, activations); RotaryEmbedding (X
+# shape, cos/sin shape); Embedding (table [V, D], ids shape); the embedding-interaction ops (B, d, features,
+# interaction, hash or mean bag length).
+DEFAULT_SHAPES = {op: list(schema.op_def(op).doctor_shapes) for op in schema.OPS}
 # Integer inputs (fed as int64, not cast to the op's type): Embedding's ids (drawn in [-V, V) to cover negatives)
 # and the embedding-interaction ops' ids, bags and table layout.
 INT_INPUTS = testing.INT_INPUTS
-
-
-def embedding_table_sizes(features: int) -> list[int]:
-    """Rows of each feature's table in the doctor's embedding models: small, uneven, deterministic."""
-    return [(7 * f + 3) % 50 + 1 for f in range(features)]
+embedding_table_sizes = embedding_interaction.embedding_table_sizes
+stack_shapes = mlp_stack.stack_shapes
 
 
 ALL_MODES = ("plain", "user_stream", "cuda_graph")
 
 
-def stack_shapes(m: int, widths) -> dict[str, list[int]]:
-    shapes = {"X": [m, widths[0]]}
-    for i, (k, n) in enumerate(zip(widths[:-1], widths[1:]), start=1):
-        shapes[f"W_{i}"], shapes[f"bias_{i}"] = [k, n], [n]
-    return shapes
-
-
 def shape_entry(op: str, entry) -> tuple[dict[str, list[int]], dict, tuple]:
     """(input shapes, extra node attributes, (M, K, N, r, layers) for the report) of one DEFAULT_SHAPES entry; for
     SwiGLU the last field names the activation."""
-    if op in schema.EMBEDDING_OPS:
-        b, d, f, interaction, extra = entry
-        rows = sum(embedding_table_sizes(f))
-        width = schema.interaction_width(f + 1, d, interaction)
-        if op == "EmbeddingInteraction":
-            shapes = {"X": [b, d], "ids": [b, f]}
-            attrs, label = {"interaction": interaction, "hash": extra}, f"F{f} {interaction} hash={extra}"
-        else:
-            shapes = {"X": [b, d], "indices": [f, b * int(extra)], "offsets": [f, b]}
-            attrs, label = {"interaction": interaction}, f"F{f} {interaction} bags~{extra}"
-        shapes.update({"table": [rows, d], "table_offsets": [f], "cardinality": [f]})
-        return shapes, attrs, (b, d, width, 0, label)
-    if op == "MLPStack":
-        m, widths, acts = entry
-        return stack_shapes(m, widths), {"activations": acts}, (m, widths[0], widths[-1], 0,
-                                                                 "-".join(map(str, widths)) + " " + acts)
-    if op == "SwiGLU" and len(entry) == 5:
-        m, k, n, r, act = entry
-        return input_shapes(op, m, k, n, r), {"activation": act}, (m, k, n, r, act)
-    if op == "Embedding":
-        table, ids = entry
-        n = 1
-        for v in ids:
-            n *= v
-        return {"table": list(table), "ids": list(ids)}, {}, (n, table[0], table[1], 0, f"ids{list(ids)}")
-    if op == "RotaryEmbedding":
-        x, cs = entry
-        rows = 1
-        for v in x[:-1]:
-            rows *= v
-        return {"X": list(x), "cos": list(cs), "sin": list(cs)}, {}, (rows, x[-1], x[-1], 0,
-                                                                      f"X{list(x)} cos{list(cs)}")
-    m, k, n, r = entry
-    return input_shapes(op, m, k, n, r), {}, (m, k, n, r, "")
+    return schema.op_def(op).doctor_entry(entry)
 
 
 def input_shapes(op: str, m: int, k: int, n: int, r: int) -> dict[str, list[int]]:
-    names = schema.OPS[op].inputs
-    dims = {"X": [m, k], "W": [k, n], "W_gate": [k, n], "W_up": [k, n], "A": [k, r], "B": [r, n], "bias": [n]}
-    return {name: dims[name] for name in names}
+    return gemm_input_shapes(schema.OPS[op], m, k, n, r)
 
 
 def make_model(op: str, dtype: str, shapes: dict[str, list[int]], backend: str, scale: float | None = None,
@@ -140,82 +70,19 @@ def make_model(op: str, dtype: str, shapes: dict[str, list[int]], backend: str, 
 # Ops whose inputs after X are weights (every op but the embedding ones and RotaryEmbedding): with special=True the
 # CPU rows run them both as graph inputs (the built-in GEMM) and as initializers (prepacked: oneDNN's post-ops where
 # the library has oneDNN for the type on this CPU).
-WEIGHTED_OPS = tuple(op for op in schema.OPS if op not in (*schema.EMBEDDING_OPS, "Embedding", "RotaryEmbedding"))
+WEIGHTED_OPS = tuple(op for op in schema.OPS if schema.op_def(op).weighted)
 
 
 def out_shape(op: str, shapes: dict[str, list[int]], attrs: dict | None = None) -> list[int]:
     """Y's shape: X's for RotaryEmbedding, ids.shape + [D] for Embedding, [B, interaction width] for the
     embedding-interaction ops (`attrs` names the interaction), else [M, N] (2-D X)."""
-    if op in schema.EMBEDDING_OPS:
-        f = shapes["table_offsets"][0]
-        return [shapes["X"][0], schema.interaction_width(f + 1, shapes["X"][1], (attrs or {})["interaction"])]
-    if op == "RotaryEmbedding":
-        return list(shapes["X"])
-    if op == "Embedding":
-        return list(shapes["ids"]) + [shapes["table"][1]]
-    n = list(shapes.values())[-1][0] if op == "MLPStack" else (shapes.get("W") or shapes["W_gate"])[1]
-    return [shapes["X"][0], n]
+    return schema.op_def(op).out_shape(shapes, dict(attrs or {}))
 
 
 def make_inputs(op: str, dtype: str, shapes: dict[str, list[int]], seed: int, device: str = "cpu"):
-    """Random inputs already rounded to T (returned as T tensors); weights scaled so outputs stay O(1)."""
-    import torch
-
-    tdt = {"float": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
-    g = torch.Generator(device=device).manual_seed(seed)
-    out = []
-    if op in schema.EMBEDDING_OPS:
-        return _embedding_inputs(op, tdt, shapes, seed)
-    for name, shp in shapes.items():
-        if (op, name) in INT_INPUTS:
-            v = shapes["table"][0]
-            out.append(torch.randint(-v, v, tuple(shp), generator=g, device=device, dtype=torch.int64))
-            continue
-        t = torch.randn(*shp, generator=g, device=device, dtype=torch.float32)
-        if name in ("W", "W_gate", "W_up", "A") or name.startswith("W_"):
-            t = t / max(shp[0], 1) ** 0.5
-        elif name == "B":
-            t = t / max(shp[0], 1) ** 0.5 * 0.5
-        elif name == "bias" or name.startswith("bias_"):
-            t = t * 0.5
-        out.append(t.to(tdt))
-    return out
-
-
-def _embedding_inputs(op: str, tdt, shapes: dict[str, list[int]], seed: int) -> list:
-    """On the CPU (small; the reference indexes with them): X and the table ~N(0, 1/2) (dot products of 16 stay
-    O(1)); ids spread over [-card, 2 card) with one id at INT64_MAX (the hash wraps there), so negative ids, ids past
-    the table and zero vectors are all exercised; for bags sorted offsets over [0, N] with empty bags, and indices the
-    same way. `shapes` may name X alone (the doctor's second X)."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    b, d = shapes["X"]
-    if "table_offsets" not in shapes:
-        return [torch.randn(b, d, generator=g).mul(0.7).to(tdt)]
-    f = shapes["table_offsets"][0]
-    sizes = torch.tensor(embedding_table_sizes(f), dtype=torch.int64)
-    toff = torch.cumsum(sizes, 0) - sizes
-
-    def ids(shape, per_feature_axis):
-        u = torch.rand(*shape, generator=g)
-        card = sizes.reshape([-1 if i == per_feature_axis else 1 for i in range(len(shape))])
-        return (u * 3 * card).long() - card
-
-    out = {"X": torch.randn(b, d, generator=g).mul(0.7).to(tdt),
-           "table": torch.randn(*shapes["table"], generator=g).mul(0.7).to(tdt),
-           "table_offsets": toff, "cardinality": sizes}
-    if op == "EmbeddingInteraction":
-        out["ids"] = ids(shapes["ids"], 1)
-        if out["ids"].numel():
-            out["ids"][0, 0] = 2 ** 63 - 1
-    else:
-        n_idx = shapes["indices"][1]
-        out["indices"] = ids(shapes["indices"], 0)
-        cuts = torch.randint(0, n_idx + 1, (f, b), generator=torch.Generator().manual_seed(b + f))
-        out["offsets"] = torch.sort(cuts, dim=1).values
-        out["offsets"][:, 0] = 0
-    return [out[name] for name in shapes]
+    """Random inputs already rounded to T (returned as T tensors); weights scaled so outputs stay O(1) (the op's
+    family: schema.op_def(op).make_doctor_inputs)."""
+    return schema.op_def(op).make_doctor_inputs(testing.torch_type(dtype), shapes, seed, device)
 
 
 def compare(y, ref, dtype: str) -> tuple[bool, float, float]:
@@ -336,7 +203,7 @@ def run_doctor(providers=("cpu", "cuda"), backends=None, *, ops=None, dtypes=sch
     cpu runs on the CPU EP, cuda and triton on the CUDA EP). shapes: {op: [(M, K, N, r), ...]}, for MLPStack
     [(M, widths, activations), ...], for SwiGLU optionally (M, K, N, r, activation) (DEFAULT_SHAPES).
     modes apply to the CUDA EP; the CPU EP runs plain only. node_attrs: attributes added to every node under test
-    (e.g. {"stack_mode": "fused"}, or an experiment knob). Row keys: op, provider, backend, dtype, M, K, N, r,
+    (e.g. {"stack_mode": "fused"}). Row keys: op, provider, backend, dtype, M, K, N, r,
     mode, status (PASS / FAIL / ERROR / SKIP), max_err, tol, seconds, detail; `layers` describes an MLPStack's
     layers and a SwiGLU's activation.
 
@@ -368,7 +235,7 @@ def run_doctor(providers=("cpu", "cuda"), backends=None, *, ops=None, dtypes=sch
     for op in ops:
         for entry in shapes.get(op, []):
             shp, extra, (m, k, n, r, layers) = shape_entry(op, entry)
-            scale = 0.5 if op.startswith("LoRA") else None
+            scale = 0.5 if "scale" in schema.OPS[op].attr_names else None
             attrs = {"scale": scale} if scale is not None else dict(extra)
             for dtype in dtypes:
                 cache = {}

@@ -22,20 +22,21 @@ import time
 import onnx
 from onnxscript import ir
 
-from . import cpu_policy, functions, host, onnxio, ort_fusions, soundness
+from . import functions, host, onnxio, ort_fusions, soundness
 from .flops import model_flops
 from .cpu_policy import CPU_LEFT_TO_ORT, cpu_left_to_ort  # noqa: F401  (fuse.CPU_LEFT_TO_ORT: the public name)
 from .errors import OnnxfuseError
 from .rewrites import (_base, _explain, embedding, embedding_interaction, linear_act, lora_linear, mlp_stack,
                        rotary_embedding, swiglu)
+from .ops import FAMILIES
 from .schema import BACKENDS, DOMAIN, DOMAIN_VERSION
 
 REPORT_KEY = "onnxfuse.fusion_report"
-# pattern family -> rule-set factory, in application order
-# embedding_interaction before embedding: DLRM's lookups belong to the interaction op, not to plain Embeddings.
-PATTERNS = {"lora_linear": lora_linear.rules, "swiglu": swiglu.rules, "rotary_embedding": rotary_embedding.rules,
-            "linear_act": linear_act.rules, "mlp_stack": mlp_stack.rules,
-            "embedding_interaction": embedding_interaction.rules, "embedding": embedding.rules}
+# pattern family -> rule-set factory, in application order: the families' order (onnxfuse/ops/__init__.py says why),
+# each family's rules in onnxfuse/rewrites/<family>.py.
+_RULE_MODULES = {m.__name__.rpartition(".")[2]: m for m in (embedding, embedding_interaction, linear_act, lora_linear,
+                                                            mlp_stack, rotary_embedding, swiglu)}
+PATTERNS = {family.name: _RULE_MODULES[family.name].rules for family in FAMILIES}
 
 
 @dataclasses.dataclass

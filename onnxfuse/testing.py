@@ -24,13 +24,14 @@ import onnx
 from onnx import TensorProto, helper
 
 from . import schema
+from .ops import embedding_interaction
 
 ONNX_TYPE = {"float": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
 
-# Inputs fed as int64 (never cast to T): Embedding's ids and the embedding-interaction ops' ids, bags and table
-# layout.
-EMBEDDING_INT_INPUTS = ("ids", "indices", "offsets", "table_offsets", "cardinality")
-INT_INPUTS = {("Embedding", "ids")} | {(op, name) for op in schema.EMBEDDING_OPS for name in EMBEDDING_INT_INPUTS}
+# Inputs fed as int64 (never cast to T), (op, input name): each op's `int_inputs` (Embedding's ids and the
+# embedding-interaction ops' ids, bags and table layout).
+EMBEDDING_INT_INPUTS = embedding_interaction.INT_INPUTS
+INT_INPUTS = {(op, name) for op in schema.OPS for name in schema.op_def(op).int_inputs}
 
 _ALIASES = {"float": "float", "fp32": "float", "float32": "float", "f32": "float",
             "float16": "float16", "fp16": "float16", "half": "float16", "f16": "float16",
@@ -221,12 +222,8 @@ def assert_close(actual, expected, dtype, what: str = "", *, kind: str = "kernel
 # ------------------------------------------------------------------------------------------------ models
 def overload(op: str, attrs: dict) -> str:
     """The node's `overload` (its ONNX function body's name suffix): the embedding ops' interaction/hash, MLPStack's
-    activations, else ""."""
-    if op in schema.EMBEDDING_OPS:
-        return schema.embedding_overload(op, attrs["interaction"], attrs.get("hash", "none"))
-    if op == "MLPStack":
-        return attrs.get("activations", "")
-    return ""
+    activations, SwiGLU's activation where the attribute is given, else "" (schema.op_def(op).overload)."""
+    return schema.op_def(op).overload(attrs)
 
 
 def input_names(op: str, n_inputs: int) -> list[str]:
@@ -339,14 +336,11 @@ def run_op(op: str, inputs: list, attrs: dict | None = None, *, library: bool | 
         model = op_model(op, dtype, [tuple(t.shape) for t in inputs], attrs)
     sess = runtime.session(model, "cpu", library=library)
     feeds = dict(zip(names[:1] if constants else names, inputs))
-    return run_session(sess, op, feeds, out_shape or default_out_shape(op, inputs))
+    return run_session(sess, op, feeds, out_shape or default_out_shape(op, inputs, attrs))
 
 
-def default_out_shape(op: str, inputs: list) -> tuple[int, ...]:
-    """Y's shape for the weighted ops, RotaryEmbedding and Embedding on these input tensors."""
-    if op == "Embedding":
-        return tuple(inputs[1].shape) + (inputs[0].shape[1],)
-    if op == "RotaryEmbedding":
-        return tuple(inputs[0].shape)
-    width = inputs[-2].shape[-1] if op == "MLPStack" else inputs[2 if op == "SwiGLU" else 1].shape[-1]
-    return tuple(inputs[0].shape[:-1]) + (width,)
+def default_out_shape(op: str, inputs: list, attrs: dict | None = None) -> tuple[int, ...]:
+    """Y's shape on these input tensors (schema.op_def(op).out_shape; `attrs` names an embedding op's
+    interaction)."""
+    shapes = {name: list(t.shape) for name, t in zip(input_names(op, len(inputs)), inputs)}
+    return tuple(schema.op_def(op).out_shape(shapes, dict(attrs or {})))

@@ -25,6 +25,7 @@ import pathlib
 
 from . import onnxio
 from .kernels.build import TRITON_DIR, aot_module as _aot
+from .schema import FAMILY_OF
 
 TUNED_FILE = TRITON_DIR / "tuned.json"
 
@@ -265,8 +266,10 @@ def save(table: dict, out: pathlib.Path, records_dir: pathlib.Path | None = None
     return f"wrote {out}; merge it into {TUNED_FILE} (onnxfuse tune --into-package) for the build to use it"
 
 
-OPS_OF_KERNEL = {"linear_act": ("LinearRelu", "LinearSigmoid"), "swiglu": ("SwiGLU",),
-                 "lora_main": ("LoRALinear", "LoRALinearRelu")}
+# Triton GEMM kernel -> the op family it runs (onnxfuse/ops/<family>.py); OPS_OF_KERNEL names the family's ops.
+FAMILY_OF_KERNEL = {"linear_act": "linear_act", "swiglu": "swiglu", "lora_main": "lora_linear"}
+OPS_OF_KERNEL = {kernel: tuple(op for op, f in FAMILY_OF.items() if f == family)
+                 for kernel, family in FAMILY_OF_KERNEL.items()}
 
 
 def doctor_coverage(shapes: dict, arch: str = "90", sms: int = 132) -> list[str]:

@@ -15,16 +15,15 @@ import numpy as np
 from onnxscript import ir
 from onnxscript.rewriter import MatchingTracer, MatchResult, MatchStatus, RewriteRuleClassBase, RewriteRuleSet
 
-from ..schema import DOMAIN, OPS
+from ..ops._family import DEFAULT_MIN_OPSET
+from ..schema import DOMAIN, OPS, op_def
 
 FLOAT_TYPES = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
-# The lowest default-domain opset in which each op's model-local function body is valid: the bodies use MatMul, Add,
-# Mul, Relu, Sigmoid (bfloat16 kernels for Relu since opset 14), for LoRA CastLike and for RotaryEmbedding Shape's
-# start attribute (opset 15). A model of an
-# older opset keeps those subgraphs (the function is written in the model's own opset: onnx.checker requires it).
-MIN_OPSET = {"LoRALinear": 15, "LoRALinearRelu": 15, "RotaryEmbedding": 15, "EmbeddingInteraction": 15,
-             "EmbeddingBagInteraction": 15}
-DEFAULT_MIN_OPSET = 13
+# The lowest default-domain opset in which each op's model-local function body is valid (its family's `min_opset`,
+# onnxfuse/ops/): the bodies use MatMul, Add, Mul, Relu, Sigmoid (bfloat16 kernels for Relu since opset 14), for
+# LoRA CastLike and for RotaryEmbedding Shape's start attribute (opset 15). A model of an older opset keeps those
+# subgraphs (the function is written in the model's own opset: onnx.checker requires it).
+MIN_OPSET = {op: op_def(op).min_opset for op in OPS}
 BF16_MIN_OPSET = 14
 # Inputs that are weights (their shapes are the rule's business: weight_kn, a lookup table), not operands an
 # elementwise op broadcasts; every other constant input may broadcast the result.

@@ -16,6 +16,7 @@ from __future__ import annotations
 from onnxscript import ir
 from onnxscript.rewriter import MatchResult
 
+from ..ops.embedding import EMBEDDING
 from ._base import NOT_A_CANDIDATE, FusionRule, check_float_dtypes, dims, not_constant, rule_set
 
 
@@ -25,7 +26,7 @@ MIN_ROW_BYTES = 256
 
 
 class Embedding(FusionRule):
-    op = "Embedding"
+    op = EMBEDDING.name
     pattern_name = "embedding"
     naming_ops = ("Gather",)
 

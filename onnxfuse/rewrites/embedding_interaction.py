@@ -44,6 +44,7 @@ import dataclasses
 import numpy as np
 from onnxscript import ir
 
+from ..ops.embedding_interaction import EMBEDDING_BAG_INTERACTION, EMBEDDING_INTERACTION, OPS
 from ..schema import DOMAIN, embedding_overload, interaction_width
 from . import _base
 from ._embedding_leaves import Leaf, bag_leaf, onehot_leaf
@@ -128,7 +129,7 @@ class EmbeddingInteractionPass(_base.GraphPass):
 
     # -------------------------------------------------------------------------------------- candidates
     def _opset_check(self) -> None:
-        need = max(_base.MIN_OPSET[op] for op in ("EmbeddingInteraction", "EmbeddingBagInteraction"))
+        need = max(_base.MIN_OPSET[s.name] for s in OPS)
         if self.opset is not None and self.opset < need:
             raise Refused(f"the model's opset {self.opset} is below {need}, the lowest in which the embedding ops' "
                           "function bodies (what runs without the kernel library) are valid; export at opset 18 or "
@@ -462,7 +463,8 @@ class EmbeddingInteractionPass(_base.GraphPass):
     def _rewrite(self, model: ir.Model, graph: ir.Graph, f: Found) -> None:
         m, final = f.match, f.final
         feats = f.leaves[1:]
-        op_type = "EmbeddingInteraction" if feats[0].kind == "onehot" else "EmbeddingBagInteraction"
+        hashed = feats[0].kind == "onehot"
+        op_type = (EMBEDDING_INTERACTION if hashed else EMBEDDING_BAG_INTERACTION).name
         removable = self._removable(graph, f)
         # one concatenated table; a table several features share is stored once
         blocks, starts, offsets = [], {}, []
@@ -483,7 +485,7 @@ class EmbeddingInteractionPass(_base.GraphPass):
         toff = self._initializer(graph, "embedding_table_offsets", np.asarray(offsets, dtype=np.int64))
         card = self._initializer(graph, "embedding_cardinality", np.asarray(f.cardinality, dtype=np.int64))
         attrs = [ir.AttrString("interaction", f.interaction), ir.AttrString("backend", "auto")]
-        if op_type == "EmbeddingInteraction":
+        if hashed:
             attrs.insert(1, ir.AttrString("hash", f.hash))
             inputs = [x, f.ids, tbl, toff, card]
             overload = embedding_overload(op_type, f.interaction, f.hash)
@@ -499,7 +501,7 @@ class EmbeddingInteractionPass(_base.GraphPass):
         replaced = [(nd.name or "?", nd.op_type) for nd in removable]
         batch = xd[0] if isinstance(xd[0], int) else None
         flops = None if batch is None or f.interaction != "dot" else batch * (n * (n - 1) // 2) * 2 * m.d
-        shapes = {"X": xd, "ids" if op_type == "EmbeddingInteraction" else "indices": _base.dims(inputs[1]),
+        shapes = {"X": xd, "ids" if hashed else "indices": _base.dims(inputs[1]),
                   "table": [int(table.shape[0]), m.d], "Y": [xd[0], width]}
         extra = (f"features: {len(feats)} ({len(blocks)} tables, {int(table.shape[0])} rows)",
                  f"interaction: {f.interaction}",

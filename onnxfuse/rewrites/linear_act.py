@@ -20,10 +20,11 @@ import numpy as np
 from onnxscript import ir
 from onnxscript.rewriter import MatchResult
 
+from ..ops.linear_act import LINEAR_RELU, LINEAR_SIGMOID
 from . import _base
 from ._base import FusionRule, bias_n, check_float_dtypes, dims, gemm_flops, rule_set, weight_kn
 
-ACTIVATIONS = {"relu": ("Relu", "LinearRelu"), "sigmoid": ("Sigmoid", "LinearSigmoid")}
+ACTIVATIONS = {"relu": ("Relu", LINEAR_RELU.name), "sigmoid": ("Sigmoid", LINEAR_SIGMOID.name)}
 SPELLINGS = ("gemm_c", "gemm_add", "matmul_add", "matmul", "gemm")
 
 

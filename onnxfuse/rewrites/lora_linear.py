@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 from onnxscript.rewriter import MatchResult
 
+from ..ops.lora_linear import LORA_LINEAR, LORA_LINEAR_RELU
 from . import _base
 from ._base import FusionRule, bias_n, check_float_dtypes, const, dims, gemm_flops, rule_set, weight_kn
 
@@ -33,8 +34,9 @@ class LoRALinear(FusionRule):
 
     def __init__(self, recorder, base: str, tail: str, scaled: bool = True):
         self.base, self.tail, self.scaled = base, tail, scaled
-        self.op = "LoRALinearRelu" if tail.endswith("relu") else "LoRALinear"
-        self.pattern_name = "lora_linear_relu" if self.op == "LoRALinearRelu" else "lora_linear"
+        relu = tail.endswith("relu")
+        self.op = (LORA_LINEAR_RELU if relu else LORA_LINEAR).name
+        self.pattern_name = "lora_linear_relu" if relu else "lora_linear"
         super().__init__(recorder, f"{base}_{tail}" + ("" if scaled else "_unscaled"))
 
     def pattern(self, op, x, w, b, a, bm, s):

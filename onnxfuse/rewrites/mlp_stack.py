@@ -22,10 +22,12 @@ from __future__ import annotations
 
 from onnxscript import ir
 
+from ..ops.linear_act import LINEAR_RELU, LINEAR_SIGMOID
+from ..ops.mlp_stack import MLP_STACK
 from ..schema import DOMAIN, MAX_STACK_LAYERS, stack_overload
 from . import _base
 
-LAYER_OPS = {"LinearRelu": "relu", "LinearSigmoid": "sigmoid"}
+LAYER_OPS = {LINEAR_RELU.name: "relu", LINEAR_SIGMOID.name: "sigmoid"}
 PATTERN = "mlp_stack"
 STACK_DOC = ("GPU: one Triton kernel for the whole",
              "  stack while M is small (row blocks keep",
@@ -125,7 +127,7 @@ class MLPStackPass(_base.GraphPass):
         for n in chain:
             inputs += [n.inputs[1], n.inputs[2]]
         backend = chain[0].attributes.get_string("backend", "auto") if "backend" in chain[0].attributes else "auto"
-        node = ir.Node(DOMAIN, "MLPStack", inputs,
+        node = ir.Node(DOMAIN, MLP_STACK.name, inputs,
                        [ir.AttrString("activations", stack_overload(acts)), ir.AttrString("backend", backend)],
                        overload=stack_overload(acts), num_outputs=1)
         old_out = chain[-1].outputs[0]
@@ -142,7 +144,7 @@ class MLPStackPass(_base.GraphPass):
         for i, n in enumerate(chain, start=1):
             shapes[f"W_{i}"] = [_width(n.inputs[1], 0), _width(n.inputs[1], 1)]
         dims = [str(_width(chain[0].inputs[1], 0))] + [str(_width(n.inputs[1], 1)) for n in chain]
-        _base.annotate(node, self.recorder, PATTERN, f"{PATTERN}/{len(chain)}-layers", "MLPStack",
+        _base.annotate(node, self.recorder, PATTERN, f"{PATTERN}/{len(chain)}-layers", MLP_STACK.name,
                        _common_module(chain), replaced, shapes, inputs[0].dtype, flops,
                        extra_doc=(f"layers: {'-'.join(dims)}", f"activations: {', '.join(acts)}", *STACK_DOC))
         # Stack names replace the per-layer names (free them so a later stack may reuse one).

@@ -23,13 +23,14 @@ from __future__ import annotations
 from onnxscript import ir
 from onnxscript.rewriter import MatchResult
 
+from ..ops.rotary_embedding import ROTARY_EMBEDDING
 from ._base import FusionRule, check_float_dtypes, const, dims, rule_set
 
 MAX_RANK = 4  # what the kernels index (leading dims padded to 3)
 
 
 class RotaryEmbedding(FusionRule):
-    op = "RotaryEmbedding"
+    op = ROTARY_EMBEDDING.name
     pattern_name = "rotary_embedding"
     naming_ops = ("Add",)
 

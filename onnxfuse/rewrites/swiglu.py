@@ -46,12 +46,13 @@ from onnxscript import ir
 from onnxscript.rewriter import MatchResult
 
 from .. import functions
+from ..ops.swiglu import SWIGLU
 from ..schema import DOMAIN, GATE_ACTIVATIONS, swiglu_overload
 from . import _base, _explain
 from ._activation_forms import BUDGET, DEFAULT_DOMAINS, Expressions, Miss, Prod, Var, classify, free_variables
 
 PATTERN = "swiglu"
-OP = "SwiGLU"
+OP = SWIGLU.name
 LINEARS = ("MatMul", "Gemm")
 SELECTS = ("Split", "Slice")
 # Activations whose function body needs typed constants (CastLike: opset 15).

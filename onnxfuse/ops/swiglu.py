@@ -1,0 +1,140 @@
+"""SwiGLU: the gate and up projections of a gated MLP with act(gate) * up (rules: onnxfuse/rewrites/swiglu.py)."""
+from __future__ import annotations
+
+import math
+
+from ._family import (BACKEND, DOCTOR_LARGE, DOCTOR_MEDIUM, Attr, OpDef, OpFamily, OpSchema, gemm_input_shapes,
+                      matmul_out_shape)
+
+# SwiGLU's gate activations (its `activation` attribute), each as PyTorch defines it and computed in fp32 by every
+# kernel: silu x*sigmoid(x); gelu 0.5*x*(1+erf(x/sqrt(2))) (torch's gelu, approximate='none'); gelu_tanh
+# 0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x^3))) (approximate='tanh'); quick_gelu x*sigmoid(1.702*x); relu; sigmoid.
+# The code is the index (a separate space from ACTIVATIONS, whose codes MLPStack's kernels read); silu, code 0, is
+# the default, so SwiGLU nodes written before the attribute existed keep their meaning.
+GATE_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "quick_gelu", "relu", "sigmoid")
+QUICK_GELU_ALPHA = 1.702
+GELU_TANH_COEFF = 0.044715
+# SwiGLU activations whose body needs typed constants (Constant + CastLike, opset 15); the others need opset 13.
+GATE_ACTIVATIONS_WITH_CONSTANTS = ("gelu", "gelu_tanh", "quick_gelu")
+
+SWIGLU = OpSchema(
+    "SwiGLU", ("X", "W_gate", "W_up"), ("Y",), "Y = act(X @ W_gate) * (X @ W_up)",
+    (Attr("activation", "string", "silu", "the gate's activation: " + "|".join(GATE_ACTIVATIONS) + " (gelu: erf "
+          "form; gelu_tanh: approximate='tanh'; quick_gelu: x*sigmoid(1.702x)); absent means silu"), BACKEND),
+    "The gate and up projections of a gated MLP (Llama/Mistral/Qwen SwiGLU, Gemma GeGLU, Phi-3's merged gate_up_proj, "
+    "ReGLU, GLU) with act(gate) * up in their epilogue; the down projection stays a plain MatMul/Gemm. The node's "
+    "function overload names the activation (empty: silu, as written before the attribute existed).")
+
+
+def swiglu_overload(activation: str) -> str:
+    """The function overload of a SwiGLU node: its activation (silu, gelu, ...). Nodes written before the activation
+    attribute existed carry the empty overload, whose function is silu's."""
+    if activation not in GATE_ACTIVATIONS:
+        raise ValueError(f"SwiGLU: activation {activation!r} is not one of {', '.join(GATE_ACTIVATIONS)}")
+    return activation
+
+
+def gate_activation(name: str, g):
+    """SwiGLU's gate activation on a float32 torch tensor, as PyTorch defines it."""
+    import torch
+
+    F = torch.nn.functional
+    if name == "silu":
+        return F.silu(g)
+    if name == "gelu":
+        # gelu(+Inf) is +Inf (0.5 * g * (1 + erf(g / sqrt 2)), and onnxruntime's unfused graph), but PyTorch's
+        # vectorised CPU gelu returns NaN for it on some builds (torch 2.11 on an AVX-512 Xeon; 2.13 on AVX2 gives
+        # +Inf): pin the formula's value so the reference does not depend on the host.
+        return torch.where(g == float("inf"), g, F.gelu(g))
+    if name == "gelu_tanh":
+        return F.gelu(g, approximate="tanh")
+    if name == "quick_gelu":
+        return g * torch.sigmoid(QUICK_GELU_ALPHA * g)
+    if name == "relu":
+        return torch.relu(g)
+    if name == "sigmoid":
+        return torch.sigmoid(g)
+    raise ValueError(f"SwiGLU: activation {name!r} is not one of {', '.join(GATE_ACTIVATIONS)}")
+
+
+def reference(inputs, attrs: dict):
+    x = inputs[0].float()
+    g, u = x @ inputs[1].float(), x @ inputs[2].float()
+    y = gate_activation(str(attrs.get("activation", "silu") or "silu"), g) * u
+    return y.to(inputs[0].dtype)
+
+
+def _typed_constant(name: str, value: float, like: str) -> list:
+    """`name` = value in the element type of `like` (Constant, then CastLike: the body serves every T)."""
+    from onnx import helper
+
+    mk = helper.make_node
+    return [mk("Constant", [], [name + "_f"], value_float=float(value)), mk("CastLike", [name + "_f", like], [name])]
+
+
+def _gelu_nodes(activation: str) -> list:
+    """act = gelu(g) (erf form) or gelu_tanh(g), in T."""
+    from onnx import helper
+
+    mk = helper.make_node
+    nodes = [*_typed_constant("half", 0.5, "g"), *_typed_constant("one", 1.0, "g")]
+    if activation == "gelu":  # 0.5 * g * (1 + erf(g / sqrt(2)))
+        nodes += [*_typed_constant("sqrt2", math.sqrt(2.0), "g"), mk("Div", ["g", "sqrt2"], ["z"]),
+                  mk("Erf", ["z"], ["t"])]
+    else:  # 0.5 * g * (1 + tanh(sqrt(2/pi) * (g + 0.044715 * g^3)))
+        nodes += [*_typed_constant("kappa", GELU_TANH_COEFF, "g"),
+                  *_typed_constant("beta", math.sqrt(2.0 / math.pi), "g"),
+                  mk("Mul", ["g", "g"], ["g2"]), mk("Mul", ["g2", "g"], ["g3"]),
+                  mk("Mul", ["kappa", "g3"], ["kg3"]), mk("Add", ["g", "kg3"], ["inner"]),
+                  mk("Mul", ["beta", "inner"], ["z"]), mk("Tanh", ["z"], ["t"])]
+    return nodes + [mk("Add", ["one", "t"], ["onept"]), mk("Mul", ["half", "g"], ["hg"]),
+                    mk("Mul", ["hg", "onept"], ["act"])]
+
+
+def swiglu_body(activation: str) -> list:
+    """SwiGLU's body for one activation: g = X @ W_gate, u = X @ W_up, Y = act(g) * u, with act spelled as PyTorch
+    defines it (in T: this is what runs without the kernel library)."""
+    from onnx import helper
+
+    mk = helper.make_node
+    nodes = [mk("MatMul", ["X", "W_gate"], ["g"]), mk("MatMul", ["X", "W_up"], ["u"])]
+    if activation == "silu":
+        nodes += [mk("Sigmoid", ["g"], ["sg"]), mk("Mul", ["g", "sg"], ["act"])]
+    elif activation == "quick_gelu":
+        nodes += [*_typed_constant("alpha", QUICK_GELU_ALPHA, "g"), mk("Mul", ["g", "alpha"], ["ag"]),
+                  mk("Sigmoid", ["ag"], ["sg"]), mk("Mul", ["g", "sg"], ["act"])]
+    elif activation in ("gelu", "gelu_tanh"):
+        nodes += _gelu_nodes(activation)
+    elif activation == "relu":
+        nodes.append(mk("Relu", ["g"], ["act"]))
+    elif activation == "sigmoid":
+        nodes.append(mk("Sigmoid", ["g"], ["act"]))
+    else:
+        raise ValueError(f"SwiGLU: activation {activation!r} is not one of {', '.join(GATE_ACTIVATIONS)}")
+    return nodes + [mk("Mul", ["act", "u"], ["Y"])]
+
+
+def body(overload: str):
+    """The function of an overload naming the activation (gelu, ...; the empty overload is silu, what nodes written
+    before the activation attribute carry)."""
+    return list(SWIGLU.inputs), swiglu_body(overload or "silu")
+
+
+def doctor_entry(entry) -> tuple[dict, dict, tuple]:
+    """(M, K, N, r, activation), or (M, K, N, r): silu, the attribute's default."""
+    m, k, n, r, *act = entry
+    shapes = gemm_input_shapes(SWIGLU, m, k, n, r)
+    return (shapes, {"activation": act[0]}, (m, k, n, r, act[0])) if act else (shapes, {}, (m, k, n, r, ""))
+
+
+# Doctor shapes: every gate activation on each of these, silu on the size classes' shapes (_family.py).
+_SHAPES = [(1, 256, 688, 0), (37, 129, 67, 0), (200, 1024, 512, 0)]
+FAMILY = OpFamily("swiglu", (
+    OpDef(2, SWIGLU, reference, body, matmul_out_shape,
+          tuple([(*shape, act) for act in GATE_ACTIVATIONS for shape in _SHAPES]
+                + [(*DOCTOR_MEDIUM, 0, "silu"), (*DOCTOR_LARGE, 0, "silu")]),
+          # One-node models (testing.op_model, the doctor) carry the empty overload, as they always have: the kernel
+          # reads the activation attribute (an unknown one must reach the kernel's error), while the rules write
+          # swiglu_overload(activation) with that activation's function body.
+          doctor_entry, overload_attr="activation"),
+))
