@@ -13,7 +13,7 @@ import onnx
 
 from .errors import OnnxfuseError
 from .onnxio import MAX_IR_VERSION as _MAX_IR_VERSION
-from .schema import BACKENDS, DOMAIN, EXPERIMENT_ATTRS, EXPERIMENT_OPS, ONNX_OPSET, OPS
+from .schema import BACKENDS, DOMAIN, ONNX_OPSET, OPS
 
 
 class LibraryUnavailableWarning(UserWarning):
@@ -45,11 +45,11 @@ def has_onnxfuse_nodes(model: onnx.ModelProto) -> bool:
 
 def set_node_attributes(model: onnx.ModelProto, attributes: dict) -> int:
     """Set `attributes` on the onnxfuse nodes of `model` (in place) that take them: `backend` on every node, an op
-    attribute (e.g. MLPStack's stack_mode) or an experiment knob (schema.EXPERIMENT_ATTRS) on the ops that have it.
+    attribute (e.g. MLPStack's stack_mode) on the ops that have it.
     Returns the number of nodes changed; a bad name or value is an OnnxfuseError naming the choices."""
     from onnx import helper
     for name, value in attributes.items():
-        known = {a.name: a for s in OPS.values() for a in s.attrs} | EXPERIMENT_ATTRS
+        known = {a.name: a for s in OPS.values() for a in s.attrs}
         if name not in known:
             raise OnnxfuseError(f"unknown onnxfuse node attribute {name!r}; choose from {', '.join(sorted(known))}")
         if name == "backend" and value not in BACKENDS:
@@ -59,7 +59,6 @@ def set_node_attributes(model: onnx.ModelProto, attributes: dict) -> int:
         if node.domain != DOMAIN:
             continue
         takes = {a.name for a in OPS[node.op_type].attrs} if node.op_type in OPS else {"backend"}
-        takes |= {k for k, ops in EXPERIMENT_OPS.items() if node.op_type in ops}
         todo = {k: v for k, v in attributes.items() if k in takes}
         if not todo:
             continue

@@ -1,23 +1,21 @@
 """Time one onnxfuse node on a GPU under node-attribute variants: the A/B timings no onnxfuse command makes.
 
     PYTHONPATH=/path/to/ort-gpu:$PWD ONNXFUSE_LIBRARY=<prebuilt .so> python scripts/gpu_variants.py \
-        [--stack] [--experiments] [--activations] [--iters 50] [-o variants.json]
+        [--stack] [--activations] [--iters 50] [-o variants.json]
 
 Why a script: `onnxfuse bench` times whole workloads with the attributes `onnxfuse fuse` writes (stack_mode=auto,
-the default tiles, the model's activation), and `onnxfuse doctor` / `pytest -m gpu tests/test_gpu.py` check
-correctness (every op, backend, dtype and mode, each forced stack_mode included). What neither does is time the
-alternatives behind the kernel choices, so this script does that alone:
-  * --stack: MLPStack on the Triton backend forced to stack_mode=fused (and each stack_cfg tile variant when the
-    library has the experiments), grid and layers, next to auto and the CUDA backend, at DLRM's bottom and top MLP
-    for M = 128 to 16384, with and without CUDA graphs: the measurements triton/table.py's grid / row-block /
-    per-layer thresholds come from;
-  * --experiments: the Triton A/B variants of a library built with `onnxfuse build --experiments`: small_cfg
-    (decode tile config 0|1|2) and lora_onepass (0 two-phase LoRA, 1 one pass);
+the model's activation), `onnxfuse tune` times the Triton tile configs, and `onnxfuse doctor` /
+`pytest -m gpu tests/test_gpu.py` check correctness (every op, backend, dtype and mode, each forced stack_mode
+included). What none of them does is time the alternatives behind the other kernel choices, so this script does
+that alone:
+  * --stack: MLPStack on the Triton backend forced to stack_mode=fused, grid and layers, next to auto and the CUDA
+    backend, at DLRM's bottom and top MLP for M = 128 to 16384, with and without CUDA graphs: the measurements
+    triton/table.py's grid / row-block / per-layer thresholds come from;
   * --activations: SwiGLU per gate activation at the Llama MLP's shapes, as a ratio to silu's time (issue 15's goal:
     gelu and gelu_tanh within 5 % of silu).
-With none of the three flags, all of them run. Method: fp16, one node alone with T-typed inputs, torch tensors bound
-with IOBinding, a fresh session per variant (the attributes are read when a session creates its kernels), the median
-of --iters runs timed with CUDA events after 10 warm-up runs; sessions without CUDA graphs run on torch's stream
+With neither flag, both run. Method: fp16, one node alone with T-typed inputs, torch tensors bound with IOBinding, a
+fresh session per variant (the attributes are read when a session creates its kernels), the median of --iters runs
+timed with CUDA events after 10 warm-up runs; sessions without CUDA graphs run on torch's stream
 (user_compute_stream), CUDA-graph sessions on ORT's own (ORT synchronises at the end of each run, so the events still
 bracket it). Every row also gives the largest error against `schema.reference`. Prints one line per row, writes
 the rows as JSON (-o), exits 1 when a variant failed to run.
@@ -35,12 +33,6 @@ sys.path.insert(0, str(ROOT))
 
 DLRM_STACKS = [((13, 512, 256, 64, 16), "relu.relu.relu.relu"), ((367, 512, 256, 1), "relu.relu.sigmoid")]
 STACK_ROWS = (128, 512, 2048, 8192, 16384)  # around triton/table.py's grid / row-block / per-layer thresholds
-EXPERIMENT_CASES = [  # (op, (M, K, N, r), attribute sets): schema.EXPERIMENT_ATTRS
-    ("LoRALinearRelu", (2048, 4096, 4096, 16), [{"lora_onepass": 0}, {"lora_onepass": 1}]),
-    ("LoRALinear", (16, 4096, 4096, 16), [{"small_cfg": c, "lora_onepass": o} for o in (0, 1) for c in (0, 1, 2)]),
-    ("SwiGLU", (16, 4096, 11008, 0), [{"small_cfg": c} for c in (0, 1, 2)]),
-    ("LinearRelu", (16, 4096, 4096, 0), [{"small_cfg": c} for c in (0, 1, 2)]),
-]
 GATED_SHAPES = [(2048, 4096, 11008), (16, 4096, 11008)]
 
 
@@ -63,7 +55,7 @@ def _time_cuda(fn, iters: int, warmup: int = 10) -> float:
 
 
 def _model(op: str, shapes: dict, attrs: dict) -> bytes:
-    """The op alone with fp16 inputs and output (no Casts), its node carrying `attrs` (backend and variants)."""
+    """The op alone with fp16 inputs and output (no Casts), its node carrying `attrs` (backend and op attributes)."""
     from onnx import TensorProto, helper
 
     from onnxfuse import schema
@@ -133,24 +125,14 @@ def _measure(op: str, shapes: dict, attrs: dict, lib: str, iters: int, graphs=(F
     return row
 
 
-def _has_experiments(lib: str) -> bool:
-    from onnxfuse.kernels import build_info
-    try:
-        return bool(build_info(lib).get("experiments"))
-    except Exception:
-        return False
-
-
 def stack_modes(lib: str, iters: int) -> list[dict]:
     """MLPStack per forced stack_mode (Triton), auto, and the CUDA backend, at DLRM's two MLPs over STACK_ROWS."""
     from onnxfuse import doctor
 
-    cfgs = (0, 1, 2) if _has_experiments(lib) else (0,)
-    variants = [(f"triton fused cfg{c}", {"backend": "triton", "stack_mode": "fused", **({"stack_cfg": c} if c else {})})
-                for c in cfgs]
-    variants += [("triton grid", {"backend": "triton", "stack_mode": "grid"}),
-                 ("triton layers", {"backend": "triton", "stack_mode": "layers"}),
-                 ("triton auto", {"backend": "triton"}), ("cuda", {"backend": "cuda"})]
+    variants = [("triton fused", {"backend": "triton", "stack_mode": "fused"}),
+                ("triton grid", {"backend": "triton", "stack_mode": "grid"}),
+                ("triton layers", {"backend": "triton", "stack_mode": "layers"}),
+                ("triton auto", {"backend": "triton"}), ("cuda", {"backend": "cuda"})]
     rows = []
     for m in STACK_ROWS:
         for widths, acts in DLRM_STACKS:
@@ -159,24 +141,6 @@ def stack_modes(lib: str, iters: int) -> list[dict]:
                 row.update(_measure("MLPStack", doctor.stack_shapes(m, widths), {"activations": acts, **attrs}, lib,
                                     iters))
                 rows.append(_show(row))
-    return rows
-
-
-def experiments(lib: str, iters: int) -> list[dict]:
-    """The Triton experiment variants (a library built with `onnxfuse build --experiments`)."""
-    from onnxfuse import doctor
-
-    if not _has_experiments(lib):
-        print(f"experiments: skipped, {lib} was built without them (onnxfuse build --experiments)", flush=True)
-        return []
-    rows = []
-    for op, (m, k, n, r), knob_sets in EXPERIMENT_CASES:
-        for knobs in knob_sets:
-            row = dict(part="experiments", op=op, M=m, K=k, N=n, r=r,
-                       variant=" ".join(f"{a}={b}" for a, b in knobs.items()))
-            row.update(_measure(op, doctor.input_shapes(op, m, k, n, r), {"backend": "triton", **knobs}, lib, iters,
-                                graphs=(False,)))
-            rows.append(_show(row))
     return rows
 
 
@@ -207,15 +171,13 @@ def _show(row: dict) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--stack", action="store_true", help="MLPStack stack_mode / stack_cfg timings")
-    p.add_argument("--experiments", action="store_true", help="Triton small_cfg / lora_onepass timings")
+    p.add_argument("--stack", action="store_true", help="MLPStack stack_mode timings")
     p.add_argument("--activations", action="store_true", help="SwiGLU per gate activation, vs silu")
     p.add_argument("--lib", help="libonnxfuse_ops.so (default: ONNXFUSE_LIBRARY, else the cached CUDA build)")
     p.add_argument("--iters", type=int, default=50, help="timed runs per variant (default 50)")
     p.add_argument("-o", "--output", type=pathlib.Path, help="write the rows as JSON here")
     args = p.parse_args(argv)
-    parts = [name for name in ("stack", "experiments", "activations") if getattr(args, name)] or \
-        ["stack", "experiments", "activations"]
+    parts = [name for name in ("stack", "activations") if getattr(args, name)] or ["stack", "activations"]
 
     import onnxruntime as ort
     if hasattr(ort, "preload_dlls"):
@@ -231,7 +193,7 @@ def main(argv=None) -> int:
     print(f"gpu_variants: {torch.cuda.get_device_name(0)}, onnxruntime {ort.__version__}, library {lib}", flush=True)
     rows = []
     for part in parts:
-        rows += {"stack": stack_modes, "experiments": experiments, "activations": activations}[part](lib, args.iters)
+        rows += {"stack": stack_modes, "activations": activations}[part](lib, args.iters)
     if args.output:
         args.output.write_text(json.dumps({"device": torch.cuda.get_device_name(0), "library": lib, "rows": rows},
                                           indent=1))

@@ -143,22 +143,6 @@ def test_mlp_stack_modes_from_the_node_attribute(stack_mode):
     assert rows and not bad, "\n".join(bad)
 
 
-def test_default_library_refuses_experiment_knobs():
-    """A default library has no variant cubins: a node asking for one fails at session creation, naming the fix."""
-    import onnxruntime as ort
-
-    from onnxfuse import kernels
-    from onnxfuse import doctor
-    lib = kernels.library_path(provider="cuda")
-    if kernels.build_info(lib).get("experiments"):
-        pytest.skip("this library was built with --experiments")
-    model = doctor.make_model("LinearRelu", "float16", doctor.input_shapes("LinearRelu", 16, 64, 64, 0), "triton",
-                              extra_attrs={"small_cfg": 1})
-    so = kernels.session_options(path=lib)
-    with pytest.raises(Exception, match="built without experiments.*onnxfuse build --experiments"):
-        ort.InferenceSession(model, so, providers=["CUDAExecutionProvider"])
-
-
 def _stack_session(m, widths, acts, stack_mode, cuda_graph):
     import onnxruntime as ort
 

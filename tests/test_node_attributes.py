@@ -88,10 +88,10 @@ def test_session_node_attributes_reach_the_kernel(dlrm, tmp_path):
 def test_set_node_attributes_only_touches_ops_that_take_them(dlrm, tmp_path):
     fuse.fuse(dlrm, tmp_path / "f.onnx")
     model = onnx.load(str(tmp_path / "f.onnx"))
-    n = runtime.set_node_attributes(model, {"stack_mode": "layers", "lora_onepass": 1})
+    n = runtime.set_node_attributes(model, {"stack_mode": "layers", "scale": 0.5})
     stacks = [x for x in model.graph.node if x.op_type == "MLPStack"]
     assert n == len(stacks) > 0
-    assert all(_attr(x, "stack_mode").decode() == "layers" and _attr(x, "lora_onepass") is None for x in stacks)
+    assert all(_attr(x, "stack_mode").decode() == "layers" and _attr(x, "scale") is None for x in stacks)
 
 
 def test_session_backend_with_external_weights(dlrm, tmp_path):

@@ -33,7 +33,7 @@ def _build(args) -> int:
     from .. import kernels
     backends = args.backends
     quiet = args.quiet or args.json  # stage progress goes to stderr, never with --json
-    explicit = backends is not None or args.arch or args.experiments or args.force
+    explicit = backends is not None or args.arch or args.force
     try:
         if args.print_path and not explicit:
             # What a session here would load: ONNXFUSE_LIBRARY, else the cached (or first-use) build, through the
@@ -42,23 +42,22 @@ def _build(args) -> int:
             stable = lib if os.environ.get("ONNXFUSE_LIBRARY") else kernels.link_stable(lib)
             print(json.dumps({"path": str(stable), "library": str(lib.resolve())}, indent=2) if args.json else stable)
             return 0
-        res = kernels.build(arch=args.arch, backends=backends, force=args.force, quiet=quiet,
-                            experiments=args.experiments)
+        res = kernels.build(arch=args.arch, backends=backends, force=args.force, quiet=quiet)
     except kernels.BuildError as e:
         raise OnnxfuseError(f"kernel library build failed: {e}") from None
     stable = kernels.link_stable(res.path)
     if args.print_path:
         print(json.dumps({"path": str(stable), "library": str(res.path)}, indent=2) if args.json else stable)
         return 0
-    data = {"path": str(res.path), "stable_path": str(stable), "backends": res.backends,
-            "archs": res.archs, "experiments": res.experiments, "headers": res.header_source, "cached": res.cached,
-            "cache_key": res.cache_key, "seconds": round(res.seconds, 1)}
+    data = {"path": str(res.path), "stable_path": str(stable), "backends": res.backends, "archs": res.archs,
+            "headers": res.header_source, "cached": res.cached, "cache_key": res.cache_key,
+            "seconds": round(res.seconds, 1)}
     if args.json:
         print(json.dumps(data, indent=2))
     elif not args.quiet:
         print(f"{'cached' if res.cached else 'built'} {res.path}")
         print(f"  backends: {', '.join(res.backends)}; archs: {', '.join('sm_' + a for a in res.archs) or '-'}; "
-              f"experiments: {'yes' if res.experiments else 'no'}; headers: {res.header_source}")
+              f"headers: {res.header_source}")
         print(f"  stable path: {stable}")
     return 0
 
@@ -80,14 +79,14 @@ def _cache(args) -> int:
     if args.quiet:
         return 0
     from .._term import Table, human_age, human_size
-    t = Table("key", "status", "backends", "archs", "experiments", "size", "age",
+    t = Table("key", "status", "backends", "archs", "size", "age",
               title=f"onnxfuse build cache: {kernels.build_dir()}", numeric=("key", "size", "age"))
     for e in entries:
         status = e["status"] + (f" (stable: {', '.join(e['stable'])})" if e["stable"] else "")
         if e["status"] == "failed":
             status += f" at {e.get('stage')}"
         t.add_row(e["key"], status, ",".join(e["backends"]) or "-", ",".join(e["archs"]) or "-",
-                  "yes" if e["experiments"] else "no", human_size(e["size_bytes"]), human_age(e["age_s"]))
+                  human_size(e["size_bytes"]), human_age(e["age_s"]))
     con = _console()
     con.print(t)
     failed = [e for e in entries if e["status"] == "failed"]
@@ -141,14 +140,11 @@ def register(sub) -> None:
     bu.add_argument("--arch", metavar="A1,A2", help="CUDA architectures, e.g. 90 or 80,90 (default 90)")
     bu.add_argument("--backends", type=_backend_list, metavar="B1,B2",
                     help="comma list of cpu,cuda,triton (default: all this machine can build)")
-    bu.add_argument("--experiments", action="store_true",
-                    help="also compile the Triton A/B variants (node attributes small_cfg, lora_onepass, stack_cfg); "
-                         "a larger library, for experiments only")
     bu.add_argument("--force", action="store_true", help="rebuild even if a cached build exists, or retry one that failed")
     bu.add_argument("--print-path", action="store_true",
                     help="print only the stable path of the library (<cache>/stable/<configuration>/"
-                         "libonnxfuse_ops.so, e.g. stable/cpu-cuda-triton-sm90; only a build of the same backends, "
-                         "archs and experiments re-points it); without other flags, of the library a session here "
+                         "libonnxfuse_ops.so, e.g. stable/cpu-cuda-triton-sm90; only a build of the same backends "
+                         "and archs re-points it); without other flags, of the library a session here "
                          "loads (or ONNXFUSE_LIBRARY), building it first if needed")
     _add_output_flags(bu, "print the result as JSON")
     bu.set_defaults(func=_build)

@@ -115,7 +115,7 @@ def host_info(path: str | os.PathLike | None = None) -> dict:
 
 
 def build_info(path: str | os.PathLike | None = None) -> dict:
-    """The JSON the library recorded at build time (versions, backends, archs, experiments, header source, key)."""
+    """The JSON the library recorded at build time (versions, backends, archs, header source, key)."""
     lib = ctypes.CDLL(str(path or library_path()))
     fn = lib.onnxfuse_build_info
     fn.restype = ctypes.c_char_p

@@ -63,7 +63,7 @@ _GPU_ONLY = ("cuda/", "triton/")
 @dataclasses.dataclass
 class BuildResult:
     """A built (or reused) library: its `path` in the cache, backends, CUDA archs, where the ORT headers came from,
-    the cache key, the build log text and its path, whether it was `cached`, experiments, and the seconds taken."""
+    the cache key, the build log text and its path, whether it was `cached`, and the seconds taken."""
     path: pathlib.Path
     backends: list[str]
     archs: list[str]
@@ -71,7 +71,6 @@ class BuildResult:
     cache_key: str
     log: str
     cached: bool = False
-    experiments: bool = False
     log_path: pathlib.Path | None = None
     seconds: float = 0.0
 
@@ -92,13 +91,12 @@ def ops_header_text() -> str:
     return ops_header.render()
 
 
-def _cache_key(backends: list[str], archs: list[str], experiments: bool, versions: dict, ops_header: str) -> str:
+def _cache_key(backends: list[str], archs: list[str], versions: dict, ops_header: str) -> str:
     h = hashlib.sha256()
     for p in source_files(with_gpu="cuda" in backends):
         h.update(str(p.relative_to(KERNELS_DIR)).encode() + b"\0" + p.read_bytes() + b"\0")
     h.update(ops_header.encode() + b"\0")
-    h.update(json.dumps({"backends": backends, "archs": archs, "experiments": experiments, "versions": versions},
-                        sort_keys=True).encode())
+    h.update(json.dumps({"backends": backends, "archs": archs, "versions": versions}, sort_keys=True).encode())
     return h.hexdigest()[:16]
 
 
@@ -112,7 +110,6 @@ class Plan:
     """Everything a build of one configuration is decided by, and its cache key (no compiling yet)."""
     backends: list[str]
     archs: list[str]
-    experiments: bool
     include_dir: pathlib.Path
     header_source: str
     versions: dict
@@ -144,8 +141,7 @@ class Plan:
         return build_dir() / "failed" / f"{self.key}.json"
 
 
-def plan(arch=None, backends=None, experiments: bool = False, fetch_headers: bool = True,
-         header_log: list[str] | None = None) -> Plan:
+def plan(arch=None, backends=None, fetch_headers: bool = True, header_log: list[str] | None = None) -> Plan:
     """Decide backends, archs and headers, probe the toolchain, and compute the cache key. Raises BuildError with
     the fix when something needed is missing (an unknown backend, nvcc for cuda, triton, headers, cmake)."""
     notes: list[str] = []
@@ -173,10 +169,6 @@ def plan(arch=None, backends=None, experiments: bool = False, fetch_headers: boo
         chosen = ["cpu"]
         notes.append("cuda/cuda.cmake not in this checkout: CPU backend only")
     archs = parse_archs(arch) if "cuda" in chosen else []
-    if experiments and "triton" not in chosen:
-        raise BuildError("the experiments are Triton kernel variants, but this build has no triton backend "
-                         f"({', '.join(chosen)}); build them with --backends cpu,cuda,triton (needs nvcc and triton)")
-    experiments = bool(experiments)
     include_dir, header_source = find_ort_headers(fetch=fetch_headers, log=header_log)
     cmake = shutil.which("cmake")
     if cmake is None:
@@ -195,10 +187,9 @@ def plan(arch=None, backends=None, experiments: bool = False, fetch_headers: boo
         "machine": platform.machine(),
     }
     header = ops_header_text()
-    key = _cache_key(chosen, archs, experiments, versions, header)
+    key = _cache_key(chosen, archs, versions, header)
     cpu_gemm = f"onednn {onednn.version}" if onednn is not None else f"builtin ({why_not})"
-    return Plan(chosen, archs, experiments, include_dir, header_source, versions, nvcc, key, header, notes, onednn,
-                cpu_gemm)
+    return Plan(chosen, archs, include_dir, header_source, versions, nvcc, key, header, notes, onednn, cpu_gemm)
 
 
 # ------------------------------------------------------------------------------------------------ failures
@@ -213,7 +204,7 @@ def remembered_failure(p: Plan) -> dict | None:
 def _remember_failure(p: Plan, error: str, stage: str) -> None:
     p.failure_path.parent.mkdir(parents=True, exist_ok=True)
     record = {"key": p.key, "stage": stage, "error": error, "log": str(p.log_path), "backends": p.backends,
-              "archs": p.archs, "experiments": p.experiments,
+              "archs": p.archs,
               "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     tmp = p.failure_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2) + "\n")
@@ -248,18 +239,16 @@ def _stages_for(backends: list[str]) -> list[str]:
     return [s for s in STAGES if s not in ("cuda", "triton") or s in backends]
 
 
-def build(arch=None, backends=None, force: bool = False, quiet: bool = False, experiments: bool = False,
-          on_build_start=None) -> BuildResult:
+def build(arch=None, backends=None, force: bool = False, quiet: bool = False, on_build_start=None) -> BuildResult:
     """Build (or reuse) the library for `backends` (default: all available) and CUDA `arch` (default 90).
 
-    experiments=True also compiles the Triton A/B variants (a larger, opt-in library). A cached build of the same
-    inputs is reused; a remembered failure of the same inputs is raised at once unless force=True. Stages are
+    A cached build of the same inputs is reused; a remembered failure of the same inputs is raised at once unless force=True. Stages are
     reported on stderr unless quiet. `on_build_start(plan)` is called when an actual compile begins (after the
     cache and failure checks), e.g. to say where the log is.
     """
     t0 = time.monotonic()
     header_log: list[str] = []
-    p = plan(arch, backends, experiments, header_log=header_log)
+    p = plan(arch, backends, header_log=header_log)
     progress = _Progress(quiet, _stages_for(p.backends))
     root = build_dir()
     root.mkdir(parents=True, exist_ok=True)
@@ -281,8 +270,7 @@ def build(arch=None, backends=None, force: bool = False, quiet: bool = False, ex
         p.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(p.log_path, "w") as log:
             log.write("\n".join(header_log + [f"ORT headers: {p.header_source}", f"key: {p.key}",
-                                              f"backends: {p.backends}", f"archs: {p.archs}",
-                                              f"experiments: {p.experiments}", ""]) + "\n")
+                                              f"backends: {p.backends}", f"archs: {p.archs}", ""]) + "\n")
             log.flush()
             try:
                 _compile(p, log, progress)
@@ -298,7 +286,7 @@ def build(arch=None, backends=None, force: bool = False, quiet: bool = False, ex
         link_stable(p.lib)
         seconds = time.monotonic() - t0
         progress.say(f"built {p.lib} in {seconds:.0f} s (backends {', '.join(p.backends)}; CPU GEMM {p.cpu_gemm}"
-                     f"{'; archs ' + ','.join(p.archs) if p.archs else ''}{'; experiments' if p.experiments else ''})")
+                     f"{'; archs ' + ','.join(p.archs) if p.archs else ''})")
         return _result(p, cached=False, seconds=seconds)
 
 
@@ -313,14 +301,14 @@ def _result(p: Plan, cached: bool, seconds: float) -> BuildResult:
     with contextlib.suppress(OSError):
         log = (p.dir / "build.log").read_text(errors="replace")
     return BuildResult(p.lib, p.backends, p.archs, p.header_source, p.key, log, cached=cached,
-                       experiments=p.experiments, log_path=p.dir / "build.log", seconds=seconds)
+                       log_path=p.dir / "build.log", seconds=seconds)
 
 
 def _compile(p: Plan, log, progress: _Progress) -> None:
     """Configure and build stage by stage into a temporary folder, then rename it into the cache."""
     root = build_dir()
     info = {"library": "onnxfuse_ops", "cache_key": p.key, "backends": p.backends, "archs": p.archs,
-            "experiments": p.experiments, "header_source": p.header_source, "cpu_gemm": p.cpu_gemm, **p.versions}
+            "header_source": p.header_source, "cpu_gemm": p.cpu_gemm, **p.versions}
     if "triton" in p.backends:  # the tile configs of triton/tuned.json the AOT step compiles over aot.py's CONFIGS
         info["triton_tuned"] = {a: k for a, k in aot_module().default_overrides().items() if a in p.archs}
     work = pathlib.Path(tempfile.mkdtemp(prefix=f".{p.key}-", dir=root))
@@ -348,7 +336,6 @@ def _compile(p: Plan, log, progress: _Progress) -> None:
                f"-DONNXFUSE_GENERATED_DIR={gen}", f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={work / 'out'}",
                f"-DONNXFUSE_WITH_CUDA={'ON' if 'cuda' in p.backends else 'OFF'}",
                f"-DONNXFUSE_WITH_TRITON={'ON' if 'triton' in p.backends else 'OFF'}",
-               f"-DONNXFUSE_EXPERIMENTS={'ON' if p.experiments else 'OFF'}",
                f"-DONNXFUSE_CUDA_ARCHS={';'.join(p.archs) or '90'}", f"-DONNXFUSE_PYTHON={sys.executable}"]
         if p.onednn is not None:
             cfg += [f"-DONNXFUSE_ONEDNN_INCLUDE_DIR={p.onednn.include_dir}", f"-DONNXFUSE_ONEDNN_LIBRARY={p.onednn.lib}"]
@@ -385,7 +372,7 @@ def _compile(p: Plan, log, progress: _Progress) -> None:
 
 # ------------------------------------------------------------------------------------------------ cache
 def cache_entries(check: bool = True) -> list[dict]:
-    """Every build and remembered failure in the cache: key, backends, archs, experiments, size, age, status.
+    """Every build and remembered failure in the cache: key, backends, archs, size, age, status.
 
     status: "ok" (built from the current sources and toolchain: usable), "stale" (built from other inputs),
     "failed" (a remembered failure), "partial" (a folder without a library). With check=False the "ok"/"stale"
@@ -396,18 +383,18 @@ def cache_entries(check: bool = True) -> list[dict]:
 
 def _current_key(info: dict, plans: dict) -> str | None:
     """The key a build of `info`'s configuration would have now (None if it cannot be built here)."""
-    cfg = (tuple(info.get("backends", [])), tuple(info.get("archs", [])), bool(info.get("experiments")))
+    cfg = (tuple(info.get("backends", [])), tuple(info.get("archs", [])))
     if cfg not in plans:
         try:
-            plans[cfg] = plan(list(cfg[1]) or None, list(cfg[0]), cfg[2], fetch_headers=False).key
+            plans[cfg] = plan(list(cfg[1]) or None, list(cfg[0]), fetch_headers=False).key
         except BuildError:
             plans[cfg] = None
     return plans[cfg]
 
 
 def find_cached(need: set[str]) -> pathlib.Path | None:
-    """A finished, current (same inputs) build whose backends cover `need`: the default one (no experiments)
-    with the fewest extra backends first, then the newest."""
+    """A finished, current (same inputs) build whose backends cover `need`: the one with the fewest extra backends
+    first, then the newest."""
     found = [e for e in cache_entries(check=True) if e["status"] == "ok" and need <= set(e["backends"])]
-    found.sort(key=lambda e: (e["experiments"], len(e["backends"]), e["age_s"]))
+    found.sort(key=lambda e: (len(e["backends"]), e["age_s"]))
     return pathlib.Path(found[0]["path"]) / LIB_NAME if found else None

@@ -4,11 +4,11 @@ Where builds live: the user cache dir (``platformdirs.user_cache_dir("onnxfuse")
 ``~/.cache/onnxfuse/kernels``), or ``ONNXFUSE_BUILD_DIR``. In it:
   * ``<key>/`` one finished build: ``libonnxfuse_ops.so``, ``build_info.json``, ``build.log``. The key hashes
     everything that makes the library (sources, the generated ``onnxfuse_ops.h``, compiler, CMake, nvcc, Triton and
-    header versions and contents, backends, archs, experiments), so a change of any of them builds anew (build.py);
+    header versions and contents, backends, archs), so a change of any of them builds anew (build.py);
   * ``stable/<configuration>`` one symlink per configuration (``cpu``, ``cpu-cuda-sm90``,
-    ``cpu-cuda-triton-sm90``, ``...-experiments``) to the newest build of it, so that
+    ``cpu-cuda-triton-sm90``) to the newest build of it, so that
     ``<cache>/stable/<configuration>/libonnxfuse_ops.so`` is a path scripts can keep (``onnxfuse build
-    --print-path``): it always holds a library with those backends, archs and experiments, a later build of the
+    --print-path``): it always holds a library with those backends and archs, a later build of the
     same configuration (new sources, a new compiler) takes its place, and builds of other configurations (a CPU-only
     first-use build after a CPU test run, say) never move it;
   * ``failed/<key>.json`` a build that failed, with its error and log: the same inputs fail at once instead of
@@ -45,21 +45,19 @@ def build_dir() -> pathlib.Path:
     return root / "kernels"
 
 
-def stable_name(backends, archs=(), experiments: bool = False) -> str:
-    """The name of a configuration's stable link: its backends, then its CUDA archs when it has CUDA kernels, then
-    "experiments" when it has the A/B variants, e.g. "cpu", "cpu-cuda-triton-sm90", "cpu-cuda-triton-sm80-sm90"."""
+def stable_name(backends, archs=()) -> str:
+    """The name of a configuration's stable link: its backends, then its CUDA archs when it has CUDA kernels, e.g.
+    "cpu", "cpu-cuda-triton-sm90", "cpu-cuda-triton-sm80-sm90"."""
     parts = [b for b in ALL_BACKENDS if b in backends]
     if "cuda" in parts:
         parts += [f"sm{a}" for a in archs]
-    if experiments:
-        parts.append("experiments")
     return "-".join(parts)
 
 
-def stable_path(backends, archs=(), experiments: bool = False) -> pathlib.Path:
+def stable_path(backends, archs=()) -> pathlib.Path:
     """<build dir>/stable/<stable_name(...)>/libonnxfuse_ops.so: the path of the newest build of one configuration.
     Only a build of that same configuration re-points it, so a script can keep it (it may not exist yet)."""
-    return build_dir() / "stable" / stable_name(backends, archs, experiments) / LIB_NAME
+    return build_dir() / "stable" / stable_name(backends, archs) / LIB_NAME
 
 
 def link_stable(lib: pathlib.Path) -> pathlib.Path:
@@ -70,7 +68,7 @@ def link_stable(lib: pathlib.Path) -> pathlib.Path:
     info = read_info(lib.parent)
     if lib.parent.parent != root.resolve() or info is None:
         return lib
-    link = stable_path(info.get("backends", ["cpu"]), info.get("archs", []), bool(info.get("experiments"))).parent
+    link = stable_path(info.get("backends", ["cpu"]), info.get("archs", [])).parent
     link.parent.mkdir(parents=True, exist_ok=True)
     target = os.path.join("..", lib.parent.name)
     with contextlib.suppress(OSError):
@@ -107,7 +105,7 @@ def _dir_size(d: pathlib.Path) -> int:
 
 
 def entries(key_now=None) -> list[dict]:
-    """Every build and remembered failure in the cache: key, backends, archs, experiments, size, age, status.
+    """Every build and remembered failure in the cache: key, backends, archs, size, age, status.
 
     status: "failed" (a remembered failure), "partial" (a folder without a library), else "built"; given
     `key_now(build_info)`, the key a build of that configuration would have now (build.py's plan; None where it
@@ -127,8 +125,7 @@ def entries(key_now=None) -> list[dict]:
         if key_now is not None and lib.is_file():
             status = "ok" if key_now(info) == d.name else "stale"
         out.append({"key": d.name, "status": status, "backends": info.get("backends", []),
-                    "archs": info.get("archs", []), "experiments": bool(info.get("experiments")),
-                    "size_bytes": _dir_size(d), "age_s": round(now - d.stat().st_mtime), "path": str(d),
+                    "archs": info.get("archs", []), "size_bytes": _dir_size(d), "age_s": round(now - d.stat().st_mtime), "path": str(d),
                     "stable": links.get(d.name, []), "cubins": (info.get("artifacts") or {}).get("triton_cubins")})
     for f in sorted((root / "failed").glob("*.json")) if (root / "failed").is_dir() else []:
         try:
@@ -136,8 +133,7 @@ def entries(key_now=None) -> list[dict]:
         except (OSError, ValueError):
             continue
         out.append({"key": rec.get("key", f.stem), "status": "failed", "backends": rec.get("backends", []),
-                    "archs": rec.get("archs", []), "experiments": bool(rec.get("experiments")),
-                    "size_bytes": f.stat().st_size, "age_s": round(now - f.stat().st_mtime), "path": str(f),
+                    "archs": rec.get("archs", []), "size_bytes": f.stat().st_size, "age_s": round(now - f.stat().st_mtime), "path": str(f),
                     "stable": [], "stage": rec.get("stage"), "log": rec.get("log"), "cubins": None})
     return out
 

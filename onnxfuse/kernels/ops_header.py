@@ -59,17 +59,13 @@ def _c_value(attr: schema.Attr) -> tuple[str, str]:
 
 
 def _all_attrs() -> dict[str, schema.Attr]:
-    """Every attribute name of the domain (ops' and experiments') with its one default."""
+    """Every attribute name of the domain with its one default."""
     out: dict[str, schema.Attr] = {}
     for op in schema.OPS.values():
         for a in op.attrs:
             if a.name in out and (out[a.name].kind, out[a.name].default) != (a.kind, a.default):
                 raise ValueError(f"attribute {a.name!r} has two defaults across ops; the generated header keeps one")
             out[a.name] = a
-    for a in schema.EXPERIMENT_ATTRS.values():
-        if a.name in out:
-            raise ValueError(f"experiment attribute {a.name!r} is also an op attribute")
-        out[a.name] = a
     return out
 
 
@@ -80,8 +76,6 @@ def _check_consistency(table) -> None:
         raise ValueError(f"triton/table.py DTYPES {table.DTYPES} does not follow schema.TYPES {schema.TYPES}")
     if len(table.SIZE_CLASS_MAX_M) != len(table.SIZE_CLASSES) - 1:
         raise ValueError("triton/table.py: SIZE_CLASS_MAX_M needs one bound per size class but the last")
-    if sorted(table.EXPERIMENT_VARIANTS) != sorted(schema.EXPERIMENT_ATTRS):
-        raise ValueError("triton/table.py EXPERIMENT_VARIANTS and schema.EXPERIMENT_ATTRS name different knobs")
     if sorted(schema.ACTIVATIONS.values()) != list(range(1, len(schema.ACTIVATIONS) + 1)):
         raise ValueError("schema.ACTIVATIONS codes must be 1..n (0 means no activation)")
 
@@ -123,9 +117,6 @@ def render() -> str:
                                                  for i, m in enumerate(schema.INTERACTIONS)) + " };")
     add("enum onnxfuse_hash { " + ", ".join(f"ONNXFUSE_HASH_{_upper(m)} = {i}" for i, m in enumerate(schema.HASHES))
         + " };")
-    add("/* Experiment knobs (schema.EXPERIMENT_ATTRS): values 0 .. VARIANTS - 1, 0 the default kernel. */")
-    for knob, n in table.EXPERIMENT_VARIANTS.items():
-        add(f"#define ONNXFUSE_{_upper(knob)}_VARIANTS {int(n)}")
     add("")
     add("/* Triton kernel table (kernels/triton/table.py): ids of TritonSpec::kernel, size classes by M. */")
     add("enum onnxfuse_triton_kernel { " + ", ".join(f"ONNXFUSE_TRITON_{_upper(k)} = {i}"

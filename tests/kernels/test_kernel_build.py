@@ -62,8 +62,6 @@ int main(void) {
          ONNXFUSE_STACK_GRID);
   printf("\"interactions\": [%d, %d], \"hashes\": [%d, %d],", ONNXFUSE_INTERACTION_DOT, ONNXFUSE_INTERACTION_CAT,
          ONNXFUSE_HASH_NONE, ONNXFUSE_HASH_MOD);
-  printf("\"variants\": {\"small_cfg\": %d, \"lora_onepass\": %d, \"stack_cfg\": %d},", ONNXFUSE_SMALL_CFG_VARIANTS,
-         ONNXFUSE_LORA_ONEPASS_VARIANTS, ONNXFUSE_STACK_CFG_VARIANTS);
   @KERNELS@
   printf("\"size_classes\": %d, \"max_m\": [%d, %d]}\n", ONNXFUSE_TRITON_NUM_SIZE_CLASSES, ONNXFUSE_TRITON_SMALL_MAX_M,
          ONNXFUSE_TRITON_MEDIUM_MAX_M);
@@ -87,8 +85,7 @@ def _cpp_program() -> str:
         ops.append(f"  std::cout << \"\\\"\" << {s}::kName << \"\\\": {{\\\"inputs\\\": \" << {inputs} << "
                    f"\", \\\"attrs\\\": \" << {attrs} << \"}}\" << \",\";")
     defaults = []
-    for a in list({a.name: a for o in schema.OPS.values() for a in o.attrs}.values()) + \
-            list(schema.EXPERIMENT_ATTRS.values()):
+    for a in {a.name: a for o in schema.OPS.values() for a in o.attrs}.values():
         c = ops_header._camel(a.name)
         value = f"\"\\\"\" << onnxfuse::schema::attr::k{c}Default << \"\\\"\"" if a.kind == "string" else \
             f"onnxfuse::schema::attr::k{c}Default"
@@ -147,7 +144,7 @@ def test_generated_header_matches_schema_in_c_and_cpp(tmp_path):
         "max_lora_rank": table.MAX_LORA_RANK, "dtypes": [schema.TYPES.index(t) for t in schema.TYPES],
         "acts": schema.ACTIVATIONS, "stack_modes": list(range(len(schema.STACK_MODES))),
         "interactions": list(range(len(schema.INTERACTIONS))), "hashes": list(range(len(schema.HASHES))),
-        "variants": table.EXPERIMENT_VARIANTS, "kernels": table.KERNEL_IDS, "size_classes": len(table.SIZE_CLASSES),
+        "kernels": table.KERNEL_IDS, "size_classes": len(table.SIZE_CLASSES),
         "max_m": list(table.SIZE_CLASS_MAX_M)}
     cpp = _compile_and_run(tmp_path, _cpp_program(), ["g++", "-std=c++17", "-Wall", "-Werror"], "cpp_part.cc")
     assert cpp["domain"] == schema.DOMAIN and cpp["version"] == schema.DOMAIN_VERSION
@@ -160,7 +157,6 @@ def test_generated_header_matches_schema_in_c_and_cpp(tmp_path):
         assert got == {"inputs": want, "attrs": list(op.attr_names)}, name
     cpp["defaults"].pop("_")
     want_defaults = {a.name: a.default for o in schema.OPS.values() for a in o.attrs}
-    want_defaults.update({a.name: a.default for a in schema.EXPERIMENT_ATTRS.values()})
     assert cpp["defaults"] == want_defaults
     assert cpp["backends"] == list(schema.BACKENDS)
     assert cpp["activations"] == ["", *schema.ACTIVATIONS]
@@ -196,7 +192,7 @@ def test_cpp_sources_take_the_domain_from_the_generated_header():
     and prints nothing."""
     forbidden = {schema.DOMAIN, *schema.OPS, *schema.BACKENDS, *schema.STACK_ACTIVATIONS, *schema.STACK_MODES,
                  *schema.INTERACTIONS, *schema.HASHES,
-                 *(a.name for o in schema.OPS.values() for a in o.attrs), *schema.EXPERIMENT_ATTRS}
+                 *(a.name for o in schema.OPS.values() for a in o.attrs)}
     sources = [p for p in kbuild.source_files() if p.suffix in (".cc", ".h", ".cu", ".cuh")]
     assert any(p.name == "ops_cuda.cc" for p in sources) and any(p.parent.name == "common" for p in sources)
     found = {(str(p.relative_to(KERNELS)), lit) for p in sources for lit in _string_literals(p) if lit in forbidden}
@@ -357,7 +353,7 @@ def test_build_uses_the_same_cached_library(cpu_cache, capfd):
     assert cli.main(["build", "--backends", "cpu", "--json"]) == 0
     out = capfd.readouterr()
     data = json.loads(out.out)
-    assert data["cached"] is True and pathlib.Path(data["path"]) == lib and data["experiments"] is False
+    assert data["cached"] is True and pathlib.Path(data["path"]) == lib
     assert out.err == ""  # --json: no progress, no notice
 
 
@@ -454,35 +450,19 @@ def test_cache_list_and_clean(cpu_cache, tmp_path, ort_headers, monkeypatch, cap
     assert capfd.readouterr().out == "" and not (cache / "ort-headers-1.21").exists()
 
 
-def test_experiments_without_triton_is_one_clear_line(capsys):
-    assert cli.main(["build", "--backends", "cpu", "--experiments"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "--backends cpu,cuda,triton" in err, err
-
-
-def aot_specialisations(archs, experiments=False):
+def aot_specialisations(archs):
     """triton/aot.py's specialisations (the module runs as a script: imported by path)."""
     sys.path.insert(0, str(KERNELS / "triton"))
     try:
         aot = importlib.import_module("aot")
     finally:
         sys.path.pop(0)
-    return aot.specialisations(archs, experiments=experiments)
+    return aot.specialisations(archs)
 
 
-def test_experiments_need_an_experiments_build():
-    """The default build compiles only variant 0 and no one-pass LoRA: what the experiment knobs select is absent."""
-    sys.path.insert(0, str(KERNELS / "triton"))
-    try:
-        aot = importlib.import_module("aot")
-    finally:
-        sys.path.pop(0)
-    default = list(aot.specialisations(["90"]))
-    full = list(aot.specialisations(["90"], experiments=True))
-    assert {s["variant"] for s in default} == {0} and "lora_linear" not in {s["kernel"] for s in default}
-    assert {s["variant"] for s in full} == {0, 1, 2} and "lora_linear" in {s["kernel"] for s in full}
-    # sm_90: the experiments are 110 cubins on top of the default set
-    assert len(full) - len(default) == 110
+def test_aot_specialisations():
+    """The cubin set of an sm_90 build, with its persistent TMA builds."""
+    default = list(aot_specialisations(["90"]))
     # linear_act, swiglu, mlp_stack, rotary_embedding, embedding, mlp_stack_grid 18 each; lora_xa and lora_main 54
     # each; embedding_interaction 24 (3 dtypes x 8 (NP, DP) tiles); then the persistent TMA builds: linear_act's and
     # lora_main's (x 3 rank paddings) aligned fp16/bf16 large class, 8
@@ -494,21 +474,21 @@ def test_experiments_need_an_experiments_build():
     plain = {(s["kernel"], s["dtype"], s["size"], s["aligned"], s["r_pad"], s["config"]) for s in default
              if not s["tma"]}
     assert all((s["kernel"], s["dtype"], s["size"], 1, s["r_pad"], s["config"]) in plain for s in tma)
-    assert not any(s["tma"] for s in aot.specialisations(["80"]))
+    assert not any(s["tma"] for s in aot_specialisations(["80"]))
 
 
 # ------------------------------------------------------------------------------------------------ GPU backends compile
 @pytest.mark.skipif(kbuild.find_nvcc() is None or kbuild.triton_version() is None, reason="needs nvcc and triton")
 def test_cuda_and_triton_backends_compile(cache, capfd):
     """CI has no GPU but has nvcc and Triton: prove the CUDA and Triton backends build (66 s on the 2-core CPU
-    machine with a warm Triton cache), with every stage reported, the default (no experiments) cubin set, only
+    machine with a warm Triton cache), with every stage reported, the whole cubin set, only
     the two exported symbols and no link to cuBLAS or the CUDA driver. The sessions of the other tests use the CPU-only automatic build."""
     assert cli.main(["build", "--backends", "cpu,cuda,triton"]) == 0
     err = capfd.readouterr().err
     assert re.findall(r"onnxfuse build \[\d/6\] (\w+)", err) == list(kbuild.STAGES), err
     lib = kbuild.stable_path(["cpu", "cuda", "triton"], ["90"]).resolve()
     info = json.loads((lib.parent / "build_info.json").read_text())
-    assert info["backends"] == ["cpu", "cuda", "triton"] and info["experiments"] is False
+    assert info["backends"] == ["cpu", "cuda", "triton"]
     assert info["artifacts"]["triton_cubins"] == len(list(aot_specialisations(["90"])))
     assert kernels.build_info(lib)["cache_key"] == lib.parent.name
     if shutil.which("nm"):

@@ -60,14 +60,6 @@ inline bool TryGetFloat(const OrtApi* api, const OrtKernelInfo* info, const char
   }
   return true;
 }
-inline bool TryGetInt(const OrtApi* api, const OrtKernelInfo* info, const char* name, int64_t& out) {
-  OrtStatus* st = api->KernelInfoGetAttribute_int64(info, name, &out);
-  if (st != nullptr) {
-    api->ReleaseStatus(st);
-    return false;
-  }
-  return true;
-}
 }  // namespace detail
 
 // The attributes every op may carry: backend, and scale (LoRA ops; ignored by the others).
@@ -160,32 +152,6 @@ inline int ReadInteraction(const OrtApi* api, const OrtKernelInfo* info, const c
 inline int ReadHash(const OrtApi* api, const OrtKernelInfo* info, const char* op) {
   return ReadChoice(api, info, op, schema::attr::kHash, schema::kHashNames, schema::kNumHashes,
                     schema::attr::kHashDefault);
-}
-
-// The A/B experiment knobs of the Triton kernels (schema.EXPERIMENT_ATTRS): optional int attributes, 0 = the
-// default kernel. Only a library built with experiments has the other variants (cuda/ops_cuda.cc refuses them
-// otherwise); values are checked against the variant counts here.
-struct Experiments {
-  int small_cfg = int(schema::attr::kSmallCfgDefault);
-  int lora_onepass = int(schema::attr::kLoraOnepassDefault);
-  int stack_cfg = int(schema::attr::kStackCfgDefault);
-  bool Any() const { return small_cfg != 0 || lora_onepass != 0 || stack_cfg != 0; }
-};
-
-inline Experiments ReadExperiments(const OrtApi* api, const OrtKernelInfo* info, const char* op) {
-  Experiments e;
-  auto knob = [&](const char* name, int variants, int& out) {
-    int64_t v = 0;
-    if (!detail::TryGetInt(api, info, name, v)) return;
-    if (v < 0 || v >= variants)
-      Fail(std::string(op) + ": attribute '" + name + "' = " + std::to_string(v) + " (expected 0.." +
-           std::to_string(variants - 1) + ")");
-    out = int(v);
-  };
-  knob(schema::attr::kSmallCfg, ONNXFUSE_SMALL_CFG_VARIANTS, e.small_cfg);
-  knob(schema::attr::kLoraOnepass, ONNXFUSE_LORA_ONEPASS_VARIANTS, e.lora_onepass);
-  knob(schema::attr::kStackCfg, ONNXFUSE_STACK_CFG_VARIANTS, e.stack_cfg);
-  return e;
 }
 
 }  // namespace onnxfuse

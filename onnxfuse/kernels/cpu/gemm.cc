@@ -2,18 +2,11 @@
 #include "cpu/gemm.h"
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <cstdlib>
-#include <exception>
 #include <functional>
-#include <mutex>
 #include <new>
 #include <string>
 #include <thread>
-
-#include <unistd.h>
 
 #define ONNXFUSE_INLINE inline __attribute__((always_inline))
 
@@ -80,205 +73,15 @@ ThreadScratch& LocalScratch() {
 }
 
 // ------------------------------------------------------------------------------------------------ threads
-// Persistent worker pool. Run() offers one job to helpers 1..threads-1 and runs part 0 on the caller. Jobs are
-// work-sharing loops (ParallelFor), so a helper that wakes late is not needed: when the caller finishes its part it
-// closes the job, and only helpers that had already claimed a seat are waited for. One job at a time: a call that
-// finds the pool busy (another session's GEMM) gets false and runs its loop on its own thread instead of waiting. Helpers are added on demand (a call may ask for more threads than the last, GemmArgs::threads). An idle helper
-// spins for ~kSpinMicros before parking on a condition variable, so the back-to-back GEMMs of one model run do not
-// pay a wake-up (tens of microseconds in a VM) each. The pool is rebuilt in a forked child (its threads did not
-// survive the fork) and shut down, helpers joined, when the library is unloaded or the process exits.
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#else
-  std::this_thread::yield();
-#endif
-}
-
-// Spins until pred() or about `micros` have passed; returns pred().
-template <typename Pred>
-bool SpinFor(int micros, Pred&& pred) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(micros);
-  for (;;) {
-    for (int i = 0; i < 64; ++i) {
-      if (pred()) return true;
-      CpuRelax();
-    }
-    if (std::chrono::steady_clock::now() >= deadline) return pred();
-  }
-}
-
-class ThreadPool {
- public:
-  static constexpr int kSpinMicros = 100;
-
-  // job(part) must not throw. Returns false (job not run) when the pool is busy or shut down.
-  static bool Run(int threads, const std::function<void(int)>& job) {
-    ThreadPool* pool = Instance();
-    if (pool == nullptr) return false;
-    std::unique_lock<std::mutex> run_lock(pool->run_mu_, std::try_to_lock);
-    if (!run_lock.owns_lock() || pool->shutdown_) return false;
-    const int helpers = pool->EnsureWorkers(threads - 1);
-    const uint64_t ticket = ++pool->ticket_ & 0xffffffffu;
-    pool->job_ = &job;
-    pool->finished_.store(0, std::memory_order_relaxed);
-    pool->state_.store(ticket << 32 | uint64_t(helpers), std::memory_order_release);
-    {
-      std::lock_guard<std::mutex> lock(pool->mu_);  // a helper checks its slot under mu_ before parking
-      for (int i = 0; i < helpers; ++i) pool->slots_[i]->go.store(ticket, std::memory_order_release);
-    }
-    pool->work_cv_.notify_all();
-    job(0);
-    // Close the job: seats not yet claimed stay empty; wait only for the helpers that joined.
-    const uint64_t left = pool->state_.exchange(ticket << 32, std::memory_order_acq_rel) & 0xffffffffu;
-    const int joined = helpers - static_cast<int>(left);
-    auto done = [pool, joined] { return pool->finished_.load(std::memory_order_acquire) == joined; };
-    if (!SpinFor(kSpinMicros, done)) {
-      std::unique_lock<std::mutex> lock(pool->mu_);
-      pool->done_cv_.wait(lock, done);
-    }
-    pool->job_ = nullptr;
-    return true;
-  }
-
- private:
-  struct Slot {
-    std::atomic<uint64_t> go{0};  // ticket of the latest job offered to this helper
-  };
-  struct Holder {
-    std::mutex mu;
-    ThreadPool* pool = nullptr;
-    pid_t pid = 0;
-    ~Holder() {  // library unload / process exit: stop and join the helpers of this process's pool
-      std::lock_guard<std::mutex> lock(mu);
-      if (pool != nullptr && pid == getpid()) pool->Shutdown();
-    }
-  };
-
-  static ThreadPool* Instance() {
-    static Holder holder;
-    std::lock_guard<std::mutex> lock(holder.mu);
-    const pid_t pid = getpid();
-    if (holder.pool == nullptr || holder.pid != pid) {
-      // A pool inherited through fork() has no threads in this process: leak it (its std::thread objects are
-      // still joinable, so destroying it would terminate) and start a fresh one.
-      holder.pool = new ThreadPool();
-      holder.pid = pid;
-    }
-    return holder.pool;
-  }
-
-  // Caller holds run_mu_. Returns how many helpers are available (fewer than wanted if a thread cannot start).
-  int EnsureWorkers(int wanted) {
-    while (static_cast<int>(workers_.size()) < wanted) {
-      try {
-        slots_.reserve(workers_.size() + 1);
-        workers_.reserve(workers_.size() + 1);
-        auto slot = std::make_unique<Slot>();
-        Slot* sp = slot.get();
-        const uint64_t start = ticket_ & 0xffffffffu;  // ticket_ only changes under run_mu_, which we hold
-        sp->go.store(start, std::memory_order_relaxed);
-        const int part = static_cast<int>(workers_.size()) + 1;
-        // The thread may first look at its slot after Run has already posted the next ticket: hand it the
-        // starting value rather than letting it read one.
-        workers_.emplace_back([this, sp, part, start] { WorkerLoop(sp, part, start); });
-        slots_.push_back(std::move(slot));
-      } catch (...) {
-        break;  // could not start a thread: run with the ones we have
-      }
-    }
-    return std::min<int>(wanted, static_cast<int>(workers_.size()));
-  }
-
-  void WorkerLoop(Slot* slot, int part, uint64_t seen) {
-    auto ready = [&] { return slot->go.load(std::memory_order_acquire) != seen || stop_.load(); };
-    for (;;) {
-      if (!SpinFor(kSpinMicros, ready)) {
-        std::unique_lock<std::mutex> lock(mu_);
-        work_cv_.wait(lock, ready);
-      }
-      if (stop_.load()) return;
-      seen = slot->go.load(std::memory_order_acquire);
-      // Claim a seat of job `seen` if it is still open (the caller may have finished and closed it already, or
-      // even posted a newer job, whose ticket we will see on the next turn).
-      uint64_t st = state_.load(std::memory_order_acquire);
-      while ((st >> 32) == seen && (st & 0xffffffffu) > 0) {
-        if (state_.compare_exchange_weak(st, st - 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
-          (*job_)(part);
-          finished_.fetch_add(1, std::memory_order_acq_rel);
-          std::lock_guard<std::mutex> lock(mu_);
-          done_cv_.notify_all();
-          break;
-        }
-      }
-    }
-  }
-
-  void Shutdown() {
-    std::lock_guard<std::mutex> run_lock(run_mu_);  // waits for a running job
-    shutdown_ = true;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_.store(true);
-    }
-    work_cv_.notify_all();
-    for (auto& t : workers_)
-      if (t.joinable()) t.join();
-    workers_.clear();
-  }
-
-  std::mutex run_mu_;  // held for a whole Run (and by Shutdown); guards everything not atomic below
-  bool shutdown_ = false;
-  uint64_t ticket_ = 0;
-  std::vector<std::thread> workers_;
-  std::vector<std::unique_ptr<Slot>> slots_;
-  const std::function<void(int)>* job_ = nullptr;  // published to helpers through state_ (release/acquire)
-  std::atomic<uint64_t> state_{0};                 // (ticket << 32) | seats still open in the current job
-  std::atomic<int> finished_{0};                   // helpers that joined the current job and are done
-  std::atomic<bool> stop_{false};
-  std::mutex mu_;  // pairs with the condition variables (parking and completion)
-  std::condition_variable work_cv_, done_cv_;
-};
-
-// Runs f(worker, item) for item in [0, n) on up to `threads` threads (the caller is worker 0). The first exception
-// stops the other workers and is rethrown here.
-template <typename F>
-void OwnParallelFor(int64_t n, int threads, F&& f) {
-  threads = static_cast<int>(std::min<int64_t>(threads, n));
-  if (threads <= 1) {
-    for (int64_t i = 0; i < n; ++i) f(0, i);
-    return;
-  }
-  std::atomic<int64_t> next{0};
-  std::exception_ptr error;
-  std::mutex mu;
-  const std::function<void(int)> run = [&](int worker) {
-    try {
-      for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) f(worker, i);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (!error) error = std::current_exception();
-      next.store(n);
-    }
-  };
-  if (!ThreadPool::Run(threads, run)) run(0);  // pool busy: the whole loop on this thread
-  if (error) std::rethrow_exception(error);
-}
-
-struct OwnPoolRunner final : ParallelRunner {
-  void For(int64_t n, const std::function<void(int64_t)>& body) const override {
-    OwnParallelFor(n, NumThreads(), [&](int, int64_t i) { body(i); });
-  }
-};
-
-// f(worker, item) for item in [0, n): on `pool` when given (onnxruntime's), else on our own pool with `threads`.
+// f(item) for item in [0, n): on `pool` (onnxruntime's intra-op pool, cpu/ops.h OrtPool), or on the calling
+// thread when there is no pool, one thread is asked for, or there is one item.
 template <typename F>
 void ParallelFor(const ParallelRunner* pool, int64_t n, int threads, F&& f) {
   if (pool == nullptr || threads <= 1 || n <= 1) {
-    OwnParallelFor(n, threads, std::forward<F>(f));
+    for (int64_t i = 0; i < n; ++i) f(i);
     return;
   }
-  pool->For(n, [&](int64_t i) { f(0, i); });
+  pool->For(n, f);
 }
 
 // ------------------------------------------------------------------------------------------------ conversions
@@ -482,11 +285,6 @@ constexpr int64_t kMinWorkPerThread = int64_t(1) << 21;
 
 const char* GemmIsa() { return SelectIsa().name; }
 
-const ParallelRunner& OwnPool() {
-  static const OwnPoolRunner* runner = new OwnPoolRunner();
-  return *runner;
-}
-
 void ParallelRanges(const ParallelRunner& pool, int64_t n, int64_t grain,
                     const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
@@ -528,7 +326,7 @@ void Gemm(const GemmArgs& g) {
   float* const a_pack = caller_scratch.Get(0, size_t(a_panels) * KT * MR);
   const void* x = g.x;
   float* ap = a_pack;
-  ParallelFor(g.pool, a_panels, threads, [&](int, int64_t p) { isa.pack_a[fi](MR, x, M, K, KT, p, ap); });
+  ParallelFor(g.pool, a_panels, threads, [&](int64_t p) { isa.pack_a[fi](MR, x, M, K, KT, p, ap); });
 
   // 2. LoRA: columns [K, K+r) of the packed A = scale * (X @ A), computed in fp32 from the packed (fp32) X.
   if (g.r > 0) {
@@ -544,7 +342,7 @@ void Gemm(const GemmArgs& g) {
       a_f32 = a_conv.data();
     }
     const float scale = g.lora_scale;
-    ParallelFor(g.pool, a_panels, threads, [&](int, int64_t p) {
+    ParallelFor(g.pool, a_panels, threads, [&](int64_t p) {
       std::vector<float> t(size_t(MR * r), 0.f);
       float* panel = ap + p * KT * MR;
       for (int64_t k = 0; k < K; ++k) {
@@ -583,7 +381,7 @@ void Gemm(const GemmArgs& g) {
     if (p != nullptr && p->data && p->nr == NR && p->k == KT && p->n == N) packed[b] = p;
   }
 
-  ParallelFor(g.pool, m_tiles * n_tiles, threads, [&](int, int64_t tile) {
+  ParallelFor(g.pool, m_tiles * n_tiles, threads, [&](int64_t tile) {
     ThreadScratch& s = LocalScratch();  // per executing thread (pool worker or caller), reused across calls
     float* accs[2] = {nullptr, nullptr};
     float* bpack[2] = {nullptr, nullptr};

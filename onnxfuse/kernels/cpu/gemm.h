@@ -14,10 +14,9 @@
 //     stride K_total*NR instead of kc*NR; Gemm then reads it in place and skips the per-call conversion.
 // Threads: the kernels hand their tiles to onnxruntime's own intra-op pool (GemmArgs::pool, a ParallelRunner over
 // KernelContext_ParallelFor, ops.h): the pool MLAS uses, whose threads already spin during a run, so the fused ops
-// neither start threads of their own nor fight onnxruntime's for the cores. Without a pool (no kernel context),
-// a persistent pool of our own is used (ONNXFUSE_CPU_THREADS, read once on the first GEMM, overrides
-// std::thread::hardware_concurrency(); the caller is one of the threads). Small problems run on the calling thread,
-// and so does a call that finds that pool busy with another call (two sessions running at once).
+// neither start threads of their own nor fight onnxruntime's for the cores. The tiling aims at NumThreads() tiles
+// per pass (ONNXFUSE_CPU_THREADS, read once on the first GEMM, overrides std::thread::hardware_concurrency()).
+// Small problems, and calls without a pool, run on the calling thread.
 #pragma once
 
 #include <cstdint>
@@ -95,7 +94,8 @@ inline uint16_t F32ToF16Bits(float v) {
 }
 
 // ------------------------------------------------------------------------------------------------ threads
-// ONNXFUSE_CPU_THREADS if set (> 0), else the hardware's thread count; decided once per process.
+// ONNXFUSE_CPU_THREADS if set (> 0), else the hardware's thread count; decided once per process. How many threads
+// the tiling plans for (GemmArgs::threads, ops.h RowBlock); 1 runs a GEMM on the calling thread.
 int NumThreads();
 
 // Runs body(i) for i in [0, n), possibly in parallel, and returns when all are done; the first exception a body
@@ -104,9 +104,6 @@ struct ParallelRunner {
   virtual ~ParallelRunner() = default;
   virtual void For(int64_t n, const std::function<void(int64_t)>& body) const = 0;
 };
-
-// The persistent pool of gemm.cc as a ParallelRunner (what runs when there is no onnxruntime context).
-const ParallelRunner& OwnPool();
 
 // ------------------------------------------------------------------------------------------------ GEMM
 struct AlignedFree {
@@ -155,7 +152,7 @@ struct GemmArgs {
   BOperand b[2];
   const Epilogue* epilogue = nullptr;
   int threads = 0;  // 0: NumThreads(); how many tiles to aim for per pass
-  const ParallelRunner* pool = nullptr;  // where tiles run; null: OwnPool()
+  const ParallelRunner* pool = nullptr;  // where tiles run; null: the calling thread
 };
 
 // Runs the whole fused GEMM; throws std::bad_alloc / std::system_error on resource failure.
@@ -165,8 +162,7 @@ void Gemm(const GemmArgs& args);
 const char* GemmIsa();
 
 // Runs fn(begin, end) over [0, n) in chunks of `grain` items on `pool` (onnxruntime's intra-op pool in the CPU EP
-// kernels, cpu/ops.h OrtPool; OwnPool() without a kernel context). The first exception is rethrown here. For the
-// non-GEMM kernels (the embedding ops).
+// kernels, cpu/ops.h OrtPool). The first exception is rethrown here. For the non-GEMM kernels (the embedding ops).
 void ParallelRanges(const ParallelRunner& pool, int64_t n, int64_t grain,
                     const std::function<void(int64_t, int64_t)>& fn);
 

@@ -1,6 +1,6 @@
 # CUDA execution-provider kernels of onnxfuse_ops: included by ../CMakeLists.txt when ONNXFUSE_WITH_CUDA is ON.
-# Reads ONNXFUSE_CUDA_ARCHS ("90", "80;90"), ONNXFUSE_WITH_TRITON, ONNXFUSE_EXPERIMENTS, ONNXFUSE_PYTHON and the
-# target onnxfuse_ops. Needs nvcc (CUDAToolkit) but no GPU: Triton cubins are compiled for the named archs with
+# Reads ONNXFUSE_CUDA_ARCHS ("90", "80;90"), ONNXFUSE_WITH_TRITON, ONNXFUSE_PYTHON and the target
+# onnxfuse_ops. Needs nvcc (CUDAToolkit) but no GPU: Triton cubins are compiled for the named archs with
 # triton.compile(target=GPUTarget("cuda", arch, 32)).
 #
 # Targets: onnxfuse_cuda (the hand-written kernels cuda/*.cu and the CUDA EP glue cuda/ops_cuda.cc) and, with
@@ -26,7 +26,7 @@ endif()
 enable_language(CUDA)
 find_package(CUDAToolkit REQUIRED)
 message(STATUS "onnxfuse: CUDA kernels with nvcc ${CMAKE_CUDA_COMPILER_VERSION} for sm_${ONNXFUSE_CUDA_ARCHS}, "
-               "Triton: ${ONNXFUSE_WITH_TRITON}, experiments: ${ONNXFUSE_EXPERIMENTS}")
+               "Triton: ${ONNXFUSE_WITH_TRITON}")
 
 set(_onnxfuse_cuda_dir "${CMAKE_CURRENT_SOURCE_DIR}/cuda")
 set(_onnxfuse_triton_dir "${CMAKE_CURRENT_SOURCE_DIR}/triton")
@@ -90,9 +90,6 @@ if(ONNXFUSE_WITH_TRITON)
     ${_onnxfuse_triton_dir}/rotary_embedding.py
     ${_onnxfuse_triton_dir}/embedding.py
     ${_onnxfuse_triton_dir}/embedding_interaction.py)
-  if(ONNXFUSE_EXPERIMENTS)
-    list(APPEND _onnxfuse_aot_args --experiments)
-  endif()
   if(ONNXFUSE_TRITON_CONFIGS)
     list(APPEND _onnxfuse_aot_args --configs "${ONNXFUSE_TRITON_CONFIGS}")
     list(APPEND _onnxfuse_aot_deps "${ONNXFUSE_TRITON_CONFIGS}")

@@ -118,12 +118,6 @@ int onnxfuse_cuda_embedding(int dtype, const void* table, const int64_t* ids, vo
                             int64_t d, void* stream);
 
 // The same ops from the Triton AOT cubins (cuda/triton_launch.cc); ONNXFUSE_ERR_NO_TRITON when not built.
-//
-// Experiment knobs (node attributes of the same names, read by cuda/ops_cuda.cc when a session creates the kernel;
-// anything but 0 needs a library built with experiments, whose extra cubins they select):
-//   small_cfg    0, 1 or 2: tile config of the decode path (M <= 16); a variant that was not built for the call
-//                (fp32, unaligned) falls back to 0;
-//   lora_onepass 0: two-phase LoRA (T = X @ A into scratch, then the GEMM), 1: one-pass kernel.
 int onnxfuse_triton_available(void);
 // Device scratch (bytes) the Triton LinearRelu/LinearSigmoid launcher may use for these sizes on the current device:
 // the TMA descriptors of the persistent TMA kernel (triton/table.py TMA_*), 0 where it cannot run; a negative code
@@ -131,30 +125,27 @@ int onnxfuse_triton_available(void);
 // an option (MLPStack's per-layer launches pass theirs); allocated and freed by the caller as LoRA's below.
 int64_t onnxfuse_triton_linear_act_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n);
 int onnxfuse_triton_linear_act(int dtype, int act, const void* x, const void* w, const void* bias, void* y, int64_t m,
-                               int64_t k, int64_t n, int small_cfg, void* scratch, int64_t scratch_bytes,
-                               void* stream);
+                               int64_t k, int64_t n, void* scratch, int64_t scratch_bytes, void* stream);
 int onnxfuse_triton_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up, void* y,
-                           int64_t m, int64_t k, int64_t n, int small_cfg, void* stream);
-// Device scratch (bytes) the Triton LoRA launcher needs for these sizes on the current device: 0 for the one-pass
-// kernel, else the fp32 partial sums of X @ A ([SPLIT, M, r_pad]) and, where the persistent TMA lora_main may run,
-// its descriptors after them (128-byte aligned; without room for them the other lora_main runs); a negative
-// ONNXFUSE_ERR_* / -cudaError_t when it cannot tell (e.g. ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH). The caller allocates it
+                           int64_t m, int64_t k, int64_t n, void* stream);
+// Device scratch (bytes) the Triton LoRA launcher needs for these sizes on the current device: the fp32 partial
+// sums of X @ A ([SPLIT, M, r_pad]) and, where the persistent TMA lora_main may run, its descriptors after them
+// (128-byte aligned; without room for them the other lora_main runs); a negative ONNXFUSE_ERR_* / -cudaError_t when it cannot tell (e.g. ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH). The caller allocates it
 // (from onnxruntime's allocator, so the launch stays CUDA-graph safe), passes it to onnxfuse_triton_lora_linear and
 // may free it right after that returns: only work enqueued later on the same stream can reuse the memory.
-int64_t onnxfuse_triton_lora_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t r, int lora_onepass);
+int64_t onnxfuse_triton_lora_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t r);
 int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, const void* w, const void* a, const void* b,
                                 const void* bias, float scale, void* y, int64_t m, int64_t k, int64_t n, int64_t r,
-                                int small_cfg, int lora_onepass, void* scratch, int64_t scratch_bytes, void* stream);
+                                void* scratch, int64_t scratch_bytes, void* stream);
 // MLPStack from the Triton cubins: mode ONNXFUSE_STACK_FUSED runs the whole stack as ONE kernel (each program
 // carries BLOCK_M rows through every layer), ONNXFUSE_STACK_GRID as ONE persistent kernel whose programs (at most
 // one per SM, launched cooperatively) split each layer's tiles and meet at a grid barrier between layers,
 // ONNXFUSE_STACK_LAYERS one Triton linear_act launch per layer, and ONNXFUSE_STACK_AUTO the one triton/table.py's
 // thresholds pick for the shape (node attribute stack_mode). The scratch must have
 // onnxfuse_triton_mlp_stack_scratch_bytes() bytes (the barrier counter is reset in-stream by each grid launch).
-// stack_cfg 0|1|2 picks the one-kernel tile variant (experiment attribute stack_cfg; fp32 has variant 0 only).
 int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* acts, const void* x, const void* const* w,
                               const void* const* b, void* y, int64_t m, const int64_t* widths, int mode,
-                              int stack_cfg, int small_cfg, void* scratch, int64_t scratch_bytes, void* stream);
+                              void* scratch, int64_t scratch_bytes, void* stream);
 int onnxfuse_triton_rotary_embedding(int dtype, const void* x, const void* cos, const void* sin, void* y,
                                      int64_t rows, int64_t d, int64_t d1, int64_t d2, const int64_t* cos_stride,
                                      const int64_t* sin_stride, void* stream);

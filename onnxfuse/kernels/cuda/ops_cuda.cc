@@ -11,9 +11,7 @@
 // and the CUDA (or onnxfuse) error.
 //
 // Everything a kernel is told comes from its node's attributes, read when the session creates it: backend,
-// SwiGLU's activation, MLPStack's stack_mode (auto|fused|layers), and the Triton A/B experiment knobs small_cfg (decode-path tile
-// config), lora_onepass and stack_cfg (one-kernel stack tiles), which only a library built with experiments
-// (ONNXFUSE_EXPERIMENTS, `onnxfuse build --experiments`) accepts. Nothing is read from the environment.
+// SwiGLU's activation and MLPStack's stack_mode (auto|fused|layers). Nothing is read from the environment.
 //
 // Backend per node (attribute `backend`, common/attrs.h). On the CUDA EP:
 //   cuda   -> the CUDA kernels: cuBLASLt GEMMs with fused epilogues (cuda/gemm.cu) and hand-written CUDA for the
@@ -85,20 +83,6 @@ void Dispatch(const char* op, const OpAttrs& attrs, CudaFn&& cuda_fn, TritonFn&&
 
 inline void* StreamOf(OrtKernelContext* ctx) { return Ort::KernelContext(ctx).GetGPUComputeStream(); }
 
-// The Triton experiment knobs of one node (common/attrs.h). A default library has only variant 0 of every kernel,
-// so it refuses a node that asks for another one instead of silently running something else.
-inline Experiments ReadKnobs(const OrtApi* api, const OrtKernelInfo* info, const char* op) {
-  const Experiments e = ReadExperiments(api, info, op);
-#ifndef ONNXFUSE_EXPERIMENTS
-  if (e.Any())
-    Fail(std::string(op) + ": the node sets an experiment attribute (" + schema::attr::kSmallCfg + "=" +
-         std::to_string(e.small_cfg) + ", " + schema::attr::kLoraOnepass + "=" + std::to_string(e.lora_onepass) +
-         ", " + schema::attr::kStackCfg + "=" + std::to_string(e.stack_cfg) +
-         ") but this library was built without experiments; rebuild it with 'onnxfuse build --experiments'");
-#endif
-  return e;
-}
-
 // Device memory from onnxruntime's allocator for the device of the kernel's input `like_input`; freed (returned to
 // the arena) on destruction. Throws Ort::Exception when no allocator or memory is available.
 class DeviceScratch {
@@ -152,8 +136,7 @@ int WithScratch(OrtKernelContext* ctx, size_t like_input, int64_t bytes, Launch&
 template <typename T, int Act, typename Op>
 struct LinearActCuda {
   static constexpr const char* kName = Op::kName;
-  LinearActCuda(const OrtApi* api, const OrtKernelInfo* info)
-      : attrs(ReadOpAttrs(api, info, kName)), knobs(ReadKnobs(api, info, kName)) {}
+  LinearActCuda(const OrtApi* api, const OrtKernelInfo* info) : attrs(ReadOpAttrs(api, info, kName)) {}
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& W,
                       const Ort::Custom::Tensor<T>& bias, Ort::Custom::Tensor<T>& Y) {
     return GuardCompute([&] {
@@ -176,13 +159,12 @@ struct LinearActCuda {
             return WithScratch(ctx, Op::kX, onnxfuse_triton_linear_act_scratch_bytes(DtypeCode<T>(), d.M, d.K, d.N),
                                [&](void* sp, int64_t bytes) {
                                  return onnxfuse_triton_linear_act(DtypeCode<T>(), Act, x, w, b, y, d.M, d.K, d.N,
-                                                                   knobs.small_cfg, sp, bytes, stream);
+                                                                   sp, bytes, stream);
                                });
           });
     });
   }
   OpAttrs attrs;
-  Experiments knobs;
 };
 template <typename T>
 using LinearReluCuda = LinearActCuda<T, ONNXFUSE_ACT_RELU, schema::LinearRelu>;
@@ -193,8 +175,7 @@ template <typename T>
 struct SwiGLUCuda {
   static constexpr const char* kName = schema::SwiGLU::kName;
   SwiGLUCuda(const OrtApi* api, const OrtKernelInfo* info)
-      : attrs(ReadOpAttrs(api, info, kName)), knobs(ReadKnobs(api, info, kName)),
-        act(ReadGateActivation(api, info, kName)) {}
+      : attrs(ReadOpAttrs(api, info, kName)), act(ReadGateActivation(api, info, kName)) {}
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& Wg,
                       const Ort::Custom::Tensor<T>& Wu, Ort::Custom::Tensor<T>& Y) {
     return GuardCompute([&] {
@@ -213,13 +194,12 @@ struct SwiGLUCuda {
                                });
           },
           [&] {
-            return onnxfuse_triton_swiglu(DtypeCode<T>(), act, x, wg, wu, y, d.M, d.K, d.N, knobs.small_cfg, stream);
+            return onnxfuse_triton_swiglu(DtypeCode<T>(), act, x, wg, wu, y, d.M, d.K, d.N, stream);
           },
           AutoPrefersCuda(triton::kSwiglu, d.M, d.K));
     });
   }
   OpAttrs attrs;
-  Experiments knobs;
   int act;  // onnxfuse_gate_act of the node's activation attribute
 };
 
@@ -275,8 +255,7 @@ struct EmbeddingCuda {
 template <typename T, int Relu, typename Op>
 struct LoRACuda {
   static constexpr const char* kName = Op::kName;
-  LoRACuda(const OrtApi* api, const OrtKernelInfo* info)
-      : attrs(ReadOpAttrs(api, info, kName)), knobs(ReadKnobs(api, info, kName)) {}
+  LoRACuda(const OrtApi* api, const OrtKernelInfo* info) : attrs(ReadOpAttrs(api, info, kName)) {}
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& W,
                       const Ort::Custom::Tensor<T>& A, const Ort::Custom::Tensor<T>& B,
                       const Ort::Custom::Tensor<T>& bias, Ort::Custom::Tensor<T>& Y) {
@@ -298,19 +277,15 @@ struct LoRACuda {
           },
           [&] {
             // A negative size (e.g. no cubin for this GPU) comes back as the code: Dispatch may fall back to CUDA.
-            const int onepass = knobs.lora_onepass;
-            return WithScratch(ctx, Op::kX,
-                               onnxfuse_triton_lora_scratch_bytes(DtypeCode<T>(), d.M, d.K, d.N, d.r, onepass),
+            return WithScratch(ctx, Op::kX, onnxfuse_triton_lora_scratch_bytes(DtypeCode<T>(), d.M, d.K, d.N, d.r),
                                [&](void* sp, int64_t bytes) {
                                  return onnxfuse_triton_lora_linear(DtypeCode<T>(), Relu, x, w, a, b, bi, s, y, d.M,
-                                                                    d.K, d.N, d.r, knobs.small_cfg, onepass, sp,
-                                                                    bytes, stream);
+                                                                    d.K, d.N, d.r, sp, bytes, stream);
                                });
           });
     });
   }
   OpAttrs attrs;
-  Experiments knobs;
 };
 template <typename T>
 using LoRALinearCuda = LoRACuda<T, 0, schema::LoRALinear>;
@@ -325,7 +300,7 @@ struct MLPStackCuda {
   static constexpr const char* kName = Op::kName;
   MLPStackCuda(const OrtApi* api, const OrtKernelInfo* info)
       : attrs(ReadOpAttrs(api, info, kName)), acts(ReadStackActivations(api, info, kName)),
-        knobs(ReadKnobs(api, info, kName)), mode(ReadStackMode(api, info, kName)) {
+        mode(ReadStackMode(api, info, kName)) {
     if (acts.size() > ONNXFUSE_MAX_STACK_LAYERS)
       Fail(std::string(kName) + ": " + std::to_string(acts.size()) + " layers; the GPU kernels take at most " +
            std::to_string(ONNXFUSE_MAX_STACK_LAYERS) + " (fuse splits longer chains)");
@@ -360,8 +335,7 @@ struct MLPStackCuda {
             return WithScratch(context, Op::kX, onnxfuse_triton_mlp_stack_scratch_bytes(dt, n, d.M, widths),
                                [&](void* sp, int64_t bytes) {
                                  return onnxfuse_triton_mlp_stack(dt, n, acts.data(), in.data[Op::kX], w.data(),
-                                                                  b.data(), y, d.M, widths, mode, knobs.stack_cfg,
-                                                                  knobs.small_cfg, sp, bytes, stream);
+                                                                  b.data(), y, d.M, widths, mode, sp, bytes, stream);
                                });
           },
           AutoPrefersCuda(triton::kMlpStack, d.M, widths[0]));
@@ -369,7 +343,6 @@ struct MLPStackCuda {
   }
   OpAttrs attrs;
   std::vector<int> acts;
-  Experiments knobs;
   int mode;
 };
 

@@ -9,8 +9,7 @@
 // Config choice by M (the size classes of triton/table.py, through the generated onnxfuse_ops.h), then by grid size
 // (FindForShape): M <= 16 "small" (decode: 16-row tiles, narrow column tiles so the weights stream once over all
 // SMs), M <= 128 "medium", else "large". Autotuned tiles go into aot.py's CONFIGS (or its --configs JSON); this file
-// only maps M to a class, and picks the small-class variant (small_cfg) the caller asks for, falling back to
-// variant 0 where that variant was not built (a default library has variant 0 only).
+// only maps M to a class.
 //
 // MLPStack: stack_mode picks the row-block kernel, the persistent grid kernel (cooperative launch, a barrier counter
 // at the end of the caller's scratch, zeroed with cudaMemsetAsync on the same stream before each launch, so the
@@ -21,10 +20,10 @@
 // scratch, kTmaScratchPerProgram bytes per program), the TMA build runs on min(tiles, SMs) programs (WithTma);
 // without that scratch the cp.async build runs, so the scratch is an option, never a requirement.
 //
-// LoRA runs in two phases unless lora_onepass: "lora_xa" writes fp32 partial sums of X @ A to the caller's
-// scratch [SPLIT, M, r_pad] (grid: row tiles x SPLIT slices of K, SPLIT chosen so that about one program per SM
-// runs; no atomics), then "lora_main" (the linear_act main loop + one T @ B dot) reads them. Both launches go to
-// the same stream, so the second sees the first's writes.
+// LoRA runs in two phases: "lora_xa" writes fp32 partial sums of X @ A to the caller's scratch [SPLIT, M, r_pad]
+// (grid: row tiles x SPLIT slices of K, SPLIT chosen so that about one program per SM runs; no atomics), then
+// "lora_main" (the linear_act main loop + one T @ B dot) reads them. Both launches go to the same stream, so the
+// second sees the first's writes.
 #include <cuda_runtime_api.h>
 
 #include <atomic>
@@ -44,8 +43,8 @@ using onnxfuse::triton_aot::kTritonSpecs;
 using onnxfuse::triton_aot::TritonSpec;
 
 namespace ids = onnxfuse::triton;  // kernel ids, size classes and rank padding of triton/table.py
-constexpr int kKernelLinearAct = ids::kLinearAct, kKernelSwiglu = ids::kSwiglu, kKernelLoRA = ids::kLoraLinear,
-              kKernelLoRAXA = ids::kLoraXa, kKernelLoRAMain = ids::kLoraMain, kKernelMLPStack = ids::kMlpStack,
+constexpr int kKernelLinearAct = ids::kLinearAct, kKernelSwiglu = ids::kSwiglu, kKernelLoRAXA = ids::kLoraXa,
+              kKernelLoRAMain = ids::kLoraMain, kKernelMLPStack = ids::kMlpStack,
               kKernelRotary = ids::kRotaryEmbedding, kKernelEmbedding = ids::kEmbedding,
               kKernelEmbeddingInteraction = ids::kEmbeddingInteraction, kKernelMLPStackGrid = ids::kMlpStackGrid;
 constexpr int kMaxDevices = 64;
@@ -101,16 +100,16 @@ int NumSMs(int device) {
   return sms;
 }
 
-// The spec for (kernel, dtype, size class, aligned, r_pad, variant) whose cubin runs on `arch`: Triton builds sm_90
+// The spec for (kernel, dtype, size class, aligned, r_pad) whose cubin runs on `arch`: Triton builds sm_90
 // as sm_90a (runs on 9.0 only); an sm_8x cubin runs on later minors of major 8. Picks the highest such arch.
 // tma: 1 for the persistent TMA build (triton/table.py TMA_KERNELS), 0 for the others.
-const TritonSpec* FindExact(int kernel, int dtype, int size_class, int aligned, int r_pad, int variant, int arch,
-                            int* index, int tma = 0) {
+const TritonSpec* FindExact(int kernel, int dtype, int size_class, int aligned, int r_pad, int arch, int* index,
+                            int tma = 0) {
   const TritonSpec* best = nullptr;
   for (int i = 0; i < kNumTritonSpecs; ++i) {
     const TritonSpec& s = kTritonSpecs[i];
     if (s.kernel != kernel || s.dtype != dtype || s.size_class != size_class || s.aligned != aligned ||
-        s.r_pad != r_pad || s.variant != variant || s.tma != tma)
+        s.r_pad != r_pad || s.tma != tma)
       continue;
     const bool runs = (s.arch == arch) || (s.arch / 10 == arch / 10 && s.arch < arch && s.arch / 10 != 9);
     if (runs && (best == nullptr || s.arch > best->arch)) {
@@ -121,13 +120,9 @@ const TritonSpec* FindExact(int kernel, int dtype, int size_class, int aligned, 
   return best;
 }
 
-// Variants exist for the small class only (and not for every dtype / alignment): fall back to variant 0.
-const TritonSpec* Find(int kernel, int dtype, int64_t m, bool aligned, int r_pad, int variant, int arch, int* index) {
-  const int size_class = SizeClass(m);
-  const TritonSpec* s = nullptr;
-  if (size_class == 0 && variant != 0) s = FindExact(kernel, dtype, 0, aligned ? 1 : 0, r_pad, variant, arch, index);
-  if (s == nullptr) s = FindExact(kernel, dtype, size_class, aligned ? 1 : 0, r_pad, 0, arch, index);
-  return s;
+// The spec of M's size class.
+const TritonSpec* Find(int kernel, int dtype, int64_t m, bool aligned, int r_pad, int arch, int* index) {
+  return FindExact(kernel, dtype, SizeClass(m), aligned ? 1 : 0, r_pad, arch, index);
 }
 
 int64_t Tiles(int64_t m, int64_t n, const TritonSpec* spec) {
@@ -137,12 +132,12 @@ int64_t Tiles(int64_t m, int64_t n, const TritonSpec* spec) {
 // Find() by M, then by the grid it makes: a large-M GEMM with few columns (DLRM layers, N <= 512) gets fewer large
 // tiles than the GPU has SMs and runs latency-bound on a fraction of the chip; the medium tile then gives up to 4x
 // the programs. Shapes that fill the chip with large tiles (Llama, LoRA 4096^2) keep them.
-const TritonSpec* FindForShape(int kernel, int dtype, int64_t m, int64_t n, bool aligned, int r_pad, int variant,
-                               int arch, int device, int* index) {
-  const TritonSpec* spec = Find(kernel, dtype, m, aligned, r_pad, variant, arch, index);
+const TritonSpec* FindForShape(int kernel, int dtype, int64_t m, int64_t n, bool aligned, int r_pad, int arch,
+                               int device, int* index) {
+  const TritonSpec* spec = Find(kernel, dtype, m, aligned, r_pad, arch, index);
   if (spec == nullptr || SizeClass(m) != 2 || Tiles(m, n, spec) >= NumSMs(device)) return spec;
   int medium_index = -1;
-  const TritonSpec* medium = FindExact(kernel, dtype, 1, aligned ? 1 : 0, r_pad, 0, arch, &medium_index);
+  const TritonSpec* medium = FindExact(kernel, dtype, 1, aligned ? 1 : 0, r_pad, arch, &medium_index);
   if (medium != nullptr && Tiles(m, n, medium) > Tiles(m, n, spec)) {
     *index = medium_index;
     return medium;
@@ -157,12 +152,12 @@ const TritonSpec* FindForShape(int kernel, int dtype, int64_t m, int64_t n, bool
 const TritonSpec* WithTma(const TritonSpec* spec, int* index, int64_t m, int64_t k, int64_t n, int arch, int device,
                           const void* scratch, int64_t scratch_bytes, int64_t* grid) {
   *grid = spec == nullptr ? 0 : Tiles(m, n, spec);
-  if (spec == nullptr || !spec->aligned || spec->size_class != ids::kTmaSizeClass || spec->variant != 0 ||
+  if (spec == nullptr || !spec->aligned || spec->size_class != ids::kTmaSizeClass ||
       k < ids::kTmaMinK || scratch == nullptr || (reinterpret_cast<uintptr_t>(scratch) & 127u) != 0)
     return spec;
   int tma_index = -1;
   const TritonSpec* tma =
-      FindExact(spec->kernel, spec->dtype, spec->size_class, 1, spec->r_pad, 0, arch, &tma_index, 1);
+      FindExact(spec->kernel, spec->dtype, spec->size_class, 1, spec->r_pad, arch, &tma_index, 1);
   if (tma == nullptr) return spec;
   const int64_t sms = NumSMs(device);
   const int64_t programs = *grid < sms ? *grid : sms;
@@ -226,13 +221,12 @@ int LaunchSpec(const TritonSpec* spec, int index, int device, int64_t grid, void
 }
 
 // One GEMM-shaped launch: grid = row tiles x column tiles of the spec's block.
-int Launch(int kernel, int dtype, int64_t m, int64_t n, bool aligned, int r_pad, int variant, void** args,
-           void* stream) {
+int Launch(int kernel, int dtype, int64_t m, int64_t n, bool aligned, int r_pad, void** args, void* stream) {
   int device = 0;
   const int arch = CurrentArch(&device);
   if (arch < 0) return -arch;
   int index = -1;
-  const TritonSpec* spec = FindForShape(kernel, dtype, m, n, aligned, r_pad, variant, arch, device, &index);
+  const TritonSpec* spec = FindForShape(kernel, dtype, m, n, aligned, r_pad, arch, device, &index);
   if (spec == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
   return LaunchSpec(spec, index, device, Tiles(m, n, spec), args, stream);
 }
@@ -255,7 +249,7 @@ int PlanLoRA(int dtype, int64_t m, int64_t k, int64_t r, bool aligned, LoRAPlan*
   const int arch = CurrentArch(&plan->device);
   if (arch < 0) return -arch;
   plan->arch = arch;
-  plan->xa = Find(kKernelLoRAXA, dtype, m, aligned, RPad(r), 0, arch, &plan->xa_index);
+  plan->xa = Find(kKernelLoRAXA, dtype, m, aligned, RPad(r), arch, &plan->xa_index);
   if (plan->xa == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
   const int64_t grid_m = (m + plan->xa->block_m - 1) / plan->xa->block_m;
   const int64_t k_blocks = (k + plan->xa->block_k - 1) / plan->xa->block_k;
@@ -294,8 +288,8 @@ extern "C" int64_t onnxfuse_triton_linear_act_scratch_bytes(int dtype, int64_t m
 }
 
 extern "C" int onnxfuse_triton_linear_act(int dtype, int act, const void* x, const void* w, const void* bias, void* y,
-                                          int64_t m, int64_t k, int64_t n, int small_cfg, void* scratch,
-                                          int64_t scratch_bytes, void* stream) {
+                                          int64_t m, int64_t k, int64_t n, void* scratch, int64_t scratch_bytes,
+                                          void* stream) {
   if (BadCommon(dtype, m, k, n) || (act != ONNXFUSE_ACT_RELU && act != ONNXFUSE_ACT_SIGMOID))
     return ONNXFUSE_ERR_BAD_ARGUMENT;
   if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
@@ -305,7 +299,7 @@ extern "C" int onnxfuse_triton_linear_act(int dtype, int act, const void* x, con
   if (arch < 0) return -arch;
   const bool aligned = Aligned16(x) && Aligned16(w) && Aligned16(bias) && Aligned16(y) && k % 16 == 0 && n % 16 == 0;
   int index = -1;
-  const TritonSpec* spec = FindForShape(kKernelLinearAct, dtype, m, n, aligned, 0, small_cfg, arch, device, &index);
+  const TritonSpec* spec = FindForShape(kKernelLinearAct, dtype, m, n, aligned, 0, arch, device, &index);
   if (spec == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
   int64_t grid = 0;
   spec = WithTma(spec, &index, m, k, n, arch, device, scratch, scratch_bytes, &grid);
@@ -317,7 +311,7 @@ extern "C" int onnxfuse_triton_linear_act(int dtype, int act, const void* x, con
 }
 
 extern "C" int onnxfuse_triton_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up, void* y,
-                                      int64_t m, int64_t k, int64_t n, int small_cfg, void* stream) {
+                                      int64_t m, int64_t k, int64_t n, void* stream) {
   if (BadCommon(dtype, m, k, n) || act < 0 || act >= ONNXFUSE_NUM_GATE_ACTIVATIONS) return ONNXFUSE_ERR_BAD_ARGUMENT;
   if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
   if (m == 0 || n == 0) return 0;
@@ -327,7 +321,7 @@ extern "C" int onnxfuse_triton_swiglu(int dtype, int act, const void* x, const v
   void* args[] = {&x, &w_gate, &w_up, &y, &M, &N, &K, &ACT, &scratch_global, &scratch_profile};
   const bool aligned = Aligned16(x) && Aligned16(w_gate) && Aligned16(w_up) && Aligned16(y) && k % 16 == 0 &&
                        n % 16 == 0;
-  return Launch(kKernelSwiglu, dtype, m, n, aligned, 0, small_cfg, args, stream);
+  return Launch(kKernelSwiglu, dtype, m, n, aligned, 0, args, stream);
 }
 
 namespace {
@@ -339,12 +333,11 @@ bool LoRAAligned(const void* x, const void* w, const void* a, const void* b, con
 }
 }  // namespace
 
-extern "C" int64_t onnxfuse_triton_lora_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t r,
-                                                       int lora_onepass) {
+extern "C" int64_t onnxfuse_triton_lora_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t r) {
   if (BadCommon(dtype, m, k, n) || r < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
   if (r > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
   if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
-  if (lora_onepass || m == 0 || n == 0) return 0;
+  if (m == 0 || n == 0) return 0;
   LoRAPlan plan;
   // The xa configs of the aligned and unaligned builds share BLOCK_M / BLOCK_K, so the plan does not depend on it.
   const int err = PlanLoRA(dtype, m, k, r, true, &plan);
@@ -356,8 +349,8 @@ extern "C" int64_t onnxfuse_triton_lora_scratch_bytes(int dtype, int64_t m, int6
 
 extern "C" int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, const void* w, const void* a,
                                            const void* b, const void* bias, float scale, void* y, int64_t m, int64_t k,
-                                           int64_t n, int64_t r, int small_cfg, int lora_onepass, void* scratch,
-                                           int64_t scratch_bytes, void* stream) {
+                                           int64_t n, int64_t r, void* scratch, int64_t scratch_bytes,
+                                           void* stream) {
   if (BadCommon(dtype, m, k, n) || r < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
   if (r > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
   if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
@@ -368,10 +361,6 @@ extern "C" int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, c
   void* scratch_profile = nullptr;
   const int r_pad = RPad(r);
   const bool aligned = LoRAAligned(x, w, a, b, bias, y, k, n, r);
-  if (lora_onepass) {
-    void* args[] = {&x, &w, &a, &b, &bias, &y, &M, &N, &K, &R, &SCALE, &RELU, &scratch_global, &scratch_profile};
-    return Launch(kKernelLoRA, dtype, m, n, aligned, r_pad, small_cfg, args, stream);
-  }
   LoRAPlan plan;
   int err = PlanLoRA(dtype, m, k, r, aligned, &plan);
   if (err != 0) return err;
@@ -379,7 +368,7 @@ extern "C" int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, c
     return ONNXFUSE_ERR_BAD_ARGUMENT;
   int index = -1;
   const TritonSpec* main_spec =
-      FindForShape(kKernelLoRAMain, dtype, m, n, aligned, r_pad, small_cfg, plan.arch, plan.device, &index);
+      FindForShape(kKernelLoRAMain, dtype, m, n, aligned, r_pad, plan.arch, plan.device, &index);
   if (main_spec == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
   // Phase 1: T partials = X @ A per K slice, fp32, into scratch [SPLIT, M, r_pad].
   int32_t KB_PER_SPLIT = int32_t(plan.kb_per_split), SPLIT = int32_t(plan.split);
@@ -469,8 +458,8 @@ extern "C" int64_t onnxfuse_triton_mlp_stack_scratch_bytes(int dtype, int n_laye
 
 extern "C" int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* acts, const void* x,
                                          const void* const* w, const void* const* b, void* y, int64_t m,
-                                         const int64_t* widths, int mode, int stack_cfg, int small_cfg,
-                                         void* scratch, int64_t scratch_bytes, void* stream) {
+                                         const int64_t* widths, int mode, void* scratch, int64_t scratch_bytes,
+                                         void* stream) {
   const int64_t need = onnxfuse_mlp_stack_scratch_bytes(dtype, n_layers, m, widths);
   if (need < 0) return int(need);
   if (acts == nullptr || w == nullptr || b == nullptr || mode < 0 || mode >= onnxfuse::schema::kNumStackModes)
@@ -496,7 +485,7 @@ extern "C" int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* act
   if (mode == ONNXFUSE_STACK_GRID) {
     if (scratch == nullptr || scratch_bytes < need + ONNXFUSE_STACK_BARRIER_BYTES) return ONNXFUSE_ERR_BAD_ARGUMENT;
     int index = -1;
-    const TritonSpec* spec = FindExact(kKernelMLPStackGrid, dtype, SizeClass(m), aligned ? 1 : 0, 0, 0, arch, &index);
+    const TritonSpec* spec = FindExact(kKernelMLPStackGrid, dtype, SizeClass(m), aligned ? 1 : 0, 0, arch, &index);
     if (spec == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
     int64_t grid = GridStackTiles(m, n_layers, widths, spec);
     const int64_t sms = NumSMs(device);
@@ -528,8 +517,8 @@ extern "C" int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* act
                                                                          : nullptr;
     const int64_t tma_bytes = tma_scratch != nullptr ? scratch_bytes - tma_offset : 0;
     return onnxfuse::StackPerLayer(n_layers, x, y, scratch, need, [&](int i, const void* in, void* out) {
-      return onnxfuse_triton_linear_act(dtype, acts[i], in, w[i], b[i], out, m, widths[i], widths[i + 1], small_cfg,
-                                        tma_scratch, tma_bytes, stream);
+      return onnxfuse_triton_linear_act(dtype, acts[i], in, w[i], b[i], out, m, widths[i], widths[i + 1], tma_scratch,
+                                        tma_bytes, stream);
     });
   }
   // BLOCK_M (mlp_stack's size classes 0/1/2 = 16/32/64 rows): the smallest whose grid fits on the SMs, else the
@@ -538,9 +527,7 @@ extern "C" int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* act
   int index = -1;
   for (int size_class = 0; size_class < ids::kNumSizeClasses; ++size_class) {
     int idx = -1;
-    const TritonSpec* s = nullptr;
-    if (stack_cfg != 0) s = FindExact(kKernelMLPStack, dtype, size_class, aligned ? 1 : 0, 0, stack_cfg, arch, &idx);
-    if (s == nullptr) s = FindExact(kKernelMLPStack, dtype, size_class, aligned ? 1 : 0, 0, 0, arch, &idx);
+    const TritonSpec* s = FindExact(kKernelMLPStack, dtype, size_class, aligned ? 1 : 0, 0, arch, &idx);
     if (s == nullptr) continue;
     spec = s;
     index = idx;
@@ -577,7 +564,7 @@ extern "C" int onnxfuse_triton_rotary_embedding(int dtype, const void* x, const 
   void* args[] = {&x, &cos, &sin, &y, &ROWS, &HALF, &D1, &D2, &CS0, &CS1, &CS2, &SS0, &SS1, &SS2, &scratch_global,
                   &scratch_profile};
   const bool aligned = Aligned16(x) && Aligned16(cos) && Aligned16(sin) && Aligned16(y) && HALF % 16 == 0;
-  return Launch(kKernelRotary, dtype, rows, d / 2, aligned, 0, 0, args, stream);
+  return Launch(kKernelRotary, dtype, rows, d / 2, aligned, 0, args, stream);
 }
 
 extern "C" int onnxfuse_triton_embedding(int dtype, const void* table, const int64_t* ids, void* y, int64_t n,
@@ -591,7 +578,7 @@ extern "C" int onnxfuse_triton_embedding(int dtype, const void* table, const int
   void* scratch_profile = nullptr;
   void* args[] = {&table, &ids, &y, &NIDS, &VOCAB, &D, &scratch_global, &scratch_profile};
   const bool aligned = Aligned16(table) && Aligned16(ids) && Aligned16(y) && d % 16 == 0;
-  return Launch(kKernelEmbedding, dtype, n, d, aligned, 0, 0, args, stream);
+  return Launch(kKernelEmbedding, dtype, n, d, aligned, 0, args, stream);
 }
 
 extern "C" int onnxfuse_triton_embedding_interaction(int dtype, int interaction, int hash, const void* x,
@@ -616,7 +603,7 @@ extern "C" int onnxfuse_triton_embedding_interaction(int dtype, int interaction,
   const int arch = CurrentArch(&device);
   if (arch < 0) return -arch;
   int index = -1;
-  const TritonSpec* spec = FindExact(kKernelEmbeddingInteraction, dtype, np_index, 0, dp, 0, arch, &index);
+  const TritonSpec* spec = FindExact(kKernelEmbeddingInteraction, dtype, np_index, 0, dp, arch, &index);
   if (spec == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
   int32_t B = int32_t(batch), F = int32_t(features), N = int32_t(n_indices), D = int32_t(d), WIDTH = int32_t(width);
   int64_t R = rows;
@@ -637,23 +624,22 @@ extern "C" int64_t onnxfuse_triton_linear_act_scratch_bytes(int, int64_t, int64_
   return ONNXFUSE_ERR_NO_TRITON;
 }
 extern "C" int onnxfuse_triton_linear_act(int, int, const void*, const void*, const void*, void*, int64_t, int64_t,
-                                          int64_t, int, void*, int64_t, void*) {
+                                          int64_t, void*, int64_t, void*) {
   return ONNXFUSE_ERR_NO_TRITON;
 }
 extern "C" int onnxfuse_triton_swiglu(int, int, const void*, const void*, const void*, void*, int64_t, int64_t,
-                                      int64_t, int, void*) {
+                                      int64_t, void*) {
   return ONNXFUSE_ERR_NO_TRITON;
 }
-extern "C" int64_t onnxfuse_triton_lora_scratch_bytes(int, int64_t, int64_t, int64_t, int64_t, int) {
+extern "C" int64_t onnxfuse_triton_lora_scratch_bytes(int, int64_t, int64_t, int64_t, int64_t) {
   return ONNXFUSE_ERR_NO_TRITON;
 }
 extern "C" int onnxfuse_triton_lora_linear(int, int, const void*, const void*, const void*, const void*, const void*,
-                                           float, void*, int64_t, int64_t, int64_t, int64_t, int, int, void*, int64_t,
-                                           void*) {
+                                           float, void*, int64_t, int64_t, int64_t, int64_t, void*, int64_t, void*) {
   return ONNXFUSE_ERR_NO_TRITON;
 }
 extern "C" int onnxfuse_triton_mlp_stack(int, int, const int*, const void*, const void* const*, const void* const*,
-                                         void*, int64_t, const int64_t*, int, int, int, void*, int64_t, void*) {
+                                         void*, int64_t, const int64_t*, int, void*, int64_t, void*) {
   return ONNXFUSE_ERR_NO_TRITON;
 }
 extern "C" int onnxfuse_triton_rotary_embedding(int, const void*, const void*, const void*, void*, int64_t, int64_t,

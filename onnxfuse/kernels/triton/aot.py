@@ -2,10 +2,10 @@
 
 Run by the CMake build (cuda/cuda.cmake) on a machine that needs no GPU:
 
-    python aot.py --out BUILD/triton_kernels.h --archs 90 [--archs 80] [--configs tuned.json] [--jobs 2] [--experiments]
+    python aot.py --out BUILD/triton_kernels.h --archs 90 [--archs 80] [--configs tuned.json] [--jobs 2]
 
 The header holds one byte array per cubin and a table `kTritonSpecs` that `cuda/triton_launch.cc` (hand-written)
-searches at launch time: (kernel, dtype, size class, aligned, r_pad, arch, variant, tma) -> cubin, entry name, warps,
+searches at launch time: (kernel, dtype, size class, aligned, r_pad, arch, tma) -> cubin, entry name, warps,
 shared memory, block shape. Kernel ids, dtype codes, size classes and rank padding come from table.py, which the
 build also writes into the generated onnxfuse_ops.h that the launcher reads. Specialisations:
   * dtype: fp32, fp16, bf16 (fp32 GEMMs use tl.dot with input_precision="ieee": exact fp32, no TF32 rounding);
@@ -18,11 +18,6 @@ build also writes into the generated onnxfuse_ops.h that the launcher reads. Spe
   * tma: the aligned fp16/bf16 builds of table.TMA_KERNELS in table.TMA_SIZE_CLASS on sm_90+ are compiled a second
     time with TMA=True (tma_eligible): persistent, tiles loaded through TMA descriptors (gemm_loop._gemm_tile_tma),
     same tile config;
-  * variant: 0 for every kernel. With --experiments (an opt-in library, `onnxfuse build --experiments`) the A/B
-    alternatives are compiled too: variants 1 and 2 of the "small" class of fp16/bf16 kernels (SMALL_VARIANTS,
-    aligned build only; node attribute small_cfg), variants 1 and 2 of the fp16/bf16 one-kernel MLPStack
-    (STACK_VARIANTS; attribute stack_cfg), and the one-pass LoRA kernel "lora_linear" (T = X @ A in the main loop;
-    attribute lora_onepass=1). The launcher falls back to variant 0 where a variant was not built.
 Kernel sources: KERNEL_FILES, imported as one package so that they can share @triton.jit helpers through relative
 imports (gemm_loop.py: the GEMM tile and K loop; cuda/cuda.cmake lists every file as an input of this step).
 Tile configs live in CONFIGS per arch; tuned.json in this folder (written by `onnxfuse tune` on the GPU, committed
@@ -47,9 +42,7 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 KERNEL_FILES = ("linear_act", "swiglu", "lora_linear", "mlp_stack", "rotary_embedding", "embedding",
                 "embedding_interaction")
-LORA_KERNELS = ("lora_linear", "lora_xa", "lora_main")
-# Kernels only the experiments build compiles (variant 0 included): the one-pass LoRA kernel.
-EXPERIMENT_KERNELS = ("lora_linear",)
+LORA_KERNELS = ("lora_xa", "lora_main")
 
 
 def _load_table():
@@ -75,8 +68,6 @@ KERNEL_IDS, DTYPES, SIZE_CLASSES, R_PADS = TABLE.KERNEL_IDS, TABLE.DTYPES, TABLE
 #     resident (264 slots), 128-byte row segments of W, ~2 stages (72 KB) in flight each -> ~12 MB over the chip;
 #   * linear_act / LoRA, N=4096: BLOCK_N=32, BLOCK_K=128, 5 stages -> 128 programs (one per SM), 12 KB per stage,
 #     48 KB of shared memory, ~3 stages in flight each (~4.6 MB); with N=11008, 344 programs: 3-4 per SM, one wave.
-# The previous small config (16, 32, 256, 1, 4, 4) is variant 1 (SMALL_VARIANTS) for A/B timing.
-_H_SMALL_OLD = (16, 32, 256, 1, 4, 4)
 _H_COMMON = {"small": (16, 32, 128, 1, 4, 5), "medium": (64, 128, 64, 8, 4, 4), "large": (128, 128, 64, 8, 8, 4)}
 _F_COMMON = {"small": (16, 32, 64, 1, 4, 3), "medium": (64, 64, 32, 8, 4, 3), "large": (128, 64, 32, 8, 8, 3)}
 _H_SWIGLU_SMALL = (16, 64, 128, 1, 4, 4)
@@ -87,7 +78,7 @@ _F_XA = {"small": (16, 0, 64, 1, 4, 3), "medium": (16, 0, 64, 1, 4, 3), "large":
 # mlp_stack: the size class is BLOCK_M (the rows one program carries through every layer), picked by the launcher
 # so that the grid covers the SMs: "small" 16 rows, "medium" 32, "large" 64. GROUP_M is unused. BLOCK_N = 128 is
 # the best of 64 / 128 / 256 measured on the H100 for DLRM's bottom and top MLPs at M = 128 and 16384
-# (the 2026-11-22 run, in git history; the others are variants 1 and 2 below).
+# (the 2026-11-22 run, in git history).
 _H_STACK = {"small": (16, 128, 64, 1, 4, 3), "medium": (32, 128, 64, 1, 4, 3), "large": (64, 128, 64, 1, 4, 3)}
 _F_STACK = {"small": (16, 64, 32, 1, 4, 2), "medium": (32, 64, 32, 1, 4, 2), "large": (64, 64, 32, 1, 4, 2)}
 # rotary_embedding: (rows per program, half-columns per program, -, -, warps, stages), memory bound: 16 rows x 64 pairs
@@ -104,7 +95,6 @@ CONFIGS: dict[str, dict[str, dict[str, dict[str, tuple]]]] = {
     "90": {
         "linear_act": {"h": dict(_H_COMMON, large=(128, 256, 64, 8, 8, 3)), "f": _F_COMMON},
         "swiglu": {"h": dict(_H_COMMON, small=_H_SWIGLU_SMALL, large=(128, 128, 64, 8, 8, 3)), "f": _F_COMMON},
-        "lora_linear": {"h": dict(_H_COMMON, large=(128, 128, 64, 8, 8, 3)), "f": _F_COMMON},
         "lora_xa": {"h": _H_XA, "f": _F_XA},
         "lora_main": {"h": dict(_H_COMMON, large=(128, 256, 64, 8, 8, 3)), "f": _F_COMMON},
         "mlp_stack": {"h": _H_STACK, "f": _F_STACK},
@@ -115,7 +105,6 @@ CONFIGS: dict[str, dict[str, dict[str, dict[str, tuple]]]] = {
     "80": {
         "linear_act": {"h": _H_COMMON, "f": _F_COMMON},
         "swiglu": {"h": dict(_H_COMMON, small=_H_SWIGLU_SMALL, large=(128, 128, 32, 8, 8, 3)), "f": _F_COMMON},
-        "lora_linear": {"h": dict(_H_COMMON, large=(128, 128, 32, 8, 8, 3)), "f": _F_COMMON},
         "lora_xa": {"h": _H_XA, "f": _F_XA},
         "lora_main": {"h": _H_COMMON, "f": _F_COMMON},
         "mlp_stack": {"h": _H_STACK, "f": _F_STACK},
@@ -133,24 +122,6 @@ EMBED_CONFIGS = {(32, 16): (8, 0, 0, 1, 4, 1), (32, 32): (4, 0, 0, 1, 4, 1), (32
                  (64, 64): (1, 0, 0, 1, 4, 1), (64, 128): (1, 0, 0, 1, 8, 1)}
 EMBED_KERNELS = ("embedding_interaction",)
 assert set(EMBED_CONFIGS) == {(n, d) for n in TABLE.EMBED_NPS for d in TABLE.EMBED_DPS}
-# Alternative "small" configs (variants 1 and 2) for fp16/bf16, aligned build only; variant 0 is CONFIGS' "small".
-# Experiments build only; selected per node with the attribute small_cfg.
-_SMALL_ALT_LINEAR = [_H_SMALL_OLD, (16, 64, 128, 1, 4, 4)]
-SMALL_VARIANTS: dict[str, dict[str, list[tuple]]] = {
-    arch: {"linear_act": _SMALL_ALT_LINEAR, "swiglu": [_H_SMALL_OLD, (16, 32, 128, 1, 4, 4)],
-           "lora_linear": _SMALL_ALT_LINEAR, "lora_main": _SMALL_ALT_LINEAR}
-    for arch in ("90", "80")
-}
-
-
-# mlp_stack fp16/bf16 variants 1 and 2 per size class (both alignments): column tiles of 64 and 256 (the default
-# is 128), i.e. a 512-wide layer in 8 or 2 steps per row block. Experiments build only; selected per node with the
-# attribute stack_cfg.
-STACK_VARIANTS = {size: [(bm, 64, 64, 1, 4, 3), (bm, 256, 64, 1, 4 if bm < 64 else 8, 3)]
-                  for size, bm in (("small", 16), ("medium", 32), ("large", 64))}
-# The launcher validates the knobs against table.py's counts: the variant lists must match them.
-assert all(len(v) + 1 == TABLE.EXPERIMENT_VARIANTS["small_cfg"] for a in SMALL_VARIANTS.values() for v in a.values())
-assert all(len(v) + 1 == TABLE.EXPERIMENT_VARIANTS["stack_cfg"] for v in STACK_VARIANTS.values())
 
 
 def _load_kernels():
@@ -193,15 +164,11 @@ def configs_for(arch: str, overrides: dict | None = None) -> dict:
     return out
 
 
-def specialisations(archs, overrides=None, experiments: bool = False):
-    """Every (kernel, dtype, size class, aligned, r_pad, arch, variant, config) the launcher may ask for; without
-    `experiments`, the default kernels only (variant 0, no one-pass LoRA)."""
+def specialisations(archs, overrides=None):
+    """Every (kernel, dtype, size class, aligned, r_pad, arch, tma, config) the launcher may ask for."""
     for arch in archs:
         cfgs = configs_for(arch, overrides)
-        variants = SMALL_VARIANTS.get(arch) or SMALL_VARIANTS["90" if int(arch) >= 90 else "80"]
         for kernel in KERNEL_IDS:
-            if kernel in EXPERIMENT_KERNELS and not experiments:
-                continue
             if kernel in EMBED_KERNELS:
                 # size class = index into table.EMBED_NPS, r_pad = the padded dim DP; generic alignment only (the
                 # rows are gathered, so a divisibility hint would only cover the first row of each load)
@@ -209,7 +176,7 @@ def specialisations(archs, overrides=None, experiments: bool = False):
                     for np_index, n_pad in enumerate(TABLE.EMBED_NPS):
                         for d_pad in TABLE.EMBED_DPS:
                             yield dict(kernel=kernel, dtype=dtype, size=SIZE_CLASSES[np_index], aligned=0,
-                                       r_pad=d_pad, arch=arch, variant=0, tma=0, config=EMBED_CONFIGS[(n_pad, d_pad)])
+                                       r_pad=d_pad, arch=arch, tma=0, config=EMBED_CONFIGS[(n_pad, d_pad)])
                 continue
             for dtype, _ in DTYPES:
                 group = "f" if dtype == "fp32" else "h"
@@ -218,17 +185,9 @@ def specialisations(archs, overrides=None, experiments: bool = False):
                         for r_pad in (R_PADS if kernel in LORA_KERNELS else (0,)):
                             base = dict(kernel=kernel, dtype=dtype, size=size, aligned=aligned, r_pad=r_pad, arch=arch,
                                         tma=0)
-                            yield dict(base, variant=0, config=tuple(cfgs[kernel][group][size]))
-                            if tma_eligible(dict(base, variant=0)):
-                                yield dict(base, variant=0, tma=1, config=tuple(cfgs[kernel][group][size]))
-                            if not experiments:
-                                continue
-                            if kernel == "mlp_stack" and group == "h":
-                                for v, cfg in enumerate(STACK_VARIANTS[size], start=1):
-                                    yield dict(base, variant=v, config=tuple(cfg))
-                            if size == "small" and group == "h" and aligned:
-                                for v, cfg in enumerate(variants.get(kernel, ()), start=1):
-                                    yield dict(base, variant=v, config=tuple(cfg))
+                            yield dict(base, config=tuple(cfgs[kernel][group][size]))
+                            if tma_eligible(base):
+                                yield dict(base, tma=1, config=tuple(cfgs[kernel][group][size]))
 
 
 def compile_one(spec: dict) -> dict:
@@ -286,13 +245,13 @@ def compile_one(spec: dict) -> dict:
 def tma_eligible(spec: dict) -> bool:
     """Whether a specialisation also gets a persistent TMA build (gemm_loop._gemm_tile_tma): a kernel of
     table.TMA_KERNELS, sm_90 or later, the aligned build (TMA needs 16-byte aligned bases and row strides), 16-bit
-    types, table.TMA_SIZE_CLASS, variant 0."""
+    types, table.TMA_SIZE_CLASS."""
     return (spec["kernel"] in TABLE.TMA_KERNELS and int(spec["arch"]) >= 90 and bool(spec["aligned"])
-            and spec["dtype"] != "fp32" and spec["size"] == TABLE.TMA_SIZE_CLASS and spec.get("variant", 0) == 0)
+            and spec["dtype"] != "fp32" and spec["size"] == TABLE.TMA_SIZE_CLASS)
 
 
 def _c_ident(spec):
-    return "k_{kernel}_{dtype}_{size}_{a}_r{r_pad}_sm{arch}_v{variant}{t}".format(
+    return "k_{kernel}_{dtype}_{size}_{a}_r{r_pad}_sm{arch}{t}".format(
         a="al" if spec["aligned"] else "un", t="_tma" if spec.get("tma") else "", **spec)
 
 
@@ -303,7 +262,7 @@ def write_header(results, out: pathlib.Path, triton_version: str):
         data = r["cubin"]
         body = ",".join(str(b) for b in data)
         lines.append(f"alignas(16) static const unsigned char {_c_ident(r)}[{len(data)}] = {{{body}}};")
-    lines += ["", "struct TritonSpec {", "  int kernel, dtype, size_class, aligned, r_pad, arch, variant;",
+    lines += ["", "struct TritonSpec {", "  int kernel, dtype, size_class, aligned, r_pad, arch;",
               "  const unsigned char* cubin; size_t cubin_size; const char* name;",
               "  int num_warps, shared, block_m, block_n, block_k;",
               "  int tma;  // 1: persistent TMA kernel (grid <= SMs, NPROG, descriptor scratch per program)", "};", "",
@@ -312,7 +271,7 @@ def write_header(results, out: pathlib.Path, triton_version: str):
     for r in results:
         bm, bn, bk = r["config"][0], r["config"][1], r["config"][2]
         lines.append(f"  {{{KERNEL_IDS[r['kernel']]}, {dt[r['dtype']]}, {SIZE_CLASSES.index(r['size'])}, "
-                     f"{r['aligned']}, {r['r_pad']}, {r['arch']}, {r['variant']}, {_c_ident(r)}, "
+                     f"{r['aligned']}, {r['r_pad']}, {r['arch']}, {_c_ident(r)}, "
                      f"sizeof({_c_ident(r)}), \"{r['name']}\", {r['num_warps']}, {r['shared']}, {bm}, {bn}, {bk}, "
                      f"{int(r.get('tma', 0))}}},  "
                      f"// {r['kernel']} {r['dtype']} {r['size']} cfg={list(r['config'])}")
@@ -330,14 +289,12 @@ def main(argv=None):
     p.add_argument("--configs", type=pathlib.Path, help="JSON overrides of CONFIGS (autotuned tiles per arch)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--manifest", type=pathlib.Path, help="also write a JSON summary (configs, shared, warps)")
-    p.add_argument("--experiments", action="store_true",
-                   help="also compile the A/B variants (small_cfg, stack_cfg) and the one-pass LoRA kernel")
     args = p.parse_args(argv)
     import triton
 
     archs = [a.strip() for a in args.archs.replace(",", ";").split(";") if a.strip()]
     overrides = default_overrides(args.configs)
-    specs = list(specialisations(archs, overrides, experiments=args.experiments))
+    specs = list(specialisations(archs, overrides))
     t0 = time.time()
     if args.jobs > 1:
         import multiprocessing
@@ -352,7 +309,6 @@ def main(argv=None):
         summary = [{k: v for k, v in r.items() if k != "cubin"} | {"cubin_bytes": len(r["cubin"]),
                    "cubin_sha256": hashlib.sha256(r["cubin"]).hexdigest()[:16]} for r in results]
         args.manifest.write_text(json.dumps({"triton": triton.__version__, "archs": archs,
-                                             "experiments": args.experiments,
                                              "tuned": str(TUNED) if TUNED.is_file() else None,
                                              "configs": str(args.configs) if args.configs else None,
                                              "overrides": overrides, "kernels": summary}, indent=1))

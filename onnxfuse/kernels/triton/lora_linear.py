@@ -1,66 +1,18 @@
 """Triton kernels for LoRALinear and LoRALinearRelu (onnxfuse.schema): base GEMM plus the rank-r branch.
 
-Two ways, picked by the launcher (cuda/triton_launch.cc; the node attribute lora_onepass):
-
-* two-phase (default): ``_lora_xa_kernel`` writes fp32 partial sums of ``T = X @ A`` into a scratch buffer
-  ``[SPLIT, M, R_PAD]`` (grid: row tiles x SPLIT slices of K, no atomics, so the result is deterministic; padded
-  columns r..R_PAD are written as zeros), then ``_lora_main_kernel`` runs the GEMM main loop (gemm_loop.py's
-  ``_gemm_main``; one tl.dot per K step, so Hopper keeps its wgmma pipeline) and after the loop sums the SPLIT
-  partials of its row tile, rounds ``scale * T`` to the input type and adds ``T @ B`` with one more tl.dot before
-  the bias (+ relu) epilogue. The scratch comes from onnxruntime's allocator (cuda/ops_cuda.cc).
-* one-pass (``_lora_linear_kernel``, compiled only into a library built with experiments): T accumulated in the
-  same K loop as ``X @ W`` (two dots per K step, the [BLOCK_K, R] tile of A loaded with an R-dependent mask), T
-  recomputed once per column tile; no scratch.
-
-Both round ``scale * T`` to the input type before the small GEMM (as a 16-bit PyTorch LoRA would); fp32
-accumulation. ``R_PAD`` is r rounded up to 16, 32 or 64; ``RELU`` is a run-time flag.
+Two phases, launched by cuda/triton_launch.cc on one stream: ``_lora_xa_kernel`` writes fp32 partial sums of
+``T = X @ A`` into a scratch buffer ``[SPLIT, M, R_PAD]`` (grid: row tiles x SPLIT slices of K, no atomics, so the
+result is deterministic; padded columns r..R_PAD are written as zeros), then ``_lora_main_kernel`` runs the GEMM
+main loop (gemm_loop.py's ``_gemm_main``; one tl.dot per K step, so Hopper keeps its wgmma pipeline) and after the
+loop sums the SPLIT partials of its row tile, rounds ``scale * T`` to the input type (as a 16-bit PyTorch LoRA
+would) and adds ``T @ B`` with one more tl.dot before the bias (+ relu) epilogue; fp32 accumulation. The scratch
+comes from onnxruntime's allocator (cuda/ops_cuda.cc). ``R_PAD`` is r rounded up to 16, 32 or 64; ``RELU`` is a
+run-time flag.
 """
 import triton
 import triton.language as tl
 
-from .gemm_loop import _gemm_main, _gemm_tile_tma, _relu, _store_tile, _tile_ids, _tma_descs
-
-
-@triton.jit
-def _lora_linear_kernel(x_ptr, w_ptr, a_ptr, b_ptr, bias_ptr, y_ptr, M, N, K, R, scale, RELU,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                        R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """PyTorch: ``y = x @ w + bias + scale * ((x @ a) @ b)``, then ``relu(y)`` when RELU; all in fp32, cast to x.dtype.
-
-    x [M, K], w [K, N], a [K, R], b [R, N], bias [N], y [M, N], row-major contiguous, R <= R_PAD. ``scale * T`` is
-    rounded to the input type before the second small GEMM (as a 16-bit PyTorch LoRA would), accumulation is fp32.
-    """
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    offs_r = tl.arange(0, R_PAD)
-    rows = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
-    n_ok = offs_n < N
-    r_ok = offs_r < R
-    x_ptrs = x_ptr + rows[:, None] * K + offs_k[None, :]
-    w_ptrs = w_ptr + offs_k.to(tl.int64)[:, None] * N + offs_n[None, :]
-    a_ptrs = a_ptr + offs_k.to(tl.int64)[:, None] * R + offs_r[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    t = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BLOCK_K)):
-        k0 = kb * BLOCK_K
-        k_ok = (k0 + offs_k) < K
-        x = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
-        w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        a = tl.load(a_ptrs, mask=k_ok[:, None] & r_ok[None, :], other=0.0)
-        acc = tl.dot(x, w, acc, input_precision=DOT_PRECISION)
-        t = tl.dot(x, a, t, input_precision=DOT_PRECISION)
-        x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K * N.to(tl.int64)
-        a_ptrs += BLOCK_K * R
-    b = tl.load(b_ptr + offs_r[:, None] * N + offs_n[None, :], mask=r_ok[:, None] & n_ok[None, :], other=0.0)
-    t = tl.where(r_ok[None, :], t, 0.0)  # padded columns: x @ 0 is NaN in a row with an infinite x
-    acc = tl.dot((t * scale).to(b.dtype), b, acc, input_precision=DOT_PRECISION)
-    acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    if RELU != 0:
-        acc = _relu(acc)
-    _store_tile(y_ptr, N, acc, offs_m, offs_m < M, offs_n, n_ok)
+from .gemm_loop import _gemm_main, _gemm_tile_tma, _relu, _store_tile, _tma_descs
 
 
 @triton.jit
@@ -143,9 +95,6 @@ def _lora_epilogue(acc, offs_m, offs_n, rows, n_ok, t_ptr, b_ptr, bias_ptr, y_pt
 
 
 KERNELS = {
-    "lora_linear": (_lora_linear_kernel, [("x_ptr", "*T"), ("w_ptr", "*T"), ("a_ptr", "*T"), ("b_ptr", "*T"),
-                                          ("bias_ptr", "*T"), ("y_ptr", "*T"), ("M", "i32"), ("N", "i32"),
-                                          ("K", "i32"), ("R", "i32"), ("scale", "fp32"), ("RELU", "i32")]),
     # t_ptr is fp32 scratch whatever T is: "*fp32".
     "lora_xa": (_lora_xa_kernel, [("x_ptr", "*T"), ("a_ptr", "*T"), ("t_ptr", "*fp32"), ("M", "i32"), ("K", "i32"),
                                   ("R", "i32"), ("KB_PER_SPLIT", "i32")]),

@@ -6,8 +6,8 @@ thresholds instead of a hand-made copy.
 """
 
 # Kernel entry points, in the id order of the generated table (TritonSpec::kernel).
-KERNEL_IDS = {"linear_act": 0, "swiglu": 1, "lora_linear": 2, "lora_xa": 3, "lora_main": 4, "mlp_stack": 5,
-              "rotary_embedding": 6, "embedding": 7, "embedding_interaction": 8, "mlp_stack_grid": 9}
+KERNEL_IDS = {"linear_act": 0, "swiglu": 1, "lora_xa": 2, "lora_main": 3, "mlp_stack": 4, "rotary_embedding": 5,
+              "embedding": 6, "embedding_interaction": 7, "mlp_stack_grid": 8}
 
 # Element types and their codes (onnxfuse_dtype in cuda/launch.h); same order as onnxfuse.schema.TYPES.
 DTYPES = (("fp32", 0), ("fp16", 1), ("bf16", 2))
@@ -42,10 +42,6 @@ TMA_KERNELS = ("linear_act", "lora_main")
 TMA_SIZE_CLASS = "large"
 TMA_MIN_K = 1024
 TMA_SCRATCH_PER_PROGRAM = 512
-
-# Experiment variants (built only with `onnxfuse build --experiments`): the number of values each knob takes,
-# variant 0 being the default kernel. aot.py checks its variant configs against these counts.
-EXPERIMENT_VARIANTS = {"small_cfg": 3, "lora_onepass": 2, "stack_cfg": 3}
 
 # ------------------------------------------------------------------------------------------------ MLPStack
 # stack_mode=auto on the Triton backend, by M (rows) and the widest layer, for the H100's 132 SMs (the launcher
