@@ -50,14 +50,48 @@ CPU_LEFT_TO_ORT: dict[str, dict[str, str]] = {
 CPU_TABLE_MAX_THREADS: dict[str, int] = {"avx512": 4}
 
 
-def cpu_left_to_ort(family: str | None = None, threads: int | None = None) -> dict[str, str]:
+# Without oneDNN the CPU kernels' GEMMs run on onnxfuse's built-in kernel, which measured slower than MLAS on every
+# family, so the GEMM patterns are left to onnxruntime whatever the host.
+BUILTIN_GEMM_REASON = ("the kernel library's CPU GEMMs run on its built-in kernel ({why}), which measured 0.47-0.92x "
+                       "of onnxruntime on the GEMM cases of a 16-thread AVX-512 Xeon (benchmarks/results/"
+                       "cpu-avx512-16t-builtin-gemm-2026-11-25/); with oneDNN (pip install 'onnxfuse[cpu]') the "
+                       "host family's table applies")
+
+
+def cpu_gemm_engine() -> tuple[bool, str]:
+    """(oneDNN, why not) for the library a CPU session here would load: ONNXFUSE_LIBRARY's recorded build info,
+    else what a build here finds (kernels.toolchain.find_onednn, no build run)."""
+    lib = os.environ.get("ONNXFUSE_LIBRARY")
+    if lib:
+        from .kernels import build_info
+        try:
+            gemm = build_info(lib).get("cpu_gemm", "")
+        except OSError as e:
+            return True, f"unreadable {lib}: {e}"  # the session will say so; do not guess a slower table
+        return gemm.startswith("onednn "), gemm
+    from .kernels import toolchain
+    try:
+        found, why = toolchain.find_onednn()
+    except toolchain.BuildError as e:
+        return False, str(e)
+    return found is not None, why
+
+
+def cpu_left_to_ort(family: str | None = None, threads: int | None = None,
+                    onednn: bool | None = None) -> dict[str, str]:
     """The patterns fuse(provider="cpu") leaves to onnxruntime on a host of `family` (default this host's: the CPU
-    kernels' family, host.kernel_family()) of `threads` (default this one's), each with its reason, which names
-    the family."""
+    kernels' family, host.kernel_family()) of `threads` (default this one's), for a library with or without oneDNN
+    (default: cpu_gemm_engine()), each with its reason, which names the family."""
     from . import host
     family = family or host.kernel_family()
     if family not in CPU_LEFT_TO_ORT:
         raise OnnxfuseError(f"--cpu-isa must be one of {', '.join(CPU_LEFT_TO_ORT)} (got {family!r})")
+    why_not = ""
+    if onednn is None:
+        onednn, why_not = cpu_gemm_engine()
+    if not onednn:
+        why = BUILTIN_GEMM_REASON.format(why=why_not or "no oneDNN")
+        return {p: f"on {family} hosts, {why}" for p in _CPU_GEMM_PATTERNS}
     threads = threads or os.cpu_count() or 1
     if threads > CPU_TABLE_MAX_THREADS.get(family, threads):
         return {}

@@ -92,17 +92,17 @@ def test_run_writes_into_results_dir(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(work)
     results = tmp_path / "results"
     assert cli.main(["bench", "dlrm-bottom", "--device", "cpu", "--runs", "2", "--warmup", "0", "--cache-dir",
-                     str(tmp_path / "cache"), "--variants", "ort-unfused,fused-cpu", "--no-plot",
+                     str(tmp_path / "cache"), "--variants", "ort-unfused,fused-cpu-all", "--no-plot",
                      "--results-dir", str(results)]) == 2  # the folder must exist: one line, nothing run
     assert "--results-dir" in capsys.readouterr().err
     results.mkdir()
     assert cli.main(["bench", "dlrm-bottom", "--device", "cpu", "--runs", "2", "--warmup", "0", "--cache-dir",
-                     str(tmp_path / "cache"), "--variants", "ort-unfused,fused-cpu", "--no-plot", "-q",
+                     str(tmp_path / "cache"), "--variants", "ort-unfused,fused-cpu-all", "--no-plot", "-q",
                      "--results-dir", str(results)]) == 0
     written = list(results.glob("*.json"))
     assert len(written) == 1 and list(work.iterdir()) == []
     data = json.loads(written[0].read_text())
-    assert "flags" in data["cases"][0] and "spread" in data["cases"][0]["variants"]["fused-cpu"]
+    assert "flags" in data["cases"][0] and "spread" in data["cases"][0]["variants"]["fused-cpu-all"]
 
 
 @pytest.mark.skipif(not HAS_MPL, reason="needs matplotlib")

@@ -158,6 +158,12 @@ def test_fuse_provider_cpu_leaves_slower_patterns_to_onnxruntime(tmp_path, famil
                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])], initializer=[w, b])
     src = tmp_path / "m.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), str(src))
+    # the tables as a 2-thread host applies them (past CPU_TABLE_MAX_THREADS an avx512 host leaves nothing out:
+    # test_cpu_table_of_a_small_host_family_only_holds_on_small_hosts), whatever this host's thread count
+    # (and with oneDNN in the library, whose tables these are: test_cpu_tables_need_onednn)
+    from onnxfuse import cpu_policy
+    monkeypatch.setattr(cpu_policy.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(cpu_policy, "cpu_gemm_engine", lambda: (True, ""))
     res = f.fuse(src, tmp_path / "cpu.onnx", provider="cpu", cpu_isa=family, ort=False, write_unchanged=True)
     assert not res.matches and set(res.left_to_ort) == set(f.CPU_LEFT_TO_ORT[family]), res.left_to_ort
     assert [n.op_type for n in onnx.load(str(tmp_path / "cpu.onnx")).graph.node] == ["MatMul", "Add", "Relu"]
@@ -193,6 +199,26 @@ def test_fuse_provider_cpu_on_avx2_fuses_the_dlrm_embeddings_and_leaves_its_mlps
 def test_cpu_table_of_a_small_host_family_only_holds_on_small_hosts():
     """The avx512 table was measured on 2 cores; on 16 threads every GEMM pattern won, so nothing is left out."""
     from onnxfuse import cpu_policy
-    assert set(cpu_policy.cpu_left_to_ort("avx512", threads=2)) == set(cpu_policy.CPU_LEFT_TO_ORT["avx512"])
-    assert cpu_policy.cpu_left_to_ort("avx512", threads=16) == {}
-    assert cpu_policy.cpu_left_to_ort("avx2", threads=16) == cpu_policy.cpu_left_to_ort("avx2", threads=2)
+    assert set(cpu_policy.cpu_left_to_ort("avx512", threads=2, onednn=True)) == set(cpu_policy.CPU_LEFT_TO_ORT["avx512"])
+    assert cpu_policy.cpu_left_to_ort("avx512", threads=16, onednn=True) == {}
+    assert (cpu_policy.cpu_left_to_ort("avx2", threads=16, onednn=True)
+            == cpu_policy.cpu_left_to_ort("avx2", threads=2, onednn=True))
+
+
+def test_cpu_tables_need_onednn(monkeypatch):
+    """The family tables assume the library's CPU GEMMs run on oneDNN; with the built-in GEMM (no oneDNN) every GEMM
+    pattern is left to onnxruntime on every family and thread count, and the reason says how to get oneDNN. The
+    engine is the one ONNXFUSE_LIBRARY recorded, else what a build here would find."""
+    from onnxfuse import cpu_policy, kernels
+    gemm = {"linear_act", "mlp_stack", "swiglu", "lora_linear"}
+    for family in ("avx512", "avx2", "generic"):
+        left = cpu_policy.cpu_left_to_ort(family, threads=16, onednn=False)
+        assert set(left) == gemm and all("onnxfuse[cpu]" in why for why in left.values()), left
+    lib = kernels.library_path(provider="cpu")
+    monkeypatch.setenv("ONNXFUSE_LIBRARY", str(lib))
+    assert cpu_policy.cpu_gemm_engine()[0] == kernels.build_info(lib)["cpu_gemm"].startswith("onednn ")
+    monkeypatch.delenv("ONNXFUSE_LIBRARY")
+    monkeypatch.setenv("ONNXFUSE_ONEDNN_ROOT", "off")
+    onednn, why = cpu_policy.cpu_gemm_engine()
+    assert not onednn and "ONNXFUSE_ONEDNN_ROOT=off" in why
+    assert set(cpu_policy.cpu_left_to_ort("avx512", threads=16)) == gemm

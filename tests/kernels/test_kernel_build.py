@@ -242,7 +242,7 @@ def _broken_headers(tmp_path, good: pathlib.Path, marker: str) -> pathlib.Path:
 
 def test_cache_lives_in_the_user_cache_dir(monkeypatch):
     monkeypatch.delenv("ONNXFUSE_BUILD_DIR", raising=False)
-    import platformdirs
+    platformdirs = pytest.importorskip("platformdirs")  # a declared dependency; a bare environment may lack it
     assert kbuild.build_dir() == pathlib.Path(platformdirs.user_cache_dir("onnxfuse")) / "kernels"
     assert not kbuild.build_dir().is_relative_to(ROOT / "onnxfuse")
     monkeypatch.setenv("ONNXFUSE_BUILD_DIR", "/tmp/somewhere")
@@ -506,7 +506,7 @@ def test_a_copied_library_without_its_onednn_names_the_fix(tmp_path):
     ort = pytest.importorskip("onnxruntime")
     from onnxfuse import kernels
     lib = kernels.library_path(provider="cpu")
-    if "onednn" not in kernels.build_info(lib).get("cpu_gemm", ""):
+    if not kernels.build_info(lib).get("cpu_gemm", "").startswith("onednn "):  # "builtin (why not oneDNN)"
         pytest.skip("this library was built without oneDNN")
     data = pathlib.Path(lib).read_bytes()
     runpath = [p for p in subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True).stdout.splitlines()
