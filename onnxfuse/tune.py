@@ -82,7 +82,7 @@ class _Problem:
 
         table = _aot().TABLE
         major, _ = torch.cuda.get_device_capability()
-        # the persistent TMA kernel where the library runs it on this shape (cuda/triton_launch.cc WithTma)
+        # the persistent TMA kernel where the library runs it on this shape (cuda/triton/runtime.cc WithTma)
         self.tma = (kernel in table.TMA_KERNELS and size == table.TMA_SIZE_CLASS and k >= table.TMA_MIN_K
                     and major >= 9)
         self.sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -275,7 +275,7 @@ OPS_OF_KERNEL = {kernel: tuple(op for op, f in FAMILY_OF.items() if f == family)
 def doctor_coverage(shapes: dict, arch: str = "90", sms: int = 132) -> list[str]:
     """Which tuned (kernel, size class) no doctor shape runs with its fp16/bf16 aligned config: `shapes` is
     doctor.DEFAULT_SHAPES ((M, K, N, r[, act]) per op). A large-class config runs only where its tiles cover the SMs
-    (else the launcher takes the medium tile, cuda/triton_launch.cc FindForShape)."""
+    (else the launcher takes the medium tile, cuda/triton/runtime.cc FindForShape)."""
     aot = _aot()
     cfgs = aot.configs_for(arch, aot.default_overrides())
     limits = aot.TABLE.SIZE_CLASS_MAX_M

@@ -19,6 +19,7 @@ import pathlib
 import sys
 
 from .. import schema
+from ..ops import FAMILIES
 
 HERE = pathlib.Path(__file__).resolve().parent
 HEADER_NAME = "onnxfuse_ops.h"
@@ -69,6 +70,11 @@ def _all_attrs() -> dict[str, schema.Attr]:
     return out
 
 
+def _families_in_op_order() -> list:
+    """The families in the order of their first op's index (the registration order of their ops)."""
+    return sorted(FAMILIES, key=lambda f: min(op.index for op in f.ops))
+
+
 def _check_consistency(table) -> None:
     names = {"float": "fp32", "float16": "fp16", "bfloat16": "bf16"}
     if [names[t] for t in schema.TYPES] != [d for d, _ in table.DTYPES] or \
@@ -97,6 +103,9 @@ def render() -> str:
     add(f"#define ONNXFUSE_DOMAIN_VERSION {int(schema.DOMAIN_VERSION)}")
     add(f"#define ONNXFUSE_MAX_STACK_LAYERS {int(schema.MAX_STACK_LAYERS)}")
     add(f"#define ONNXFUSE_MAX_LORA_RANK {int(table.MAX_LORA_RANK)}  /* the GPU kernels' largest LoRA rank */")
+    add("/* The op families (onnxfuse.ops.FAMILIES) by their C++ names, in op-index order: X(Family) for each; the")
+    add("   kernel library declares and calls Register<Family>() and Register<Family>Cuda() through it. */")
+    add("#define ONNXFUSE_OP_FAMILIES(X) " + " ".join(f"X({f.kernel_name})" for f in _families_in_op_order()))
     add("")
     add("/* Element types (schema.TYPES order). */")
     add("enum onnxfuse_dtype { " + ", ".join(f"ONNXFUSE_{_upper(d)} = {c}" for d, c in table.DTYPES) + " };")

@@ -155,6 +155,16 @@ class OpDef:
 
 @dataclass(frozen=True)
 class OpFamily:
-    """A family: its snake name (the rules' `onnxfuse/rewrites/<name>.py`, fuse's pattern name) and its ops."""
+    """A family: its snake name (the rules' `onnxfuse/rewrites/<name>.py`, fuse's pattern name, the kernel files
+    `kernels/{cpu,cuda,triton}/<name>.*`) and its ops.
+
+    cpp_name: the family's name in the kernel library's C++ (`Register<cpp_name>()`, `Register<cpp_name>Cuda()`, listed
+    in the generated header's ONNXFUSE_OP_FAMILIES); empty: the snake name in CamelCase (linear_act -> LinearAct).
+    """
     name: str
     ops: tuple[OpDef, ...]
+    cpp_name: str = ""
+
+    @property
+    def kernel_name(self) -> str:
+        return self.cpp_name or "".join(part[:1].upper() + part[1:] for part in self.name.split("_"))

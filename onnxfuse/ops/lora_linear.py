@@ -69,4 +69,4 @@ FAMILY = OpFamily("lora_linear", (
                          (*DOCTOR_TMA, 16)]),
     _op(4, LORA_LINEAR_RELU, [(1, 256, 256, 16), (37, 129, 67, 7), (200, 512, 512, 64), (*DOCTOR_LARGE, 16),
                               (*DOCTOR_TMA, 64)]),
-))
+), cpp_name="LoRALinear")

@@ -102,4 +102,4 @@ FAMILY = OpFamily("mlp_stack", (
           ((1, (13, 512, 256, 64, 16), "relu.relu.relu.relu"), (37, (129, 67, 33, 1), "relu.relu.sigmoid"),
            (256, (367, 512, 256, 1), "relu.relu.sigmoid"), (2050, (1040, 2576, 48), "relu.sigmoid")),
           doctor_entry, overload=lambda attrs: attrs.get("activations", "")),
-))
+), cpp_name="MLPStack")

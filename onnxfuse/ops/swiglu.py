@@ -137,4 +137,4 @@ FAMILY = OpFamily("swiglu", (
           # reads the activation attribute (an unknown one must reach the kernel's error), while the rules write
           # swiglu_overload(activation) with that activation's function body.
           doctor_entry, overload_attr="activation"),
-))
+), cpp_name="SwiGLU")

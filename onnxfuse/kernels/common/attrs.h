@@ -4,7 +4,7 @@
 // onnxruntime passes every attribute through unchecked: the checks are here.
 //
 // backend: on the CPU EP every value is accepted and the CPU kernel runs (a model fused for CUDA still runs on a
-// CPU-only session); on the CUDA EP it picks the kernel family (cuda/ops_cuda.cc). Nothing in the environment
+// CPU-only session); on the CUDA EP it picks the kernel family (cuda/ops_cuda.h Dispatch). Nothing in the environment
 // overrides it: set it in the model (onnxfuse fuse --backend, runtime.session(backend=)).
 #pragma once
 

@@ -302,13 +302,10 @@ inline char* TileScratch(int slot, size_t bytes) {
   return buf[slot].data();
 }
 
-void RegisterLinearAct(Ort::CustomOpDomain& domain);
-void RegisterSwiGLU(Ort::CustomOpDomain& domain);
-void RegisterLoRALinear(Ort::CustomOpDomain& domain);
-void RegisterMLPStack(Ort::CustomOpDomain& domain);
-void RegisterRotaryEmbedding(Ort::CustomOpDomain& domain);
-void RegisterEmbedding(Ort::CustomOpDomain& domain);
-void RegisterEmbeddingInteraction(Ort::CustomOpDomain& domain);
+// Register<Family>(domain), defined in cpu/<family>.cc, for every family of the generated ONNXFUSE_OP_FAMILIES.
+#define ONNXFUSE_DECLARE_CPU_REGISTER(Family) void Register##Family(Ort::CustomOpDomain& domain);
+ONNXFUSE_OP_FAMILIES(ONNXFUSE_DECLARE_CPU_REGISTER)
+#undef ONNXFUSE_DECLARE_CPU_REGISTER
 
 }  // namespace cpu
 }  // namespace onnxfuse

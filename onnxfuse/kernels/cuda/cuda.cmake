@@ -3,9 +3,11 @@
 # onnxfuse_ops. Needs nvcc (CUDAToolkit) but no GPU: Triton cubins are compiled for the named archs with
 # triton.compile(target=GPUTarget("cuda", arch, 32)).
 #
-# Targets: onnxfuse_cuda (the hand-written kernels cuda/*.cu and the CUDA EP glue cuda/ops_cuda.cc) and, with
-# Triton, onnxfuse_triton (the AOT cubins, generated as triton_kernels.h, and their launcher cuda/triton_launch.cc);
-# without Triton the launcher's stubs go into onnxfuse_cuda.
+# Targets: onnxfuse_cuda (the hand-written kernels cuda/*.cu and the CUDA EP glue cuda/*.cc) and, with Triton,
+# onnxfuse_triton (the AOT cubins, generated as triton_kernels.h, and their launchers cuda/triton/*.cc: runtime.cc and
+# one <family>.cc per op family). Without Triton nothing of cuda/triton/ is compiled: the glue knows it at compile time
+# (ONNXFUSE_WITH_TRITON, cuda/ops_cuda.h) and answers backend=triton with ONNXFUSE_ERR_NO_TRITON. Sources are globbed
+# per folder (CONFIGURE_DEPENDS), so a new op's files need no edit here.
 #
 # Linking: the CUDA runtime is linked statically (cudart_static) and nothing links libcuda, so the library loads on
 # machines without a driver (CPU-only onnxruntime); the CUDA kernels simply never run there. The CUDA backend's GEMMs
@@ -31,16 +33,8 @@ message(STATUS "onnxfuse: CUDA kernels with nvcc ${CMAKE_CUDA_COMPILER_VERSION} 
 set(_onnxfuse_cuda_dir "${CMAKE_CURRENT_SOURCE_DIR}/cuda")
 set(_onnxfuse_triton_dir "${CMAKE_CURRENT_SOURCE_DIR}/triton")
 
-add_library(onnxfuse_cuda OBJECT
-  ${_onnxfuse_cuda_dir}/gemm.cu
-  ${_onnxfuse_cuda_dir}/linear_act.cu
-  ${_onnxfuse_cuda_dir}/swiglu.cu
-  ${_onnxfuse_cuda_dir}/lora_linear.cu
-  ${_onnxfuse_cuda_dir}/mlp_stack.cu
-  ${_onnxfuse_cuda_dir}/rotary_embedding.cu
-  ${_onnxfuse_cuda_dir}/embedding.cu
-  ${_onnxfuse_cuda_dir}/embedding_interaction.cu
-  ${_onnxfuse_cuda_dir}/ops_cuda.cc)
+file(GLOB _onnxfuse_cuda_sources CONFIGURE_DEPENDS "${_onnxfuse_cuda_dir}/*.cu" "${_onnxfuse_cuda_dir}/*.cc")
+add_library(onnxfuse_cuda OBJECT ${_onnxfuse_cuda_sources})
 onnxfuse_kernel_target(onnxfuse_cuda)
 
 # One SASS per arch, plus PTX of the highest one so that newer GPUs can JIT it. The hand-written kernels here are
@@ -78,18 +72,8 @@ if(ONNXFUSE_WITH_TRITON)
   string(REPLACE ";" "," _onnxfuse_arch_csv "${ONNXFUSE_CUDA_ARCHS}")
   set(_onnxfuse_aot_args --out "${_onnxfuse_triton_gen}/triton_kernels.h" --archs "${_onnxfuse_arch_csv}"
                          --manifest "${_onnxfuse_triton_gen}/triton_kernels.json")
-  set(_onnxfuse_aot_deps
-    ${_onnxfuse_triton_dir}/aot.py
-    ${_onnxfuse_triton_dir}/table.py
-    ${_onnxfuse_triton_dir}/tuned.json
-    ${_onnxfuse_triton_dir}/gemm_loop.py
-    ${_onnxfuse_triton_dir}/linear_act.py
-    ${_onnxfuse_triton_dir}/swiglu.py
-    ${_onnxfuse_triton_dir}/lora_linear.py
-    ${_onnxfuse_triton_dir}/mlp_stack.py
-    ${_onnxfuse_triton_dir}/rotary_embedding.py
-    ${_onnxfuse_triton_dir}/embedding.py
-    ${_onnxfuse_triton_dir}/embedding_interaction.py)
+  # aot.py, table.py, gemm_loop.py, the kernels triton/<family>.py and the tuned tile configs.
+  file(GLOB _onnxfuse_aot_deps CONFIGURE_DEPENDS "${_onnxfuse_triton_dir}/*.py" "${_onnxfuse_triton_dir}/*.json")
   if(ONNXFUSE_TRITON_CONFIGS)
     list(APPEND _onnxfuse_aot_args --configs "${ONNXFUSE_TRITON_CONFIGS}")
     list(APPEND _onnxfuse_aot_deps "${ONNXFUSE_TRITON_CONFIGS}")
@@ -105,15 +89,15 @@ if(ONNXFUSE_WITH_TRITON)
     COMMENT "onnxfuse: Triton AOT compilation for sm_${_onnxfuse_arch_csv}"
     VERBATIM)
   add_custom_target(onnxfuse_triton_aot DEPENDS "${_onnxfuse_triton_gen}/triton_kernels.h")
-  add_library(onnxfuse_triton OBJECT ${_onnxfuse_cuda_dir}/triton_launch.cc)
+  file(GLOB _onnxfuse_triton_sources CONFIGURE_DEPENDS "${_onnxfuse_cuda_dir}/triton/*.cc")
+  add_library(onnxfuse_triton OBJECT ${_onnxfuse_triton_sources})
   onnxfuse_kernel_target(onnxfuse_triton)
   add_dependencies(onnxfuse_triton onnxfuse_triton_aot)
-  set_source_files_properties(${_onnxfuse_cuda_dir}/triton_launch.cc PROPERTIES
+  # runtime.cc includes the cubin table.
+  set_source_files_properties(${_onnxfuse_cuda_dir}/triton/runtime.cc PROPERTIES
     OBJECT_DEPENDS "${_onnxfuse_triton_gen}/triton_kernels.h")
   target_include_directories(onnxfuse_triton PRIVATE "${_onnxfuse_triton_gen}" ${CUDAToolkit_INCLUDE_DIRS})
   target_sources(onnxfuse_ops PRIVATE $<TARGET_OBJECTS:onnxfuse_triton>)
-else()
-  target_sources(onnxfuse_cuda PRIVATE ${_onnxfuse_cuda_dir}/triton_launch.cc)
 endif()
 
 target_sources(onnxfuse_ops PRIVATE $<TARGET_OBJECTS:onnxfuse_cuda>)

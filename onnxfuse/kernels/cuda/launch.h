@@ -1,5 +1,5 @@
 // C interface between the ORT glue (cuda/ops_cuda.cc, compiled by g++ with the ORT headers) and the GPU kernels
-// (cuda/*.cu compiled by nvcc, and cuda/triton_launch.cc over the Triton AOT cubins). Plain C types only, so neither
+// (cuda/*.cu compiled by nvcc, and cuda/triton/<family>.cc over the Triton AOT cubins). Plain C types only, so neither
 // side needs the other's headers: device pointers, int64 sizes, a dtype enum, the CUDA stream as void*.
 //
 // Every launcher enqueues its work on `stream` and returns at once: no host synchronisation, no device allocation,
@@ -117,7 +117,8 @@ static inline int onnxfuse_embedding_interaction_check(int dtype, int interactio
 int onnxfuse_cuda_embedding(int dtype, const void* table, const int64_t* ids, void* y, int64_t n, int64_t vocab,
                             int64_t d, void* stream);
 
-// The same ops from the Triton AOT cubins (cuda/triton_launch.cc); ONNXFUSE_ERR_NO_TRITON when not built.
+// The same ops from the Triton AOT cubins (cuda/triton/<family>.cc), in the library only when built with Triton
+// (the glue calls them through cuda/ops_cuda.h's Dispatch, which otherwise answers ONNXFUSE_ERR_NO_TRITON).
 int onnxfuse_triton_available(void);
 // Device scratch (bytes) the Triton LinearRelu/LinearSigmoid launcher may use for these sizes on the current device:
 // the TMA descriptors of the persistent TMA kernel (triton/table.py TMA_*), 0 where it cannot run; a negative code

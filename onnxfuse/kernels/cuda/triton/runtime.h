@@ -1,0 +1,116 @@
+// The Triton AOT runtime that the launchers of cuda/triton/<family>.cc share (defined in cuda/triton/runtime.cc):
+// the table entry of a compiled kernel (TritonSpec; triton/aot.py compiles triton/*.py into the generated
+// triton_kernels.h, a table of these), the spec search, and the launch. Only the Triton build compiles this folder;
+// without it, the CUDA EP glue never calls a launcher (cuda/ops_cuda.h, kWithTriton).
+//
+// Compiled by the host C++ compiler against the CUDA runtime headers only; links cudart statically and never
+// libcuda. Errors are returned as codes (cudaError_t or ONNXFUSE_ERR_*), never printed.
+//
+// Config choice by M (the size classes of triton/table.py, through the generated onnxfuse_ops.h), then by grid size
+// (FindForShape): M <= 16 "small" (decode: 16-row tiles, narrow column tiles so the weights stream once over all
+// SMs), M <= 128 "medium", else "large". Autotuned tiles go into aot.py's CONFIGS (or its --configs JSON); the
+// runtime only maps M to a class.
+//
+// Persistent TMA GEMMs (triton/table.py TMA_*): where FindForShape picks the aligned large-class linear_act or
+// lora_main, K >= kTmaMinK and the caller's scratch has room for the device-side TMA descriptors (Triton's global
+// scratch, kTmaScratchPerProgram bytes per program), the TMA build runs on min(tiles, SMs) programs (WithTma);
+// without that scratch the cp.async build runs, so the scratch is an option, never a requirement.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/launch.h"
+
+namespace onnxfuse::triton_aot {
+
+// One compiled kernel of triton_kernels.h (triton/aot.py writes the table in this field order).
+struct TritonSpec {
+  int kernel, dtype, size_class, aligned, r_pad, arch;
+  const unsigned char* cubin; size_t cubin_size; const char* name;
+  int num_warps, shared, block_m, block_n, block_k;
+  int tma;  // 1: persistent TMA kernel (grid <= SMs, NPROG, descriptor scratch per program)
+};
+
+}  // namespace onnxfuse::triton_aot
+
+namespace onnxfuse::triton_runtime {
+
+using triton_aot::TritonSpec;
+namespace ids = onnxfuse::triton;  // kernel ids, size classes and rank padding of triton/table.py
+
+inline int SizeClass(int64_t m) {
+  for (int c = 0; c + 1 < ids::kNumSizeClasses; ++c)
+    if (m <= ids::kSizeClassMaxM[c]) return c;
+  return ids::kNumSizeClasses - 1;
+}
+
+// Compute capability of the current device (the CUDA EP makes its device current on the thread that runs us), as
+// major * 10 + minor, cached per device.
+int CurrentArch(int* device_out);
+
+// Number of SMs of the current device (cached per device); 132 if the query fails (H100 SXM).
+int NumSMs(int device);
+
+// The spec for (kernel, dtype, size class, aligned, r_pad) whose cubin runs on `arch`: Triton builds sm_90
+// as sm_90a (runs on 9.0 only); an sm_8x cubin runs on later minors of major 8. Picks the highest such arch.
+// tma: 1 for the persistent TMA build (triton/table.py TMA_KERNELS), 0 for the others.
+const TritonSpec* FindExact(int kernel, int dtype, int size_class, int aligned, int r_pad, int arch, int* index,
+                            int tma = 0);
+
+// The spec of M's size class.
+inline const TritonSpec* Find(int kernel, int dtype, int64_t m, bool aligned, int r_pad, int arch, int* index) {
+  return FindExact(kernel, dtype, SizeClass(m), aligned ? 1 : 0, r_pad, arch, index);
+}
+
+inline int64_t Tiles(int64_t m, int64_t n, const TritonSpec* spec) {
+  return ((m + spec->block_m - 1) / spec->block_m) * ((n + spec->block_n - 1) / spec->block_n);
+}
+
+// Find() by M, then by the grid it makes: a large-M GEMM with few columns (DLRM layers, N <= 512) gets fewer large
+// tiles than the GPU has SMs and runs latency-bound on a fraction of the chip; the medium tile then gives up to 4x
+// the programs. Shapes that fill the chip with large tiles (Llama, LoRA 4096^2) keep them.
+const TritonSpec* FindForShape(int kernel, int dtype, int64_t m, int64_t n, bool aligned, int r_pad, int arch,
+                               int device, int* index);
+
+// The persistent TMA build of a GEMM launch that FindForShape resolved to `spec` (entry *index): taken when the
+// spec is the aligned large-class kernel, K >= kTmaMinK and the caller's scratch holds the descriptors of
+// min(tiles, SMs) programs (128-byte aligned, kTmaScratchPerProgram bytes each); else `spec` stays. On success
+// *grid is the persistent grid and *index the TMA entry.
+const TritonSpec* WithTma(const TritonSpec* spec, int* index, int64_t m, int64_t k, int64_t n, int arch, int device,
+                          const void* scratch, int64_t scratch_bytes, int64_t* grid);
+
+// Scratch for the TMA descriptors of a GEMM of this type and sizes on the current device: an upper bound (the
+// launcher decides on alignment at launch), 0 where no TMA kernel can run (fp32 has no TMA build).
+int64_t TmaScratchBytes(int dtype, int64_t m, int64_t k);
+
+inline int64_t RoundUp128(int64_t v) { return (v + 127) / 128 * 128; }
+
+// `args`: the kernel's arguments in the order of its KERNELS table in triton/*.py, then the two scratch pointers
+// Triton 3.6 appends (global, profile): the global one is the TMA descriptors' scratch for the persistent TMA
+// kernels, null for the others (aot.py refuses any other kernel that needs either).
+//
+// Launches the cubin `spec` (table entry `index`) with `grid` programs; `cooperative` asks the driver to guarantee
+// that all of them are resident at once (or to refuse the launch), which a grid barrier needs.
+int LaunchSpec(const TritonSpec* spec, int index, int device, int64_t grid, void** args, void* stream,
+               bool cooperative = false);
+
+// One GEMM-shaped launch: grid = row tiles x column tiles of the spec's block.
+int Launch(int kernel, int dtype, int64_t m, int64_t n, bool aligned, int r_pad, void** args, void* stream);
+
+inline int RPad(int64_t r) {
+  for (int i = 0; i + 1 < ids::kNumRPads; ++i)
+    if (r <= ids::kRPads[i]) return ids::kRPads[i];
+  return ids::kRPads[ids::kNumRPads - 1];
+}
+
+inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+inline bool BadCommon(int dtype, int64_t m, int64_t k, int64_t n) {
+  return dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || m < 0 || k < 0 || n < 0;
+}
+inline bool TooLarge(int64_t m, int64_t k, int64_t n) {
+  return m > 0x7fffffffLL || k > 0x7fffffffLL || n > 0x7fffffffLL;  // Triton params are i32
+}
+
+}  // namespace onnxfuse::triton_runtime
