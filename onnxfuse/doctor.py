@@ -15,8 +15,8 @@ loudly instead of silently running on the CPU. GPU rows say ``SKIP`` with the re
 the library's CUDA kernels are missing. The backend under test is each node's `backend` attribute (nothing in the
 environment overrides it); `node_attrs` adds more attributes, e.g. MLPStack's stack_mode.
 
-`onnxfuse doctor` is the command line (cli/kernels.py): --providers, --backends, --ops, --dtypes, --modes and --lib choose
-what run_doctor checks, -v prints each row as it finishes.
+`onnxfuse doctor` is the command line (cli/kernels.py): --providers, --backends, --ops, --dtypes, --modes and --lib
+choose what run_doctor checks, -v prints each row as it finishes.
 """
 from __future__ import annotations
 
@@ -138,7 +138,8 @@ def library_notes(lib_path=None) -> list[str]:
     parts = [f"sm_{arch}: " + ", ".join(f"{k}/{size} {tuple(cfg)}" for k, groups in kernels.items()
                                         for classes in groups.values() for size, cfg in classes.items())
              for arch, kernels in tuned.items()]
-    return notes + ["Triton tile configs tuned (triton/tuned.json, every one run by the checks above): " + "; ".join(parts)]
+    return notes + ["Triton tile configs tuned (triton/tuned.json, every one run by the checks above): "
+                    + "; ".join(parts)]
 
 
 class _Runner:

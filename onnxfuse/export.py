@@ -4,8 +4,9 @@
     res = export.export("llama", zoo.LlamaSpec.from_preset("tiny"), "models/llama-tiny.onnx")
     res.path, res.data_path, res.op_counts
 
-`onnxfuse.export(...)` is the same function. The recipe (JSON in the model's ``metadata_props`` under ``onnxfuse.recipe``) holds the kind, the full config, the
-seed, the dtype, the input spec and the versions that made it; ``onnxfuse verify`` rebuilds the module from it.
+`onnxfuse.export(...)` is the same function. The recipe (JSON in the model's ``metadata_props`` under
+``onnxfuse.recipe``) holds the kind, the full config, the seed, the dtype, the input spec and the versions that
+made it; ``onnxfuse verify`` rebuilds the module from it.
 """
 from __future__ import annotations
 
@@ -166,7 +167,8 @@ def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: st
             os.replace(tmp / data_name, parent / data_name)
             os.replace(tmp_path, out)
         else:
-            if onnxio._weight_bytes(model) < onnxio.EXTERNAL_DATA_THRESHOLD:  # the checker cannot take a proto over 2 GiB
+            # the checker cannot take a proto over 2 GiB
+            if onnxio._weight_bytes(model) < onnxio.EXTERNAL_DATA_THRESHOLD:
                 onnx.checker.check_model(model)
             if total > 3:
                 stage(3, f"{parent / data_name} ({weight_bytes / 1e6:.1f} MB)" if external_data else

@@ -84,7 +84,8 @@ class FuseResult:
             row["nodes_added"] += 1
             row["flops"] = None if row["flops"] is None or m.flops is None else row["flops"] + m.flops
         for row in rows.values():
-            row["flop_share"] = (row["flops"] / self.total_flops) if row["flops"] is not None and self.total_flops else None
+            row["flop_share"] = ((row["flops"] / self.total_flops)
+                                 if row["flops"] is not None and self.total_flops else None)
         return list(rows.values())
 
     @property
@@ -100,7 +101,8 @@ class FuseResult:
                 "nodes_before": self.nodes_before, "nodes_after": self.nodes_after, "total_flops": self.total_flops,
                 "fused_flops": self.fused_flops, "flop_share": self.flop_share, "refusals": self.refusals,
                 "already_fused": self.already_fused, "in_functions": self.in_functions,
-                "ort_fusions": None if self.ort is None else self.ort.to_dict(), "nodes_after_ort": self.nodes_after_ort,
+                "ort_fusions": None if self.ort is None else self.ort.to_dict(),
+                "nodes_after_ort": self.nodes_after_ort,
                 "seconds": round(self.seconds, 3), "output": self.output, "left_to_ort": self.left_to_ort}
 
 
@@ -279,12 +281,12 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
          backend: str | None = None, provider: str | None = None, cpu_isa: str | None = None) -> FuseResult:
     """Fuse the model at `src` and write it to `out` (nothing is written when nothing changed, unless
     `write_unchanged`). `ort=False` skips stage 1 (onnxruntime's fusions); `rules=False` skips stage 2 (onnxfuse's
-    rules), which gives the model a user gets from onnxruntime's fusions alone (bench's ort-optimized variant). `backend` (auto|cpu|cuda|triton), when
-    given, is written into every onnxfuse node's `backend` attribute (the kernel family the library runs for it;
-    default auto). `provider="cpu"` leaves the patterns of CPU_LEFT_TO_ORT[family] to onnxruntime unless `patterns`
-    names them (the result's left_to_ort says which and why); the family is `cpu_isa` (avx512, avx2, generic),
-    default the host's (host.kernel_family()). Raises OnnxfuseError with one line on bad input or when the
-    soundness gate trips."""
+    rules), which gives the model a user gets from onnxruntime's fusions alone (bench's ort-optimized variant).
+    `backend` (auto|cpu|cuda|triton), when given, is written into every onnxfuse node's `backend` attribute (the kernel
+    family the library runs for it; default auto). `provider="cpu"` leaves the patterns of CPU_LEFT_TO_ORT[family] to
+    onnxruntime unless `patterns` names them (the result's left_to_ort says which and why); the family is `cpu_isa`
+    (avx512, avx2, generic), default the host's (host.kernel_family()). Raises OnnxfuseError with one line on bad input
+    or when the soundness gate trips."""
     t0 = time.perf_counter()
     if provider not in (None, "cpu", "cuda"):
         raise OnnxfuseError(f"--provider must be cpu or cuda (got {provider!r})")
@@ -377,7 +379,8 @@ def _metadata_report(result: FuseResult) -> dict:
     return {"ort_fusions": None if result.ort is None else result.ort.to_dict(),
             "patterns": result.table(), "flop_share": result.flop_share, "nodes_before": result.nodes_before,
             "nodes_after": result.nodes_after,
-            "nodes": [{"name": m.node, "op": m.op, "module": m.module, "replaced": len(m.replaced)} for m in result.matches]}
+            "nodes": [{"name": m.node, "op": m.op, "module": m.module, "replaced": len(m.replaced)}
+                      for m in result.matches]}
 
 
 def _external_bytes(proto: onnx.ModelProto, src: pathlib.Path) -> int:

@@ -114,7 +114,8 @@ def summary(desc: dict) -> str:
         text += f"; built-in GEMM {k['gemm_isa']}"
         dnnl = k.get("onednn")
         if dnnl:
-            text += f"; oneDNN {dnnl['isa']}: " + ", ".join(f"{t} {impl or 'none'}" for t, impl in dnnl["matmul"].items())
+            text += f"; oneDNN {dnnl['isa']}: " + ", ".join(f"{t} {impl or 'none'}"
+                                                            for t, impl in dnnl["matmul"].items())
         else:
             text += "; no oneDNN"
     elif k:

@@ -18,7 +18,8 @@ MAX_IR_VERSION = 13  # highest IR version onnxruntime 1.31 loads
 def load(path: str | os.PathLike, load_external_data: bool = True) -> onnx.ModelProto:
     p = pathlib.Path(path)
     if not p.exists():
-        raise OnnxfuseError(f"{p}: no such file; give the path of an .onnx model (e.g. one written by 'onnxfuse export')")
+        raise OnnxfuseError(f"{p}: no such file; give the path of an .onnx model "
+                            "(e.g. one written by 'onnxfuse export')")
     if p.is_dir():
         raise OnnxfuseError(f"{p}: is a directory; give the path of an .onnx model file")
     if p.stat().st_size == 0:
@@ -28,7 +29,8 @@ def load(path: str | os.PathLike, load_external_data: bool = True) -> onnx.Model
     except PermissionError:
         raise OnnxfuseError(f"{p}: not readable (permission denied); fix its permissions or copy it somewhere readable")
     except Exception as e:  # protobuf DecodeError, truncated files, missing external data
-        raise OnnxfuseError(f"{p}: not a readable ONNX model ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'parse error'}); "
+        raise OnnxfuseError(f"{p}: not a readable ONNX model "
+                            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'parse error'}); "
                             "re-export it with 'onnxfuse export'") from None
     if not model.graph.node and not model.graph.output:
         raise OnnxfuseError(f"{p}: not an ONNX model (no graph); re-export it with 'onnxfuse export'")
@@ -61,7 +63,8 @@ def check_output_path(path: str | os.PathLike, force: bool = False) -> pathlib.P
         raise OnnxfuseError(f"{p}: already exists; pass --force to overwrite it or choose another path with -o")
     parent = p.parent if str(p.parent) else pathlib.Path(".")
     if not parent.exists():
-        raise OnnxfuseError(f"{parent}: output directory does not exist; create it first or choose another path with -o")
+        raise OnnxfuseError(f"{parent}: output directory does not exist; "
+                            "create it first or choose another path with -o")
     if not parent.is_dir():
         raise OnnxfuseError(f"{parent}: is not a directory; choose another output path with -o")
     if not os.access(parent, os.W_OK) or not _can_create_in(parent):

@@ -49,7 +49,8 @@ def _rule_set(rules):
 
 
 def _steps():
-    """(name, function(model, applied so far) -> count) in optimize_for_ort's order. Names are the keys its fusion_count uses."""
+    """(name, function(model, applied so far) -> count) in optimize_for_ort's order. Names are the keys its
+    fusion_count uses."""
     c = _core()
     cp = c.common_passes
 

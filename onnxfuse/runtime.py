@@ -32,7 +32,8 @@ def ort():
     try:
         import onnxruntime
     except ImportError:
-        raise OnnxfuseError("onnxruntime is not installed; pip install 'onnxfuse[cpu]' (or 'onnxfuse[gpu]' on a GPU machine)")
+        raise OnnxfuseError("onnxruntime is not installed; pip install 'onnxfuse[cpu]' "
+                            "(or 'onnxfuse[gpu]' on a GPU machine)")
     return onnxruntime
 
 
@@ -154,9 +155,9 @@ def session(model: onnx.ModelProto | str | os.PathLike, provider: str = "cpu", *
     elif provider == "cuda":
         so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     if proto.ir_version > _MAX_IR_VERSION:
-        raise OnnxfuseError(f"the model has IR version {proto.ir_version}, newer than onnxruntime {rt.__version__} loads "
-                            f"(<= {_MAX_IR_VERSION}); re-export it with 'onnxfuse export' (or re-save it with "
-                            "onnx.save after setting model.ir_version = 10)")
+        raise OnnxfuseError(f"the model has IR version {proto.ir_version}, newer than onnxruntime "
+                            f"{rt.__version__} loads (<= {_MAX_IR_VERSION}); re-export it with 'onnxfuse export' "
+                            "(or re-save it with onnx.save after setting model.ir_version = 10)")
     src = source if source is not None else path if path is not None else proto.SerializeToString()
     try:
         return rt.InferenceSession(src, so, providers=providers)
@@ -219,7 +220,8 @@ def check_feeds(sess, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     missing = [n for n in expected if n not in feeds]
     extra = [n for n in feeds if n not in expected]
     if missing or extra:
-        raise OnnxfuseError(f"inputs do not match the model: missing {missing or 'none'}, unexpected {extra or 'none'}; "
+        raise OnnxfuseError(f"inputs do not match the model: missing {missing or 'none'}, "
+                            f"unexpected {extra or 'none'}; "
                             f"the model takes {', '.join(f'{n}{_shape_str(i.shape)}' for n, i in expected.items())}")
     out = {}
     for name, arg in expected.items():
@@ -229,8 +231,8 @@ def check_feeds(sess, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             raise OnnxfuseError(f"input {name!r} has dtype {value.dtype}, the model wants {np.dtype(want).name}; "
                                 f"convert it (e.g. arr.astype(np.{np.dtype(want).name}))")
         if len(value.shape) != len(arg.shape):
-            raise OnnxfuseError(f"input {name!r} has shape {list(value.shape)}, the model wants {_shape_str(arg.shape)}; "
-                                "give an array of that rank")
+            raise OnnxfuseError(f"input {name!r} has shape {list(value.shape)}, "
+                                f"the model wants {_shape_str(arg.shape)}; give an array of that rank")
         for got, dim in zip(value.shape, arg.shape):
             if isinstance(dim, int) and dim != got:
                 raise OnnxfuseError(f"input {name!r} has shape {list(value.shape)}, the model wants "
@@ -266,4 +268,5 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
         with np.load(p) as data:
             return {k: data[k] for k in data.files}
     except Exception as e:
-        raise OnnxfuseError(f"{p}: not a readable .npz ({type(e).__name__}); write it with numpy.savez(name=array, ...)") from None
+        raise OnnxfuseError(f"{p}: not a readable .npz ({type(e).__name__}); "
+                            "write it with numpy.savez(name=array, ...)") from None

@@ -114,7 +114,8 @@ def verify(model_path: str | pathlib.Path, *, module: torch.nn.Module | None = N
         raise OnnxfuseError(f"{model_path}: has no onnxfuse recipe (not written by 'onnxfuse export'); pass "
                             "--module PATH.py:FACTORY to give the PyTorch module")
     if inputs is None and recipe is None:
-        raise OnnxfuseError("verify needs inputs for a module without a recipe: return (module, inputs) from the factory")
+        raise OnnxfuseError("verify needs inputs for a module without a recipe: "
+                            "return (module, inputs) from the factory")
     if dtype == "bf16" and provider == "cpu":
         raise OnnxfuseError(_BF16_CPU)
     stage(0, f"the recipe's {recipe['kind']} module in fp32" if module is None else

@@ -74,7 +74,8 @@ class LlamaSpec:
         allowed = {"gate_proj", "up_proj", "down_proj", "q_proj", "k_proj", "v_proj", "o_proj"}
         bad = [t for t in self.lora_targets if t not in allowed]
         if bad:
-            raise OnnxfuseError(f"--lora-targets: unknown module(s) {', '.join(bad)}; choose from {', '.join(sorted(allowed))}")
+            raise OnnxfuseError(f"--lora-targets: unknown module(s) {', '.join(bad)}; "
+                                f"choose from {', '.join(sorted(allowed))}")
 
     def config(self):
         from transformers import LlamaConfig

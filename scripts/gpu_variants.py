@@ -198,7 +198,8 @@ def main(argv=None) -> int:
         args.output.write_text(json.dumps({"device": torch.cuda.get_device_name(0), "library": lib, "rows": rows},
                                           indent=1))
     failed = [r for r in rows if any(k.endswith("_error") for k in r)]
-    print(f"{len(rows)} variants timed, {len(failed)} with errors" + (f"; JSON in {args.output}" if args.output else ""))
+    print(f"{len(rows)} variants timed, {len(failed)} with errors"
+          + (f"; JSON in {args.output}" if args.output else ""))
     return 1 if failed else 0
 
 

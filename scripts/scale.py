@@ -141,9 +141,11 @@ def main() -> int:
     import torch
     result = {"date": datetime.date.today().isoformat(), "machine": {"cpus": os.cpu_count(),
               "mem_total_bytes": int(pathlib.Path("/proc/meminfo").read_text().split()[1]) * 1024,
-              "platform": platform.platform()}, "versions": {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__},
+              "platform": platform.platform()},
+              "versions": {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__},
               "preset": "llama2-7b", "dtype": "fp16", "rows": rows, "goals": goals}
-    out = pathlib.Path(args.output) if args.output else ROOT / "benchmarks" / "results" / f"scale-cpu-{result['date']}.json"
+    out = (pathlib.Path(args.output) if args.output
+           else ROOT / "benchmarks" / "results" / f"scale-cpu-{result['date']}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     gib = 2**30
@@ -151,10 +153,12 @@ def main() -> int:
           f"{'fuse RSS GiB':>12} {'fuse RSS/w':>10}")
     for r in rows:
         if "fuse" not in r:
-            print(f"{r['layers']:>3} {r['weight_bytes_expected'] / gib:>11.2f}  skipped/failed: {r.get('skipped') or r.get('error', '')[:160]}")
+            print(f"{r['layers']:>3} {r['weight_bytes_expected'] / gib:>11.2f}  "
+                  f"skipped/failed: {r.get('skipped') or r.get('error', '')[:160]}")
             continue
         print(f"{r['layers']:>3} {r['weight_bytes'] / gib:>11.2f} {r['nodes_before']:>5}->{r['nodes_after']:<5} "
-              f"{r['export']['seconds']:>9.1f} {r['export']['peak_rss_bytes'] / gib:>14.2f} {r['fuse']['seconds']:>7.1f} "
+              f"{r['export']['seconds']:>9.1f} {r['export']['peak_rss_bytes'] / gib:>14.2f} "
+              f"{r['fuse']['seconds']:>7.1f} "
               f"{r['fuse']['peak_rss_bytes'] / gib:>12.2f} {r['fuse']['rss_over_weights']:>10.2f}")
     print(f"goals: {json.dumps(goals)}\nwrote {out}")
     return 0

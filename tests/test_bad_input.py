@@ -154,7 +154,8 @@ def test_run_wrong_inputs(dlrm_model, tmp_path, capsys, case, needle):
     dense = np.zeros((32, 13), np.float32)
     sparse = np.zeros((32, 26), np.int64)
     arrays = {"names": dict(dense=dense, ids=sparse), "shape": dict(dense=dense[:, :12], sparse=sparse),
-              "rank": dict(dense=dense[:, 0], sparse=sparse), "dtype": dict(dense=dense.astype(np.float64), sparse=sparse)}
+              "rank": dict(dense=dense[:, 0], sparse=sparse),
+              "dtype": dict(dense=dense.astype(np.float64), sparse=sparse)}
     inputs = _npz(tmp_path / "in.npz", **arrays[case])
     assert cli.main(["run", str(dlrm_model[0]), "--inputs", inputs, "-o", str(tmp_path / "out.npz")]) == 2
     assert needle in _err_line(capsys)

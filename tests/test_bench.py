@@ -128,7 +128,8 @@ def test_json_flag_prints_results(cache_dir, tmp_path, capsys):
 
 def _synthetic(unfused: float, fused: float, compiled: float) -> dict:
     def timed(ms):
-        return {"median_ms": ms, "p10_ms": ms, "p90_ms": ms, "runs": 50, "tflops": 1.0, "gbs": 1.0, "roofline_pct": 50.0}
+        return {"median_ms": ms, "p10_ms": ms, "p90_ms": ms, "runs": 50, "tflops": 1.0, "gbs": 1.0,
+                "roofline_pct": 50.0}
     variants = {name: {"skipped": "not selected"} for name in bench.VARIANTS}
     variants.update({"ort-unfused": timed(unfused), "ort-unfused+graph": timed(unfused * 0.98),
                      "fused-cuda": timed(fused * 1.1), "fused-triton": timed(fused), "torch-compile": timed(compiled),

@@ -75,7 +75,8 @@ def test_from_json_reports_flags_in_json(tmp_path, capsys):
 def test_results_never_go_to_the_current_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     here = bench.results_dir()
-    assert here == pathlib.Path(bench.__file__).resolve().parents[2] / "benchmarks" / "results" / "local"  # the checkout's
+    # the checkout's
+    assert here == pathlib.Path(bench.__file__).resolve().parents[2] / "benchmarks" / "results" / "local"
     assert subprocess.run(["git", "check-ignore", "-q", str(here / "x.json")], cwd=here.parents[2]).returncode == 0
     # installed from a wheel (no checkout around the package): the user data dir
     monkeypatch.setattr(bench.report, "__file__", str(tmp_path / "site-packages" / "onnxfuse" / "bench" / "report.py"))

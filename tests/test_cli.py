@@ -1,4 +1,5 @@
-"""The CLI's contract: every command has help, -q and --json, and exit codes 0 ok / 1 goal or check failed / 2 bad input."""
+"""The CLI's contract: every command has help, -q and --json, and exit codes 0 ok / 1 goal or check failed /
+2 bad input."""
 from __future__ import annotations
 
 import json
@@ -7,8 +8,8 @@ import pytest
 
 from onnxfuse import cli
 
-COMMANDS = [["export", "llama"], ["export", "dlrm"], ["fuse"], ["verify"], ["run"], ["build"], ["cache"], ["doctor"], ["bench"],
-            ["view"], ["info"]]
+COMMANDS = [["export", "llama"], ["export", "dlrm"], ["fuse"], ["verify"], ["run"], ["build"], ["cache"], ["doctor"],
+            ["bench"], ["view"], ["info"]]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
@@ -28,8 +29,8 @@ def test_commands_that_write_files_take_dash_o(command, capsys):
 
 @pytest.mark.parametrize("argv", [
     ["no-such-command"], ["export"], ["export", "llama", "--dtype", "fp64"], ["fuse"], ["verify"],
-    ["run", "/nonexistent.onnx"], ["view", "/nonexistent.onnx", "--no-browser"], ["bench", "no-such-case", "--device", "cpu"],
-    ["build", "--backends", "fortran"],
+    ["run", "/nonexistent.onnx"], ["view", "/nonexistent.onnx", "--no-browser"],
+    ["bench", "no-such-case", "--device", "cpu"], ["build", "--backends", "fortran"],
 ])
 def test_bad_input_exits_2_with_one_line(argv, capsys):
     assert cli.main(argv) == 2

@@ -15,7 +15,8 @@ from onnxfuse import cli, export, fuse, onnxio, soundness, verify, zoo
 
 def _locations(path: pathlib.Path) -> set[str]:
     m = onnx.load(str(path), load_external_data=False)
-    return {e.value for t in m.graph.initializer if uses_external_data(t) for e in t.external_data if e.key == "location"}
+    return {e.value for t in m.graph.initializer if uses_external_data(t)
+            for e in t.external_data if e.key == "location"}
 
 
 def _assert_external(path: pathlib.Path) -> None:

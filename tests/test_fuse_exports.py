@@ -98,8 +98,8 @@ def test_annotations_and_report(exported, tmp_path):
                       "onnxfuse/rotary_embedding/model.layers.1.self_attn",
                       "onnxfuse/rotary_embedding/model.layers.1.self_attn#2"]
     doc = nodes[0].doc_string
-    for needle in ("replaced 5 nodes", "(MatMul)", "(Sigmoid)", "  X [2,16,64]", "module: model.layers.0.mlp", "float", "triton", "cuda", "cpu",
-                   "chosen"):
+    for needle in ("replaced 5 nodes", "(MatMul)", "(Sigmoid)", "  X [2,16,64]", "module: model.layers.0.mlp", "float",
+                   "triton", "cuda", "cpu", "chosen"):
         assert needle in doc, needle
     assert max(len(line) for line in doc.splitlines()) <= 64, "Netron shows doc lines unwrapped in a narrow panel"
     assert not [p.key for p in nodes[0].metadata_props if p.key.startswith("pkg.torch")]
@@ -199,7 +199,8 @@ def test_fuse_provider_cpu_on_avx2_fuses_the_dlrm_embeddings_and_leaves_its_mlps
 def test_cpu_table_of_a_small_host_family_only_holds_on_small_hosts():
     """The avx512 table was measured on 2 cores; on 16 threads every GEMM pattern won, so nothing is left out."""
     from onnxfuse import cpu_policy
-    assert set(cpu_policy.cpu_left_to_ort("avx512", threads=2, onednn=True)) == set(cpu_policy.CPU_LEFT_TO_ORT["avx512"])
+    assert (set(cpu_policy.cpu_left_to_ort("avx512", threads=2, onednn=True))
+            == set(cpu_policy.CPU_LEFT_TO_ORT["avx512"]))
     assert cpu_policy.cpu_left_to_ort("avx512", threads=16, onednn=True) == {}
     assert (cpu_policy.cpu_left_to_ort("avx2", threads=16, onednn=True)
             == cpu_policy.cpu_left_to_ort("avx2", threads=2, onednn=True))

@@ -1,7 +1,7 @@
-"""Checkpoints to text through onnxruntime-genai (onnxfuse.genai): the family matrix (tiny random checkpoints of
-Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2 and Gemma 3 saved with save_pretrained) through genai's model builder,
-fused with every rule, verified against the transformers CausalLM (prefill and 16 decode steps of logits through the
-KV cache, 32 greedy tokens token for token), with the builder's and the fused folder's node counts pinned in
+"""Checkpoints to text through onnxruntime-genai (onnxfuse.genai): the family matrix (tiny random checkpoints of Llama,
+Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2 and Gemma 3 saved with save_pretrained) through genai's model builder,
+fused with every rule, verified against the transformers CausalLM (prefill and 16 decode steps of logits through the KV
+cache, 32 greedy tokens token for token), with the builder's and the fused folder's node counts pinned in
 tests/data/genai_signatures.json (a builder upgrade that changes its graphs fails here instead of silently losing
 fusions); the CLI from a checkpoint to text; and bad input, each one line with nothing written."""
 from __future__ import annotations
@@ -73,7 +73,8 @@ def test_family_builds_fuses_and_verifies(checkpoints, tmp_path, family):
     result = genai.verify_folder(out, source=resolve(str(ckpt), tmp_path), prompt_ids=PROMPT)
     assert result.passed, result.to_dict()
     assert result.tokens.first_divergence is None and len(result.tokens.onnx) == 32
-    assert result.library and result.fused_nodes == sum(n for op, n in fused_counts.items() if op.startswith("onnxfuse"))
+    assert result.library and result.fused_nodes == sum(n for op, n in fused_counts.items()
+                                                        if op.startswith("onnxfuse"))
 
 
 def test_a_failed_build_leaves_nothing_and_keeps_the_log(checkpoints, tmp_path, monkeypatch):

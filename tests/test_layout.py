@@ -25,7 +25,8 @@ MAX_FUNCTION_LINES = 80
 LONG_FUNCTIONS = {
     "onnxfuse/kernels/ops_header.py:render": "the template of the generated C++ header: its length is that header's",
 }
-# The bench package keeps the bench command's parser (bench/command.py: register(subparsers)), which the cli package calls.
+# The bench package keeps the bench command's parser (bench/command.py: register(subparsers)), which the cli package
+# calls.
 BENCH = ("onnxfuse/bench/",)
 # kernels/triton/ is no package (no __init__.py): Triton kernel sources and aot.py, which the CMake build runs as a
 # script (`python aot.py --out ...`, its own argparse) to compile the kernels ahead of time.
@@ -96,9 +97,9 @@ def _all_imports(tree: ast.Module):
 
 
 def import_graph(inside_functions: bool = False) -> dict[str, set[str]]:
-    """module -> the onnxfuse modules its module-level imports (with inside_functions, all its imports) load. `from P import x` loads P.x when that is a
-    module, else P; importing a.b also runs the __init__ of each package on the way that is not the importer's own
-    (its own packages are already loading when it runs)."""
+    """module -> the onnxfuse modules its module-level imports (with inside_functions, all its imports) load.
+    `from P import x` loads P.x when that is a module, else P; importing a.b also runs the __init__ of each package on
+    the way that is not the importer's own (its own packages are already loading when it runs)."""
     modules = _modules()
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():

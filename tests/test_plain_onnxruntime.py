@@ -44,7 +44,8 @@ def stable_library() -> str:
 
 def _snippet(lang: str) -> str:
     blocks = re.findall(rf"```{lang}\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
-    section = (ROOT / "README.md").read_text().split("## Using a fused model without onnxfuse", 1)[1].split("\n## ", 1)[0]
+    section = ((ROOT / "README.md").read_text().split("## Using a fused model without onnxfuse", 1)[1]
+               .split("\n## ", 1)[0])
     found = [b for b in blocks if b in section]
     assert len(found) == 1, f"one {lang} block expected in the README section"
     return found[0]
@@ -128,5 +129,5 @@ def test_library_exports_register_custom_ops(stable_library):
     if shutil.which("nm") is None:
         pytest.skip("needs nm")
     out = subprocess.run(["nm", "-D", "--defined-only", stable_library], capture_output=True, text=True).stdout
-    assert sorted(ln.split()[-1] for ln in out.splitlines() if ln.strip()) == ["RegisterCustomOps",
-                                                                               "onnxfuse_build_info", "onnxfuse_host_info"]
+    assert sorted(ln.split()[-1] for ln in out.splitlines() if ln.strip()) == [
+        "RegisterCustomOps", "onnxfuse_build_info", "onnxfuse_host_info"]

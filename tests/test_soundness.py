@@ -207,7 +207,8 @@ def test_new_initializer_names_do_not_clash_with_existing_ones(tmp_path):
              _init("b3_N", _rand((M, N), 6))]
     nodes = [mk("Gemm", ["X", "W"], ["z1"], transB=1), mk("Relu", ["z1"], ["h1"]),
              mk("Add", ["h1", "W_KxN"], ["h1b"]),
-             mk("MatMul", ["h1b", "W2"], ["z2"]), mk("Relu", ["z2"], ["h2"]), mk("Add", ["h2", "W2_zero_bias"], ["h2b"]),
+             mk("MatMul", ["h1b", "W2"], ["z2"]), mk("Relu", ["z2"], ["h2"]),
+             mk("Add", ["h2", "W2_zero_bias"], ["h2b"]),
              mk("MatMul", ["h2b", "W3"], ["xw3"]), mk("Add", ["xw3", "b3"], ["z3"]), mk("Relu", ["z3"], ["h3"]),
              mk("Add", ["h3", "b3_N"], ["Y"])]
     model = _model(nodes, [_vi("X", [M, K])], [_vi("Y", [M, N])], inits)

@@ -1,11 +1,11 @@
-"""Random graphs that mix fusable subgraphs with near-misses (hypothesis): chains of Linear+activation, gated MLP
-and LoRA blocks, each with perturbations that change its semantics (an initializer that is also a graph input, a
-bias or scale that raises the rank, Gemm alpha/beta, an activation no op fuses, a SiLU that is not one, a GELU
-or quick_gelu constant off by 0.1 %, a merged gate_up projection cut into the same chunk twice or in [up | gate]
-order, an intermediate that is also a graph output). Every graph is fused; the fused model must load and give the original's
-outputs in onnxruntime (CPU EP, library registered) for the default feeds, for feeds that override every
-overridable initializer, and for an X whose rows hold NaN, +-Inf, -0 and subnormals (NaN and +-Inf exactly where
-the original has them: IEEE semantics). A fusion that changes a value or a shape fails here.
+"""Random graphs that mix fusable subgraphs with near-misses (hypothesis): chains of Linear+activation, gated MLP and
+LoRA blocks, each with perturbations that change its semantics (an initializer that is also a graph input, a bias or
+scale that raises the rank, Gemm alpha/beta, an activation no op fuses, a SiLU that is not one, a GELU or quick_gelu
+constant off by 0.1 %, a merged gate_up projection cut into the same chunk twice or in [up | gate] order, an
+intermediate that is also a graph output). Every graph is fused; the fused model must load and give the original's
+outputs in onnxruntime (CPU EP, library registered) for the default feeds, for feeds that override every overridable
+initializer, and for an X whose rows hold NaN, +-Inf, -0 and subnormals (NaN and +-Inf exactly where the original has
+them: IEEE semantics). A fusion that changes a value or a shape fails here.
 
 Graphs per profile (quick in CI, nightly): tests/fuzzing.py. The other rule families (rotary, embedding, DLRM
 interactions and bags): test_soundness_random_families.py.
@@ -77,7 +77,8 @@ class Builder:
 def linear_block(b: Builder, x: str, shape: tuple) -> tuple[str, tuple]:
     k, n = shape[-1], b.draw(st.integers(1, 12))
     rank2 = len(shape) == 2
-    form = b.draw(st.sampled_from(["gemm_c", "gemm_add", "matmul_add", "matmul"] if rank2 else ["matmul_add", "matmul"]))
+    form = b.draw(st.sampled_from(["gemm_c", "gemm_add", "matmul_add", "matmul"] if rank2
+                                  else ["matmul_add", "matmul"]))
     w = b.weight(k, n)
     out_shape = shape[:-1] + (n,)
     if form.startswith("gemm"):

@@ -316,7 +316,8 @@ def test_quiet_and_json_on_the_model_commands(fused_tiny, tmp_path, capfd):
     """-q prints nothing at all; --json prints one JSON document on stdout and nothing on stderr."""
     src, fused = fused_tiny
     runs = {
-        "fuse": (["fuse", str(src), "-o", str(tmp_path / "q.onnx")], ["fuse", str(src), "-o", str(tmp_path / "j.onnx")]),
+        "fuse": (["fuse", str(src), "-o", str(tmp_path / "q.onnx")],
+                 ["fuse", str(src), "-o", str(tmp_path / "j.onnx")]),
         "run": (["run", str(fused)], ["run", str(fused)]),
         "cache": (["cache"], ["cache"]),
         "build": (["build", "--print-path"], ["build", "--print-path"]),

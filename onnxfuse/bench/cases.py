@@ -336,7 +336,8 @@ CASES: dict[str, CaseDef] = {c.name: c for c in (
 )}
 
 
-def workloads(names: list[str], dtype: str, seed: int, quick: bool, sizes: list[int] | None, layers: int) -> list[Workload]:
+def workloads(names: list[str], dtype: str, seed: int, quick: bool, sizes: list[int] | None,
+              layers: int) -> list[Workload]:
     out = []
     for name in names:
         if name not in CASES:

@@ -3,7 +3,8 @@
 register(subparsers) adds the `bench` subcommand to onnxfuse.cli's parser: the one parser of the command
 (`python -m onnxfuse bench ...` is the same command). cli_main(args), which onnxfuse.cli dispatches,
 runs the benchmark (or re-reads a results file with --from-json, only plots one: `bench plot RESULTS.json
-[-o PNG]`, or prints the README's markdown table of several: `bench table R.json [R2.json ...]`), writes the JSON and the plot, prints the table, and returns 1 when --check-goals finds a goal missed.
+[-o PNG]`, or prints the README's markdown table of several: `bench table R.json [R2.json ...]`), writes the
+JSON and the plot, prints the table, and returns 1 when --check-goals finds a goal missed.
 """
 from __future__ import annotations
 
@@ -46,8 +47,8 @@ def _variant_list(text: str) -> list[str]:
 
 
 def register(subparsers, parser_class=None) -> argparse.ArgumentParser:
-    """Add the `bench` subcommand, with all its arguments, to the cli package's subparsers; its func(args) (cli_main) returns
-    the exit code.
+    """Add the `bench` subcommand, with all its arguments, to the cli package's subparsers; its func(args)
+    (cli_main) returns the exit code.
 
     parser_class is accepted for symmetry with the cli package (its subparsers already create parsers of that class).
     """

@@ -78,7 +78,8 @@ def evaluate_goals(case: dict, run: dict, goals=GOALS) -> list[dict]:
         if why is not None:
             row.update(status="n/a", reason=why)
         elif value is None:
-            row.update(status="unmeasured", reason=f"{g.metric} could not be computed (a variant was skipped or failed)")
+            row.update(status="unmeasured",
+                       reason=f"{g.metric} could not be computed (a variant was skipped or failed)")
         else:
             row["status"] = "pass" if value >= g.threshold else "miss"
         rows.append(row)

@@ -103,7 +103,8 @@ def measure_ceilings(dev: Device, dtype: str, quick: bool) -> dict:
     del x, y
     return {"peak_tflops": _digits(rates_[best]), "peak_gemm": f"{best} {n}x{n}x{n} {dtype}, best of {runs}",
             "peak_by_library": {k: _digits(v) for k, v in rates_.items()},
-            "bandwidth_gbs": round(bw, 1), "bandwidth_copy": f"copy_ of {numel * 4 >> 20} MiB (read + write counted), best of {runs}"}
+            "bandwidth_gbs": round(bw, 1),
+            "bandwidth_copy": f"copy_ of {numel * 4 >> 20} MiB (read + write counted), best of {runs}"}
 
 
 def _digits(tflops: float) -> float:
@@ -184,7 +185,8 @@ class OrtRun:
         if device == "cuda":
             opts["use_tf32"] = "1" if tf32 else "0"
             if not cuda_graph:
-                opts.update(has_user_compute_stream="1", user_compute_stream=str(torch.cuda.current_stream().cuda_stream))
+                opts.update(has_user_compute_stream="1",
+                            user_compute_stream=str(torch.cuda.current_stream().cuda_stream))
                 self.stream = "torch"
             else:
                 self.stream = "ort"
@@ -271,6 +273,7 @@ def profile_kernels(fn, dev: Device, runs: int = 20, top: int = 25) -> dict:
             kernels.setdefault(e.name, []).append(float(dur))
     total = sum(sum(v) for v in kernels.values())
     rows = sorted(((name, sum(v) / runs, len(v) / runs) for name, v in kernels.items()), key=lambda r: -r[1])
-    return {"gpu_kernel_us": round(total / runs, 2), "kernels_per_run": round(sum(len(v) for v in kernels.values()) / runs, 1),
+    return {"gpu_kernel_us": round(total / runs, 2),
+            "kernels_per_run": round(sum(len(v) for v in kernels.values()) / runs, 1),
             "top_kernels": [{"name": n[:120], "us_per_run": round(t, 2), "calls_per_run": round(c, 2)}
                             for n, t, c in rows[:top]]}

@@ -158,7 +158,8 @@ def format_table(result: dict) -> str:
             else:
                 skipped.setdefault(v.get("skipped", "?"), []).append(name)
         if skipped:  # one line per case, variants grouped by reason
-            lines.append("  skipped: " + "; ".join(f"{', '.join(names)} ({reason})" for reason, names in skipped.items()))
+            lines.append("  skipped: " + "; ".join(f"{', '.join(names)} ({reason})"
+                                                   for reason, names in skipped.items()))
         for flag in c.get("flags", []):
             lines.append(f"  flag: {flag}")
         r = c.get("ratios", {})
@@ -263,7 +264,8 @@ def plot(result: dict, path) -> pathlib.Path | None:
         names = [v for v in VARIANTS if any("median_ms" in e["variants"].get(v, {}) for e in entries)]
         if len(set(xs)) > 1:  # perf-report style: median ms vs size, one line per variant, p10-p90 error bars
             for name in names:
-                pts = [(x, e["variants"][name]) for x, e in zip(xs, entries) if "median_ms" in e["variants"].get(name, {})]
+                pts = [(x, e["variants"][name]) for x, e in zip(xs, entries)
+                       if "median_ms" in e["variants"].get(name, {})]
                 style = "--" if name.startswith("torch") else ("-." if name.startswith("ort") else "-")
                 med = [v["median_ms"] for _, v in pts]
                 err = [[max(v["median_ms"] - v.get("p10_ms", v["median_ms"]), 0) for _, v in pts],

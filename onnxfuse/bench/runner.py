@@ -78,7 +78,8 @@ def _resolve(opts: Options) -> Options:
     if o.sizes and min(o.sizes) <= 0:
         raise OnnxfuseError("--sizes must be positive")
     if o.lib is not None and not pathlib.Path(o.lib).is_file():
-        raise OnnxfuseError(f"--lib {o.lib}: no such file; give a built libonnxfuse_ops.so ('onnxfuse build' prints its path)")
+        raise OnnxfuseError(f"--lib {o.lib}: no such file; give a built libonnxfuse_ops.so "
+                            "('onnxfuse build' prints its path)")
     o.cache_dir = pathlib.Path(o.cache_dir)
     return o
 

@@ -33,7 +33,8 @@ def _add_session_args(p) -> None:
     """Flags of the commands that run a model in onnxruntime (verify, run)."""
     p.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="execution provider (default cpu)")
     p.add_argument("--require-library", action="store_true",
-                   help="fail (exit 2) instead of falling back to the function bodies when the kernel library is unavailable")
+                   help="fail (exit 2) instead of falling back to the function bodies when the kernel library "
+                        "is unavailable")
     p.add_argument("--backend", choices=BACKENDS,
                    help="run every onnxfuse node with this kernel family (sets the nodes' backend attribute on an "
                         "in-memory copy; default: what the model says)")

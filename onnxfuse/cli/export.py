@@ -36,7 +36,8 @@ def _export_llama(args) -> int:
         if args.lora_targets:
             overrides["lora_targets"] = tuple(args.lora_targets)
     spec = zoo.LlamaSpec.from_preset(args.preset, **overrides)
-    name = f"llama-{args.preset}-{'mlp' if args.mlp_only else f'{args.layers}l'}{f'-lora{args.lora_rank}' if args.lora_rank else ''}-{args.dtype}"
+    name = (f"llama-{args.preset}-{'mlp' if args.mlp_only else f'{args.layers}l'}"
+            f"{f'-lora{args.lora_rank}' if args.lora_rank else ''}-{args.dtype}")
     return _run_export(args, "llama", spec, name)
 
 

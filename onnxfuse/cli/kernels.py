@@ -140,7 +140,8 @@ def register(sub) -> None:
     bu.add_argument("--arch", metavar="A1,A2", help="CUDA architectures, e.g. 90 or 80,90 (default 90)")
     bu.add_argument("--backends", type=_backend_list, metavar="B1,B2",
                     help="comma list of cpu,cuda,triton (default: all this machine can build)")
-    bu.add_argument("--force", action="store_true", help="rebuild even if a cached build exists, or retry one that failed")
+    bu.add_argument("--force", action="store_true",
+                    help="rebuild even if a cached build exists, or retry one that failed")
     bu.add_argument("--print-path", action="store_true",
                     help="print only the stable path of the library (<cache>/stable/<configuration>/"
                          "libonnxfuse_ops.so, e.g. stable/cpu-cuda-triton-sm90; only a build of the same backends "

@@ -44,7 +44,8 @@ def _run(args) -> int:
         recipe = export.read_recipe(model)
         if recipe:
             spec = zoo.spec_from_dict(recipe["kind"], recipe["spec"])
-            feeds = {k: t.numpy() for k, t in zoo.make_inputs(recipe["kind"], spec, recipe["seed"], recipe["dtype"]).items()}
+            feeds = {k: t.numpy() for k, t in
+                     zoo.make_inputs(recipe["kind"], spec, recipe["seed"], recipe["dtype"]).items()}
         else:
             feeds = runtime.random_feeds(sess)
     feeds = runtime.check_feeds(sess, feeds)
@@ -94,7 +95,8 @@ def _fuse(args) -> int:
                       f"{'wrote an unchanged copy to ' + str(out) if res.output else 'nothing written'}")
         else:
             con.print(f"no subgraph of {args.model} matched {', '.join(args.patterns or f.PATTERNS)}; "
-                      f"{'wrote an unchanged copy to ' + str(out) if res.output else 'nothing written (pass --write-unchanged to copy it anyway)'}")
+                      + ('wrote an unchanged copy to ' + str(out) if res.output
+                         else 'nothing written (pass --write-unchanged to copy it anyway)'))
     else:
         stage = "stage 2, onnxfuse" if res.ort is not None else "onnxfuse"
         if res.matches:

@@ -53,7 +53,8 @@ def register(sub) -> None:
                                    "tokens/s go to stderr at the end.")
     g.add_argument("folder", metavar="DIR", help="a genai model folder ('onnxfuse export hf' or the builder made it)")
     g.add_argument("--prompt", required=True, help="the prompt text")
-    g.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template as a user turn")
+    g.add_argument("--chat", action="store_true",
+                   help="wrap the prompt in the tokenizer's chat template as a user turn")
     g.add_argument("--max-new-tokens", type=positive_int, default=128, help="new tokens at most (default 128)")
     g.add_argument("--greedy", action="store_true", help="pick the most likely token (the default unless "
                    "--temperature/--top-p/--top-k/--seed is given)")

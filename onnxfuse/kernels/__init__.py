@@ -31,7 +31,8 @@ from .toolchain import BuildError, auto_backends, available_backends
 
 __all__ = ["BuildError", "BuildResult", "announcements", "auto_backends", "available_backends", "build", "build_dir",
            "build_info", "cache_entries", "clean", "find_cached", "host_info", "library_path", "link_stable",
-           "needed_backends", "register", "registered_library", "session_options", "stable_links", "stable_name", "stable_path"]
+           "needed_backends", "register", "registered_library", "session_options", "stable_links", "stable_name",
+           "stable_path"]
 
 _resolved: dict[tuple, pathlib.Path] = {}
 _announce = [True]
@@ -109,7 +110,8 @@ def host_info(path: str | os.PathLike | None = None) -> dict:
     try:
         fn = lib.onnxfuse_host_info
     except AttributeError:
-        raise BuildError(f"{path or library_path()} predates onnxfuse_host_info; rebuild it ('onnxfuse build')") from None
+        raise BuildError(f"{path or library_path()} predates onnxfuse_host_info; "
+                         "rebuild it ('onnxfuse build')") from None
     fn.restype = ctypes.c_char_p
     return json.loads(fn().decode())
 

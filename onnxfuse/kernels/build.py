@@ -242,9 +242,9 @@ def _stages_for(backends: list[str]) -> list[str]:
 def build(arch=None, backends=None, force: bool = False, quiet: bool = False, on_build_start=None) -> BuildResult:
     """Build (or reuse) the library for `backends` (default: all available) and CUDA `arch` (default 90).
 
-    A cached build of the same inputs is reused; a remembered failure of the same inputs is raised at once unless force=True. Stages are
-    reported on stderr unless quiet. `on_build_start(plan)` is called when an actual compile begins (after the
-    cache and failure checks), e.g. to say where the log is.
+    A cached build of the same inputs is reused; a remembered failure of the same inputs is raised at once unless
+    force=True. Stages are reported on stderr unless quiet. `on_build_start(plan)` is called when an actual compile
+    begins (after the cache and failure checks), e.g. to say where the log is.
     """
     t0 = time.monotonic()
     header_log: list[str] = []
@@ -338,7 +338,8 @@ def _compile(p: Plan, log, progress: _Progress) -> None:
                f"-DONNXFUSE_WITH_TRITON={'ON' if 'triton' in p.backends else 'OFF'}",
                f"-DONNXFUSE_CUDA_ARCHS={';'.join(p.archs) or '90'}", f"-DONNXFUSE_PYTHON={sys.executable}"]
         if p.onednn is not None:
-            cfg += [f"-DONNXFUSE_ONEDNN_INCLUDE_DIR={p.onednn.include_dir}", f"-DONNXFUSE_ONEDNN_LIBRARY={p.onednn.lib}"]
+            cfg += [f"-DONNXFUSE_ONEDNN_INCLUDE_DIR={p.onednn.include_dir}",
+                    f"-DONNXFUSE_ONEDNN_LIBRARY={p.onednn.lib}"]
         if p.nvcc:
             cfg += [f"-DCMAKE_CUDA_COMPILER={p.nvcc}", f"-DCUDAToolkit_ROOT={p.nvcc.parent.parent}"]
         run("configure", cfg)

@@ -125,7 +125,8 @@ def entries(key_now=None) -> list[dict]:
         if key_now is not None and lib.is_file():
             status = "ok" if key_now(info) == d.name else "stale"
         out.append({"key": d.name, "status": status, "backends": info.get("backends", []),
-                    "archs": info.get("archs", []), "size_bytes": _dir_size(d), "age_s": round(now - d.stat().st_mtime), "path": str(d),
+                    "archs": info.get("archs", []), "size_bytes": _dir_size(d),
+                    "age_s": round(now - d.stat().st_mtime), "path": str(d),
                     "stable": links.get(d.name, []), "cubins": (info.get("artifacts") or {}).get("triton_cubins")})
     for f in sorted((root / "failed").glob("*.json")) if (root / "failed").is_dir() else []:
         try:
@@ -133,7 +134,8 @@ def entries(key_now=None) -> list[dict]:
         except (OSError, ValueError):
             continue
         out.append({"key": rec.get("key", f.stem), "status": "failed", "backends": rec.get("backends", []),
-                    "archs": rec.get("archs", []), "size_bytes": f.stat().st_size, "age_s": round(now - f.stat().st_mtime), "path": str(f),
+                    "archs": rec.get("archs", []), "size_bytes": f.stat().st_size,
+                    "age_s": round(now - f.stat().st_mtime), "path": str(f),
                     "stable": [], "stage": rec.get("stage"), "log": rec.get("log"), "cubins": None})
     return out
 

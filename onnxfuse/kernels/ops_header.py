@@ -116,12 +116,14 @@ def render() -> str:
     add("enum onnxfuse_gate_act { " + ", ".join(f"ONNXFUSE_GATE_{_upper(a)} = {i}"
                                               for i, a in enumerate(schema.GATE_ACTIVATIONS)) + " };")
     add(f"#define ONNXFUSE_NUM_GATE_ACTIVATIONS {len(schema.GATE_ACTIVATIONS)}")
-    add(f"#define ONNXFUSE_QUICK_GELU_ALPHA {float(schema.QUICK_GELU_ALPHA)!r}f  /* quick_gelu: x * sigmoid(alpha * x) */")
+    add(f"#define ONNXFUSE_QUICK_GELU_ALPHA {float(schema.QUICK_GELU_ALPHA)!r}f  "
+        "/* quick_gelu: x * sigmoid(alpha * x) */")
     add(f"#define ONNXFUSE_GELU_TANH_COEFF {float(schema.GELU_TANH_COEFF)!r}f  /* gelu_tanh: the x^3 coefficient */")
     add("/* How the GPU runs an MLPStack (schema.STACK_MODES; attribute stack_mode). */")
     add("enum onnxfuse_stack_mode { " + ", ".join(f"ONNXFUSE_STACK_{_upper(m)} = {i}"
                                                 for i, m in enumerate(schema.STACK_MODES)) + " };")
-    add("/* The embedding ops' interaction and hash (schema.INTERACTIONS, schema.HASHES; attributes interaction, hash). */")
+    add("/* The embedding ops' interaction and hash (schema.INTERACTIONS, schema.HASHES; "
+        "attributes interaction, hash). */")
     add("enum onnxfuse_interaction { " + ", ".join(f"ONNXFUSE_INTERACTION_{_upper(m)} = {i}"
                                                  for i, m in enumerate(schema.INTERACTIONS)) + " };")
     add("enum onnxfuse_hash { " + ", ".join(f"ONNXFUSE_HASH_{_upper(m)} = {i}" for i, m in enumerate(schema.HASHES))

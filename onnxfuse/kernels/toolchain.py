@@ -82,7 +82,8 @@ def _fetch_trixie_headers(dest: pathlib.Path, log: list[str]) -> bool:
             f"Signed-By: {keyring}\n")
         opts = ["-oDir::Etc::SourceList=/dev/null", f"-oDir::Etc::SourceParts={d}", f"-oDir::State::Lists={d}/lists",
                 f"-oDir::Cache={d}/cache"]
-        for cmd, cwd in ((["apt-get", *opts, "update"], None), (["apt-get", *opts, "download", "libonnxruntime-dev"], d)):
+        for cmd, cwd in ((["apt-get", *opts, "update"], None),
+                         (["apt-get", *opts, "download", "libonnxruntime-dev"], d)):
             p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
             log.append(f"$ {' '.join(cmd)}\n{p.stdout}{p.stderr}")
             if p.returncode != 0:

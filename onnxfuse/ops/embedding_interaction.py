@@ -24,7 +24,8 @@ _EMBEDDING_DOC = (
     "table_offsets[f] is the first row of feature f's table and cardinality[f] its number of rows (the modulus "
     "of the hash). A negative id counts from the end of its table, as ONNX Gather does (id + cardinality[f]); an "
     "id still outside [0, cardinality[f]), or a row outside the table, contributes a zero vector (where the "
-    "unfused graph fails, and PyTorch raises): never an out-of-bounds read. Embeddings are rounded to T (as the unfused graph stores them); dot products accumulate in fp32. "
+    "unfused graph fails, and PyTorch raises): never an out-of-bounds read. Embeddings are rounded to T (as the "
+    "unfused graph stores them); dot products accumulate in fp32. "
     "The vectors are v_0 = X[b] and v_{f+1} = the embedding of feature f, so n = F + 1.")
 EMBEDDING_INTERACTION = OpSchema(
     "EmbeddingInteraction", ("X", "ids", "table", "table_offsets", "cardinality"), ("Y",),
@@ -217,10 +218,11 @@ def _const(out: str, value, dtype=None):
 
 
 def embedding_body(hashed: bool, interaction: str, hash_: str) -> list:
-    """The embedding ops' bodies, with the kernels' semantics (schema.py): a negative id counts from its table's
-    end, an id still outside [0, cardinality[f]) or a row outside the table gives a zero vector (a Where, so an inf/NaN in the table never leaks into it); bags are a
-    0/1 membership matrix [F, B, N] times the looked-up rows (exact for any offsets, and only the fallback path:
-    it costs F*B*N elements); the strict lower triangle is selected with Compress over a Less(j, i) mask."""
+    """The embedding ops' bodies, with the kernels' semantics (schema.py): a negative id counts from its table's end, an
+    id still outside [0, cardinality[f]) or a row outside the table gives a zero vector (a Where, so an inf/NaN in the
+    table never leaks into it); bags are a 0/1 membership matrix [F, B, N] times the looked-up rows (exact for any
+    offsets, and only the fallback path: it costs F*B*N elements); the strict lower triangle is selected with Compress
+    over a Less(j, i) mask."""
     import numpy as np
     from onnx import helper
 
@@ -239,7 +241,8 @@ def embedding_body(hashed: bool, interaction: str, hash_: str) -> list:
             mk("GreaterOrEqual", [f"{out}_id", "zero"], [f"{out}_v1"]), mk("Less", [f"{out}_id", card], [f"{out}_v2"]),
             mk("GreaterOrEqual", [f"{out}_row", "zero"], [f"{out}_v3"]),
             mk("Less", [f"{out}_row", "table_rows"], [f"{out}_v4"]),
-            mk("And", [f"{out}_v1", f"{out}_v2"], [f"{out}_v12"]), mk("And", [f"{out}_v3", f"{out}_v4"], [f"{out}_v34"]),
+            mk("And", [f"{out}_v1", f"{out}_v2"], [f"{out}_v12"]),
+            mk("And", [f"{out}_v3", f"{out}_v4"], [f"{out}_v34"]),
             mk("And", [f"{out}_v12", f"{out}_v34"], [f"{out}_ok"]),
             mk("Where", [f"{out}_ok", f"{out}_row", "zero"], [f"{out}_safe"]),
             mk("Gather", ["table", f"{out}_safe"], [f"{out}_g"], axis=0),
@@ -256,7 +259,8 @@ def embedding_body(hashed: bool, interaction: str, hash_: str) -> list:
         nodes += [
             # bag(f, b) = [clamp(offsets[f, b]), clamp(end[f, b])), end = the next offset, N for the last bag
             mk("Shape", ["indices"], ["n_idx1"], start=1, end=2), mk("Squeeze", ["n_idx1", "axis0"], ["n_idx"]),
-            mk("Shape", ["offsets"], ["n_feat1"], start=0, end=1), mk("Concat", ["n_feat1", "axis1"], ["col_shape"], axis=0),
+            mk("Shape", ["offsets"], ["n_feat1"], start=0, end=1),
+            mk("Concat", ["n_feat1", "axis1"], ["col_shape"], axis=0),
             mk("Reshape", ["n_idx1", _c(nodes, "shape11", [1, 1])], ["n_idx11"]),
             mk("Expand", ["n_idx11", "col_shape"], ["last_end"]),
             mk("Slice", ["offsets", "axis1", _c(nodes, "big", [2 ** 62]), "axis1"], ["next_off"]),

@@ -346,7 +346,8 @@ def check_float_dtypes(result: MatchResult, **values: ir.Value) -> ir.DataType |
         return None
     dtype = known.pop() if known else None
     if dtype is not None and dtype not in FLOAT_TYPES:
-        result.fail(f"element type {dtype.name.lower()} of {', '.join(v.name for v in values.values() if v is not None)}"
+        result.fail(f"element type {dtype.name.lower()} of "
+                    f"{', '.join(v.name for v in values.values() if v is not None)}"
                     " is not float/float16/bfloat16")
         return None
     return dtype

@@ -7,9 +7,9 @@ onnxruntime's CUDA Gather moves one element per thread; at prefill sizes (2048 t
 embedding) it takes about 44 us on an H100 where copying the rows 16 bytes at a time takes about a quarter of that.
 It runs last, so that a rule that consumes Gathers as part of a larger pattern sees them first.
 
-Refused: rows under MIN_ROW_BYTES (nothing to gain), a table that is not a true constant (a graph input, an initializer a caller may override) or not 2-D, ids
-that are not int64 (the kernels index with int64), a Gather on another axis, element types other than
-float/float16/bfloat16.
+Refused: rows under MIN_ROW_BYTES (nothing to gain), a table that is not a true constant (a graph input, an
+initializer a caller may override) or not 2-D, ids that are not int64 (the kernels index with int64), a Gather on
+another axis, element types other than float/float16/bfloat16.
 """
 from __future__ import annotations
 

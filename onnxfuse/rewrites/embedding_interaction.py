@@ -234,8 +234,8 @@ class EmbeddingInteractionPass(_base.GraphPass):
             if probe:
                 out.append(Leaf(u, "x"))
                 return
-            raise Refused(f"{value_name(u)} (from {_base.node_label(node) if node else 'a graph input'}) is neither the "
-                          "dense vector nor an embedding lookup", u)
+            raise Refused(f"{value_name(u)} (from {_base.node_label(node) if node else 'a graph input'}) "
+                          "is neither the dense vector nor an embedding lookup", u)
 
         walk(v, 0)
         return out
@@ -348,7 +348,8 @@ class EmbeddingInteractionPass(_base.GraphPass):
         n = len(leaves)
         a = self._stack(m, out, leaves)
         if a.dims != [BATCH, n * m.d] or a.bax != 0:
-            raise Refused(f"{value_name(out)} is {a.dims}, not the [batch, {n * m.d}] concatenation of the vectors", out)
+            raise Refused(f"{value_name(out)} is {a.dims}, not the [batch, {n * m.d}] concatenation of the "
+                          "vectors", out)
         vecs = self._vectors(m, leaves, a.content, n)
         return self._finish(Found("cat", final, vecs, m))
 
@@ -367,9 +368,11 @@ class EmbeddingInteractionPass(_base.GraphPass):
         sd = _base.dims(src)
         axis = 1 if kind == "onehot" else 0
         if sd is None or len(sd) != 2 or sd[axis] != n_feat:
-            raise Refused(f"the id matrix {value_name(src)} has shape {sd}: it must have exactly {n_feat} features", src)
+            raise Refused(f"the id matrix {value_name(src)} has shape {sd}: "
+                          f"it must have exactly {n_feat} features", src)
         if src.dtype != ir.DataType.INT64:
-            raise Refused(f"the ids {value_name(src)} are {src.dtype.name.lower() if src.dtype else '?'}, not int64", src)
+            raise Refused(f"the ids {value_name(src)} are "
+                          f"{src.dtype.name.lower() if src.dtype else '?'}, not int64", src)
         if kind == "bag":
             od = _base.dims(feats[0].offsets)
             if od is None or len(od) != 2 or od[0] != n_feat or feats[0].offsets.dtype != ir.DataType.INT64:
@@ -456,8 +459,8 @@ class EmbeddingInteractionPass(_base.GraphPass):
                 users = [u.node for u in v.uses() if id(u.node) not in internal]
                 other = "a graph output" if v.is_graph_output() else \
                     ", ".join(sorted({_base.node_label(u) for u in users})) or "another node"
-                raise Refused(f"{value_name(v)} is also used by {other}: it must stay in memory, so the lookups and the "
-                              "interaction are not fused", v)
+                raise Refused(f"{value_name(v)} is also used by {other}: it must stay in memory, so the lookups "
+                              "and the interaction are not fused", v)
         return list(cand.values())
 
     def _rewrite(self, model: ir.Model, graph: ir.Graph, f: Found) -> None:

@@ -74,7 +74,8 @@ class LinearAct(FusionRule):
             return result
         xd = dims(x)
         if xd is not None and len(xd) < 2:
-            return result.fail(f"X {x.name} has rank {len(xd)}: a rank-1 MatMul is a vector product, not a Linear layer", x)
+            return result.fail(f"X {x.name} has rank {len(xd)}: a rank-1 MatMul is a vector product, "
+                               "not a Linear layer", x)
         if check_float_dtypes(result, X=x, W=w, bias=b) is None and not result:
             return result
         wkn = weight_kn(result, w, "the weight", trans)

@@ -67,7 +67,8 @@ class LoRALinear(FusionRule):
         node = lin.producer()
         if node.op_type == "Gemm":
             attrs = node.attributes
-            if attrs.get_int("transA", 0) or attrs.get_float("alpha", 1.0) != 1.0 or attrs.get_float("beta", 1.0) != 1.0:
+            if (attrs.get_int("transA", 0) or attrs.get_float("alpha", 1.0) != 1.0
+                    or attrs.get_float("beta", 1.0) != 1.0):
                 return result.fail(f"{_base.node_label(node)} is a Gemm with transA=1 or alpha/beta != 1: not "
                                    "fused", lin)
             trans = bool(attrs.get_int("transB", 0))

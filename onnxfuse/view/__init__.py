@@ -20,7 +20,8 @@ from .screenshot import (CHROMIUM, CHROMIUM_FLAGS, DEFAULT_WINDOW, INSTALL_HINT,
 from .serve import (DEFAULT_HOST, DOMAIN, Served, check_host, is_loopback, netron_module, serve, sigterm_exits, stop,
                     validate, wait)
 
-__all__ = ["register", "CHROMIUM", "CHROMIUM_FLAGS", "DEFAULT_HOST", "DEFAULT_WINDOW", "DOMAIN", "INSTALL_HINT", "Headless",
+__all__ = ["register", "CHROMIUM", "CHROMIUM_FLAGS", "DEFAULT_HOST", "DEFAULT_WINDOW", "DOMAIN", "INSTALL_HINT",
+           "Headless",
            "OnnxfuseError", "Served", "check_host", "dom", "find_chromium", "is_loopback", "open_netron", "run",
            "screenshot", "serve", "stop", "wait"]
 
@@ -108,7 +109,8 @@ def register(sub) -> None:
                        description="Serve a model with Netron on this machine and print its URL (Ctrl-C stops it); "
                                    "--diff shows a model before and after fusing; --screenshot writes a PNG with "
                                    "headless Chromium.")
-    v.add_argument("model", nargs="?", metavar="MODEL", help="the .onnx model to show, or a genai model folder (its decoder)")
+    v.add_argument("model", nargs="?", metavar="MODEL",
+                   help="the .onnx model to show, or a genai model folder (its decoder)")
     v.add_argument("--diff", nargs=2, metavar=("UNFUSED", "FUSED"),
                    help="serve two models (e.g. before and after 'onnxfuse fuse') on two ports")
     v.add_argument("--port", type=_port, help="port to serve on (default: 8080 if free, else another; "
@@ -124,9 +126,10 @@ def register(sub) -> None:
     v.add_argument("--window", type=_window, default=DEFAULT_WINDOW, metavar="WxH",
                    help="with --screenshot: the browser window in pixels (default 1600x1000)")
     v.add_argument("--no-sidebar", action="store_true", help="with --screenshot: leave out the node's properties")
-    v.add_argument("--timeout", type=float, default=60.0, help="with --screenshot: seconds to wait for Netron (default 60)")
+    v.add_argument("--timeout", type=float, default=60.0,
+                   help="with --screenshot: seconds to wait for Netron (default 60)")
     v.add_argument("--force", action="store_true", help="with --screenshot: overwrite an existing PNG")
     v.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-    v.add_argument("--json", action="store_true", help="print JSON: the screenshot's summary, or one line per served model with "
-                   "its URL")
+    v.add_argument("--json", action="store_true",
+                   help="print JSON: the screenshot's summary, or one line per served model with its URL")
     v.set_defaults(func=run)

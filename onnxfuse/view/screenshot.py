@@ -162,7 +162,8 @@ def open_netron(browser: Headless, url: str, *, attributes: bool = True, names: 
                                        "expires": time.time() + 86400})
     options = {"attributes": attributes, "names": names}
     browser.call("Page.addScriptToEvaluateOnNewDocument",
-                 {"source": f"try {{ localStorage.setItem('options', {json.dumps(json.dumps(options))}); }} catch (e) {{}}"})
+                 {"source": f"try {{ localStorage.setItem('options', {json.dumps(json.dumps(options))}); }} "
+                            "catch (e) {}"})
     browser.call("Page.navigate", {"url": url})
     deadline = time.monotonic() + timeout
     state = "loading"
@@ -174,7 +175,8 @@ def open_netron(browser: Headless, url: str, *, attributes: bool = True, names: 
         if state.startswith("error:"):
             raise OnnxfuseError(f"Netron could not show the model: {state[6:].strip()}")
         time.sleep(0.1)
-    raise OnnxfuseError(f"Netron did not draw the graph within {timeout:.0f} s; try a smaller model or a longer --timeout")
+    raise OnnxfuseError(f"Netron did not draw the graph within {timeout:.0f} s; "
+                        "try a smaller model or a longer --timeout")
 
 
 def dom(url: str, *, window: tuple[int, int] = DEFAULT_WINDOW, names: bool = False, timeout: float = 60.0) -> str:

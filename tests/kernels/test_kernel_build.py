@@ -79,9 +79,11 @@ def _cpp_program() -> str:
             idx = " << \",\" << ".join(f"{s}::{ops_header._camel(n.removesuffix('_i'))}(1)" for n in op.inputs[1:])
             inputs = f"\"[\" << {s}::kX << \",\" << {idx} << \"]\""
         else:
-            inputs = "\"[\" << " + " << \",\" << ".join(f"{s}::k{ops_header._camel(n)}" for n in op.inputs) + " << \"]\""
+            inputs = ("\"[\" << " + " << \",\" << ".join(f"{s}::k{ops_header._camel(n)}" for n in op.inputs)
+                      + " << \"]\"")
         attrs = f"[] {{ std::string a = \"[\"; for (int i = 0; i < {s}::kNumAttributes; ++i) " \
-                f"a += std::string(i ? \",\" : \"\") + \"\\\"\" + {s}::kAttributes[i] + \"\\\"\"; return a + \"]\"; }}()"
+                f"a += std::string(i ? \",\" : \"\") + \"\\\"\" + {s}::kAttributes[i] + \"\\\"\"; " \
+                f"return a + \"]\"; }}()"
         ops.append(f"  std::cout << \"\\\"\" << {s}::kName << \"\\\": {{\\\"inputs\\\": \" << {inputs} << "
                    f"\", \\\"attrs\\\": \" << {attrs} << \"}}\" << \",\";")
     defaults = []
@@ -201,14 +203,16 @@ def test_cpp_sources_take_the_domain_from_the_generated_header():
                  for m in re.findall(r'getenv\("([^"]*)"\)', p.read_text())}
     assert {name for _, name in env_reads} == {"ONNXFUSE_CPU_THREADS", "ONNXFUSE_CPU_ISA"}, env_reads
     printing = [str(p.relative_to(KERNELS)) for p in sources
-                if re.search(r"\b(f?printf|puts|std::cout|std::cerr|std::clog)\b", re.sub(r"//[^\n]*", "", p.read_text()))]
+                if re.search(r"\b(f?printf|puts|std::cout|std::cerr|std::clog)\b",
+                             re.sub(r"//[^\n]*", "", p.read_text()))]
     assert not printing, printing
 
 
 def test_python_mirrors_read_the_schema():
     """functions.py and the scripts take the domain version from schema.py instead of a literal 1."""
     offenders = []
-    for p in [ROOT / "onnxfuse" / "functions.py", ROOT / "onnxfuse" / "fuse.py", *sorted((ROOT / "scripts").glob("*.py"))]:
+    for p in [ROOT / "onnxfuse" / "functions.py", ROOT / "onnxfuse" / "fuse.py",
+              *sorted((ROOT / "scripts").glob("*.py"))]:
         for m in re.finditer(r"(make_opsetid\([^)]*DOMAIN[^)]*,\s*1\)|setdefault\(DOMAIN,\s*1\))", p.read_text()):
             offenders.append((p.name, m.group(0)))
     assert not offenders, offenders
@@ -374,7 +378,8 @@ def test_print_path_is_stable(cpu_cache, capfd):
     assert data == {"path": str(stable), "library": str(lib.resolve())}
 
 
-def _fake_build(cache: pathlib.Path, lib: pathlib.Path, key: str, backends: list[str], archs: list[str]) -> pathlib.Path:
+def _fake_build(cache: pathlib.Path, lib: pathlib.Path, key: str, backends: list[str],
+                archs: list[str]) -> pathlib.Path:
     """A cache entry of another configuration (the CPU library's file with a build_info saying otherwise): enough
     for the stable links, which read the configuration from build_info.json."""
     d = cache / key
@@ -482,7 +487,8 @@ def test_aot_specialisations():
 def test_cuda_and_triton_backends_compile(cache, capfd):
     """CI has no GPU but has nvcc and Triton: prove the CUDA and Triton backends build (66 s on the 2-core CPU
     machine with a warm Triton cache), with every stage reported, the whole cubin set, only
-    the two exported symbols and no link to cuBLAS or the CUDA driver. The sessions of the other tests use the CPU-only automatic build."""
+    the two exported symbols and no link to cuBLAS or the CUDA driver. The sessions of the other tests use the
+    CPU-only automatic build."""
     assert cli.main(["build", "--backends", "cpu,cuda,triton"]) == 0
     err = capfd.readouterr().err
     assert re.findall(r"onnxfuse build \[\d/6\] (\w+)", err) == list(kbuild.STAGES), err
@@ -493,8 +499,8 @@ def test_cuda_and_triton_backends_compile(cache, capfd):
     assert kernels.build_info(lib)["cache_key"] == lib.parent.name
     if shutil.which("nm"):
         out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
-        assert sorted(ln.split()[-1] for ln in out.splitlines() if ln.strip()) == ["RegisterCustomOps",
-                                                                                   "onnxfuse_build_info", "onnxfuse_host_info"]
+        assert sorted(ln.split()[-1] for ln in out.splitlines() if ln.strip()) == [
+            "RegisterCustomOps", "onnxfuse_build_info", "onnxfuse_host_info"]
     if shutil.which("readelf"):  # cuBLASLt is dlopen'ed at run time, the driver API never linked
         needed = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True).stdout
         assert "NEEDED" in needed and not re.search(r"NEEDED.*(libcublas|libcuda\.so|libcudart\.so)", needed), needed
@@ -509,7 +515,8 @@ def test_a_copied_library_without_its_onednn_names_the_fix(tmp_path):
     if not kernels.build_info(lib).get("cpu_gemm", "").startswith("onednn "):  # "builtin (why not oneDNN)"
         pytest.skip("this library was built without oneDNN")
     data = pathlib.Path(lib).read_bytes()
-    runpath = [p for p in subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True).stdout.splitlines()
+    runpath = [p for p in
+               subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True).stdout.splitlines()
                if "RUNPATH" in p or "RPATH" in p]
     if not runpath:
         pytest.skip("no RUNPATH to redirect")

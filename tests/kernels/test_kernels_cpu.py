@@ -43,8 +43,8 @@ def lib() -> pathlib.Path:
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-# The ops tested here (the embedding-interaction ops have their own tests in tests/rewrites/test_embedding_interaction.py: other
-# inputs, no weights).
+# The ops tested here (the embedding-interaction ops have their own tests in
+# tests/rewrites/test_embedding_interaction.py: other inputs, no weights).
 OPS_UNDER_TEST = [op for op in schema.OPS if op not in schema.EMBEDDING_OPS]
 
 # MLPStack under test: three layers K -> N -> N//2+1 -> N, so relu and sigmoid each appear, a narrow odd hidden

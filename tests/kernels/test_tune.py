@@ -99,10 +99,12 @@ def test_the_package_table_holds_configs_and_the_timings_go_to_a_record(tmp_path
 def test_the_doctor_runs_every_tuned_config():
     assert tune.doctor_coverage(doctor.DEFAULT_SHAPES) == []
     # and the check can fail: without the large-M shapes, the large configs are not exercised
-    shapes = {op: [s for s in v if not (isinstance(s[0], int) and s[0] > 256)] for op, v in doctor.DEFAULT_SHAPES.items()}
+    shapes = {op: [s for s in v if not (isinstance(s[0], int) and s[0] > 256)]
+              for op, v in doctor.DEFAULT_SHAPES.items()}
     assert {"linear_act/large", "swiglu/large", "lora_main/large"} <= set(tune.doctor_coverage(shapes))
     # the persistent TMA builds need K >= TMA_MIN_K as well: the large shapes with short K do not count
-    short_k = {op: [s for s in v if not (isinstance(s[1], int) and s[1] >= 1024)] for op, v in doctor.DEFAULT_SHAPES.items()}
+    short_k = {op: [s for s in v if not (isinstance(s[1], int) and s[1] >= 1024)]
+               for op, v in doctor.DEFAULT_SHAPES.items()}
     assert set(tune.doctor_coverage(short_k)) == {"linear_act/large/tma", "lora_main/large/tma"}
 
 

@@ -149,7 +149,8 @@ def _interaction_graph(*, n_feat=3, d=4, batch=5, sizes=(3, 7, 2), hash_add=1, f
         if not tables_as_inputs:
             c(f"W{f}", w)
         c(f"col{f}", np.array(f, np.int64))
-        nodes += [mk("Gather", ["hashed", f"col{f}"], [f"idx{f}"], axis=1), mk("Gather", [f"W{f}", f"idx{f}"], [f"e{f}"])]
+        nodes += [mk("Gather", ["hashed", f"col{f}"], [f"idx{f}"], axis=1),
+                  mk("Gather", [f"W{f}", f"idx{f}"], [f"e{f}"])]
         stack.append((f"e{f}", f"eu{f}"))
     nodes += [mk("Unsqueeze", [v, "axis1"], [u]) for v, u in stack]
     nodes.append(mk("Concat", [u for _, u in stack], ["T"], axis=1))
@@ -203,7 +204,8 @@ def test_hand_made_interaction_fuses_and_keeps_the_dense_vector_first(tmp_path, 
     assert _ops(fused) == {"onnxfuse::EmbeddingInteraction": 1}
     node = fused.graph.node[0]
     assert list(node.input[:2]) == ["X", "sparse"] and node.overload == "dot.mod"
-    assert [m.op for m in res.matches] == ["EmbeddingInteraction"] and len(res.matches[0].replaced) == 18  # 19 less the Transpose FusedMatMul took
+    # 19 less the Transpose FusedMatMul took
+    assert [m.op for m in res.matches] == ["EmbeddingInteraction"] and len(res.matches[0].replaced) == 18
 
 
 @pytest.mark.parametrize("pairs,why", [
@@ -225,8 +227,9 @@ def test_other_pair_selections_are_refused(tmp_path, pairs, why):
     (dict(opset=14), "opset 14 is below 15"),
 ])
 def test_near_misses_are_refused_with_their_reason(tmp_path, variant, why):
-    extra = {f"W{f}": np.random.default_rng(f).standard_normal((s, 4)).astype(np.float32)
-             for f, s in enumerate((3, 7, 2))} if variant.get("tables_as_inputs") or variant.get("overridable") else None
+    extra = ({f"W{f}": np.random.default_rng(f).standard_normal((s, 4)).astype(np.float32)
+              for f, s in enumerate((3, 7, 2))}
+             if variant.get("tables_as_inputs") or variant.get("overridable") else None)
     feeds = _feeds(extra=extra)
     if variant.get("widths"):  # mixed widths cannot even be stacked: a cat of them is what a model could do
         model = _cat_graph_mixed_widths()

@@ -38,7 +38,8 @@ def _rotary_graph(x_shape, cos_shape, *, transposed=False, halves=None, steps=(1
     if transposed:
         nodes.append(mk("Transpose", ["X"], ["t"], perm=list(perm)))
         t = "t"
-    nodes += [mk("Slice", [t, "s0", "e0", "a0", "st0"], ["first"]), mk("Slice", [t, "s1", "e1", "a1", "st1"], ["second"])]
+    nodes += [mk("Slice", [t, "s0", "e0", "a0", "st0"], ["first"]),
+              mk("Slice", [t, "s1", "e1", "a1", "st1"], ["second"])]
     if neg_first:
         nodes += [mk("Neg", ["first"], ["neg"]), mk("Concat", ["neg", "second"], ["rot"], axis=concat_axis)]
     else:

@@ -46,7 +46,8 @@ TMA_SCRATCH_PER_PROGRAM = 512
 # ------------------------------------------------------------------------------------------------ MLPStack
 # stack_mode=auto on the Triton backend, by M (rows) and the widest layer, for the H100's 132 SMs (the launcher
 # scales the SM multiples by the GPU's own count). Measured with `scripts/gpu_check.py --only-stack` (now
-# `scripts/gpu_variants.py --stack`; CUDA graphs, ms per run, benchmarks/results/h100-2026-11-23/stack-modes.json; bottom MLP 13-512-256-64-16 / top 367-512-256-1):
+# `scripts/gpu_variants.py --stack`; CUDA graphs, ms per run, benchmarks/results/h100-2026-11-23/stack-modes.json;
+# bottom MLP 13-512-256-64-16 / top 367-512-256-1):
 #                 M=128          M=512          M=2048         M=8192         M=16384
 #   grid     0.042 / 0.031  0.033 / 0.043  0.043 / 0.061  0.068 / 0.140  0.090 / 0.252
 #   fused    0.044 / 0.045  0.038 / 0.050  0.042 / 0.053  0.050 / 0.069  0.059 / 0.093
