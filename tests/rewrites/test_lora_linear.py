@@ -1,0 +1,68 @@
+"""The LoRALinear / LoRALinearRelu rule (onnxfuse/rewrites/lora_linear.py) on hand-made graphs: the peft spelling it
+fuses (with the fused model equal to the unfused one in onnxruntime), and the refusals it explains. The rule's
+property tests (every spelling, random shapes) are in tests/test_properties.py; its soundness cases (an
+overridable scale, a rank-raising scale, opset 14) in tests/test_soundness.py."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxfuse import cli, fuse, runtime
+
+K, N, R, M = 12, 10, 4, 5
+
+
+def _lora_graph(relu=False, a_is_input=False, reuse_branch=False, scale=0.5):
+    """X @ W + b + scale * ((X @ A) @ B), optionally followed by Relu: the graph peft's Linear exports."""
+    rng = np.random.default_rng(0)
+    arrays = {"W": (K, N), "b": (N,), "A": (K, R), "B": (R, N)}
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n) for n, s in arrays.items()
+             if not (a_is_input and n == "A")]
+    inits.append(numpy_helper.from_array(np.array(scale, np.float32), "s"))
+    mk = helper.make_node
+    nodes = [mk("MatMul", ["X", "W"], ["xw"]), mk("Add", ["xw", "b"], ["base"]), mk("MatMul", ["X", "A"], ["xa"]),
+             mk("MatMul", ["xa", "B"], ["xab"]), mk("Mul", ["xab", "s"], ["branch"]),
+             mk("Add", ["base", "branch"], ["sum" if relu else "Y"])]
+    if relu:
+        nodes.append(mk("Relu", ["sum"], ["Y"]))
+    inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, [M, K])]
+    if a_is_input:
+        inputs.append(helper.make_tensor_value_info("A", TensorProto.FLOAT, [K, R]))
+    outputs = [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)]
+    if reuse_branch:
+        nodes.append(mk("Neg", ["branch"], ["B2"]))
+        outputs.append(helper.make_tensor_value_info("B2", TensorProto.FLOAT, None))
+    g = helper.make_graph(nodes, "g", inputs, outputs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+@pytest.mark.parametrize("relu,op", [(False, "LoRALinear"), (True, "LoRALinearRelu")])
+def test_rule_fuses_the_peft_spelling_and_keeps_the_numbers(tmp_path, relu, op):
+    src, dst = tmp_path / "m.onnx", tmp_path / "f.onnx"
+    onnx.save(_lora_graph(relu=relu, scale=0.5), str(src))
+    res = fuse.fuse(src, dst, ort=False)
+    assert [m.op for m in res.matches] == [op]
+    node = next(n for n in onnx.load(str(dst)).graph.node if n.op_type == op)
+    assert helper.get_attribute_value(next(a for a in node.attribute if a.name == "scale")) == pytest.approx(0.5)
+    x = np.random.default_rng(1).standard_normal((M, K)).astype(np.float32)
+    want = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).run(None, {"X": x})[0]
+    got = runtime.session(str(dst), library=True).run(None, {"X": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant,reason", [
+    (dict(a_is_input=True), "not a constant"),
+    (dict(reuse_branch=True), "branch is also used by"),
+])
+def test_rule_refuses_and_explains(tmp_path, variant, reason, capsys):
+    path = tmp_path / "m.onnx"
+    onnx.save(_lora_graph(**variant), str(path))
+    res = fuse.fuse(path, tmp_path / "out.onnx", explain=True, ort=False, patterns=["lora_linear"])
+    assert not res.matches and not (tmp_path / "out.onnx").exists()
+    assert any(reason in r["reason"] for r in res.refusals), res.refusals
+    assert cli.main(["fuse", str(path), "-o", str(tmp_path / "out.onnx"), "--explain", "--no-ort-fusions",
+                     "--patterns", "lora_linear"]) == 0
+    assert reason in capsys.readouterr().out
