@@ -36,9 +36,11 @@ chat: setup
 test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
-# pyflakes-level checks of the package, tests and scripts (pyproject.toml's [tool.ruff]); CI runs it.
+# pyflakes-level checks and line length of the package, tests and scripts (pyproject.toml's [tool.ruff]), and the
+# C++/CUDA sources formatted as .clang-format says; CI runs it.
 lint: setup
 	$(BIN)/ruff check onnxfuse tests scripts
+	$(BIN)/clang-format --dry-run --Werror $$(git ls-files 'onnxfuse/kernels/*.cc' 'onnxfuse/kernels/*.h' 'onnxfuse/kernels/*.cu' 'scripts/*.cc')
 
 # The CPU kernel tests once per lower vector-ISA family, forced (CI runs it after `make test`): what a host without
 # AVX-512 (avx2) or without AVX2 (generic) runs, on whatever host this is.

@@ -13,7 +13,7 @@ namespace onnxfuse {
 namespace cpu {
 void RegisterOps(Ort::CustomOpDomain& domain);
 std::string HostInfoJson();  // cpu/onednn_gemm.h
-}
+}  // namespace cpu
 #ifdef ONNXFUSE_WITH_CUDA
 namespace cuda {
 void RegisterOps(Ort::CustomOpDomain& domain);
@@ -64,7 +64,8 @@ ONNXFUSE_EXPORT OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* opt
     if (domain == nullptr) domain = BuildDomain();
     Ort::UnownedSessionOptions(options).Add(*domain);
   } catch (const Ort::Exception& e) {
-    return api->CreateStatus(e.GetOrtErrorCode(), (std::string("onnxfuse: registering custom ops: ") + e.what()).c_str());
+    return api->CreateStatus(e.GetOrtErrorCode(),
+                             (std::string("onnxfuse: registering custom ops: ") + e.what()).c_str());
   } catch (const std::exception& e) {
     return api->CreateStatus(ORT_FAIL, (std::string("onnxfuse: registering custom ops: ") + e.what()).c_str());
   }

@@ -96,7 +96,8 @@ inline std::vector<int> ReadStackActivations(const OrtApi* api, const OrtKernelI
       if (a == schema::kActivationNames[c]) code = c;
     if (code == 0) {
       std::string names;
-      for (int c = 1; c < schema::kNumActivations; ++c) names += std::string(c > 1 ? " or " : "") + schema::kActivationNames[c];
+      for (int c = 1; c < schema::kNumActivations; ++c)
+        names += std::string(c > 1 ? " or " : "") + schema::kActivationNames[c];
       Fail(std::string(op) + ": activation '" + a + "' in '" + s + "' is not " + names);
     }
     acts.push_back(code);

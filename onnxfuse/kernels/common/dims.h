@@ -82,8 +82,8 @@ inline StackDims MLPStackDims(const char* op, size_t n_layers, const std::vector
   const size_t need = 1 + S::kInputsPerLayer * n_layers;
   if (shapes.size() != need)
     Fail(std::string(op) + ": " + std::to_string(shapes.size()) + " inputs, but the '" + schema::attr::kActivations +
-         "' attribute names " + std::to_string(n_layers) + " layers (need X and a W, bias pair per layer: " +
-         std::to_string(need) + ")");
+         "' attribute names " + std::to_string(n_layers) +
+         " layers (need X and a W, bias pair per layer: " + std::to_string(need) + ")");
   LinearDims x = detail::RowsOf(op, shapes[S::kX]);
   StackDims d;
   d.M = x.M;
@@ -95,8 +95,8 @@ inline StackDims MLPStackDims(const char* op, size_t n_layers, const std::vector
     detail::Need(w.size() == 2 && w[0] == d.widths.back(), op,
                  layer + "W must be [K, N] with K = the previous width " + std::to_string(d.widths.back()) + "; got " +
                      ShapeStr(w));
-    detail::Need(b.size() == 1 && b[0] == w[1], op, layer + "bias must be [N]; got W " + ShapeStr(w) + ", bias " +
-                                                        ShapeStr(b));
+    detail::Need(b.size() == 1 && b[0] == w[1], op,
+                 layer + "bias must be [N]; got W " + ShapeStr(w) + ", bias " + ShapeStr(b));
     d.widths.push_back(w[1]);
   }
   d.out_shape = x.out_shape;
@@ -117,8 +117,9 @@ namespace detail {
 inline void RotaryStrides(const char* op, const char* name, const std::vector<int64_t>& x4,
                           const std::vector<int64_t>& c, int64_t* stride) {
   const size_t pad = 4 - c.size();
-  Need(c.back() == x4[3], op, std::string(name) + " must end in X's last dim; got X [..., " + std::to_string(x4[3]) +
-                                  "], " + name + " " + ShapeStr(c));
+  Need(c.back() == x4[3], op,
+       std::string(name) + " must end in X's last dim; got X [..., " + std::to_string(x4[3]) + "], " + name + " " +
+           ShapeStr(c));
   int64_t rows = 1;  // strides count rows of D elements
   for (int i = 2; i >= 0; --i) {
     const int64_t dim = i < int(pad) ? 1 : c[size_t(i) - pad];
@@ -156,8 +157,7 @@ struct LookupDims {
   std::vector<int64_t> out_shape;
 };
 
-inline LookupDims EmbeddingDimsOf(const char* op, const std::vector<int64_t>& table,
-                                  const std::vector<int64_t>& ids) {
+inline LookupDims EmbeddingDimsOf(const char* op, const std::vector<int64_t>& table, const std::vector<int64_t>& ids) {
   detail::Need(table.size() == 2, op, "table must be [V, D]; got " + ShapeStr(table));
   LookupDims d;
   d.V = table[0];
@@ -200,9 +200,9 @@ inline EmbeddingDims EmbeddingOpDims(const char* op, int interaction, const std:
                  "indices must be [F, N] with F = table_offsets.shape[0]; got indices " + ShapeStr(ids) +
                      ", table_offsets " + ShapeStr(table_offsets));
     e.N = ids[1];
-    detail::Need(offsets->size() == 2 && (*offsets)[0] == e.F && (*offsets)[1] == e.B, op,
-                 "offsets must be [F, B] with B = X.shape[0]; got X " + ShapeStr(x) + ", offsets " +
-                     ShapeStr(*offsets));
+    detail::Need(
+        offsets->size() == 2 && (*offsets)[0] == e.F && (*offsets)[1] == e.B, op,
+        "offsets must be [F, B] with B = X.shape[0]; got X " + ShapeStr(x) + ", offsets " + ShapeStr(*offsets));
   }
   const int64_t n = e.F + 1;
   e.width = interaction == ONNXFUSE_INTERACTION_DOT ? e.d + n * (n - 1) / 2 : n * e.d;

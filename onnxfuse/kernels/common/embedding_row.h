@@ -15,8 +15,7 @@
 // The hash (ONNXFUSE_HASH_MOD: (id + 1) mod card, Python's modulus, wrapping at INT64_MAX like torch and
 // onnxruntime), then a negative id counted from the end of its table (ONNX Gather), then the row in the
 // concatenated table; -1 (a zero vector) for an id outside [0, card) or a row outside [0, rows). Never overflows.
-ONNXFUSE_ROW_FN int64_t onnxfuse_embedding_row(int64_t id, int hash, int64_t card, int64_t table_offset,
-                                                    int64_t rows) {
+ONNXFUSE_ROW_FN int64_t onnxfuse_embedding_row(int64_t id, int hash, int64_t card, int64_t table_offset, int64_t rows) {
   if (card <= 0) return -1;
   if (hash == ONNXFUSE_HASH_MOD) {
     const int64_t v = (int64_t)((uint64_t)id + 1u);

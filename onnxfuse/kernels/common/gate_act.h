@@ -47,12 +47,18 @@ ONNXFUSE_HOST_DEVICE float GateAct(float g) {
 // of the epilogue; an unknown code is rejected by the launchers before any launch).
 ONNXFUSE_HOST_DEVICE float GateActivation(int act, float g) {
   switch (act) {
-    case ONNXFUSE_GATE_GELU: return GateAct<ONNXFUSE_GATE_GELU>(g);
-    case ONNXFUSE_GATE_GELU_TANH: return GateAct<ONNXFUSE_GATE_GELU_TANH>(g);
-    case ONNXFUSE_GATE_QUICK_GELU: return GateAct<ONNXFUSE_GATE_QUICK_GELU>(g);
-    case ONNXFUSE_GATE_RELU: return GateAct<ONNXFUSE_GATE_RELU>(g);
-    case ONNXFUSE_GATE_SIGMOID: return GateAct<ONNXFUSE_GATE_SIGMOID>(g);
-    default: return GateAct<ONNXFUSE_GATE_SILU>(g);
+    case ONNXFUSE_GATE_GELU:
+      return GateAct<ONNXFUSE_GATE_GELU>(g);
+    case ONNXFUSE_GATE_GELU_TANH:
+      return GateAct<ONNXFUSE_GATE_GELU_TANH>(g);
+    case ONNXFUSE_GATE_QUICK_GELU:
+      return GateAct<ONNXFUSE_GATE_QUICK_GELU>(g);
+    case ONNXFUSE_GATE_RELU:
+      return GateAct<ONNXFUSE_GATE_RELU>(g);
+    case ONNXFUSE_GATE_SIGMOID:
+      return GateAct<ONNXFUSE_GATE_SIGMOID>(g);
+    default:
+      return GateAct<ONNXFUSE_GATE_SILU>(g);
   }
 }
 

@@ -25,18 +25,22 @@ inline constexpr const char* kCudaEp = "CUDAExecutionProvider";
 #define ONNXFUSE_EXPORT extern "C" __attribute__((visibility("default")))
 
 // The element type T of a kernel as the launchers' dtype code (onnxfuse_dtype), its schema name and ONNX type.
-template <typename T> struct DTypeOf;
-template <> struct DTypeOf<float> {
+template <typename T>
+struct DTypeOf;
+template <>
+struct DTypeOf<float> {
   static constexpr int code = ONNXFUSE_FP32;
   static constexpr const char* name = "float";
   static constexpr ONNXTensorElementDataType onnx = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
 };
-template <> struct DTypeOf<Ort::Float16_t> {
+template <>
+struct DTypeOf<Ort::Float16_t> {
   static constexpr int code = ONNXFUSE_FP16;
   static constexpr const char* name = "float16";
   static constexpr ONNXTensorElementDataType onnx = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
 };
-template <> struct DTypeOf<Ort::BFloat16_t> {
+template <>
+struct DTypeOf<Ort::BFloat16_t> {
   static constexpr int code = ONNXFUSE_BF16;
   static constexpr const char* name = "bfloat16";
   static constexpr ONNXTensorElementDataType onnx = ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;

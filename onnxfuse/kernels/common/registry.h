@@ -28,9 +28,14 @@ inline void KeepAlive(std::unique_ptr<Ort::Custom::OrtLiteCustomOp> op, Ort::Cus
 // Registers Kernel<float>, Kernel<Ort::Float16_t>, Kernel<Ort::BFloat16_t> under one op name for one EP.
 template <template <typename> class Kernel>
 void AddOpAllTypes(Ort::CustomOpDomain& domain, const char* op_name, const char* ep) {
-  KeepAlive(std::unique_ptr<Ort::Custom::OrtLiteCustomOp>(Ort::Custom::CreateLiteCustomOp<Kernel<float>>(op_name, ep)), domain);
-  KeepAlive(std::unique_ptr<Ort::Custom::OrtLiteCustomOp>(Ort::Custom::CreateLiteCustomOp<Kernel<Ort::Float16_t>>(op_name, ep)), domain);
-  KeepAlive(std::unique_ptr<Ort::Custom::OrtLiteCustomOp>(Ort::Custom::CreateLiteCustomOp<Kernel<Ort::BFloat16_t>>(op_name, ep)), domain);
+  KeepAlive(std::unique_ptr<Ort::Custom::OrtLiteCustomOp>(Ort::Custom::CreateLiteCustomOp<Kernel<float>>(op_name, ep)),
+            domain);
+  KeepAlive(std::unique_ptr<Ort::Custom::OrtLiteCustomOp>(
+                Ort::Custom::CreateLiteCustomOp<Kernel<Ort::Float16_t>>(op_name, ep)),
+            domain);
+  KeepAlive(std::unique_ptr<Ort::Custom::OrtLiteCustomOp>(
+                Ort::Custom::CreateLiteCustomOp<Kernel<Ort::BFloat16_t>>(op_name, ep)),
+            domain);
 }
 
 // ------------------------------------------------------------------------------------------------ variadic ops

@@ -24,37 +24,37 @@ namespace {
 typedef float V8 __attribute__((vector_size(32)));
 // A broadcast (one vbroadcastss from memory), not V8{} + x: that is a real add (0 + x), plus a register broadcast.
 static inline __attribute__((always_inline)) V8 Splat8(float x) { return V8{x, x, x, x, x, x, x, x}; }
-#define ONNXFUSE_TRI_DOTS(SUFFIX, ATTR)                                                                  \
-  ATTR void TriDots_##SUFFIX(const float* vt, int64_t n, int64_t d, int64_t ldt, float* out) {          \
-    for (int64_t j0 = 0; j0 + 1 < n; j0 += 16) {                                                         \
-      for (int64_t i0 = j0 + 1; i0 < n; i0 += 4) {                                                       \
-        V8 a00 = {}, a01 = {}, a10 = {}, a11 = {}, a20 = {}, a21 = {}, a30 = {}, a31 = {};                \
-        for (int64_t c = 0; c < d; ++c) {                                                                \
-          const float* col = vt + c * ldt;                                                               \
-          V8 r0, r1;                                                                                     \
-          std::memcpy(&r0, col + j0, sizeof r0);                                                         \
-          std::memcpy(&r1, col + j0 + 8, sizeof r1);                                                     \
-          const V8 b0 = Splat8(col[i0]), b1 = Splat8(col[i0 + 1]);                                       \
-          const V8 b2 = Splat8(col[i0 + 2]), b3 = Splat8(col[i0 + 3]);                                   \
-          a00 += b0 * r0, a01 += b0 * r1, a10 += b1 * r0, a11 += b1 * r1;                                \
-          a20 += b2 * r0, a21 += b2 * r1, a30 += b3 * r0, a31 += b3 * r1;                                \
-        }                                                                                                \
-        float acc[4][16];                                                                                \
-        std::memcpy(acc[0], &a00, 32), std::memcpy(acc[0] + 8, &a01, 32);                                \
-        std::memcpy(acc[1], &a10, 32), std::memcpy(acc[1] + 8, &a11, 32);                                \
-        std::memcpy(acc[2], &a20, 32), std::memcpy(acc[2] + 8, &a21, 32);                                \
-        std::memcpy(acc[3], &a30, 32), std::memcpy(acc[3] + 8, &a31, 32);                                \
-        for (int64_t r = 0; r < 4 && i0 + r < n; ++r) {                                                  \
-          const int64_t i = i0 + r, m = i - j0 < 16 ? i - j0 : 16;                                       \
-          float* o = out + i * (i - 1) / 2 + j0;                                                         \
-          if (m == 16) {                                                                                 \
-            std::memcpy(o, acc[r], 16 * sizeof(float));                                                  \
-          } else {                                                                                       \
-            for (int64_t q = 0; q < m; ++q) o[q] = acc[r][q];                                            \
-          }                                                                                              \
-        }                                                                                                \
-      }                                                                                                  \
-    }                                                                                                    \
+#define ONNXFUSE_TRI_DOTS(SUFFIX, ATTR)                                                        \
+  ATTR void TriDots_##SUFFIX(const float* vt, int64_t n, int64_t d, int64_t ldt, float* out) { \
+    for (int64_t j0 = 0; j0 + 1 < n; j0 += 16) {                                               \
+      for (int64_t i0 = j0 + 1; i0 < n; i0 += 4) {                                             \
+        V8 a00 = {}, a01 = {}, a10 = {}, a11 = {}, a20 = {}, a21 = {}, a30 = {}, a31 = {};     \
+        for (int64_t c = 0; c < d; ++c) {                                                      \
+          const float* col = vt + c * ldt;                                                     \
+          V8 r0, r1;                                                                           \
+          std::memcpy(&r0, col + j0, sizeof r0);                                               \
+          std::memcpy(&r1, col + j0 + 8, sizeof r1);                                           \
+          const V8 b0 = Splat8(col[i0]), b1 = Splat8(col[i0 + 1]);                             \
+          const V8 b2 = Splat8(col[i0 + 2]), b3 = Splat8(col[i0 + 3]);                         \
+          a00 += b0 * r0, a01 += b0 * r1, a10 += b1 * r0, a11 += b1 * r1;                      \
+          a20 += b2 * r0, a21 += b2 * r1, a30 += b3 * r0, a31 += b3 * r1;                      \
+        }                                                                                      \
+        float acc[4][16];                                                                      \
+        std::memcpy(acc[0], &a00, 32), std::memcpy(acc[0] + 8, &a01, 32);                      \
+        std::memcpy(acc[1], &a10, 32), std::memcpy(acc[1] + 8, &a11, 32);                      \
+        std::memcpy(acc[2], &a20, 32), std::memcpy(acc[2] + 8, &a21, 32);                      \
+        std::memcpy(acc[3], &a30, 32), std::memcpy(acc[3] + 8, &a31, 32);                      \
+        for (int64_t r = 0; r < 4 && i0 + r < n; ++r) {                                        \
+          const int64_t i = i0 + r, m = i - j0 < 16 ? i - j0 : 16;                             \
+          float* o = out + i * (i - 1) / 2 + j0;                                               \
+          if (m == 16) {                                                                       \
+            std::memcpy(o, acc[r], 16 * sizeof(float));                                        \
+          } else {                                                                             \
+            for (int64_t q = 0; q < m; ++q) o[q] = acc[r][q];                                  \
+          }                                                                                    \
+        }                                                                                      \
+      }                                                                                        \
+    }                                                                                          \
   }
 ONNXFUSE_TRI_DOTS(avx512, __attribute__((target("avx512f,avx512vl,avx2,fma"))))
 ONNXFUSE_TRI_DOTS(avx2, __attribute__((target("avx2,fma"))))
@@ -181,8 +181,8 @@ void Run(const Call<T>& c, const ParallelRunner& pool) {
   const int64_t n = e.F + 1;
   const int64_t bag_len = c.bag && e.B > 0 ? std::max<int64_t>(1, e.N / e.B) : 1;
   // Work per sample in multiply-adds, for chunks of about 32K of them (a few microseconds each).
-  const int64_t per_sample = (c.interaction == ONNXFUSE_INTERACTION_DOT ? n * (n - 1) / 2 * e.d : 0) +
-                             e.F * e.d * bag_len + n * e.d;
+  const int64_t per_sample =
+      (c.interaction == ONNXFUSE_INTERACTION_DOT ? n * (n - 1) / 2 * e.d : 0) + e.F * e.d * bag_len + n * e.d;
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(per_sample, 1));
   ParallelRanges(pool, e.B, grain, [&](int64_t b0, int64_t b1) { RunSamples(c, b0, b1); });
 }
@@ -191,7 +191,8 @@ template <typename T>
 struct EmbeddingInteractionCpu {
   using Op = schema::EmbeddingInteraction;
   EmbeddingInteractionCpu(const OrtApi* api, const OrtKernelInfo* info)
-      : attrs(ReadOpAttrs(api, info, Op::kName)), interaction(ReadInteraction(api, info, Op::kName)),
+      : attrs(ReadOpAttrs(api, info, Op::kName)),
+        interaction(ReadInteraction(api, info, Op::kName)),
         hash(ReadHash(api, info, Op::kName)) {}
 
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<int64_t>& ids,
@@ -227,9 +228,8 @@ struct EmbeddingBagInteractionCpu {
       : attrs(ReadOpAttrs(api, info, Op::kName)), interaction(ReadInteraction(api, info, Op::kName)) {}
 
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X,
-                      const Ort::Custom::Tensor<int64_t>& indices,
-                      const Ort::Custom::Tensor<int64_t>& offsets, const Ort::Custom::Tensor<T>& table,
-                      const Ort::Custom::Tensor<int64_t>& table_offsets,
+                      const Ort::Custom::Tensor<int64_t>& indices, const Ort::Custom::Tensor<int64_t>& offsets,
+                      const Ort::Custom::Tensor<T>& table, const Ort::Custom::Tensor<int64_t>& table_offsets,
                       const Ort::Custom::Tensor<int64_t>& cardinality, Ort::Custom::Tensor<T>& Y) {
     return GuardCompute([&] {
       Call<T> c;

@@ -88,7 +88,9 @@ void ParallelFor(const ParallelRunner* pool, int64_t n, int threads, F&& f) {
 template <Format F>
 ONNXFUSE_INLINE float Load(const void* base, int64_t i);
 template <>
-ONNXFUSE_INLINE float Load<Format::F32>(const void* base, int64_t i) { return static_cast<const float*>(base)[i]; }
+ONNXFUSE_INLINE float Load<Format::F32>(const void* base, int64_t i) {
+  return static_cast<const float*>(base)[i];
+}
 template <>
 ONNXFUSE_INLINE float Load<Format::F16>(const void* base, int64_t i) {
   return F16BitsToF32(static_cast<const uint16_t*>(base)[i]);
@@ -104,14 +106,24 @@ ONNXFUSE_INLINE float Load<Format::BF16>(const void* base, int64_t i) {
 // ------------------------------------------------------------------------------------------------ ISA variants
 // The micro-kernel: C[MR x NR] += A_panel[kc x MR] * B_panel[kc x NR], NR = NV vectors of W floats. GCC keeps the
 // MR*NV accumulators in registers once the constant loops are unrolled; ISA comes from the caller's target.
-template <int W> struct Vec;
-template <> struct Vec<4> { typedef float type __attribute__((vector_size(16))); };
-template <> struct Vec<8> { typedef float type __attribute__((vector_size(32))); };
-template <> struct Vec<16> { typedef float type __attribute__((vector_size(64))); };
+template <int W>
+struct Vec;
+template <>
+struct Vec<4> {
+  typedef float type __attribute__((vector_size(16)));
+};
+template <>
+struct Vec<8> {
+  typedef float type __attribute__((vector_size(32)));
+};
+template <>
+struct Vec<16> {
+  typedef float type __attribute__((vector_size(64)));
+};
 
 template <int MR, int NV, int W>
-ONNXFUSE_INLINE void MicroKernel(int64_t kc, const float* __restrict a, const float* __restrict b,
-                                 float* __restrict c, int64_t ldc) {
+ONNXFUSE_INLINE void MicroKernel(int64_t kc, const float* __restrict a, const float* __restrict b, float* __restrict c,
+                                 int64_t ldc) {
   using V = typename Vec<W>::type;
   constexpr int NR = NV * W;
   V acc[MR][NV];
@@ -146,8 +158,8 @@ ONNXFUSE_INLINE void MicroKernel(int64_t kc, const float* __restrict a, const fl
 // All micro-panels of one (MB x KC) x (KC x NC) block. B's micro-panel (kc x NR) stays in L1 across the M panels.
 // B panel jp starts at b + jp * b_panel_stride (kc * NR when packed per call, K_total * NR when prepacked).
 template <int MR, int NV, int W>
-ONNXFUSE_INLINE void BlockImpl(const float* a, int64_t a_panel_stride, const float* b, int64_t b_panel_stride,
-                               float* c, int64_t ldc, int64_t m_panels, int64_t n_panels, int64_t kc) {
+ONNXFUSE_INLINE void BlockImpl(const float* a, int64_t a_panel_stride, const float* b, int64_t b_panel_stride, float* c,
+                               int64_t ldc, int64_t m_panels, int64_t n_panels, int64_t kc) {
   constexpr int NR = NV * W;
   for (int64_t jp = 0; jp < n_panels; ++jp) {
     const float* bp = b + jp * b_panel_stride;
@@ -158,8 +170,8 @@ ONNXFUSE_INLINE void BlockImpl(const float* a, int64_t a_panel_stride, const flo
 
 // Packs rows [k0, k0+kc) x columns [n0, n0+nc) of a B operand into [n_panels][kc][NR] fp32, zero-padding columns.
 template <Format F>
-ONNXFUSE_INLINE void PackBImpl(int NR, const BOperand& src, int64_t N, int64_t k0, int64_t kc, int64_t n0,
-                               int64_t nc, float* __restrict dst) {
+ONNXFUSE_INLINE void PackBImpl(int NR, const BOperand& src, int64_t N, int64_t k0, int64_t kc, int64_t n0, int64_t nc,
+                               float* __restrict dst) {
   const int64_t n_panels = (nc + NR - 1) / NR;
   for (int64_t jp = 0; jp < n_panels; ++jp) {
     const int64_t j0 = n0 + jp * NR;
@@ -220,31 +232,37 @@ struct Isa {
 };
 
 // One set of entry points per instruction set; the bodies are the inline templates above, compiled for the target.
-#define ONNXFUSE_ISA_FUNCTIONS(SUFFIX, TARGET, MR, NV, W)                                                            \
+#define ONNXFUSE_ISA_FUNCTIONS(SUFFIX, TARGET, MR, NV, W)                                                             \
   TARGET void Block##SUFFIX(const float* a, int64_t s, const float* b, int64_t bs, float* c, int64_t ldc, int64_t mp, \
-                            int64_t np, int64_t kc) {                                                                \
-    BlockImpl<MR, NV, W>(a, s, b, bs, c, ldc, mp, np, kc);                                                           \
-  }                                                                                                                  \
-  TARGET void PackBF32##SUFFIX(int nr, const BOperand& s, int64_t N, int64_t k0, int64_t kc, int64_t n0, int64_t nc, \
-                               float* d) { PackBImpl<Format::F32>(nr, s, N, k0, kc, n0, nc, d); }                    \
-  TARGET void PackBF16##SUFFIX(int nr, const BOperand& s, int64_t N, int64_t k0, int64_t kc, int64_t n0, int64_t nc, \
-                               float* d) { PackBImpl<Format::F16>(nr, s, N, k0, kc, n0, nc, d); }                    \
-  TARGET void PackBBF16##SUFFIX(int nr, const BOperand& s, int64_t N, int64_t k0, int64_t kc, int64_t n0,            \
-                                int64_t nc, float* d) { PackBImpl<Format::BF16>(nr, s, N, k0, kc, n0, nc, d); }      \
-  TARGET void PackAF32##SUFFIX(int mr, const void* x, int64_t M, int64_t K, int64_t kt, int64_t p, float* d) {       \
-    PackAImpl<Format::F32>(mr, x, M, K, kt, p, d);                                                                   \
-  }                                                                                                                  \
-  TARGET void PackAF16##SUFFIX(int mr, const void* x, int64_t M, int64_t K, int64_t kt, int64_t p, float* d) {       \
-    PackAImpl<Format::F16>(mr, x, M, K, kt, p, d);                                                                   \
-  }                                                                                                                  \
-  TARGET void PackABF16##SUFFIX(int mr, const void* x, int64_t M, int64_t K, int64_t kt, int64_t p, float* d) {      \
-    PackAImpl<Format::BF16>(mr, x, M, K, kt, p, d);                                                                  \
-  }                                                                                                                  \
-  const Isa kIsa##SUFFIX = {#SUFFIX,                                                                                 \
-                            MR,                                                                                      \
-                            NV * W,                                                                                  \
-                            Block##SUFFIX,                                                                           \
-                            {PackBF32##SUFFIX, PackBF16##SUFFIX, PackBBF16##SUFFIX},                                 \
+                            int64_t np, int64_t kc) {                                                                 \
+    BlockImpl<MR, NV, W>(a, s, b, bs, c, ldc, mp, np, kc);                                                            \
+  }                                                                                                                   \
+  TARGET void PackBF32##SUFFIX(int nr, const BOperand& s, int64_t N, int64_t k0, int64_t kc, int64_t n0, int64_t nc,  \
+                               float* d) {                                                                            \
+    PackBImpl<Format::F32>(nr, s, N, k0, kc, n0, nc, d);                                                              \
+  }                                                                                                                   \
+  TARGET void PackBF16##SUFFIX(int nr, const BOperand& s, int64_t N, int64_t k0, int64_t kc, int64_t n0, int64_t nc,  \
+                               float* d) {                                                                            \
+    PackBImpl<Format::F16>(nr, s, N, k0, kc, n0, nc, d);                                                              \
+  }                                                                                                                   \
+  TARGET void PackBBF16##SUFFIX(int nr, const BOperand& s, int64_t N, int64_t k0, int64_t kc, int64_t n0, int64_t nc, \
+                                float* d) {                                                                           \
+    PackBImpl<Format::BF16>(nr, s, N, k0, kc, n0, nc, d);                                                             \
+  }                                                                                                                   \
+  TARGET void PackAF32##SUFFIX(int mr, const void* x, int64_t M, int64_t K, int64_t kt, int64_t p, float* d) {        \
+    PackAImpl<Format::F32>(mr, x, M, K, kt, p, d);                                                                    \
+  }                                                                                                                   \
+  TARGET void PackAF16##SUFFIX(int mr, const void* x, int64_t M, int64_t K, int64_t kt, int64_t p, float* d) {        \
+    PackAImpl<Format::F16>(mr, x, M, K, kt, p, d);                                                                    \
+  }                                                                                                                   \
+  TARGET void PackABF16##SUFFIX(int mr, const void* x, int64_t M, int64_t K, int64_t kt, int64_t p, float* d) {       \
+    PackAImpl<Format::BF16>(mr, x, M, K, kt, p, d);                                                                   \
+  }                                                                                                                   \
+  const Isa kIsa##SUFFIX = {#SUFFIX,                                                                                  \
+                            MR,                                                                                       \
+                            NV * W,                                                                                   \
+                            Block##SUFFIX,                                                                            \
+                            {PackBF32##SUFFIX, PackBF16##SUFFIX, PackBBF16##SUFFIX},                                  \
                             {PackAF32##SUFFIX, PackAF16##SUFFIX, PackABF16##SUFFIX}};
 
 // AVX-512: 8 x 32 tile = 16 zmm accumulators of 32. AVX2: 6 x 16 = 12 ymm of 16 (the BLIS Haswell shape).
@@ -336,7 +354,7 @@ void Gemm(const GemmArgs& g) {
     if (a_f32 == nullptr) {
       a_conv.resize(size_t(K * r));
       for (int64_t i = 0; i < K * r; ++i)
-        a_conv[i] = g.fmt == Format::F32 ? static_cast<const float*>(g.lora_a)[i]
+        a_conv[i] = g.fmt == Format::F32   ? static_cast<const float*>(g.lora_a)[i]
                     : g.fmt == Format::F16 ? F16BitsToF32(static_cast<const uint16_t*>(g.lora_a)[i])
                                            : Bf16BitsToF32(static_cast<const uint16_t*>(g.lora_a)[i]);
       a_f32 = a_conv.data();
@@ -361,7 +379,8 @@ void Gemm(const GemmArgs& g) {
   // 3. Output tiles. Shrink NC when there are too few tiles to keep every thread busy (small M).
   int64_t nc_max = std::min<int64_t>(kNC, (N + NR - 1) / NR * NR);
   int64_t m_tiles = (M + kMB - 1) / kMB;
-  while (nc_max > 4 * NR && m_tiles * ((N + nc_max - 1) / nc_max) < 4 * threads) nc_max = (nc_max / 2 + NR - 1) / NR * NR;
+  while (nc_max > 4 * NR && m_tiles * ((N + nc_max - 1) / nc_max) < 4 * threads)
+    nc_max = (nc_max / 2 + NR - 1) / NR * NR;
   const int64_t n_tiles = (N + nc_max - 1) / nc_max;
   // With several threads and M spanning a few MB row blocks, halve MB (keeping it a multiple of 24, so of every
   // MR) until there are >= 8 tiles per thread: 9 tiles on 2 threads would leave one idle for a ninth of the run.

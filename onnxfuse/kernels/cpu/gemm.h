@@ -54,7 +54,7 @@ inline float F16BitsToF32(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000u) << 16;
   uint32_t o = uint32_t(h & 0x7fffu) << 13;  // exponent/mantissa into float position
   const uint32_t exp = o & 0x0f800000u;
-  o += 0x38000000u;                           // rebias 15 -> 127
+  o += 0x38000000u;                            // rebias 15 -> 127
   o += exp == 0x0f800000u ? 0x38000000u : 0u;  // inf/NaN: exponent all ones
   const uint32_t sub = exp == 0 ? 0x00800000u : 0u;
   o += sub;
@@ -112,8 +112,8 @@ struct AlignedFree {
 
 // A B operand converted to fp32 and packed once for the micro-kernel of this CPU (see PackB).
 struct PackedB {
-  int64_t k = 0, n = 0;  // rows (K_total) and columns of the operand
-  int nr = 0;            // panel width it was packed for (the selected ISA's NR)
+  int64_t k = 0, n = 0;                      // rows (K_total) and columns of the operand
+  int nr = 0;                                // panel width it was packed for (the selected ISA's NR)
   std::unique_ptr<float, AlignedFree> data;  // [ceil(n / nr)][k][nr], zero-padded columns
 };
 
@@ -151,7 +151,7 @@ struct GemmArgs {
   int num_b = 1;  // 1, or 2 (SwiGLU: gate and up share X)
   BOperand b[2];
   const Epilogue* epilogue = nullptr;
-  int threads = 0;  // 0: NumThreads(); how many tiles to aim for per pass
+  int threads = 0;                       // 0: NumThreads(); how many tiles to aim for per pass
   const ParallelRunner* pool = nullptr;  // where tiles run; null: the calling thread
 };
 

@@ -24,8 +24,10 @@ struct LinearActCpu {
       onednn = mm.Init(spec, wc, &bias);
     }
     if (!onednn) w.Init(FormatOf<T>::value, wc);
-    log.Created(Op::kName, std::string(onednn ? "W (oneDNN " + mm.mm.Describe(64) + ") " : w.valid ? "W " : "") + (bias.valid ? "bias" : "") +
-                               (onednn || !wc ? "" : " (built-in GEMM: " + mm.why + ")"));
+    log.Created(Op::kName, std::string(onednn    ? "W (oneDNN " + mm.mm.Describe(64) + ") "
+                                       : w.valid ? "W "
+                                                 : "") +
+                               (bias.valid ? "bias" : "") + (onednn || !wc ? "" : " (built-in GEMM: " + mm.why + ")"));
   }
 
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& W,

@@ -29,7 +29,7 @@ struct LoRACpu {
       sa.scale = attrs.scale;
       MatmulSpec sb;  // T @ B (B in fp32) into a dense fp32 tile
       sb.src = sb.dst = Format::F32, sb.K = r, sb.N = N, sb.block_n = ColumnBlock(N);
-      sb.ldy = -1;  // dense per block: the Add operand of X @ W
+      sb.ldy = -1;    // dense per block: the Add operand of X @ W
       MatmulSpec sw;  // act(X @ W + bias + tile)
       sw.src = sw.dst = FormatOf<T>::value, sw.K = K, sw.N = N, sw.block_n = ColumnBlock(N);
       sw.post = {PostOp::Add};
@@ -41,9 +41,10 @@ struct LoRACpu {
     }
     if (!onednn) wb.Init(FormatOf<T>::value, wc, &lb);
     const std::string why = mm_a.why + mm_b.why + mm_w.why;  // the first that failed; empty when not tried
-    log.Created(Op::kName, onednn ? "W A B bias (oneDNN " + mm_w.mm.Describe(64) + ")"
-                                  : std::string(wb.valid ? "[W;B] " : "") + (la.valid ? "A " : "") +
-                                        (bias.valid ? "bias" : "") + (why.empty() ? "" : " (built-in GEMM: " + why + ")"));
+    log.Created(Op::kName, onednn
+                               ? "W A B bias (oneDNN " + mm_w.mm.Describe(64) + ")"
+                               : std::string(wb.valid ? "[W;B] " : "") + (la.valid ? "A " : "") +
+                                     (bias.valid ? "bias" : "") + (why.empty() ? "" : " (built-in GEMM: " + why + ")"));
   }
 
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& W,
@@ -59,9 +60,8 @@ struct LoRACpu {
         const T* x = X.Data();
         const int64_t r = d.r, ld = std::min<int64_t>(ColumnBlock(d.N), d.N);
         std::vector<float> t(size_t(d.M * r));
-        ForTiles(pool, d.M, 1, [&](int64_t r0, int64_t rows, int64_t) {
-          mm_a.mm.Run(rows, x + r0 * d.K, t.data() + r0 * r, 0);
-        });
+        ForTiles(pool, d.M, 1,
+                 [&](int64_t r0, int64_t rows, int64_t) { mm_a.mm.Run(rows, x + r0 * d.K, t.data() + r0 * r, 0); });
         ForTiles(pool, d.M, mm_w.mm.Blocks(), [&](int64_t r0, int64_t rows, int64_t j) {
           float* tile = reinterpret_cast<float*>(TileScratch(0, size_t(rows * ld) * sizeof(float)));
           mm_b.mm.Run(rows, t.data() + r0 * r, tile, j);

@@ -17,7 +17,8 @@ template <typename T>
 struct MLPStackCpu {
   using Op = schema::MLPStack;
   MLPStackCpu(const OrtApi* api, const OrtKernelInfo* info)
-      : attrs(ReadOpAttrs(api, info, Op::kName)), acts(ReadStackActivations(api, info, Op::kName)),
+      : attrs(ReadOpAttrs(api, info, Op::kName)),
+        acts(ReadStackActivations(api, info, Op::kName)),
         log(LoggerOf(api, info)) {
     mode = ReadStackMode(api, info, Op::kName);
     w.resize(acts.size());
@@ -50,8 +51,8 @@ struct MLPStackCpu {
     }
     std::string impls;
     for (size_t i = 0; onednn && i < acts.size(); ++i) impls += (i ? ", " : "") + mm[i].mm.Describe(kRowBlock);
-    log.Created(Op::kName, what.empty() ? what
-                                        : what + (onednn ? " (oneDNN " + impls + ")" : " (built-in GEMM: " + why + ")"));
+    log.Created(Op::kName,
+                what.empty() ? what : what + (onednn ? " (oneDNN " + impls + ")" : " (built-in GEMM: " + why + ")"));
   }
 
   // Rows per task of the fused path: one task per thread while that is at most kRowBlock rows (intermediates of
@@ -81,26 +82,31 @@ struct MLPStackCpu {
           out = buf[i % 2].data();
         }
         const int64_t k = d.widths[i], n = d.widths[i + 1];
-        ForTiles(pool, d.M, 1, [&](int64_t r0, int64_t rows, int64_t) { mm[i].mm.Run(rows, h + r0 * k, out + r0 * n, 0); },
-                 kRowBlock);
+        ForTiles(
+            pool, d.M, 1, [&](int64_t r0, int64_t rows, int64_t) { mm[i].mm.Run(rows, h + r0 * k, out + r0 * n, 0); },
+            kRowBlock);
         h = out;
       }
       return;
     }
-    ForTiles(pool, d.M, 1, [&](int64_t r0, int64_t rows, int64_t) {
-      T* buf[2] = {reinterpret_cast<T*>(TileScratch(1, size_t(rows * widest) * sizeof(T))),
-                   reinterpret_cast<T*>(TileScratch(2, size_t(rows * widest) * sizeof(T)))};
-      const T* h = x + r0 * d.widths[0];
-      for (size_t i = 0; i < layers; ++i) {
-        T* out = i + 1 < layers ? buf[i % 2] : y + r0 * d.widths[layers];
-        mm[i].mm.Run(rows, h, out, 0);
-        h = out;
-      }
-    }, kRowBlock, 1);
+    ForTiles(
+        pool, d.M, 1,
+        [&](int64_t r0, int64_t rows, int64_t) {
+          T* buf[2] = {reinterpret_cast<T*>(TileScratch(1, size_t(rows * widest) * sizeof(T))),
+                       reinterpret_cast<T*>(TileScratch(2, size_t(rows * widest) * sizeof(T)))};
+          const T* h = x + r0 * d.widths[0];
+          for (size_t i = 0; i < layers; ++i) {
+            T* out = i + 1 < layers ? buf[i % 2] : y + r0 * d.widths[layers];
+            mm[i].mm.Run(rows, h, out, 0);
+            h = out;
+          }
+        },
+        kRowBlock, 1);
   }
 
   template <Act A>
-  void Layer(const ParallelRunner& pool, const T* in, const void* wd, const T* bd, T* out, int64_t m, int64_t k, int64_t n, size_t i) {
+  void Layer(const ParallelRunner& pool, const T* in, const void* wd, const T* bd, T* out, int64_t m, int64_t k,
+             int64_t n, size_t i) {
     LinearDims d;
     d.M = m, d.K = k, d.N = n;
     const BiasAct<T, A> epi(bias[i].Match(bd), bd, n, out);
@@ -113,33 +119,36 @@ struct MLPStackCpu {
 
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
     return GuardCompute([&] {
-      Ort::KernelContext ctx(context);
-      const VariadicInputs in(ctx);
-      const StackDims d = MLPStackDims(Op::kName, acts.size(), in.shapes);
-      T* y = static_cast<T*>(ctx.GetOutput(Op::kY, d.out_shape).GetTensorMutableRawData());
-      if (d.M == 0 || d.widths.back() == 0) return;
-      const OrtPool pool(context);
-      if (OnednnMatches(in)) {
-        log.Used(Op::kName, "oneDNN");
-        RunOnednn(pool, d, static_cast<const T*>(in.data[Op::kX]), y);
-        return;
-      }
-      std::vector<T> buf[2];
-      const T* h = static_cast<const T*>(in.data[Op::kX]);
-      for (size_t i = 0; i < acts.size(); ++i) {
-        const int64_t k = d.widths[i], n = d.widths[i + 1];
-        T* out = y;
-        if (i + 1 < acts.size()) {
-          buf[i % 2].resize(static_cast<size_t>(d.M * n));
-          out = buf[i % 2].data();
-        }
-        const void* wd = in.data[Op::W(int(i))];
-        const T* bd = static_cast<const T*>(in.data[Op::Bias(int(i))]);
-        if (acts[i] == ONNXFUSE_ACT_RELU) Layer<Act::Relu>(pool, h, wd, bd, out, d.M, k, n, i);
-        else Layer<Act::Sigmoid>(pool, h, wd, bd, out, d.M, k, n, i);
-        h = out;
-      }
-    }).release();
+             Ort::KernelContext ctx(context);
+             const VariadicInputs in(ctx);
+             const StackDims d = MLPStackDims(Op::kName, acts.size(), in.shapes);
+             T* y = static_cast<T*>(ctx.GetOutput(Op::kY, d.out_shape).GetTensorMutableRawData());
+             if (d.M == 0 || d.widths.back() == 0) return;
+             const OrtPool pool(context);
+             if (OnednnMatches(in)) {
+               log.Used(Op::kName, "oneDNN");
+               RunOnednn(pool, d, static_cast<const T*>(in.data[Op::kX]), y);
+               return;
+             }
+             std::vector<T> buf[2];
+             const T* h = static_cast<const T*>(in.data[Op::kX]);
+             for (size_t i = 0; i < acts.size(); ++i) {
+               const int64_t k = d.widths[i], n = d.widths[i + 1];
+               T* out = y;
+               if (i + 1 < acts.size()) {
+                 buf[i % 2].resize(static_cast<size_t>(d.M * n));
+                 out = buf[i % 2].data();
+               }
+               const void* wd = in.data[Op::W(int(i))];
+               const T* bd = static_cast<const T*>(in.data[Op::Bias(int(i))]);
+               if (acts[i] == ONNXFUSE_ACT_RELU)
+                 Layer<Act::Relu>(pool, h, wd, bd, out, d.M, k, n, i);
+               else
+                 Layer<Act::Sigmoid>(pool, h, wd, bd, out, d.M, k, n, i);
+               h = out;
+             }
+           })
+        .release();
   }
 
   OpAttrs attrs;  // backend is irrelevant once the node sits on the CPU EP (see common/attrs.h)

@@ -34,17 +34,26 @@ constexpr int64_t kNarrowN = 8;  // blocks narrower than this run as dot product
 
 float LoadAs(Format f, const void* p, int64_t i) {
   switch (f) {
-    case Format::F32: return static_cast<const float*>(p)[i];
-    case Format::F16: return F16BitsToF32(static_cast<const uint16_t*>(p)[i]);
-    default: return Bf16BitsToF32(static_cast<const uint16_t*>(p)[i]);
+    case Format::F32:
+      return static_cast<const float*>(p)[i];
+    case Format::F16:
+      return F16BitsToF32(static_cast<const uint16_t*>(p)[i]);
+    default:
+      return Bf16BitsToF32(static_cast<const uint16_t*>(p)[i]);
   }
 }
 
 void StoreAs(Format f, void* p, int64_t i, float v) {
   switch (f) {
-    case Format::F32: static_cast<float*>(p)[i] = v; break;
-    case Format::F16: static_cast<uint16_t*>(p)[i] = F32ToF16Bits(v); break;
-    default: static_cast<uint16_t*>(p)[i] = F32ToBf16Bits(v); break;
+    case Format::F32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case Format::F16:
+      static_cast<uint16_t*>(p)[i] = F32ToF16Bits(v);
+      break;
+    default:
+      static_cast<uint16_t*>(p)[i] = F32ToBf16Bits(v);
+      break;
   }
 }
 
@@ -54,14 +63,30 @@ size_t ElemSize(Format f) { return f == Format::F32 ? 4 : 2; }
 float ApplyPost(const std::vector<PostOp>& post, float scale, float z, float t) {
   for (PostOp p : post) {
     switch (p) {
-      case PostOp::Relu: z = z > 0.f ? z : (z == z ? 0.f : z); break;
-      case PostOp::Sigmoid: z = 1.0f / (1.0f + std::exp(-z)); break;
-      case PostOp::Swish: z = GateAct<ONNXFUSE_GATE_SILU>(z); break;
-      case PostOp::QuickGelu: z = GateAct<ONNXFUSE_GATE_QUICK_GELU>(z); break;
-      case PostOp::GeluTanh: z = GateAct<ONNXFUSE_GATE_GELU_TANH>(z); break;
-      case PostOp::Scale: z *= scale; break;
-      case PostOp::Add: z += t; break;
-      case PostOp::Mul: z *= t; break;
+      case PostOp::Relu:
+        z = z > 0.f ? z : (z == z ? 0.f : z);
+        break;
+      case PostOp::Sigmoid:
+        z = 1.0f / (1.0f + std::exp(-z));
+        break;
+      case PostOp::Swish:
+        z = GateAct<ONNXFUSE_GATE_SILU>(z);
+        break;
+      case PostOp::QuickGelu:
+        z = GateAct<ONNXFUSE_GATE_QUICK_GELU>(z);
+        break;
+      case PostOp::GeluTanh:
+        z = GateAct<ONNXFUSE_GATE_GELU_TANH>(z);
+        break;
+      case PostOp::Scale:
+        z *= scale;
+        break;
+      case PostOp::Add:
+        z += t;
+        break;
+      case PostOp::Mul:
+        z *= t;
+        break;
     }
   }
   return z;
@@ -176,7 +201,7 @@ struct OnednnMatmul::Impl {
   std::vector<dnnl::memory> packed;  // per column block, in the layout chosen for typical_m rows
   std::vector<float> bias;           // [N] fp32 (empty: no bias)
   // narrow path
-  std::vector<float> w_f32;          // [K, N]
+  std::vector<float> w_f32;  // [K, N]
   struct Entry {
     int64_t m, width;
     std::shared_ptr<dnnl::matmul> prim;
@@ -206,14 +231,23 @@ struct OnednnMatmul::Impl {
     for (size_t i = 0; i < spec.post.size() - (TrailingRelu() ? 1 : 0); ++i) {
       const PostOp p = spec.post[i];
       switch (p) {
-        case PostOp::Relu: throw std::logic_error("OnednnMatmul: ReLU must be the last post-op");
-        case PostOp::Sigmoid: po.append_eltwise(dnnl::algorithm::eltwise_logistic, 0.f, 0.f); break;
-        case PostOp::Swish: po.append_eltwise(dnnl::algorithm::eltwise_swish, 1.f, 0.f); break;
+        case PostOp::Relu:
+          throw std::logic_error("OnednnMatmul: ReLU must be the last post-op");
+        case PostOp::Sigmoid:
+          po.append_eltwise(dnnl::algorithm::eltwise_logistic, 0.f, 0.f);
+          break;
+        case PostOp::Swish:
+          po.append_eltwise(dnnl::algorithm::eltwise_swish, 1.f, 0.f);
+          break;
         case PostOp::QuickGelu:
           po.append_eltwise(dnnl::algorithm::eltwise_swish, ONNXFUSE_QUICK_GELU_ALPHA, 0.f);
           break;
-        case PostOp::GeluTanh: po.append_eltwise(dnnl::algorithm::eltwise_gelu_tanh, 0.f, 0.f); break;
-        case PostOp::Scale: po.append_eltwise(dnnl::algorithm::eltwise_linear, spec.scale, 0.f); break;
+        case PostOp::GeluTanh:
+          po.append_eltwise(dnnl::algorithm::eltwise_gelu_tanh, 0.f, 0.f);
+          break;
+        case PostOp::Scale:
+          po.append_eltwise(dnnl::algorithm::eltwise_linear, spec.scale, 0.f);
+          break;
         case PostOp::Add:
         case PostOp::Mul:
           po.append_binary(p == PostOp::Add ? dnnl::algorithm::binary_add : dnnl::algorithm::binary_mul,
@@ -231,8 +265,8 @@ struct OnednnMatmul::Impl {
     const int64_t ldx = spec.ldx > 0 ? spec.ldx : spec.K, ldy = LdPrim(width);
     dnnl::memory::desc src({m, spec.K}, DnnlType(spec.src), dnnl::memory::dims{ldx, 1});
     dnnl::memory::desc dst({m, width}, DnnlType(spec.dst), dnnl::memory::dims{ldy, 1});
-    dnnl::memory::desc bmd = bias.empty() ? dnnl::memory::desc() : dnnl::memory::desc({1, width}, dt::f32,
-                                                                                    dnnl::memory::dims{width, 1});
+    dnnl::memory::desc bmd =
+        bias.empty() ? dnnl::memory::desc() : dnnl::memory::desc({1, width}, dt::f32, dnnl::memory::dims{width, 1});
     return dnnl::matmul::primitive_desc(Engine(), src, wmd, bmd, dst, Attr(m, width));
   }
 
@@ -246,9 +280,9 @@ struct OnednnMatmul::Impl {
     try {
       auto pd = Desc(m, width, packed[j].get_desc());
       static std::atomic<uint64_t> next_id{1};
-      cache.push_back(std::make_shared<const Entry>(Entry{m, width, std::make_shared<dnnl::matmul>(pd),
-                                                          pd.impl_info_str(), pd.scratchpad_desc().get_size(),
-                                                          next_id.fetch_add(1)}));
+      cache.push_back(
+          std::make_shared<const Entry>(Entry{m, width, std::make_shared<dnnl::matmul>(pd), pd.impl_info_str(),
+                                              pd.scratchpad_desc().get_size(), next_id.fetch_add(1)}));
     } catch (const dnnl::error& e) {
       Rethrow(e, "matmul creation");
     }
@@ -288,8 +322,9 @@ bool OnednnMatmul::Init(const MatmulSpec& spec, const void* w, const float* bias
       im->packed.push_back(std::move(dst));
     }
   } catch (const dnnl::error& e) {
-    if (why != nullptr) *why = e.status == dnnl_unimplemented ? "oneDNN has no matmul for these types on this CPU"
-                                                              : std::string("oneDNN: ") + e.what();
+    if (why != nullptr)
+      *why = e.status == dnnl_unimplemented ? "oneDNN has no matmul for these types on this CPU"
+                                            : std::string("oneDNN: ") + e.what();
     return false;
   }
   impl_ = std::move(im);
@@ -326,18 +361,20 @@ void OnednnMatmul::Run(int64_t m, const void* x, void* y, int64_t j, const float
                                               eng, nullptr));
       args.emplace(DNNL_ARG_WEIGHTS, im.packed[size_t(j)]);
       if (!im.bias.empty())
-        args.emplace(DNNL_ARG_BIAS, dnnl::memory(dnnl::memory::desc({1, width}, dt::f32, dnnl::memory::dims{width, 1}),
-                                                 eng, nullptr));
+        args.emplace(DNNL_ARG_BIAS,
+                     dnnl::memory(dnnl::memory::desc({1, width}, dt::f32, dnnl::memory::dims{width, 1}), eng, nullptr));
       args.emplace(DNNL_ARG_DST, dnnl::memory(dnnl::memory::desc({m, width}, DnnlType(s.dst),
-                                                                 dnnl::memory::dims{im.LdPrim(width), 1}), eng, nullptr));
+                                                                 dnnl::memory::dims{im.LdPrim(width), 1}),
+                                              eng, nullptr));
       for (size_t p = 0; p < s.post.size(); ++p)
         if (s.post[p] == PostOp::Add || s.post[p] == PostOp::Mul)
-          args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(int(p)) | DNNL_ARG_SRC_1,
-                       dnnl::memory(dnnl::memory::desc({m, width}, dt::f32, dnnl::memory::dims{ld_tile, 1}), eng,
-                                    nullptr));
+          args.emplace(
+              DNNL_ARG_ATTR_MULTIPLE_POST_OP(int(p)) | DNNL_ARG_SRC_1,
+              dnnl::memory(dnnl::memory::desc({m, width}, dt::f32, dnnl::memory::dims{ld_tile, 1}), eng, nullptr));
       if (e.scratch > 0)
-        args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(dnnl::memory::desc({int64_t(e.scratch)}, dt::u8,
-                                                                           dnnl::memory::dims{1}), eng, nullptr));
+        args.emplace(
+            DNNL_ARG_SCRATCHPAD,
+            dnnl::memory(dnnl::memory::desc({int64_t(e.scratch)}, dt::u8, dnnl::memory::dims{1}), eng, nullptr));
     }
     // The entry is keyed by (m, width), not by block: the weights of block j go in every call.
     args[DNNL_ARG_WEIGHTS] = im.packed[size_t(j)];
@@ -374,18 +411,30 @@ namespace {
 
 const char* IsaName(dnnl::cpu_isa isa) {
   switch (isa) {
-    case dnnl::cpu_isa::sse41: return "sse41";
-    case dnnl::cpu_isa::avx: return "avx";
-    case dnnl::cpu_isa::avx2: return "avx2";
-    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
-    case dnnl::cpu_isa::avx2_vnni_2: return "avx2_vnni_2";
-    case dnnl::cpu_isa::avx512_core: return "avx512_core";
-    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
-    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
-    case dnnl::cpu_isa::avx512_core_fp16: return "avx512_core_fp16";
-    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
-    case dnnl::cpu_isa::avx512_core_amx_fp16: return "avx512_core_amx_fp16";
-    default: return "default";
+    case dnnl::cpu_isa::sse41:
+      return "sse41";
+    case dnnl::cpu_isa::avx:
+      return "avx";
+    case dnnl::cpu_isa::avx2:
+      return "avx2";
+    case dnnl::cpu_isa::avx2_vnni:
+      return "avx2_vnni";
+    case dnnl::cpu_isa::avx2_vnni_2:
+      return "avx2_vnni_2";
+    case dnnl::cpu_isa::avx512_core:
+      return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni:
+      return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16:
+      return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_fp16:
+      return "avx512_core_fp16";
+    case dnnl::cpu_isa::avx512_core_amx:
+      return "avx512_core_amx";
+    case dnnl::cpu_isa::avx512_core_amx_fp16:
+      return "avx512_core_amx_fp16";
+    default:
+      return "default";
   }
 }
 
@@ -397,8 +446,8 @@ std::string OnednnHostJson() {
   const std::vector<float> bias(kProbe, 0.0f);
   const std::vector<float> w(kProbe * kProbe, 0.0f);  // all-zero bits are 0 in every format
   std::string out = std::string("{\"isa\": \"") + IsaName(dnnl::get_effective_cpu_isa()) + "\", \"matmul\": {";
-  const std::pair<const char*, Format> types[] = {{"float", Format::F32}, {"float16", Format::F16},
-                                                  {"bfloat16", Format::BF16}};
+  const std::pair<const char*, Format> types[] = {
+      {"float", Format::F32}, {"float16", Format::F16}, {"bfloat16", Format::BF16}};
   bool first = true;
   for (const auto& [name, format] : types) {
     MatmulSpec spec;

@@ -54,7 +54,7 @@ struct MatmulSpec {
                              // each block's tile dense, as the Add/Mul operand of another OnednnMatmul wants it)
   // The Add/Mul tile is dense: [m, block width]. (A wider row stride makes oneDNN 3.2 leave its brgemm kernels for
   // the reference implementation, ~1000x slower.)
-  int64_t typical_m = 64;    // rows the weights' layout is chosen for
+  int64_t typical_m = 64;  // rows the weights' layout is chosen for
 };
 
 class OnednnMatmul {

@@ -1,6 +1,6 @@
-// Pieces shared by the CPU op files (linear_act.cc, swiglu.cc, lora_linear.cc, mlp_stack.cc, embedding_interaction.cc): element-type mapping,
-// the bias + activation epilogue, constant-weight prepacking, and the per-file registration hooks that
-// register_cpu.cc calls.
+// Pieces shared by the CPU op files (linear_act.cc, swiglu.cc, lora_linear.cc, mlp_stack.cc, embedding_interaction.cc):
+// element-type mapping, the bias + activation epilogue, constant-weight prepacking, and the per-file registration hooks
+// that register_cpu.cc calls.
 #pragma once
 
 #include <algorithm>
@@ -24,20 +24,50 @@
 namespace onnxfuse {
 namespace cpu {
 
-template <typename T> struct FormatOf;
-template <> struct FormatOf<float> { static constexpr Format value = Format::F32; };
-template <> struct FormatOf<Ort::Float16_t> { static constexpr Format value = Format::F16; };
-template <> struct FormatOf<Ort::BFloat16_t> { static constexpr Format value = Format::BF16; };
+template <typename T>
+struct FormatOf;
+template <>
+struct FormatOf<float> {
+  static constexpr Format value = Format::F32;
+};
+template <>
+struct FormatOf<Ort::Float16_t> {
+  static constexpr Format value = Format::F16;
+};
+template <>
+struct FormatOf<Ort::BFloat16_t> {
+  static constexpr Format value = Format::BF16;
+};
 
-template <typename T> inline float ToF32(T v);
-template <> inline float ToF32<float>(float v) { return v; }
-template <> inline float ToF32<Ort::Float16_t>(Ort::Float16_t v) { return F16BitsToF32(v.val); }
-template <> inline float ToF32<Ort::BFloat16_t>(Ort::BFloat16_t v) { return Bf16BitsToF32(v.val); }
+template <typename T>
+inline float ToF32(T v);
+template <>
+inline float ToF32<float>(float v) {
+  return v;
+}
+template <>
+inline float ToF32<Ort::Float16_t>(Ort::Float16_t v) {
+  return F16BitsToF32(v.val);
+}
+template <>
+inline float ToF32<Ort::BFloat16_t>(Ort::BFloat16_t v) {
+  return Bf16BitsToF32(v.val);
+}
 
-template <typename T> inline T FromF32(float v);
-template <> inline float FromF32<float>(float v) { return v; }
-template <> inline Ort::Float16_t FromF32<Ort::Float16_t>(float v) { return Ort::Float16_t::FromBits(F32ToF16Bits(v)); }
-template <> inline Ort::BFloat16_t FromF32<Ort::BFloat16_t>(float v) { return Ort::BFloat16_t::FromBits(F32ToBf16Bits(v)); }
+template <typename T>
+inline T FromF32(float v);
+template <>
+inline float FromF32<float>(float v) {
+  return v;
+}
+template <>
+inline Ort::Float16_t FromF32<Ort::Float16_t>(float v) {
+  return Ort::Float16_t::FromBits(F32ToF16Bits(v));
+}
+template <>
+inline Ort::BFloat16_t FromF32<Ort::BFloat16_t>(float v) {
+  return Ort::BFloat16_t::FromBits(F32ToBf16Bits(v));
+}
 
 // Transcendentals in fp32 (schema rule). 1 / (1 + e^-z) is exact enough and saturates cleanly: e^-z = inf -> 0.
 inline float Sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
@@ -192,8 +222,9 @@ struct PrepackLog {
   std::atomic<bool> said{false};
   explicit PrepackLog(const OrtLogger* l) : logger(l) {}
   void Created(const char* op, const std::string& what) const {
-    LogTo(logger, ORT_LOGGING_LEVEL_INFO, std::string("onnxfuse[cpu] ") + op + ": prepacked " +
-                                              (what.empty() ? std::string("nothing (no constant weights)") : what));
+    LogTo(logger, ORT_LOGGING_LEVEL_INFO,
+          std::string("onnxfuse[cpu] ") + op + ": prepacked " +
+              (what.empty() ? std::string("nothing (no constant weights)") : what));
   }
   void Used(const char* op, const char* engine = "built-in GEMM") {
     if (!said.exchange(true, std::memory_order_relaxed))
@@ -247,7 +278,8 @@ inline int64_t RowBlock(int64_t M, int64_t col_blocks, int64_t max_rows = 256, i
                         int64_t min_rows = 8) {
   const int64_t want = per_thread * int64_t(NumThreads());
   int64_t mb = std::min<int64_t>(M, max_rows);
-  while (mb > min_rows && ((M + mb - 1) / mb) * col_blocks < want) mb = std::max<int64_t>(min_rows, (mb / 2 + 7) / 8 * 8);
+  while (mb > min_rows && ((M + mb - 1) / mb) * col_blocks < want)
+    mb = std::max<int64_t>(min_rows, (mb / 2 + 7) / 8 * 8);
   return std::max<int64_t>(mb, 1);
 }
 

@@ -40,11 +40,16 @@ void RunSwiGLU(GemmArgs g, T* y, int64_t n) {
 // --special-values on a Sapphire Rapids Xeon); both run in the built-in GEMM's epilogue.
 std::optional<PostOp> GatePostOp(int act) {
   switch (act) {
-    case ONNXFUSE_GATE_SILU: return PostOp::Swish;
-    case ONNXFUSE_GATE_QUICK_GELU: return PostOp::QuickGelu;
-    case ONNXFUSE_GATE_GELU_TANH: return PostOp::GeluTanh;
-    case ONNXFUSE_GATE_SIGMOID: return PostOp::Sigmoid;
-    default: return std::nullopt;
+    case ONNXFUSE_GATE_SILU:
+      return PostOp::Swish;
+    case ONNXFUSE_GATE_QUICK_GELU:
+      return PostOp::QuickGelu;
+    case ONNXFUSE_GATE_GELU_TANH:
+      return PostOp::GeluTanh;
+    case ONNXFUSE_GATE_SIGMOID:
+      return PostOp::Sigmoid;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -53,7 +58,8 @@ template <typename T>
 struct SwiGLUCpu {
   using Op = schema::SwiGLU;
   SwiGLUCpu(const OrtApi* api, const OrtKernelInfo* info)
-      : attrs(ReadOpAttrs(api, info, Op::kName)), act(ReadGateActivation(api, info, Op::kName)),
+      : attrs(ReadOpAttrs(api, info, Op::kName)),
+        act(ReadGateActivation(api, info, Op::kName)),
         log(LoggerOf(api, info)) {
     const auto gc = GetConstantInput(api, info, Op::kWGate), uc = GetConstantInput(api, info, Op::kWUp);
     // The gate activations with a faithful oneDNN eltwise post-op (GatePostOp) run on oneDNN; relu and gelu in the
@@ -109,12 +115,18 @@ struct SwiGLUCpu {
       g.b[1] = BOperand{W_up.Data(), d.K, nullptr, wu.Match(W_up.Data())};
       if (g.b[0].packed != nullptr || g.b[1].packed != nullptr) log.Used(Op::kName);
       switch (act) {
-        case ONNXFUSE_GATE_GELU: return RunSwiGLU<T, ONNXFUSE_GATE_GELU>(g, y, d.N);
-        case ONNXFUSE_GATE_GELU_TANH: return RunSwiGLU<T, ONNXFUSE_GATE_GELU_TANH>(g, y, d.N);
-        case ONNXFUSE_GATE_QUICK_GELU: return RunSwiGLU<T, ONNXFUSE_GATE_QUICK_GELU>(g, y, d.N);
-        case ONNXFUSE_GATE_RELU: return RunSwiGLU<T, ONNXFUSE_GATE_RELU>(g, y, d.N);
-        case ONNXFUSE_GATE_SIGMOID: return RunSwiGLU<T, ONNXFUSE_GATE_SIGMOID>(g, y, d.N);
-        default: return RunSwiGLU<T, ONNXFUSE_GATE_SILU>(g, y, d.N);
+        case ONNXFUSE_GATE_GELU:
+          return RunSwiGLU<T, ONNXFUSE_GATE_GELU>(g, y, d.N);
+        case ONNXFUSE_GATE_GELU_TANH:
+          return RunSwiGLU<T, ONNXFUSE_GATE_GELU_TANH>(g, y, d.N);
+        case ONNXFUSE_GATE_QUICK_GELU:
+          return RunSwiGLU<T, ONNXFUSE_GATE_QUICK_GELU>(g, y, d.N);
+        case ONNXFUSE_GATE_RELU:
+          return RunSwiGLU<T, ONNXFUSE_GATE_RELU>(g, y, d.N);
+        case ONNXFUSE_GATE_SIGMOID:
+          return RunSwiGLU<T, ONNXFUSE_GATE_SIGMOID>(g, y, d.N);
+        default:
+          return RunSwiGLU<T, ONNXFUSE_GATE_SILU>(g, y, d.N);
       }
     });
   }

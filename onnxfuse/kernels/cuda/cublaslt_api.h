@@ -39,7 +39,7 @@ constexpr uint32_t kEpilogueBias = 4;
 constexpr uint32_t kEpilogueReluBias = 6;
 
 // cublasLtMatmulPreferenceAttributes_t
-constexpr int kPrefMaxWorkspaceBytes = 1;  // uint64_t
+constexpr int kPrefMaxWorkspaceBytes = 1;   // uint64_t
 constexpr int kPrefMinAlignmentABytes = 5;  // uint32_t, and B, C, D after it
 constexpr int kPrefMinAlignmentBBytes = 6;
 constexpr int kPrefMinAlignmentCBytes = 7;
@@ -57,10 +57,10 @@ struct HeuristicResult {  // cublasLtMatmulHeuristicResult_t
 };
 
 // Opaque handles (pointers in the C API).
-using Handle = void*;       // cublasLtHandle_t
-using MatmulDesc = void*;   // cublasLtMatmulDesc_t
-using Layout = void*;       // cublasLtMatrixLayout_t
-using Preference = void*;   // cublasLtMatmulPreference_t
+using Handle = void*;      // cublasLtHandle_t
+using MatmulDesc = void*;  // cublasLtMatmulDesc_t
+using Layout = void*;      // cublasLtMatrixLayout_t
+using Preference = void*;  // cublasLtMatmulPreference_t
 
 // The entry points, resolved with dlsym from libcublasLt.
 struct Api {

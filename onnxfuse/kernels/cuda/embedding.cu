@@ -36,8 +36,8 @@ int Run(const void* table, const int64_t* ids, void* y, int64_t n, int64_t vocab
   const int threads = 256;
   int64_t blocks = (n * row_vecs + threads - 1) / threads;
   if (blocks > 65536) blocks = 65536;
-  EmbeddingKernel<V><<<unsigned(blocks), threads, 0, stream>>>(static_cast<const V*>(table), ids,
-                                                               static_cast<V*>(y), n, vocab, row_vecs);
+  EmbeddingKernel<V><<<unsigned(blocks), threads, 0, stream>>>(static_cast<const V*>(table), ids, static_cast<V*>(y), n,
+                                                               vocab, row_vecs);
   return int(cudaGetLastError());
 }
 
@@ -53,7 +53,8 @@ extern "C" int onnxfuse_cuda_embedding(int dtype, const void* table, const int64
   const int64_t elem = dtype == ONNXFUSE_FP32 ? 4 : 2;
   const int64_t row_bytes = d * elem;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (row_bytes % 16 == 0 && Aligned16(table) && Aligned16(y)) return Run<uint4>(table, ids, y, n, vocab, row_bytes / 16, s);
+  if (row_bytes % 16 == 0 && Aligned16(table) && Aligned16(y))
+    return Run<uint4>(table, ids, y, n, vocab, row_bytes / 16, s);
   if (elem == 4) return Run<uint32_t>(table, ids, y, n, vocab, d, s);
   return Run<uint16_t>(table, ids, y, n, vocab, d, s);
 }

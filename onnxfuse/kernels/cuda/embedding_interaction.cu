@@ -20,14 +20,34 @@ constexpr int kMaxWarpsPerBlock = 8;
 constexpr size_t kDefaultShared = 48 * 1024;  // more needs the per-kernel opt-in
 constexpr size_t kMaxShared = 200 * 1024;     // under every sm_80+ limit (227 KB on sm_90, 163 KB on sm_80)
 
-template <typename T> __device__ __forceinline__ float ToF(T v);
-template <> __device__ __forceinline__ float ToF<float>(float v) { return v; }
-template <> __device__ __forceinline__ float ToF<__half>(__half v) { return __half2float(v); }
-template <> __device__ __forceinline__ float ToF<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T> __device__ __forceinline__ T FromF(float v);
-template <> __device__ __forceinline__ float FromF<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half FromF<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <typename T>
+__device__ __forceinline__ float ToF(T v);
+template <>
+__device__ __forceinline__ float ToF<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ float ToF<__half>(__half v) {
+  return __half2float(v);
+}
+template <>
+__device__ __forceinline__ float ToF<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <typename T>
+__device__ __forceinline__ T FromF(float v);
+template <>
+__device__ __forceinline__ float FromF<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half FromF<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 
 struct Params {
   const void* x;
@@ -136,8 +156,8 @@ template <typename T>
 int Launch(const Params& p, int warps, size_t per_warp, cudaStream_t stream) {
   const size_t shared = size_t(warps) * per_warp;
   if (shared > kDefaultShared) {
-    const cudaError_t e = cudaFuncSetAttribute(EmbeddingInteractionKernel<T>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared));
+    const cudaError_t e =
+        cudaFuncSetAttribute(EmbeddingInteractionKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared));
     if (e != cudaSuccess) return int(e);
   }
   const int64_t blocks = (p.B + warps - 1) / warps;
@@ -153,8 +173,8 @@ extern "C" int onnxfuse_cuda_embedding_interaction(int dtype, int interaction, i
                                                    int64_t batch, int64_t d, int64_t features, int64_t n_indices,
                                                    int64_t rows, void* stream) {
   int64_t width = 0;
-  const int check = onnxfuse_embedding_interaction_check(dtype, interaction, hash, batch, d, features, n_indices, rows,
-                                                         &width);
+  const int check =
+      onnxfuse_embedding_interaction_check(dtype, interaction, hash, batch, d, features, n_indices, rows, &width);
   if (check != 0) return check > 0 ? 0 : check;
   const int64_t n = features + 1;
   const size_t per_warp = size_t(n) * size_t(d + 1) * sizeof(float);
@@ -162,14 +182,17 @@ extern "C" int onnxfuse_cuda_embedding_interaction(int dtype, int interaction, i
   int warps = kMaxWarpsPerBlock;
   while (warps > 1 && size_t(warps) * per_warp > kDefaultShared) --warps;
   if ((batch + warps - 1) / warps > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;
-  Params p{x, ids, offsets, table, table_offsets, cardinality, y, batch, d, features, n_indices, rows, width,
-           interaction, hash, false};
+  Params p{x, ids,      offsets,   table, table_offsets, cardinality, y,    batch,
+           d, features, n_indices, rows,  width,         interaction, hash, false};
   const int64_t elem = dtype == ONNXFUSE_FP32 ? 4 : 2;
   p.vector_rows = Aligned16(table) && (d * elem) % 16 == 0;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
-    case ONNXFUSE_FP32: return Launch<float>(p, warps, per_warp, s);
-    case ONNXFUSE_FP16: return Launch<__half>(p, warps, per_warp, s);
-    default: return Launch<__nv_bfloat16>(p, warps, per_warp, s);
+    case ONNXFUSE_FP32:
+      return Launch<float>(p, warps, per_warp, s);
+    case ONNXFUSE_FP16:
+      return Launch<__half>(p, warps, per_warp, s);
+    default:
+      return Launch<__nv_bfloat16>(p, warps, per_warp, s);
   }
 }

@@ -17,7 +17,8 @@ struct EmbeddingInteractionBase {
   using Op = std::conditional_t<Bag, schema::EmbeddingBagInteraction, schema::EmbeddingInteraction>;
   static constexpr const char* kName = Op::kName;
   EmbeddingInteractionBase(const OrtApi* api, const OrtKernelInfo* info)
-      : attrs(ReadOpAttrs(api, info, kName)), interaction(ReadInteraction(api, info, kName)),
+      : attrs(ReadOpAttrs(api, info, kName)),
+        interaction(ReadInteraction(api, info, kName)),
         hash(Bag ? ONNXFUSE_HASH_NONE : ReadHash(api, info, kName)) {
     if (attrs.backend == Backend::kAuto && !triton::kEmbeddingAutoTriton) attrs.backend = Backend::kCuda;
   }
@@ -27,9 +28,9 @@ struct EmbeddingInteractionBase {
            Ort::Custom::Tensor<T>& Y) {
     std::vector<int64_t> offsets_shape;
     if (offsets != nullptr) offsets_shape = offsets->Shape();
-    const EmbeddingDims e = EmbeddingOpDims(kName, interaction, X.Shape(), ids.Shape(),
-                                            offsets != nullptr ? &offsets_shape : nullptr, table.Shape(),
-                                            table_offsets.Shape(), cardinality.Shape());
+    const EmbeddingDims e =
+        EmbeddingOpDims(kName, interaction, X.Shape(), ids.Shape(), offsets != nullptr ? &offsets_shape : nullptr,
+                        table.Shape(), table_offsets.Shape(), cardinality.Shape());
     T* y = Y.Allocate(e.out_shape);
     if (e.B == 0 || e.width == 0) return;
     void* stream = StreamOf(ctx);
@@ -45,8 +46,8 @@ struct EmbeddingInteractionBase {
                                                      e.N, e.R, stream);
         },
         [&] {
-          return onnxfuse_triton_embedding_interaction(dt, interaction, hash, x, id, off, tb, to, ca, y, e.B, e.d,
-                                                       e.F, e.N, e.R, stream);
+          return onnxfuse_triton_embedding_interaction(dt, interaction, hash, x, id, off, tb, to, ca, y, e.B, e.d, e.F,
+                                                       e.N, e.R, stream);
         });
   }
   OpAttrs attrs;

@@ -35,7 +35,7 @@ thread_local char g_cublas_error[160] = "onnxfuse: cuBLASLt call failed";
 
 const lt::Api* LoadApi() {
   static lt::Api api{};
-  static const lt::Api* loaded = [] () -> const lt::Api* {
+  static const lt::Api* loaded = []() -> const lt::Api* {
     static const char* kNames[] = {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"};
     void* lib = nullptr;
     for (int flags : {RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD, RTLD_NOW | RTLD_LOCAL})
@@ -167,8 +167,12 @@ int Gemm(const GemmArgs& g, void* workspace, int64_t workspace_bytes, cudaStream
   if (g.k == 0) {
     return ByDtype(g.dtype, [&](auto tag) {
       using T = decltype(tag);
-      const BiasFill<T> f{static_cast<const T*>(g.bias), g.beta != 0.f ? static_cast<const T*>(g.c) : nullptr,
-                          static_cast<T*>(g.y), g.n, g.beta, g.relu};
+      const BiasFill<T> f{static_cast<const T*>(g.bias),
+                          g.beta != 0.f ? static_cast<const T*>(g.c) : nullptr,
+                          static_cast<T*>(g.y),
+                          g.n,
+                          g.beta,
+                          g.relu};
       return LaunchElementwise(g.m * g.n, f, stream);
     });
   }
@@ -193,8 +197,9 @@ int Gemm(const GemmArgs& g, void* workspace, int64_t workspace_bytes, cudaStream
                                               : (relu_epi ? lt::kEpilogueRelu : lt::kEpilogueDefault);
   const void* c = g.beta != 0.f ? g.c : g.y;
   const uint32_t align[4] = {AlignmentOf(g.w), AlignmentOf(g.x), AlignmentOf(c), AlignmentOf(g.y)};
-  const PlanKey key{device, g.dtype, g.m, g.k, g.n, epilogue, g.beta != 0.f, align[0], align[1], align[2], align[3],
-                    g.bias != nullptr ? AlignmentOf(g.bias) : 0, workspace_bytes};
+  const PlanKey key{device,         g.dtype,  g.m,      g.k,      g.n,      epilogue,
+                    g.beta != 0.f,  align[0], align[1], align[2], align[3], g.bias != nullptr ? AlignmentOf(g.bias) : 0,
+                    workspace_bytes};
   auto it = ts.plans.find(key);
   if (it == ts.plans.end()) {
     Plan plan;
@@ -222,20 +227,27 @@ int Gemm(const GemmArgs& g, void* workspace, int64_t workspace_bytes, cudaStream
 
 extern "C" const char* onnxfuse_cuda_error_string(int code) {
   switch (code) {
-    case ONNXFUSE_OK: return "no error";
-    case ONNXFUSE_ERR_BAD_ARGUMENT: return "onnxfuse: bad argument (negative size, null pointer or unknown dtype)";
+    case ONNXFUSE_OK:
+      return "no error";
+    case ONNXFUSE_ERR_BAD_ARGUMENT:
+      return "onnxfuse: bad argument (negative size, null pointer or unknown dtype)";
     case ONNXFUSE_ERR_RANK_TOO_LARGE:
-      return "onnxfuse: LoRA rank larger than " ONNXFUSE_STRINGIFY(ONNXFUSE_MAX_LORA_RANK) " is not supported on the GPU";
-    case ONNXFUSE_ERR_NO_TRITON: return "onnxfuse: library built without Triton kernels (ONNXFUSE_WITH_TRITON=OFF)";
+      return "onnxfuse: LoRA rank larger than " ONNXFUSE_STRINGIFY(
+          ONNXFUSE_MAX_LORA_RANK) " is not supported on the GPU";
+    case ONNXFUSE_ERR_NO_TRITON:
+      return "onnxfuse: library built without Triton kernels (ONNXFUSE_WITH_TRITON=OFF)";
     case ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH:
       return "onnxfuse: no kernel for this GPU's compute capability (rebuild with its arch in ONNXFUSE_CUDA_ARCHS)";
-    case ONNXFUSE_ERR_TOO_LARGE: return "onnxfuse: tensor dimension too large for the kernel's indexing";
+    case ONNXFUSE_ERR_TOO_LARGE:
+      return "onnxfuse: tensor dimension too large for the kernel's indexing";
     case ONNXFUSE_ERR_NO_KERNEL_FOR_SHAPE:
       return "onnxfuse: no Triton kernel compiled for this shape (backend cuda serves it; auto falls back to it)";
     case ONNXFUSE_ERR_NO_CUBLASLT:
       return "onnxfuse: the CUDA backend's GEMMs need libcublasLt.so.13 or .so.12 (CUDA's cuBLAS, also needed by "
              "onnxruntime-gpu's CUDA EP): install it or put its folder on LD_LIBRARY_PATH, or use backend=triton";
-    case ONNXFUSE_ERR_CUBLAS: return onnxfuse::cuda_kernels::g_cublas_error;
-    default: return code > 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "onnxfuse: unknown error";
+    case ONNXFUSE_ERR_CUBLAS:
+      return onnxfuse::cuda_kernels::g_cublas_error;
+    default:
+      return code > 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "onnxfuse: unknown error";
   }
 }

@@ -49,19 +49,28 @@ __device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float
 template <typename T>
 __device__ __forceinline__ T from_f(float v);
 template <>
-__device__ __forceinline__ float from_f<float>(float v) { return v; }
+__device__ __forceinline__ float from_f<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half from_f<__half>(float v) {
+  return __float2half_rn(v);
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 
 // Runs f<T>() with T the element type of `dtype` (float, __half, __nv_bfloat16).
 template <typename F>
 int ByDtype(int dtype, F&& f) {
   switch (dtype) {
-    case ONNXFUSE_FP32: return f(float{});
-    case ONNXFUSE_FP16: return f(__half{});
-    default: return f(__nv_bfloat16{});
+    case ONNXFUSE_FP32:
+      return f(float{});
+    case ONNXFUSE_FP16:
+      return f(__half{});
+    default:
+      return f(__nv_bfloat16{});
   }
 }
 

@@ -27,14 +27,14 @@ extern "C" {
 
 enum onnxfuse_error {
   ONNXFUSE_OK = 0,
-  ONNXFUSE_ERR_BAD_ARGUMENT = -1,       // negative size, unknown dtype / activation, null pointer
-  ONNXFUSE_ERR_RANK_TOO_LARGE = -2,     // LoRA rank R > ONNXFUSE_MAX_LORA_RANK
-  ONNXFUSE_ERR_NO_TRITON = -3,          // library built without Triton kernels (ONNXFUSE_WITH_TRITON off)
-  ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH = -4, // no cubin for this GPU's compute capability in the library
-  ONNXFUSE_ERR_TOO_LARGE = -5,          // a dimension past what the kernel indexes (Triton: 2^31 - 1 per dim)
+  ONNXFUSE_ERR_BAD_ARGUMENT = -1,         // negative size, unknown dtype / activation, null pointer
+  ONNXFUSE_ERR_RANK_TOO_LARGE = -2,       // LoRA rank R > ONNXFUSE_MAX_LORA_RANK
+  ONNXFUSE_ERR_NO_TRITON = -3,            // library built without Triton kernels (ONNXFUSE_WITH_TRITON off)
+  ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH = -4,   // no cubin for this GPU's compute capability in the library
+  ONNXFUSE_ERR_TOO_LARGE = -5,            // a dimension past what the kernel indexes (Triton: 2^31 - 1 per dim)
   ONNXFUSE_ERR_NO_KERNEL_FOR_SHAPE = -6,  // no Triton tile compiled for this shape (the embedding ops' NP x DP)
-  ONNXFUSE_ERR_NO_CUBLASLT = -7,        // the CUDA backend's GEMMs found no libcublasLt.so.13 / .so.12 to load
-  ONNXFUSE_ERR_CUBLAS = -8,             // a cuBLASLt call failed (the error string names the call and status)
+  ONNXFUSE_ERR_NO_CUBLASLT = -7,          // the CUDA backend's GEMMs found no libcublasLt.so.13 / .so.12 to load
+  ONNXFUSE_ERR_CUBLAS = -8,               // a cuBLASLt call failed (the error string names the call and status)
 };
 
 // The CUDA backend's GEMMs run on cuBLASLt (cuda/gemm.cu) with up to this much workspace, which every GEMM
@@ -127,13 +127,14 @@ int onnxfuse_triton_available(void);
 int64_t onnxfuse_triton_linear_act_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n);
 int onnxfuse_triton_linear_act(int dtype, int act, const void* x, const void* w, const void* bias, void* y, int64_t m,
                                int64_t k, int64_t n, void* scratch, int64_t scratch_bytes, void* stream);
-int onnxfuse_triton_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up, void* y,
-                           int64_t m, int64_t k, int64_t n, void* stream);
+int onnxfuse_triton_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up, void* y, int64_t m,
+                           int64_t k, int64_t n, void* stream);
 // Device scratch (bytes) the Triton LoRA launcher needs for these sizes on the current device: the fp32 partial
 // sums of X @ A ([SPLIT, M, r_pad]) and, where the persistent TMA lora_main may run, its descriptors after them
-// (128-byte aligned; without room for them the other lora_main runs); a negative ONNXFUSE_ERR_* / -cudaError_t when it cannot tell (e.g. ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH). The caller allocates it
-// (from onnxruntime's allocator, so the launch stays CUDA-graph safe), passes it to onnxfuse_triton_lora_linear and
-// may free it right after that returns: only work enqueued later on the same stream can reuse the memory.
+// (128-byte aligned; without room for them the other lora_main runs); a negative ONNXFUSE_ERR_* / -cudaError_t when it
+// cannot tell (e.g. ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH). The caller allocates it (from onnxruntime's allocator, so the
+// launch stays CUDA-graph safe), passes it to onnxfuse_triton_lora_linear and may free it right after that returns:
+// only work enqueued later on the same stream can reuse the memory.
 int64_t onnxfuse_triton_lora_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t r);
 int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, const void* w, const void* a, const void* b,
                                 const void* bias, float scale, void* y, int64_t m, int64_t k, int64_t n, int64_t r,
@@ -145,10 +146,10 @@ int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, const void* 
 // thresholds pick for the shape (node attribute stack_mode). The scratch must have
 // onnxfuse_triton_mlp_stack_scratch_bytes() bytes (the barrier counter is reset in-stream by each grid launch).
 int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* acts, const void* x, const void* const* w,
-                              const void* const* b, void* y, int64_t m, const int64_t* widths, int mode,
-                              void* scratch, int64_t scratch_bytes, void* stream);
-int onnxfuse_triton_rotary_embedding(int dtype, const void* x, const void* cos, const void* sin, void* y,
-                                     int64_t rows, int64_t d, int64_t d1, int64_t d2, const int64_t* cos_stride,
+                              const void* const* b, void* y, int64_t m, const int64_t* widths, int mode, void* scratch,
+                              int64_t scratch_bytes, void* stream);
+int onnxfuse_triton_rotary_embedding(int dtype, const void* x, const void* cos, const void* sin, void* y, int64_t rows,
+                                     int64_t d, int64_t d1, int64_t d2, const int64_t* cos_stride,
                                      const int64_t* sin_stride, void* stream);
 int onnxfuse_triton_embedding(int dtype, const void* table, const int64_t* ids, void* y, int64_t n, int64_t vocab,
                               int64_t d, void* stream);
@@ -160,8 +161,8 @@ int onnxfuse_triton_embedding(int dtype, const void* table, const int64_t* ids, 
 // ONNXFUSE_ERR_NO_KERNEL_FOR_SHAPE when no (features + 1, d) tile was compiled: the CUDA kernel then serves auto).
 int onnxfuse_cuda_embedding_interaction(int dtype, int interaction, int hash, const void* x, const int64_t* ids,
                                         const int64_t* offsets, const void* table, const int64_t* table_offsets,
-                                        const int64_t* cardinality, void* y, int64_t batch, int64_t d,
-                                        int64_t features, int64_t n_indices, int64_t rows, void* stream);
+                                        const int64_t* cardinality, void* y, int64_t batch, int64_t d, int64_t features,
+                                        int64_t n_indices, int64_t rows, void* stream);
 int onnxfuse_triton_embedding_interaction(int dtype, int interaction, int hash, const void* x, const int64_t* ids,
                                           const int64_t* offsets, const void* table, const int64_t* table_offsets,
                                           const int64_t* cardinality, void* y, int64_t batch, int64_t d,

@@ -32,8 +32,8 @@ struct LinearActCuda {
             // A negative size (an error code) comes back as the code: Dispatch may fall back to CUDA.
             return WithScratch(ctx, Op::kX, onnxfuse_triton_linear_act_scratch_bytes(DtypeCode<T>(), d.M, d.K, d.N),
                                [&](void* sp, int64_t bytes) {
-                                 return onnxfuse_triton_linear_act(DtypeCode<T>(), Act, x, w, b, y, d.M, d.K, d.N,
-                                                                   sp, bytes, stream);
+                                 return onnxfuse_triton_linear_act(DtypeCode<T>(), Act, x, w, b, y, d.M, d.K, d.N, sp,
+                                                                   bytes, stream);
                                });
           });
     });

@@ -26,8 +26,8 @@ struct LoRACuda {
           [&] {
             return WithScratch(ctx, Op::kX, onnxfuse_cuda_lora_scratch_bytes(DtypeCode<T>(), d.M, d.r),
                                [&](void* sp, int64_t bytes) {
-                                 return onnxfuse_cuda_lora_linear(DtypeCode<T>(), Relu, x, w, a, b, bi, s, y, d.M,
-                                                                  d.K, d.N, d.r, sp, bytes, stream);
+                                 return onnxfuse_cuda_lora_linear(DtypeCode<T>(), Relu, x, w, a, b, bi, s, y, d.M, d.K,
+                                                                  d.N, d.r, sp, bytes, stream);
                                });
           },
           [&] {

@@ -10,8 +10,8 @@ namespace ock = onnxfuse::cuda_kernels;
 
 // Two [M, SW] buffers, SW = widest hidden layer rounded up to 16 elements (so every row starts 32-byte aligned).
 extern "C" int64_t onnxfuse_mlp_stack_scratch_bytes(int dtype, int n_layers, int64_t m, const int64_t* widths) {
-  if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || n_layers < 1 || n_layers > ONNXFUSE_MAX_STACK_LAYERS ||
-      m < 0 || widths == nullptr)
+  if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || n_layers < 1 || n_layers > ONNXFUSE_MAX_STACK_LAYERS || m < 0 ||
+      widths == nullptr)
     return ONNXFUSE_ERR_BAD_ARGUMENT;
   return 2 * m * onnxfuse_mlp_stack_scratch_width(n_layers, widths) * ock::ElemBytes(dtype);
 }

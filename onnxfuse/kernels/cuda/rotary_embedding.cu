@@ -18,10 +18,20 @@ namespace {
 __device__ __forceinline__ float to_f(float v) { return v; }
 __device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T> __device__ __forceinline__ T from_f(float v);
-template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <typename T>
+__device__ __forceinline__ T from_f(float v);
+template <>
+__device__ __forceinline__ float from_f<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half from_f<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 
 struct RotaryArgs {
   int64_t rows, half, d1, d2;
@@ -66,8 +76,8 @@ int Launch(const void* x, const void* cs, const void* sn, void* y, const RotaryA
   const int64_t total = a.rows * (a.half / VEC);
   int64_t blocks = (total + threads - 1) / threads;
   if (blocks > 65536) blocks = 65536;  // grid-stride beyond
-  RotaryKernel<T, VEC><<<unsigned(blocks), threads, 0, stream>>>(
-      static_cast<const T*>(x), static_cast<const T*>(cs), static_cast<const T*>(sn), static_cast<T*>(y), a);
+  RotaryKernel<T, VEC><<<unsigned(blocks), threads, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(cs),
+                                                                 static_cast<const T*>(sn), static_cast<T*>(y), a);
   return int(cudaGetLastError());
 }
 
@@ -86,12 +96,15 @@ extern "C" int onnxfuse_cuda_rotary_embedding(int dtype, const void* x, const vo
                                               const int64_t* cos_stride, const int64_t* sin_stride, void* stream) {
   const int check = onnxfuse_rotary_check(dtype, x, cos, sin, y, rows, d, d1, d2, cos_stride, sin_stride);
   if (check != 0) return check > 0 ? 0 : check;
-  const RotaryArgs a{rows, d / 2, d1, d2, cos_stride[0], cos_stride[1], cos_stride[2],
+  const RotaryArgs a{rows,          d / 2,         d1,           d2, cos_stride[0], cos_stride[1], cos_stride[2],
                      sin_stride[0], sin_stride[1], sin_stride[2]};
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
-    case ONNXFUSE_FP32: return Run<float>(x, cos, sin, y, a, s);
-    case ONNXFUSE_FP16: return Run<__half>(x, cos, sin, y, a, s);
-    default: return Run<__nv_bfloat16>(x, cos, sin, y, a, s);
+    case ONNXFUSE_FP32:
+      return Run<float>(x, cos, sin, y, a, s);
+    case ONNXFUSE_FP16:
+      return Run<__half>(x, cos, sin, y, a, s);
+    default:
+      return Run<__nv_bfloat16>(x, cos, sin, y, a, s);
   }
 }

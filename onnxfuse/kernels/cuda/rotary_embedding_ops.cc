@@ -25,8 +25,8 @@ struct RotaryEmbeddingCuda {
                                                   d.sin_stride, stream);
           },
           [&] {
-            return onnxfuse_triton_rotary_embedding(DtypeCode<T>(), x, c, s, y, d.rows, d.D, d.d1, d.d2,
-                                                    d.cos_stride, d.sin_stride, stream);
+            return onnxfuse_triton_rotary_embedding(DtypeCode<T>(), x, c, s, y, d.rows, d.D, d.d1, d.d2, d.cos_stride,
+                                                    d.sin_stride, stream);
           });
     });
   }

@@ -34,8 +34,8 @@ struct GateTimesUp {
 template <typename T>
 int GatePass(T* y, const T* up, int64_t count, int act, cudaStream_t s) {
   constexpr int kVec = 16 / sizeof(T);
-  const bool vec = count % kVec == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(up) % 16 == 0;
+  const bool vec =
+      count % kVec == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0 && reinterpret_cast<uintptr_t>(up) % 16 == 0;
   if (vec) return ock::LaunchElementwise(count / kVec, GateTimesUp<T, kVec>{y, up, act}, s);
   return ock::LaunchElementwise(count, GateTimesUp<T, 1>{y, up, act}, s);
 }

@@ -28,9 +28,7 @@ struct SwiGLUCuda {
                                                              bytes, stream);
                                });
           },
-          [&] {
-            return onnxfuse_triton_swiglu(DtypeCode<T>(), act, x, wg, wu, y, d.M, d.K, d.N, stream);
-          },
+          [&] { return onnxfuse_triton_swiglu(DtypeCode<T>(), act, x, wg, wu, y, d.M, d.K, d.N, stream); },
           AutoPrefersCuda(triton::kSwiglu, d.M, d.K));
     });
   }

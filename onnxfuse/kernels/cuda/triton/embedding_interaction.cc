@@ -11,12 +11,12 @@ constexpr int kKernelEmbeddingInteraction = ids::kEmbeddingInteraction;
 
 extern "C" int onnxfuse_triton_embedding_interaction(int dtype, int interaction, int hash, const void* x,
                                                      const int64_t* ids, const int64_t* offsets, const void* table,
-                                                     const int64_t* table_offsets, const int64_t* cardinality,
-                                                     void* y, int64_t batch, int64_t d, int64_t features,
-                                                     int64_t n_indices, int64_t rows, void* stream) {
+                                                     const int64_t* table_offsets, const int64_t* cardinality, void* y,
+                                                     int64_t batch, int64_t d, int64_t features, int64_t n_indices,
+                                                     int64_t rows, void* stream) {
   int64_t width = 0;
-  const int check = onnxfuse_embedding_interaction_check(dtype, interaction, hash, batch, d, features, n_indices, rows,
-                                                         &width);
+  const int check =
+      onnxfuse_embedding_interaction_check(dtype, interaction, hash, batch, d, features, n_indices, rows, &width);
   if (check != 0) return check > 0 ? 0 : check;
   if (TooLarge(batch, width, n_indices) || TooLarge(d, features, 0)) return ONNXFUSE_ERR_TOO_LARGE;
   const int64_t n = features + 1;
@@ -40,7 +40,7 @@ extern "C" int onnxfuse_triton_embedding_interaction(int dtype, int interaction,
   const int64_t* offs = offsets != nullptr ? offsets : ids;  // never read without bags
   void* scratch_global = nullptr;
   void* scratch_profile = nullptr;
-  void* args[] = {&x, &ids, &offs, &table, &table_offsets, &cardinality, &y, &B, &F, &N, &D, &WIDTH, &R, &BAG,
-                  &HASH, &DOT, &scratch_global, &scratch_profile};
+  void* args[] = {&x, &ids, &offs, &table, &table_offsets,  &cardinality,    &y, &B, &F, &N, &D, &WIDTH,
+                  &R, &BAG, &HASH, &DOT,   &scratch_global, &scratch_profile};
   return LaunchSpec(spec, index, device, (batch + spec->block_m - 1) / spec->block_m, args, stream);
 }

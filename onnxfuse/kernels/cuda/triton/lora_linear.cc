@@ -45,8 +45,8 @@ int64_t LoRAScratchBytes(int64_t m, int64_t r, const LoRAPlan& plan) {
   return plan.split * m * RPad(r) * int64_t(sizeof(float));
 }
 
-bool LoRAAligned(const void* x, const void* w, const void* a, const void* b, const void* bias, const void* y,
-                 int64_t k, int64_t n, int64_t r) {
+bool LoRAAligned(const void* x, const void* w, const void* a, const void* b, const void* bias, const void* y, int64_t k,
+                 int64_t n, int64_t r) {
   // r % 8: 16-byte rows of A (fp16/bf16), so its tiles load with cp.async and the phase-1 loop pipelines.
   return Aligned16(x) && Aligned16(w) && Aligned16(a) && Aligned16(b) && Aligned16(bias) && Aligned16(y) &&
          k % 16 == 0 && n % 16 == 0 && r % 8 == 0;
@@ -69,8 +69,7 @@ extern "C" int64_t onnxfuse_triton_lora_scratch_bytes(int dtype, int64_t m, int6
 
 extern "C" int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, const void* w, const void* a,
                                            const void* b, const void* bias, float scale, void* y, int64_t m, int64_t k,
-                                           int64_t n, int64_t r, void* scratch, int64_t scratch_bytes,
-                                           void* stream) {
+                                           int64_t n, int64_t r, void* scratch, int64_t scratch_bytes, void* stream) {
   if (BadCommon(dtype, m, k, n) || r < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
   if (r > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
   if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
@@ -102,7 +101,7 @@ extern "C" int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, c
                       scratch_bytes - partials, &grid);
   int32_t NPROG = int32_t(grid);
   void* main_global = main_spec->tma ? static_cast<char*>(scratch) + partials : nullptr;
-  void* main_args[] = {&x, &w, &scratch, &b, &bias, &y, &M, &N, &K, &R, &SPLIT, &SCALE, &RELU, &NPROG, &main_global,
-                       &scratch_profile};
+  void* main_args[] = {&x, &w, &scratch, &b,     &bias, &y,     &M,           &N,
+                       &K, &R, &SPLIT,   &SCALE, &RELU, &NPROG, &main_global, &scratch_profile};
   return LaunchSpec(main_spec, index, plan.device, grid, main_args, stream);
 }

@@ -65,7 +65,7 @@ struct StackLayerArgs {
   // Copies the 16 addresses into out[0..15].
   void args(void** out) {
     void* a[] = {&hw[0], &hb[0], &hn[0], &ha[0], &hw[1], &hb[1], &hn[1], &ha[1],
-                 &hw[2], &hb[2], &hn[2], &ha[2], &wf, &bf, &nf, &af};
+                 &hw[2], &hb[2], &hn[2], &ha[2], &wf,    &bf,    &nf,    &af};
     for (int i = 0; i < 16; ++i) out[i] = a[i];
   }
 };
@@ -86,10 +86,9 @@ extern "C" int64_t onnxfuse_triton_mlp_stack_scratch_bytes(int dtype, int n_laye
   return tma > 0 ? StackTmaOffset(need) + tma : need + ONNXFUSE_STACK_BARRIER_BYTES;
 }
 
-extern "C" int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* acts, const void* x,
-                                         const void* const* w, const void* const* b, void* y, int64_t m,
-                                         const int64_t* widths, int mode, void* scratch, int64_t scratch_bytes,
-                                         void* stream) {
+extern "C" int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* acts, const void* x, const void* const* w,
+                                         const void* const* b, void* y, int64_t m, const int64_t* widths, int mode,
+                                         void* scratch, int64_t scratch_bytes, void* stream) {
   const int64_t need = onnxfuse_mlp_stack_scratch_bytes(dtype, n_layers, m, widths);
   if (need < 0) return int(need);
   if (acts == nullptr || w == nullptr || b == nullptr || mode < 0 || mode >= onnxfuse::schema::kNumStackModes)
@@ -143,8 +142,8 @@ extern "C" int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* act
   }
   if (mode != ONNXFUSE_STACK_FUSED) {
     const int64_t tma_offset = StackTmaOffset(need);
-    void* tma_scratch = scratch != nullptr && scratch_bytes > tma_offset ? static_cast<char*>(scratch) + tma_offset
-                                                                         : nullptr;
+    void* tma_scratch =
+        scratch != nullptr && scratch_bytes > tma_offset ? static_cast<char*>(scratch) + tma_offset : nullptr;
     const int64_t tma_bytes = tma_scratch != nullptr ? scratch_bytes - tma_offset : 0;
     return onnxfuse::StackPerLayer(n_layers, x, y, scratch, need, [&](int i, const void* in, void* out) {
       return onnxfuse_triton_linear_act(dtype, acts[i], in, w[i], b[i], out, m, widths[i], widths[i + 1], tma_scratch,

@@ -45,8 +45,8 @@ int EnsureLoaded(const TritonSpec* spec, int index, int device) {
   std::call_once(k.device_once[device], [&] {
     // Triton's shared memory is dynamic; above the default 48 KB a kernel must opt in, per device.
     if (spec->shared > 48 * 1024)
-      k.device_error[device] = cudaKernelSetAttributeForDevice(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                               spec->shared, device);
+      k.device_error[device] =
+          cudaKernelSetAttributeForDevice(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, spec->shared, device);
   });
   if (k.device_error[device] != cudaSuccess) return int(k.device_error[device]);
   return 0;
@@ -128,12 +128,11 @@ const TritonSpec* FindForShape(int kernel, int dtype, int64_t m, int64_t n, bool
 const TritonSpec* WithTma(const TritonSpec* spec, int* index, int64_t m, int64_t k, int64_t n, int arch, int device,
                           const void* scratch, int64_t scratch_bytes, int64_t* grid) {
   *grid = spec == nullptr ? 0 : Tiles(m, n, spec);
-  if (spec == nullptr || !spec->aligned || spec->size_class != ids::kTmaSizeClass ||
-      k < ids::kTmaMinK || scratch == nullptr || (reinterpret_cast<uintptr_t>(scratch) & 127u) != 0)
+  if (spec == nullptr || !spec->aligned || spec->size_class != ids::kTmaSizeClass || k < ids::kTmaMinK ||
+      scratch == nullptr || (reinterpret_cast<uintptr_t>(scratch) & 127u) != 0)
     return spec;
   int tma_index = -1;
-  const TritonSpec* tma =
-      FindExact(spec->kernel, spec->dtype, spec->size_class, 1, spec->r_pad, arch, &tma_index, 1);
+  const TritonSpec* tma = FindExact(spec->kernel, spec->dtype, spec->size_class, 1, spec->r_pad, arch, &tma_index, 1);
   if (tma == nullptr) return spec;
   const int64_t sms = NumSMs(device);
   const int64_t programs = *grid < sms ? *grid : sms;

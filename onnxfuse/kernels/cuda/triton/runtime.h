@@ -27,7 +27,9 @@ namespace onnxfuse::triton_aot {
 // One compiled kernel of triton_kernels.h (triton/aot.py writes the table in this field order).
 struct TritonSpec {
   int kernel, dtype, size_class, aligned, r_pad, arch;
-  const unsigned char* cubin; size_t cubin_size; const char* name;
+  const unsigned char* cubin;
+  size_t cubin_size;
+  const char* name;
   int num_warps, shared, block_m, block_n, block_k;
   int tma;  // 1: persistent TMA kernel (grid <= SMs, NPROG, descriptor scratch per program)
 };

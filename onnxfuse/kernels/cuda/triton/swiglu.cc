@@ -18,7 +18,7 @@ extern "C" int onnxfuse_triton_swiglu(int dtype, int act, const void* x, const v
   void* scratch_global = nullptr;
   void* scratch_profile = nullptr;
   void* args[] = {&x, &w_gate, &w_up, &y, &M, &N, &K, &ACT, &scratch_global, &scratch_profile};
-  const bool aligned = Aligned16(x) && Aligned16(w_gate) && Aligned16(w_up) && Aligned16(y) && k % 16 == 0 &&
-                       n % 16 == 0;
+  const bool aligned =
+      Aligned16(x) && Aligned16(w_gate) && Aligned16(w_up) && Aligned16(y) && k % 16 == 0 && n % 16 == 0;
   return Launch(kKernelSwiglu, dtype, m, n, aligned, 0, args, stream);
 }
