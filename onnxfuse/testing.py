@@ -24,13 +24,11 @@ import onnx
 from onnx import TensorProto, helper
 
 from . import schema
-from .ops import embedding_interaction
 
 ONNX_TYPE = {"float": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
 
 # Inputs fed as int64 (never cast to T), (op, input name): each op's `int_inputs` (Embedding's ids and the
 # embedding-interaction ops' ids, bags and table layout).
-EMBEDDING_INT_INPUTS = embedding_interaction.INT_INPUTS
 INT_INPUTS = {(op, name) for op in schema.OPS for name in schema.op_def(op).int_inputs}
 
 _ALIASES = {"float": "float", "fp32": "float", "float32": "float", "f32": "float",
@@ -222,7 +220,7 @@ def assert_close(actual, expected, dtype, what: str = "", *, kind: str = "kernel
 # ------------------------------------------------------------------------------------------------ models
 def overload(op: str, attrs: dict) -> str:
     """The node's `overload` (its ONNX function body's name suffix): the embedding ops' interaction/hash, MLPStack's
-    activations, SwiGLU's activation where the attribute is given, else "" (schema.op_def(op).overload)."""
+    activations, else "" (schema.op_def(op).overload; one-op SwiGLU models keep the empty overload, silu's body)."""
     return schema.op_def(op).overload(attrs)
 
 
