@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import importlib
 import json
 import os
 import pathlib
@@ -26,17 +27,14 @@ from . import functions, host, onnxio, ort_fusions, soundness
 from .flops import model_flops
 from .cpu_policy import CPU_LEFT_TO_ORT, cpu_left_to_ort  # noqa: F401  (fuse.CPU_LEFT_TO_ORT: the public name)
 from .errors import OnnxfuseError
-from .rewrites import (_base, _explain, embedding, embedding_interaction, linear_act, lora_linear, mlp_stack,
-                       rotary_embedding, swiglu)
+from .rewrites import _base, _explain
 from .ops import FAMILIES
 from .schema import BACKENDS, DOMAIN, DOMAIN_VERSION
 
 REPORT_KEY = "onnxfuse.fusion_report"
 # pattern family -> rule-set factory, in application order: the families' order (onnxfuse/ops/__init__.py says why),
-# each family's rules in onnxfuse/rewrites/<family>.py.
-_RULE_MODULES = {m.__name__.rpartition(".")[2]: m for m in (embedding, embedding_interaction, linear_act, lora_linear,
-                                                            mlp_stack, rotary_embedding, swiglu)}
-PATTERNS = {family.name: _RULE_MODULES[family.name].rules for family in FAMILIES}
+# each family's rules the `rules` of its module onnxfuse/rewrites/<family>.py (found by the family's name).
+PATTERNS = {family.name: importlib.import_module(f"{__package__}.rewrites.{family.name}").rules for family in FAMILIES}
 
 
 @dataclasses.dataclass
