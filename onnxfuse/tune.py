@@ -10,8 +10,8 @@ faster by more than MIN_GAIN, so run-to-run noise does not churn the table. fp32
 Where the library runs the persistent TMA build (triton/table.py TMA_*: linear_act and lora_main, large class, the
 bench's K = 4096), the candidates run on it, as the library would; the picked config serves both builds of the class.
 
-The build applies triton/tuned.json (committed; written by this command on an H100, sm_90) on top of aot.py's
-CONFIGS for the archs it lists, and `--configs FILE` on top of that; `onnxfuse doctor` runs every op on shapes of
+The build applies triton/tuned.json (committed; written by this command on an H100, sm_90) on top of the kernel
+files' CONFIGS for the archs it lists, and `--configs FILE` on top of that; `onnxfuse doctor` runs every op on shapes of
 every size class (aligned and not), so the library's tuned configs are all checked against PyTorch, and it says
 which table the library was built with.
 """

@@ -309,7 +309,7 @@ def _compile(p: Plan, log, progress: _Progress) -> None:
     root = build_dir()
     info = {"library": "onnxfuse_ops", "cache_key": p.key, "backends": p.backends, "archs": p.archs,
             "header_source": p.header_source, "cpu_gemm": p.cpu_gemm, **p.versions}
-    if "triton" in p.backends:  # the tile configs of triton/tuned.json the AOT step compiles over aot.py's CONFIGS
+    if "triton" in p.backends:  # triton/tuned.json's tiles, which the AOT step applies over the kernel files' CONFIGS
         info["triton_tuned"] = {a: k for a, k in aot_module().default_overrides().items() if a in p.archs}
     work = pathlib.Path(tempfile.mkdtemp(prefix=f".{p.key}-", dir=root))
     cmake = shutil.which("cmake")

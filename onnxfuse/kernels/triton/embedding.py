@@ -32,3 +32,7 @@ KERNELS = {
     "embedding": (_embedding_kernel, [("table_ptr", "*T"), ("ids_ptr", "*i64"), ("y_ptr", "*T"), ("NIDS", "i32"),
                                       ("VOCAB", "i64"), ("D", "i32:16")]),
 }
+
+# Tile configs: (ids per program, columns per program, -, -, warps, stages): a copy, 8 rows x 512 columns.
+_TILES = {size: (8, 512, 16, 1, 4, 1) for size in ("small", "medium", "large")}
+CONFIGS = {arch: {"embedding": {"h": _TILES, "f": _TILES}} for arch in ("90", "80")}

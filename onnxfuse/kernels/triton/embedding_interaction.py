@@ -106,3 +106,12 @@ KERNELS = {
         ("card_ptr", "*i64"), ("y_ptr", "*T"), ("B", "i32"), ("F", "i32"), ("N", "i32"), ("D", "i32"),
         ("WIDTH", "i32"), ("R", "i64"), ("BAG", "i32"), ("HASH", "i32"), ("DOT", "i32")]),
 }
+
+# Tile configs by shape, not size class: one cubin per dtype and (NP, DP) of table.py's EMBED_NPS x EMBED_DPS (the
+# padded vector count and embedding dim); (BLOCK_M samples per program, 0, 0, 1, warps, stages). A program holds
+# [BLOCK_M, NP, DP] vectors and the [BLOCK_M, NP, NP] fp32 products: BLOCK_M keeps both near 8K and 16K elements
+# (64 + 128 registers over 128 threads). DLRM (27 vectors of 16): NP = 32, DP = 16, 8 samples per program (16
+# programs at batch 128).
+SHAPE_CONFIGS = {(32, 16): (8, 0, 0, 1, 4, 1), (32, 32): (4, 0, 0, 1, 4, 1), (32, 64): (2, 0, 0, 1, 4, 1),
+                 (32, 128): (1, 0, 0, 1, 4, 1), (64, 16): (2, 0, 0, 1, 4, 1), (64, 32): (2, 0, 0, 1, 4, 1),
+                 (64, 64): (1, 0, 0, 1, 4, 1), (64, 128): (1, 0, 0, 1, 8, 1)}

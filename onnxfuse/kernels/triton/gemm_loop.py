@@ -161,3 +161,19 @@ def _store_tile(y_ptr, ld, z, offs_m, m_ok, offs_n, n_ok):
     """``y[offs_m, offs_n] = z`` cast to y's type, masked to the valid rows and columns; y has leading dimension ld."""
     y_ptrs = y_ptr + offs_m.to(tl.int64)[:, None] * ld + offs_n[None, :]
     tl.store(y_ptrs, z.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+# ------------------------------------------------------------------------------------------------ tile configs
+# The GEMM kernels' tile configs start from these (each kernel file's CONFIGS, per arch; aot.py compiles them, and
+# triton/tuned.json, written by `onnxfuse tune` on the GPU, overrides entries). A config is (BLOCK_M, BLOCK_N,
+# BLOCK_K, GROUP_M, num_warps, num_stages) per size class; "h" = fp16 and bf16, "f" = fp32. Shared memory per config
+# stays below 160 KB so sm_80 fits as well.
+#
+# "small" (M <= 16, decode) is memory bound: the goal is streaming the weights once at full bandwidth with every
+# program resident in ONE wave (no tail) and enough bytes in flight (~3 TB/s x ~0.7 us ~ 2-3 MB over the chip).
+# H100: 132 SMs, 228 KB shared memory per SM. Per K step a program loads W BLOCK_K x BLOCK_N (x2 for SwiGLU) and
+# X 16 x BLOCK_K (from L2; re-read by every column tile, 16 / BLOCK_N of the W bytes).
+# (compiled.metadata.shared shows num_stages - 1 buffers for these mma.sync pipelines.)
+#   * linear_act / LoRA, N=4096: BLOCK_N=32, BLOCK_K=128, 5 stages -> 128 programs (one per SM), 12 KB per stage,
+#     48 KB of shared memory, ~3 stages in flight each (~4.6 MB); with N=11008, 344 programs: 3-4 per SM, one wave.
+GEMM_TILES_H = {"small": (16, 32, 128, 1, 4, 5), "medium": (64, 128, 64, 8, 4, 4), "large": (128, 128, 64, 8, 8, 4)}
+GEMM_TILES_F = {"small": (16, 32, 64, 1, 4, 3), "medium": (64, 64, 32, 8, 4, 3), "large": (128, 64, 32, 8, 8, 3)}

@@ -8,7 +8,7 @@ in this order. ``ACT`` is a run-time flag (1 = relu, 2 = sigmoid) so one cubin s
 import triton
 import triton.language as tl
 
-from .gemm_loop import _bias_act, _gemm_main, _gemm_tile_tma, _store_tile, _tma_descs
+from .gemm_loop import GEMM_TILES_F, GEMM_TILES_H, _bias_act, _gemm_main, _gemm_tile_tma, _store_tile, _tma_descs
 
 
 @triton.jit
@@ -40,4 +40,10 @@ KERNELS = {
     "linear_act": (_linear_act_kernel, [("x_ptr", "*T"), ("w_ptr", "*T"), ("bias_ptr", "*T"), ("y_ptr", "*T"),
                                         ("M", "i32"), ("N", "i32"), ("K", "i32"), ("ACT", "i32"),
                                         ("NPROG", "i32")]),
+}
+
+# Tile configs per arch (gemm_loop.GEMM_TILES_*): on sm_90 a 128 x 256 large tile.
+CONFIGS = {
+    "90": {"linear_act": {"h": dict(GEMM_TILES_H, large=(128, 256, 64, 8, 8, 3)), "f": GEMM_TILES_F}},
+    "80": {"linear_act": {"h": GEMM_TILES_H, "f": GEMM_TILES_F}},
 }

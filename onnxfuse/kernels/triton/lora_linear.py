@@ -12,7 +12,7 @@ run-time flag.
 import triton
 import triton.language as tl
 
-from .gemm_loop import _gemm_main, _gemm_tile_tma, _relu, _store_tile, _tma_descs
+from .gemm_loop import GEMM_TILES_F, GEMM_TILES_H, _gemm_main, _gemm_tile_tma, _relu, _store_tile, _tma_descs
 
 
 @triton.jit
@@ -102,4 +102,15 @@ KERNELS = {
                                       ("bias_ptr", "*T"), ("y_ptr", "*T"), ("M", "i32"), ("N", "i32"), ("K", "i32"),
                                       ("R", "i32"), ("SPLIT", "i32"), ("scale", "fp32"), ("RELU", "i32"),
                                       ("NPROG", "i32")]),
+}
+
+# Tile configs per arch. lora_xa: (BLOCK_M, unused, BLOCK_K, unused, warps, stages). Grid = row tiles x SPLIT slices
+# of K (the launcher picks SPLIT so that about one program per SM runs); memory bound (reads X once, A per program
+# from L2). lora_main: the GEMM tiles (gemm_loop.GEMM_TILES_*), on sm_90 a 128 x 256 large tile.
+_H_XA = {"small": (16, 0, 128, 1, 4, 3), "medium": (16, 0, 128, 1, 4, 3), "large": (64, 0, 64, 1, 4, 4)}
+_F_XA = {"small": (16, 0, 64, 1, 4, 3), "medium": (16, 0, 64, 1, 4, 3), "large": (64, 0, 32, 1, 4, 3)}
+CONFIGS = {
+    "90": {"lora_xa": {"h": _H_XA, "f": _F_XA},
+           "lora_main": {"h": dict(GEMM_TILES_H, large=(128, 256, 64, 8, 8, 3)), "f": GEMM_TILES_F}},
+    "80": {"lora_xa": {"h": _H_XA, "f": _F_XA}, "lora_main": {"h": GEMM_TILES_H, "f": GEMM_TILES_F}},
 }

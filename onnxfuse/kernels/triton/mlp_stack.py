@@ -170,3 +170,17 @@ KERNELS = {
                                                 ("M", "i32"), ("K0", "i32"), ("SW", "i32:16"), ("L", "i32")]
                        + _LAYER_PARAMS),
 }
+
+# Tile configs (the same on every arch). mlp_stack: the size class is BLOCK_M (the rows one program carries through
+# every layer), picked by the launcher so that the grid covers the SMs: "small" 16 rows, "medium" 32, "large" 64.
+# GROUP_M is unused. BLOCK_N = 128 is the best of 64 / 128 / 256 measured on the H100 for DLRM's bottom and top MLPs
+# at M = 128 and 16384 (the 2026-11-22 run, in git history).
+# mlp_stack_grid (the persistent small-M stack): the size class by M picks the tile every layer is split into; the
+# grid is min(SMs, the most tiles of any layer). 16 x 32 tiles at M <= 128 put DLRM's 512-wide layers on 128 SMs
+# (8 row x 16 column tiles); 64 x 64 above (M = 2048: 256 tiles of a 512-wide layer, two rounds per SM).
+_H_STACK = {"small": (16, 128, 64, 1, 4, 3), "medium": (32, 128, 64, 1, 4, 3), "large": (64, 128, 64, 1, 4, 3)}
+_F_STACK = {"small": (16, 64, 32, 1, 4, 2), "medium": (32, 64, 32, 1, 4, 2), "large": (64, 64, 32, 1, 4, 2)}
+_H_GRID = {"small": (16, 32, 64, 1, 4, 3), "medium": (16, 32, 64, 1, 4, 3), "large": (64, 64, 64, 1, 4, 3)}
+_F_GRID = {"small": (16, 32, 32, 1, 4, 2), "medium": (16, 32, 32, 1, 4, 2), "large": (32, 64, 32, 1, 4, 2)}
+CONFIGS = {arch: {"mlp_stack": {"h": _H_STACK, "f": _F_STACK}, "mlp_stack_grid": {"h": _H_GRID, "f": _F_GRID}}
+           for arch in ("90", "80")}

@@ -50,3 +50,8 @@ KERNELS = {
                           ("HALF", "i32:16"), ("D1", "i32"), ("D2", "i32"), ("CS0", "i32"), ("CS1", "i32"),
                           ("CS2", "i32"), ("SS0", "i32"), ("SS1", "i32"), ("SS2", "i32")]),
 }
+
+# Tile configs: (rows per program, half-columns per program, -, -, warps, stages), memory bound: 16 rows x 64 pairs
+# (a head dim of 128 in one column tile: 16 x 128 elements of X, cos and sin per program), the same for every size.
+_TILES = {size: (16, 64, 16, 1, 4, 1) for size in ("small", "medium", "large")}
+CONFIGS = {arch: {"rotary_embedding": {"h": _TILES, "f": _TILES}} for arch in ("90", "80")}

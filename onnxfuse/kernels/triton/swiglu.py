@@ -12,7 +12,7 @@ arguments in this order.
 import triton
 import triton.language as tl
 
-from .gemm_loop import _gemm_main, _store_tile
+from .gemm_loop import GEMM_TILES_F, GEMM_TILES_H, _gemm_main, _store_tile
 
 # (Triton kernels read module globals only as constexpr.)
 _SQRT1_2 = tl.constexpr(0.7071067811865476)         # 1 / sqrt(2)
@@ -56,4 +56,13 @@ def _swiglu_kernel(x_ptr, wg_ptr, wu_ptr, y_ptr, M, N, K, ACT,
 KERNELS = {
     "swiglu": (_swiglu_kernel, [("x_ptr", "*T"), ("wg_ptr", "*T"), ("wu_ptr", "*T"), ("y_ptr", "*T"),
                                 ("M", "i32"), ("N", "i32"), ("K", "i32"), ("ACT", "i32")]),
+}
+
+# Tile configs per arch (gemm_loop.GEMM_TILES_*). "small" (decode), N=11008: BLOCK_N=64, BLOCK_K=128, 4 stages ->
+# 172 programs, 36 KB per stage (108 KB): 2 per SM, all resident (264 slots), 128-byte row segments of W, ~2 stages
+# (72 KB) in flight each -> ~12 MB over the chip.
+_H_SMALL = (16, 64, 128, 1, 4, 4)
+CONFIGS = {
+    "90": {"swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL, large=(128, 128, 64, 8, 8, 3)), "f": GEMM_TILES_F}},
+    "80": {"swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL, large=(128, 128, 32, 8, 8, 3)), "f": GEMM_TILES_F}},
 }

@@ -1,13 +1,34 @@
-"""The Triton kernel table that the AOT compiler (aot.py) and the C++ launchers (cuda/triton/) must agree on.
+"""The Triton kernel table that the AOT compiler (aot.py) and the C++ launchers (cuda/<family>_ops.cc) must agree on.
 
-Plain data, no imports: aot.py loads it from this folder (it runs as a script under CMake), and the build writes it
-into the generated C header onnxfuse_ops.h (onnxfuse/kernels/ops_header.py), so the launcher reads the same ids and
-thresholds instead of a hand-made copy.
+Plain data and the standard library only: aot.py loads it from this folder (it runs as a script under CMake), and
+the build writes it into the generated C header onnxfuse_ops.h (onnxfuse/kernels/ops_header.py), so the launchers
+read the same ids and thresholds instead of a hand-made copy. The kernels themselves are declared where they are
+written: each kernel file triton/<family>.py has a `KERNELS` table (entry point name -> function and parameters)
+and its tile `CONFIGS`; this module reads the names from the files' source, so a new family's kernels get their ids
+without an edit here (and without importing triton, which only compiling needs).
 """
+import ast
+import pathlib
 
-# Kernel entry points, in the id order of the generated table (TritonSpec::kernel).
-KERNEL_IDS = {"linear_act": 0, "swiglu": 1, "lora_xa": 2, "lora_main": 3, "mlp_stack": 4, "rotary_embedding": 5,
-              "embedding": 6, "embedding_interaction": 7, "mlp_stack_grid": 8}
+_HERE = pathlib.Path(__file__).resolve().parent
+
+
+def kernel_names(path: pathlib.Path) -> list[str]:
+    """The keys of the module-level `KERNELS` dict of a kernel file, read from its source ([] for other files)."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "KERNELS" for t in node.targets):
+            if not isinstance(node.value, ast.Dict) or not all(
+                    isinstance(k, ast.Constant) and isinstance(k.value, str) for k in node.value.keys):
+                raise ValueError(f"{path}: KERNELS must be a dict literal with string keys")
+            return [k.value for k in node.value.keys]
+    return []
+
+
+# The kernel files (module names, in name order) and their entry points, numbered in that order: the ids of the
+# generated table (TritonSpec::kernel, onnxfuse::triton::k<Kernel>). Ids are internal to one build (the cubin table
+# and the launchers are compiled together); configs and tuned.json name kernels, never ids.
+KERNEL_FILES = tuple(p.stem for p in sorted(_HERE.glob("*.py")) if kernel_names(p))
+KERNEL_IDS = {name: i for i, name in enumerate(n for f in KERNEL_FILES for n in kernel_names(_HERE / f"{f}.py"))}
 
 # Element types and their codes (onnxfuse_dtype in cuda/launch.h); same order as onnxfuse.schema.TYPES.
 DTYPES = (("fp32", 0), ("fp16", 1), ("bf16", 2))
