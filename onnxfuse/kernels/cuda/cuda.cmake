@@ -4,9 +4,10 @@
 # triton.compile(target=GPUTarget("cuda", arch, 32)).
 #
 # Targets: onnxfuse_cuda (the hand-written kernels cuda/*.cu and the CUDA EP glue cuda/*.cc) and, with Triton,
-# onnxfuse_triton (the AOT cubins, generated as triton_kernels.h, and their launchers cuda/triton/*.cc: runtime.cc and
-# one <family>.cc per op family). Without Triton nothing of cuda/triton/ is compiled: the glue knows it at compile time
-# (ONNXFUSE_WITH_TRITON, cuda/ops_cuda.h) and answers backend=triton with ONNXFUSE_ERR_NO_TRITON. Sources are globbed
+# onnxfuse_triton (the AOT cubins, generated as triton_kernels.h, and their runtime cuda/triton/runtime.cc; each
+# family's Triton launcher sits at the end of its glue cuda/<family>_ops.cc, under ONNXFUSE_WITH_TRITON). Without
+# Triton nothing of cuda/triton/ is compiled: the glue knows it at compile time (ONNXFUSE_WITH_TRITON,
+# cuda/ops_cuda.h) and answers backend=triton with ONNXFUSE_ERR_NO_TRITON. Sources are globbed
 # per folder (CONFIGURE_DEPENDS), so a new op's files need no edit here.
 #
 # Linking: the CUDA runtime is linked statically (cudart_static) and nothing links libcuda, so the library loads on

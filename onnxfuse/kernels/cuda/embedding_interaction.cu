@@ -12,42 +12,15 @@
 #include <cstdint>
 
 #include "common/embedding_row.h"
-#include "launch.h"
+#include "gemm.h"  // to_f / from_f
+
+namespace ock = onnxfuse::cuda_kernels;
 
 namespace {
 
 constexpr int kMaxWarpsPerBlock = 8;
 constexpr size_t kDefaultShared = 48 * 1024;  // more needs the per-kernel opt-in
 constexpr size_t kMaxShared = 200 * 1024;     // under every sm_80+ limit (227 KB on sm_90, 163 KB on sm_80)
-
-template <typename T>
-__device__ __forceinline__ float ToF(T v);
-template <>
-__device__ __forceinline__ float ToF<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ float ToF<__half>(__half v) {
-  return __half2float(v);
-}
-template <>
-__device__ __forceinline__ float ToF<__nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-template <typename T>
-__device__ __forceinline__ T FromF(float v);
-template <>
-__device__ __forceinline__ float FromF<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half FromF<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
 
 struct Params {
   const void* x;
@@ -73,14 +46,14 @@ __device__ __forceinline__ void AddRow(const T* row, float* dst, int64_t d, bool
       const T* e = reinterpret_cast<const T*>(&chunk);
 #pragma unroll
       for (int u = 0; u < kPer; ++u) {
-        const float v = ToF<T>(e[u]);
+        const float v = ock::to_f(e[u]);
         dst[k * kPer + u] = Accumulate ? dst[k * kPer + u] + v : v;
       }
     }
     return;
   }
   for (int64_t k = 0; k < d; ++k) {
-    const float v = ToF<T>(row[k]);
+    const float v = ock::to_f(row[k]);
     dst[k] = Accumulate ? dst[k] + v : v;
   }
 }
@@ -95,7 +68,7 @@ __global__ void EmbeddingInteractionKernel(Params p) {
   if (b >= p.B) return;  // warp-uniform; the kernel uses no block-wide barrier
   const T* x = static_cast<const T*>(p.x) + b * p.d;
   const T* table = static_cast<const T*>(p.table);
-  for (int64_t c = lane; c < p.d; c += 32) v[c] = ToF<T>(x[c]);
+  for (int64_t c = lane; c < p.d; c += 32) v[c] = ock::to_f(x[c]);
   for (int64_t f = lane; f < p.F; f += 32) {
     float* dst = v + (f + 1) * ld;
     const int64_t card = p.cardinality[f], toff = p.table_offsets[f];
@@ -118,7 +91,7 @@ __global__ void EmbeddingInteractionKernel(Params p) {
       const int64_t row = onnxfuse_embedding_row(idx[q], ONNXFUSE_HASH_NONE, card, toff, p.R);
       if (row >= 0) AddRow<T, true>(table + row * p.d, dst, p.d, p.vector_rows);
     }
-    for (int64_t c = 0; c < p.d; ++c) dst[c] = ToF<T>(FromF<T>(dst[c]));  // a bag is stored in T
+    for (int64_t c = 0; c < p.d; ++c) dst[c] = ock::to_f(ock::from_f<T>(dst[c]));  // a bag is stored in T
   }
   __syncwarp();
   T* out = static_cast<T*>(p.y) + b * p.width;
@@ -137,7 +110,7 @@ __global__ void EmbeddingInteractionKernel(Params p) {
       const float* vj = v + j * ldi;
       float s = 0.0f;
       for (int c = 0; c < dd; ++c) s = fmaf(vi[c], vj[c], s);
-      out[p.d + q] = FromF<T>(s);
+      out[p.d + q] = ock::from_f<T>(s);
       j += 32;
       while (j >= i) {
         j -= i;
@@ -145,7 +118,7 @@ __global__ void EmbeddingInteractionKernel(Params p) {
       }
     }
   } else {
-    for (int64_t q = lane; q < p.F * p.d; q += 32) out[p.d + q] = FromF<T>(v[(q / p.d + 1) * ld + q % p.d]);
+    for (int64_t q = lane; q < p.F * p.d; q += 32) out[p.d + q] = ock::from_f<T>(v[(q / p.d + 1) * ld + q % p.d]);
   }
 }
 

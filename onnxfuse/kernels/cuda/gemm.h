@@ -1,6 +1,7 @@
 // The CUDA backend's GEMM: cuBLASLt (loaded at run time, cuda/cublaslt_api.h) with its fused epilogues, shared by
 // linear_act.cu, swiglu.cu, lora_linear.cu and mlp_stack.cu; plus the small elementwise kernels for what cuBLASLt
-// has no epilogue for (sigmoid, act(gate) * up) and for K = 0. Compiled by nvcc only.
+// has no epilogue for (sigmoid, act(gate) * up) and for K = 0; and the element conversions (to_f, from_f) and dtype
+// dispatch (ByDtype) every .cu uses. Compiled by nvcc only.
 //
 // Row-major [M, K] @ [K, N] -> [M, N] is cuBLASLt's column-major Y^T = W^T X^T: W is the column-major A [N, K]
 // (ld N), X the column-major B [K, M] (ld K), Y the column-major D [N, M] (ld N), and the bias runs along D's rows.

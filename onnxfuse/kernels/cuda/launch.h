@@ -1,5 +1,5 @@
 // C interface between the ORT glue (cuda/ops_cuda.cc, compiled by g++ with the ORT headers) and the GPU kernels
-// (cuda/*.cu compiled by nvcc, and cuda/triton/<family>.cc over the Triton AOT cubins). Plain C types only, so neither
+// (cuda/*.cu compiled by nvcc, and the Triton launchers over the AOT cubins). Plain C types only, so neither
 // side needs the other's headers: device pointers, int64 sizes, a dtype enum, the CUDA stream as void*.
 //
 // Every launcher enqueues its work on `stream` and returns at once: no host synchronisation, no device allocation,
@@ -117,42 +117,6 @@ static inline int onnxfuse_embedding_interaction_check(int dtype, int interactio
 int onnxfuse_cuda_embedding(int dtype, const void* table, const int64_t* ids, void* y, int64_t n, int64_t vocab,
                             int64_t d, void* stream);
 
-// The same ops from the Triton AOT cubins (cuda/triton/<family>.cc), in the library only when built with Triton
-// (the glue calls them through cuda/ops_cuda.h's Dispatch, which otherwise answers ONNXFUSE_ERR_NO_TRITON).
-int onnxfuse_triton_available(void);
-// Device scratch (bytes) the Triton LinearRelu/LinearSigmoid launcher may use for these sizes on the current device:
-// the TMA descriptors of the persistent TMA kernel (triton/table.py TMA_*), 0 where it cannot run; a negative code
-// on bad sizes. onnxfuse_triton_linear_act runs the other kernel when `scratch` is null or short, so the scratch is
-// an option (MLPStack's per-layer launches pass theirs); allocated and freed by the caller as LoRA's below.
-int64_t onnxfuse_triton_linear_act_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n);
-int onnxfuse_triton_linear_act(int dtype, int act, const void* x, const void* w, const void* bias, void* y, int64_t m,
-                               int64_t k, int64_t n, void* scratch, int64_t scratch_bytes, void* stream);
-int onnxfuse_triton_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up, void* y, int64_t m,
-                           int64_t k, int64_t n, void* stream);
-// Device scratch (bytes) the Triton LoRA launcher needs for these sizes on the current device: the fp32 partial
-// sums of X @ A ([SPLIT, M, r_pad]) and, where the persistent TMA lora_main may run, its descriptors after them
-// (128-byte aligned; without room for them the other lora_main runs); a negative ONNXFUSE_ERR_* / -cudaError_t when it
-// cannot tell (e.g. ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH). The caller allocates it (from onnxruntime's allocator, so the
-// launch stays CUDA-graph safe), passes it to onnxfuse_triton_lora_linear and may free it right after that returns:
-// only work enqueued later on the same stream can reuse the memory.
-int64_t onnxfuse_triton_lora_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t r);
-int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, const void* w, const void* a, const void* b,
-                                const void* bias, float scale, void* y, int64_t m, int64_t k, int64_t n, int64_t r,
-                                void* scratch, int64_t scratch_bytes, void* stream);
-// MLPStack from the Triton cubins: mode ONNXFUSE_STACK_FUSED runs the whole stack as ONE kernel (each program
-// carries BLOCK_M rows through every layer), ONNXFUSE_STACK_GRID as ONE persistent kernel whose programs (at most
-// one per SM, launched cooperatively) split each layer's tiles and meet at a grid barrier between layers,
-// ONNXFUSE_STACK_LAYERS one Triton linear_act launch per layer, and ONNXFUSE_STACK_AUTO the one triton/table.py's
-// thresholds pick for the shape (node attribute stack_mode). The scratch must have
-// onnxfuse_triton_mlp_stack_scratch_bytes() bytes (the barrier counter is reset in-stream by each grid launch).
-int onnxfuse_triton_mlp_stack(int dtype, int n_layers, const int* acts, const void* x, const void* const* w,
-                              const void* const* b, void* y, int64_t m, const int64_t* widths, int mode, void* scratch,
-                              int64_t scratch_bytes, void* stream);
-int onnxfuse_triton_rotary_embedding(int dtype, const void* x, const void* cos, const void* sin, void* y, int64_t rows,
-                                     int64_t d, int64_t d1, int64_t d2, const int64_t* cos_stride,
-                                     const int64_t* sin_stride, void* stream);
-int onnxfuse_triton_embedding(int dtype, const void* table, const int64_t* ids, void* y, int64_t n, int64_t vocab,
-                              int64_t d, void* stream);
 // EmbeddingInteraction (offsets == NULL: ids is [batch, features]) and EmbeddingBagInteraction (ids is the indices
 // [features, n_indices], offsets [features, batch]): y [batch, width] from x [batch, d], the concatenated table
 // [rows, d] and table_offsets / cardinality [features] (int64, device memory); interaction is an
@@ -163,14 +127,19 @@ int onnxfuse_cuda_embedding_interaction(int dtype, int interaction, int hash, co
                                         const int64_t* offsets, const void* table, const int64_t* table_offsets,
                                         const int64_t* cardinality, void* y, int64_t batch, int64_t d, int64_t features,
                                         int64_t n_indices, int64_t rows, void* stream);
-int onnxfuse_triton_embedding_interaction(int dtype, int interaction, int hash, const void* x, const int64_t* ids,
-                                          const int64_t* offsets, const void* table, const int64_t* table_offsets,
-                                          const int64_t* cardinality, void* y, int64_t batch, int64_t d,
-                                          int64_t features, int64_t n_indices, int64_t rows, void* stream);
-// Device scratch (bytes) the Triton MLPStack launcher needs: onnxfuse_mlp_stack_scratch_bytes() plus the grid
-// kernel's barrier counter (ONNXFUSE_STACK_BARRIER_BYTES after the two [M, SW] buffers), or a negative code.
-int64_t onnxfuse_triton_mlp_stack_scratch_bytes(int dtype, int n_layers, int64_t m, const int64_t* widths);
-#define ONNXFUSE_STACK_BARRIER_BYTES 256
+
+// The Triton AOT cubins: whether the library has them (cuda/triton/runtime.cc, in Triton builds only).
+// Each family's Triton launcher is declared and defined in its CUDA EP glue (cuda/<family>_ops.cc), in the library
+// only when built with Triton (the glue calls it through cuda/ops_cuda.h's Dispatch, which otherwise answers
+// ONNXFUSE_ERR_NO_TRITON); linear_act's is declared here because MLPStack's per-layer mode launches it too.
+int onnxfuse_triton_available(void);
+// Device scratch (bytes) the Triton LinearRelu/LinearSigmoid launcher may use for these sizes on the current device:
+// the TMA descriptors of the persistent TMA kernel (triton/table.py TMA_*), 0 where it cannot run; a negative code
+// on bad sizes. onnxfuse_triton_linear_act runs the other kernel when `scratch` is null or short, so the scratch is
+// an option (MLPStack's per-layer launches pass theirs); allocated and freed by the caller.
+int64_t onnxfuse_triton_linear_act_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n);
+int onnxfuse_triton_linear_act(int dtype, int act, const void* x, const void* w, const void* bias, void* y, int64_t m,
+                               int64_t k, int64_t n, void* scratch, int64_t scratch_bytes, void* stream);
 
 // Human-readable text for any code the launchers return (static storage, never null).
 const char* onnxfuse_cuda_error_string(int code);

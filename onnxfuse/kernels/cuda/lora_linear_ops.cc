@@ -1,6 +1,24 @@
 // LoRALinear and LoRALinearRelu on the CUDA EP: the kernel structs calling cuda/lora_linear.cu's
-// launcher or the Triton one (cuda/triton/lora_linear.cc) through Dispatch (cuda/ops_cuda.h), and their registration.
+// launcher or the Triton one (at the end of this file) through Dispatch (cuda/ops_cuda.h), and their registration.
 #include "cuda/ops_cuda.h"
+#ifdef ONNXFUSE_WITH_TRITON
+#include "cuda/triton/runtime.h"
+#endif
+
+// The Triton launcher, defined at the end of this file in Triton builds (cuda/ops_cuda.h's Dispatch calls it only
+// there).
+extern "C" {
+// Device scratch (bytes) the Triton LoRA launcher needs for these sizes on the current device: the fp32 partial
+// sums of X @ A ([SPLIT, M, r_pad]) and, where the persistent TMA lora_main may run, its descriptors after them
+// (128-byte aligned; without room for them the other lora_main runs); a negative ONNXFUSE_ERR_* / -cudaError_t when it
+// cannot tell (e.g. ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH). The caller allocates it (from onnxruntime's allocator, so the
+// launch stays CUDA-graph safe), passes it to onnxfuse_triton_lora_linear and may free it right after that returns:
+// only work enqueued later on the same stream can reuse the memory.
+int64_t onnxfuse_triton_lora_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t r);
+int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, const void* w, const void* a, const void* b,
+                                const void* bias, float scale, void* y, int64_t m, int64_t k, int64_t n, int64_t r,
+                                void* scratch, int64_t scratch_bytes, void* stream);
+}
 
 namespace onnxfuse {
 namespace cuda {
@@ -56,3 +74,106 @@ void RegisterLoRALinearCuda(Ort::CustomOpDomain& domain) {
 
 }  // namespace cuda
 }  // namespace onnxfuse
+
+#ifdef ONNXFUSE_WITH_TRITON
+// ----------------------------------------------------------------------------------------------------
+// Triton launcher of LoRALinear and LoRALinearRelu (triton/lora_linear.py).
+//
+// LoRA runs in two phases: "lora_xa" writes fp32 partial sums of X @ A to the caller's scratch [SPLIT, M, r_pad]
+// (grid: row tiles x SPLIT slices of K, SPLIT chosen so that about one program per SM runs; no atomics), then
+// "lora_main" (the linear_act main loop + one T @ B dot) reads them. Both launches go to the same stream, so the
+// second sees the first's writes.
+// (Triton builds only: without Triton, Dispatch never calls it; cuda/ops_cuda.h.)
+using namespace onnxfuse::triton_runtime;  // NOLINT: the launchers below are the runtime's users
+
+namespace {
+// Phase-1 plan of two-phase LoRA: the lora_xa spec and the K split. SPLIT slices of KB_PER_SPLIT blocks of BLOCK_K
+// so that row tiles x SPLIT is about one program per SM (at most 16 slices, at least one block each).
+struct LoRAPlan {
+  const TritonSpec* xa = nullptr;
+  int xa_index = -1, device = 0, arch = 0;
+  int64_t split = 1, kb_per_split = 1;
+};
+
+int PlanLoRA(int dtype, int64_t m, int64_t k, int64_t r, bool aligned, LoRAPlan* plan) {
+  const int arch = CurrentArch(&plan->device);
+  if (arch < 0) return -arch;
+  plan->arch = arch;
+  plan->xa = Find(ids::kLoraXa, dtype, m, aligned, RPad(r), arch, &plan->xa_index);
+  if (plan->xa == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
+  const int64_t grid_m = (m + plan->xa->block_m - 1) / plan->xa->block_m;
+  const int64_t k_blocks = (k + plan->xa->block_k - 1) / plan->xa->block_k;
+  int64_t split = (NumSMs(plan->device) + grid_m - 1) / grid_m;
+  if (split > 16) split = 16;
+  if (split > k_blocks) split = k_blocks;
+  if (split < 1) split = 1;
+  plan->kb_per_split = k_blocks > 0 ? (k_blocks + split - 1) / split : 1;
+  plan->split = k_blocks > 0 ? (k_blocks + plan->kb_per_split - 1) / plan->kb_per_split : 1;
+  return 0;
+}
+
+int64_t LoRAScratchBytes(int64_t m, int64_t r, const LoRAPlan& plan) {
+  return plan.split * m * RPad(r) * int64_t(sizeof(float));
+}
+
+bool LoRAAligned(const void* x, const void* w, const void* a, const void* b, const void* bias, const void* y, int64_t k,
+                 int64_t n, int64_t r) {
+  // r % 8: 16-byte rows of A (fp16/bf16), so its tiles load with cp.async and the phase-1 loop pipelines.
+  return Aligned16(x) && Aligned16(w) && Aligned16(a) && Aligned16(b) && Aligned16(bias) && Aligned16(y) &&
+         k % 16 == 0 && n % 16 == 0 && r % 8 == 0;
+}
+}  // namespace
+
+extern "C" int64_t onnxfuse_triton_lora_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t r) {
+  if (BadCommon(dtype, m, k, n) || r < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (r > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
+  if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
+  if (m == 0 || n == 0) return 0;
+  LoRAPlan plan;
+  // The xa configs of the aligned and unaligned builds share BLOCK_M / BLOCK_K, so the plan does not depend on it.
+  const int err = PlanLoRA(dtype, m, k, r, true, &plan);
+  if (err != 0) return err > 0 ? -int64_t(err) : int64_t(err);
+  // then, 128-byte aligned, the TMA descriptors of the persistent lora_main (where it may run)
+  const int64_t tma = TmaScratchBytes(dtype, m, k);
+  return tma > 0 ? RoundUp128(LoRAScratchBytes(m, r, plan)) + tma : LoRAScratchBytes(m, r, plan);
+}
+
+extern "C" int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, const void* w, const void* a,
+                                           const void* b, const void* bias, float scale, void* y, int64_t m, int64_t k,
+                                           int64_t n, int64_t r, void* scratch, int64_t scratch_bytes, void* stream) {
+  if (BadCommon(dtype, m, k, n) || r < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (r > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
+  if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
+  if (m == 0 || n == 0) return 0;
+  int32_t M = int32_t(m), N = int32_t(n), K = int32_t(k), R = int32_t(r), RELU = relu ? 1 : 0;
+  float SCALE = scale;
+  void* scratch_global = nullptr;
+  void* scratch_profile = nullptr;
+  const int r_pad = RPad(r);
+  const bool aligned = LoRAAligned(x, w, a, b, bias, y, k, n, r);
+  LoRAPlan plan;
+  int err = PlanLoRA(dtype, m, k, r, aligned, &plan);
+  if (err != 0) return err;
+  if (scratch == nullptr || !Aligned16(scratch) || scratch_bytes < LoRAScratchBytes(m, r, plan))
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  int index = -1;
+  const TritonSpec* main_spec =
+      FindForShape(ids::kLoraMain, dtype, m, n, aligned, r_pad, plan.arch, plan.device, &index);
+  if (main_spec == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
+  // Phase 1: T partials = X @ A per K slice, fp32, into scratch [SPLIT, M, r_pad].
+  int32_t KB_PER_SPLIT = int32_t(plan.kb_per_split), SPLIT = int32_t(plan.split);
+  void* xa_args[] = {&x, &a, &scratch, &M, &K, &R, &KB_PER_SPLIT, &scratch_global, &scratch_profile};
+  const int64_t grid_xa = ((m + plan.xa->block_m - 1) / plan.xa->block_m) * plan.split;
+  if ((err = LaunchSpec(plan.xa, plan.xa_index, plan.device, grid_xa, xa_args, stream)) != 0) return err;
+  // Phase 2: Y = X @ W + (scale * sum T) @ B + bias [relu]; the TMA descriptors after the partials.
+  const int64_t partials = RoundUp128(LoRAScratchBytes(m, r, plan));
+  int64_t grid = 0;
+  main_spec = WithTma(main_spec, &index, m, k, n, plan.arch, plan.device, static_cast<char*>(scratch) + partials,
+                      scratch_bytes - partials, &grid);
+  int32_t NPROG = int32_t(grid);
+  void* main_global = main_spec->tma ? static_cast<char*>(scratch) + partials : nullptr;
+  void* main_args[] = {&x, &w, &scratch, &b,     &bias, &y,     &M,           &N,
+                       &K, &R, &SPLIT,   &SCALE, &RELU, &NPROG, &main_global, &scratch_profile};
+  return LaunchSpec(main_spec, index, plan.device, grid, main_args, stream);
+}
+#endif  // ONNXFUSE_WITH_TRITON

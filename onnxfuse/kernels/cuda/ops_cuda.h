@@ -3,9 +3,9 @@
 // compute stream. Each op is registered for float, float16 and bfloat16.
 //
 // The structs follow docs/adding-an-op.md; Compute takes ORT's compute stream from the kernel context and calls a
-// launcher of cuda/launch.h (hand-written CUDA in cuda/*.cu, or the Triton AOT cubins through
-// cuda/triton/<family>.cc). Nothing here synchronises, reads device data or calls cudaMalloc, so the ops run on a
-// user stream and under CUDA-graph capture. Device scratch (the CUDA backend's cuBLASLt workspace and
+// launcher (hand-written CUDA in cuda/*.cu, declared in cuda/launch.h, or the Triton launcher over the AOT cubins
+// at the end of the family's glue file). Nothing here synchronises, reads device data or calls cudaMalloc, so the ops
+// run on a user stream and under CUDA-graph capture. Device scratch (the CUDA backend's cuBLASLt workspace and
 // intermediates, the Triton two-phase LoRA's X @ A, the stacks' layer buffers) comes from onnxruntime's allocator
 // of the kernel's device (KernelContext_GetAllocator, the CUDA EP's arena) and is freed as soon as the launches are
 // enqueued: the arena may hand it to a later kernel, which runs after ours on the same stream (the pattern of
@@ -49,7 +49,7 @@ inline bool AutoPrefersCuda(int kernel, int64_t m, int64_t k) {
   return false;
 }
 
-// Whether this library has the Triton launchers (cuda/triton/*.cc): known at compile time. Without them no
+// Whether this library has the Triton launchers (ONNXFUSE_WITH_TRITON): known at compile time. Without them no
 // launcher is called (nor linked): the Triton backend is ONNXFUSE_ERR_NO_TRITON, here and only here.
 #ifdef ONNXFUSE_WITH_TRITON
 inline constexpr bool kWithTriton = true;

@@ -11,27 +11,12 @@
 
 #include <cstdint>
 
-#include "launch.h"
+#include "gemm.h"  // to_f / from_f
 
 namespace {
 
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T>
-__device__ __forceinline__ T from_f(float v);
-template <>
-__device__ __forceinline__ float from_f<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half from_f<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
+using onnxfuse::cuda_kernels::from_f;
+using onnxfuse::cuda_kernels::to_f;
 
 struct RotaryArgs {
   int64_t rows, half, d1, d2;

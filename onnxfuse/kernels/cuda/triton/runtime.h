@@ -1,4 +1,4 @@
-// The Triton AOT runtime that the launchers of cuda/triton/<family>.cc share (defined in cuda/triton/runtime.cc):
+// The Triton AOT runtime that the Triton launchers (in cuda/<family>_ops.cc) share (defined in cuda/triton/runtime.cc):
 // the table entry of a compiled kernel (TritonSpec; triton/aot.py compiles triton/*.py into the generated
 // triton_kernels.h, a table of these), the spec search, and the launch. Only the Triton build compiles this folder;
 // without it, the CUDA EP glue never calls a launcher (cuda/ops_cuda.h, kWithTriton).
@@ -8,7 +8,7 @@
 //
 // Config choice by M (the size classes of triton/table.py, through the generated onnxfuse_ops.h), then by grid size
 // (FindForShape): M <= 16 "small" (decode: 16-row tiles, narrow column tiles so the weights stream once over all
-// SMs), M <= 128 "medium", else "large". Autotuned tiles go into aot.py's CONFIGS (or its --configs JSON); the
+// SMs), M <= 128 "medium", else "large". Tiles are the kernel files' CONFIGS (triton/<family>.py, tuned.json); the
 // runtime only maps M to a class.
 //
 // Persistent TMA GEMMs (triton/table.py TMA_*): where FindForShape picks the aligned large-class linear_act or
