@@ -256,3 +256,41 @@ def test_ops_are_named_only_by_their_family_and_the_registry():
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in schema.OPS:
                 found.append(f"{rel}:{node.lineno}: {node.value!r}")
     assert not found, "ops named outside their family module (onnxfuse/ops/) and schema.py: " + "; ".join(found)
+
+
+# Where an op family lives, one snake name in every layer (docs/adding-an-op.md: the files a new family adds).
+FAMILY_FILES = ("onnxfuse/ops/{f}.py", "onnxfuse/rewrites/{f}.py", "tests/rewrites/test_{f}.py",
+                "onnxfuse/kernels/cpu/{f}.cc", "onnxfuse/kernels/cuda/{f}.cu", "onnxfuse/kernels/cuda/{f}_ops.cc",
+                "onnxfuse/kernels/triton/{f}.py")
+
+
+def test_every_family_has_one_name_in_every_layer():
+    """Issue 29: each family of onnxfuse.ops.FAMILIES has its rule, its tests, its CPU kernel, its CUDA kernel, its
+    CUDA EP glue (with the Triton launcher) and its Triton kernel under its own name, and nothing is found from a
+    hand-kept list: fuse finds the rule module by the family's name, the kernel library's registration comes from the
+    generated ONNXFUSE_OP_FAMILIES, CMake globs each folder, and aot.py and the generated header number the kernels
+    of every triton/*.py that has a KERNELS table (triton/table.py) and compile the tiles of its CONFIGS."""
+    from onnxfuse import fuse
+    from onnxfuse.ops import FAMILIES
+
+    names = [family.name for family in FAMILIES]
+    missing = [p.format(f=f) for f in names for p in FAMILY_FILES if not (ROOT / p.format(f=f)).is_file()]
+    assert not missing, "family files missing: " + ", ".join(missing)
+    assert list(fuse.PATTERNS) == names
+    assert all(fuse.PATTERNS[f].__module__ == f"onnxfuse.rewrites.{f}" for f in names)
+    # the Python layers hold nothing but families (and private helpers, _name.py); the kernel folders also hold the
+    # shared pieces (cpu/gemm.cc, cuda/gemm.cu, triton/gemm_loop.py, ...)
+    orphans = [_rel(path) for pattern in FAMILY_FILES[:3] for path in ROOT.glob(pattern.replace("{f}", "*"))
+               if path.name != "__init__.py" and not path.name.startswith("_")
+               and path.name.removeprefix("test_").removesuffix(".py") not in names]
+    assert not orphans, "files of no family: " + ", ".join(orphans)
+    table = _triton_table()
+    assert set(table.KERNEL_FILES) == set(names), "every family has a Triton kernel file with a KERNELS table"
+
+
+def _triton_table():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_table", PKG / "kernels/triton/table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
