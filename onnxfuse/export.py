@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import onnx
 import torch
 
-from . import __version__, onnxio, zoo
+from . import __version__, adapters, onnxio, zoo
 from .onnxio import op_counts  # noqa: F401  (export.op_counts: the public name)
 from .errors import OnnxfuseError
 from .schema import IR_VERSION, ONNX_OPSET
@@ -50,6 +50,8 @@ class ExportResult:
     recipe: dict
     warnings: list[str] = field(default_factory=list)
     data_path: pathlib.Path | None = None
+    # --lora-as-inputs: the exported adapter's weights (onnxruntime adapter format, `<path>_adapter`), else None
+    adapter_path: pathlib.Path | None = None
 
 
 def output_names(kind: str, spec) -> list[str]:
@@ -101,7 +103,7 @@ STAGES = ("module", "export", "write", "external data")
 
 def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: str = "fp32", exporter: str = "auto",
            dynamic: bool = False, external_data: bool | None = None, force: bool = False,
-           progress=None) -> ExportResult:
+           progress=None, lora_as_inputs: bool = False) -> ExportResult:
     """Build the PyTorch module of `kind` ("llama", "dlrm") from `spec` (a `zoo.LlamaSpec` / `zoo.DlrmSpec`), `seed`
     and `dtype` ("fp32", "fp16", "bf16"), export it to ONNX at `out` and store the recipe that rebuilds it.
 
@@ -110,6 +112,9 @@ def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: st
     An existing `out` is an error unless force. Nothing is left behind on failure (no partial .onnx or .data).
     progress(index, total, stage, detail), when given, is called as each stage starts (STAGES: module, export,
     write, and external data unless external_data=False), e.g. `onnxfuse._term.Stages("export")`.
+    lora_as_inputs: the peft LoRA layers' A and B become graph inputs `<layer>.lora_A` / `.lora_B` with zero defaults
+    (a run without an adapter is the base model), and the adapter goes to `<out>_adapter`, an onnxruntime adapter
+    file (`onnxfuse.adapters`): one model for any adapter of these shapes.
     Raises OnnxfuseError (one line naming the fix) on bad arguments or when every exporter fails.
     """
     if dtype not in zoo.DTYPES:
@@ -117,7 +122,15 @@ def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: st
     if exporter not in EXPORTERS:
         raise OnnxfuseError(f"--exporter must be one of {', '.join(EXPORTERS)} (got {exporter!r})")
     spec.validate()
+    if lora_as_inputs and not getattr(spec, "lora_rank", 0):
+        raise OnnxfuseError("--lora-as-inputs needs LoRA adapters to export: add --lora-rank R")
+    if lora_as_inputs and dtype == "bf16":
+        raise OnnxfuseError("--lora-as-inputs: onnxruntime's adapter files hold no bf16 from Python; export fp32 or "
+                            "fp16")
     out = onnxio.check_output_path(out, force=force)
+    adapter_out = out.with_name(out.name + "_adapter") if lora_as_inputs else None
+    if adapter_out is not None and adapter_out.exists() and not force:
+        raise OnnxfuseError(f"{adapter_out} exists; pass --force to overwrite it")
     total = len(STAGES) - (external_data is False)
 
     def stage(i: int, detail: str) -> None:
@@ -148,14 +161,19 @@ def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: st
         used = _export_with_fallback(module, inputs, tmp_path, order, names, outs,
                                      _dynamic(kind, spec, names) if dynamic else None, notes)
         recipe = make_recipe(kind, spec, seed, dtype, inputs, used, dynamic)
+        layers = adapters.lora_layers(module) if lora_as_inputs else None
+        if lora_as_inputs:
+            recipe["adapter"] = adapter_out.name
         del module  # the exported weights are on disk now; do not hold a second copy while writing
         gc.collect()
-        lean = external_data and _single_data_file(tmp_path, data_name)
+        lean = external_data and _single_data_file(tmp_path, data_name) and not lora_as_inputs
         stage(2, f"{out} (recipe, onnx.checker)")
         # Small models (or an exporter that wrote its weights some other way): load everything, re-save. Big ones:
         # edit only the small graph file and rename the exporter's weights file into place (no copy of the weights).
         model = onnx.load(str(tmp_path), load_external_data=not lean)
         model.ir_version = min(model.ir_version, onnxio.MAX_IR_VERSION) if model.ir_version else IR_VERSION
+        if lora_as_inputs:  # the adapter file is written beside the model and moved into place after it
+            adapters.write_adapter(tmp / adapter_out.name, adapters.lift_lora_inputs(model, layers))
         onnxio.set_metadata(model, RECIPE_KEY, json.dumps(recipe))
         model.producer_name = "onnxfuse"
         model.producer_version = __version__
@@ -175,10 +193,12 @@ def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: st
                       f"none: {weight_bytes / 1e6:.1f} MB of weights stay inside the .onnx (--external-data moves "
                       "them out)")
             onnxio.save(model, out, external_data=external_data)
+        if lora_as_inputs:
+            os.replace(tmp / adapter_out.name, adapter_out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     data_path = parent / data_name if (parent / data_name).is_file() and external_data else None
-    return ExportResult(out, used, time.perf_counter() - t0, op_counts(model), recipe, notes, data_path)
+    return ExportResult(out, used, time.perf_counter() - t0, op_counts(model), recipe, notes, data_path, adapter_out)
 
 
 def _export_with_fallback(module, inputs, path: pathlib.Path, order: list[str], names, outs, dynamic_shapes,

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import torch
 
-from . import export, onnxio, runtime, zoo
+from . import adapters, export, onnxio, runtime, zoo
 from .errors import OnnxfuseError
 from .functions import nodes as _nodes
 from .schema import DOMAIN
@@ -149,6 +149,8 @@ def verify(model_path: str | pathlib.Path, *, module: torch.nn.Module | None = N
     stage(2, f"{len(sess.get_outputs())} output(s) against the reference")
     feeds = runtime.check_feeds(sess, {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy()
                                        for k, v in inputs.items()})
+    if recipe and recipe.get("adapter"):  # exported --lora-as-inputs: the module's adapter, fed as its inputs
+        feeds.update(adapters.read_adapter(pathlib.Path(model_path).with_name(recipe["adapter"])))
     outs = sess.run(None, feeds)
     names = [o.name for o in sess.get_outputs()]
     if len(outs) != len(refs):

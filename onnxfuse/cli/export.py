@@ -62,11 +62,13 @@ def _run_export(args, kind, spec, name) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
     res = export.export(kind, spec, out, seed=args.seed, dtype=args.dtype, exporter=args.exporter,
                         dynamic=args.dynamic, external_data=args.external_data, force=args.force,
-                        progress=Stages("export", not (args.quiet or args.json)))
+                        progress=Stages("export", not (args.quiet or args.json)),
+                        lora_as_inputs=getattr(args, "lora_as_inputs", False))
     # res.warnings (e.g. the TorchScript fallback) were already issued as Python warnings, printed by main().
     if args.json:
         print(json.dumps({"path": str(res.path), "data_path": str(res.data_path) if res.data_path else None,
                           "exporter": res.exporter, "seconds": round(res.seconds, 2), "op_counts": res.op_counts,
+                          "adapter_path": str(res.adapter_path) if res.adapter_path else None,
                           "recipe": res.recipe}, indent=2))
     elif not args.quiet:
         from .._term import human_size
@@ -75,6 +77,9 @@ def _run_export(args, kind, spec, name) -> int:
         con.print(f"wrote {res.path}{data} ({res.exporter} exporter, {res.seconds:.1f} s, "
                   f"{sum(res.op_counts.values())} nodes)", soft_wrap=True)
         con.print("  " + ", ".join(f"{k} {v}" for k, v in res.op_counts.items()))
+        if res.adapter_path:
+            con.print(f"  adapter {res.adapter_path} (its A and B are the model's <layer>.lora_A/B inputs)",
+                      soft_wrap=True)
     return 0
 
 
@@ -100,6 +105,9 @@ def register(sub, parser_class) -> None:
     ll.add_argument("--lora-alpha", type=float, help="LoRA alpha (default 2 x rank)")
     ll.add_argument("--lora-targets", type=_names, metavar="M1,M2",
                     help="comma-separated modules to adapt (default gate_proj,up_proj,down_proj)")
+    ll.add_argument("--lora-as-inputs", action="store_true",
+                    help="the adapters' A and B as graph inputs (zero defaults: the base model) and the adapter in "
+                         "<output>_adapter (onnxruntime's adapter format): one model for any adapter of these shapes")
     _add_common_export(ll)
     ll.set_defaults(func=_export_llama)
 

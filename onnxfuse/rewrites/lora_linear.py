@@ -11,7 +11,12 @@ commutation of Add/Mul.
 Why one op: unfused, the rank-r branch costs two skinny GEMMs, a scaling pass and an add pass over the full
 [M, N] output, each launch and each pass paid in memory traffic; fused, X @ A is a thin [M, r] product and the
 scaled (X @ A) @ B is accumulated into the base GEMM's tile before the epilogue, so the branch adds about r/K to
-the base GEMM's work and nothing to its memory traffic. Refused: non-constant W/A/B or scale, a non-scalar scale,
+the base GEMM's work and nothing to its memory traffic.
+
+Adapters as inputs: A and B may be graph inputs (with or without a default initializer) instead of constants. They
+stay op inputs under their own names, never baked, so one fused model serves any adapter of the same shapes (fed
+per run, or bound once with IOBinding and overwritten to swap). Their shapes must be static 2-D ([K, r], [r, N]).
+Refused: a non-constant W or scale, A/B computed in the graph, a non-scalar scale,
 shapes that do not chain ([K,N], [K,r], [r,N]), a bias not along the last axis, a scale or bias that raises the
 output's rank, initializers that are also graph inputs, a Cast to another dtype, models below opset 15 (the
 function body needs CastLike).
@@ -61,7 +66,8 @@ class LoRALinear(FusionRule):
     def check(self, context, x, w, a, bm, lin, s=None, b=None, cast=None, **_):
         self.remember(context)
         result = MatchResult()
-        if not self.guard(context, result, x):
+        # adapter weights fed at run time stay op inputs: the guard lets them through, _adapter_shape checks them
+        if not self.guard(context, result, x, runtime=tuple(v for v in (a, bm) if v.is_graph_input())):
             return result
         trans = False
         node = lin.producer()
@@ -84,14 +90,14 @@ class LoRALinear(FusionRule):
         if scale is None or scale.size != 1:
             return result.fail(f"the LoRA scaling {s.name} is not a constant of one element", s)
         wkn = weight_kn(result, w, "the base weight", trans)
-        wa = weight_kn(result, a, "lora_A", False) if wkn is not None else None
-        wb = weight_kn(result, bm, "lora_B", False) if wa is not None else None
-        if wkn is None or wa is None or wb is None:
+        sa = _adapter_shape(result, a, "lora_A") if wkn is not None else None
+        sb = _adapter_shape(result, bm, "lora_B") if sa is not None else None
+        if wkn is None or sa is None or sb is None:
             return result
         k, n = wkn.shape
-        if wa.shape[0] != k or wb.shape[1] != n or wa.shape[1] != wb.shape[0]:
-            return result.fail(f"shapes do not chain: W {w.name} {list(wkn.shape)}, A {a.name} {list(wa.shape)}, "
-                               f"B {bm.name} {list(wb.shape)} "
+        if sa[0] != k or sb[1] != n or sa[1] != sb[0]:
+            return result.fail(f"shapes do not chain: W {w.name} {list(wkn.shape)}, A {a.name} {sa}, "
+                               f"B {bm.name} {sb} "
                                "(expected [K,N], [K,r], [r,N])", a)
         xd = dims(x)
         if xd is not None and (len(xd) < 2 or (isinstance(xd[-1], int) and xd[-1] != k)):
@@ -100,7 +106,7 @@ class LoRALinear(FusionRule):
             return result
         if not self.guard_output(context, result, x, n):
             return result
-        self._w, self._trans, self._scale, self._r = wkn, trans, float(scale.reshape(-1)[0]), wa.shape[1]
+        self._w, self._trans, self._scale, self._r = wkn, trans, float(scale.reshape(-1)[0]), sa[1]
         return result
 
     def rewrite(self, op, x, w, a, bm, lin, b=None, **_):
@@ -119,6 +125,19 @@ class LoRALinear(FusionRule):
         shapes = {"X": dims(x), "W": [k, n], "A": [k, r], "B": [r, n], "bias": [n]}
         return self.emit(op, self.op, [x, w_new, a, bm, b_new], {"scale": self._scale, "backend": "auto"}, shapes,
                          x.dtype or w.dtype, flops)
+
+
+def _adapter_shape(result: MatchResult, v, name: str) -> list[int] | None:
+    """The static [rows, cols] of a LoRA weight that is a constant or a graph input (an adapter fed at run time,
+    kept as an op input), or None with a reason."""
+    if v.is_graph_input():
+        d = dims(v)
+        if d is None or len(d) != 2 or not all(isinstance(x, int) for x in d):
+            result.fail(f"{name} {v.name} is a graph input of shape {d}: an adapter input needs a static 2-D shape", v)
+            return None
+        return d
+    arr = weight_kn(result, v, name, False)
+    return None if arr is None else list(arr.shape)
 
 
 def rules(recorder):

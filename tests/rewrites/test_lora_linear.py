@@ -15,22 +15,27 @@ from onnxfuse import cli, fuse, runtime
 K, N, R, M = 12, 10, 4, 5
 
 
-def _lora_graph(relu=False, a_is_input=False, reuse_branch=False, scale=0.5):
-    """X @ W + b + scale * ((X @ A) @ B), optionally followed by Relu: the graph peft's Linear exports."""
+def _lora_graph(relu=False, a_is_input=False, reuse_branch=False, scale=0.5, b_is_input=False, a_computed=False,
+                a_dims=(K, R)):
+    """X @ W + b + scale * ((X @ A) @ B), optionally followed by Relu: the graph peft's Linear exports. A and B may
+    be graph inputs (adapters fed at run time), A computed in the graph (a_computed: A = Neg(A0))."""
     rng = np.random.default_rng(0)
-    arrays = {"W": (K, N), "b": (N,), "A": (K, R), "B": (R, N)}
+    arrays = {"W": (K, N), "b": (N,), "A0" if a_computed else "A": (K, R), "B": (R, N)}
     inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n) for n, s in arrays.items()
-             if not (a_is_input and n == "A")]
+             if not (a_is_input and n == "A") and not (b_is_input and n == "B")]
     inits.append(numpy_helper.from_array(np.array(scale, np.float32), "s"))
     mk = helper.make_node
-    nodes = [mk("MatMul", ["X", "W"], ["xw"]), mk("Add", ["xw", "b"], ["base"]), mk("MatMul", ["X", "A"], ["xa"]),
+    nodes = [mk("Neg", ["A0"], ["A"])] if a_computed else []
+    nodes += [mk("MatMul", ["X", "W"], ["xw"]), mk("Add", ["xw", "b"], ["base"]), mk("MatMul", ["X", "A"], ["xa"]),
              mk("MatMul", ["xa", "B"], ["xab"]), mk("Mul", ["xab", "s"], ["branch"]),
              mk("Add", ["base", "branch"], ["sum" if relu else "Y"])]
     if relu:
         nodes.append(mk("Relu", ["sum"], ["Y"]))
     inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, [M, K])]
     if a_is_input:
-        inputs.append(helper.make_tensor_value_info("A", TensorProto.FLOAT, [K, R]))
+        inputs.append(helper.make_tensor_value_info("A", TensorProto.FLOAT, list(a_dims)))
+    if b_is_input:
+        inputs.append(helper.make_tensor_value_info("B", TensorProto.FLOAT, [R, N]))
     outputs = [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)]
     if reuse_branch:
         nodes.append(mk("Neg", ["branch"], ["B2"]))
@@ -53,8 +58,32 @@ def test_rule_fuses_the_peft_spelling_and_keeps_the_numbers(tmp_path, relu, op):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("relu", [False, True])
+def test_adapters_as_graph_inputs_fuse_and_swap(tmp_path, relu):
+    """Issue 30: A and B fed at run time (an adapter per run) fuse, stay op inputs under their names (nothing baked),
+    and the fused model equals the unfused one for two different adapters in turn."""
+    src, dst = tmp_path / "m.onnx", tmp_path / "f.onnx"
+    onnx.save(_lora_graph(relu=relu, a_is_input=True, b_is_input=True), str(src))
+    res = fuse.fuse(src, dst, ort=False)
+    assert [m.op for m in res.matches] == ["LoRALinearRelu" if relu else "LoRALinear"]
+    fused = onnx.load(str(dst))
+    node = next(n for n in fused.graph.node if n.op_type == res.matches[0].op)
+    assert list(node.input[2:4]) == ["A", "B"]
+    assert [i.name for i in fused.graph.input] == ["X", "A", "B"]
+    assert not {"A", "B"} & {t.name for t in fused.graph.initializer}
+    ref = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    sess = runtime.session(str(dst), library=True)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    for _ in range(2):  # two adapters, one after the other, on the same session
+        feeds = {"X": x, "A": rng.standard_normal((K, R)).astype(np.float32),
+                 "B": rng.standard_normal((R, N)).astype(np.float32)}
+        np.testing.assert_allclose(sess.run(None, feeds)[0], ref.run(None, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("variant,reason", [
-    (dict(a_is_input=True), "not a constant"),
+    (dict(a_computed=True), "computed by"),
+    (dict(a_is_input=True, a_dims=(K, "r")), "needs a static 2-D shape"),
     (dict(reuse_branch=True), "branch is also used by"),
 ])
 def test_rule_refuses_and_explains(tmp_path, variant, reason, capsys):

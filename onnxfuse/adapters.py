@@ -1,0 +1,118 @@
+"""LoRA adapters as model inputs (issue 30): one exported model serves any adapter of the same shapes.
+
+`export ... --lora-as-inputs` turns each peft LoRA layer's A and B (as the exporter laid them out for the MatMuls,
+[K, r] and [r, N]) into graph inputs named after the layer (`<module>.lora_A`, `<module>.lora_B`) whose default
+initializers are zeros, so a run that feeds no adapter is the base model; the exported adapter's own weights go to
+an onnxruntime adapter file (`.onnx_adapter`, `write_adapter`). `fuse` keeps such inputs as inputs of the
+LoRALinear ops (nothing baked), so the fused model serves the same adapter files:
+
+    adapter = onnxruntime.LoraAdapter(); adapter.Load("model.onnx_adapter")
+    opts = onnxruntime.RunOptions(); opts.add_active_adapter(adapter)
+    session.run(None, feeds, opts)
+
+or feed the arrays (`read_adapter`) as inputs yourself, or bind them once with IOBinding and overwrite the bound
+buffers to swap adapters between runs (onnxruntime's adapters do not apply to a run with a binding).
+"""
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .errors import OnnxfuseError
+
+ADAPTER_SUFFIX = ".onnx_adapter"
+
+
+def lora_layers(module) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The peft LoRA layers of a module: name -> (A [K, r], B [r, N]) of its active adapter, in the layout the
+    exported MatMuls use (x @ A @ B), as numpy arrays of the module's dtype."""
+    out = {}
+    for name, sub in module.named_modules():
+        lora_a, lora_b = getattr(sub, "lora_A", None), getattr(sub, "lora_B", None)
+        if lora_a is None or lora_b is None or not hasattr(lora_a, "keys"):
+            continue
+        active = list(getattr(sub, "active_adapters", None) or lora_a.keys())
+        if len(active) != 1:
+            raise OnnxfuseError(f"{name}: {len(active)} active LoRA adapters; export one adapter at a time")
+        a, b = lora_a[active[0]].weight.detach(), lora_b[active[0]].weight.detach()
+        out[name] = (_numpy(a.T), _numpy(b.T))
+    return out
+
+
+def _numpy(t) -> np.ndarray:
+    import torch
+
+    if t.dtype == torch.bfloat16:  # numpy has no bfloat16: compare the raw bits
+        return t.contiguous().view(torch.int16).numpy().view(np.uint16)
+    return t.contiguous().numpy()
+
+
+def _array(init: onnx.TensorProto) -> np.ndarray:
+    arr = numpy_helper.to_array(init)
+    return arr.view(np.uint16) if init.data_type == onnx.TensorProto.BFLOAT16 and arr.dtype != np.uint16 else arr
+
+
+def lift_lora_inputs(model: onnx.ModelProto, layers: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Turn each layer's A and B initializers of `model` (found by value: the exporter names them val_N) into graph
+    inputs `<layer>.lora_A` / `<layer>.lora_B` with zero defaults, in place. Returns the adapter's parameters
+    (input name -> the weights that were there). Raises OnnxfuseError when a weight is not found exactly once."""
+    graph = model.graph
+    by_shape: dict[tuple, list[onnx.TensorProto]] = {}
+    for init in graph.initializer:
+        by_shape.setdefault(tuple(init.dims), []).append(init)
+    params: dict[str, np.ndarray] = {}
+    renames: dict[str, str] = {}
+    for layer, pair in layers.items():
+        for kind, arr in zip(("lora_A", "lora_B"), pair):
+            hits = [i for i in by_shape.get(arr.shape, []) if np.array_equal(_array(i), arr)]
+            if len(hits) != 1:
+                raise OnnxfuseError(f"--lora-as-inputs: {layer}.{kind} {list(arr.shape)} found {len(hits)} times "
+                                    "among the exported weights (expected once); export without --lora-as-inputs")
+            name = f"{layer}.{kind}"
+            renames[hits[0].name] = name
+            params[name] = _array(hits[0])
+    for init in graph.initializer:
+        if init.name in renames:
+            elem = init.data_type
+            old = init.name
+            init.CopyFrom(numpy_helper.from_array(np.zeros(tuple(init.dims), _array(init).dtype), renames[old]))
+            init.data_type = elem  # bf16 kept as bf16 (its zeros are zero bits)
+            graph.input.append(onnx.helper.make_tensor_value_info(renames[old], elem, list(init.dims)))
+    for node in graph.node:
+        node.input[:] = [renames.get(i, i) for i in node.input]
+    return params
+
+
+def write_adapter(path: str | pathlib.Path, params: dict[str, np.ndarray], dtype: int = onnx.TensorProto.FLOAT,
+                  adapter_version: int = 1, model_version: int = 1) -> pathlib.Path:
+    """Write `params` (input name -> array) as an onnxruntime adapter file (onnxruntime.AdapterFormat)."""
+    import onnxruntime as ort
+
+    path = pathlib.Path(path)
+    fmt = ort.AdapterFormat()
+    fmt.set_adapter_version(adapter_version)
+    fmt.set_model_version(model_version)
+    values = {}
+    for name, arr in params.items():
+        if dtype == onnx.TensorProto.BFLOAT16:
+            raise OnnxfuseError("--lora-as-inputs: bf16 adapter files are not supported yet; export fp32 or fp16")
+        values[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr))
+    fmt.set_parameters(values)
+    tmp = path.with_name(path.name + ".tmp")
+    fmt.export_adapter(str(tmp))
+    tmp.replace(path)
+    return path
+
+
+def read_adapter(path: str | pathlib.Path) -> dict[str, np.ndarray]:
+    """An adapter file's parameters as numpy arrays (input name -> array), to feed or bind as inputs."""
+    import onnxruntime as ort
+
+    if not pathlib.Path(path).is_file():
+        raise OnnxfuseError(f"adapter file {path} does not exist")
+    fmt = ort.AdapterFormat.read_adapter(str(path))
+    # copies: the OrtValues view the file's buffer, which goes with `fmt`
+    return {name: np.array(value.numpy(), copy=True) for name, value in fmt.get_parameters().items()}
