@@ -116,3 +116,44 @@ def read_adapter(path: str | pathlib.Path) -> dict[str, np.ndarray]:
     fmt = ort.AdapterFormat.read_adapter(str(path))
     # copies: the OrtValues view the file's buffer, which goes with `fmt`
     return {name: np.array(value.numpy(), copy=True) for name, value in fmt.get_parameters().items()}
+
+
+class AdapterSlots:
+    """A session's adapter inputs bound once to an IOBinding, in buffers on the session's device; `load` copies
+    another adapter (same names, shapes and dtypes) into the same buffers, so the bound inputs, and a CUDA graph
+    onnxruntime captured over them (`enable_cuda_graph`), stay valid across a swap. onnxruntime's own LoraAdapter
+    does not apply to runs with a binding; this is the IOBinding form of it.
+
+        io = session.io_binding(); io.bind_ortvalue_input("x", x_value); io.bind_ortvalue_output("y", y_value)
+        slots = AdapterSlots(session, io, read_adapter("a.onnx_adapter"), device="cuda")
+        session.run_with_iobinding(io)            # adapter a
+        slots.load(read_adapter("b.onnx_adapter"))
+        session.run_with_iobinding(io)            # adapter b, same buffers
+    """
+
+    def __init__(self, session, binding, params: dict[str, np.ndarray], device: str = "cpu", device_id: int = 0):
+        import onnxruntime as ort
+
+        known = {i.name: i for i in session.get_overridable_initializers()}
+        unknown = sorted(set(params) - set(known))
+        if unknown:
+            raise OnnxfuseError(f"adapter parameters {', '.join(unknown)} are not inputs of the model (it takes "
+                                f"{', '.join(sorted(known)) or 'none'}); export it with --lora-as-inputs")
+        self.values = {}
+        for name, arr in params.items():
+            value = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr), device, device_id)
+            binding.bind_ortvalue_input(name, value)
+            self.values[name] = value
+
+    def load(self, params: dict[str, np.ndarray]) -> None:
+        """Copy `params` into the bound buffers (checked first: the same names, shapes and dtypes)."""
+        if set(params) != set(self.values):
+            raise OnnxfuseError(f"the adapter has parameters {sorted(params)}, the bound one {sorted(self.values)}: "
+                                "swap adapters of the same layers")
+        for name, arr in params.items():
+            value = self.values[name]
+            if list(arr.shape) != list(value.shape()) or np.dtype(arr.dtype) != value.numpy().dtype:
+                raise OnnxfuseError(f"adapter parameter {name} is {arr.dtype}{list(arr.shape)}, the bound buffer "
+                                    f"{value.numpy().dtype}{value.shape()}: swap adapters of the same rank and dtype")
+        for name, arr in params.items():
+            self.values[name].update_inplace(np.ascontiguousarray(arr))

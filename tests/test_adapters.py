@@ -115,3 +115,29 @@ def test_bad_requests_are_one_line_errors(tmp_path):
     assert not list(tmp_path.iterdir())
     with pytest.raises(OnnxfuseError, match="does not exist"):
         adapters.read_adapter(tmp_path / "missing.onnx_adapter")
+
+
+def test_adapter_slots_swap_under_iobinding(exported):
+    """AdapterSlots: the adapter inputs bound once, swapped by copying into the same buffers (what a CUDA graph
+    replay needs; tests/test_gpu.py runs it under enable_cuda_graph)."""
+    spec, res, _, d = exported
+    x = zoo.make_inputs("llama", spec, 0, "fp32")["x"].numpy()
+    first = adapters.read_adapter(res.adapter_path)
+    second = {k: v[::-1].copy() for k, v in first.items()}
+    sess = runtime.session(str(d / "f.onnx"), library=True)
+    io = sess.io_binding()
+    io.bind_cpu_input("x", x)
+    io.bind_output("y")
+    slots = adapters.AdapterSlots(sess, io, first)
+    for i, params in enumerate((first, second, first)):
+        if i:
+            slots.load(params)
+        sess.run_with_iobinding(io)
+        np.testing.assert_allclose(io.copy_outputs_to_cpu()[0], _torch(_module(spec, params), x), rtol=1e-5,
+                                   atol=1e-5)
+    with pytest.raises(OnnxfuseError, match="same rank"):
+        slots.load({k: np.zeros((v.shape[0], v.shape[1] + 1), v.dtype) for k, v in first.items()})
+    with pytest.raises(OnnxfuseError, match="same layers"):
+        slots.load({"gate_proj.lora_A": first["gate_proj.lora_A"]})
+    with pytest.raises(OnnxfuseError, match="not inputs of the model"):
+        adapters.AdapterSlots(sess, sess.io_binding(), {"q_proj.lora_A": first["gate_proj.lora_A"]})

@@ -280,3 +280,36 @@ def test_bench_dlrm_profile_shows_the_fused_kernels(tmp_path):
     assert "_mlp_stack_grid_kernel" in names["fused-triton+graph"], names  # stack_mode=auto at batch 128
     assert "EmbeddingInteractionKernel" in names["fused-cuda+graph"], names
     assert "GatherKernel" not in names["fused-triton+graph"], names
+
+
+def test_adapter_swap_under_cuda_graph(tmp_path):
+    """Issue 30: a fused LoRA model with --lora-as-inputs under enable_cuda_graph: the adapter inputs bound once
+    (adapters.AdapterSlots), the graph captured, a second adapter copied into the same buffers, the replay gives
+    the second adapter's numbers (the plain CUDA session fed that adapter), and back."""
+    import onnxruntime as ort
+
+    from onnxfuse import adapters, export, fuse, runtime, zoo
+    spec = zoo.LlamaSpec.from_preset("tiny", mlp_only=True, lora_rank=8)
+    res = export.export("llama", spec, tmp_path / "m.onnx", dtype="fp16", lora_as_inputs=True)
+    fuse.fuse(tmp_path / "m.onnx", tmp_path / "f.onnx")
+    x = zoo.make_inputs("llama", spec, 0, "fp16")["x"].numpy()
+    first = adapters.read_adapter(res.adapter_path)
+    rng = np.random.default_rng(3)
+    second = {k: (rng.standard_normal(v.shape) * 0.1).astype(v.dtype) for k, v in first.items()}
+    plain = runtime.session(str(tmp_path / "f.onnx"), "cuda", library=True)
+    refs = [plain.run(None, {"x": x, **p})[0] for p in (first, second)]
+    assert not np.allclose(refs[0], refs[1], atol=1e-2)
+    sess = runtime.session(str(tmp_path / "f.onnx"), "cuda", library=True, cuda_graph=True)
+    io = sess.io_binding()
+    xv = ort.OrtValue.ortvalue_from_numpy(x, "cuda", 0)
+    out = ort.OrtValue.ortvalue_from_shape_and_type(list(refs[0].shape), refs[0].dtype, "cuda", 0)
+    io.bind_ortvalue_input("x", xv)
+    io.bind_ortvalue_output(sess.get_outputs()[0].name, out)
+    slots = adapters.AdapterSlots(sess, io, first, device="cuda")
+    for _ in range(3):  # the first runs capture the graph
+        sess.run_with_iobinding(io)
+    np.testing.assert_allclose(out.numpy(), refs[0], rtol=1e-3, atol=1e-3)
+    for params, ref in ((second, refs[1]), (first, refs[0])):
+        slots.load(params)
+        sess.run_with_iobinding(io)
+        np.testing.assert_allclose(out.numpy(), ref, rtol=1e-3, atol=1e-3)
