@@ -46,6 +46,7 @@ from onnxscript import ir
 from onnxscript.rewriter import MatchResult
 
 from .. import functions
+from ..ops.lora_linear import LORA_LINEAR
 from ..ops.swiglu import SWIGLU
 from ..schema import DOMAIN, GATE_ACTIVATIONS, swiglu_overload
 from . import _base, _explain
@@ -79,13 +80,19 @@ def _gemm(node: ir.Node | None) -> bool:
         and node.inputs[0] is not None and node.inputs[1] is not None
 
 
+def _lora(node: ir.Node | None) -> bool:
+    """A LoRA-adapted projection the lora_linear rule fused before this pass: a candidate gated MLP that SwiGLU
+    cannot take (no form with adapters yet), found only so that --explain can say so."""
+    return node is not None and node.domain == DOMAIN and node.op_type == LORA_LINEAR.name
+
+
 def projection(value: ir.Value, graph: ir.Graph) -> Projection | None:
     """`value` as a projection of some X made in `graph` (a value of an outer scope is not one: the match could not
-    replace its nodes)."""
+    replace its nodes), or a LoRALinear's output (refused, with the reason, by _projections)."""
     node = value.producer()
     if node is None or node.graph is not graph:
         return None
-    if _gemm(node):
+    if _gemm(node) or _lora(node):
         return Projection(value, node)
     if node.domain in DEFAULT_DOMAINS and node.op_type in SELECTS and node.inputs and node.inputs[0] is not None:
         gemm = node.inputs[0].producer()
@@ -347,6 +354,11 @@ class SwiGLUPass(_base.GraphPass):
         gate, up = cand.gate, cand.up
         for p in {id(gate.gemm): gate, id(up.gemm): up}.values():
             node = p.gemm
+            if _lora(node):
+                result.fail(f"{'the gate' if p is gate else 'the up'} projection {p.value.name} carries a LoRA "
+                            f"adapter ({_base.node_label(node)}, fused on its own as {LORA_LINEAR.name}): SwiGLU has "
+                            "no form with adapters yet, so act(gate) * up stays unfused", p.value)
+                return False
             if node.op_type == "Gemm":
                 a = node.attributes
                 if a.get_int("transA", 0) or a.get_float("alpha", 1.0) != 1.0:

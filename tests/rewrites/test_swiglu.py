@@ -742,3 +742,15 @@ def test_two_d_dynamo_mlp_gemm_transb(tmp_path):
     assert [mm.op for mm in res.matches] == ["SwiGLU"]
     out = runtime.session(str(tmp_path / "f.onnx"), "cpu").run(None, {"x": x.numpy()})[0]
     np.testing.assert_allclose(out, mlp(x).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_explain_names_a_gated_mlp_whose_projections_carry_lora(tmp_path):
+    """Issue 30: a Llama MLP with peft adapters on gate/up/down: the LoRA rule takes each projection (LoRALinear x3)
+    and --explain says why the gated product did not become SwiGLU (its projections carry adapters)."""
+    from onnxfuse import zoo
+    spec = zoo.LlamaSpec.from_preset("tiny", mlp_only=True, lora_rank=4)
+    export.export("llama", spec, tmp_path / "m.onnx")
+    res = fuse.fuse(tmp_path / "m.onnx", tmp_path / "f.onnx", explain=True)
+    assert [m.op for m in res.matches] == ["LoRALinear"] * 3
+    reasons = [r["reason"] for r in res.refusals if r["rule"].startswith("swiglu")]
+    assert any("carries a LoRA adapter" in r and "LoRALinear" in r for r in reasons), res.refusals
