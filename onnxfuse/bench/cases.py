@@ -75,19 +75,21 @@ def _key(case: str, size: int, dtype: str, seed: int, params: dict) -> str:
     return f"{case}-{size}-{dtype}-s{seed}-{hashlib.sha1(blob.encode()).hexdigest()[:8]}"
 
 
-def _llama_mlp(case: str, hidden: int, inter: int, q_hidden: int, q_inter: int):
+def _llama_mlp(case: str, hidden: int, inter: int, q_hidden: int, q_inter: int, lora_rank: int = 0):
+    """One LlamaMLP; with lora_rank, peft adapters of that rank on gate, up and down (issue 30's LoRA MLP)."""
     def make(size, dtype, seed, quick, layers):
         from .. import zoo
         h, i = (q_hidden, q_inter) if quick else (hidden, inter)
         spec = zoo.LlamaSpec(hidden_size=h, intermediate_size=i, mlp_only=True, batch=1, seq=size,
-                             max_position_embeddings=max(2048, size))
+                             max_position_embeddings=max(2048, size), lora_rank=lora_rank)
         params = dataclasses.asdict(spec)
 
         def gemms(module, inputs):
             """gate, up and down GEMMs through torch.matmul, no activation (down takes the gate product)."""
             import torch
             x = inputs["x"].reshape(-1, h)
-            wg, wu, wd = (m.weight.t() for m in (module.gate_proj, module.up_proj, module.down_proj))
+            wg, wu, wd = (getattr(m, "base_layer", m).weight.t()  # the base weights under peft's adapters
+                          for m in (module.gate_proj, module.up_proj, module.down_proj))
 
             def f():
                 g = torch.matmul(x, wg)
@@ -321,6 +323,9 @@ CASES: dict[str, CaseDef] = {c.name: c for c in (
     CaseDef("phi3-mlp", "one Phi3MLP h4096/i11008 (merged gate_up_proj + chunk; SwiGLU op + down GEMM)", "tokens",
             (2048, 16), (64, 16), _gated_mlp("phi3-mlp", "phi3", "silu", 4096, 11008, 256, 688)),
     CaseDef("lora-linear", "4096x4096 linear + rank-16 LoRA + ReLU", "tokens", (2048,), (64,), _make_lora),
+    CaseDef("lora-mlp", "one LlamaMLP h4096/i11008 with rank-16 peft adapters on gate/up/down (against llama-mlp's "
+            "fused base MLP in the same run)", "tokens", (2048, 16), (64, 16),
+            _llama_mlp("lora-mlp", 4096, 11008, 256, 688, lora_rank=16)),
     CaseDef("dlrm-bottom", "DLRM bottom MLP 13-512-256-64-16, Linear+ReLU", "batch", (128, 2048), (64,),
             _make_mlp_stack("dlrm-bottom", [13, 512, 256, 64, 16], "relu")),
     CaseDef("dlrm-top", "DLRM top MLP 367-512-256-1 + sigmoid", "batch", (128, 2048), (64,),
