@@ -25,7 +25,7 @@ from onnxscript import ir
 
 from . import functions, host, onnxio, ort_fusions, soundness
 from .flops import model_flops
-from .cpu_policy import CPU_LEFT_TO_ORT, cpu_left_to_ort  # noqa: F401  (fuse.CPU_LEFT_TO_ORT: the public name)
+from .cpu_policy import CPU_LEFT_TO_ORT, CPU_STAGE1_LEFT_OUT, cpu_left_to_ort  # noqa: F401  (public names)
 from .errors import OnnxfuseError
 from .rewrites import _base, _explain
 from .ops import FAMILIES
@@ -146,10 +146,13 @@ def infer_shapes(model: ir.Model) -> None:
                             "check_type=True) shows it)")
 
 
-def ort_stage(src: pathlib.Path, source: onnx.ModelProto | None) -> tuple[ir.Model, ort_fusions.Stage1]:
+def ort_stage(src: pathlib.Path, source: onnx.ModelProto | None,
+              slower: dict[str, str] | None = None) -> tuple[ir.Model, ort_fusions.Stage1]:
     """Stage 1 on a fresh load of `src`: onnxruntime's fusions, checked against `source` (the original with its
     weights; None when they are in an external file, then unchecked). A fusion that changes the outputs is left out
-    (each applied fusion is tried out in turn; if no single one explains it, stage 1 is dropped)."""
+    (each applied fusion is tried out in turn; if no single one explains it, stage 1 is dropped). `slower`: fusions
+    measured slower on the target provider (cpu_policy.CPU_STAGE1_LEFT_OUT), left out with their reason where they
+    would apply."""
 
     def load() -> ir.Model:
         m = ir.load(str(src))
@@ -166,13 +169,18 @@ def ort_stage(src: pathlib.Path, source: onnx.ModelProto | None) -> tuple[ir.Mod
         return m, applied, intermediate
 
     model, applied, intermediate = run(set())
+    policy = [{"fusion": n, "reason": why, "kind": "slower"} for n, why in (slower or {}).items()
+              if n in applied or n in intermediate]
+    base = {left["fusion"] for left in policy}
+    if base:
+        model, applied, intermediate = run(base)
     if not applied:
-        return model, ort_fusions.Stage1({}, [], False, "no onnxruntime fusion applies to this model",
+        return model, ort_fusions.Stage1({}, policy, False, "no onnxruntime fusion applies to this model",
                                          intermediate)
     ref = "its weights are too large for a CPU check" if source is None else ort_fusions.reference(source)
     if isinstance(ref, str):
-        return model, ort_fusions.Stage1(applied, [], False, f"not checked: {ref}; onnxfuse verify checks the result",
-                                         intermediate)
+        return model, ort_fusions.Stage1(applied, policy, False,
+                                         f"not checked: {ref}; onnxfuse verify checks the result", intermediate)
     feeds, outputs = ref
 
     def proto(m: ir.Model) -> onnx.ModelProto:
@@ -184,12 +192,14 @@ def ort_stage(src: pathlib.Path, source: onnx.ModelProto | None) -> tuple[ir.Mod
 
     diff = ort_fusions.compare(proto(model), feeds, outputs)
     if diff is None:
-        return model, ort_fusions.Stage1(applied, [], True, "", intermediate)
+        return model, ort_fusions.Stage1(applied, policy, True, "", intermediate)
     for name in [*applied, *intermediate]:
-        candidate, kept, kept_intermediate = run({name})
+        candidate, kept, kept_intermediate = run(base | {name})
         if ort_fusions.compare(proto(candidate), feeds, outputs) is None:
-            return candidate, ort_fusions.Stage1(kept, [{"fusion": name, "reason": diff}], True, "", kept_intermediate)
-    return load(), ort_fusions.Stage1({}, [{"fusion": n, "reason": diff} for n in [*applied, *intermediate]], True,
+            return candidate, ort_fusions.Stage1(kept, [*policy, {"fusion": name, "reason": diff}], True, "",
+                                                 kept_intermediate)
+    changed = [{"fusion": n, "reason": diff} for n in [*applied, *intermediate]]
+    return load(), ort_fusions.Stage1({}, [*policy, *changed], True,
                                       "no single fusion explains the difference: stage 1 left out")
 
 
@@ -283,8 +293,9 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
     `backend` (auto|cpu|cuda|triton), when given, is written into every onnxfuse node's `backend` attribute (the kernel
     family the library runs for it; default auto). `provider="cpu"` leaves the patterns of CPU_LEFT_TO_ORT[family] to
     onnxruntime unless `patterns` names them (the result's left_to_ort says which and why); the family is `cpu_isa`
-    (avx512, avx2, generic), default the host's (host.kernel_family()). Raises OnnxfuseError with one line on bad input
-    or when the soundness gate trips."""
+    (avx512, avx2, generic), default the host's (host.kernel_family()), and stage 1 leaves out the onnxruntime fusions
+    of CPU_STAGE1_LEFT_OUT (measured slower on the CPU; the result's ort.left_out says so). Raises OnnxfuseError with
+    one line on bad input or when the soundness gate trips."""
     t0 = time.perf_counter()
     if provider not in (None, "cpu", "cuda"):
         raise OnnxfuseError(f"--provider must be cpu or cuda (got {provider!r})")
@@ -307,7 +318,7 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
     if ort:
         if src_external:  # the check needs the weights: load them when a CPU check could afford them anyway
             proto = onnxio.load(src) if _external_bytes(proto, src) <= ort_fusions.CHECK_BYTE_LIMIT else None
-        model, stage1 = ort_stage(src, proto)
+        model, stage1 = ort_stage(src, proto, CPU_STAGE1_LEFT_OUT if provider == "cpu" else None)
     del proto
     nodes_after_ort = len(model.graph) if ort else None
     if rules:

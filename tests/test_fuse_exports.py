@@ -179,10 +179,15 @@ def test_fuse_provider_cpu_leaves_slower_patterns_to_onnxruntime(tmp_path, famil
         f.fuse(src, tmp_path / "x.onnx", cpu_isa="avx2", ort=False)
 
 
-def test_fuse_provider_cpu_on_avx2_fuses_the_dlrm_embeddings_and_leaves_its_mlps(exported, tmp_path):
+def test_fuse_provider_cpu_on_avx2_fuses_the_dlrm_embeddings_and_leaves_its_mlps(exported, tmp_path, monkeypatch):
     """On avx2 hosts the DLRM's MLPs stay MatMul/Gemm + activation for onnxruntime's MLAS (CPU_LEFT_TO_ORT), while
-    the embeddings and the interaction fuse as on every family; the model still equals the unfused one."""
+    the embeddings and the interaction fuse as on every family; the model still equals the unfused one. The avx2
+    table with oneDNN in the library, whose table it is, whatever this host's library has (without oneDNN every
+    GEMM pattern is left with another reason: test_cpu_tables_need_onednn)."""
     import onnxruntime as ort
+
+    from onnxfuse import cpu_policy
+    monkeypatch.setattr(cpu_policy, "cpu_gemm_engine", lambda: (True, ""))
     src = exported("dlrm")
     res = fuse.fuse(src, tmp_path / "f.onnx", provider="cpu", cpu_isa="avx2")
     ops = _counts(onnx.load(str(tmp_path / "f.onnx")))
@@ -194,6 +199,27 @@ def test_fuse_provider_cpu_on_avx2_fuses_the_dlrm_embeddings_and_leaves_its_mlps
     feeds = _valid_feeds(plain, 0)
     np.testing.assert_allclose(runtime.session(str(tmp_path / "f.onnx"), library=True).run(None, feeds)[0],
                                plain.run(None, feeds)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_fuse_provider_cpu_leaves_the_slower_attention_fusion_out_of_stage_1(exported, tmp_path):
+    """cpu_policy.CPU_STAGE1_LEFT_OUT: for the CPU provider, stage 1 does not make onnxruntime's MultiHeadAttention
+    (measured slower than the unfused attention on both measured families) and says so; without a provider the
+    attention fusion stays; both models equal the original."""
+    import onnxruntime as ort
+    src = exported("llama")
+    cpu = fuse.fuse(src, tmp_path / "cpu.onnx", provider="cpu")
+    default = fuse.fuse(src, tmp_path / "default.onnx")
+    assert "MultiHeadAttention" in {op for _, op in _counts(onnx.load(str(tmp_path / "default.onnx")))}
+    assert "MultiHeadAttention" not in {op for _, op in _counts(onnx.load(str(tmp_path / "cpu.onnx")))}
+    left = [x for x in cpu.ort.left_out if x.get("kind") == "slower"]
+    assert [x["fusion"] for x in left] == ["sdpa"] and "slower" in left[0]["reason"], cpu.ort.left_out
+    assert not any(x.get("kind") == "slower" for x in default.ort.left_out)
+    assert cpu.ort.checked and cpu.ort.applied  # the norm fusions stay
+    plain = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    feeds = _valid_feeds(plain, 0)
+    for name in ("cpu.onnx", "default.onnx"):
+        np.testing.assert_allclose(runtime.session(str(tmp_path / name), library=True).run(None, feeds)[0],
+                                   plain.run(None, feeds)[0], rtol=1e-4, atol=1e-5)
 
 
 def test_cpu_table_of_a_small_host_family_only_holds_on_small_hosts():

@@ -159,7 +159,10 @@ def _print_ort_stage(con, res) -> None:
     elif stage.note:
         con.print(f"stage 1: {stage.note}", soft_wrap=True)
     for left in stage.left_out:
-        con.print(f"stage 1 left out {left['fusion']}: it changed the outputs ({left['reason']})", soft_wrap=True)
+        if left.get("kind") == "slower":
+            con.print(f"stage 1 left out {left['fusion']} for the CPU provider: {left['reason']}", soft_wrap=True)
+        else:
+            con.print(f"stage 1 left out {left['fusion']}: it changed the outputs ({left['reason']})", soft_wrap=True)
 
 
 def register(sub) -> None:
