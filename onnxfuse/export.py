@@ -101,22 +101,9 @@ def read_recipe(model: onnx.ModelProto) -> dict | None:
 STAGES = ("module", "export", "write", "external data")
 
 
-def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: str = "fp32", exporter: str = "auto",
-           dynamic: bool = False, external_data: bool | None = None, force: bool = False,
-           progress=None, lora_as_inputs: bool = False) -> ExportResult:
-    """Build the PyTorch module of `kind` ("llama", "dlrm") from `spec` (a `zoo.LlamaSpec` / `zoo.DlrmSpec`), `seed`
-    and `dtype` ("fp32", "fp16", "bf16"), export it to ONNX at `out` and store the recipe that rebuilds it.
-
-    exporter: "dynamo", "torchscript", or "auto" (dynamo, falling back to TorchScript with a warning). dynamic:
-    symbolic batch (and sequence) dims. external_data: weights in `<out>.data` (None: automatic above 1.8 GB).
-    An existing `out` is an error unless force. Nothing is left behind on failure (no partial .onnx or .data).
-    progress(index, total, stage, detail), when given, is called as each stage starts (STAGES: module, export,
-    write, and external data unless external_data=False), e.g. `onnxfuse._term.Stages("export")`.
-    lora_as_inputs: the peft LoRA layers' A and B become graph inputs `<layer>.lora_A` / `.lora_B` with zero defaults
-    (a run without an adapter is the base model), and the adapter goes to `<out>_adapter`, an onnxruntime adapter
-    file (`onnxfuse.adapters`): one model for any adapter of these shapes.
-    Raises OnnxfuseError (one line naming the fix) on bad arguments or when every exporter fails.
-    """
+def _check_request(spec, out, dtype: str, exporter: str, force: bool,
+                   lora_as_inputs: bool) -> tuple[pathlib.Path, pathlib.Path | None]:
+    """export()'s arguments checked before any work: (the output path, the adapter file's path or None)."""
     if dtype not in zoo.DTYPES:
         raise OnnxfuseError(f"--dtype must be one of {', '.join(zoo.DTYPES)} (got {dtype!r})")
     if exporter not in EXPORTERS:
@@ -131,6 +118,25 @@ def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: st
     adapter_out = out.with_name(out.name + "_adapter") if lora_as_inputs else None
     if adapter_out is not None and adapter_out.exists() and not force:
         raise OnnxfuseError(f"{adapter_out} exists; pass --force to overwrite it")
+    return out, adapter_out
+
+
+def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: str = "fp32", exporter: str = "auto",
+           dynamic: bool = False, external_data: bool | None = None, force: bool = False,
+           progress=None, lora_as_inputs: bool = False) -> ExportResult:
+    """Build the PyTorch module of `kind` ("llama", "dlrm") from `spec` (a `zoo.LlamaSpec` / `zoo.DlrmSpec`), `seed`
+    and `dtype` ("fp32", "fp16", "bf16"), export it to ONNX at `out` and store the recipe that rebuilds it.
+
+    exporter: "dynamo", "torchscript", or "auto" (dynamo, falling back to TorchScript with a warning). dynamic:
+    symbolic batch (and sequence) dims. external_data: weights in `<out>.data` (None: automatic above 1.8 GB).
+    An existing `out` is an error unless force. Nothing is left behind on failure (no partial .onnx or .data).
+    progress(index, total, stage, detail), when given, is called as each stage starts (STAGES: module, export,
+    write, and external data unless external_data=False), e.g. `onnxfuse._term.Stages("export")`.
+    lora_as_inputs: the peft layers' A and B as graph inputs with zero defaults, their adapter in `<out>_adapter`
+    (onnxfuse.adapters: onnxruntime's adapter format).
+    Raises OnnxfuseError (one line naming the fix) on bad arguments or when every exporter fails.
+    """
+    out, adapter_out = _check_request(spec, out, dtype, exporter, force, lora_as_inputs)
     total = len(STAGES) - (external_data is False)
 
     def stage(i: int, detail: str) -> None:
@@ -162,21 +168,16 @@ def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: st
                                      _dynamic(kind, spec, names) if dynamic else None, notes)
         recipe = make_recipe(kind, spec, seed, dtype, inputs, used, dynamic)
         layers = adapters.lora_layers(module) if lora_as_inputs else None
-        if lora_as_inputs:
-            recipe["adapter"] = adapter_out.name
+        recipe.update({"adapter": adapter_out.name} if lora_as_inputs else {})
         del module  # the exported weights are on disk now; do not hold a second copy while writing
         gc.collect()
         lean = external_data and _single_data_file(tmp_path, data_name) and not lora_as_inputs
         stage(2, f"{out} (recipe, onnx.checker)")
         # Small models (or an exporter that wrote its weights some other way): load everything, re-save. Big ones:
         # edit only the small graph file and rename the exporter's weights file into place (no copy of the weights).
-        model = onnx.load(str(tmp_path), load_external_data=not lean)
-        model.ir_version = min(model.ir_version, onnxio.MAX_IR_VERSION) if model.ir_version else IR_VERSION
+        model = _stamped(onnx.load(str(tmp_path), load_external_data=not lean), recipe)
         if lora_as_inputs:  # the adapter file is written beside the model and moved into place after it
             adapters.write_adapter(tmp / adapter_out.name, adapters.lift_lora_inputs(model, layers))
-        onnxio.set_metadata(model, RECIPE_KEY, json.dumps(recipe))
-        model.producer_name = "onnxfuse"
-        model.producer_version = __version__
         if lean:
             onnx.save_model(model, str(tmp_path))
             onnx.checker.check_model(str(tmp_path))  # by path: reads the graph, checks the weights file exists
@@ -199,6 +200,15 @@ def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: st
         shutil.rmtree(tmp, ignore_errors=True)
     data_path = parent / data_name if (parent / data_name).is_file() and external_data else None
     return ExportResult(out, used, time.perf_counter() - t0, op_counts(model), recipe, notes, data_path, adapter_out)
+
+
+def _stamped(model: onnx.ModelProto, recipe: dict) -> onnx.ModelProto:
+    """The exported model with an IR version onnxruntime loads, the recipe and onnxfuse as its producer."""
+    model.ir_version = min(model.ir_version, onnxio.MAX_IR_VERSION) if model.ir_version else IR_VERSION
+    onnxio.set_metadata(model, RECIPE_KEY, json.dumps(recipe))
+    model.producer_name = "onnxfuse"
+    model.producer_version = __version__
+    return model
 
 
 def _export_with_fallback(module, inputs, path: pathlib.Path, order: list[str], names, outs, dynamic_shapes,
