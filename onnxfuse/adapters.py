@@ -23,8 +23,6 @@ from onnx import numpy_helper
 
 from .errors import OnnxfuseError
 
-ADAPTER_SUFFIX = ".onnx_adapter"
-
 
 def lora_layers(module) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The peft LoRA layers of a module: name -> (A [K, r], B [r, N]) of its active adapter, in the layout the
@@ -60,34 +58,36 @@ def lift_lora_inputs(model: onnx.ModelProto, layers: dict[str, tuple[np.ndarray,
     inputs `<layer>.lora_A` / `<layer>.lora_B` with zero defaults, in place. Returns the adapter's parameters
     (input name -> the weights that were there). Raises OnnxfuseError when a weight is not found exactly once."""
     graph = model.graph
-    by_shape: dict[tuple, list[onnx.TensorProto]] = {}
+    # the initializers of an adapter weight's shape, each decoded once: (name, array) per shape
+    wanted = {arr.shape for pair in layers.values() for arr in pair}
+    by_shape: dict[tuple, list[tuple[str, np.ndarray]]] = {}
     for init in graph.initializer:
-        by_shape.setdefault(tuple(init.dims), []).append(init)
+        if tuple(init.dims) in wanted:
+            by_shape.setdefault(tuple(init.dims), []).append((init.name, _array(init)))
     params: dict[str, np.ndarray] = {}
     renames: dict[str, str] = {}
     for layer, pair in layers.items():
         for kind, arr in zip(("lora_A", "lora_B"), pair):
-            hits = [i for i in by_shape.get(arr.shape, []) if np.array_equal(_array(i), arr)]
+            hits = [(n, a) for n, a in by_shape.get(arr.shape, []) if np.array_equal(a, arr)]
             if len(hits) != 1:
                 raise OnnxfuseError(f"--lora-as-inputs: {layer}.{kind} {list(arr.shape)} found {len(hits)} times "
                                     "among the exported weights (expected once); export without --lora-as-inputs")
             name = f"{layer}.{kind}"
-            renames[hits[0].name] = name
-            params[name] = _array(hits[0])
+            renames[hits[0][0]] = name
+            params[name] = hits[0][1]
     for init in graph.initializer:
         if init.name in renames:
-            elem = init.data_type
-            old = init.name
-            init.CopyFrom(numpy_helper.from_array(np.zeros(tuple(init.dims), _array(init).dtype), renames[old]))
+            elem, new = init.data_type, renames[init.name]
+            init.CopyFrom(numpy_helper.from_array(np.zeros(tuple(init.dims), params[new].dtype), new))
             init.data_type = elem  # bf16 kept as bf16 (its zeros are zero bits)
-            graph.input.append(onnx.helper.make_tensor_value_info(renames[old], elem, list(init.dims)))
+            graph.input.append(onnx.helper.make_tensor_value_info(new, elem, list(init.dims)))
     for node in graph.node:
         node.input[:] = [renames.get(i, i) for i in node.input]
     return params
 
 
-def write_adapter(path: str | pathlib.Path, params: dict[str, np.ndarray], dtype: int = onnx.TensorProto.FLOAT,
-                  adapter_version: int = 1, model_version: int = 1) -> pathlib.Path:
+def write_adapter(path: str | pathlib.Path, params: dict[str, np.ndarray], adapter_version: int = 1,
+                  model_version: int = 1) -> pathlib.Path:
     """Write `params` (input name -> array) as an onnxruntime adapter file (onnxruntime.AdapterFormat)."""
     import onnxruntime as ort
 
@@ -95,12 +95,8 @@ def write_adapter(path: str | pathlib.Path, params: dict[str, np.ndarray], dtype
     fmt = ort.AdapterFormat()
     fmt.set_adapter_version(adapter_version)
     fmt.set_model_version(model_version)
-    values = {}
-    for name, arr in params.items():
-        if dtype == onnx.TensorProto.BFLOAT16:
-            raise OnnxfuseError("--lora-as-inputs: bf16 adapter files are not supported yet; export fp32 or fp16")
-        values[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr))
-    fmt.set_parameters(values)
+    fmt.set_parameters({name: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr))
+                        for name, arr in params.items()})
     tmp = path.with_name(path.name + ".tmp")
     fmt.export_adapter(str(tmp))
     tmp.replace(path)
@@ -134,16 +130,18 @@ class AdapterSlots:
     def __init__(self, session, binding, params: dict[str, np.ndarray], device: str = "cpu", device_id: int = 0):
         import onnxruntime as ort
 
-        known = {i.name: i for i in session.get_overridable_initializers()}
-        unknown = sorted(set(params) - set(known))
+        known = {i.name for i in session.get_overridable_initializers()}
+        unknown = sorted(set(params) - known)
         if unknown:
             raise OnnxfuseError(f"adapter parameters {', '.join(unknown)} are not inputs of the model (it takes "
                                 f"{', '.join(sorted(known)) or 'none'}); export it with --lora-as-inputs")
         self.values = {}
+        self.kinds = {}  # name -> (shape, dtype) of the bound buffer, so a swap reads nothing back from the device
         for name, arr in params.items():
             value = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr), device, device_id)
             binding.bind_ortvalue_input(name, value)
             self.values[name] = value
+            self.kinds[name] = (tuple(arr.shape), np.dtype(arr.dtype))
 
     def load(self, params: dict[str, np.ndarray]) -> None:
         """Copy `params` into the bound buffers (checked first: the same names, shapes and dtypes)."""
@@ -151,9 +149,9 @@ class AdapterSlots:
             raise OnnxfuseError(f"the adapter has parameters {sorted(params)}, the bound one {sorted(self.values)}: "
                                 "swap adapters of the same layers")
         for name, arr in params.items():
-            value = self.values[name]
-            if list(arr.shape) != list(value.shape()) or np.dtype(arr.dtype) != value.numpy().dtype:
+            shape, dtype = self.kinds[name]
+            if tuple(arr.shape) != shape or np.dtype(arr.dtype) != dtype:
                 raise OnnxfuseError(f"adapter parameter {name} is {arr.dtype}{list(arr.shape)}, the bound buffer "
-                                    f"{value.numpy().dtype}{value.shape()}: swap adapters of the same rank and dtype")
+                                    f"{dtype}{list(shape)}: swap adapters of the same rank and dtype")
         for name, arr in params.items():
             self.values[name].update_inplace(np.ascontiguousarray(arr))
