@@ -103,11 +103,6 @@ def shape_configs() -> dict:
     return out
 
 
-def _rank_padded(kernel: str) -> bool:
-    """Whether a kernel is compiled per padded LoRA rank (it takes the R_PAD constexpr)."""
-    return "R_PAD" in _load_kernels()[kernel][0].arg_names
-
-
 TUNED = HERE / "tuned.json"
 
 
@@ -136,9 +131,11 @@ def configs_for(arch: str, overrides: dict | None = None) -> dict:
 
 def specialisations(archs, overrides=None):
     """Every (kernel, dtype, size class, aligned, r_pad, arch, tma, config) the launcher may ask for."""
+    by_shape = shape_configs()
+    # compiled per padded LoRA rank: the kernels that take the R_PAD constexpr
+    rank_padded = {k for k, (fn, _) in _load_kernels().items() if "R_PAD" in fn.arg_names}
     for arch in archs:
         cfgs = configs_for(arch, overrides)
-        by_shape = shape_configs()
         for kernel in KERNEL_IDS:
             if kernel in by_shape:
                 # size class = index into table.EMBED_NPS, r_pad = the padded dim DP; generic alignment only (the
@@ -153,7 +150,7 @@ def specialisations(archs, overrides=None):
                 group = "f" if dtype == "fp32" else "h"
                 for size in SIZE_CLASSES:
                     for aligned in (1, 0):
-                        for r_pad in (R_PADS if _rank_padded(kernel) else (0,)):
+                        for r_pad in (R_PADS if kernel in rank_padded else (0,)):
                             base = dict(kernel=kernel, dtype=dtype, size=size, aligned=aligned, r_pad=r_pad, arch=arch,
                                         tma=0)
                             yield dict(base, config=tuple(cfgs[kernel][group][size]))
