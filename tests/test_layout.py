@@ -260,16 +260,16 @@ def test_ops_are_named_only_by_their_family_and_the_registry():
 
 # Where an op family lives, one snake name in every layer (docs/adding-an-op.md: the files a new family adds).
 FAMILY_FILES = ("onnxfuse/ops/{f}.py", "onnxfuse/rewrites/{f}.py", "tests/rewrites/test_{f}.py",
-                "onnxfuse/kernels/cpu/{f}.cc", "onnxfuse/kernels/cuda/{f}.cu", "onnxfuse/kernels/cuda/{f}_ops.cc",
-                "onnxfuse/kernels/triton/{f}.py")
+                "onnxfuse/kernels/cpu/{f}.cc", "onnxfuse/kernels/cuda/{f}.cu", "onnxfuse/kernels/triton/{f}.py")
 
 
 def test_every_family_has_one_name_in_every_layer():
-    """Issue 29: each family of onnxfuse.ops.FAMILIES has its rule, its tests, its CPU kernel, its CUDA kernel, its
-    CUDA EP glue (with the Triton launcher) and its Triton kernel under its own name, and nothing is found from a
-    hand-kept list: fuse finds the rule module by the family's name, the kernel library's registration comes from the
-    generated ONNXFUSE_OP_FAMILIES, CMake globs each folder, and aot.py and the generated header number the kernels
-    of every triton/*.py that has a KERNELS table (triton/table.py) and compile the tiles of its CONFIGS."""
+    """Issue 29: each family of onnxfuse.ops.FAMILIES has its rule, its tests, its CPU kernel, its CUDA side (the
+    kernels, the CUDA EP glue and the Triton launcher in one .cu) and its Triton kernel under its own name, and
+    nothing is found from a hand-kept list: fuse finds the rule module by the family's name, the kernel library's
+    registration comes from the generated ONNXFUSE_OP_FAMILIES, CMake globs each folder, and aot.py and the
+    generated header number the kernels of every triton/*.py that has a KERNELS table (triton/table.py) and compile
+    the tiles of its CONFIGS."""
     from onnxfuse import fuse
     from onnxfuse.ops import FAMILIES
 

@@ -1,3 +1,23 @@
+// Embedding on the CUDA execution provider, in one file (docs/adding-an-op.md):
+//   - the nvcc half (#ifdef __CUDACC__): the hand-written CUDA kernels behind the C launcher(s) declared below;
+//   - the host half (#else): the CUDA EP glue (the kernel struct, Dispatch between the CUDA and the Triton launcher,
+//     the registration) and, in Triton builds, the Triton launcher over the AOT cubins. The host compiler builds it
+//     through a one-line wrapper that cuda/cuda.cmake generates, since nvcc cannot parse onnxruntime's lite
+//     custom-op header.
+// Both halves see the launchers' C declarations below (plain C types only: cuda/launch.h).
+#include "cuda/launch.h"
+
+extern "C" {
+// Embedding: Y [n, D] = table [vocab, D] rows at ids (int64, n of them); negative ids count from the end, ids outside
+// [-vocab, vocab) give rows of zeros.
+int onnxfuse_cuda_embedding(int dtype, const void* table, const int64_t* ids, void* y, int64_t n, int64_t vocab,
+                            int64_t d, void* stream);
+// The Triton launcher (the host half, Triton builds only: cuda/ops_cuda.h's Dispatch calls it only there).
+int onnxfuse_triton_embedding(int dtype, const void* table, const int64_t* ids, void* y, int64_t n, int64_t vocab,
+                              int64_t d, void* stream);
+}
+
+#ifdef __CUDACC__
 // Embedding (onnxfuse.schema) on the CUDA backend: Y = table[ids], rows copied 16 bytes per thread.
 //
 // A row of D elements is D * sizeof(T) bytes; when that, the table and Y are 16-byte aligned, each thread moves one
@@ -58,3 +78,67 @@ extern "C" int onnxfuse_cuda_embedding(int dtype, const void* table, const int64
   if (elem == 4) return Run<uint32_t>(table, ids, y, n, vocab, d, s);
   return Run<uint16_t>(table, ids, y, n, vocab, d, s);
 }
+
+#else  // the host half: the CUDA EP glue and the Triton launcher
+// Embedding on the CUDA EP: the kernel struct calling the nvcc half's launcher or the Triton one
+// (at the end of this file) through Dispatch (cuda/ops_cuda.h), and its registration.
+#include "cuda/ops_cuda.h"
+#ifdef ONNXFUSE_WITH_TRITON
+#include "cuda/triton/runtime.h"
+#endif
+
+namespace onnxfuse {
+namespace cuda {
+namespace {
+
+template <typename T>
+struct EmbeddingCuda {
+  static constexpr const char* kName = schema::Embedding::kName;
+  EmbeddingCuda(const OrtApi* api, const OrtKernelInfo* info) : attrs(ReadOpAttrs(api, info, kName)) {}
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& Table,
+                      const Ort::Custom::Tensor<int64_t>& Ids, Ort::Custom::Tensor<T>& Y) {
+    return GuardCompute([&] {
+      const LookupDims d = EmbeddingDimsOf(kName, Table.Shape(), Ids.Shape());
+      T* y = Y.Allocate(d.out_shape);
+      if (d.n == 0 || d.D == 0) return;
+      void* stream = StreamOf(ctx);
+      const void* table = Table.Data();
+      const int64_t* ids = Ids.Data();
+      Dispatch(
+          kName, attrs, [&] { return onnxfuse_cuda_embedding(DtypeCode<T>(), table, ids, y, d.n, d.V, d.D, stream); },
+          [&] { return onnxfuse_triton_embedding(DtypeCode<T>(), table, ids, y, d.n, d.V, d.D, stream); });
+    });
+  }
+  OpAttrs attrs;
+};
+
+}  // namespace
+
+void RegisterEmbeddingCuda(Ort::CustomOpDomain& domain) {
+  AddOpAllTypes<EmbeddingCuda>(domain, schema::Embedding::kName, kCudaEp);
+}
+
+}  // namespace cuda
+}  // namespace onnxfuse
+
+#ifdef ONNXFUSE_WITH_TRITON
+// ----------------------------------------------------------------------------------------------------
+// Triton launcher of Embedding (triton/embedding.py).
+// (Triton builds only: without Triton, Dispatch never calls it; cuda/ops_cuda.h.)
+using namespace onnxfuse::triton_runtime;  // NOLINT: the launchers below are the runtime's users
+
+extern "C" int onnxfuse_triton_embedding(int dtype, const void* table, const int64_t* ids, void* y, int64_t n,
+                                         int64_t vocab, int64_t d, void* stream) {
+  if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || n < 0 || vocab < 0 || d < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (n == 0 || d == 0) return 0;
+  if (n > 0x7fffffffLL || d > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;
+  int32_t NIDS = int32_t(n), D = int32_t(d);
+  int64_t VOCAB = vocab;
+  void* scratch_global = nullptr;
+  void* scratch_profile = nullptr;
+  void* args[] = {&table, &ids, &y, &NIDS, &VOCAB, &D, &scratch_global, &scratch_profile};
+  const bool aligned = Aligned16(table) && Aligned16(ids) && Aligned16(y) && d % 16 == 0;
+  return Launch(ids::kEmbedding, dtype, n, d, aligned, 0, args, stream);
+}
+#endif  // ONNXFUSE_WITH_TRITON
+#endif  // __CUDACC__

@@ -1,3 +1,33 @@
+// LoRALinear and LoRALinearRelu on the CUDA execution provider, in one file (docs/adding-an-op.md):
+//   - the nvcc half (#ifdef __CUDACC__): the hand-written CUDA kernels behind the C launcher(s) declared below;
+//   - the host half (#else): the CUDA EP glue (the kernel struct, Dispatch between the CUDA and the Triton launcher,
+//     the registration) and, in Triton builds, the Triton launcher over the AOT cubins. The host compiler builds it
+//     through a one-line wrapper that cuda/cuda.cmake generates, since nvcc cannot parse onnxruntime's lite
+//     custom-op header.
+// Both halves see the launchers' C declarations below (plain C types only: cuda/launch.h).
+#include "cuda/launch.h"
+
+extern "C" {
+// LoRALinear (relu = 0) and LoRALinearRelu (relu = 1): Y = [relu](X @ W + bias + scale * ((X @ A) @ B)): three GEMMs,
+// T = scale * X @ A into scratch, Y = T @ B, then Y = [relu](X @ W + Y + bias) in the big GEMM's epilogue.
+int64_t onnxfuse_cuda_lora_scratch_bytes(int dtype, int64_t m, int64_t r);
+int onnxfuse_cuda_lora_linear(int dtype, int relu, const void* x, const void* w, const void* a, const void* b,
+                              const void* bias, float scale, void* y, int64_t m, int64_t k, int64_t n, int64_t r,
+                              void* scratch, int64_t scratch_bytes, void* stream);
+// The Triton launcher (the host half, Triton builds only: cuda/ops_cuda.h's Dispatch calls it only there).
+// Device scratch (bytes) the Triton LoRA launcher needs for these sizes on the current device: the fp32 partial
+// sums of X @ A ([SPLIT, M, r_pad]) and, where the persistent TMA lora_main may run, its descriptors after them
+// (128-byte aligned; without room for them the other lora_main runs); a negative ONNXFUSE_ERR_* / -cudaError_t when it
+// cannot tell (e.g. ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH). The caller allocates it (from onnxruntime's allocator, so the
+// launch stays CUDA-graph safe), passes it to onnxfuse_triton_lora_linear and may free it right after that returns:
+// only work enqueued later on the same stream can reuse the memory.
+int64_t onnxfuse_triton_lora_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t r);
+int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, const void* w, const void* a, const void* b,
+                                const void* bias, float scale, void* y, int64_t m, int64_t k, int64_t n, int64_t r,
+                                void* scratch, int64_t scratch_bytes, void* stream);
+}
+
+#ifdef __CUDACC__
 // LoRALinear and LoRALinearRelu (onnxfuse.schema) on the CUDA backend: Y = [relu](X @ W + bias + scale * ((X @ A) @ B))
 // as three cuBLASLt GEMMs: T = scale * (X @ A) into the scratch after the cuBLASLt workspace ([M, r], the element
 // type), Y = T @ B, then Y = [relu](X @ W + Y + bias) with the bias and ReLU in the big GEMM's epilogue.
@@ -35,3 +65,170 @@ extern "C" int onnxfuse_cuda_lora_linear(int dtype, int relu, const void* x, con
   if (low_rank) g.c = y, g.beta = 1.f;
   return ock::Gemm(g, scratch, ws, s);
 }
+
+#else  // the host half: the CUDA EP glue and the Triton launcher
+// LoRALinear and LoRALinearRelu on the CUDA EP: the kernel structs calling the nvcc half's
+// launcher or the Triton one (at the end of this file) through Dispatch (cuda/ops_cuda.h), and their registration.
+#include "cuda/ops_cuda.h"
+#ifdef ONNXFUSE_WITH_TRITON
+#include "cuda/triton/runtime.h"
+#endif
+
+namespace onnxfuse {
+namespace cuda {
+namespace {
+
+// Op is schema::LoRALinear (Relu = 0) or schema::LoRALinearRelu (Relu = 1).
+template <typename T, int Relu, typename Op>
+struct LoRACuda {
+  static constexpr const char* kName = Op::kName;
+  LoRACuda(const OrtApi* api, const OrtKernelInfo* info) : attrs(ReadOpAttrs(api, info, kName)) {}
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& W,
+                      const Ort::Custom::Tensor<T>& A, const Ort::Custom::Tensor<T>& B,
+                      const Ort::Custom::Tensor<T>& bias, Ort::Custom::Tensor<T>& Y) {
+    return GuardCompute([&] {
+      const LinearDims d = LoRADims(kName, X.Shape(), W.Shape(), A.Shape(), B.Shape(), bias.Shape());
+      T* y = Y.Allocate(d.out_shape);
+      if (d.M == 0 || d.N == 0) return;
+      void* stream = StreamOf(ctx);
+      const void *x = X.Data(), *w = W.Data(), *a = A.Data(), *b = B.Data(), *bi = bias.Data();
+      const float s = attrs.scale;
+      Dispatch(
+          kName, attrs,
+          [&] {
+            return WithScratch(ctx, Op::kX, onnxfuse_cuda_lora_scratch_bytes(DtypeCode<T>(), d.M, d.r),
+                               [&](void* sp, int64_t bytes) {
+                                 return onnxfuse_cuda_lora_linear(DtypeCode<T>(), Relu, x, w, a, b, bi, s, y, d.M, d.K,
+                                                                  d.N, d.r, sp, bytes, stream);
+                               });
+          },
+          [&] {
+            // A negative size (e.g. no cubin for this GPU) comes back as the code: Dispatch may fall back to CUDA.
+            return WithScratch(ctx, Op::kX, onnxfuse_triton_lora_scratch_bytes(DtypeCode<T>(), d.M, d.K, d.N, d.r),
+                               [&](void* sp, int64_t bytes) {
+                                 return onnxfuse_triton_lora_linear(DtypeCode<T>(), Relu, x, w, a, b, bi, s, y, d.M,
+                                                                    d.K, d.N, d.r, sp, bytes, stream);
+                               });
+          });
+    });
+  }
+  OpAttrs attrs;
+};
+template <typename T>
+using LoRALinearCuda = LoRACuda<T, 0, schema::LoRALinear>;
+template <typename T>
+using LoRALinearReluCuda = LoRACuda<T, 1, schema::LoRALinearRelu>;
+
+}  // namespace
+
+void RegisterLoRALinearCuda(Ort::CustomOpDomain& domain) {
+  AddOpAllTypes<LoRALinearCuda>(domain, schema::LoRALinear::kName, kCudaEp);
+  AddOpAllTypes<LoRALinearReluCuda>(domain, schema::LoRALinearRelu::kName, kCudaEp);
+}
+
+}  // namespace cuda
+}  // namespace onnxfuse
+
+#ifdef ONNXFUSE_WITH_TRITON
+// ----------------------------------------------------------------------------------------------------
+// Triton launcher of LoRALinear and LoRALinearRelu (triton/lora_linear.py).
+//
+// LoRA runs in two phases: "lora_xa" writes fp32 partial sums of X @ A to the caller's scratch [SPLIT, M, r_pad]
+// (grid: row tiles x SPLIT slices of K, SPLIT chosen so that about one program per SM runs; no atomics), then
+// "lora_main" (the linear_act main loop + one T @ B dot) reads them. Both launches go to the same stream, so the
+// second sees the first's writes.
+// (Triton builds only: without Triton, Dispatch never calls it; cuda/ops_cuda.h.)
+using namespace onnxfuse::triton_runtime;  // NOLINT: the launchers below are the runtime's users
+
+namespace {
+// Phase-1 plan of two-phase LoRA: the lora_xa spec and the K split. SPLIT slices of KB_PER_SPLIT blocks of BLOCK_K
+// so that row tiles x SPLIT is about one program per SM (at most 16 slices, at least one block each).
+struct LoRAPlan {
+  const TritonSpec* xa = nullptr;
+  int xa_index = -1, device = 0, arch = 0;
+  int64_t split = 1, kb_per_split = 1;
+};
+
+int PlanLoRA(int dtype, int64_t m, int64_t k, int64_t r, bool aligned, LoRAPlan* plan) {
+  const int arch = CurrentArch(&plan->device);
+  if (arch < 0) return -arch;
+  plan->arch = arch;
+  plan->xa = Find(ids::kLoraXa, dtype, m, aligned, RPad(r), arch, &plan->xa_index);
+  if (plan->xa == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
+  const int64_t grid_m = (m + plan->xa->block_m - 1) / plan->xa->block_m;
+  const int64_t k_blocks = (k + plan->xa->block_k - 1) / plan->xa->block_k;
+  int64_t split = (NumSMs(plan->device) + grid_m - 1) / grid_m;
+  if (split > 16) split = 16;
+  if (split > k_blocks) split = k_blocks;
+  if (split < 1) split = 1;
+  plan->kb_per_split = k_blocks > 0 ? (k_blocks + split - 1) / split : 1;
+  plan->split = k_blocks > 0 ? (k_blocks + plan->kb_per_split - 1) / plan->kb_per_split : 1;
+  return 0;
+}
+
+int64_t LoRAScratchBytes(int64_t m, int64_t r, const LoRAPlan& plan) {
+  return plan.split * m * RPad(r) * int64_t(sizeof(float));
+}
+
+bool LoRAAligned(const void* x, const void* w, const void* a, const void* b, const void* bias, const void* y, int64_t k,
+                 int64_t n, int64_t r) {
+  // r % 8: 16-byte rows of A (fp16/bf16), so its tiles load with cp.async and the phase-1 loop pipelines.
+  return Aligned16(x) && Aligned16(w) && Aligned16(a) && Aligned16(b) && Aligned16(bias) && Aligned16(y) &&
+         k % 16 == 0 && n % 16 == 0 && r % 8 == 0;
+}
+}  // namespace
+
+extern "C" int64_t onnxfuse_triton_lora_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t r) {
+  if (BadCommon(dtype, m, k, n) || r < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (r > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
+  if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
+  if (m == 0 || n == 0) return 0;
+  LoRAPlan plan;
+  // The xa configs of the aligned and unaligned builds share BLOCK_M / BLOCK_K, so the plan does not depend on it.
+  const int err = PlanLoRA(dtype, m, k, r, true, &plan);
+  if (err != 0) return err > 0 ? -int64_t(err) : int64_t(err);
+  // then, 128-byte aligned, the TMA descriptors of the persistent lora_main (where it may run)
+  const int64_t tma = TmaScratchBytes(dtype, m, k);
+  return tma > 0 ? RoundUp128(LoRAScratchBytes(m, r, plan)) + tma : LoRAScratchBytes(m, r, plan);
+}
+
+extern "C" int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, const void* w, const void* a,
+                                           const void* b, const void* bias, float scale, void* y, int64_t m, int64_t k,
+                                           int64_t n, int64_t r, void* scratch, int64_t scratch_bytes, void* stream) {
+  if (BadCommon(dtype, m, k, n) || r < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (r > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
+  if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
+  if (m == 0 || n == 0) return 0;
+  int32_t M = int32_t(m), N = int32_t(n), K = int32_t(k), R = int32_t(r), RELU = relu ? 1 : 0;
+  float SCALE = scale;
+  void* scratch_global = nullptr;
+  void* scratch_profile = nullptr;
+  const int r_pad = RPad(r);
+  const bool aligned = LoRAAligned(x, w, a, b, bias, y, k, n, r);
+  LoRAPlan plan;
+  int err = PlanLoRA(dtype, m, k, r, aligned, &plan);
+  if (err != 0) return err;
+  if (scratch == nullptr || !Aligned16(scratch) || scratch_bytes < LoRAScratchBytes(m, r, plan))
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  int index = -1;
+  const TritonSpec* main_spec =
+      FindForShape(ids::kLoraMain, dtype, m, n, aligned, r_pad, plan.arch, plan.device, &index);
+  if (main_spec == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
+  // Phase 1: T partials = X @ A per K slice, fp32, into scratch [SPLIT, M, r_pad].
+  int32_t KB_PER_SPLIT = int32_t(plan.kb_per_split), SPLIT = int32_t(plan.split);
+  void* xa_args[] = {&x, &a, &scratch, &M, &K, &R, &KB_PER_SPLIT, &scratch_global, &scratch_profile};
+  const int64_t grid_xa = ((m + plan.xa->block_m - 1) / plan.xa->block_m) * plan.split;
+  if ((err = LaunchSpec(plan.xa, plan.xa_index, plan.device, grid_xa, xa_args, stream)) != 0) return err;
+  // Phase 2: Y = X @ W + (scale * sum T) @ B + bias [relu]; the TMA descriptors after the partials.
+  const int64_t partials = RoundUp128(LoRAScratchBytes(m, r, plan));
+  int64_t grid = 0;
+  main_spec = WithTma(main_spec, &index, m, k, n, plan.arch, plan.device, static_cast<char*>(scratch) + partials,
+                      scratch_bytes - partials, &grid);
+  int32_t NPROG = int32_t(grid);
+  void* main_global = main_spec->tma ? static_cast<char*>(scratch) + partials : nullptr;
+  void* main_args[] = {&x, &w, &scratch, &b,     &bias, &y,     &M,           &N,
+                       &K, &R, &SPLIT,   &SCALE, &RELU, &NPROG, &main_global, &scratch_profile};
+  return LaunchSpec(main_spec, index, plan.device, grid, main_args, stream);
+}
+#endif  // ONNXFUSE_WITH_TRITON
+#endif  // __CUDACC__

@@ -1,6 +1,6 @@
 // Every op of onnxfuse/schema.py for the CUDA execution provider: one Register<Family>Cuda() per family of the
 // generated ONNXFUSE_OP_FAMILIES (onnxfuse.ops.FAMILIES), in op-index order. The kernel structs live beside their
-// kernels, in cuda/<family>_ops.cc; what they share (Dispatch, DeviceScratch) in cuda/ops_cuda.h.
+// kernels, in the host half of cuda/<family>.cu; what they share (Dispatch, DeviceScratch) in cuda/ops_cuda.h.
 #include "cuda/ops_cuda.h"
 
 namespace onnxfuse {

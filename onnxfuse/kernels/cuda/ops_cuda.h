@@ -1,15 +1,15 @@
-// What the CUDA execution-provider glue of every op family shares (cuda/<family>_ops.cc: the kernel structs and
-// Register<Family>Cuda(), called by cuda::RegisterOps in cuda/ops_cuda.cc): backend dispatch, device scratch, the
-// compute stream. Each op is registered for float, float16 and bfloat16.
+// What the CUDA execution-provider glue of every op family shares (the host half of cuda/<family>.cu: the kernel
+// structs and Register<Family>Cuda(), called by cuda::RegisterOps in cuda/ops_cuda.cc): backend dispatch, device
+// scratch, the compute stream. Each op is registered for float, float16 and bfloat16.
 //
 // The structs follow docs/adding-an-op.md; Compute takes ORT's compute stream from the kernel context and calls a
-// launcher (hand-written CUDA in cuda/*.cu, declared in cuda/launch.h, or the Triton launcher over the AOT cubins
-// at the end of the family's glue file). Nothing here synchronises, reads device data or calls cudaMalloc, so the ops
-// run on a user stream and under CUDA-graph capture. Device scratch (the CUDA backend's cuBLASLt workspace and
-// intermediates, the Triton two-phase LoRA's X @ A, the stacks' layer buffers) comes from onnxruntime's allocator
-// of the kernel's device (KernelContext_GetAllocator, the CUDA EP's arena) and is freed as soon as the launches are
-// enqueued: the arena may hand it to a later kernel, which runs after ours on the same stream (the pattern of
-// onnxruntime's own CUDA kernels' scratch buffers). Errors come back as an Ort::Status naming the op, the backend
+// launcher (hand-written CUDA in the nvcc half of the same file, or the Triton launcher over the AOT cubins at the
+// end of its host half; both declared at the file's top). Nothing here synchronises, reads device data or calls
+// cudaMalloc, so the ops run on a user stream and under CUDA-graph capture. Device scratch (the CUDA backend's cuBLASLt
+// workspace and intermediates, the Triton two-phase LoRA's X @ A, the stacks' layer buffers) comes from onnxruntime's
+// allocator of the kernel's device (KernelContext_GetAllocator, the CUDA EP's arena) and is freed as soon as the
+// launches are enqueued: the arena may hand it to a later kernel, which runs after ours on the same stream (the pattern
+// of onnxruntime's own CUDA kernels' scratch buffers). Errors come back as an Ort::Status naming the op, the backend
 // and the CUDA (or onnxfuse) error.
 //
 // Everything a kernel is told comes from its node's attributes, read when the session creates it: backend,
@@ -160,7 +160,7 @@ int WithScratch(OrtKernelContext* ctx, size_t like_input, int64_t bytes, Launch&
   return launch(scratch ? scratch->get() : nullptr, bytes);
 }
 
-// Register<Family>Cuda(domain), defined in cuda/<family>_ops.cc, for every family of the generated
+// Register<Family>Cuda(domain), defined in the host half of cuda/<family>.cu, for every family of the generated
 // ONNXFUSE_OP_FAMILIES.
 #define ONNXFUSE_DECLARE_CUDA_REGISTER(Family) void Register##Family##Cuda(Ort::CustomOpDomain& domain);
 ONNXFUSE_OP_FAMILIES(ONNXFUSE_DECLARE_CUDA_REGISTER)

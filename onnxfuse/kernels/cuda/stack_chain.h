@@ -1,6 +1,6 @@
 // MLPStack as one launch per layer, shared by the CUDA backend (cuda/mlp_stack.cu) and the Triton backend's
-// per-layer path (its launcher in cuda/mlp_stack_ops.cc). Plain C++ (no ORT, no CUDA headers), so nvcc and g++ both
-// compile it.
+// per-layer path (its launcher in the host half of the same file). Plain C++ (no ORT, no CUDA headers), so nvcc and g++
+// both compile it.
 #pragma once
 #include <cstdint>
 

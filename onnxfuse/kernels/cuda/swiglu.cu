@@ -1,3 +1,25 @@
+// SwiGLU on the CUDA execution provider, in one file (docs/adding-an-op.md):
+//   - the nvcc half (#ifdef __CUDACC__): the hand-written CUDA kernels behind the C launcher(s) declared below;
+//   - the host half (#else): the CUDA EP glue (the kernel struct, Dispatch between the CUDA and the Triton launcher,
+//     the registration) and, in Triton builds, the Triton launcher over the AOT cubins. The host compiler builds it
+//     through a one-line wrapper that cuda/cuda.cmake generates, since nvcc cannot parse onnxruntime's lite
+//     custom-op header.
+// Both halves see the launchers' C declarations below (plain C types only: cuda/launch.h).
+#include "cuda/launch.h"
+
+extern "C" {
+// SwiGLU: Y = act(X @ W_gate) * (X @ W_up), act an onnxfuse_gate_act code (silu, gelu, gelu_tanh, quick_gelu,
+// relu, sigmoid; common/gate_act.h), computed in fp32: two GEMMs (the gate into Y, the up product into scratch),
+// then one elementwise pass.
+int64_t onnxfuse_cuda_swiglu_scratch_bytes(int dtype, int64_t m, int64_t n);
+int onnxfuse_cuda_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up, void* y, int64_t m,
+                         int64_t k, int64_t n, void* scratch, int64_t scratch_bytes, void* stream);
+// The Triton launcher (the host half, Triton builds only: cuda/ops_cuda.h's Dispatch calls it only there).
+int onnxfuse_triton_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up, void* y, int64_t m,
+                           int64_t k, int64_t n, void* stream);
+}
+
+#ifdef __CUDACC__
 // SwiGLU (onnxfuse.schema) on the CUDA backend: Y = act(X @ W_gate) * (X @ W_up), act one of the gate activations
 // (common/gate_act.h, by run-time code). Two cuBLASLt GEMMs, the gate product into Y and the up product into the
 // scratch after the cuBLASLt workspace, then one elementwise pass Y = act(Y) * U in fp32, 16 bytes per load and
@@ -65,3 +87,76 @@ extern "C" int onnxfuse_cuda_swiglu(int dtype, int act, const void* x, const voi
     return GatePass<T>(static_cast<T*>(y), static_cast<const T*>(up), m * n, act, s);
   });
 }
+
+#else  // the host half: the CUDA EP glue and the Triton launcher
+// SwiGLU on the CUDA EP: the kernel struct calling the nvcc half's launcher or the Triton one
+// (at the end of this file) through Dispatch (cuda/ops_cuda.h), and its registration.
+#include "cuda/ops_cuda.h"
+#ifdef ONNXFUSE_WITH_TRITON
+#include "cuda/triton/runtime.h"
+#endif
+
+namespace onnxfuse {
+namespace cuda {
+namespace {
+
+template <typename T>
+struct SwiGLUCuda {
+  static constexpr const char* kName = schema::SwiGLU::kName;
+  SwiGLUCuda(const OrtApi* api, const OrtKernelInfo* info)
+      : attrs(ReadOpAttrs(api, info, kName)), act(ReadGateActivation(api, info, kName)) {}
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& Wg,
+                      const Ort::Custom::Tensor<T>& Wu, Ort::Custom::Tensor<T>& Y) {
+    return GuardCompute([&] {
+      const LinearDims d = SwiGLUDims(kName, X.Shape(), Wg.Shape(), Wu.Shape());
+      T* y = Y.Allocate(d.out_shape);
+      if (d.M == 0 || d.N == 0) return;
+      void* stream = StreamOf(ctx);
+      const void *x = X.Data(), *wg = Wg.Data(), *wu = Wu.Data();
+      Dispatch(
+          kName, attrs,
+          [&] {
+            return WithScratch(ctx, schema::SwiGLU::kX, onnxfuse_cuda_swiglu_scratch_bytes(DtypeCode<T>(), d.M, d.N),
+                               [&](void* sp, int64_t bytes) {
+                                 return onnxfuse_cuda_swiglu(DtypeCode<T>(), act, x, wg, wu, y, d.M, d.K, d.N, sp,
+                                                             bytes, stream);
+                               });
+          },
+          [&] { return onnxfuse_triton_swiglu(DtypeCode<T>(), act, x, wg, wu, y, d.M, d.K, d.N, stream); },
+          AutoPrefersCuda(triton::kSwiglu, d.M, d.K));
+    });
+  }
+  OpAttrs attrs;
+  int act;  // onnxfuse_gate_act of the node's activation attribute
+};
+
+}  // namespace
+
+void RegisterSwiGLUCuda(Ort::CustomOpDomain& domain) {
+  AddOpAllTypes<SwiGLUCuda>(domain, schema::SwiGLU::kName, kCudaEp);
+}
+
+}  // namespace cuda
+}  // namespace onnxfuse
+
+#ifdef ONNXFUSE_WITH_TRITON
+// ----------------------------------------------------------------------------------------------------
+// Triton launcher of SwiGLU (triton/swiglu.py).
+// (Triton builds only: without Triton, Dispatch never calls it; cuda/ops_cuda.h.)
+using namespace onnxfuse::triton_runtime;  // NOLINT: the launchers below are the runtime's users
+
+extern "C" int onnxfuse_triton_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up, void* y,
+                                      int64_t m, int64_t k, int64_t n, void* stream) {
+  if (BadCommon(dtype, m, k, n) || act < 0 || act >= ONNXFUSE_NUM_GATE_ACTIVATIONS) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
+  if (m == 0 || n == 0) return 0;
+  int32_t M = int32_t(m), N = int32_t(n), K = int32_t(k), ACT = act;
+  void* scratch_global = nullptr;
+  void* scratch_profile = nullptr;
+  void* args[] = {&x, &w_gate, &w_up, &y, &M, &N, &K, &ACT, &scratch_global, &scratch_profile};
+  const bool aligned =
+      Aligned16(x) && Aligned16(w_gate) && Aligned16(w_up) && Aligned16(y) && k % 16 == 0 && n % 16 == 0;
+  return Launch(ids::kSwiglu, dtype, m, n, aligned, 0, args, stream);
+}
+#endif  // ONNXFUSE_WITH_TRITON
+#endif  // __CUDACC__

@@ -1,7 +1,7 @@
-// The Triton AOT runtime that the Triton launchers (in cuda/<family>_ops.cc) share (defined in cuda/triton/runtime.cc):
-// the table entry of a compiled kernel (TritonSpec; triton/aot.py compiles triton/*.py into the generated
-// triton_kernels.h, a table of these), the spec search, and the launch. Only the Triton build compiles this folder;
-// without it, the CUDA EP glue never calls a launcher (cuda/ops_cuda.h, kWithTriton).
+// The Triton AOT runtime that the Triton launchers (at the end of cuda/<family>.cu) share (defined in
+// cuda/triton/runtime.cc): the table entry of a compiled kernel (TritonSpec; triton/aot.py compiles triton/*.py into
+// the generated triton_kernels.h, a table of these), the spec search, and the launch. Only the Triton build compiles
+// this folder; without it, the CUDA EP glue never calls a launcher (cuda/ops_cuda.h, kWithTriton).
 //
 // Compiled by the host C++ compiler against the CUDA runtime headers only; links cudart statically and never
 // libcuda. Errors are returned as codes (cudaError_t or ONNXFUSE_ERR_*), never printed.
