@@ -57,9 +57,19 @@ CPU_STAGE1_LEFT_OUT: dict[str, str] = {
 
 
 # Families whose table holds only on small hosts: the avx512 entries were measured on 2 cores of a Sapphire Rapids;
-# on a 16-thread one every GEMM pattern won (SwiGLU 1.16-1.97x, the DLRM MLPs 1.21-1.50x, whole DLRM 2.10-2.20x
-# unfused onnxruntime: benchmarks/results/cpu-avx512-16t-2026-11-25/), so past this many threads nothing is left out.
+# on a 16-thread one every GEMM pattern but the LoRA linear won (SwiGLU 1.15-2.36x, the DLRM MLPs 1.18-2.10x, whole
+# DLRM 2.07-2.22x unfused onnxruntime: benchmarks/results/cpu-avx512-16t-2026-11-25/), so past this many threads the
+# family's CPU_LEFT_TO_ORT_MANY_THREADS table applies instead.
 CPU_TABLE_MAX_THREADS: dict[str, int] = {"avx512": 4}
+CPU_LEFT_TO_ORT_MANY_THREADS: dict[str, dict[str, str]] = {
+    "avx512": {
+        "lora_linear": "the Llama MLP with rank-16 LoRA on gate, up and down (three LoRALinear, hidden 256, "
+                       "intermediate 688) measured 0.79x / 0.76x of onnxruntime at 64 / 16 tokens on a 16-thread "
+                       "Xeon (the single 256 x 256 LoRA linear 1.09x; "
+                       "benchmarks/results/cpu-avx512-16t-2026-11-25/bench-cpu.json): the kernel's two oneDNN calls "
+                       "per tile cost more than they save on narrow GEMMs split 16 ways",
+    },
+}
 
 
 # Without oneDNN the CPU kernels' GEMMs run on onnxfuse's built-in kernel, which measured slower than MLAS on every
@@ -105,6 +115,8 @@ def cpu_left_to_ort(family: str | None = None, threads: int | None = None,
         why = BUILTIN_GEMM_REASON.format(why=why_not or "no oneDNN")
         return {p: f"on {family} hosts, {why}" for p in _CPU_GEMM_PATTERNS}
     threads = threads or os.cpu_count() or 1
-    if threads > CPU_TABLE_MAX_THREADS.get(family, threads):
-        return {}
+    most = CPU_TABLE_MAX_THREADS.get(family, threads)
+    if threads > most:
+        return {p: f"on {family} hosts of more than {most} threads, {why}"
+                for p, why in CPU_LEFT_TO_ORT_MANY_THREADS.get(family, {}).items()}
     return {p: f"on {family} hosts, {why}" for p, why in CPU_LEFT_TO_ORT[family].items()}

@@ -158,8 +158,8 @@ def test_fuse_provider_cpu_leaves_slower_patterns_to_onnxruntime(tmp_path, famil
                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])], initializer=[w, b])
     src = tmp_path / "m.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), str(src))
-    # the tables as a 2-thread host applies them (past CPU_TABLE_MAX_THREADS an avx512 host leaves nothing out:
-    # test_cpu_table_of_a_small_host_family_only_holds_on_small_hosts), whatever this host's thread count
+    # the tables as a 2-thread host applies them (past CPU_TABLE_MAX_THREADS an avx512 host has its many-thread
+    # table: test_cpu_table_of_a_small_host_family_only_holds_on_small_hosts), whatever this host's thread count
     # (and with oneDNN in the library, whose tables these are: test_cpu_tables_need_onednn)
     from onnxfuse import cpu_policy
     monkeypatch.setattr(cpu_policy.os, "cpu_count", lambda: 2)
@@ -223,11 +223,15 @@ def test_fuse_provider_cpu_leaves_the_slower_attention_fusion_out_of_stage_1(exp
 
 
 def test_cpu_table_of_a_small_host_family_only_holds_on_small_hosts():
-    """The avx512 table was measured on 2 cores; on 16 threads every GEMM pattern won, so nothing is left out."""
+    """The avx512 table was measured on 2 cores; on 16 threads every GEMM pattern but the LoRA linear won, so past
+    CPU_TABLE_MAX_THREADS only that one is left out, and the reason says for which hosts."""
     from onnxfuse import cpu_policy
     assert (set(cpu_policy.cpu_left_to_ort("avx512", threads=2, onednn=True))
             == set(cpu_policy.CPU_LEFT_TO_ORT["avx512"]))
-    assert cpu_policy.cpu_left_to_ort("avx512", threads=16, onednn=True) == {}
+    many = cpu_policy.cpu_left_to_ort("avx512", threads=16, onednn=True)
+    assert set(many) == {"lora_linear"} and many["lora_linear"].startswith("on avx512 hosts of more than 4 threads, ")
+    assert cpu_policy.cpu_left_to_ort("avx512", threads=4, onednn=True) == cpu_policy.cpu_left_to_ort(
+        "avx512", threads=2, onednn=True)
     assert (cpu_policy.cpu_left_to_ort("avx2", threads=16, onednn=True)
             == cpu_policy.cpu_left_to_ort("avx2", threads=2, onednn=True))
 
