@@ -23,7 +23,7 @@ import time
 import onnx
 from onnxscript import ir
 
-from . import functions, host, onnxio, ort_fusions, soundness
+from . import functions, host, onnxio, opset_upgrade, ort_fusions, soundness
 from .flops import model_flops
 from .cpu_policy import CPU_LEFT_TO_ORT, CPU_STAGE1_LEFT_OUT, cpu_left_to_ort  # noqa: F401  (public names)
 from .errors import OnnxfuseError
@@ -63,6 +63,8 @@ class FuseResult:
     nodes_after_ort: int | None = None
     # patterns left to onnxruntime for the target provider (fuse(provider=)), with the reason
     left_to_ort: dict[str, str] = dataclasses.field(default_factory=dict)
+    # an opset below what the rules need: converted (and checked) or kept, with the reason (None: not needed)
+    upgrade: opset_upgrade.Upgrade | None = None
 
     @property
     def changed(self) -> bool:
@@ -101,7 +103,8 @@ class FuseResult:
                 "already_fused": self.already_fused, "in_functions": self.in_functions,
                 "ort_fusions": None if self.ort is None else self.ort.to_dict(),
                 "nodes_after_ort": self.nodes_after_ort,
-                "seconds": round(self.seconds, 3), "output": self.output, "left_to_ort": self.left_to_ort}
+                "seconds": round(self.seconds, 3), "output": self.output, "left_to_ort": self.left_to_ort,
+                "opset_upgrade": None if self.upgrade is None else self.upgrade.to_dict()}
 
 
 class _ShapeInferenceLog:
@@ -286,7 +289,8 @@ def _as_list(rule_sets):
 def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patterns: list[str] | None = None,
          report_path: str | os.PathLike | None = None, explain: bool = False, force: bool = False,
          write_unchanged: bool = False, external_data: bool | None = None, ort: bool = True, rules: bool = True,
-         backend: str | None = None, provider: str | None = None, cpu_isa: str | None = None) -> FuseResult:
+         backend: str | None = None, provider: str | None = None, cpu_isa: str | None = None,
+         keep_opset: bool = False) -> FuseResult:
     """Fuse the model at `src` and write it to `out` (nothing is written when nothing changed, unless
     `write_unchanged`). `ort=False` skips stage 1 (onnxruntime's fusions); `rules=False` skips stage 2 (onnxfuse's
     rules), which gives the model a user gets from onnxruntime's fusions alone (bench's ort-optimized variant).
@@ -294,8 +298,9 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
     family the library runs for it; default auto). `provider="cpu"` leaves the patterns of CPU_LEFT_TO_ORT[family] to
     onnxruntime unless `patterns` names them (the result's left_to_ort says which and why); the family is `cpu_isa`
     (avx512, avx2, generic), default the host's (host.kernel_family()), and stage 1 leaves out the onnxruntime fusions
-    of CPU_STAGE1_LEFT_OUT (measured slower on the CPU; the result's ort.left_out says so). Raises OnnxfuseError with
-    one line on bad input or when the soundness gate trips."""
+    of CPU_STAGE1_LEFT_OUT (measured slower on the CPU; the result's ort.left_out says so). A model whose opset is
+    below what the rules' ops need is converted first (opset_upgrade; `keep_opset` keeps it; the result's `upgrade`
+    says what happened). Raises OnnxfuseError with one line on bad input or when the soundness gate trips."""
     t0 = time.perf_counter()
     if provider not in (None, "cpu", "cuda"):
         raise OnnxfuseError(f"--provider must be cpu or cuda (got {provider!r})")
@@ -314,6 +319,53 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
     model = ir.load(str(src))  # external data stays on disk (memory-mapped on use) until written
     nodes_before = len(model.graph)
     infer_shapes(model)  # an input ONNX rejects stops here, before any work
+    with tempfile.TemporaryDirectory(prefix="onnxfuse-opset-") as tmp:
+        upgrade = None
+        if rules and not keep_opset:
+            stage_src, proto, upgrade = _upgrade_opset(src, proto, src_external, patterns, pathlib.Path(tmp))
+            if stage_src != src:
+                model = ir.load(str(stage_src))  # weights in memory: the temporary file goes at the end of this
+        else:
+            stage_src = src
+        model, result = _stages(model, stage_src, proto, src_external and stage_src == src, ort, rules, provider,
+                                patterns, explain, backend)
+        result.nodes_before, result.already_fused, result.left_to_ort = nodes_before, already, left_to_ort
+        result.upgrade = upgrade
+        if result.changed or write_unchanged:
+            _write(model, result, src, out, src_external, external_data, before)
+    result.seconds = time.perf_counter() - t0
+    if report_path is not None:
+        onnxio.write_atomic(report_path, json.dumps(result.report(), indent=2))
+    return result
+
+
+def _upgrade_opset(src: pathlib.Path, proto: onnx.ModelProto, src_external: bool, patterns: list[str] | None,
+                   tmp: pathlib.Path) -> tuple[pathlib.Path, onnx.ModelProto | None, opset_upgrade.Upgrade | None]:
+    """(the model file the stages start from, its proto, what happened to its opset): `src` and `proto` as they are
+    when the opset holds every selected rule's op; else the converted model, saved in `tmp` (opset_upgrade)."""
+    have = opset_upgrade.model_opset(proto)
+    if have is None or have >= opset_upgrade.needed_opset(list(PATTERNS) if not patterns else patterns):
+        return src, proto, None
+    full = proto
+    if src_external:  # the converter needs the weights: load them where a CPU check could afford them anyway
+        if _external_bytes(proto, src) > ort_fusions.CHECK_BYTE_LIMIT:
+            return src, proto, opset_upgrade.Upgrade(have, None, False, "its weights are too large to convert here; "
+                                                     "convert it with onnx.version_converter first")
+        full = onnxio.load(src)
+    converted, upgrade = opset_upgrade.upgrade(full)
+    if converted is None:
+        return src, proto, upgrade
+    path = tmp / src.name
+    onnxio.save(converted, path)
+    return path, converted, upgrade
+
+
+def _stages(model: ir.Model, src: pathlib.Path, proto: onnx.ModelProto | None, src_external: bool, ort: bool,
+            rules: bool, provider: str | None, patterns: list[str] | None, explain: bool,
+            backend: str | None) -> tuple[ir.Model, FuseResult]:
+    """Stage 1 (onnxruntime's fusions, on a fresh load of `src`, checked against `proto`) and stage 2 (the rules) on
+    `model`: the model to write and its FuseResult (the caller adds what it knows of the source)."""
+    nodes_in = len(model.graph)
     stage1 = None
     if ort:
         if src_external:  # the check needs the weights: load them when a CPU check could afford them anyway
@@ -330,16 +382,9 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
             for node in graph:
                 if node.domain == DOMAIN:
                     node.attributes["backend"] = ir.AttrString("backend", backend)
-    result = FuseResult(None, stage2.recorder.matches, nodes_before, len(model.graph), stage2.removed,
-                        stage2.total_flops, stage2.fused_flops, stage2.refusals, already, 0.0,
-                        in_functions=stage2.in_functions, ort=stage1, nodes_after_ort=nodes_after_ort,
-                        left_to_ort=left_to_ort)
-    if result.changed or write_unchanged:
-        _write(model, result, src, out, src_external, external_data, before)
-    result.seconds = time.perf_counter() - t0
-    if report_path is not None:
-        onnxio.write_atomic(report_path, json.dumps(result.report(), indent=2))
-    return result
+    return model, FuseResult(None, stage2.recorder.matches, nodes_in, len(model.graph), stage2.removed,
+                             stage2.total_flops, stage2.fused_flops, stage2.refusals, 0, 0.0,
+                             in_functions=stage2.in_functions, ort=stage1, nodes_after_ort=nodes_after_ort)
 
 
 def _provider_patterns(provider: str | None, cpu_isa: str | None, patterns: list[str] | None):

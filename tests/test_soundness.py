@@ -308,7 +308,7 @@ def test_match_inside_a_model_local_function_is_left_alone_and_said(tmp_path, ca
 def test_functions_import_the_models_opset(tmp_path, opset):
     model = _matmul_add_relu([_init("W", _rand((K, N), 1)), _init("b", _rand((N,), 2))], y_shape=[M, N])
     model.opset_import[0].version = opset
-    res, dst = assert_sound(tmp_path, model, [{"X": _rand((M, K), 3)}])
+    res, dst = assert_sound(tmp_path, model, [{"X": _rand((M, K), 3)}], keep_opset=True)
     assert [m.op for m in res.matches] == ["LinearRelu"]
     fused = onnx.load(str(dst))
     for f in fused.functions:
@@ -316,10 +316,11 @@ def test_functions_import_the_models_opset(tmp_path, opset):
 
 
 def test_lora_below_opset_15_is_refused_with_a_reason(tmp_path):
-    """The LoRA function body needs CastLike (opset 15): an older model keeps its LoRA subgraph."""
+    """The LoRA function body needs CastLike (opset 15): an older model kept at its opset (--keep-opset) keeps its
+    LoRA subgraph."""
     model = _lora()
     model.opset_import[0].version = 14
-    res, _ = assert_sound(tmp_path, model, [{"X": _rand((M, K), 3)}], explain=True)
+    res, _ = assert_sound(tmp_path, model, [{"X": _rand((M, K), 3)}], explain=True, keep_opset=True)
     assert not res.matches
     assert any("opset 14" in r["reason"] for r in res.refusals), res.refusals
 

@@ -79,12 +79,14 @@ def _fuse(args) -> int:
     res = f.fuse(args.model, out, patterns=args.patterns, report_path=args.report, explain=args.explain,
                  force=args.force, write_unchanged=args.write_unchanged,
                  external_data=args.external_data, ort=not args.no_ort_fusions, backend=args.backend,
-                 provider=args.provider, cpu_isa=args.cpu_isa)
+                 provider=args.provider, cpu_isa=args.cpu_isa, keep_opset=args.keep_opset)
     if args.json:
         print(json.dumps(res.report(), indent=2))
         return 0
     con = _console(args.quiet)
     from .._term import Table
+    if res.upgrade is not None:
+        con.print(res.upgrade.line(), soft_wrap=True)
     if res.ort is not None:
         _print_ort_stage(con, res)
     for pattern, why in res.left_to_ort.items():
@@ -197,6 +199,9 @@ def register(sub) -> None:
     fu.add_argument("--explain", action="store_true", help="say, for candidates that did not fuse, which check refused")
     fu.add_argument("--no-ort-fusions", action="store_true",
                     help="skip stage 1 (onnxruntime's own transformer fusions) and apply onnxfuse's rules alone")
+    fu.add_argument("--keep-opset", action="store_true",
+                    help="keep a model whose opset is below what the ops need (default: convert it with onnx's "
+                         "version converter, checked against the original in onnxruntime)")
     fu.add_argument("--write-unchanged", action="store_true", help="write the output even when nothing matched")
     fu.add_argument("--external-data", action="store_true", default=None,
                     help="store weights in '<output>.data' (automatic above 2 GB)")

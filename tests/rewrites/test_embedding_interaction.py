@@ -179,9 +179,10 @@ def _feeds(batch=5, n_feat=3, d=4, extra=None):
     return feeds
 
 
-def _fuse_and_compare(tmp_path, model, feeds=None, explain=True):
+def _fuse_and_compare(tmp_path, model, feeds=None, explain=True, keep_opset=False):
     onnx.save(model, str(tmp_path / "m.onnx"))
-    res = fuse.fuse(tmp_path / "m.onnx", tmp_path / "f.onnx", explain=explain, write_unchanged=True)
+    res = fuse.fuse(tmp_path / "m.onnx", tmp_path / "f.onnx", explain=explain, write_unchanged=True,
+                    keep_opset=keep_opset)
     fused = onnx.load(str(tmp_path / "f.onnx"))
     feeds = feeds or _feeds()
     ref = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"]).run(None, feeds)
@@ -236,7 +237,7 @@ def test_near_misses_are_refused_with_their_reason(tmp_path, variant, why):
         feeds["sparse"] = np.random.default_rng(4).integers(0, 5, (5, 3)).astype(np.int64)
     else:
         model = _interaction_graph(**variant)
-    res, fused = _fuse_and_compare(tmp_path, model, feeds)
+    res, fused = _fuse_and_compare(tmp_path, model, feeds, keep_opset="opset" in variant)
     assert "onnxfuse::EmbeddingInteraction" not in _ops(fused)
     _refusal(res, why)
 
@@ -365,18 +366,23 @@ def test_original_dlrm_self_interaction_and_mean_bags_are_refused(tmp_path):
         _refusal(res, f"mode='{mode}'")
 
 
-def test_original_dlrm_at_opset_11_is_refused_until_converted(tmp_path):
-    from onnx import version_converter
+def test_original_dlrm_at_opset_11_is_upgraded_then_fused(tmp_path):
+    """Issue 33: the repository's own export (TorchScript, opset 11) is converted to opset 18 by fuse, checked against
+    the original in onnxruntime, and fused (the bag interaction and the MLPs); --keep-opset keeps it at 11, where the
+    embedding ops' bodies cannot live, and --explain says so."""
     d = 4
     module = dlrm_original.OriginalDLRM(d, LN_EMB, [13, 8, d], [dlrm_original.top_width(d, 4, "dot"), 8, 1]).eval()
     batch = dlrm_original.make_batch(LN_EMB, 6, [1, 2])
     dlrm_original.export_torchscript(module, batch, tmp_path / "m11.onnx", opset=11)  # the repository's own call
-    res = fuse.fuse(tmp_path / "m11.onnx", tmp_path / "f11.onnx", explain=True)
-    assert not any(m.op.startswith("Embedding") for m in res.matches)
+    res = fuse.fuse(tmp_path / "m11.onnx", tmp_path / "f11.onnx", explain=True, keep_opset=True)
+    assert not any(m.op.startswith("Embedding") for m in res.matches) and res.upgrade is None
     _refusal(res, "opset 11 is below 15")
-    onnx.save(version_converter.convert_version(onnx.load(str(tmp_path / "m11.onnx")), 18), str(tmp_path / "m18.onnx"))
-    res = fuse.fuse(tmp_path / "m18.onnx", tmp_path / "f18.onnx")
-    assert [m.op for m in res.matches].count("EmbeddingBagInteraction") == 1
+    res = fuse.fuse(tmp_path / "m11.onnx", tmp_path / "f18.onnx")
+    assert (res.upgrade.source, res.upgrade.target) == (11, 18), res.upgrade
+    assert res.report()["opset_upgrade"]["target"] == 18
+    assert [m.op for m in res.matches].count("EmbeddingBagInteraction") == 1, res.matches
+    fused = onnx.load(str(tmp_path / "f18.onnx"))
+    assert [o.version for o in fused.opset_import if o.domain in ("", "ai.onnx")] == [18]
     with torch.no_grad():
         ref = module(*batch).numpy()
     assert _rel(_run(tmp_path / "f18.onnx", _original_feeds(batch), True), ref) < 1e-5
