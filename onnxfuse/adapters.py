@@ -77,13 +77,21 @@ def lift_lora_inputs(model: onnx.ModelProto, layers: dict[str, tuple[np.ndarray,
             params[name] = hits[0][1]
     for init in graph.initializer:
         if init.name in renames:
-            elem, new = init.data_type, renames[init.name]
-            init.CopyFrom(numpy_helper.from_array(np.zeros(tuple(init.dims), params[new].dtype), new))
-            init.data_type = elem  # bf16 kept as bf16 (its zeros are zero bits)
-            graph.input.append(onnx.helper.make_tensor_value_info(new, elem, list(init.dims)))
+            as_zero_default_input(graph, init, renames[init.name])
     for node in graph.node:
         node.input[:] = [renames.get(i, i) for i in node.input]
     return params
+
+
+def as_zero_default_input(graph: onnx.GraphProto, init: onnx.TensorProto, name: str | None = None) -> np.ndarray:
+    """Make initializer `init` a graph input `name` (default its own name) whose default is zeros of its type and
+    shape, in place; returns the weights it held (bf16 as raw uint16 bits)."""
+    weights = _array(init)
+    elem, name = init.data_type, name or init.name
+    init.CopyFrom(numpy_helper.from_array(np.zeros(tuple(init.dims), weights.dtype), name))
+    init.data_type = elem  # bf16 kept as bf16 (its zeros are zero bits)
+    graph.input.append(onnx.helper.make_tensor_value_info(name, elem, list(init.dims)))
+    return weights
 
 
 def write_adapter(path: str | pathlib.Path, params: dict[str, np.ndarray], adapter_version: int = 1,

@@ -245,3 +245,104 @@ def test_bench_genai_times_folders_against_the_first(checkpoints, tmp_path, caps
     assert rows[0]["weight_bytes"] == rows[2]["weight_bytes"] > 0 and result["versions"]["onnxruntime_genai"]
     assert "vs first" in capsys.readouterr().out
     _one_line_error(capsys, ["bench", "genai"], "bench genai takes genai model folders")
+
+
+# ------------------------------------------------------------------------------------------------ LoRA adapters
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def _peft_adapter(ckpt: pathlib.Path, folder: pathlib.Path, seed: int, r: int = 4, **kw) -> pathlib.Path:
+    """A peft LoRA adapter of the checkpoint with random A and B (B is zeros in a fresh adapter), saved."""
+    import peft
+    import torch
+    import transformers
+    base = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt))
+    model = peft.get_peft_model(base, peft.LoraConfig(r=r, lora_alpha=2 * r, target_modules=LORA_TARGETS, **kw))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    model.save_pretrained(str(folder))
+    return folder
+
+
+def _torch_last_logits(ckpt: pathlib.Path, adapter: pathlib.Path | None):
+    import peft
+    import torch
+    import transformers
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt)).eval()
+    if adapter is not None:
+        model = peft.PeftModel.from_pretrained(model, str(adapter)).eval()
+    with torch.no_grad():
+        return model(torch.tensor([PROMPT])).logits[0, -1].numpy()
+
+
+def _genai_last_logits(folder: pathlib.Path, adapter: str | None):
+    import numpy as np
+
+    from onnxfuse.genai.generate import activate_adapter, load_model
+    og, model = load_model(folder)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=32)
+    gen = og.Generator(model, params)
+    keep = activate_adapter(og, model, gen, folder, adapter) if adapter else None
+    gen.append_tokens(PROMPT)
+    out = np.array(gen.get_output("logits"))[0, -1]
+    del keep
+    return out
+
+
+def test_export_hf_with_adapters_serves_each_adapter_and_the_base(checkpoints, tmp_path, capsys):
+    """Issue 30: `export hf --adapter` (two peft adapters, the second with use_rslora) writes one decoder whose LoRA
+    weights are inputs with zero defaults and an adapter file each; genai with an adapter active gives peft's logits
+    with that adapter, without one the base model's; the folder fused with every rule (LoRALinear on the adapter
+    inputs) gives the same; generate --adapter runs."""
+    import numpy as np
+    ckpt = checkpoints("llama")
+    a = _peft_adapter(ckpt, tmp_path / "peft-a", seed=1)
+    b = _peft_adapter(ckpt, tmp_path / "style", seed=2, use_rslora=True)
+    res = genai.export_hf(str(ckpt), tmp_path / "out", adapters=[f"first={a}", str(b)])
+    assert set(res.adapters) == {"first", "style"} and all(pathlib.Path(p).is_file() for p in res.adapters.values())
+    assert json.loads((tmp_path / "out" / gf.RECIPE).read_text())["adapters"] == {
+        "first": "first.onnx_adapter", "style": "style.onnx_adapter"}
+    refs = {None: _torch_last_logits(ckpt, None), "first": _torch_last_logits(ckpt, a),
+            "style": _torch_last_logits(ckpt, b)}
+    assert np.abs(refs["first"] - refs[None]).max() > 0.1 and np.abs(refs["style"] - refs["first"]).max() > 0.1
+    out, fused = genai.fuse_dir(tmp_path / "out", tmp_path / "all", patterns=list(fuse.PATTERNS))
+    assert gf.op_counts(gf.decoder_path(out)).get("onnxfuse::LoRALinear", 0) >= 7, gf.op_counts(gf.decoder_path(out))
+    assert (out / "first.onnx_adapter").is_file() and (out / "style.onnx_adapter").is_file()  # carried over
+    for folder in (tmp_path / "out", out):
+        for name, ref in refs.items():
+            got = _genai_last_logits(folder, name)
+            assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max(), (folder.name, name)
+    assert genai.verify_folder(tmp_path / "out", source=resolve(str(ckpt), tmp_path),
+                               prompt_ids=PROMPT).passed  # no adapter active: the base checkpoint
+    assert cli.main(["generate", str(tmp_path / "out"), "--prompt", "t5 t9 t33", "--adapter", "style",
+                     "--max-new-tokens", "4", "-q"]) == 0
+    capsys.readouterr()
+    _one_line_error(capsys, ["generate", str(tmp_path / "out"), "--prompt", "t5", "--adapter", "other"],
+                    "its adapters: first, style")
+
+
+def test_export_hf_adapter_refusals_write_nothing(checkpoints, tmp_path, capsys):
+    import json as _json
+    ckpt = checkpoints("llama")
+    dora = _peft_adapter(ckpt, tmp_path / "dora", seed=1, use_dora=True)
+    other_rank = _peft_adapter(ckpt, tmp_path / "r8", seed=1, r=8)
+    plain = _peft_adapter(ckpt, tmp_path / "r4", seed=1)
+    capsys.readouterr()  # the adapters' progress bars
+    out = tmp_path / "out"
+    _one_line_error(capsys, ["export", "hf", str(ckpt), "-o", str(out), "--adapter", str(dora)], "DoRA")
+    _one_line_error(capsys, ["export", "hf", str(ckpt), "-o", str(out), "--adapter", str(plain), "--adapter",
+                             str(other_rank)], "of the same rank")
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "adapter_config.json").write_text(_json.dumps({"peft_type": "LORA"}))
+    (pickled / "adapter_model.bin").write_bytes(b"not loaded")
+    _one_line_error(capsys, ["export", "hf", str(ckpt), "-o", str(out), "--adapter", str(pickled)], "pickle")
+    _one_line_error(capsys, ["export", "hf", str(ckpt), "-o", str(out), "--adapter", str(tmp_path)],
+                    "no adapter_config.json")
+    _one_line_error(capsys, ["export", "hf", str(ckpt), "-o", str(out), "--adapter", str(plain), "--dtype", "bf16"],
+                    "no bfloat16")
+    assert not out.exists()

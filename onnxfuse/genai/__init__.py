@@ -37,6 +37,7 @@ class ExportResult:
     fused: dict[str, int]
     left_to_onnxruntime: dict[str, str]
     op_counts: dict[str, int]
+    adapters: dict[str, str] = dataclasses.field(default_factory=dict)  # name -> its .onnx_adapter file
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -53,10 +54,12 @@ def default_folder(spec: str, precision: str, provider: str) -> pathlib.Path:
 def export_hf(spec: str, out: str | pathlib.Path | None = None, *, precision: str = "fp32", provider: str = "cpu",
               fuse: bool = True, force: bool = False, extra_options: list[str] | None = None,
               trust_remote_code: bool = False, allow_pickle: bool = False, cpu_isa: str | None = None,
-              progress=None) -> ExportResult:
+              adapters: list[str] | None = None, progress=None) -> ExportResult:
     """Checkpoint `spec` (transformers folder, .gguf, hub id) -> genai folder `out` through genai's model builder,
-    then fused (`fuse`): the folder's decoder is the fused one and its config names the kernel library. Nothing is
-    left at `out` when a step fails."""
+    then fused (`fuse`): the folder's decoder is the fused one and its config names the kernel library. `adapters`
+    (`[NAME=]PEFT_DIR` each): the decoder takes their LoRA weights as inputs (zero defaults: the base model) and
+    each adapter is written to `<NAME>.onnx_adapter` in the folder (genai/adapter.py). Nothing is left at `out` when
+    a step fails."""
     say = progress or (lambda *_: None)  # _term.Progress: (index, total, stage, detail)
     total = 3 if fuse else 2
     if precision not in gf.PRECISIONS:
@@ -64,6 +67,11 @@ def export_hf(spec: str, out: str | pathlib.Path | None = None, *, precision: st
     if provider not in ("cpu", "cuda"):
         raise OnnxfuseError(f"--provider must be cpu or cuda (got {provider!r})")
     kind_of(spec)  # a bad SOURCE fails before anything is written
+    from . import adapter as ga
+    peft_dirs = ga.parse(adapters or [], allow_pickle=allow_pickle)
+    if peft_dirs and precision == "bf16":
+        raise OnnxfuseError("--adapter with --dtype bf16: an adapter file is written from numpy, which has no "
+                            "bfloat16; export with --dtype fp16 or fp32")
     out = pathlib.Path(out) if out is not None else default_folder(spec, precision, provider)
     supported = gf.supported_architectures()
     if provider == "cuda":
@@ -82,10 +90,15 @@ def export_hf(spec: str, out: str | pathlib.Path | None = None, *, precision: st
         built = work / "built" if fuse else tmp
         built.mkdir(exist_ok=True)
         say(2, total, "build", f"genai model builder ({precision}, {provider})")
-        seconds = gf.run_builder(source.folder, built, precision, provider, work / "cache", extra_options or [],
-                                 work / "builder.log", trust_remote_code=trust_remote_code)
+        first = [f"adapter_path={next(iter(peft_dirs.values()))}"] if peft_dirs else []
+        seconds = gf.run_builder(source.folder, built, precision, provider, work / "cache",
+                                 [*(extra_options or []), *first], work / "builder.log",
+                                 trust_remote_code=trust_remote_code)
+        params = _adapter_weights(peft_dirs, built, source.folder, precision, provider, work,
+                                  extra_options or [], trust_remote_code, say, total)
         recipe = {"source": source.recipe(), "precision": precision, "provider": provider,
-                  "extra_options": list(extra_options or []), "architecture": arch}
+                  "extra_options": list(extra_options or []), "architecture": arch,
+                  "adapters": {name: name + ga.EXTENSION for name in peft_dirs}}
         fuse_seconds, left = None, {}
         if fuse:
             say(3, total, "fuse", f"onnxfuse rules on the decoder (for {provider})")
@@ -94,11 +107,37 @@ def export_hf(spec: str, out: str | pathlib.Path | None = None, *, precision: st
             fuse_seconds, left = time.perf_counter() - t0, dict(res.left_to_ort)
         else:
             gf.write_recipe(tmp, {**recipe, "fused": {}})
+        from ..adapters import write_adapter
+        for name, values in params.items():
+            write_adapter(tmp / (name + ga.EXTENSION), values)
         import shutil
         shutil.rmtree(work)
         counts = gf.op_counts(gf.decoder_path(tmp))
     fused = {op: n for op, n in counts.items() if op.startswith("onnxfuse::")}
-    return ExportResult(out, source, precision, provider, seconds, fuse_seconds, fused, left, counts)
+    return ExportResult(out, source, precision, provider, seconds, fuse_seconds, fused, left, counts,
+                        {name: str(out / (name + ga.EXTENSION)) for name in params})
+
+
+def _adapter_weights(peft_dirs: dict, built: pathlib.Path, hf_folder: pathlib.Path, precision: str, provider: str,
+                     work: pathlib.Path, extra_options: list[str], trust_remote_code: bool, say, total: int) -> dict:
+    """{adapter name: its weights (input name -> array)}: the first adapter's, lifted out of the decoder the builder
+    wrote with it (now inputs with zero defaults); every other one's from a build of its own in a scratch folder."""
+    from . import adapter as ga
+    if not peft_dirs:
+        return {}
+    names = list(peft_dirs)
+    params = {names[0]: ga.lift(gf.decoder_path(built))}
+    for i, name in enumerate(names[1:], 1):
+        say(2, total, "build", f"adapter {name} ({i + 1} of {len(names)}) through genai's model builder")
+        scratch = work / f"adapter-{i}"
+        scratch.mkdir()
+        gf.run_builder(hf_folder, scratch, precision, provider, work / "cache",
+                       [*extra_options, f"adapter_path={peft_dirs[name]}"], work / f"builder-adapter-{i}.log",
+                       trust_remote_code=trust_remote_code)
+        other = ga.weights(gf.decoder_path(scratch))
+        ga.check_same_layout(names[0], params[names[0]], name, other)
+        params[name] = other
+    return params
 
 
 def fuse_dir(src: str | pathlib.Path, out: str | pathlib.Path | None = None, *, provider: str | None = None,

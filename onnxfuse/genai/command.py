@@ -39,6 +39,11 @@ def register_export(exsub) -> None:
                          "untrusted input)")
     hf.add_argument("--allow-pickle", action="store_true",
                     help="accept a folder whose weights are only pickles (.bin), which can run code when loaded")
+    hf.add_argument("--adapter", action="append", metavar="[NAME=]PEFT_DIR",
+                    help="a peft LoRA adapter folder (repeat for more, of the same target modules and rank): the "
+                         "decoder takes the LoRA weights as inputs (zero defaults: the base model) and each adapter "
+                         "is written to NAME.onnx_adapter in the folder (NAME default: the folder's name), for "
+                         "'generate --adapter NAME', genai's Adapters or onnxruntime's LoraAdapter")
     hf.add_argument("--force", action="store_true", help="replace an existing output folder")
     hf.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     hf.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -63,6 +68,8 @@ def register(sub) -> None:
     g.add_argument("--top-k", type=positive_int, help="sample from the k most likely tokens")
     g.add_argument("--seed", type=int, help="random seed of the sampling")
     g.add_argument("--provider", choices=["cpu", "cuda"], help="execution provider (default: the folder's)")
+    g.add_argument("--adapter", metavar="NAME", help="activate the folder's LoRA adapter NAME.onnx_adapter "
+                   "('export hf --adapter' wrote it; default: the base model)")
     g.add_argument("--cuda-graph", action="store_true", help="with --provider cuda: genai runs each decode step as "
                    "a captured CUDA graph")
     g.add_argument("-q", "--quiet", action="store_true", help="print only the generated text")
@@ -95,7 +102,7 @@ def export_command(args) -> int:
     stages = Stages("export hf", not (args.quiet or args.json))
     res = export_hf(args.source, args.output, precision=args.dtype, provider=args.provider, fuse=args.fuse,
                     force=args.force, extra_options=args.extra_options, trust_remote_code=args.trust_remote_code,
-                    allow_pickle=args.allow_pickle, cpu_isa=args.cpu_isa, progress=stages)
+                    allow_pickle=args.allow_pickle, cpu_isa=args.cpu_isa, adapters=args.adapter, progress=stages)
     if args.json:
         print(json.dumps(res.to_dict(), indent=2))
     elif not args.quiet:
@@ -104,6 +111,8 @@ def export_command(args) -> int:
               f"{f', fuse {res.fuse_seconds:.1f} s' if res.fuse_seconds is not None else ''}): {fused}")
         for pattern, why in res.left_to_onnxruntime.items():
             print(f"  {pattern}: left to onnxruntime: {why}")
+        for name, path in res.adapters.items():
+            print(f"  adapter {name}: {path} (onnxfuse generate {res.folder} --adapter {name} ...)")
         print(f"  run it: onnxfuse generate {res.folder} --prompt '...'  check it: onnxfuse verify {res.folder}")
     return 0
 
@@ -124,7 +133,7 @@ def generate_command(args) -> int:
 
     res = generate(pathlib.Path(args.folder), args.prompt, chat=args.chat, max_new_tokens=args.max_new_tokens,
                    sampling=sampling, provider=args.provider, cuda_graph=args.cuda_graph,
-                   on_text=None if args.json else stream)
+                   on_text=None if args.json else stream, adapter=args.adapter)
     if args.json:
         print(json.dumps(res.to_dict(), indent=2))
         return 0

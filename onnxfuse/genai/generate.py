@@ -93,8 +93,9 @@ def kv_length(config: dict, needed: int) -> int:
 
 def generate(folder: pathlib.Path, prompt: str, *, chat: bool = False, max_new_tokens: int = 128,
              sampling: Sampling | None = None, provider: str | None = None, cuda_graph: bool = False,
-             on_text: Callable[[str], None] | None = None, tokenizer=None) -> Generation:
-    """Generate up to `max_new_tokens` after `prompt`; `on_text` receives the text as it grows (new pieces)."""
+             on_text: Callable[[str], None] | None = None, tokenizer=None, adapter: str | None = None) -> Generation:
+    """Generate up to `max_new_tokens` after `prompt`; `on_text` receives the text as it grows (new pieces);
+    `adapter`: the folder's LoRA adapter of that name (`<adapter>.onnx_adapter`) is active."""
     from .source import load_tokenizer
     sampling = sampling or Sampling()
     config = gf.read_config(folder)
@@ -114,6 +115,7 @@ def generate(folder: pathlib.Path, prompt: str, *, chat: bool = False, max_new_t
             options["random_seed"] = sampling.seed
     params.set_search_options(**options)
     gen = og.Generator(model, params)
+    adapters = activate_adapter(og, model, gen, folder, adapter) if adapter is not None else None  # kept alive
     eos = _eos_ids(config, tokenizer)
     t0 = time.perf_counter()
     gen.append_tokens(ids)  # the prefill: runs the decoder over the prompt
@@ -140,7 +142,22 @@ def generate(folder: pathlib.Path, prompt: str, *, chat: bool = False, max_new_t
     text = tokenizer.decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
     if on_text is not None and text[len(shown):]:
         on_text(text[len(shown):])
+    del adapters
     return Generation(ids, new, text, prefill_ms, rate, stopped)
+
+
+def activate_adapter(og, model, generator, folder: pathlib.Path, name: str):
+    """Load `<folder>/<name>.onnx_adapter` into genai's Adapters and make it the generator's active adapter; returns
+    the Adapters (keep it while the generator runs)."""
+    path = folder / f"{name}.onnx_adapter"
+    if not path.is_file():
+        have = sorted(p.name.removesuffix(".onnx_adapter") for p in folder.glob("*.onnx_adapter"))
+        raise OnnxfuseError(f"--adapter {name}: {folder} has no {path.name} (its adapters: "
+                            f"{', '.join(have) or 'none'}; 'export hf --adapter' writes them)")
+    adapters = og.Adapters(model)
+    adapters.load(str(path), name)
+    generator.set_active_adapter(adapters, name)
+    return adapters
 
 
 def _eos_ids(config: dict, tokenizer) -> set[int]:
