@@ -88,13 +88,14 @@ _BF16_CPU = ("onnxruntime's CPU provider has no bf16 kernels for these models; v
 
 
 def verify(model_path: str | pathlib.Path, *, module: torch.nn.Module | None = None,
-           inputs: dict[str, torch.Tensor] | None = None, provider: str = "cpu", tolerance: float | None = None,
+           inputs: dict | None = None, provider: str = "cpu", tolerance: float | None = None,
            library: bool | None = None, graph_optimization: bool = True, backend: str | None = None,
            progress=None) -> VerifyResult:
     """Run the ONNX model at `model_path` (fused or not) in onnxruntime and compare each output with the PyTorch
     module it came from.
 
-    module/inputs: the PyTorch module and its inputs (name -> tensor); by default both are rebuilt from the recipe
+    module/inputs: the PyTorch module and its inputs (name -> tensor, or a list of tensors, fed as the model inputs
+    name_0 .. name_{n-1} or in order); by default both are rebuilt from the recipe
     `onnxfuse export` stored in the model. provider: "cpu" or "cuda". tolerance: max |out-ref|/max|ref| (default
     by dtype and provider, TOLERANCES). library: None registers the kernel library when the model has onnxfuse
     nodes (falling back to their function bodies with a warning), True requires it, False never loads it.
@@ -138,7 +139,7 @@ def verify(model_path: str | pathlib.Path, *, module: torch.nn.Module | None = N
     # Reference: the same (rounded) weights, computed in fp32.
     ref_module = module.float()
     with torch.no_grad():
-        ref = ref_module(*[t.float() if t.is_floating_point() else t for t in inputs.values()])
+        ref = ref_module(*[_as_fp32(v) for v in inputs.values()])
     refs = list(ref) if isinstance(ref, (tuple, list)) else [ref]
 
     source = str(model_path)
@@ -147,8 +148,7 @@ def verify(model_path: str | pathlib.Path, *, module: torch.nn.Module | None = N
     stage(1, f"{provider} provider" + (f", backend {backend}" if backend else ""))
     sess = runtime.session(source, provider, library=library, graph_optimization=graph_optimization, backend=backend)
     stage(2, f"{len(sess.get_outputs())} output(s) against the reference")
-    feeds = runtime.check_feeds(sess, {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy()
-                                       for k, v in inputs.items()})
+    feeds = runtime.check_feeds(sess, _feeds_for(sess, inputs))
     if recipe and recipe.get("adapter"):  # exported --lora-as-inputs: the module's adapter, fed as its inputs
         feeds.update(adapters.read_adapter(pathlib.Path(model_path).with_name(recipe["adapter"])))
     outs = sess.run(None, feeds)
@@ -162,6 +162,29 @@ def verify(model_path: str | pathlib.Path, *, module: torch.nn.Module | None = N
     fused = sum(1 for n in _nodes(model.graph) if n.domain == DOMAIN)
     return VerifyResult(str(model_path), provider, dtype, fused, runtime.has_onnxfuse_nodes(model) if library is None
                         else bool(library), checks)
+
+
+def _as_fp32(value):
+    """A module input in fp32 for the reference: a tensor, or a list/tuple of tensors (DLRM_Net's lS_o, lS_i)."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_as_fp32(v) for v in value)
+    return value.float() if value.is_floating_point() else value
+
+
+def _feeds_for(sess, inputs: dict) -> dict[str, np.ndarray]:
+    """The module's inputs as the session's feeds: a list/tuple input K of n tensors is the n model inputs K_0 ..
+    K_{n-1} (a list argument is exported as one input per tensor, named as the export call chose). Where those
+    names are not the model's, inputs that include lists are matched to the model's inputs in order, when there are
+    as many; inputs without lists are matched by name only."""
+    flat = []
+    for key, value in inputs.items():
+        items = [(f"{key}_{i}", v) for i, v in enumerate(value)] if isinstance(value, (list, tuple)) else [(key, value)]
+        flat += [(name, (t.float() if t.dtype == torch.bfloat16 else t).numpy()) for name, t in items]
+    names = [i.name for i in sess.get_inputs()]
+    lists = any(isinstance(v, (list, tuple)) for v in inputs.values())
+    if not lists or {n for n, _ in flat} == set(names) or len(flat) != len(names):
+        return dict(flat)  # by name (check_feeds names any mismatch)
+    return {name: arr for name, (_, arr) in zip(names, flat)}
 
 
 def _has_bf16_io(model: onnx.ModelProto) -> bool:

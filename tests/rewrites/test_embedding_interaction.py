@@ -388,6 +388,39 @@ def test_original_dlrm_at_opset_11_is_upgraded_then_fused(tmp_path):
     assert _rel(_run(tmp_path / "f18.onnx", _original_feeds(batch), True), ref) < 1e-5
 
 
+def test_upstream_per_table_lists_fuse_the_mlps_and_verify_with_list_inputs(tmp_path, capsys):
+    """Issue 33: DLRM_Net as its users call it, lS_o and lS_i lists with one tensor per table (tables whose lookups
+    differ in length), exported at opset 11 as the repository does (one offsets_i / indices_i input pair per table):
+    fuse upgrades the opset and fuses the two MLPs (the per-table bags stay onnxruntime's Loops for now: the bag rule
+    takes one stacked index matrix, --explain says so), and verify --module takes the factory's list inputs."""
+    d = 4
+    module = dlrm_original.OriginalDLRM(d, LN_EMB, [13, 8, d], [dlrm_original.top_width(d, 4, "dot"), 8, 1]).eval()
+    dense, offsets, indices = dlrm_original.make_batch(LN_EMB, 6, [1, 2, 0])
+    lS_o = [offsets[f] for f in range(len(LN_EMB))]
+    lS_i = [indices[f][: int(offsets[f, -1]) + 1 + f] for f in range(len(LN_EMB))]  # own lengths per table
+    names = ["dense_x", *[f"offsets_{f}" for f in range(4)], *[f"indices_{f}" for f in range(4)]]
+    src = tmp_path / "upstream11.onnx"
+    torch.onnx.export(module, (dense, lS_o, lS_i), str(src), opset_version=11, input_names=names,
+                      output_names=["pred"], dynamo=False)
+    res = fuse.fuse(src, tmp_path / "f.onnx", explain=True)
+    assert res.upgrade.target == 18 and [m.op for m in res.matches].count("MLPStack") == 2, res.matches
+    assert any("the last bag does not end at the number of indices" in r["reason"] for r in res.refusals), res.refusals
+    factory = tmp_path / "make_upstream.py"
+    factory.write_text(
+        "import importlib.util, torch\n"
+        f"spec = importlib.util.spec_from_file_location('dlrm_original', {str(DATA / 'dlrm_original.py')!r})\n"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        "def make():\n"
+        f"    module = m.OriginalDLRM({d}, {LN_EMB}, [13, 8, {d}], [m.top_width({d}, 4, 'dot'), 8, 1]).eval()\n"
+        f"    dense, offsets, indices = m.make_batch({LN_EMB}, 6, [1, 2, 0])\n"
+        "    lS_o = [offsets[f] for f in range(4)]\n"
+        "    lS_i = [indices[f][: int(offsets[f, -1]) + 1 + f] for f in range(4)]\n"
+        "    return module, {'dense_x': dense, 'offsets': lS_o, 'indices': lS_i}\n")
+    assert cli.main(["verify", str(tmp_path / "f.onnx"), "--module", f"{factory}:make"]) == 0, capsys.readouterr()
+    result = verify.verify(tmp_path / "f.onnx", module=module, inputs={"dense_x": dense, "o": lS_o, "i": lS_i})
+    assert result.passed  # names that are not the model's: matched in order
+
+
 # ------------------------------------------------------------------------------------------------ kernels
 def _model(op, dtype, shapes, attrs) -> bytes:
     """One node between Casts (float32 graph inputs and output; int64 inputs as they are), with its function body
