@@ -5,7 +5,7 @@ Run by the CMake build (cuda/cuda.cmake) on a machine that needs no GPU:
     python aot.py --out BUILD/triton_kernels.h --archs 90 [--archs 80] [--configs tuned.json] [--jobs 2]
 
 The header holds one byte array per cubin and a table `kTritonSpecs` (of `TritonSpec`, cuda/triton/runtime.h) that
-the hand-written launchers (cuda/<family>_ops.cc) search at launch time: (kernel, dtype, size class, aligned,
+the hand-written launchers (cuda/<family>.cu) search at launch time: (kernel, dtype, size class, aligned,
 r_pad, arch, tma) -> cubin, entry name, warps, shared memory, block shape. Kernel ids, dtype codes, size classes and
 rank padding come from table.py, which the build also writes into the generated onnxfuse_ops.h that the launchers
 read. Specialisations:

@@ -1,6 +1,6 @@
 """Triton kernel for Embedding (onnxfuse.schema): Y = table[ids], BLOCK_M ids x BLOCK_N columns per program.
 
-Compiled ahead of time by `aot.py`; the launcher (cuda/embedding_ops.cc, onnxfuse_triton_embedding) passes the
+Compiled ahead of time by `aot.py`; the launcher (cuda/embedding.cu, onnxfuse_triton_embedding) passes the
 arguments in the order of KERNELS and launches id tiles x column tiles (the GEMM launcher's grid with M = ids, N = D).
 """
 import triton

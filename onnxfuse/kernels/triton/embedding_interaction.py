@@ -11,7 +11,7 @@ batched tl.dot with fp32 accumulation, and the strict lower triangle is stored s
 a mask. Rows and output offsets are 64-bit; an id outside its table gives a zero vector (common/embedding_row.h
 spells the same rule in C).
 
-Compiled ahead of time by `aot.py` per dtype and (NP, DP) (the launcher in cuda/embedding_interaction_ops.cc picks
+Compiled ahead of time by `aot.py` per dtype and (NP, DP) (the launcher in cuda/embedding_interaction.cu picks
 the smallest that fits); BAG, HASH and DOT are run-time flags so one cubin serves both ops and both interactions.
 """
 import triton

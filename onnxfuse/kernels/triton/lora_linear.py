@@ -1,12 +1,12 @@
 """Triton kernels for LoRALinear and LoRALinearRelu (onnxfuse.schema): base GEMM plus the rank-r branch.
 
-Two phases, launched by cuda/lora_linear_ops.cc on one stream: ``_lora_xa_kernel`` writes fp32 partial sums of
+Two phases, launched by cuda/lora_linear.cu on one stream: ``_lora_xa_kernel`` writes fp32 partial sums of
 ``T = X @ A`` into a scratch buffer ``[SPLIT, M, R_PAD]`` (grid: row tiles x SPLIT slices of K, no atomics, so the
 result is deterministic; padded columns r..R_PAD are written as zeros), then ``_lora_main_kernel`` runs the GEMM
 main loop (gemm_loop.py's ``_gemm_main``; one tl.dot per K step, so Hopper keeps its wgmma pipeline) and after the
 loop sums the SPLIT partials of its row tile, rounds ``scale * T`` to the input type (as a 16-bit PyTorch LoRA
 would) and adds ``T @ B`` with one more tl.dot before the bias (+ relu) epilogue; fp32 accumulation. The scratch
-comes from onnxruntime's allocator (cuda/lora_linear_ops.cc). ``R_PAD`` is r rounded up to 16, 32 or 64; ``RELU`` is a
+comes from onnxruntime's allocator (cuda/lora_linear.cu). ``R_PAD`` is r rounded up to 16, 32 or 64; ``RELU`` is a
 run-time flag.
 """
 import triton

@@ -10,7 +10,7 @@ back by the next layer after a CTA barrier (__syncthreads orders the global writ
 later reads). The scratch is a few KB per program and stays in L1/L2: what the stack saves over one kernel per layer
 is the launch per layer, the HBM round trip of every intermediate and the tail of each small grid.
 
-Compiled ahead of time by `aot.py`; the launcher (cuda/mlp_stack_ops.cc) picks BLOCK_M so the grid covers the
+Compiled ahead of time by `aot.py`; the launcher (cuda/mlp_stack.cu) picks BLOCK_M so the grid covers the
 SMs, and runs wide or long-M stacks as one linear_act launch per layer instead.
 
 _mlp_stack_grid_kernel is the small-M form: with few rows a block of rows per program leaves most SMs idle (DLRM's

@@ -1,6 +1,6 @@
 """Triton kernel for RotaryEmbedding (onnxfuse.schema): Y = X * cos + rotate_half(X) * sin in one pass.
 
-Compiled ahead of time by `aot.py`; the launcher (cuda/rotary_embedding_ops.cc,
+Compiled ahead of time by `aot.py`; the launcher (cuda/rotary_embedding.cu,
 onnxfuse_triton_rotary_embedding) passes the arguments in the order of KERNELS below and launches row tiles x
 half-column tiles (the GEMM launcher's grid with M = rows and N = D/2).
 """

@@ -1,4 +1,4 @@
-"""The Triton kernel table that the AOT compiler (aot.py) and the C++ launchers (cuda/<family>_ops.cc) must agree on.
+"""The Triton kernel table that the AOT compiler (aot.py) and the C++ launchers (cuda/<family>.cu) must agree on.
 
 Plain data and the standard library only: aot.py loads it from this folder (it runs as a script under CMake), and
 the build writes it into the generated C header onnxfuse_ops.h (onnxfuse/kernels/ops_header.py), so the launchers
