@@ -1,10 +1,5 @@
-// MLPStack on the CUDA execution provider, in one file (docs/adding-an-op.md):
-//   - the nvcc half (#ifdef __CUDACC__): the hand-written CUDA kernels behind the C launcher(s) declared below;
-//   - the host half (#else): the CUDA EP glue (the kernel struct, Dispatch between the CUDA and the Triton launcher,
-//     the registration) and, in Triton builds, the Triton launcher over the AOT cubins. The host compiler builds it
-//     through a one-line wrapper that cuda/cuda.cmake generates, since nvcc cannot parse onnxruntime's lite
-//     custom-op header.
-// Both halves see the launchers' C declarations below (plain C types only: cuda/launch.h).
+// MLPStack on the CUDA execution provider, in one file: the launchers' C declarations below, then the nvcc half (the
+// CUDA kernels) and the host half (the CUDA EP glue and the Triton launcher); cuda/cuda.cmake says how it is built.
 #include "cuda/launch.h"
 
 extern "C" {
