@@ -237,18 +237,13 @@ def test_criteo_kaggle_cat_lora_dynamic_verifies_on_the_cuda_ep(tmp_path, backen
 @pytest.mark.parametrize("interaction", ["dot", "cat"])
 @pytest.mark.parametrize("backend", ["cuda", "triton", "auto"])
 def test_original_dlrm_bags_on_the_cuda_ep(tmp_path, interaction, backend):
-    """The original DLRM (tests/data/dlrm_original.py, multi-hot and empty bags) fused to EmbeddingBagInteraction,
+    """The original DLRM (onnxfuse/upstream_dlrm.py, multi-hot and empty bags) fused to EmbeddingBagInteraction,
     run on the CUDA EP against PyTorch."""
-    import importlib.util
-    import pathlib
 
     import torch
 
     from onnxfuse import fuse, runtime
-    data = pathlib.Path(__file__).resolve().parent / "data" / "dlrm_original.py"
-    spec = importlib.util.spec_from_file_location("dlrm_original", data)
-    orig = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(orig)
+    from onnxfuse import upstream_dlrm as orig
     ln_emb, d = [50, 70, 30, 110, 9], 16
     module = orig.OriginalDLRM(d, ln_emb, [13, 64, d], [orig.top_width(d, len(ln_emb), interaction), 32, 1],
                                interaction).eval()

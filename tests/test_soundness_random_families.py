@@ -15,12 +15,11 @@ rows, and with every overridable initializer fed a new value (tests/fuzzing.py: 
     below the rows) or absent, ids anywhere in int64 (negative, huge), any pair selection (the strict lower
     triangle, with the diagonal, the upper one, shuffled, a pair missing), symbolic batch, a Gram of something
     else, an embedding that is also an output;
-  * bags: the original DLRM (tests/data/dlrm_original.py: EmbeddingBag Loops, both MLPs) with random tables, bag
+  * bags: the original DLRM (onnxfuse/upstream_dlrm.py: EmbeddingBag Loops, both MLPs) with random tables, bag
     lengths (empty bags included), dot or cat, with the diagonal or not, sum/mean/max bags.
 """
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 import tempfile
 
@@ -38,7 +37,6 @@ from fuzzing import compare_fused, fuzz_settings
 mk = helper.make_node
 I64_MAX = 2**63 - 1
 TYPES = {"fp32": (TensorProto.FLOAT, np.float32, 1e-4), "fp16": (TensorProto.FLOAT16, np.float16, 2e-2)}
-DATA = pathlib.Path(__file__).resolve().parent / "data"
 
 
 def _special(a: np.ndarray, first: int = 0) -> np.ndarray:
@@ -315,9 +313,7 @@ def test_interaction_graphs_fuse_soundly(case):
 
 
 # ------------------------------------------------------------------------------------------------ bags
-_spec = importlib.util.spec_from_file_location("dlrm_original", DATA / "dlrm_original.py")
-dlrm_original = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(dlrm_original)
+from onnxfuse import upstream_dlrm as dlrm_original  # noqa: E402
 
 
 @fuzz_settings("bags")

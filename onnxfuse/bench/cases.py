@@ -29,6 +29,7 @@ class Workload:
     export_kind: str | None = None  # "llama" / "dlrm": onnxfuse.export.export with export_spec
     export_spec: object = None
     gemms: Callable | None = None   # (module, inputs on device) -> callable doing the bare GEMMs
+    export_fn: Callable | None = None  # path -> None: a case's own export (the upstream DLRM's TorchScript call)
     quick: bool = False
     output_names: tuple[str, ...] = ("y",)
 
@@ -237,6 +238,33 @@ def _make_dlrm(size, dtype, seed, quick, layers):
                     lambda: zoo.criteo_batch(spec, size, seed, dtype), "dlrm", spec, None, quick, ("probability",))
 
 
+UPSTREAM_BAGS = (1, 2, 0, 3)  # bag lengths, cycled over the samples: multi-hot and empty bags
+
+
+def _make_dlrm_upstream(size, dtype, seed, quick, layers):
+    """facebookresearch/dlrm's DLRM_Net as the repository exports it (onnxfuse/upstream_dlrm.py: EmbeddingBag Loops,
+    TorchScript at opset 11, stacked offsets/indices), at the dlrm case's shapes: fuse upgrades and fuses it."""
+    from .. import upstream_dlrm, zoo
+    spec = zoo.DlrmSpec.from_preset("small" if quick else "criteo-kaggle", batch=size)
+    params = {"dlrm": zoo.spec_to_dict(spec), "layout": "upstream", "bags": UPSTREAM_BAGS, "opset": 11}
+
+    def inputs():
+        dense, offsets, indices = upstream_dlrm.make_batch(list(spec.table_sizes), size, list(UPSTREAM_BAGS), seed)
+        return {"dense_x": dense.to(zoo.DTYPES[dtype]), "offsets": offsets, "indices": indices}
+
+    def export(path):
+        batch = tuple(inputs().values())
+        upstream_dlrm.export_torchscript(upstream_dlrm.criteo_module(spec, seed, zoo.DTYPES[dtype]), batch, path,
+                                         opset=11)
+
+    return Workload("dlrm-upstream", size, "batch",
+                    {"batch": size, "features": len(spec.table_sizes), "bags": "-".join(map(str, UPSTREAM_BAGS)),
+                     "table_cap": spec.table_cap, "opset": 11},
+                    _key("dlrm-upstream", size, dtype, seed, params),
+                    lambda: upstream_dlrm.criteo_module(spec, seed, zoo.DTYPES[dtype]), inputs, quick=quick,
+                    output_names=("pred",), export_fn=export)
+
+
 def _make_dlrm_interaction(size, dtype, seed, quick, layers):
     """The whole DLRM's hash, 26 lookups and dot interaction alone (bottom MLP output and ids in, 367 columns out)."""
     import torch
@@ -331,6 +359,9 @@ CASES: dict[str, CaseDef] = {c.name: c for c in (
     CaseDef("dlrm-top", "DLRM top MLP 367-512-256-1 + sigmoid", "batch", (128, 2048), (64,),
             lambda *a: _make_mlp_stack("dlrm-top", [_dlrm_top_in(), 512, 256, 1], "sigmoid")(*a)),
     CaseDef("dlrm", "whole DLRM (Criteo-Kaggle tables capped at 262144)", "batch", (128, 2048), (16, 64), _make_dlrm),
+    CaseDef("dlrm-upstream", "facebookresearch/dlrm's DLRM_Net as its --save-onnx writes it (opset 11, EmbeddingBag "
+            "Loops, bags of 0-3 ids), Criteo-Kaggle tables capped at 262144", "batch", (128, 2048), (16, 64),
+            _make_dlrm_upstream),
     CaseDef("dlrm-interaction", "DLRM's hash, 26 embedding lookups and dot interaction alone", "batch", (128, 2048),
             (64,), _make_dlrm_interaction),
     CaseDef("llama", "Llama decoder (seed preset h1024, --layers), 2 sequences", "tokens", (2048,), (64,), _make_llama),

@@ -3,7 +3,7 @@
   * onnxfuse's DLRM (both exporters, dot and cat, fp32/fp16, LoRA, dynamic batch; with and without fuse's stage 1)
     becomes MLPStack -> EmbeddingInteraction -> MLPStack, and the fused model matches the PyTorch module with the
     kernel library and through the function bodies;
-  * the original DLRM (tests/data/dlrm_original.py, a re-implementation of facebookresearch/dlrm's DLRM_Net that
+  * the original DLRM (onnxfuse/upstream_dlrm.py, a re-implementation of facebookresearch/dlrm's DLRM_Net that
     exports to the same ONNX spelling) fuses to EmbeddingBagInteraction with multi-hot and empty bags;
   * near-misses are refused with their reason (another triangle, another order, tables that are graph inputs or
     overridable, intermediates needed elsewhere, a bag mode other than sum, an old opset), or keep the part that
@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import collections
-import importlib.util
 import os
 import pathlib
 import subprocess
@@ -28,10 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxfuse import cli, fuse, kernels, runtime, schema, testing, verify, zoo
 
-DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
-_spec = importlib.util.spec_from_file_location("dlrm_original", DATA / "dlrm_original.py")
-dlrm_original = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(dlrm_original)
+from onnxfuse import upstream_dlrm as dlrm_original  # noqa: E402
 
 TT = {"float": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -407,9 +403,7 @@ def test_upstream_per_table_lists_fuse_the_mlps_and_verify_with_list_inputs(tmp_
     assert any("the last bag does not end at the number of indices" in r["reason"] for r in res.refusals), res.refusals
     factory = tmp_path / "make_upstream.py"
     factory.write_text(
-        "import importlib.util, torch\n"
-        f"spec = importlib.util.spec_from_file_location('dlrm_original', {str(DATA / 'dlrm_original.py')!r})\n"
-        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        "from onnxfuse import upstream_dlrm as m\n"
         "def make():\n"
         f"    module = m.OriginalDLRM({d}, {LN_EMB}, [13, 8, {d}], [m.top_width({d}, 4, 'dot'), 8, 1]).eval()\n"
         f"    dense, offsets, indices = m.make_batch({LN_EMB}, 6, [1, 2, 0])\n"

@@ -1,4 +1,5 @@
-"""A re-implementation (written for onnxfuse's tests, no code copied) of the forward pass of the original DLRM,
+"""The DLRM its users have (issue 33): a re-implementation (written for onnxfuse, no code copied) of the forward pass
+of the original DLRM,
 `DLRM_Net` in facebookresearch/dlrm's dlrm_s_pytorch.py, single-device path:
 
   * bottom and top MLPs: nn.Sequential of nn.Linear + ReLU, the top one ending in a Sigmoid (DLRM_Net.create_mlp
@@ -11,8 +12,9 @@
   * forward(dense_x, lS_o, lS_i) with lS_o [features, batch] and lS_i [features, n] stacked tensors, the layout
     the repository's Criteo loaders produce and its --save-onnx export takes.
 
-The test checks once that the real DLRM_Net exports to the same ONNX spelling as this module (see the README); the
-spelling is what onnxfuse's rule reads, so tests run on this module and never import the repository.
+It was checked once that the real DLRM_Net exports to the same ONNX spelling as this module (see the README); the
+spelling is what onnxfuse's rule reads, so the tests and the bench case `dlrm-upstream` (export_torchscript at the
+repository's opset 11, which fuse upgrades) run on this module and never import the repository.
 """
 from __future__ import annotations
 
@@ -92,6 +94,14 @@ def make_batch(ln_emb: list[int], batch: int, bag_lengths: list[int], seed: int 
     indices = torch.stack([torch.randint(0, size, (n,), generator=g) for size in ln_emb])
     dense = torch.randn(batch, 13, generator=g)
     return dense, offsets.repeat(len(ln_emb), 1), indices
+
+
+def criteo_module(spec, seed: int = 0, dtype=None) -> OriginalDLRM:
+    """The module at a zoo.DlrmSpec's shapes (its capped tables, bottom and top MLPs, dot or cat), in `dtype`."""
+    top_in = top_width(spec.embedding_dim, len(spec.table_sizes), spec.interaction)
+    module = OriginalDLRM(spec.embedding_dim, list(spec.table_sizes), [spec.num_dense, *spec.bottom_mlp],
+                          [top_in, *spec.top_mlp], spec.interaction, seed=seed).eval()
+    return module.to(dtype) if dtype is not None else module
 
 
 def export_torchscript(module: OriginalDLRM, batch, path, opset: int = 18) -> None:
