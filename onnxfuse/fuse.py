@@ -81,7 +81,7 @@ class FuseResult:
             if m.detail:  # e.g. SwiGLU's activations: {"gelu_tanh": 2}
                 row["details"][m.detail] = row["details"].get(m.detail, 0) + 1
             row["nodes_removed"] += len(m.replaced)
-            row["nodes_added"] += 1
+            row["nodes_added"] += m.added
             row["flops"] = None if row["flops"] is None or m.flops is None else row["flops"] + m.flops
         for row in rows.values():
             row["flop_share"] = ((row["flops"] / self.total_flops)

@@ -10,7 +10,10 @@ of the original DLRM,
     li / lj built by list comprehensions with offset 1 when arch_interaction_itself else 0; Zflat = Z[:, li, lj];
     R = cat([x] + [Zflat], 1)), or "cat" (R = cat([x] + ly, 1));
   * forward(dense_x, lS_o, lS_i) with lS_o [features, batch] and lS_i [features, n] stacked tensors, the layout
-    the repository's Criteo loaders produce and its --save-onnx export takes.
+    the repository's Criteo loaders produce and its --save-onnx export takes; or lS_o / lS_i as lists of one tensor
+    per table ([batch] offsets, indices of the table's own length: the form its users' own pipelines pass whenever
+    the tables' lookups differ in length), which the export turns into one offsets_i / indices_i input pair per
+    table.
 
 It was checked once that the real DLRM_Net exports to the same ONNX spelling as this module (see the README); the
 spelling is what onnxfuse's rule reads, so the tests and the bench case `dlrm-upstream` (export_torchscript at the
@@ -96,6 +99,37 @@ def make_batch(ln_emb: list[int], batch: int, bag_lengths: list[int], seed: int 
     return dense, offsets.repeat(len(ln_emb), 1), indices
 
 
+def make_lists(ln_emb: list[int], batch: int, bag_lengths: list[int], seed: int = 0):
+    """dense [batch, 13] and lists lS_o, lS_i of one tensor per table: table f's bag lengths are the pattern shifted
+    by f, and its first bag holds f more ids (a long bag), so every table's indices have their own length; some bags
+    are empty where the pattern has a 0."""
+    g = torch.Generator().manual_seed(seed)
+    lS_o, lS_i = [], []
+    for f, size in enumerate(ln_emb):
+        lengths = torch.tensor([bag_lengths[(b + f) % len(bag_lengths)] + (f if b == 0 else 0) for b in range(batch)])
+        lS_o.append(torch.cumsum(lengths, 0) - lengths)
+        lS_i.append(torch.randint(0, size, (int(lengths.sum()),), generator=g))
+    return torch.randn(batch, 13, generator=g), lS_o, lS_i
+
+
+class ListsCall(nn.Module):
+    """`module` called with the per-table export's inputs in order (dense_x, offsets_0.., indices_0..), as
+    forward(dense_x, lS_o, lS_i) with lists: what a caller that feeds tensors by position (the bench) needs."""
+
+    def __init__(self, module: OriginalDLRM):
+        super().__init__()
+        self.module = module
+
+    def forward(self, dense_x, *tensors):
+        n = len(tensors) // 2
+        return self.module(dense_x, list(tensors[:n]), list(tensors[n:]))
+
+
+def list_input_names(n_tables: int) -> list[str]:
+    """The per-table export's inputs: dense_x, offsets_0.., indices_0.. (the order of forward's flattened lists)."""
+    return ["dense_x", *[f"offsets_{f}" for f in range(n_tables)], *[f"indices_{f}" for f in range(n_tables)]]
+
+
 def criteo_module(spec, seed: int = 0, dtype=None) -> OriginalDLRM:
     """The module at a zoo.DlrmSpec's shapes (its capped tables, bottom and top MLPs, dot or cat), in `dtype`."""
     top_in = top_width(spec.embedding_dim, len(spec.table_sizes), spec.interaction)
@@ -104,13 +138,24 @@ def criteo_module(spec, seed: int = 0, dtype=None) -> OriginalDLRM:
     return module.to(dtype) if dtype is not None else module
 
 
-def export_torchscript(module: OriginalDLRM, batch, path, opset: int = 18) -> None:
+def export_torchscript(module: OriginalDLRM, batch, path, opset: int = 18, dynamic: bool = True) -> None:
     """The repository's --save-onnx export (dynamo=False, its input names and dynamic axes) at opset 18, except that
     the indices' dynamic axis gets its own name: the repository calls it batch_size too, which only holds for one id
-    per bag (multi-hot bags have more indices than samples, and onnxruntime trusts equal names)."""
+    per bag (multi-hot bags have more indices than samples, and onnxruntime trusts equal names). A batch of lists
+    (make_lists) exports one offsets_i / indices_i pair per table (list_input_names), each indices tensor with its
+    own dynamic length; `dynamic=False` keeps every shape static."""
     dense, offsets, indices = batch
+    if isinstance(indices, (list, tuple)):
+        n = len(indices)
+        axes = {"dense_x": {0: "batch_size"}, "pred": {0: "batch_size"},
+                **{f"offsets_{f}": {0: "batch_size"} for f in range(n)},
+                **{f"indices_{f}": {0: f"n_indices_{f}"} for f in range(n)}}
+        torch.onnx.export(module, (dense, list(offsets), list(indices)), str(path), opset_version=opset,
+                          input_names=list_input_names(n), output_names=["pred"],
+                          dynamic_axes=axes if dynamic else None, dynamo=False)
+        return
+    axes = {"dense_x": {0: "batch_size"}, "offsets": {1: "batch_size"}, "indices": {1: "n_indices"},
+            "pred": {0: "batch_size"}}
     torch.onnx.export(module, (dense, offsets, indices), str(path), opset_version=opset,
                       input_names=["dense_x", "offsets", "indices"], output_names=["pred"],
-                      dynamic_axes={"dense_x": {0: "batch_size"}, "offsets": {1: "batch_size"},
-                                    "indices": {1: "n_indices"}, "pred": {0: "batch_size"}},
-                      dynamo=False)
+                      dynamic_axes=axes if dynamic else None, dynamo=False)

@@ -116,6 +116,20 @@ def test_register_runs_and_writes(cache_dir, tmp_path, capsys):
         assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_upstream_per_table_case_fuses_whole_and_matches_torch(cache_dir, tmp_path):
+    """bench dlrm-upstream-tables (DLRM_Net with per-table lists, exported at opset 11): the fused model is the two
+    stacks and one bag op, and its output is torch eager's."""
+    out = tmp_path / "r.json"
+    args = _register_parser().parse_args(
+        ["bench", "dlrm-upstream-tables", "--device", "cpu", "--sizes", "16", "--runs", "2", "--warmup", "0",
+         "--cache-dir", str(cache_dir), "-o", str(out), "--variants", "torch-eager,fused-cpu-all", "--no-plot"])
+    assert args.func(args) == 0
+    case = json.loads(out.read_text())["cases"][0]
+    assert case["models"]["fused_ops"] == {"MLPStack": 2, "EmbeddingBagInteraction": 1}, case["models"]
+    v = case["variants"]["fused-cpu-all"]
+    assert v["median_ms"] > 0 and v["rel_err"] < 1e-5, v
+
+
 def test_json_flag_prints_results(cache_dir, tmp_path, capsys):
     args = _register_parser().parse_args(
         ["bench", "dlrm-bottom", "--device", "cpu", "--runs", "2", "--warmup", "0", "--cache-dir", str(cache_dir),

@@ -260,6 +260,32 @@ def test_original_dlrm_bags_on_the_cuda_ep(tmp_path, interaction, backend):
         np.testing.assert_allclose(got, ref, rtol=5e-3, atol=5e-3)
 
 
+@pytest.mark.parametrize("interaction", ["dot", "cat"])
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_upstream_per_table_bags_on_the_cuda_ep(tmp_path, interaction, backend):
+    """DLRM_Net called with per-table lists (each table's indices of their own length, long and empty bags), exported
+    at opset 11 and fused: the graph's concatenation nodes and the one bag op on the CUDA EP against PyTorch (the
+    bench case dlrm-upstream-tables times it)."""
+    import torch
+
+    from onnxfuse import fuse, runtime
+    from onnxfuse import upstream_dlrm as orig
+    ln_emb, d = [50, 70, 30, 110, 9], 16
+    module = orig.OriginalDLRM(d, ln_emb, [13, 64, d], [orig.top_width(d, len(ln_emb), interaction), 32, 1],
+                               interaction).eval()
+    orig.export_torchscript(module, orig.make_lists(ln_emb, 40, [2, 0, 1, 3]), tmp_path / "m.onnx", opset=11)
+    res = fuse.fuse(tmp_path / "m.onnx", tmp_path / "f.onnx", backend=backend)
+    assert [m.op for m in res.matches].count("EmbeddingBagInteraction") == 1
+    names = orig.list_input_names(len(ln_emb))
+    sess = runtime.session(str(tmp_path / "f.onnx"), "cuda", library=True)
+    for bags, size in (((2, 0, 1, 3), 40), ((1,), 129)):
+        dense, lS_o, lS_i = orig.make_lists(ln_emb, size, list(bags), seed=size)
+        with torch.no_grad():
+            ref = module(dense, lS_o, lS_i).numpy()
+        feeds = dict(zip(names, [t.numpy() for t in (dense, *lS_o, *lS_i)]))
+        np.testing.assert_allclose(sess.run(None, feeds)[0], ref, rtol=5e-3, atol=5e-3)
+
+
 def test_bench_dlrm_profile_shows_the_fused_kernels(tmp_path):
     """`onnxfuse bench dlrm --profile`: the fused runs' kernels are the two stacks and the interaction, and the
     unfused run's Gathers are gone from them."""

@@ -265,6 +265,35 @@ def _make_dlrm_upstream(size, dtype, seed, quick, layers):
                     output_names=("pred",), export_fn=export)
 
 
+def _make_dlrm_upstream_tables(size, dtype, seed, quick, layers):
+    """DLRM_Net called with lists, one offsets and one indices tensor per table, each table with its own bag lengths
+    (upstream_dlrm.make_lists), exported as the repository's --save-onnx does with lists (one input pair per table,
+    TorchScript at opset 11): fuse upgrades it and concatenates the tables' indices in the graph for the one op."""
+    from .. import upstream_dlrm, zoo
+    spec = zoo.DlrmSpec.from_preset("small" if quick else "criteo-kaggle", batch=size)
+    params = {"dlrm": zoo.spec_to_dict(spec), "layout": "upstream-tables", "bags": UPSTREAM_BAGS, "opset": 11}
+    n = len(spec.table_sizes)
+
+    def batch():
+        dense, lS_o, lS_i = upstream_dlrm.make_lists(list(spec.table_sizes), size, list(UPSTREAM_BAGS), seed)
+        return dense.to(zoo.DTYPES[dtype]), lS_o, lS_i
+
+    def inputs():
+        dense, lS_o, lS_i = batch()
+        return dict(zip(upstream_dlrm.list_input_names(n), (dense, *lS_o, *lS_i)))
+
+    def export(path):
+        upstream_dlrm.export_torchscript(upstream_dlrm.criteo_module(spec, seed, zoo.DTYPES[dtype]), batch(), path,
+                                         opset=11)
+
+    return Workload("dlrm-upstream-tables", size, "batch",
+                    {"batch": size, "features": n, "bags": "-".join(map(str, UPSTREAM_BAGS)) + " (+f in bag 0)",
+                     "table_cap": spec.table_cap, "opset": 11},
+                    _key("dlrm-upstream-tables", size, dtype, seed, params),
+                    lambda: upstream_dlrm.ListsCall(upstream_dlrm.criteo_module(spec, seed, zoo.DTYPES[dtype])),
+                    inputs, quick=quick, output_names=("pred",), export_fn=export)
+
+
 def _make_dlrm_interaction(size, dtype, seed, quick, layers):
     """The whole DLRM's hash, 26 lookups and dot interaction alone (bottom MLP output and ids in, 367 columns out)."""
     import torch
@@ -362,6 +391,9 @@ CASES: dict[str, CaseDef] = {c.name: c for c in (
     CaseDef("dlrm-upstream", "facebookresearch/dlrm's DLRM_Net as its --save-onnx writes it (opset 11, EmbeddingBag "
             "Loops, bags of 0-3 ids), Criteo-Kaggle tables capped at 262144", "batch", (128, 2048), (16, 64),
             _make_dlrm_upstream),
+    CaseDef("dlrm-upstream-tables", "DLRM_Net called with per-table lists (each table's indices of their own "
+            "length), exported as its --save-onnx does (opset 11, one offsets_i / indices_i pair per table)", "batch",
+            (128, 2048), (16, 64), _make_dlrm_upstream_tables),
     CaseDef("dlrm-interaction", "DLRM's hash, 26 embedding lookups and dot interaction alone", "batch", (128, 2048),
             (64,), _make_dlrm_interaction),
     CaseDef("llama", "Llama decoder (seed preset h1024, --layers), 2 sequences", "tokens", (2048,), (64,), _make_llama),

@@ -38,12 +38,13 @@ EMBEDDING_INTERACTION = OpSchema(
     "bottom MLP's output, ids [B, F] int64. " + _EMBEDDING_DOC)
 EMBEDDING_BAG_INTERACTION = OpSchema(
     "EmbeddingBagInteraction", ("X", "indices", "offsets", "table", "table_offsets", "cardinality"), ("Y",),
-    "e_f[b] = sum_{p in bag(f, b)} table[table_offsets[f] + indices[f, p]]; Y = interaction(X, e_0..e_{F-1})",
+    "e_f[b] = sum_{p in bag(f, b)} table[table_offsets[f] + indices[f or 0, p]]; Y = interaction(X, e_0..e_{F-1})",
     (_INTERACTION, BACKEND),
     "The original DLRM's nn.EmbeddingBag(mode='sum') lookups (multi-hot bags given by offsets) and its feature "
-    "interaction in one op: X [B, d], indices [F, N] int64, offsets [F, B] int64; bag(f, b) is the positions "
-    "[offsets[f, b], offsets[f, b + 1]) (the last bag ends at N), clamped to [0, N], empty when the end is not "
-    "past the start. " + _EMBEDDING_DOC)
+    "interaction in one op: X [B, d], indices [F, N] int64 (row f: feature f's) or [1, N] (one row every feature's "
+    "bags index into: per-table indices concatenated), offsets [F, B] or [F, B + 1] int64; bag(f, b) is the "
+    "positions [offsets[f, b], offsets[f, b + 1]) (with B columns the last bag ends at N; with B + 1 the last "
+    "column is each feature's end), clamped to [0, N], empty when the end is not past the start. " + _EMBEDDING_DOC)
 # The hashed op (one id per feature) and the bag op: the rules pick one by the lookups they found.
 OPS = (EMBEDDING_INTERACTION, EMBEDDING_BAG_INTERACTION)
 
@@ -80,9 +81,11 @@ def _lookup_bags(inputs, attrs: dict):
 
     indices, offsets, table, toff, card = inputs[1:6]
     n_idx = indices.shape[1]
-    f_count, batch = offsets.shape
-    ends = torch.cat([offsets[:, 1:], torch.full((f_count, 1), n_idx, dtype=offsets.dtype)], 1)
-    start, end = offsets.clamp(0, n_idx), ends.clamp(0, n_idx)
+    f_count, batch = offsets.shape[0], inputs[0].shape[0]
+    # the ends: the next offset, then N (offsets [F, B]) or offsets' own last column ([F, B + 1])
+    ends = torch.cat([offsets[:, 1:], torch.full((f_count, 1), n_idx, dtype=offsets.dtype)], 1)[:, :batch]
+    start, end = offsets[:, :batch].clamp(0, n_idx), ends.clamp(0, n_idx)
+    indices = indices.expand(f_count, n_idx)  # one shared row [1, N]: every feature indexes into it
     indices = torch.where(indices < 0, indices + card[:, None], indices)
     rows = toff[:, None] + indices
     valid = (indices >= 0) & (indices < card[:, None]) & (rows >= 0) & (rows < table.shape[0])
@@ -139,16 +142,18 @@ def embedding_table_sizes(features: int) -> list[int]:
 
 def _doctor_entry(schema: OpSchema):
     def doctor_entry(entry) -> tuple[dict, dict, tuple]:
-        """(B, d, features, interaction, hash or mean bag length)."""
-        b, d, f, interaction, extra = entry
+        """(B, d, features, interaction, hash or mean bag length[, "flat": indices [1, N] with offsets [F, B + 1]])."""
+        b, d, f, interaction, extra = entry[:5]
+        flat = entry[5:] == ("flat",)
         rows = sum(embedding_table_sizes(f))
         width = interaction_width(f + 1, d, interaction)
         if schema is EMBEDDING_INTERACTION:
             shapes = {"X": [b, d], "ids": [b, f]}
             attrs, label = {"interaction": interaction, "hash": extra}, f"F{f} {interaction} hash={extra}"
         else:
-            shapes = {"X": [b, d], "indices": [f, b * int(extra)], "offsets": [f, b]}
-            attrs, label = {"interaction": interaction}, f"F{f} {interaction} bags~{extra}"
+            shapes = {"X": [b, d], "indices": [1, f * b * int(extra)], "offsets": [f, b + 1]} if flat else \
+                {"X": [b, d], "indices": [f, b * int(extra)], "offsets": [f, b]}
+            attrs, label = {"interaction": interaction}, f"F{f} {interaction} bags~{extra}" + (" flat" if flat else "")
         shapes.update({"table": [rows, d], "table_offsets": [f], "cardinality": [f]})
         return shapes, attrs, (b, d, width, 0, label)
     return doctor_entry
@@ -183,10 +188,18 @@ def doctor_inputs(op: OpDef, tdt, shapes: dict[str, list[int]], seed: int, devic
             out["ids"][0, 0] = 2 ** 63 - 1
     else:
         n_idx = shapes["indices"][1]
-        out["indices"] = ids(shapes["indices"], 0)
-        cuts = torch.randint(0, n_idx + 1, (f, b), generator=torch.Generator().manual_seed(b + f))
+        if shapes["indices"][0] == 1 and f > 1:  # one shared row: feature f's bags index into its own stretch
+            out["indices"] = (torch.rand(1, n_idx, generator=g) * 3 * sizes.max()).long() - sizes.max()
+        else:
+            out["indices"] = ids(shapes["indices"], 0)
+        cols = shapes["offsets"][1]
+        # [F, B]: each feature's bags cut its row; [F, B + 1]: feature f's bags cut its stretch of the shared row
+        span = n_idx if cols == b else n_idx // max(f, 1)
+        cuts = torch.randint(0, span + 1, (f, cols), generator=torch.Generator().manual_seed(b + f))
         out["offsets"] = torch.sort(cuts, dim=1).values
         out["offsets"][:, 0] = 0
+        if cols != b:
+            out["offsets"] += torch.arange(f)[:, None] * span
     return [out[name] for name in shapes]
 
 
@@ -203,7 +216,8 @@ FAMILY = OpFamily("embedding_interaction", (
     _op(8, EMBEDDING_INTERACTION, _lookup_hashed, [(1, 16, 26, "dot", "mod"), (128, 16, 26, "dot", "mod"),
                                                    (37, 16, 26, "cat", "none"), (33, 20, 40, "dot", "none")]),
     _op(9, EMBEDDING_BAG_INTERACTION, _lookup_bags, [(1, 16, 26, "dot", 2), (129, 16, 26, "dot", 3),
-                                                     (37, 8, 5, "cat", 1)]),
+                                                     (37, 8, 5, "cat", 1), (65, 16, 26, "dot", 2, "flat"),
+                                                     (9, 8, 5, "cat", 1, "flat")]),
 ))
 
 
@@ -257,15 +271,19 @@ def embedding_body(hashed: bool, interaction: str, hash_: str) -> list:
         lookup(ids, "cardinality", "table_offsets", "emb")                     # [B, F, d]
     else:
         nodes += [
-            # bag(f, b) = [clamp(offsets[f, b]), clamp(end[f, b])), end = the next offset, N for the last bag
+            # bag(f, b) = [clamp(offsets[f, b]), clamp(end[f, b])), end = the next offset, then N: the first B of
+            # each (offsets [F, B + 1] carries its own ends)
             mk("Shape", ["indices"], ["n_idx1"], start=1, end=2), mk("Squeeze", ["n_idx1", "axis0"], ["n_idx"]),
             mk("Shape", ["offsets"], ["n_feat1"], start=0, end=1),
+            mk("Shape", ["X"], ["n_batch1"], start=0, end=1),
             mk("Concat", ["n_feat1", "axis1"], ["col_shape"], axis=0),
             mk("Reshape", ["n_idx1", _c(nodes, "shape11", [1, 1])], ["n_idx11"]),
             mk("Expand", ["n_idx11", "col_shape"], ["last_end"]),
             mk("Slice", ["offsets", "axis1", _c(nodes, "big", [2 ** 62]), "axis1"], ["next_off"]),
-            mk("Concat", ["next_off", "last_end"], ["ends"], axis=1),
-            mk("Max", ["offsets", "zero"], ["s0"]), mk("Min", ["s0", "n_idx"], ["starts"]),
+            mk("Concat", ["next_off", "last_end"], ["all_ends"], axis=1),
+            mk("Slice", ["all_ends", "axis0", "n_batch1", "axis1"], ["ends"]),
+            mk("Slice", ["offsets", "axis0", "n_batch1", "axis1"], ["begins"]),
+            mk("Max", ["begins", "zero"], ["s0"]), mk("Min", ["s0", "n_idx"], ["starts"]),
             mk("Max", ["ends", "zero"], ["e0"]), mk("Min", ["e0", "n_idx"], ["stops"]),
             mk("Range", ["zero", "n_idx", "one"], ["pos"]),
             mk("Unsqueeze", ["starts", "axis_last"], ["starts3"]), mk("Unsqueeze", ["stops", "axis_last"], ["stops3"]),

@@ -53,6 +53,7 @@ class Match:
     dtype: str
     flops: int | None
     detail: str = ""  # what distinguishes nodes of one op (SwiGLU's activation), for the report
+    added: int = 1    # nodes the match added: the op, and any it needs beside it (the per-table bags' concatenation)
 
 
 class Recorder:
@@ -312,7 +313,7 @@ def guard_output_value(out: ir.Value, result: MatchResult, x: ir.Value, n: int) 
 
 def annotate(node: ir.Node, recorder: Recorder, pattern_name: str, rule_name: str, op_type: str, module: str,
              replaced: list[tuple[str, str]], shapes: dict, dtype: ir.DataType, flops: int | None,
-             extra_doc: tuple[str, ...] = (), detail: str = "") -> None:
+             extra_doc: tuple[str, ...] = (), detail: str = "", added: int = 1) -> None:
     """Name a fused node `onnxfuse/<pattern>/<module>`, write its Netron doc string and metadata, record the match."""
     node.name = recorder.unique(f"onnxfuse/{pattern_name}/{module}")
     schema = OPS[op_type]
@@ -333,7 +334,7 @@ def annotate(node: ir.Node, recorder: Recorder, pattern_name: str, rule_name: st
     node.metadata_props["onnxfuse.module"] = module
     node.metadata_props["onnxfuse.replaced"] = ";".join(f"{n}:{t}" for n, t in replaced)
     recorder.matches.append(Match(pattern_name, op_type, node.name, module, replaced, shapes,
-                                  dtype.name.lower() if dtype is not None else "?", flops, detail))
+                                  dtype.name.lower() if dtype is not None else "?", flops, detail, added))
 
 
 def check_float_dtypes(result: MatchResult, **values: ir.Value) -> ir.DataType | None:

@@ -21,9 +21,10 @@ class Leaf:
     value: ir.Value
     kind: str                     # "x" | "onehot" | "bag"
     table: ir.Value | None = None
-    ids: ir.Value | None = None   # onehot: the [B, F] id matrix; bag: the [F, N] indices
-    offsets: ir.Value | None = None  # bag: the [F, B] offsets
-    column: int = -1              # the feature: id column (onehot) or row of indices/offsets (bag)
+    ids: ir.Value | None = None   # onehot: the [B, F] id matrix; bag: the [F, N] indices, or the feature's own [N_f]
+    offsets: ir.Value | None = None  # bag: the [F, B] offsets, or the feature's own [B]
+    column: int = -1              # the feature: id column (onehot) or row of indices (bag; -1: its own tensor)
+    offset_row: int = -1          # bag: the row of the offsets matrix (-1: the feature's own tensor)
 
 
 def _scalar(v: ir.Value | None) -> int | None:
@@ -156,11 +157,15 @@ def bag_leaf(m: Match, v: ir.Value) -> Leaf | None:
     cat = made_by(starts, "Concat")
     if cat is None or int_attr(cat, "axis", 0) != 0 or len(cat.inputs) != 2:
         raise Refused(f"{label}: the bag starts are not the offsets followed by the number of indices", v)
+    # the number of indices: Unsqueeze(Gather(Shape(indices), 0)), or a constant where the indices' length is static
+    # (constant propagation folds the Shape; onnxruntime checks a static input's shape on every run)
     n_u = made_by(cat.inputs[1], "Unsqueeze")
     n_g = made_by(n_u.inputs[0], "Gather") if n_u is not None and _const_list(n_u.inputs[1]) == [0] else None
     n_s = made_by(n_g.inputs[0], "Shape") if n_g is not None and _scalar(n_g.inputs[1]) == 0 else None
     if n_s is None or n_s.inputs[0] is not idx or int_attr(n_s, "start", 0) != 0:
-        raise Refused(f"{label}: the last bag does not end at the number of indices", v)
+        if not _static_length(cat.inputs[1], idx):
+            raise Refused(f"{label}: the last bag does not end at the number of indices", v)
+        n_u = n_g = n_s = None
     es = made_by(ends, "Slice")
     if es is None or es.inputs[0] is not starts or _const_list(es.inputs[1]) != [1] or \
             (_const_list(es.inputs[2]) or [0])[0] < 2 ** 62 or \
@@ -170,15 +175,43 @@ def bag_leaf(m: Match, v: ir.Value) -> Leaf | None:
     t_g = made_by(trip, "Gather")
     t_s = made_by(t_g.inputs[0], "Shape") if t_g is not None and _scalar(t_g.inputs[1]) == 0 else None
     if t_s is None or t_s.inputs[0] is not ends or int_attr(t_s, "start", 0) != 0:
-        raise Refused(f"{label}: the Loop does not run once per bag", v)
+        if not _static_length(trip, cat.inputs[0]):  # a constant trip count: the offsets' static length
+            raise Refused(f"{label}: the Loop does not run once per bag", v)
+        t_g = t_s = None
     for node in (loop, cat, n_u, n_g, n_s, es, t_g, t_s):
-        m.read(node)
-    for val in (starts, ends, cat.inputs[1], n_u.inputs[0], n_g.inputs[0], trip, t_g.inputs[0]):
-        m.keep_private(val)
-    indices, row_i = _row_of(m, idx, 0)
-    offsets, row_o = _row_of(m, cat.inputs[0], 0)
-    m.keep_private(idx)
-    m.keep_private(cat.inputs[0])
-    if row_i != row_o:
+        if node is not None:
+            m.read(node)
+    m.keep_private(starts)
+    m.keep_private(ends)
+    for node in (n_u, n_g, t_g):
+        if node is not None:
+            m.keep_private(node.outputs[0])
+            m.keep_private(node.inputs[0])
+    indices, row_i = _row_or_own(m, idx, "indices", label)
+    offsets, row_o = _row_or_own(m, cat.inputs[0], "offsets", label)
+    if row_i >= 0 and row_o >= 0 and row_i != row_o:
         raise Refused(f"{label}: indices row {row_i} is bagged with offsets row {row_o}", v)
-    return Leaf(v, "bag", table, indices, offsets, row_i)
+    return Leaf(v, "bag", table, indices, offsets, row_i, row_o)
+
+
+def _static_length(n: ir.Value | None, of: ir.Value) -> bool:
+    """`n` is a constant [L] or L equal to the static length of the 1-D tensor `of`."""
+    c = _const_list(n)
+    d = _base.dims(of)
+    return c is not None and len(c) == 1 and d is not None and len(d) == 1 and d[0] == c[0]
+
+
+def _row_or_own(m: Match, v: ir.Value, role: str, label: str) -> tuple[ir.Value, int]:
+    """A bag's indices or offsets: (M, k) when `v` is row k of a stacked matrix M (the row's nodes are then the
+    match's), else (v, -1) when `v` is a 1-D int64 tensor of its own (the per-table form: one tensor per table, of
+    its own length; the rewrite concatenates them in the graph)."""
+    try:
+        matrix, row = _row_of(m, v, 0)
+    except Refused as r:
+        d = _base.dims(v)
+        if d is None or len(d) != 1 or v.dtype != ir.DataType.INT64:
+            raise Refused(f"{label}: the {role} {value_name(v)} are neither a row of a stacked matrix nor a 1-D int64 "
+                          f"tensor of their own ({r.reason})", v) from None
+        return v, -1
+    m.keep_private(v)
+    return matrix, row

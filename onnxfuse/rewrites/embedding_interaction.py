@@ -68,6 +68,9 @@ class Found:
     ids: ir.Value | None = None
     cardinality: np.ndarray | None = None
     hash: str = "none"
+    # bags: whether the indices / offsets are one stacked matrix (else one tensor per feature, of its own length)
+    stacked_indices: bool = True
+    stacked_offsets: bool = True
 
 
 class EmbeddingInteractionPass(_base.GraphPass):
@@ -356,33 +359,49 @@ class EmbeddingInteractionPass(_base.GraphPass):
     # -------------------------------------------------------------------------------------- features, hash
     def _finish(self, f: Found) -> Found:
         feats = f.leaves[1:]
-        kind = feats[0].kind
-        ids = {id(l.ids) for l in feats}
-        if len(ids) != 1 or (kind == "bag" and len({id(l.offsets) for l in feats}) != 1):
-            raise Refused("the features are not columns of one id matrix (and one offsets matrix)")
-        cols = [l.column for l in feats]
+        rows = np.array([int(l.table.const_value.shape[0]) for l in feats], dtype=np.int64)
+        f.cardinality = rows
+        if feats[0].kind == "bag":
+            self._bags(f, feats)
+            return f
+        if len({id(l.ids) for l in feats}) != 1:
+            raise Refused("the features are not columns of one id matrix")
+        f.ids = self._stacked(feats, [l.column for l in feats], feats[0].ids, 1, "id matrix")
+        self._hash(f, rows)
+        return f
+
+    def _stacked(self, feats: list[Leaf], cols: list[int], src: ir.Value, axis: int, role: str) -> ir.Value:
+        """`src`, the matrix whose slices along `axis` the features read, after checking that feature f reads slice
+        f of exactly as many, int64."""
         n_feat = len(feats)
         if cols != list(range(n_feat)):
-            raise Refused(f"feature f must read id column f: the vectors read columns {cols}")
-        src = feats[0].ids
+            raise Refused(f"feature f must read id column f: the vectors read columns {cols}" if axis == 1 else
+                          f"feature f must read row f of the {role}: the bags read rows {cols}")
         sd = _base.dims(src)
-        axis = 1 if kind == "onehot" else 0
         if sd is None or len(sd) != 2 or sd[axis] != n_feat:
-            raise Refused(f"the id matrix {value_name(src)} has shape {sd}: "
-                          f"it must have exactly {n_feat} features", src)
+            raise Refused(f"the {role} {value_name(src)} has shape {sd}: it must have exactly {n_feat} features", src)
         if src.dtype != ir.DataType.INT64:
-            raise Refused(f"the ids {value_name(src)} are "
-                          f"{src.dtype.name.lower() if src.dtype else '?'}, not int64", src)
-        if kind == "bag":
-            od = _base.dims(feats[0].offsets)
-            if od is None or len(od) != 2 or od[0] != n_feat or feats[0].offsets.dtype != ir.DataType.INT64:
-                raise Refused(f"the offsets {value_name(feats[0].offsets)} are not int64 [{n_feat}, batch]",
-                              feats[0].offsets)
-        rows = np.array([int(l.table.const_value.shape[0]) for l in feats], dtype=np.int64)
-        f.ids, f.cardinality = src, rows
-        if kind == "onehot":
-            self._hash(f, rows)
-        return f
+            raise Refused(f"the {role} {value_name(src)} are {src.dtype.name.lower() if src.dtype else '?'}, not "
+                          "int64", src)
+        return src
+
+    def _bags(self, f: Found, feats: list[Leaf]) -> None:
+        """The bags' indices and offsets: each either one stacked [F, N] / [F, B] matrix (row f is feature f's) or one
+        1-D tensor per feature (the per-table form, which the rewrite concatenates in the graph)."""
+        for role, rows, values in (("indices", [l.column for l in feats], [l.ids for l in feats]),
+                                   ("offsets", [l.offset_row for l in feats], [l.offsets for l in feats])):
+            stacked = all(r >= 0 for r in rows)
+            if not stacked and any(r >= 0 for r in rows):
+                raise Refused(f"the bags' {role} mix rows of a stacked matrix and tensors of their own")
+            if stacked:
+                if len({id(v) for v in values}) != 1:
+                    raise Refused(f"the features' {role} are rows of different matrices")
+                self._stacked(feats, rows, values[0], 0, role)
+            if role == "indices":
+                f.stacked_indices = stacked
+                f.ids = values[0]
+            else:
+                f.stacked_offsets = stacked
 
     def _hash(self, f: Found, rows: np.ndarray) -> None:
         """Absorb (ids + 1) mod cardinality when spelled exactly so; otherwise the op takes the id matrix as it is."""
@@ -488,12 +507,14 @@ class EmbeddingInteractionPass(_base.GraphPass):
         toff = self._initializer(graph, "embedding_table_offsets", np.asarray(offsets, dtype=np.int64))
         card = self._initializer(graph, "embedding_cardinality", np.asarray(f.cardinality, dtype=np.int64))
         attrs = [ir.AttrString("interaction", f.interaction), ir.AttrString("backend", "auto")]
+        made: list[ir.Node] = []
         if hashed:
             attrs.insert(1, ir.AttrString("hash", f.hash))
             inputs = [x, f.ids, tbl, toff, card]
             overload = embedding_overload(op_type, f.interaction, f.hash)
         else:
-            inputs = [x, feats[0].ids, feats[0].offsets, tbl, toff, card]
+            indices, bag_offsets, made = self._bag_inputs(graph, f, final)
+            inputs = [x, indices, bag_offsets, tbl, toff, card]
             overload = embedding_overload(op_type, f.interaction)
         node = ir.Node(DOMAIN, op_type, inputs, attrs, overload=overload, num_outputs=1)
         old_out = final.outputs[0]
@@ -506,15 +527,69 @@ class EmbeddingInteractionPass(_base.GraphPass):
         flops = None if batch is None or f.interaction != "dot" else batch * (n * (n - 1) // 2) * 2 * m.d
         shapes = {"X": xd, "ids" if hashed else "indices": _base.dims(inputs[1]),
                   "table": [int(table.shape[0]), m.d], "Y": [xd[0], width]}
+        per_table = ("stack the offsets)" if f.stacked_indices else "concatenate the indices, move the offsets)")
+        bags = () if hashed else (
+            "bags: " + ("stacked indices and offsets" if f.stacked_indices and f.stacked_offsets else
+                        f"per table ({len(made)} nodes before the op {per_table}"),)
         extra = (f"features: {len(feats)} ({len(blocks)} tables, {int(table.shape[0])} rows)",
                  f"interaction: {f.interaction}",
-                 f"hash: {'(id + 1) mod cardinality' if f.hash == 'mod' else 'none'}", *EMBEDDING_DOC)
+                 f"hash: {'(id + 1) mod cardinality' if f.hash == 'mod' else 'none'}", *bags, *EMBEDDING_DOC)
         _base.annotate(node, self.recorder, PATTERN, f"{PATTERN}/{f.interaction}", op_type,
-                       _base.module_path(removable), replaced, shapes, dtype, flops, extra_doc=extra)
+                       _base.module_path(removable), replaced, shapes, dtype, flops, extra_doc=extra,
+                       added=1 + len(made))
         graph.insert_before(final, node)
         node.outputs[0].name = old_out.name
         ir.convenience.replace_all_uses_with([old_out], [node.outputs[0]], replace_graph_outputs=True)
         _detach_and_remove(graph, removable)
+
+    def _bag_inputs(self, graph: ir.Graph, f: Found, before: ir.Node) -> tuple[ir.Value, ir.Value, list[ir.Node]]:
+        """The op's indices and offsets. Stacked, they are the model's matrices. Per table (one indices tensor [N_f]
+        and one offsets tensor [B] per feature), a few nodes before the op make the op's other form: the indices
+        concatenated into one row [1, N] and offsets [F, B + 1], each feature's clamped to [0, N_f] and moved by
+        base_f = N_0 + ... + N_{f-1}, its last column base_f + N_f (where feature f's indices end)."""
+        feats = f.leaves[1:]
+        made: list[ir.Node] = []
+        if f.stacked_indices and f.stacked_offsets:
+            return feats[0].ids, feats[0].offsets, made
+
+        def op(op_type: str, ins: list, name: str, shape: list | None = None, **attrs) -> ir.Value:
+            node = ir.Node("", op_type, ins, [ir.AttrInt64(k, v) for k, v in attrs.items()], num_outputs=1,
+                           name=self.recorder.unique(f"embedding_bags/{op_type}"))
+            node.outputs[0].name = self.recorder.unique(name)
+            node.outputs[0].dtype = ir.DataType.INT64
+            if shape is not None:
+                node.outputs[0].shape = ir.Shape(shape)
+            made.append(node)
+            return node.outputs[0]
+
+        axis0 = self._initializer(graph, "embedding_bags_axis0", np.array([0], dtype=np.int64))
+        n_feat = len(feats)
+        if f.stacked_offsets:
+            offsets = feats[0].offsets
+        else:
+            rows = [op("Unsqueeze", [l.offsets, axis0], "embedding_bags_offsets_row") for l in feats]
+            offsets = op("Concat", rows, "embedding_bags_offsets", [n_feat, None], axis=0)
+        if f.stacked_indices:  # [F, N] with the offsets the per-table tensors stacked: the op's first form
+            indices = feats[0].ids
+        else:
+            axis1 = self._initializer(graph, "embedding_bags_axis1", np.array([1], dtype=np.int64))
+            zero = self._initializer(graph, "embedding_bags_zero", np.array(0, dtype=np.int64))
+            lengths = op("Concat", [op("Shape", [l.ids], "embedding_bags_length", [1]) for l in feats],
+                         "embedding_bags_lengths", [n_feat], axis=0)
+            ends = op("CumSum", [lengths, zero], "embedding_bags_ends", [n_feat])
+            bases = op("Sub", [ends, lengths], "embedding_bags_bases", [n_feat])
+            flat = op("Concat", [l.ids for l in feats], "embedding_bags_indices_flat", [None], axis=0)
+            indices = op("Unsqueeze", [flat, axis0], "embedding_bags_indices", [1, None])
+            clamped = op("Min", [op("Max", [offsets, zero], "embedding_bags_offsets_pos"),
+                                 op("Unsqueeze", [lengths, axis1], "embedding_bags_lengths_col", [n_feat, 1])],
+                         "embedding_bags_offsets_clamped")
+            moved = op("Add", [clamped, op("Unsqueeze", [bases, axis1], "embedding_bags_bases_col", [n_feat, 1])],
+                       "embedding_bags_offsets_moved")
+            offsets = op("Concat", [moved, op("Unsqueeze", [ends, axis1], "embedding_bags_ends_col", [n_feat, 1])],
+                         "embedding_bags_offsets_ends", [n_feat, None], axis=1)
+        for node in made:
+            graph.insert_before(before, node)
+        return indices, offsets, made
 
     def _initializer(self, graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
         name = self.recorder.unique(name)

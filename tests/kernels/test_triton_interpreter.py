@@ -1,8 +1,8 @@
 """Triton kernels run by Triton's interpreter (TRITON_INTERPRET=1: numpy on the CPU) against onnxfuse.schema.reference:
-the embedding kernel (both ops, dot and cat, hash, bags with empty and clamped bounds, odd d and feature counts), the
-persistent MLPStack grid kernel (one program: every layer, barrier and ping-pong scratch; several programs for one
-layer: the round-robin tiles cover the output exactly once) and the kernels on gemm_loop.py's shared main loop
-(linear_act, swiglu with every gate activation, the two LoRA phases).
+the embedding kernel (both ops, dot and cat, hash, bags with empty and clamped bounds, both bag forms, odd d and
+feature counts), the persistent MLPStack grid kernel (one program: every layer, barrier and ping-pong scratch;
+several programs for one layer: the round-robin tiles cover the output exactly once) and the kernels on
+gemm_loop.py's shared main loop (linear_act, swiglu with every gate activation, the two LoRA phases).
 
 What the interpreter cannot show is left to the GPU tests (tests/test_gpu.py): bf16 dot products (its bf16 tl.dot is
 wrong, the kernels' is not), the grid barrier between concurrently running programs, and speed. Each check runs in a
@@ -59,15 +59,24 @@ for dtype, interactions in (("float", ("dot", "cat")), ("float16", ("dot", "cat"
         x = torch.randn(batch, d, generator=g).to(TT[dtype])
         for interaction in interactions:
             width = schema.interaction_width(f + 1, d, interaction)
-            for bag, hash_ in ((0, 0), (0, 1), (1, 0)):
-                if bag:
-                    n_idx = 3 * batch
+            for bag, hash_ in ((0, 0), (0, 1), (1, 0), (2, 0)):
+                if bag == 1:
+                    n_idx, index_stride, offset_cols = 3 * batch, 3 * batch, batch
                     ids = (torch.rand(f, n_idx, generator=g) * 3 * card[:, None] - card[:, None]).long()
                     offs = torch.sort(torch.randint(-2, n_idx + 3, (f, batch), generator=g), dim=1).values
+                elif bag == 2:  # per-table indices concatenated into one row, offsets [F, B + 1]
+                    lengths = torch.randint(0, 4 * batch, (f,), generator=g)
+                    base = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+                    n_idx, index_stride, offset_cols = int(base[-1]), 0, batch + 1
+                    ids = (torch.rand(1, n_idx, generator=g) * 3 * card.max() - card.max()).long()
+                    cuts = torch.sort(torch.randint(-1, 4 * batch + 2, (f, batch), generator=g), dim=1).values
+                    offs = torch.cat([torch.minimum(cuts.clamp(min=0), lengths[:, None]) + base[:-1, None],
+                                      base[1:, None]], 1)
+                if bag:
                     ref = schema.reference("EmbeddingBagInteraction", [x, ids, offs, table, toff, card],
                                            {"interaction": interaction})
                 else:
-                    n_idx = 0
+                    n_idx, index_stride, offset_cols = 0, 0, 0
                     ids = (torch.rand(batch, f, generator=g) * 3 * card - card).long()
                     ids[0, 0] = 2 ** 63 - 1
                     offs = ids
@@ -75,8 +84,9 @@ for dtype, interactions in (("float", ("dot", "cat")), ("float16", ("dot", "cat"
                                            {"interaction": interaction, "hash": ["none", "mod"][hash_]})
                 y = torch.full((batch, width), float("nan")).to(TT[dtype])
                 block = 4
-                k[((batch + block - 1) // block,)](x, ids, offs, table, toff, card, y, batch, f, n_idx, d, width,
-                                                   int(card.sum()), bag, hash_, int(interaction == "dot"),
+                k[((batch + block - 1) // block,)](x, ids, offs, table, toff, card, y, batch, f, n_idx, index_stride,
+                                                   offset_cols, d, width, int(card.sum()), int(bag > 0), hash_,
+                                                   int(interaction == "dot"),
                                                    BLOCK_M=block, NP=pad(f + 1), DP=pad(d),
                                                    DOT_PRECISION="ieee" if dtype == "float" else "tf32")
                 assert not torch.isnan(y.float()).any(), (dtype, batch, interaction, bag, "unwritten output")
@@ -224,7 +234,7 @@ def _run(script: str) -> str:
 def test_embedding_kernel_in_the_interpreter():
     pytest.importorskip("triton")
     out = _run(_EMBEDDING)
-    assert int(out.split()[-1]) == 2 * 3 * 3 * 2 + 3 * 3  # every (dtype, shape, interaction, op/hash) ran
+    assert int(out.split()[-1]) == (2 + 2 + 1) * 3 * 4  # every (dtype interaction, shape, op/hash/bag form) ran
 
 
 def test_mlp_stack_grid_kernel_in_the_interpreter():

@@ -384,31 +384,78 @@ def test_original_dlrm_at_opset_11_is_upgraded_then_fused(tmp_path):
     assert _rel(_run(tmp_path / "f18.onnx", _original_feeds(batch), True), ref) < 1e-5
 
 
-def test_upstream_per_table_lists_fuse_the_mlps_and_verify_with_list_inputs(tmp_path, capsys):
+def _list_feeds(dense, lS_o, lS_i) -> dict:
+    n = len(lS_o)
+    return dict(zip(dlrm_original.list_input_names(n), [t.numpy() for t in (dense, *lS_o, *lS_i)]))
+
+
+@pytest.mark.parametrize("interaction,opset,dynamic", [("dot", 11, True), ("cat", 11, True), ("dot", 18, True),
+                                                       ("dot", 11, False), ("cat", 18, False)])
+def test_upstream_per_table_lists_fuse_whole(tmp_path, interaction, opset, dynamic):
     """Issue 33: DLRM_Net as its users call it, lS_o and lS_i lists with one tensor per table (tables whose lookups
-    differ in length), exported at opset 11 as the repository does (one offsets_i / indices_i input pair per table):
-    fuse upgrades the opset and fuses the two MLPs (the per-table bags stay onnxruntime's Loops for now: the bag rule
-    takes one stacked index matrix, --explain says so), and verify --module takes the factory's list inputs."""
+    differ in length), exported as the repository does (one offsets_i / indices_i input pair per table; opset 11,
+    which fuse upgrades, or 18; dynamic or static shapes): MLPStack x2 and one EmbeddingBagInteraction, no Loop left,
+    within 1e-5 of PyTorch on batches with empty and long bags, through the kernel and through the function body."""
+    d, n = 4, len(LN_EMB)
+    top = dlrm_original.top_width(d, n, interaction)
+    module = dlrm_original.OriginalDLRM(d, LN_EMB, [13, 8, d], [top, 8, 1], interaction).eval()
+    batch = dlrm_original.make_lists(LN_EMB, 6, [1, 2, 0])
+    assert len({len(i) for i in batch[2]}) == n  # every table's indices have their own length
+    src = tmp_path / "upstream.onnx"
+    dlrm_original.export_torchscript(module, batch, src, opset=opset, dynamic=dynamic)
+    res = fuse.fuse(src, tmp_path / "f.onnx", explain=True)
+    assert (res.upgrade is not None) == (opset < 15)
+    fused = onnx.load(str(tmp_path / "f.onnx"))
+    ops = _ops(fused)
+    assert ops["onnxfuse::MLPStack"] == 2 and ops["onnxfuse::EmbeddingBagInteraction"] == 1, (ops, res.refusals)
+    assert "Loop" not in ops
+    node = next(n for n in fused.graph.node if n.op_type == "EmbeddingBagInteraction")
+    assert node.overload == interaction
+    others = [batch] + ([dlrm_original.make_lists(LN_EMB, b, list(bags), seed=b)
+                         for bags, b in (((0, 4), 5), ((1,), 9), ((0,), 3))] if dynamic else [])
+    for other in others:
+        with torch.no_grad():
+            ref = module(*other).numpy()
+        for library in (True, False):
+            assert _rel(_run(tmp_path / "f.onnx", _list_feeds(*other), library), ref) < 1e-5, (library, other[0].shape)
+
+
+def test_upstream_stacked_offsets_with_per_table_indices_fuse(tmp_path):
+    """lS_o one [F, B] tensor (the repository's loaders) with lS_i a list of per-table tensors: one op, the offsets
+    matrix read as it is."""
+    d, n = 4, len(LN_EMB)
+    module = dlrm_original.OriginalDLRM(d, LN_EMB, [13, 8, d], [dlrm_original.top_width(d, n, "dot"), 8, 1]).eval()
+    dense, offsets, indices = dlrm_original.make_batch(LN_EMB, 6, [1, 2, 0])
+    lS_i = [indices[f][: int(offsets[f, -1]) + 1 + f] for f in range(n)]  # the last bag holds 1 + f ids
+    names = ["dense_x", "offsets", *[f"indices_{f}" for f in range(n)]]
+    torch.onnx.export(module, (dense, offsets, lS_i), str(tmp_path / "m.onnx"), opset_version=18,
+                      input_names=names, output_names=["pred"], dynamo=False,
+                      dynamic_axes={"dense_x": {0: "B"}, "offsets": {1: "B"}, **{k: {0: k} for k in names[2:]}})
+    fuse.fuse(tmp_path / "m.onnx", tmp_path / "f.onnx")
+    ops = _ops(onnx.load(str(tmp_path / "f.onnx")))
+    assert ops["onnxfuse::EmbeddingBagInteraction"] == 1 and "Loop" not in ops, ops
+    feeds = dict(zip(names, [t.numpy() for t in (dense, offsets, *lS_i)]))
+    with torch.no_grad():
+        ref = module(dense, offsets, lS_i).numpy()
+    for library in (True, False):
+        assert _rel(_run(tmp_path / "f.onnx", feeds, library), ref) < 1e-5
+
+
+def test_upstream_per_table_verify_takes_the_factorys_list_inputs(tmp_path, capsys):
+    """verify --module with a user's factory that builds DLRM_Net and returns list inputs (K_0.. or in order)."""
     d = 4
     module = dlrm_original.OriginalDLRM(d, LN_EMB, [13, 8, d], [dlrm_original.top_width(d, 4, "dot"), 8, 1]).eval()
-    dense, offsets, indices = dlrm_original.make_batch(LN_EMB, 6, [1, 2, 0])
-    lS_o = [offsets[f] for f in range(len(LN_EMB))]
-    lS_i = [indices[f][: int(offsets[f, -1]) + 1 + f] for f in range(len(LN_EMB))]  # own lengths per table
-    names = ["dense_x", *[f"offsets_{f}" for f in range(4)], *[f"indices_{f}" for f in range(4)]]
+    dense, lS_o, lS_i = dlrm_original.make_lists(LN_EMB, 6, [1, 2, 0])
     src = tmp_path / "upstream11.onnx"
-    torch.onnx.export(module, (dense, lS_o, lS_i), str(src), opset_version=11, input_names=names,
-                      output_names=["pred"], dynamo=False)
-    res = fuse.fuse(src, tmp_path / "f.onnx", explain=True)
-    assert res.upgrade.target == 18 and [m.op for m in res.matches].count("MLPStack") == 2, res.matches
-    assert any("the last bag does not end at the number of indices" in r["reason"] for r in res.refusals), res.refusals
+    dlrm_original.export_torchscript(module, (dense, lS_o, lS_i), src, opset=11)
+    res = fuse.fuse(src, tmp_path / "f.onnx")
+    assert [m.op for m in res.matches].count("EmbeddingBagInteraction") == 1, res.matches
     factory = tmp_path / "make_upstream.py"
     factory.write_text(
         "from onnxfuse import upstream_dlrm as m\n"
         "def make():\n"
         f"    module = m.OriginalDLRM({d}, {LN_EMB}, [13, 8, {d}], [m.top_width({d}, 4, 'dot'), 8, 1]).eval()\n"
-        f"    dense, offsets, indices = m.make_batch({LN_EMB}, 6, [1, 2, 0])\n"
-        "    lS_o = [offsets[f] for f in range(4)]\n"
-        "    lS_i = [indices[f][: int(offsets[f, -1]) + 1 + f] for f in range(4)]\n"
+        f"    dense, lS_o, lS_i = m.make_lists({LN_EMB}, 6, [1, 2, 0])\n"
         "    return module, {'dense_x': dense, 'offsets': lS_o, 'indices': lS_i}\n")
     assert cli.main(["verify", str(tmp_path / "f.onnx"), "--module", f"{factory}:make"]) == 0, capsys.readouterr()
     result = verify.verify(tmp_path / "f.onnx", module=module, inputs={"dense_x": dense, "o": lS_o, "i": lS_i})
@@ -437,6 +484,13 @@ def _case(op, dtype, batch, d, sizes, interaction, hash_="none", bag_len=2, seed
             ids.view(-1)[-1] = -(2 ** 63)
         attrs["hash"] = hash_
         inputs = {"X": x, "ids": ids}
+    elif hash_ == "flat":  # per-table indices of their own lengths, concatenated: [1, N] and [F, B + 1] offsets
+        lengths = [int(v) for v in torch.randint(0, 2 * batch * bag_len + 1, (f,), generator=g)]
+        parts = [(torch.rand(n, generator=g) * 3 * c - c).long() for n, c in zip(lengths, card.tolist())]
+        base = torch.tensor([0, *lengths]).cumsum(0)
+        offs = [torch.sort(torch.randint(-1, n + 2, (batch,), generator=g)).values.clamp(0, n) for n in lengths]
+        offsets = torch.stack([torch.cat([o + base[i], base[i + 1:i + 2]]) for i, o in enumerate(offs)])
+        inputs = {"X": x, "indices": torch.cat(parts)[None], "offsets": offsets}
     else:
         n_idx = batch * bag_len
         indices = (torch.rand(f, n_idx, generator=g) * 3 * card[:, None] - card[:, None]).long()
@@ -455,7 +509,7 @@ CASES = [  # (batch, d, table rows per feature): DLRM's 26 features of 16, a sin
 
 @pytest.mark.parametrize("dtype", schema.TYPES)
 @pytest.mark.parametrize("op,hash_", [("EmbeddingInteraction", "none"), ("EmbeddingInteraction", "mod"),
-                                      ("EmbeddingBagInteraction", "none")])
+                                      ("EmbeddingBagInteraction", "none"), ("EmbeddingBagInteraction", "flat")])
 @pytest.mark.parametrize("interaction", ["dot", "cat"])
 def test_cpu_kernel_and_function_body_match_the_reference(lib, op, hash_, interaction, dtype):
     so = kernels.session_options(path=lib)
@@ -467,7 +521,8 @@ def test_cpu_kernel_and_function_body_match_the_reference(lib, op, hash_, intera
         testing.assert_close(got, ref, dtype, f"batch {batch} d {d} features {len(sizes)}", kind="embedding")
         if dtype == "float":  # the function body (ONNX ops in T) where numpy can carry T
             body = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-            np.testing.assert_allclose(body, ref, rtol=1e-5, atol=1e-5)
+            tol = 1e-4 if hash_ == "flat" else 1e-5  # longer bags: the fp32 membership MatMul sums in its own order
+            np.testing.assert_allclose(body, ref, rtol=tol, atol=tol)
 
 
 def test_cpu_kernel_shape_errors_name_the_op(lib):

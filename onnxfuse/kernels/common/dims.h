@@ -173,6 +173,9 @@ inline LookupDims EmbeddingDimsOf(const char* op, const std::vector<int64_t>& ta
 // [B, width]: d + n(n-1)/2 for the dot interaction, n*d for cat, n = F + 1.
 struct EmbeddingDims {
   int64_t B = 0, d = 0, F = 0, R = 0, N = 0, width = 0;
+  // Bags: the step from feature f's indices to feature f + 1's (N for indices [F, N]; 0 for one shared row [1, N],
+  // the per-table form concatenated) and the columns of offsets (B, the last bag ending at N; or B + 1, the ends).
+  int64_t index_stride = 0, offset_cols = 0;
   std::vector<int64_t> out_shape;
 };
 
@@ -196,13 +199,17 @@ inline EmbeddingDims EmbeddingOpDims(const char* op, int interaction, const std:
                  "ids must be [B, F] with B = X.shape[0] and F = table_offsets.shape[0]; got X " + ShapeStr(x) +
                      ", ids " + ShapeStr(ids) + ", table_offsets " + ShapeStr(table_offsets));
   } else {
-    detail::Need(ids.size() == 2 && ids[0] == e.F, op,
-                 "indices must be [F, N] with F = table_offsets.shape[0]; got indices " + ShapeStr(ids) +
-                     ", table_offsets " + ShapeStr(table_offsets));
+    detail::Need(ids.size() == 2 && (ids[0] == e.F || ids[0] == 1), op,
+                 "indices must be [F, N] (or [1, N], one row every feature's bags index into) with F = "
+                 "table_offsets.shape[0]; got indices " +
+                     ShapeStr(ids) + ", table_offsets " + ShapeStr(table_offsets));
     e.N = ids[1];
-    detail::Need(
-        offsets->size() == 2 && (*offsets)[0] == e.F && (*offsets)[1] == e.B, op,
-        "offsets must be [F, B] with B = X.shape[0]; got X " + ShapeStr(x) + ", offsets " + ShapeStr(*offsets));
+    e.index_stride = ids[0] == e.F ? e.N : 0;
+    detail::Need(offsets->size() == 2 && (*offsets)[0] == e.F && ((*offsets)[1] == e.B || (*offsets)[1] == e.B + 1), op,
+                 "offsets must be [F, B] or [F, B + 1] (the last column: each feature's end) with B = X.shape[0]; "
+                 "got X " +
+                     ShapeStr(x) + ", offsets " + ShapeStr(*offsets));
+    e.offset_cols = (*offsets)[1];
   }
   const int64_t n = e.F + 1;
   e.width = interaction == ONNXFUSE_INTERACTION_DOT ? e.d + n * (n - 1) / 2 : n * e.d;

@@ -70,7 +70,8 @@ TriDotsFn SelectTriDots() {
   return fn;
 }
 
-// Everything one call needs; ids is [B, F] (one id per feature) or, for bags, indices [F, N] with offsets [F, B].
+// Everything one call needs; ids is [B, F] (one id per feature) or, for bags, indices [F, N] or [1, N] with offsets
+// [F, B] or [F, B + 1] (EmbeddingDims).
 template <typename T>
 struct Call {
   EmbeddingDims e;
@@ -107,12 +108,12 @@ void Feature(const Call<T>& c, int64_t b, int64_t f, SampleBuffers<T>& buf, T* d
     }
     return;
   }
-  const int64_t* offs = c.offsets + f * e.B;
+  const int64_t* offs = c.offsets + f * e.offset_cols;
   const int64_t start = std::clamp<int64_t>(offs[b], 0, e.N);
-  const int64_t end = b + 1 < e.B ? std::clamp<int64_t>(offs[b + 1], 0, e.N) : e.N;
+  const int64_t end = b + 1 < e.offset_cols ? std::clamp<int64_t>(offs[b + 1], 0, e.N) : e.N;
   float* s = buf.sum.data();
   std::fill(s, s + d, 0.0f);
-  const int64_t* idx = c.ids + f * e.N;
+  const int64_t* idx = c.ids + f * e.index_stride;
   for (int64_t p = start; p < end; ++p) {
     const int64_t row = onnxfuse_embedding_row(idx[p], ONNXFUSE_HASH_NONE, c.cardinality[f], c.table_offsets[f], e.R);
     if (row < 0) continue;
@@ -179,7 +180,8 @@ void Run(const Call<T>& c, const ParallelRunner& pool) {
   const EmbeddingDims& e = c.e;
   if (e.B == 0 || e.width == 0) return;
   const int64_t n = e.F + 1;
-  const int64_t bag_len = c.bag && e.B > 0 ? std::max<int64_t>(1, e.N / e.B) : 1;
+  const int64_t per_feature = e.index_stride > 0 || e.F == 0 ? e.N : e.N / e.F;  // one shared row: F tables' ids
+  const int64_t bag_len = c.bag && e.B > 0 ? std::max<int64_t>(1, per_feature / e.B) : 1;
   // Work per sample in multiply-adds, for chunks of about 32K of them (a few microseconds each).
   const int64_t per_sample =
       (c.interaction == ONNXFUSE_INTERACTION_DOT ? n * (n - 1) / 2 * e.d : 0) + e.F * e.d * bag_len + n * e.d;

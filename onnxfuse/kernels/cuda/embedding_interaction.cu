@@ -20,20 +20,24 @@ static inline int onnxfuse_embedding_interaction_check(int dtype, int interactio
 }
 
 // EmbeddingInteraction (offsets == NULL: ids is [batch, features]) and EmbeddingBagInteraction (ids is the indices
-// [features, n_indices], offsets [features, batch]): y [batch, width] from x [batch, d], the concatenated table
-// [rows, d] and table_offsets / cardinality [features] (int64, device memory); interaction is an
-// onnxfuse_interaction code, hash an onnxfuse_hash code (ignored for bags). The CUDA backend runs one warp per sample
-// (cuda/embedding_interaction.cu); the Triton one a block of samples per program (triton/embedding_interaction.py,
-// ONNXFUSE_ERR_NO_KERNEL_FOR_SHAPE when no (features + 1, d) tile was compiled: the CUDA kernel then serves auto).
+// [features, n_indices] with index_stride = n_indices, or one shared row [1, n_indices] with index_stride = 0;
+// offsets [features, offset_cols], offset_cols = batch (the last bag ends at n_indices) or batch + 1): y [batch, width]
+// from x [batch, d], the concatenated table [rows, d] and table_offsets / cardinality [features] (int64, device
+// memory); interaction is an onnxfuse_interaction code, hash an onnxfuse_hash code (ignored for bags). The CUDA backend
+// runs one warp per sample (cuda/embedding_interaction.cu); the Triton one a block of samples per program
+// (triton/embedding_interaction.py, ONNXFUSE_ERR_NO_KERNEL_FOR_SHAPE when no (features + 1, d) tile was compiled: the
+// CUDA kernel then serves auto).
 int onnxfuse_cuda_embedding_interaction(int dtype, int interaction, int hash, const void* x, const int64_t* ids,
                                         const int64_t* offsets, const void* table, const int64_t* table_offsets,
                                         const int64_t* cardinality, void* y, int64_t batch, int64_t d, int64_t features,
-                                        int64_t n_indices, int64_t rows, void* stream);
+                                        int64_t n_indices, int64_t index_stride, int64_t offset_cols, int64_t rows,
+                                        void* stream);
 // The Triton launcher (the host half, Triton builds only: cuda/ops_cuda.h's Dispatch calls it only there).
 int onnxfuse_triton_embedding_interaction(int dtype, int interaction, int hash, const void* x, const int64_t* ids,
                                           const int64_t* offsets, const void* table, const int64_t* table_offsets,
                                           const int64_t* cardinality, void* y, int64_t batch, int64_t d,
-                                          int64_t features, int64_t n_indices, int64_t rows, void* stream);
+                                          int64_t features, int64_t n_indices, int64_t index_stride,
+                                          int64_t offset_cols, int64_t rows, void* stream);
 }
 
 #ifdef __CUDACC__
@@ -64,12 +68,13 @@ constexpr size_t kMaxShared = 200 * 1024;     // under every sm_80+ limit (227 K
 struct Params {
   const void* x;
   const int64_t* ids;      // [B, F], or indices [F, N] for bags
-  const int64_t* offsets;  // [F, B] for bags, else null
+  const int64_t* offsets;  // [F, OC] for bags, else null
   const void* table;
   const int64_t* table_offsets;
   const int64_t* cardinality;
   void* y;
   int64_t B, d, F, N, R, width;
+  int64_t index_stride, offset_cols;  // bags: N or 0 (one shared row of indices); B or B + 1
   int interaction, hash;
   bool vector_rows;  // rows of the table (and X) are 16-byte aligned: load them 16 bytes at a time
 };
@@ -120,12 +125,12 @@ __global__ void EmbeddingInteractionKernel(Params p) {
       }
       continue;
     }
-    const int64_t* offs = p.offsets + f * p.B;
-    int64_t start = offs[b], end = b + 1 < p.B ? offs[b + 1] : p.N;
+    const int64_t* offs = p.offsets + f * p.offset_cols;
+    int64_t start = offs[b], end = b + 1 < p.offset_cols ? offs[b + 1] : p.N;
     start = start < 0 ? 0 : (start > p.N ? p.N : start);
     end = end < 0 ? 0 : (end > p.N ? p.N : end);
     for (int64_t c = 0; c < p.d; ++c) dst[c] = 0.0f;
-    const int64_t* idx = p.ids + f * p.N;
+    const int64_t* idx = p.ids + f * p.index_stride;
     for (int64_t q = start; q < end; ++q) {
       const int64_t row = onnxfuse_embedding_row(idx[q], ONNXFUSE_HASH_NONE, card, toff, p.R);
       if (row >= 0) AddRow<T, true>(table + row * p.d, dst, p.d, p.vector_rows);
@@ -183,7 +188,8 @@ extern "C" int onnxfuse_cuda_embedding_interaction(int dtype, int interaction, i
                                                    const int64_t* ids, const int64_t* offsets, const void* table,
                                                    const int64_t* table_offsets, const int64_t* cardinality, void* y,
                                                    int64_t batch, int64_t d, int64_t features, int64_t n_indices,
-                                                   int64_t rows, void* stream) {
+                                                   int64_t index_stride, int64_t offset_cols, int64_t rows,
+                                                   void* stream) {
   int64_t width = 0;
   const int check =
       onnxfuse_embedding_interaction_check(dtype, interaction, hash, batch, d, features, n_indices, rows, &width);
@@ -194,8 +200,8 @@ extern "C" int onnxfuse_cuda_embedding_interaction(int dtype, int interaction, i
   int warps = kMaxWarpsPerBlock;
   while (warps > 1 && size_t(warps) * per_warp > kDefaultShared) --warps;
   if ((batch + warps - 1) / warps > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;
-  Params p{x, ids,      offsets,   table, table_offsets, cardinality, y,    batch,
-           d, features, n_indices, rows,  width,         interaction, hash, false};
+  Params p{x,        ids,       offsets, table, table_offsets, cardinality, y,           batch, d,
+           features, n_indices, rows,    width, index_stride,  offset_cols, interaction, hash,  false};
   const int64_t elem = dtype == ONNXFUSE_FP32 ? 4 : 2;
   p.vector_rows = Aligned16(table) && (d * elem) % 16 == 0;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -258,11 +264,11 @@ struct EmbeddingInteractionBase {
         kName, attrs,
         [&] {
           return onnxfuse_cuda_embedding_interaction(dt, interaction, hash, x, id, off, tb, to, ca, y, e.B, e.d, e.F,
-                                                     e.N, e.R, stream);
+                                                     e.N, e.index_stride, e.offset_cols, e.R, stream);
         },
         [&] {
           return onnxfuse_triton_embedding_interaction(dt, interaction, hash, x, id, off, tb, to, ca, y, e.B, e.d, e.F,
-                                                       e.N, e.R, stream);
+                                                       e.N, e.index_stride, e.offset_cols, e.R, stream);
         });
   }
   OpAttrs attrs;
@@ -311,7 +317,8 @@ extern "C" int onnxfuse_triton_embedding_interaction(int dtype, int interaction,
                                                      const int64_t* ids, const int64_t* offsets, const void* table,
                                                      const int64_t* table_offsets, const int64_t* cardinality, void* y,
                                                      int64_t batch, int64_t d, int64_t features, int64_t n_indices,
-                                                     int64_t rows, void* stream) {
+                                                     int64_t index_stride, int64_t offset_cols, int64_t rows,
+                                                     void* stream) {
   int64_t width = 0;
   const int check =
       onnxfuse_embedding_interaction_check(dtype, interaction, hash, batch, d, features, n_indices, rows, &width);
@@ -332,13 +339,14 @@ extern "C" int onnxfuse_triton_embedding_interaction(int dtype, int interaction,
   const TritonSpec* spec = FindExact(ids::kEmbeddingInteraction, dtype, np_index, 0, dp, arch, &index);
   if (spec == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
   int32_t B = int32_t(batch), F = int32_t(features), N = int32_t(n_indices), D = int32_t(d), WIDTH = int32_t(width);
+  int32_t IS = int32_t(index_stride), OC = int32_t(offset_cols);
   int64_t R = rows;
   int32_t BAG = offsets != nullptr ? 1 : 0, HASH = hash == ONNXFUSE_HASH_MOD ? 1 : 0;
   int32_t DOT = interaction == ONNXFUSE_INTERACTION_DOT ? 1 : 0;
   const int64_t* offs = offsets != nullptr ? offsets : ids;  // never read without bags
   void* scratch_global = nullptr;
   void* scratch_profile = nullptr;
-  void* args[] = {&x, &ids, &offs, &table, &table_offsets,  &cardinality,    &y, &B, &F, &N, &D, &WIDTH,
+  void* args[] = {&x, &ids, &offs, &table, &table_offsets,  &cardinality,    &y, &B, &F, &N, &IS, &OC, &D, &WIDTH,
                   &R, &BAG, &HASH, &DOT,   &scratch_global, &scratch_profile};
   return LaunchSpec(spec, index, device, (batch + spec->block_m - 1) / spec->block_m, args, stream);
 }

@@ -36,13 +36,14 @@ def _table_row(ids, HASH, card, toff, R):
 
 @triton.jit
 def _embedding_interaction_kernel(x_ptr, ids_ptr, offs_ptr, table_ptr, toff_ptr, card_ptr, y_ptr,
-                                  B, F, N, D, WIDTH, R, BAG, HASH, DOT,
+                                  B, F, N, IS, OC, D, WIDTH, R, BAG, HASH, DOT,
                                   BLOCK_M: tl.constexpr, NP: tl.constexpr, DP: tl.constexpr,
                                   DOT_PRECISION: tl.constexpr):
     """PyTorch: onnxfuse.schema.reference("EmbeddingInteraction" / "EmbeddingBagInteraction").
 
-    x [B, D]; ids [B, F] (BAG == 0) or indices [F, N] with offsets [F, B] (BAG == 1); table [R, D]; toff, card [F]
-    int64; y [B, WIDTH]. HASH: 0 none, 1 (id + 1) mod card. DOT: 1 dot interaction, 0 cat.
+    x [B, D]; ids [B, F] (BAG == 0) or indices [F, N] (IS = N) or [1, N] (IS = 0) with offsets [F, OC] (BAG == 1;
+    OC = B: the last bag ends at N, or B + 1); table [R, D]; toff, card [F] int64; y [B, WIDTH]. HASH: 0 none,
+    1 (id + 1) mod card. DOT: 1 dot interaction, 0 cat.
     """
     pid = tl.program_id(0)
     offs_b = pid * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -63,9 +64,9 @@ def _embedding_interaction_kernel(x_ptr, ids_ptr, offs_ptr, table_ptr, toff_ptr,
         emb = tl.load(table_ptr + row[:, :, None] * D + c[None, None, :], mask=ok[:, :, None] & c_ok[None, None, :],
                       other=0.0)
     else:
-        o_ptr = offs_ptr + fc[None, :] * B + rows_b[:, None]
+        o_ptr = offs_ptr + fc[None, :] * OC + rows_b[:, None]
         start = tl.load(o_ptr, mask=m2, other=0)
-        end = tl.load(o_ptr + 1, mask=m2 & (rows_b[:, None] + 1 < B), other=N)
+        end = tl.load(o_ptr + 1, mask=m2 & (rows_b[:, None] + 1 < OC), other=N)
         start = tl.minimum(tl.maximum(start, 0), N)
         end = tl.minimum(tl.maximum(end, 0), N)
         length = tl.where(m2, tl.maximum(end - start, 0), 0)
@@ -74,7 +75,7 @@ def _embedding_interaction_kernel(x_ptr, ids_ptr, offs_ptr, table_ptr, toff_ptr,
         p = 0
         while p < longest:  # (a while loop: Triton's interpreter cannot range() over a reduction's result)
             in_bag = p < length
-            idx = tl.load(ids_ptr + fc[None, :] * N + start + p, mask=in_bag, other=0)
+            idx = tl.load(ids_ptr + fc[None, :] * IS + start + p, mask=in_bag, other=0)
             row, ok = _table_row(idx, 0, card, toff, R)
             ok = ok & in_bag
             e = tl.load(table_ptr + row[:, :, None] * D + c[None, None, :], mask=ok[:, :, None] & c_ok[None, None, :],
@@ -103,7 +104,8 @@ def _embedding_interaction_kernel(x_ptr, ids_ptr, offs_ptr, table_ptr, toff_ptr,
 KERNELS = {
     "embedding_interaction": (_embedding_interaction_kernel, [
         ("x_ptr", "*T"), ("ids_ptr", "*i64"), ("offs_ptr", "*i64"), ("table_ptr", "*T"), ("toff_ptr", "*i64"),
-        ("card_ptr", "*i64"), ("y_ptr", "*T"), ("B", "i32"), ("F", "i32"), ("N", "i32"), ("D", "i32"),
+        ("card_ptr", "*i64"), ("y_ptr", "*T"), ("B", "i32"), ("F", "i32"), ("N", "i32"), ("IS", "i32"),
+        ("OC", "i32"), ("D", "i32"),
         ("WIDTH", "i32"), ("R", "i64"), ("BAG", "i32"), ("HASH", "i32"), ("DOT", "i32")]),
 }
 
