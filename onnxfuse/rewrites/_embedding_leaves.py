@@ -2,8 +2,9 @@
 
 `onehot_leaf`: Gather(table, column f of one id matrix) with a constant [R_f, d] table. `bag_leaf`: TorchScript's
 EmbeddingBag(mode="sum", offsets) Loop (slice indices[offsets[b] : offsets[b+1]], gather, ReduceSum over the bag),
-each node and value of the loop and its bounds checked. Each returns a Leaf (None when the value is not that kind of
-lookup at all) or raises Refused naming the check that failed.
+each node and value of the loop and its bounds checked; its indices and offsets are rows of stacked matrices or
+tensors of their own (one per table). Each returns a Leaf (None when the value is not that kind of lookup at all)
+or raises Refused naming the check that failed. `bag_inputs` makes the bag op's inputs from per-table tensors.
 """
 from __future__ import annotations
 
@@ -157,15 +158,10 @@ def bag_leaf(m: Match, v: ir.Value) -> Leaf | None:
     cat = made_by(starts, "Concat")
     if cat is None or int_attr(cat, "axis", 0) != 0 or len(cat.inputs) != 2:
         raise Refused(f"{label}: the bag starts are not the offsets followed by the number of indices", v)
-    # the number of indices: Unsqueeze(Gather(Shape(indices), 0)), or a constant where the indices' length is static
-    # (constant propagation folds the Shape; onnxruntime checks a static input's shape on every run)
-    n_u = made_by(cat.inputs[1], "Unsqueeze")
-    n_g = made_by(n_u.inputs[0], "Gather") if n_u is not None and _const_list(n_u.inputs[1]) == [0] else None
-    n_s = made_by(n_g.inputs[0], "Shape") if n_g is not None and _scalar(n_g.inputs[1]) == 0 else None
-    if n_s is None or n_s.inputs[0] is not idx or int_attr(n_s, "start", 0) != 0:
-        if not _static_length(cat.inputs[1], idx):
-            raise Refused(f"{label}: the last bag does not end at the number of indices", v)
-        n_u = n_g = n_s = None
+    n_nodes = _indices_length(cat.inputs[1], idx)
+    if n_nodes is None:
+        raise Refused(f"{label}: the last bag does not end at the number of indices", v)
+    n_u, n_g, n_s = n_nodes
     es = made_by(ends, "Slice")
     if es is None or es.inputs[0] is not starts or _const_list(es.inputs[1]) != [1] or \
             (_const_list(es.inputs[2]) or [0])[0] < 2 ** 62 or \
@@ -181,17 +177,26 @@ def bag_leaf(m: Match, v: ir.Value) -> Leaf | None:
     for node in (loop, cat, n_u, n_g, n_s, es, t_g, t_s):
         if node is not None:
             m.read(node)
-    m.keep_private(starts)
-    m.keep_private(ends)
-    for node in (n_u, n_g, t_g):
-        if node is not None:
-            m.keep_private(node.outputs[0])
-            m.keep_private(node.inputs[0])
+    shape_values = [x for nd in (n_u, n_g, t_g) if nd is not None for x in (nd.outputs[0], nd.inputs[0])]
+    for val in (starts, ends, *shape_values):
+        m.keep_private(val)
     indices, row_i = _row_or_own(m, idx, "indices", label)
     offsets, row_o = _row_or_own(m, cat.inputs[0], "offsets", label)
     if row_i >= 0 and row_o >= 0 and row_i != row_o:
         raise Refused(f"{label}: indices row {row_i} is bagged with offsets row {row_o}", v)
     return Leaf(v, "bag", table, indices, offsets, row_i, row_o)
+
+
+def _indices_length(n: ir.Value, idx: ir.Value) -> tuple | None:
+    """(Unsqueeze, Gather, Shape) when `n` is Unsqueeze(Gather(Shape(idx), 0)), (None, None, None) when it is a
+    constant equal to idx's static length (constant propagation folds the Shape; onnxruntime checks a static input's
+    shape on every run), else None."""
+    n_u = made_by(n, "Unsqueeze")
+    n_g = made_by(n_u.inputs[0], "Gather") if n_u is not None and _const_list(n_u.inputs[1]) == [0] else None
+    n_s = made_by(n_g.inputs[0], "Shape") if n_g is not None and _scalar(n_g.inputs[1]) == 0 else None
+    if n_s is not None and n_s.inputs[0] is idx and int_attr(n_s, "start", 0) == 0:
+        return n_u, n_g, n_s
+    return (None, None, None) if _static_length(n, idx) else None
 
 
 def _static_length(n: ir.Value | None, of: ir.Value) -> bool:
@@ -215,3 +220,50 @@ def _row_or_own(m: Match, v: ir.Value, role: str, label: str) -> tuple[ir.Value,
         return v, -1
     m.keep_private(v)
     return matrix, row
+
+
+def bag_inputs(feats: list[Leaf], stacked_indices: bool, stacked_offsets: bool, initializer, unique
+               ) -> tuple[ir.Value, ir.Value, list[ir.Node]]:
+    """EmbeddingBagInteraction's indices and offsets from bags whose indices or offsets are one tensor per feature
+    (the per-table form), and the new nodes that make them (for the caller to insert before the op). Stacked indices
+    [F, N] with per-table offsets: the offsets stacked into [F, B] (the op's first form). Per-table indices ([N_f]
+    each): the indices concatenated into one row [1, N] and offsets [F, B + 1], each feature's clamped to [0, N_f]
+    and moved by base_f = N_0 + ... + N_{f-1}, its last column base_f + N_f (where feature f's indices end).
+    `initializer(name, array)` makes a constant, `unique(name)` a fresh name."""
+    made: list[ir.Node] = []
+
+    def op(op_type: str, ins: list, name: str, shape: list | None = None, **attrs) -> ir.Value:
+        node = ir.Node("", op_type, ins, [ir.AttrInt64(k, v) for k, v in attrs.items()], num_outputs=1,
+                       name=unique(f"embedding_bags/{op_type}"))
+        node.outputs[0].name = unique(name)
+        node.outputs[0].dtype = ir.DataType.INT64
+        if shape is not None:
+            node.outputs[0].shape = ir.Shape(shape)
+        made.append(node)
+        return node.outputs[0]
+
+    axis0 = initializer("embedding_bags_axis0", np.array([0], dtype=np.int64))
+    n_feat = len(feats)
+    if stacked_offsets:
+        offsets = feats[0].offsets
+    else:
+        rows = [op("Unsqueeze", [l.offsets, axis0], "embedding_bags_offsets_row") for l in feats]
+        offsets = op("Concat", rows, "embedding_bags_offsets", [n_feat, None], axis=0)
+    if stacked_indices:  # [F, N] with the per-table offsets stacked: the op's first form
+        return feats[0].ids, offsets, made
+    axis1 = initializer("embedding_bags_axis1", np.array([1], dtype=np.int64))
+    zero = initializer("embedding_bags_zero", np.array(0, dtype=np.int64))
+    lengths = op("Concat", [op("Shape", [l.ids], "embedding_bags_length", [1]) for l in feats],
+                 "embedding_bags_lengths", [n_feat], axis=0)
+    ends = op("CumSum", [lengths, zero], "embedding_bags_ends", [n_feat])
+    bases = op("Sub", [ends, lengths], "embedding_bags_bases", [n_feat])
+    flat = op("Concat", [l.ids for l in feats], "embedding_bags_indices_flat", [None], axis=0)
+    indices = op("Unsqueeze", [flat, axis0], "embedding_bags_indices", [1, None])
+    clamped = op("Min", [op("Max", [offsets, zero], "embedding_bags_offsets_pos"),
+                         op("Unsqueeze", [lengths, axis1], "embedding_bags_lengths_col", [n_feat, 1])],
+                 "embedding_bags_offsets_clamped")
+    moved = op("Add", [clamped, op("Unsqueeze", [bases, axis1], "embedding_bags_bases_col", [n_feat, 1])],
+               "embedding_bags_offsets_moved")
+    offsets = op("Concat", [moved, op("Unsqueeze", [ends, axis1], "embedding_bags_ends_col", [n_feat, 1])],
+                 "embedding_bags_offsets_ends", [n_feat, None], axis=1)
+    return indices, offsets, made

@@ -47,7 +47,7 @@ from onnxscript import ir
 from ..ops.embedding_interaction import EMBEDDING_BAG_INTERACTION, EMBEDDING_INTERACTION, OPS
 from ..schema import DOMAIN, embedding_overload, interaction_width
 from . import _base
-from ._embedding_leaves import Leaf, bag_leaf, onehot_leaf
+from ._embedding_leaves import Leaf, bag_inputs, bag_leaf, onehot_leaf
 from ._index_interpreter import (BATCH, MAX_DEPTH, MOVES, Abs, Match, Refused, int_attr, is_default, made_by,
                                  value_name)
 
@@ -543,50 +543,12 @@ class EmbeddingInteractionPass(_base.GraphPass):
         _detach_and_remove(graph, removable)
 
     def _bag_inputs(self, graph: ir.Graph, f: Found, before: ir.Node) -> tuple[ir.Value, ir.Value, list[ir.Node]]:
-        """The op's indices and offsets. Stacked, they are the model's matrices. Per table (one indices tensor [N_f]
-        and one offsets tensor [B] per feature), a few nodes before the op make the op's other form: the indices
-        concatenated into one row [1, N] and offsets [F, B + 1], each feature's clamped to [0, N_f] and moved by
-        base_f = N_0 + ... + N_{f-1}, its last column base_f + N_f (where feature f's indices end)."""
+        """The op's indices and offsets (_embedding_leaves.bag_inputs), any nodes they need inserted before it."""
         feats = f.leaves[1:]
-        made: list[ir.Node] = []
         if f.stacked_indices and f.stacked_offsets:
-            return feats[0].ids, feats[0].offsets, made
-
-        def op(op_type: str, ins: list, name: str, shape: list | None = None, **attrs) -> ir.Value:
-            node = ir.Node("", op_type, ins, [ir.AttrInt64(k, v) for k, v in attrs.items()], num_outputs=1,
-                           name=self.recorder.unique(f"embedding_bags/{op_type}"))
-            node.outputs[0].name = self.recorder.unique(name)
-            node.outputs[0].dtype = ir.DataType.INT64
-            if shape is not None:
-                node.outputs[0].shape = ir.Shape(shape)
-            made.append(node)
-            return node.outputs[0]
-
-        axis0 = self._initializer(graph, "embedding_bags_axis0", np.array([0], dtype=np.int64))
-        n_feat = len(feats)
-        if f.stacked_offsets:
-            offsets = feats[0].offsets
-        else:
-            rows = [op("Unsqueeze", [l.offsets, axis0], "embedding_bags_offsets_row") for l in feats]
-            offsets = op("Concat", rows, "embedding_bags_offsets", [n_feat, None], axis=0)
-        if f.stacked_indices:  # [F, N] with the offsets the per-table tensors stacked: the op's first form
-            indices = feats[0].ids
-        else:
-            axis1 = self._initializer(graph, "embedding_bags_axis1", np.array([1], dtype=np.int64))
-            zero = self._initializer(graph, "embedding_bags_zero", np.array(0, dtype=np.int64))
-            lengths = op("Concat", [op("Shape", [l.ids], "embedding_bags_length", [1]) for l in feats],
-                         "embedding_bags_lengths", [n_feat], axis=0)
-            ends = op("CumSum", [lengths, zero], "embedding_bags_ends", [n_feat])
-            bases = op("Sub", [ends, lengths], "embedding_bags_bases", [n_feat])
-            flat = op("Concat", [l.ids for l in feats], "embedding_bags_indices_flat", [None], axis=0)
-            indices = op("Unsqueeze", [flat, axis0], "embedding_bags_indices", [1, None])
-            clamped = op("Min", [op("Max", [offsets, zero], "embedding_bags_offsets_pos"),
-                                 op("Unsqueeze", [lengths, axis1], "embedding_bags_lengths_col", [n_feat, 1])],
-                         "embedding_bags_offsets_clamped")
-            moved = op("Add", [clamped, op("Unsqueeze", [bases, axis1], "embedding_bags_bases_col", [n_feat, 1])],
-                       "embedding_bags_offsets_moved")
-            offsets = op("Concat", [moved, op("Unsqueeze", [ends, axis1], "embedding_bags_ends_col", [n_feat, 1])],
-                         "embedding_bags_offsets_ends", [n_feat, None], axis=1)
+            return feats[0].ids, feats[0].offsets, []
+        indices, offsets, made = bag_inputs(feats, f.stacked_indices, f.stacked_offsets,
+                                            lambda name, a: self._initializer(graph, name, a), self.recorder.unique)
         for node in made:
             graph.insert_before(before, node)
         return indices, offsets, made

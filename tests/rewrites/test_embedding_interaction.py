@@ -441,6 +441,30 @@ def test_upstream_stacked_offsets_with_per_table_indices_fuse(tmp_path):
         assert _rel(_run(tmp_path / "f.onnx", feeds, library), ref) < 1e-5
 
 
+class _WeightedBags(dlrm_original.OriginalDLRM):
+    """DLRM_Net with per_sample_weights on its bags (one weight per index), per-table lists."""
+
+    def apply_emb(self, lS_o, lS_i):
+        return [bag(i, o, per_sample_weights=torch.linspace(0.5, 1.5, len(i)))
+                for bag, o, i in zip(self.emb_l, lS_o, lS_i)]
+
+
+def test_upstream_per_sample_weights_are_refused_with_the_reason(tmp_path):
+    """EmbeddingBag(per_sample_weights=...) is not what the op computes: the bags stay onnxruntime's, --explain says
+    why, and the model still runs as it did (the MLPs fuse)."""
+    d, n = 4, len(LN_EMB)
+    module = _WeightedBags(d, LN_EMB, [13, 8, d], [dlrm_original.top_width(d, n, "dot"), 8, 1]).eval()
+    batch = dlrm_original.make_lists(LN_EMB, 6, [1, 2, 0])
+    dlrm_original.export_torchscript(module, batch, tmp_path / "w.onnx", opset=18)
+    res = fuse.fuse(tmp_path / "w.onnx", tmp_path / "f.onnx", explain=True)
+    ops = _ops(onnx.load(str(tmp_path / "f.onnx")))
+    assert "onnxfuse::EmbeddingBagInteraction" not in ops and ops["onnxfuse::MLPStack"] == 2, ops
+    _refusal(res, "per-sample weights are not fused")
+    with torch.no_grad():
+        ref = module(*batch).numpy()
+    assert _rel(_run(tmp_path / "f.onnx", _list_feeds(*batch), True), ref) < 1e-5
+
+
 def test_upstream_per_table_verify_takes_the_factorys_list_inputs(tmp_path, capsys):
     """verify --module with a user's factory that builds DLRM_Net and returns list inputs (K_0.. or in order)."""
     d = 4
