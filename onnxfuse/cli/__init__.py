@@ -11,7 +11,7 @@ import warnings
 from .. import __version__
 from ..errors import OnnxfuseError
 from ..genai import command as genai_command
-from . import export as _export_cmds, kernels as _kernel_cmds, model as _model_cmds
+from . import export as _export_cmds, kernels as _kernel_cmds, model as _model_cmds, serve as _serve_cmds
 from ._common import _Parser
 
 
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     _export_cmds.register(sub, _Parser)
     _model_cmds.register(sub)
     _kernel_cmds.register(sub)
+    _serve_cmds.register(sub)
     from .. import bench, view
     bench.register(sub, _Parser)
     genai_command.register(sub)
