@@ -12,9 +12,10 @@ MODEL := models/llama-seed-1l-fp32
 setup: $(VENV)/.installed
 
 # constraints.txt pins the tested versions (torch==2.13.0: on the CPU machines pip takes the local CPU build of it).
-$(VENV)/.installed: pyproject.toml constraints.txt
+$(VENV)/.installed: pyproject.toml constraints.txt serve-requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[cpu,dev,genai]' -c constraints.txt
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -r serve-requirements.txt
 	touch $@
 
 demo: setup

@@ -2,7 +2,8 @@
 
 Exports onnxfuse's DLRM (dynamic batch; criteo-kaggle tables capped, or --preset small), fuses it for this host
 (`fuse --provider cpu|cuda`), writes one Python-backend repository holding both models (dlrm_fused,
-dlrm_unfused: the export as it is, which onnxruntime optimises with its own fusions when it opens it), starts the
+dlrm_unfused: the export as it is, which onnxruntime optimises with its own fusions when it opens it; server_floor:
+the same inputs and output through one ReduceMean, the ceiling the server itself sets on this host), starts the
 Triton server PyTriton ships on 127.0.0.1 and, for every (concurrency, request batch), times each model in turn with
 tritonclient over HTTP, bounded by --requests and --seconds per cell, every response checked against a direct
 onnxruntime run of the same input. Writes JSON (host, versions, cells, fused/unfused ratios) and prints a table.
@@ -24,6 +25,20 @@ import time
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
+
+
+def _floor_model(path: pathlib.Path) -> None:
+    """The server's ceiling: a model with the DLRM's inputs and output that does almost nothing (a mean of the
+    dense features), so its requests/s is what the server, the backend and the client allow on this host."""
+    import onnx
+    from onnx import TensorProto, helper
+    g = helper.make_graph(
+        [helper.make_node("ReduceMean", ["dense", "axes"], ["probability"], keepdims=1)], "floor",
+        [helper.make_tensor_value_info("dense", TensorProto.FLOAT, ["batch", 13]),
+         helper.make_tensor_value_info("sparse", TensorProto.INT64, ["batch", 26])],
+        [helper.make_tensor_value_info("probability", TensorProto.FLOAT, ["batch", 1])],
+        [helper.make_tensor("axes", TensorProto.INT64, [1], [1])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), str(path))
 
 
 def main(argv=None) -> int:
@@ -54,7 +69,8 @@ def main(argv=None) -> int:
     res = fuse.fuse(src, fused, provider=args.provider)
     lib = kernels.library_path(provider=args.provider)
     repo = work / "repo"
-    models = {"dlrm_fused": fused, "dlrm_unfused": src}
+    _floor_model(work / "floor.onnx")
+    models = {"dlrm_fused": fused, "dlrm_unfused": src, "server_floor": work / "floor.onnx"}
     for name, path in models.items():
         repository.write_repository(path, repo, name=name, backend="python", max_batch=args.max_batch,
                                     delay_us=args.max_queue_delay_us, instances=args.instances,
@@ -75,10 +91,14 @@ def main(argv=None) -> int:
                           f"{cell.wrong}", flush=True)
     ratios = []
     for f in (c for c in cells if c.model == "dlrm_fused"):
-        u = next(c for c in cells if c.model == "dlrm_unfused" and (c.concurrency, c.batch) == (f.concurrency, f.batch))
+        same = {c.model: c for c in cells if (c.concurrency, c.batch) == (f.concurrency, f.batch)}
+        u, floor = same["dlrm_unfused"], same["server_floor"]
         ratios.append({"concurrency": f.concurrency, "batch": f.batch, "rps_fused_over_unfused":
                        round(f.rps / u.rps, 3) if u.rps else None,
-                       "p99_fused_over_unfused": round(f.p99_ms / u.p99_ms, 3) if f.p99_ms and u.p99_ms else None})
+                       "p99_fused_over_unfused": round(f.p99_ms / u.p99_ms, 3) if f.p99_ms and u.p99_ms else None,
+                       "server_floor_rps": floor.rps,
+                       "floor_over_unfused": round(floor.rps / u.rps, 3) if u.rps else None,
+                       "fused_share_of_floor": round(f.rps / floor.rps, 3) if floor.rps else None})
     import onnxruntime
     import tritonclient
     out = {"date": time.strftime("%Y-%m-%d"), "host": host.summary(host.describe(lib)), "machine": platform.node(),

@@ -9,7 +9,7 @@ import pytest
 from onnxfuse import cli
 
 COMMANDS = [["export", "llama"], ["export", "dlrm"], ["fuse"], ["verify"], ["run"], ["build"], ["cache"], ["doctor"],
-            ["bench"], ["view"], ["info"]]
+            ["bench"], ["view"], ["info"], ["serve"], ["triton-repo"]]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
@@ -31,6 +31,7 @@ def test_commands_that_write_files_take_dash_o(command, capsys):
     ["no-such-command"], ["export"], ["export", "llama", "--dtype", "fp64"], ["fuse"], ["verify"],
     ["run", "/nonexistent.onnx"], ["view", "/nonexistent.onnx", "--no-browser"],
     ["bench", "no-such-case", "--device", "cpu"], ["build", "--backends", "fortran"],
+    ["serve", "/nonexistent.onnx"], ["triton-repo", "/nonexistent.onnx", "-o", "/tmp/onnxfuse-no-repo"],
 ])
 def test_bad_input_exits_2_with_one_line(argv, capsys):
     assert cli.main(argv) == 2

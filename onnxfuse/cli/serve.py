@@ -34,8 +34,9 @@ def _serve(args) -> int:
         sig = repository.signature(onnxio.load(str(model_dir / "1" / repository.MODEL_FILE), load_external_data=False))
         srv = server.TritonServer(repo, host=args.host, http_port=args.port, grpc_port=args.port + 1,
                                   metrics_port=args.port + 2)
-        con.print(f"starting Triton ({server.triton_dist()}) with {name} on {args.provider}, {args.instances} "
-                  "instance(s) ...", soft_wrap=True)
+        if not args.json:
+            con.print(f"starting Triton ({server.triton_dist()}) with {name} on {args.provider}, {args.instances} "
+                      "instance(s) ...", soft_wrap=True)
         srv.start()
         batching = (f"dynamic batching up to {args.max_batch} rows, {args.max_queue_delay_us} us queue delay"
                     if sig.batched and args.max_batch > 0 else f"no batching: {sig.why_not_batched or '--max-batch 0'}")

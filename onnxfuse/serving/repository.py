@@ -73,10 +73,9 @@ def signature(model: onnx.ModelProto) -> Signature:
         raise OnnxfuseError("the model has no inputs or no outputs to serve")
     first = [t.dims[0] if t.dims else None for t in inputs]
     why = ""
-    if any(not isinstance(d, str) for d in first):
-        bad = next(t for t, d in zip(inputs, first) if not isinstance(d, str))
-        why = (f"input {bad.name!r} has a fixed first dim ({bad.dims}): export with dynamic batch "
-               "(onnxfuse export --dynamic) to batch requests")
+    if not any(isinstance(d, str) for d in first):
+        why = (f"the inputs have fixed first dims ({', '.join(f'{t.name} {t.dims}' for t in inputs)}): export with "
+               "dynamic batch (onnxfuse export --dynamic) to batch requests")
     elif len(set(first)) != 1:
         names = ", ".join(f"{t.name} {t.dims}" for t in inputs)
         why = f"the inputs do not share one batch axis 0 ({names}): each request runs alone"
