@@ -10,6 +10,7 @@ import json
 import os
 import pathlib
 
+import numpy as np
 import pytest
 
 from onnxfuse import cli, fuse
@@ -99,6 +100,36 @@ def test_verify_fails_on_a_folder_of_other_weights(checkpoints, tmp_path):
     other = ckpts.save("llama", tmp_path / "other", seed=1)
     result = genai.verify_folder(tmp_path / "f", source=resolve(str(other), tmp_path), prompt_ids=PROMPT)
     assert not result.passed and result.outputs[0].max_rel_err > 1e-2
+
+
+def test_mean_nll_is_the_cross_entropy():
+    import torch
+    logits = np.random.default_rng(0).standard_normal((9, 50)).astype(np.float32) * 4
+    ids = [3, 7, 1, 49, 0, 22, 5, 5, 8]
+    want = torch.nn.functional.cross_entropy(torch.tensor(logits[:-1]), torch.tensor(ids[1:])).item()
+    assert abs(genai.check._mean_nll(logits, ids) - want) < 1e-5
+    text = genai.check.perplexity_text()
+    assert text.startswith("The Zen of Python") and "Beautiful is better than ugly." in text
+
+
+def test_int4_folder_is_judged_by_its_perplexity(checkpoints, tmp_path, monkeypatch, capsys):
+    """Issue 28: an int4 folder's logits and tokens are reported (its weights are not the checkpoint's), and its
+    perplexity on the Zen of Python against the fp32 reference's decides; a bound it misses fails verify."""
+    ckpt = checkpoints("llama")
+    out = genai.export_hf(str(ckpt), tmp_path / "q4", precision="int4").folder
+    assert gf.op_counts(gf.decoder_path(out)).get("com.microsoft::MatMulNBits", 0) > 0
+    result = genai.verify_folder(out, source=resolve(str(ckpt), tmp_path), prompt_ids=PROMPT)
+    p = result.perplexity
+    assert result.quantized and result.dtype == "int4" and not result.tokens.exact_required
+    assert p.tokens > 100 and p.onnx > 1 and p.reference > 1
+    assert result.outputs[0].max_rel_err > 0  # the int4 logits are not the fp32 ones, and that is reported
+    assert result.passed == (p.ratio <= genai.check.QUANTIZED_PPL_RATIO)
+    fp32 = genai.export_hf(str(ckpt), tmp_path / "f32", fuse=False).folder
+    plain = genai.verify_folder(fp32, source=resolve(str(ckpt), tmp_path), prompt_ids=PROMPT)
+    assert plain.perplexity is None and not plain.quantized and plain.passed
+    monkeypatch.setattr(genai.check, "QUANTIZED_PPL_RATIO", p.ratio * 0.999)
+    assert cli.main(["verify", str(out)]) == 1
+    assert "perplexity on the Zen of Python" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------------------------------------ the CLI

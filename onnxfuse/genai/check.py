@@ -5,7 +5,11 @@
     (max|d| / max|ref|, the reference in fp32 on the same weights);
   * text: 32 greedy tokens (EOS held back until then) from genai's Generator against transformers'
     generate(do_sample=False, min_new_tokens=32): token for token
-    in fp32; in fp16/bf16 the first divergence is reported (near-equal logits may round the other way).
+    in fp32; in fp16/bf16 the first divergence is reported (near-equal logits may round the other way);
+  * perplexity (int4 folders, whose weights are not the checkpoint's: issue 28): of the folder's model and of the
+    fp32 reference on a fixed text that ships with Python (the Zen of Python, `import this`); an int4 folder passes
+    when its perplexity is within QUANTIZED_PPL_RATIO of the reference's and its logits are finite (their errors
+    and the first greedy divergence are reported; --tolerance makes the logits a check again).
 """
 from __future__ import annotations
 
@@ -26,6 +30,8 @@ TEXT_TOKENS = 32
 # the half types take verify.TOLERANCES'.
 FOLDER_TOLERANCES = {"fp32": 5e-4}
 DTYPES = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "int4": "fp32"}  # int4 runs fp32 activations on the CPU
+# An int4 folder's perplexity on PERPLEXITY_TEXT may be at most this much above the fp32 reference's (issue 28).
+QUANTIZED_PPL_RATIO = 1.10
 
 
 @dataclasses.dataclass
@@ -41,6 +47,23 @@ class TokenCheck:
 
 
 @dataclasses.dataclass
+class Perplexity:
+    text: str
+    tokens: int
+    onnx: float
+    reference: float
+    max_ratio: float
+
+    @property
+    def ratio(self) -> float:
+        return self.onnx / self.reference
+
+    @property
+    def passed(self) -> bool:
+        return self.ratio <= self.max_ratio
+
+
+@dataclasses.dataclass
 class FolderVerifyResult:
     folder: str
     provider: str
@@ -50,15 +73,21 @@ class FolderVerifyResult:
     prompt_ids: list[int]
     outputs: list  # verify.OutputCheck
     tokens: TokenCheck
+    quantized: bool = False           # int4 weights: the logits and tokens are reported, the perplexity decides
+    perplexity: Perplexity | None = None
 
     @property
     def passed(self) -> bool:
+        if self.quantized:
+            return self.perplexity is not None and self.perplexity.passed and all(o.passed for o in self.outputs)
         return all(o.passed for o in self.outputs) and self.tokens.passed
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["passed"] = self.passed
         d["tokens"]["passed"] = self.tokens.passed
+        if self.perplexity is not None:
+            d["perplexity"].update(ratio=round(self.perplexity.ratio, 4), passed=self.perplexity.passed)
         return d
 
 
@@ -84,8 +113,12 @@ def verify_folder(folder: pathlib.Path, *, source: Source, provider: str | None 
     config = gf.read_config(folder)
     recipe = gf.read_recipe(folder) or {}
     provider = provider or gf.provider_of(config)
-    dtype = DTYPES.get(recipe.get("precision") or _precision_of(folder, config), "fp32")
+    precision = recipe.get("precision") or _precision_of(folder, config)
+    dtype = DTYPES.get(precision, "fp32")
+    quantized = precision == "int4"
     tol = tolerance if tolerance is not None else FOLDER_TOLERANCES.get(dtype, TOLERANCES[(dtype, provider)])
+    if quantized and tolerance is None:
+        tol = float("inf")  # int4 weights are not the checkpoint's: the errors are reported (finite required)
     tokenizer = load_tokenizer(folder)
     ids = list(prompt_ids) if prompt_ids is not None else tokenize(tokenizer, prompt, chat=False)
     if not ids:
@@ -128,10 +161,49 @@ def verify_folder(folder: pathlib.Path, *, source: Source, provider: str | None 
     first = next((i for i, (a, b) in enumerate(zip(onnx_tokens, ref_tokens)) if a != b), None)
     if first is None and len(onnx_tokens) != len(ref_tokens):
         first = min(len(onnx_tokens), len(ref_tokens))
-    tokens = TokenCheck(onnx_tokens, ref_tokens, first, exact_required=dtype == "fp32")
+    tokens = TokenCheck(onnx_tokens, ref_tokens, first, exact_required=dtype == "fp32" and not quantized)
     fused = sum((recipe.get("fused") or {}).values())
     library = bool(config["model"]["decoder"].get("session_options", {}).get("custom_ops_library"))
-    return FolderVerifyResult(str(folder), provider, dtype, fused, library, ids, outputs, tokens)
+    ppl = perplexity(og, model, config, tokenizer, ref_model, device) if quantized else None
+    return FolderVerifyResult(str(folder), provider, "int4" if quantized else dtype, fused, library, ids, outputs,
+                              tokens, quantized, ppl)
+
+
+def perplexity_text() -> str:
+    """The Zen of Python: a fixed English text every Python ships (the `this` module, stored in rot13)."""
+    import codecs
+    import contextlib
+    import io
+    with contextlib.redirect_stdout(io.StringIO()):  # importing `this` prints the text
+        import this
+    return codecs.decode(this.s, "rot13")
+
+
+def _mean_nll(logits: np.ndarray, ids: list[int]) -> float:
+    """Mean negative log-likelihood of ids[1:] under logits[:-1] ([T, V]), in float64."""
+    z = logits[:-1].astype(np.float64)
+    z -= z.max(axis=1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+    return float(-logp[np.arange(len(ids) - 1), ids[1:]].mean())
+
+
+def perplexity(og, model, config: dict, tokenizer, ref_model, device: str) -> Perplexity:
+    """Perplexity of the folder's model (one genai prefill over the text: the logits of every position) and of the
+    reference (one forward pass) on perplexity_text(), cut to the model's context."""
+    import torch
+
+    from .generate import context_length, kv_length
+    ids = [int(t) for t in tokenizer(perplexity_text())["input_ids"]][:context_length(config)]  # what fits
+    vocab = int(config["model"]["vocab_size"])
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=kv_length(config, len(ids) + 1), do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(ids)
+    got = np.asarray(gen.get_output("logits"), np.float32).reshape(len(ids), -1)[:, :vocab]
+    with torch.no_grad():
+        ref = ref_model(torch.tensor([ids], device=device)).logits[0].float().cpu().numpy()[:, :vocab]
+    return Perplexity("the Zen of Python (import this)", len(ids), round(float(np.exp(_mean_nll(got, ids))), 4),
+                      round(float(np.exp(_mean_nll(ref, ids))), 4), QUANTIZED_PPL_RATIO)
 
 
 def greedy_tokens(og, model, ids: list[int], n: int, max_length: int) -> list[int]:

@@ -194,4 +194,10 @@ def verify_command(args) -> int:
                       f"{tk.onnx[tk.first_divergence:tk.first_divergence + 3]}, transformers "
                       f"{tk.reference[tk.first_divergence:tk.first_divergence + 3]})"
                       f"{': FAIL (fp32 must be exact)' if tk.exact_required else ' (allowed in ' + res.dtype + ')'}")
+        if res.perplexity is not None:
+            p = res.perplexity
+            con.print(f"perplexity on {p.text} ({p.tokens} tokens): {p.onnx:.3f} against the fp32 reference's "
+                      f"{p.reference:.3f} ({p.ratio:.3f}x; {'PASS' if p.passed else 'FAIL'}: at most {p.max_ratio}x)"
+                      + ("; the int4 logits and tokens above are reported, the perplexity decides"
+                         if res.quantized else ""))
     return 0 if res.passed else 1
