@@ -47,12 +47,12 @@ def name_list(text: str) -> list[str]:
 
 
 def option_list(text: str) -> list[str]:
-    """Comma-separated KEY=VALUE pairs (`int4_block_size=32,int4_accuracy_level=4`)."""
+    """Comma-separated KEY=VALUE pairs (`block_size=32,accuracy_level=4`)."""
     pairs = [v.strip() for v in text.split(",") if v.strip()]
     bad = [v for v in pairs if "=" not in v or not v.split("=", 1)[0]]
     if not pairs or bad:
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated KEY=VALUE pairs like "
-                                         "int4_block_size=32,int4_accuracy_level=4")
+                                         "block_size=32,accuracy_level=4")
     return pairs
 
 

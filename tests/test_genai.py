@@ -115,9 +115,17 @@ def test_mean_nll_is_the_cross_entropy():
 def test_int4_folder_is_judged_by_its_perplexity(checkpoints, tmp_path, monkeypatch, capsys):
     """Issue 28: an int4 folder's logits and tokens are reported (its weights are not the checkpoint's), and its
     perplexity on the Zen of Python against the fp32 reference's decides; a bound it misses fails verify."""
+    import onnx
     ckpt = checkpoints("llama")
-    out = genai.export_hf(str(ckpt), tmp_path / "q4", precision="int4").folder
-    assert gf.op_counts(gf.decoder_path(out)).get("com.microsoft::MatMulNBits", 0) > 0
+    out = tmp_path / "q4"
+    assert cli.main(["export", "hf", str(ckpt), "-o", str(out), "--dtype", "int4", "--block-size", "16", "-q"]) == 0
+    nbits = [n for n in onnx.load(str(gf.decoder_path(out)), load_external_data=False).graph.node
+             if n.op_type == "MatMulNBits"]
+    assert nbits and all(onnx.helper.get_attribute_value(a) == 16 for n in nbits for a in n.attribute
+                         if a.name == "block_size")
+    capsys.readouterr()
+    _one_line_error(capsys, ["export", "hf", str(ckpt), "-o", str(tmp_path / "x"), "--block-size", "64"],
+                    "--dtype int4")
     result = genai.verify_folder(out, source=resolve(str(ckpt), tmp_path), prompt_ids=PROMPT)
     p = result.perplexity
     assert result.quantized and result.dtype == "int4" and not result.tokens.exact_required

@@ -32,8 +32,11 @@ def register_export(exsub) -> None:
     hf.add_argument("--cpu-isa", choices=[name for name, _ in FAMILIES],
                     help="with --provider cpu: the host family the folder will run on (default this host's): "
                          "patterns measured slower there than onnxruntime's own are left to it")
+    hf.add_argument("--block-size", type=int, choices=[16, 32, 64, 128, 256],
+                    help="with --dtype int4: the quantization block along K (the builder's block_size; its default "
+                         "32); 'onnxfuse verify DIR' then reports the perplexity against fp32")
     hf.add_argument("--extra-options", type=option_list, metavar="K=V,K2=V2", default=[],
-                    help="passed to the builder's --extra_options (e.g. int4_block_size=32,int4_accuracy_level=4)")
+                    help="passed to the builder's --extra_options (e.g. block_size=32,accuracy_level=4)")
     hf.add_argument("--trust-remote-code", action="store_true",
                     help="let transformers run the checkpoint's own Python code (off by default: a checkpoint is "
                          "untrusted input)")
@@ -100,8 +103,15 @@ def export_command(args) -> int:
     from . import export_hf
     from .._term import Stages
     stages = Stages("export hf", not (args.quiet or args.json))
+    extra = list(args.extra_options)
+    if args.block_size is not None:
+        if args.dtype != "int4":
+            raise OnnxfuseError("--block-size quantizes int4 weights: add --dtype int4")
+        if any(o.split("=", 1)[0] in ("block_size", "int4_block_size") for o in extra):
+            raise OnnxfuseError("--block-size and --extra-options block_size=... both given; keep one")
+        extra.append(f"block_size={args.block_size}")
     res = export_hf(args.source, args.output, precision=args.dtype, provider=args.provider, fuse=args.fuse,
-                    force=args.force, extra_options=args.extra_options, trust_remote_code=args.trust_remote_code,
+                    force=args.force, extra_options=extra, trust_remote_code=args.trust_remote_code,
                     allow_pickle=args.allow_pickle, cpu_isa=args.cpu_isa, adapters=args.adapter, progress=stages)
     if args.json:
         print(json.dumps(res.to_dict(), indent=2))
