@@ -282,6 +282,10 @@ def test_bench_genai_times_folders_against_the_first(checkpoints, tmp_path, caps
     assert all(r["prefill_ms"] > 0 and r["decode_ms_per_token"] > 0 and r["new_tokens"] == 64 for r in rows)
     assert rows[0]["decode_speedup_vs_first"] == 1.0 and rows[2]["fused"] == {"onnxfuse::SwiGLU": 2}
     assert rows[0]["weight_bytes"] == rows[2]["weight_bytes"] > 0 and result["versions"]["onnxruntime_genai"]
+    # on the CPU the limit is the host's read rate, measured in the run; each row's weight rate is a share of it
+    assert result["read_peak_gbs"] > 1 and result["copy_peak_gbs"] is None
+    assert all(r["decode_pct_of_copy"] == pytest.approx(100 * r["decode_weight_gbs"] / result["read_peak_gbs"])
+               for r in rows)
     assert "vs first" in capsys.readouterr().out
     _one_line_error(capsys, ["bench", "genai"], "bench genai takes genai model folders")
 

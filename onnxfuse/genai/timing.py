@@ -2,8 +2,9 @@
 
 Per folder, prompt length and mode (plain; on the GPU also genai's CUDA graph): the prefill (append_tokens over the
 prompt) and the decode (generate_next_token, NEW tokens), medians over the runs after warm-up. Decode is bound by
-reading the weights once per token, so each row carries the decoder's weight bytes over the decode time (GB/s) and,
-on the GPU, that as a share of a device-to-device copy measured in the same run (the practical limit). The first
+reading the weights once per token, so each row carries the decoder's weight bytes over the decode time (GB/s) and
+that as a share of the memory rate measured in the same run (the practical limit): a device-to-device copy on the
+GPU, a read with torch's threads on the CPU (cpu_read_gbs). The first
 folder is the baseline: every other row gets its time ratio against it (above 1: faster).
 """
 from __future__ import annotations
@@ -53,6 +54,26 @@ def copy_peak_gbs() -> float | None:
     return 2 * (1 << 30) / statistics.median(times) / 1e9
 
 
+def cpu_read_gbs(nbytes: int = 1 << 29) -> float | None:
+    """Memory read bandwidth of this host with torch's intra-op threads (one per core, as onnxruntime's CPU EP
+    uses), GB/s: a sum over a float32 buffer far past any cache. Decode only reads the weights, so this is its
+    practical limit on the CPU (a copy's read plus write runs slower there). None without torch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    a = torch.ones(nbytes // 4, dtype=torch.float32)
+    for _ in range(2):
+        a.sum()
+    times = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        a.sum()
+        times.append(time.perf_counter() - t0)
+    del a
+    return nbytes / statistics.median(times) / 1e9
+
+
 def time_folder(folder, *, provider: str, cuda_graph: bool, prompt_tokens: int, new_tokens: int, runs: int,
                 warmup: int, seed: int = 0) -> dict:
     og, model = load_model(folder, provider, cuda_graph)
@@ -95,7 +116,7 @@ def bench(folders: list, *, provider: str = "cpu", sizes: list[int] | None = Non
     import onnxruntime_genai
     sizes = sizes or [128]
     modes = [False, True] if provider == "cuda" else [False]
-    peak = copy_peak_gbs() if provider == "cuda" else None
+    peak = copy_peak_gbs() if provider == "cuda" else cpu_read_gbs()
     rows = []
     for folder in folders:
         decoder = gf.graph(gf.decoder_path(folder))
@@ -123,10 +144,12 @@ def bench(folders: list, *, provider: str = "cpu", sizes: list[int] | None = Non
     return {"kind": "genai", "date": datetime.date.today().isoformat(), "provider": provider,
             "device": _device(provider), "versions": {"onnxruntime": onnxruntime.__version__,
                                                       "onnxruntime_genai": onnxruntime_genai.__version__},
-            "copy_peak_gbs": peak, "runs": runs, "warmup": warmup, "rows": rows,
+            "copy_peak_gbs": peak if provider == "cuda" else None,
+            "read_peak_gbs": peak if provider != "cuda" else None, "runs": runs, "warmup": warmup, "rows": rows,
             "note": "decode_weight_gbs: the decoder's weight bytes over the median decode time per token (each token "
                     "reads every weight once); decode_pct_of_copy: that over the same-run device-to-device copy "
-                    "rate (its read plus write bytes: what the memory moves at most)"}
+                    "rate (its read plus write bytes: what the memory moves at most; on the CPU the same-run read "
+                    "rate with torch's threads, cpu_read_gbs)"}
 
 
 def _device(provider: str) -> str:
@@ -142,7 +165,7 @@ def _device(provider: str) -> str:
 
 def table(result: dict) -> str:
     lines = [f"{'folder':40} {'graph':5} {'prompt':>6} {'prefill ms':>10} {'decode ms/tok':>13} {'tok/s':>7} "
-             f"{'GB/s':>7} {'%copy':>6} {'vs first':>9}"]
+             f"{'GB/s':>7} {'%peak':>6} {'vs first':>9}"]
     for r in result["rows"]:
         pct = f"{r['decode_pct_of_copy']:.0f}" if r["decode_pct_of_copy"] is not None else "-"
         vs = f"{r.get('decode_speedup_vs_first', 1):.3f}x"
