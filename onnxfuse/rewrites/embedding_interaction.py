@@ -23,7 +23,9 @@ than trusting node names:
     (fuse's stage 1 makes it);
   * each embedding is Gather(table, column f of one id matrix) with a constant table [R_f, d], or TorchScript's
     EmbeddingBag Loop (slice indices[offsets[b] : offsets[b+1]], gather, ReduceSum over the bag) checked node by
-    node (_embedding_leaves.py). The hash (id + 1) mod cardinality is absorbed when spelled exactly so (Mod with
+    node (_embedding_leaves.py), its indices and offsets rows of stacked [F, N] / [F, B] matrices or one tensor per
+    table (DLRM_Net called with lists: the rewrite concatenates them before the op, _embedding_leaves.bag_inputs).
+    The hash (id + 1) mod cardinality is absorbed when spelled exactly so (Mod with
     fmod=0, the constant 1, a per-feature constant 0 < cardinality <= rows); any other id computation stays in the
     graph and the op looks the ids up as they come (sound: the op indexes exactly like Gather, negative ids
     included).
