@@ -59,13 +59,20 @@ def output_names(kind: str, spec) -> list[str]:
     probability)."""
     if kind == "llama":
         return ["y"] if spec.mlp_only else ["last_hidden_state"]
-    return ["probability"]
+    return ["pred"] if kind in zoo.DLRM_UPSTREAM_KINDS else ["probability"]
+
+
+# facebookresearch/dlrm's --save-onnx: TorchScript at opset 11 (fuse upgrades it), with its dynamic axes.
+UPSTREAM_OPSET = 11
 
 
 def _dynamic(kind: str, spec, names: list[str]):
-    """Symbolic batch (and sequence) dims, for both exporters."""
+    """Symbolic batch (and sequence) dims, for both exporters; the upstream DLRM's are its repository's."""
     if kind == "llama":
         return {n: {0: "batch", 1: "sequence"} for n in names}
+    if kind in zoo.DLRM_UPSTREAM_KINDS:
+        from . import upstream_dlrm
+        return upstream_dlrm.dynamic_axes(len(spec.table_sizes) if kind == "dlrm-upstream-tables" else None)
     return {n: {0: "batch"} for n in names}
 
 
@@ -161,11 +168,11 @@ def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: st
         # The model is written under its final name, so a dynamo export's '<name>.data' is already the file that
         # onnxfuse's convention (and the model's external-data locations) name.
         tmp_path = tmp / out.name
-        order = ["dynamo", "torchscript"] if exporter == "auto" else [exporter]
+        order, opset = _exporters(kind, exporter)
         stage(1, f"torch.onnx ({' then '.join(order) if exporter == 'auto' else exporter} exporter; "
                  f"{weight_bytes / 1e6:.1f} MB of weights)")
         used = _export_with_fallback(module, inputs, tmp_path, order, names, outs,
-                                     _dynamic(kind, spec, names) if dynamic else None, notes)
+                                     _dynamic(kind, spec, names) if dynamic else None, notes, opset)
         recipe = make_recipe(kind, spec, seed, dtype, inputs, used, dynamic)
         layers = adapters.lora_layers(module) if lora_as_inputs else None
         recipe.update({"adapter": adapter_out.name} if lora_as_inputs else {})
@@ -211,14 +218,21 @@ def _stamped(model: onnx.ModelProto, recipe: dict) -> onnx.ModelProto:
     return model
 
 
+def _exporters(kind: str, exporter: str) -> tuple[list[str], int]:
+    """The exporters to try, in order, and the opset: the upstream DLRM as its repository's --save-onnx writes it."""
+    if kind in zoo.DLRM_UPSTREAM_KINDS:
+        return ["torchscript"], UPSTREAM_OPSET
+    return (["dynamo", "torchscript"] if exporter == "auto" else [exporter]), ONNX_OPSET
+
+
 def _export_with_fallback(module, inputs, path: pathlib.Path, order: list[str], names, outs, dynamic_shapes,
-                          notes: list[str]) -> str:
+                          notes: list[str], opset: int = ONNX_OPSET) -> str:
     """Export with the first exporter of `order` that works (its name returned); a dynamo failure before TorchScript
     is a warning and a note. Raises OnnxfuseError with every exporter's first error line when none works."""
     errors = []
     for name in order:
         try:
-            torch_export(module, inputs, path, name, names, outs, dynamic_shapes)
+            torch_export(module, inputs, path, name, names, outs, dynamic_shapes, opset)
             return name
         except Exception as e:  # exporter failures are many and varied; keep the first line of each
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -240,13 +254,14 @@ def _single_data_file(path: pathlib.Path, data_name: str) -> bool:
     return locations == {data_name} and (path.parent / data_name).is_file()
 
 
-def torch_export(module, inputs: dict, path, exporter: str, input_names, output_names_, dynamic_axes=None) -> None:
+def torch_export(module, inputs: dict, path, exporter: str, input_names, output_names_, dynamic_axes=None,
+                 opset: int = ONNX_OPSET) -> None:
     """torch.onnx.export of `module` on `inputs` (name -> tensor, passed positionally) to `path` with the "dynamo" or
-    "torchscript" `exporter`, at onnxfuse's opset, with its progress prints and warnings captured (onnxfuse reports the
-    outcome itself). dynamic_axes: {input name: {axis: name}} or None. The file is written as torch writes it (no
-    onnxfuse recipe or IR-version cap: export() adds those)."""
+    "torchscript" `exporter`, at onnxfuse's opset (or `opset`), with its progress prints and warnings captured
+    (onnxfuse reports the outcome itself). dynamic_axes: {input name: {axis: name}} or None. The file is written as
+    torch writes it (no onnxfuse recipe or IR-version cap: export() adds those)."""
     args = tuple(inputs.values())
-    kwargs = dict(input_names=input_names, output_names=output_names_, opset_version=ONNX_OPSET)
+    kwargs = dict(input_names=input_names, output_names=output_names_, opset_version=opset)
     sink = io.StringIO()
     with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
         warnings.simplefilter("ignore")

@@ -87,19 +87,24 @@ def top_width(m_spa: int, n_features: int, interaction: str, itself: bool = Fals
     return m_spa + (n * (n + 1) // 2 if itself else n * (n - 1) // 2) if interaction == "dot" else n * m_spa
 
 
-def make_batch(ln_emb: list[int], batch: int, bag_lengths: list[int], seed: int = 0):
-    """dense [batch, 13], offsets [features, batch] and indices [features, N] with the same bag lengths for every
-    feature (so the indices stack), some bags empty; indices within each table."""
+# Bag lengths cycled over the samples (multi-hot and empty bags): the bench cases' and `export dlrm --layout
+# upstream*`'s example batches.
+BAGS = (1, 2, 0, 3)
+
+
+def make_batch(ln_emb: list[int], batch: int, bag_lengths: list[int], seed: int = 0, num_dense: int = 13):
+    """dense [batch, num_dense], offsets [features, batch] and indices [features, N] with the same bag lengths for
+    every feature (so the indices stack), some bags empty; indices within each table."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.tensor([bag_lengths[b % len(bag_lengths)] for b in range(batch)])
     offsets = torch.cumsum(lengths, 0) - lengths
     n = int(lengths.sum())
     indices = torch.stack([torch.randint(0, size, (n,), generator=g) for size in ln_emb])
-    dense = torch.randn(batch, 13, generator=g)
+    dense = torch.randn(batch, num_dense, generator=g)
     return dense, offsets.repeat(len(ln_emb), 1), indices
 
 
-def make_lists(ln_emb: list[int], batch: int, bag_lengths: list[int], seed: int = 0):
+def make_lists(ln_emb: list[int], batch: int, bag_lengths: list[int], seed: int = 0, num_dense: int = 13):
     """dense [batch, 13] and lists lS_o, lS_i of one tensor per table: table f's bag lengths are the pattern shifted
     by f, and its first bag holds f more ids (a long bag), so every table's indices have their own length; some bags
     are empty where the pattern has a 0."""
@@ -109,7 +114,7 @@ def make_lists(ln_emb: list[int], batch: int, bag_lengths: list[int], seed: int 
         lengths = torch.tensor([bag_lengths[(b + f) % len(bag_lengths)] + (f if b == 0 else 0) for b in range(batch)])
         lS_o.append(torch.cumsum(lengths, 0) - lengths)
         lS_i.append(torch.randint(0, size, (int(lengths.sum()),), generator=g))
-    return torch.randn(batch, 13, generator=g), lS_o, lS_i
+    return torch.randn(batch, num_dense, generator=g), lS_o, lS_i
 
 
 class ListsCall(nn.Module):
@@ -138,6 +143,16 @@ def criteo_module(spec, seed: int = 0, dtype=None) -> OriginalDLRM:
     return module.to(dtype) if dtype is not None else module
 
 
+def dynamic_axes(n_tables: int | None) -> dict:
+    """The repository's dynamic axes (with the indices' own names): stacked (n_tables None) or one pair per table."""
+    if n_tables is None:
+        return {"dense_x": {0: "batch_size"}, "offsets": {1: "batch_size"}, "indices": {1: "n_indices"},
+                "pred": {0: "batch_size"}}
+    return {"dense_x": {0: "batch_size"}, "pred": {0: "batch_size"},
+            **{f"offsets_{f}": {0: "batch_size"} for f in range(n_tables)},
+            **{f"indices_{f}": {0: f"n_indices_{f}"} for f in range(n_tables)}}
+
+
 def export_torchscript(module: OriginalDLRM, batch, path, opset: int = 18, dynamic: bool = True) -> None:
     """The repository's --save-onnx export (dynamo=False, its input names and dynamic axes) at opset 18, except that
     the indices' dynamic axis gets its own name: the repository calls it batch_size too, which only holds for one id
@@ -147,15 +162,10 @@ def export_torchscript(module: OriginalDLRM, batch, path, opset: int = 18, dynam
     dense, offsets, indices = batch
     if isinstance(indices, (list, tuple)):
         n = len(indices)
-        axes = {"dense_x": {0: "batch_size"}, "pred": {0: "batch_size"},
-                **{f"offsets_{f}": {0: "batch_size"} for f in range(n)},
-                **{f"indices_{f}": {0: f"n_indices_{f}"} for f in range(n)}}
         torch.onnx.export(module, (dense, list(offsets), list(indices)), str(path), opset_version=opset,
                           input_names=list_input_names(n), output_names=["pred"],
-                          dynamic_axes=axes if dynamic else None, dynamo=False)
+                          dynamic_axes=dynamic_axes(n) if dynamic else None, dynamo=False)
         return
-    axes = {"dense_x": {0: "batch_size"}, "offsets": {1: "batch_size"}, "indices": {1: "n_indices"},
-            "pred": {0: "batch_size"}}
     torch.onnx.export(module, (dense, offsets, indices), str(path), opset_version=opset,
                       input_names=["dense_x", "offsets", "indices"], output_names=["pred"],
-                      dynamic_axes=axes if dynamic else None, dynamo=False)
+                      dynamic_axes=dynamic_axes(None) if dynamic else None, dynamo=False)

@@ -325,8 +325,13 @@ def spec_to_dict(spec) -> dict:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
 
+# facebookresearch/dlrm's DLRM_Net at a DlrmSpec's shapes (onnxfuse/upstream_dlrm.py): stacked offsets/indices, or
+# lists of one tensor per table (ListsCall takes them flattened: dense_x, offsets_0.., indices_0..).
+DLRM_UPSTREAM_KINDS = ("dlrm-upstream", "dlrm-upstream-tables")
+
+
 def spec_from_dict(kind: str, d: dict):
-    cls = {"llama": LlamaSpec, "dlrm": DlrmSpec}[kind]
+    cls = {"llama": LlamaSpec, "dlrm": DlrmSpec, **{k: DlrmSpec for k in DLRM_UPSTREAM_KINDS}}[kind]
     names = {f.name for f in fields(cls)}
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in names}
     return cls(**values)
@@ -337,6 +342,10 @@ def build_module(kind: str, spec, seed: int, dtype: str) -> nn.Module:
         return build_llama(spec, seed, dtype)
     if kind == "dlrm":
         return build_dlrm(spec, seed, dtype)
+    if kind in DLRM_UPSTREAM_KINDS:
+        from . import upstream_dlrm
+        module = upstream_dlrm.criteo_module(spec, seed, DTYPES[dtype])
+        return upstream_dlrm.ListsCall(module) if kind == "dlrm-upstream-tables" else module
     raise KeyError(kind)
 
 
@@ -345,4 +354,13 @@ def make_inputs(kind: str, spec, seed: int, dtype: str, batch: int | None = None
         return llama_inputs(spec if batch is None else replace(spec, batch=batch), seed, dtype)
     if kind == "dlrm":
         return criteo_batch(spec, batch or spec.batch, seed, dtype)
+    if kind in DLRM_UPSTREAM_KINDS:
+        from . import upstream_dlrm
+        tables, size = list(spec.table_sizes), batch or spec.batch
+        if kind == "dlrm-upstream":
+            dense, offsets, indices = upstream_dlrm.make_batch(tables, size, list(upstream_dlrm.BAGS), seed,
+                                                               spec.num_dense)
+            return {"dense_x": dense.to(DTYPES[dtype]), "offsets": offsets, "indices": indices}
+        dense, lS_o, lS_i = upstream_dlrm.make_lists(tables, size, list(upstream_dlrm.BAGS), seed, spec.num_dense)
+        return dict(zip(upstream_dlrm.list_input_names(len(tables)), (dense.to(DTYPES[dtype]), *lS_o, *lS_i)))
     raise KeyError(kind)

@@ -238,18 +238,18 @@ def _make_dlrm(size, dtype, seed, quick, layers):
                     lambda: zoo.criteo_batch(spec, size, seed, dtype), "dlrm", spec, None, quick, ("probability",))
 
 
-UPSTREAM_BAGS = (1, 2, 0, 3)  # bag lengths, cycled over the samples: multi-hot and empty bags
 
 
 def _make_dlrm_upstream(size, dtype, seed, quick, layers):
     """facebookresearch/dlrm's DLRM_Net as the repository exports it (onnxfuse/upstream_dlrm.py: EmbeddingBag Loops,
     TorchScript at opset 11, stacked offsets/indices), at the dlrm case's shapes: fuse upgrades and fuses it."""
     from .. import upstream_dlrm, zoo
+    bags = upstream_dlrm.BAGS
     spec = zoo.DlrmSpec.from_preset("small" if quick else "criteo-kaggle", batch=size)
-    params = {"dlrm": zoo.spec_to_dict(spec), "layout": "upstream", "bags": UPSTREAM_BAGS, "opset": 11}
+    params = {"dlrm": zoo.spec_to_dict(spec), "layout": "upstream", "bags": bags, "opset": 11}
 
     def inputs():
-        dense, offsets, indices = upstream_dlrm.make_batch(list(spec.table_sizes), size, list(UPSTREAM_BAGS), seed)
+        dense, offsets, indices = upstream_dlrm.make_batch(list(spec.table_sizes), size, list(bags), seed)
         return {"dense_x": dense.to(zoo.DTYPES[dtype]), "offsets": offsets, "indices": indices}
 
     def export(path):
@@ -258,7 +258,7 @@ def _make_dlrm_upstream(size, dtype, seed, quick, layers):
                                          opset=11)
 
     return Workload("dlrm-upstream", size, "batch",
-                    {"batch": size, "features": len(spec.table_sizes), "bags": "-".join(map(str, UPSTREAM_BAGS)),
+                    {"batch": size, "features": len(spec.table_sizes), "bags": "-".join(map(str, bags)),
                      "table_cap": spec.table_cap, "opset": 11},
                     _key("dlrm-upstream", size, dtype, seed, params),
                     lambda: upstream_dlrm.criteo_module(spec, seed, zoo.DTYPES[dtype]), inputs, quick=quick,
@@ -270,12 +270,13 @@ def _make_dlrm_upstream_tables(size, dtype, seed, quick, layers):
     (upstream_dlrm.make_lists), exported as the repository's --save-onnx does with lists (one input pair per table,
     TorchScript at opset 11): fuse upgrades it and concatenates the tables' indices in the graph for the one op."""
     from .. import upstream_dlrm, zoo
+    bags = upstream_dlrm.BAGS
     spec = zoo.DlrmSpec.from_preset("small" if quick else "criteo-kaggle", batch=size)
-    params = {"dlrm": zoo.spec_to_dict(spec), "layout": "upstream-tables", "bags": UPSTREAM_BAGS, "opset": 11}
+    params = {"dlrm": zoo.spec_to_dict(spec), "layout": "upstream-tables", "bags": bags, "opset": 11}
     n = len(spec.table_sizes)
 
     def batch():
-        dense, lS_o, lS_i = upstream_dlrm.make_lists(list(spec.table_sizes), size, list(UPSTREAM_BAGS), seed)
+        dense, lS_o, lS_i = upstream_dlrm.make_lists(list(spec.table_sizes), size, list(bags), seed)
         return dense.to(zoo.DTYPES[dtype]), lS_o, lS_i
 
     def inputs():
@@ -287,7 +288,7 @@ def _make_dlrm_upstream_tables(size, dtype, seed, quick, layers):
                                          opset=11)
 
     return Workload("dlrm-upstream-tables", size, "batch",
-                    {"batch": size, "features": n, "bags": "-".join(map(str, UPSTREAM_BAGS)) + " (+f in bag 0)",
+                    {"batch": size, "features": n, "bags": "-".join(map(str, bags)) + " (+f in bag 0)",
                      "table_cap": spec.table_cap, "opset": 11},
                     _key("dlrm-upstream-tables", size, dtype, seed, params),
                     lambda: upstream_dlrm.ListsCall(upstream_dlrm.criteo_module(spec, seed, zoo.DTYPES[dtype])),

@@ -50,6 +50,16 @@ def _export_dlrm(args) -> int:
     if args.lora_rank:
         overrides.update(lora_rank=args.lora_rank, lora_alpha=args.lora_alpha or 0.0)
     spec = zoo.DlrmSpec.from_preset(args.preset, **overrides)
+    if args.layout != "onnxfuse":
+        from ..errors import OnnxfuseError
+        if args.lora_rank:
+            raise OnnxfuseError(f"--layout {args.layout}: DLRM_Net has no LoRA branch; leave out --lora-rank")
+        if args.exporter == "dynamo":
+            raise OnnxfuseError(f"--layout {args.layout} is exported as the repository's --save-onnx does "
+                                "(TorchScript, opset 11); leave out --exporter dynamo")
+        args.dynamic = True  # the repository's dynamic axes
+        kind = {"upstream": "dlrm-upstream", "upstream-tables": "dlrm-upstream-tables"}[args.layout]
+        return _run_export(args, kind, spec, f"dlrm-{args.layout}-{args.preset}-{args.dtype}")
     name = f"dlrm-{args.preset}{f'-lora{args.lora_rank}' if args.lora_rank else ''}-{args.dtype}"
     return _run_export(args, "dlrm", spec, name)
 
@@ -121,6 +131,11 @@ def register(sub, parser_class) -> None:
     dl.add_argument("--table-cap", type=_positive, help="cap on each table's rows (default 262144)")
     dl.add_argument("--num-dense", type=_positive, help="number of dense features (default 13)")
     dl.add_argument("--interaction", choices=["dot", "cat"], help="feature interaction (default dot)")
+    dl.add_argument("--layout", choices=["onnxfuse", "upstream", "upstream-tables"], default="onnxfuse",
+                    help="onnxfuse's DLRM (one hashed id per feature), or facebookresearch/dlrm's DLRM_Net as its "
+                         "--save-onnx writes it (TorchScript at opset 11, its dynamic axes, nn.EmbeddingBag bags of "
+                         "0-3 ids): stacked offsets/indices (upstream) or one offsets_i/indices_i pair per table "
+                         "(upstream-tables, the tables' lookups of their own lengths); fuse upgrades the opset")
     dl.add_argument("--lora-rank", type=int, default=0, help="add a plain-PyTorch LoRA branch to every MLP layer")
     dl.add_argument("--lora-alpha", type=float, help="LoRA alpha (default 2 x rank)")
     _add_common_export(dl)

@@ -486,6 +486,27 @@ def test_upstream_per_table_verify_takes_the_factorys_list_inputs(tmp_path, caps
     assert result.passed  # names that are not the model's: matched in order
 
 
+@pytest.mark.parametrize("layout", ["upstream", "upstream-tables"])
+def test_export_dlrm_layout_upstream_fuses_and_verifies_from_its_recipe(tmp_path, layout, capsys):
+    """`onnxfuse export dlrm --layout upstream[-tables]`: DLRM_Net as its --save-onnx writes it (TorchScript, opset
+    11, the repository's dynamic axes) with a recipe, so fuse (which upgrades the opset) and verify need no module."""
+    src, out = tmp_path / "m.onnx", tmp_path / "f.onnx"
+    assert cli.main(["export", "dlrm", "--preset", "small", "--batch", "8", "--layout", layout, "-o", str(src),
+                     "-q"]) == 0
+    model = onnx.load(str(src))
+    assert [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] == [11]
+    names = [i.name for i in model.graph.input]
+    assert names[:3] == (["dense_x", "offsets", "indices"] if layout == "upstream" else
+                         ["dense_x", "offsets_0", "offsets_1"])
+    assert cli.main(["fuse", str(src), "-o", str(out), "-q"]) == 0
+    ops = _ops(onnx.load(str(out)))
+    assert ops["onnxfuse::MLPStack"] == 2 and ops["onnxfuse::EmbeddingBagInteraction"] == 1 and "Loop" not in ops
+    assert cli.main(["verify", str(out), "-q"]) == 0
+    for bad in (["--lora-rank", "2"], ["--exporter", "dynamo"]):
+        assert cli.main(["export", "dlrm", "--layout", layout, "-o", str(tmp_path / "x.onnx"), *bad]) == 2
+    assert not (tmp_path / "x.onnx").exists()
+
+
 # ------------------------------------------------------------------------------------------------ kernels
 def _model(op, dtype, shapes, attrs) -> bytes:
     """One node between Casts (float32 graph inputs and output; int64 inputs as they are), with its function body
