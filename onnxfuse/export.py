@@ -135,7 +135,8 @@ def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: st
     and `dtype` ("fp32", "fp16", "bf16"), export it to ONNX at `out` and store the recipe that rebuilds it.
 
     exporter: "dynamo", "torchscript", or "auto" (dynamo, falling back to TorchScript with a warning). dynamic:
-    symbolic batch (and sequence) dims. external_data: weights in `<out>.data` (None: automatic above 1.8 GB).
+    symbolic batch (and sequence) dims (always, for the upstream DLRM kinds: zoo.DLRM_UPSTREAM_KINDS).
+    external_data: weights in `<out>.data` (None: automatic above 1.8 GB).
     An existing `out` is an error unless force. Nothing is left behind on failure (no partial .onnx or .data).
     progress(index, total, stage, detail), when given, is called as each stage starts (STAGES: module, export,
     write, and external data unless external_data=False), e.g. `onnxfuse._term.Stages("export")`.
@@ -168,7 +169,7 @@ def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: st
         # The model is written under its final name, so a dynamo export's '<name>.data' is already the file that
         # onnxfuse's convention (and the model's external-data locations) name.
         tmp_path = tmp / out.name
-        order, opset = _exporters(kind, exporter)
+        order, opset, dynamic = _export_plan(kind, exporter, dynamic)
         stage(1, f"torch.onnx ({' then '.join(order) if exporter == 'auto' else exporter} exporter; "
                  f"{weight_bytes / 1e6:.1f} MB of weights)")
         used = _export_with_fallback(module, inputs, tmp_path, order, names, outs,
@@ -218,11 +219,12 @@ def _stamped(model: onnx.ModelProto, recipe: dict) -> onnx.ModelProto:
     return model
 
 
-def _exporters(kind: str, exporter: str) -> tuple[list[str], int]:
-    """The exporters to try, in order, and the opset: the upstream DLRM as its repository's --save-onnx writes it."""
+def _export_plan(kind: str, exporter: str, dynamic: bool) -> tuple[list[str], int, bool]:
+    """The exporters to try, in order, the opset and whether the dims are symbolic: the upstream DLRM as its
+    repository's --save-onnx writes it (TorchScript, opset 11, always its dynamic axes)."""
     if kind in zoo.DLRM_UPSTREAM_KINDS:
-        return ["torchscript"], UPSTREAM_OPSET
-    return (["dynamo", "torchscript"] if exporter == "auto" else [exporter]), ONNX_OPSET
+        return ["torchscript"], UPSTREAM_OPSET, True
+    return (["dynamo", "torchscript"] if exporter == "auto" else [exporter]), ONNX_OPSET, dynamic
 
 
 def _export_with_fallback(module, inputs, path: pathlib.Path, order: list[str], names, outs, dynamic_shapes,

@@ -26,10 +26,9 @@ class Workload:
     key: str                       # cache key for the exported / fused models
     build_module: Callable[[], object]
     build_inputs: Callable[[], dict]
-    export_kind: str | None = None  # "llama" / "dlrm": onnxfuse.export.export with export_spec
+    export_kind: str | None = None  # a zoo kind ("llama", "dlrm", "dlrm-upstream", ...): onnxfuse.export.export
     export_spec: object = None
     gemms: Callable | None = None   # (module, inputs on device) -> callable doing the bare GEMMs
-    export_fn: Callable | None = None  # path -> None: a case's own export (the upstream DLRM's TorchScript call)
     quick: bool = False
     output_names: tuple[str, ...] = ("y",)
 
@@ -238,61 +237,26 @@ def _make_dlrm(size, dtype, seed, quick, layers):
                     lambda: zoo.criteo_batch(spec, size, seed, dtype), "dlrm", spec, None, quick, ("probability",))
 
 
+def _make_dlrm_upstream(kind: str):
+    """facebookresearch/dlrm's DLRM_Net (zoo's `kind`: dlrm-upstream with stacked offsets/indices, or
+    dlrm-upstream-tables called with per-table lists, each table with its own bag lengths) at the dlrm case's shapes,
+    exported by onnxfuse.export as the repository's --save-onnx does (TorchScript at opset 11, EmbeddingBag Loops):
+    fuse upgrades and fuses it (the per-table indices concatenated in the graph for the one op)."""
+    layout = kind.removeprefix("dlrm-")
 
-
-def _make_dlrm_upstream(size, dtype, seed, quick, layers):
-    """facebookresearch/dlrm's DLRM_Net as the repository exports it (onnxfuse/upstream_dlrm.py: EmbeddingBag Loops,
-    TorchScript at opset 11, stacked offsets/indices), at the dlrm case's shapes: fuse upgrades and fuses it."""
-    from .. import upstream_dlrm, zoo
-    bags = upstream_dlrm.BAGS
-    spec = zoo.DlrmSpec.from_preset("small" if quick else "criteo-kaggle", batch=size)
-    params = {"dlrm": zoo.spec_to_dict(spec), "layout": "upstream", "bags": bags, "opset": 11}
-
-    def inputs():
-        dense, offsets, indices = upstream_dlrm.make_batch(list(spec.table_sizes), size, list(bags), seed)
-        return {"dense_x": dense.to(zoo.DTYPES[dtype]), "offsets": offsets, "indices": indices}
-
-    def export(path):
-        batch = tuple(inputs().values())
-        upstream_dlrm.export_torchscript(upstream_dlrm.criteo_module(spec, seed, zoo.DTYPES[dtype]), batch, path,
-                                         opset=11)
-
-    return Workload("dlrm-upstream", size, "batch",
-                    {"batch": size, "features": len(spec.table_sizes), "bags": "-".join(map(str, bags)),
-                     "table_cap": spec.table_cap, "opset": 11},
-                    _key("dlrm-upstream", size, dtype, seed, params),
-                    lambda: upstream_dlrm.criteo_module(spec, seed, zoo.DTYPES[dtype]), inputs, quick=quick,
-                    output_names=("pred",), export_fn=export)
-
-
-def _make_dlrm_upstream_tables(size, dtype, seed, quick, layers):
-    """DLRM_Net called with lists, one offsets and one indices tensor per table, each table with its own bag lengths
-    (upstream_dlrm.make_lists), exported as the repository's --save-onnx does with lists (one input pair per table,
-    TorchScript at opset 11): fuse upgrades it and concatenates the tables' indices in the graph for the one op."""
-    from .. import upstream_dlrm, zoo
-    bags = upstream_dlrm.BAGS
-    spec = zoo.DlrmSpec.from_preset("small" if quick else "criteo-kaggle", batch=size)
-    params = {"dlrm": zoo.spec_to_dict(spec), "layout": "upstream-tables", "bags": bags, "opset": 11}
-    n = len(spec.table_sizes)
-
-    def batch():
-        dense, lS_o, lS_i = upstream_dlrm.make_lists(list(spec.table_sizes), size, list(bags), seed)
-        return dense.to(zoo.DTYPES[dtype]), lS_o, lS_i
-
-    def inputs():
-        dense, lS_o, lS_i = batch()
-        return dict(zip(upstream_dlrm.list_input_names(n), (dense, *lS_o, *lS_i)))
-
-    def export(path):
-        upstream_dlrm.export_torchscript(upstream_dlrm.criteo_module(spec, seed, zoo.DTYPES[dtype]), batch(), path,
-                                         opset=11)
-
-    return Workload("dlrm-upstream-tables", size, "batch",
-                    {"batch": size, "features": n, "bags": "-".join(map(str, bags)) + " (+f in bag 0)",
-                     "table_cap": spec.table_cap, "opset": 11},
-                    _key("dlrm-upstream-tables", size, dtype, seed, params),
-                    lambda: upstream_dlrm.ListsCall(upstream_dlrm.criteo_module(spec, seed, zoo.DTYPES[dtype])),
-                    inputs, quick=quick, output_names=("pred",), export_fn=export)
+    def make(size, dtype, seed, quick, layers):
+        from .. import upstream_dlrm, zoo
+        spec = zoo.DlrmSpec.from_preset("small" if quick else "criteo-kaggle", batch=size)
+        bags = upstream_dlrm.BAGS
+        params = {"dlrm": zoo.spec_to_dict(spec), "layout": layout, "bags": bags, "opset": 11}
+        return Workload(kind, size, "batch",
+                        {"batch": size, "features": len(spec.table_sizes),
+                         "bags": "-".join(map(str, bags)) + (" (+f in bag 0)" if layout == "upstream-tables" else ""),
+                         "table_cap": spec.table_cap, "opset": 11},
+                        _key(kind, size, dtype, seed, params), lambda: zoo.build_module(kind, spec, seed, dtype),
+                        lambda: zoo.make_inputs(kind, spec, seed, dtype, size), kind, spec, quick=quick,
+                        output_names=("pred",))
+    return make
 
 
 def _make_dlrm_interaction(size, dtype, seed, quick, layers):
@@ -391,10 +355,10 @@ CASES: dict[str, CaseDef] = {c.name: c for c in (
     CaseDef("dlrm", "whole DLRM (Criteo-Kaggle tables capped at 262144)", "batch", (128, 2048), (16, 64), _make_dlrm),
     CaseDef("dlrm-upstream", "facebookresearch/dlrm's DLRM_Net as its --save-onnx writes it (opset 11, EmbeddingBag "
             "Loops, bags of 0-3 ids), Criteo-Kaggle tables capped at 262144", "batch", (128, 2048), (16, 64),
-            _make_dlrm_upstream),
+            _make_dlrm_upstream("dlrm-upstream")),
     CaseDef("dlrm-upstream-tables", "DLRM_Net called with per-table lists (each table's indices of their own "
             "length), exported as its --save-onnx does (opset 11, one offsets_i / indices_i pair per table)", "batch",
-            (128, 2048), (16, 64), _make_dlrm_upstream_tables),
+            (128, 2048), (16, 64), _make_dlrm_upstream("dlrm-upstream-tables")),
     CaseDef("dlrm-interaction", "DLRM's hash, 26 embedding lookups and dot interaction alone", "batch", (128, 2048),
             (64,), _make_dlrm_interaction),
     CaseDef("llama", "Llama decoder (seed preset h1024, --layers), 2 sequences", "tokens", (2048,), (64,), _make_llama),

@@ -57,8 +57,6 @@ def prepare_models(w: Workload, dtype: str, seed: int, cache_dir: pathlib.Path, 
         t0 = time.perf_counter()
         if w.export_kind:
             export.export(w.export_kind, w.export_spec, src, seed=seed, dtype=dtype, exporter="auto", force=True)
-        elif w.export_fn is not None:
-            w.export_fn(src)
         else:
             _export_module(w.build_module(), w.build_inputs(), src, w.output_names)
         info["export_s"] = round(time.perf_counter() - t0, 2)

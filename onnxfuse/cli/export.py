@@ -57,7 +57,6 @@ def _export_dlrm(args) -> int:
         if args.exporter == "dynamo":
             raise OnnxfuseError(f"--layout {args.layout} is exported as the repository's --save-onnx does "
                                 "(TorchScript, opset 11); leave out --exporter dynamo")
-        args.dynamic = True  # the repository's dynamic axes
         kind = {"upstream": "dlrm-upstream", "upstream-tables": "dlrm-upstream-tables"}[args.layout]
         return _run_export(args, kind, spec, f"dlrm-{args.layout}-{args.preset}-{args.dtype}")
     name = f"dlrm-{args.preset}{f'-lora{args.lora_rank}' if args.lora_rank else ''}-{args.dtype}"

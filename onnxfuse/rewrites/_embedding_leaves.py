@@ -229,8 +229,11 @@ def bag_inputs(feats: list[Leaf], stacked_indices: bool, stacked_offsets: bool, 
     [F, N] with per-table offsets: the offsets stacked into [F, B] (the op's first form). Per-table indices ([N_f]
     each): the indices concatenated into one row [1, N] and offsets [F, B + 1], each feature's clamped to [0, N_f]
     and moved by base_f = N_0 + ... + N_{f-1}, its last column base_f + N_f (where feature f's indices end).
-    `initializer(name, array)` makes a constant, `unique(name)` a fresh name."""
+    Both stacked: the model's matrices as they are, no node. `initializer(name, array)` makes a constant,
+    `unique(name)` a fresh name."""
     made: list[ir.Node] = []
+    if stacked_indices and stacked_offsets:
+        return feats[0].ids, feats[0].offsets, made
 
     def op(op_type: str, ins: list, name: str, shape: list | None = None, **attrs) -> ir.Value:
         node = ir.Node("", op_type, ins, [ir.AttrInt64(k, v) for k, v in attrs.items()], num_outputs=1,

@@ -546,10 +546,7 @@ class EmbeddingInteractionPass(_base.GraphPass):
 
     def _bag_inputs(self, graph: ir.Graph, f: Found, before: ir.Node) -> tuple[ir.Value, ir.Value, list[ir.Node]]:
         """The op's indices and offsets (_embedding_leaves.bag_inputs), any nodes they need inserted before it."""
-        feats = f.leaves[1:]
-        if f.stacked_indices and f.stacked_offsets:
-            return feats[0].ids, feats[0].offsets, []
-        indices, offsets, made = bag_inputs(feats, f.stacked_indices, f.stacked_offsets,
+        indices, offsets, made = bag_inputs(f.leaves[1:], f.stacked_indices, f.stacked_offsets,
                                             lambda name, a: self._initializer(graph, name, a), self.recorder.unique)
         for node in made:
             graph.insert_before(before, node)
