@@ -27,9 +27,12 @@ from . import schema
 
 ONNX_TYPE = {"float": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
 
-# Inputs fed as int64 (never cast to T), (op, input name): each op's `int_inputs` (Embedding's ids and the
-# embedding-interaction ops' ids, bags and table layout).
-INT_INPUTS = {(op, name) for op in schema.OPS for name in schema.op_def(op).int_inputs}
+# Inputs of a fixed integer type (never cast to T), (op, input name) -> their ONNX type: each op's `int_inputs`, int64
+# (Embedding's ids and the embedding-interaction ops' ids, bags and table layout), and `byte_inputs`, uint8
+# (Int4Linear's packed weights). INT_INPUTS is the set of their keys.
+INPUT_TYPES = {**{(op, name): TensorProto.INT64 for op in schema.OPS for name in schema.op_def(op).int_inputs},
+               **{(op, name): TensorProto.UINT8 for op in schema.OPS for name in schema.op_def(op).byte_inputs}}
+INT_INPUTS = set(INPUT_TYPES)
 
 _ALIASES = {"float": "float", "fp32": "float", "float32": "float", "f32": "float",
             "float16": "float16", "fp16": "float16", "half": "float16", "f16": "float16",
@@ -232,6 +235,8 @@ def input_names(op: str, n_inputs: int) -> list[str]:
 
 def _initializer(name: str, t, dtype: str) -> onnx.TensorProto:
     import torch
+    if not t.is_floating_point():  # packed weights, ids: their own type
+        return onnx.numpy_helper.from_array(t.contiguous().numpy(), name)
     if dtype == "float":
         raw = t.contiguous().to(torch.float32).numpy().tobytes()
     else:
@@ -246,8 +251,9 @@ def op_model(op: str, dtype, inputs, attrs: dict | None = None, *, initializers:
     inputs: the graph inputs, {name: shape} in the node's order (a shape may hold None or names for symbolic
     dims), or a list of shapes named by input_names. initializers: {name: torch tensor} stored as initializers of
     type T (a name also in `inputs` is an overridable initializer); the node takes the inputs, then the
-    initializers not among them. The integer inputs (INT_INPUTS) are int64. cast=True: float graph inputs and the
-    output are float32, with Casts to and from T around the node (int64 inputs pass through an Identity;
+    initializers not among them. The integer inputs (INT_INPUTS) keep their type (INPUT_TYPES: int64, uint8).
+    cast=True: float graph inputs and the output are float32, with Casts to and from T around the node (integer
+    inputs pass through an Identity;
     initializers, stored in T, feed the node as they are).
     out_shape: Y's declared shape (None: unknown). functions=True adds the ops' ONNX function bodies, so the model
     runs without the kernel library."""
@@ -263,7 +269,7 @@ def op_model(op: str, dtype, inputs, attrs: dict | None = None, *, initializers:
     for name, shape in inputs.items():
         shape = None if shape is None else list(shape)
         if (op, name) in INT_INPUTS:
-            graph_inputs.append(helper.make_tensor_value_info(name, TensorProto.INT64, shape))
+            graph_inputs.append(helper.make_tensor_value_info(name, INPUT_TYPES[(op, name)], shape))
             if cast:
                 nodes.append(helper.make_node("Identity", [name], [name + "_t"]))
         elif cast:

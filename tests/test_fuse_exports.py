@@ -165,16 +165,19 @@ def test_fuse_provider_cpu_leaves_slower_patterns_to_onnxruntime(tmp_path, famil
     monkeypatch.setattr(cpu_policy.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(cpu_policy, "cpu_gemm_engine", lambda: (True, ""))
     res = f.fuse(src, tmp_path / "cpu.onnx", provider="cpu", cpu_isa=family, ort=False, write_unchanged=True)
-    assert not res.matches and set(res.left_to_ort) == set(f.CPU_LEFT_TO_ORT[family]), res.left_to_ort
+    want = set(f.CPU_LEFT_TO_ORT[family]) | set(cpu_policy.CPU_ALWAYS_LEFT_TO_ORT)  # int4_linear on every host
+    assert not res.matches and set(res.left_to_ort) == want, res.left_to_ort
     assert [n.op_type for n in onnx.load(str(tmp_path / "cpu.onnx")).graph.node] == ["MatMul", "Add", "Relu"]
-    assert all(why.startswith(f"on {family} hosts, ") for why in res.left_to_ort.values()), res.left_to_ort
+    assert all(why.startswith(f"on {family} hosts, ") or (p in cpu_policy.CPU_ALWAYS_LEFT_TO_ORT and
+                                                        why.startswith("on every CPU host, "))
+               for p, why in res.left_to_ort.items()), res.left_to_ort
     assert res.report()["left_to_ort"] == res.left_to_ort
     res = f.fuse(src, tmp_path / "all.onnx", provider="cpu", cpu_isa=family, ort=False, patterns=["linear_act"])
     assert [m.op for m in res.matches] == ["LinearRelu"] and not res.left_to_ort
     # without --cpu-isa, the family the kernels run here: forcing the lowest one gives its table
     monkeypatch.setenv("ONNXFUSE_CPU_ISA", "generic")  # (the forced family must be one this CPU has: generic is)
     res = f.fuse(src, tmp_path / "here.onnx", provider="cpu", ort=False, write_unchanged=True, force=True)
-    assert set(res.left_to_ort) == set(f.CPU_LEFT_TO_ORT["generic"]), res.left_to_ort
+    assert set(res.left_to_ort) == set(f.CPU_LEFT_TO_ORT["generic"]) | set(cpu_policy.CPU_ALWAYS_LEFT_TO_ORT)
     with pytest.raises(OnnxfuseError, match="--cpu-isa goes with --provider cpu"):
         f.fuse(src, tmp_path / "x.onnx", cpu_isa="avx2", ort=False)
 
@@ -226,10 +229,12 @@ def test_cpu_table_of_a_small_host_family_only_holds_on_small_hosts():
     """The avx512 table was measured on 2 cores; on 16 threads every GEMM pattern but the LoRA linear won, so past
     CPU_TABLE_MAX_THREADS only that one is left out, and the reason says for which hosts."""
     from onnxfuse import cpu_policy
+    always = set(cpu_policy.CPU_ALWAYS_LEFT_TO_ORT)  # int4_linear, on every host
     assert (set(cpu_policy.cpu_left_to_ort("avx512", threads=2, onednn=True))
-            == set(cpu_policy.CPU_LEFT_TO_ORT["avx512"]))
+            == set(cpu_policy.CPU_LEFT_TO_ORT["avx512"]) | always)
     many = cpu_policy.cpu_left_to_ort("avx512", threads=16, onednn=True)
-    assert set(many) == {"lora_linear"} and many["lora_linear"].startswith("on avx512 hosts of more than 4 threads, ")
+    assert set(many) == {"lora_linear"} | always
+    assert many["lora_linear"].startswith("on avx512 hosts of more than 4 threads, ")
     assert cpu_policy.cpu_left_to_ort("avx512", threads=4, onednn=True) == cpu_policy.cpu_left_to_ort(
         "avx512", threads=2, onednn=True)
     assert (cpu_policy.cpu_left_to_ort("avx2", threads=16, onednn=True)
@@ -242,9 +247,10 @@ def test_cpu_tables_need_onednn(monkeypatch):
     engine is the one ONNXFUSE_LIBRARY recorded, else what a build here would find."""
     from onnxfuse import cpu_policy, kernels
     gemm = {"linear_act", "mlp_stack", "swiglu", "lora_linear"}
+    always = set(cpu_policy.CPU_ALWAYS_LEFT_TO_ORT)  # int4_linear, on every host, with its own reason
     for family in ("avx512", "avx2", "generic"):
         left = cpu_policy.cpu_left_to_ort(family, threads=16, onednn=False)
-        assert set(left) == gemm and all("onnxfuse[cpu]" in why for why in left.values()), left
+        assert set(left) == gemm | always and all("onnxfuse[cpu]" in left[p] for p in gemm), left
     lib = kernels.library_path(provider="cpu")
     monkeypatch.setenv("ONNXFUSE_LIBRARY", str(lib))
     assert cpu_policy.cpu_gemm_engine()[0] == kernels.build_info(lib)["cpu_gemm"].startswith("onednn ")
@@ -252,4 +258,4 @@ def test_cpu_tables_need_onednn(monkeypatch):
     monkeypatch.setenv("ONNXFUSE_ONEDNN_ROOT", "off")
     onednn, why = cpu_policy.cpu_gemm_engine()
     assert not onednn and "ONNXFUSE_ONEDNN_ROOT=off" in why
-    assert set(cpu_policy.cpu_left_to_ort("avx512", threads=16)) == gemm
+    assert set(cpu_policy.cpu_left_to_ort("avx512", threads=16)) == gemm | always

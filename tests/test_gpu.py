@@ -334,3 +334,39 @@ def test_adapter_swap_under_cuda_graph(tmp_path):
         slots.load(params)
         sess.run_with_iobinding(io)
         np.testing.assert_allclose(out.numpy(), ref, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("block", [32, 128])
+@pytest.mark.parametrize("backend", ["cuda", "triton", "auto"])
+def test_int4_linear_matches_matmulnbits_on_the_cuda_ep(tmp_path, block, backend):
+    """genai's int4 projection (MatMulNBits, fp16, symmetric) fused to Int4Linear: on the CUDA EP at decode (1, 3 rows)
+    and prefill (37, 300 rows) it equals onnxruntime's own MatMulNBits and the PyTorch dequantize-then-matmul."""
+    import onnx
+    import torch
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnxfuse import fuse, runtime
+    from onnxfuse.ops.int4_linear import dequantize, quantize
+    k, n = 1000, 392  # ragged K: the last block padded
+    rng = np.random.default_rng(0)
+    wq, s = quantize(rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k), block)
+    node = helper.make_node("MatMulNBits", ["X", "B", "S"], ["Y"], domain="com.microsoft", K=k, N=n, bits=4,
+                            block_size=block, accuracy_level=4)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT16, ["m", k])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT16, ["m", n])],
+                          [numpy_helper.from_array(wq, "B"), numpy_helper.from_array(s.astype(np.float16), "S")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
+                                ir_version=10), str(tmp_path / "m.onnx"))
+    res = fuse.fuse(tmp_path / "m.onnx", tmp_path / "f.onnx", ort=False, provider="cuda", backend=backend)
+    assert [m.op for m in res.matches] == ["Int4Linear"]
+    unfused = runtime.session(str(tmp_path / "m.onnx"), "cuda", library=False)
+    fused = runtime.session(str(tmp_path / "f.onnx"), "cuda", library=True, cpu_fallback=False)
+    w = dequantize(torch.from_numpy(wq), torch.from_numpy(s.astype(np.float16)), k)
+    for m in (1, 3, 37, 300):
+        x = rng.standard_normal((m, k)).astype(np.float16)
+        want = (torch.from_numpy(x).float() @ w.T).numpy()
+        got = fused.run(None, {"X": x})[0].astype(np.float32)
+        ort_y = unfused.run(None, {"X": x})[0].astype(np.float32)
+        scale = max(1.0, float(np.abs(want).max()))
+        assert np.abs(got - want).max() <= 4e-3 * scale, (m, np.abs(got - want).max())
+        assert np.abs(got - ort_y).max() <= 8e-3 * scale, (m, np.abs(got - ort_y).max())

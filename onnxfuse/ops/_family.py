@@ -124,6 +124,7 @@ class OpDef:
     out_shape(shapes, attrs): Y's shape from the inputs' shapes ({name: shape} in the node's order).
     min_opset: the lowest default-domain opset in which every body is valid (the rules fuse only from there).
     int_inputs: inputs fed as int64 (ids, bags, table layout), never cast to the op's type T.
+    byte_inputs: inputs fed as uint8 (Int4Linear's packed weights), never cast to T.
     doctor_shapes: `onnxfuse doctor`'s default entries; doctor_entry(entry): (input shapes, extra node attributes,
     the report's (M, K, N, r, label)); doctor_inputs(dtype, shapes, seed, device): inputs as torch tensors of the
     torch dtype (shapes may name the first float input alone: the doctor's second X).
@@ -140,6 +141,7 @@ class OpDef:
     overload_attr: str | None = None
     min_opset: int = DEFAULT_MIN_OPSET
     int_inputs: tuple[str, ...] = ()
+    byte_inputs: tuple[str, ...] = ()
     doctor_inputs: Callable | None = None
     weighted: bool = True
 

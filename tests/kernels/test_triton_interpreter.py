@@ -223,6 +223,30 @@ assert c.ok, c.reason
 print("ok")
 """
 
+_INT4 = _PRELUDE + r"""
+# Int4Linear's GEMM (dequantizing the packed tile in its K loop): every block size, ragged K (the padded last block,
+# whose bytes hold garbage), ragged M and N tiles, fp32 and fp16.
+il = load("int4_linear")
+op = schema.op_def("Int4Linear")
+checks = 0
+for dtype in ("float", "float16"):
+    t = TT[dtype]
+    prec = "ieee" if dtype == "float" else "tf32"
+    for m, k, n, block in ((5, 40, 70, 16), (37, 200, 33, 32), (17, 128, 48, 64), (3, 300, 16, 128), (2, 512, 40, 256)):
+        shapes = op.doctor_entry((m, k, n, block))[0]
+        x, wq, sc = op.make_doctor_inputs(t, shapes, seed=m + k)
+        nb = shapes["scales"][1]
+        y = torch.full((m, n), float("nan")).to(t)
+        grid = (triton.cdiv(m, 16) * triton.cdiv(n, 32),)
+        il._int4_linear_kernel[grid](x, wq, sc, y, m, n, k, nb * block // 2, nb, block, BLOCK_M=16, BLOCK_N=32,
+                                     BLOCK_K=32, GROUP_M=2, DOT_PRECISION=prec)
+        testing.assert_close(y, schema.reference("Int4Linear", [x, wq, sc]), t, str((dtype, m, k, n, block)),
+                             kind="interpreter")
+        checks += 1
+assert checks == 10, checks
+print("ok")
+"""
+
 
 def _run(script: str) -> str:
     p = subprocess.run([sys.executable, "-c", script, str(ROOT)], capture_output=True, text=True, timeout=1200,
@@ -246,3 +270,10 @@ def test_gemm_loop_kernels_in_the_interpreter():
     """linear_act, swiglu (every gate activation) and the LoRA pair, which share gemm_loop._gemm_main: against the
     schema reference in fp32 and fp16 (the GPU tests cover bf16, speed and the aligned cubins)."""
     _run(_GEMM)
+
+
+def test_int4_linear_kernel_in_the_interpreter():
+    """Int4Linear's Triton GEMM against the schema reference in fp32 and fp16 over every block size and ragged K, M
+    and N (the GPU tests cover bf16, the cubins and speed)."""
+    pytest.importorskip("triton")
+    _run(_INT4)

@@ -45,6 +45,24 @@ inline LinearDims LinearActDims(const char* op, const std::vector<int64_t>& x, c
   return d;
 }
 
+// Int4Linear: X [..., K], Wq uint8 [N, n_blocks, block / 2], scales [N, n_blocks]; n_blocks = ceil(K / block),
+// block a power of two in [16, 256]. LinearDims' r carries the block size.
+inline LinearDims Int4LinearDims(const char* op, const std::vector<int64_t>& x, const std::vector<int64_t>& wq,
+                                 const std::vector<int64_t>& scales) {
+  LinearDims d = detail::RowsOf(op, x);
+  const int64_t block = wq.size() == 3 ? 2 * wq[2] : 0;
+  detail::Need(block >= 16 && block <= 256 && (block & (block - 1)) == 0, op,
+               "Wq must be [N, n_blocks, block / 2] with block a power of two in [16, 256]; got Wq " + ShapeStr(wq));
+  detail::Need(wq[1] == (d.K + block - 1) / block, op,
+               "Wq must have ceil(K / block) blocks per column; got X " + ShapeStr(x) + ", Wq " + ShapeStr(wq));
+  detail::Need(scales.size() == 2 && scales[0] == wq[0] && scales[1] == wq[1], op,
+               "scales must be [N, n_blocks]; got Wq " + ShapeStr(wq) + ", scales " + ShapeStr(scales));
+  d.N = wq[0];
+  d.r = block;
+  d.out_shape.push_back(d.N);
+  return d;
+}
+
 // X [..., K], W_gate [K, N], W_up [K, N].
 inline LinearDims SwiGLUDims(const char* op, const std::vector<int64_t>& x, const std::vector<int64_t>& wg,
                              const std::vector<int64_t>& wu) {

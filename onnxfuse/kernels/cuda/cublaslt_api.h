@@ -25,6 +25,7 @@ constexpr int kCompute32F = 68;  // fp32 accumulation, inputs not down-converted
 
 // cublasOperation_t
 constexpr int32_t kOpN = 0;
+constexpr int32_t kOpT = 1;
 
 // cublasLtMatmulDescAttributes_t
 constexpr int kDescTransA = 3;

@@ -85,7 +85,7 @@ uint32_t AlignmentOf(const void* p) {
 
 // A problem: what the descriptors and the heuristic's choice depend on.
 using PlanKey = std::tuple<int, int, int64_t, int64_t, int64_t, uint32_t, bool, uint32_t, uint32_t, uint32_t, uint32_t,
-                           uint32_t, int64_t>;
+                           uint32_t, int64_t, bool>;
 
 struct Plan {
   lt::MatmulDesc desc = nullptr;
@@ -105,12 +105,15 @@ int MakePlan(const lt::Api* api, lt::Handle h, const GemmArgs& g, uint32_t epilo
   const cudaDataType_t t = LtType(g.dtype);
   lt::Status st = api->MatmulDescCreate(&plan->desc, lt::kCompute32F, CUDA_R_32F);
   if (st != lt::kStatusSuccess) return CublasFail(api, "MatmulDescCreate", st);
-  const int32_t op_n = lt::kOpN;
-  api->MatmulDescSetAttribute(plan->desc, lt::kDescTransA, &op_n, sizeof op_n);
+  const int32_t op_n = lt::kOpN, op_a = g.trans_w ? lt::kOpT : lt::kOpN;
+  api->MatmulDescSetAttribute(plan->desc, lt::kDescTransA, &op_a, sizeof op_a);
   api->MatmulDescSetAttribute(plan->desc, lt::kDescTransB, &op_n, sizeof op_n);
   api->MatmulDescSetAttribute(plan->desc, lt::kDescEpilogue, &epilogue, sizeof epilogue);
   if (g.bias != nullptr) api->MatmulDescSetAttribute(plan->desc, lt::kDescBiasPointer, &g.bias, sizeof g.bias);
-  if ((st = api->MatrixLayoutCreate(&plan->a, t, uint64_t(g.n), uint64_t(g.k), g.n)) != lt::kStatusSuccess ||
+  // W^T [N, K] row-major is the column-major [K, N] (ld K), transposed by the op.
+  const lt::Status st_a = g.trans_w ? api->MatrixLayoutCreate(&plan->a, t, uint64_t(g.k), uint64_t(g.n), g.k)
+                                    : api->MatrixLayoutCreate(&plan->a, t, uint64_t(g.n), uint64_t(g.k), g.n);
+  if ((st = st_a) != lt::kStatusSuccess ||
       (st = api->MatrixLayoutCreate(&plan->b, t, uint64_t(g.k), uint64_t(g.m), g.k)) != lt::kStatusSuccess ||
       (st = api->MatrixLayoutCreate(&plan->c, t, uint64_t(g.n), uint64_t(g.m), g.n)) != lt::kStatusSuccess)
     return CublasFail(api, "MatrixLayoutCreate", st);
@@ -197,9 +200,10 @@ int Gemm(const GemmArgs& g, void* workspace, int64_t workspace_bytes, cudaStream
                                               : (relu_epi ? lt::kEpilogueRelu : lt::kEpilogueDefault);
   const void* c = g.beta != 0.f ? g.c : g.y;
   const uint32_t align[4] = {AlignmentOf(g.w), AlignmentOf(g.x), AlignmentOf(c), AlignmentOf(g.y)};
-  const PlanKey key{device,         g.dtype,  g.m,      g.k,      g.n,      epilogue,
-                    g.beta != 0.f,  align[0], align[1], align[2], align[3], g.bias != nullptr ? AlignmentOf(g.bias) : 0,
-                    workspace_bytes};
+  const PlanKey key{
+      device,          g.dtype,  g.m,      g.k,      g.n,      epilogue,
+      g.beta != 0.f,   align[0], align[1], align[2], align[3], g.bias != nullptr ? AlignmentOf(g.bias) : 0,
+      workspace_bytes, g.trans_w};
   auto it = ts.plans.find(key);
   if (it == ts.plans.end()) {
     Plan plan;

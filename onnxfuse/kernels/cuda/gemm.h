@@ -20,13 +20,14 @@ namespace onnxfuse::cuda_kernels {
 struct GemmArgs {
   int dtype = ONNXFUSE_FP32;
   const void* x = nullptr;     // [M, K]
-  const void* w = nullptr;     // [K, N]
+  const void* w = nullptr;     // [K, N]; [N, K] (W^T, row-major) when trans_w
   const void* bias = nullptr;  // [N] or null
   const void* c = nullptr;     // [M, N] when beta != 0
   void* y = nullptr;           // [M, N]
   int64_t m = 0, k = 0, n = 0;
   float alpha = 1.f, beta = 0.f;
   bool relu = false;
+  bool trans_w = false;  // w holds W^T [N, K] (Int4Linear's dequantized weights: its packed rows' layout)
 };
 
 // Enqueues the GEMM on `stream` with a cuBLASLt algorithm chosen once per shape, alignment and thread (heuristic,

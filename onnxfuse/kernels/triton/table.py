@@ -114,6 +114,14 @@ EMBEDDING_AUTO_TRITON = 1
 #   Llama-2-7B layer, 2048 tokens (K 4096, N 11008)   SwiGLU 506 + 42 / 627; whole layer 1455 / 1601
 #   llama-mlp / geglu-mlp / phi3-mlp, 2048 tokens     881 / 900, 860 / 922, 901 / 887 (with the down GEMM)
 #   seed Llama layer, 2048 tokens (K 1024)            393 / 379 -> stays on Triton
+# Int4Linear (H100, fp16, a Llama-2-7B layer's five int4 projections, block 32, GPU kernel time per run in us;
+# scripts/int4_probe.py, benchmarks/results/h100-2026-11-26/int4/): the CUDA backend's GEMV where it wins, the Triton
+# kernel (dequantizing into the dot's tile) from 5 to 16 rows, the CUDA backend's dequantized cuBLASLt GEMM above:
+#   rows                  1      2      4      8     16     32    128   2048
+#   CUDA (GEMV | GEMM)   58     69    137    292   1142    364    368   1271
+#   Triton              255    247    233    211    198    493    563   2937
+#   onnxruntime          65    132     89    174    353    345    351   1254
 AUTO_CUDA = (("mlp_stack", STACK_GRID_MAX_M + 1, STACK_ROWS_MIN_SM_MULT * 128 - 1, 0),
-             ("swiglu", 2048, 1 << 40, 2048))
+             ("swiglu", 2048, 1 << 40, 2048),
+             ("int4_linear", 0, 4, 0), ("int4_linear", 17, 1 << 40, 0))
 

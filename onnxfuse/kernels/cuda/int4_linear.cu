@@ -1,0 +1,494 @@
+// Int4Linear on the CUDA execution provider, in one file: the launchers' C declarations below, then the nvcc half (the
+// CUDA kernels) and the host half (the CUDA EP glue and the Triton launcher); cuda/cuda.cmake says how it is built.
+#include "cuda/launch.h"
+
+extern "C" {
+// Int4Linear: Y [m, n] = X [m, k] @ W^T, W[j, kk] = (nibble(wq, j, kk) - 8) * scales[j, kk / block]; wq uint8
+// [n, ceil(k / block), block / 2], scales [n, ceil(k / block)] of X's type. Up to kInt4GemvMaxM rows: a GEMV that
+// streams the packed weights once (one warp per output column, 16 bytes per lane per step, dequantized in registers);
+// more rows: the weights dequantized into scratch as [k, n], then one cuBLASLt GEMM.
+int64_t onnxfuse_cuda_int4_linear_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n);
+int onnxfuse_cuda_int4_linear(int dtype, const void* x, const uint8_t* wq, const void* scales, void* y, int64_t m,
+                              int64_t k, int64_t n, int64_t block, void* scratch, int64_t scratch_bytes, void* stream);
+// The Triton launcher (the host half, Triton builds only): one GEMM whose K loop dequantizes the weight tile.
+int onnxfuse_triton_int4_linear(int dtype, const void* x, const uint8_t* wq, const void* scales, void* y, int64_t m,
+                                int64_t k, int64_t n, int64_t block, void* stream);
+}
+
+// The rows up to which the CUDA backend runs the GEMV; past them, the dequantized weights and one cuBLASLt GEMM.
+// (Which backend backend=auto runs per M: triton/table.py AUTO_CUDA.)
+#define ONNXFUSE_INT4_GEMV_MAX_M 16
+
+#ifdef __CUDACC__
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "gemm.h"
+
+namespace ock = onnxfuse::cuda_kernels;
+
+namespace {
+
+constexpr int kWarps = 8;  // warps per block of the GEMV
+
+// (v - 8) for a 4-bit v, exactly: 0x4B000000 | v is the float 2^23 + v.
+__device__ __forceinline__ float Centred(uint32_t word, int nibble) {
+  return __uint_as_float(0x4B000000u | ((word >> (4 * nibble)) & 15u)) - 8388616.0f;
+}
+
+// The GEMV: one warp per kCols output columns, each lane a 16-value group (8 packed bytes and one scale per column)
+// at a time: lane l takes groups l, l + 32, ..., kUnroll of them in flight, so a warp's loads of a packed row (256
+// bytes) are contiguous, and each X group serves the kCols columns. X is staged in shared memory once per block
+// (STAGED: up to kStageBytes; fp16 already permuted into the pairs the nibble order needs). fp16: the scaled
+// weights' products are summed in half2 over a lane's kUnroll groups, then in fp32 (ORT's GEMV sums in fp16
+// throughout); fp32 and bf16: every product in fp32. X is zero past K (the last block's padding).
+constexpr int kUnroll = 4;
+constexpr int kCols = 2;
+
+// The 8 nibbles of a word as half2 (q - 8) pairs (q_i, q_{i+4}), exactly, with one shift: FasterTransformer's trick
+// (0x6400 | q is the half 1024 + q; a nibble in bits 4-7 gives 1024 + 16 q, scaled back by an fma with 1/16).
+__device__ __forceinline__ void CentredHalf2(uint32_t word, __half2 d[4]) {
+  const uint32_t top = word >> 8;
+  const uint32_t h0 = (word & 0x000F000Fu) | 0x64006400u, h1 = (word & 0x00F000F0u) | 0x64006400u;
+  const uint32_t h2 = (top & 0x000F000Fu) | 0x64006400u, h3 = (top & 0x00F000F0u) | 0x64006400u;
+  const __half2 bias = __float2half2_rn(1032.f), sixteenth = __float2half2_rn(0.0625f),
+                bias16 = __float2half2_rn(-72.f);
+  d[0] = __hsub2(*reinterpret_cast<const __half2*>(&h0), bias);
+  d[1] = __hfma2(*reinterpret_cast<const __half2*>(&h1), sixteenth, bias16);
+  d[2] = __hsub2(*reinterpret_cast<const __half2*>(&h2), bias);
+  d[3] = __hfma2(*reinterpret_cast<const __half2*>(&h3), sixteenth, bias16);
+}
+
+// One row's X over a 16-value group as the pairs the nibble order needs: xp[4w + i] = (x_{8w+i}, x_{8w+i+4}).
+__device__ __forceinline__ void LoadGroup(const __half* __restrict__ row, int64_t k0, int64_t K, bool xvec,
+                                          __half2 xp[8]) {
+  __half2 xs[8];
+  if (xvec && k0 + 16 <= K) {
+    const uint4* p = reinterpret_cast<const uint4*>(row + k0);
+    *reinterpret_cast<uint4*>(&xs[0]) = __ldg(p);
+    *reinterpret_cast<uint4*>(&xs[4]) = __ldg(p + 1);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const __half a = k0 + 2 * j < K ? row[k0 + 2 * j] : __float2half(0.f);
+      const __half b = k0 + 2 * j + 1 < K ? row[k0 + 2 * j + 1] : __float2half(0.f);
+      xs[j] = __halves2half2(a, b);
+    }
+  }
+#pragma unroll
+  for (int w = 0; w < 2; ++w) {
+    const __half2 h0 = xs[4 * w], h1 = xs[4 * w + 1], h2 = xs[4 * w + 2], h3 = xs[4 * w + 3];
+    xp[4 * w] = __lows2half2(h0, h2);
+    xp[4 * w + 1] = __highs2half2(h0, h2);
+    xp[4 * w + 2] = __lows2half2(h1, h3);
+    xp[4 * w + 3] = __highs2half2(h1, h3);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void LoadGroup(const T* __restrict__ row, int64_t k0, int64_t K, bool xvec, float xs[16]) {
+  if (xvec && k0 + 16 <= K) {
+    constexpr int kPer = 16 / sizeof(T);
+    const uint4* p = reinterpret_cast<const uint4*>(row + k0);
+#pragma unroll
+    for (int v = 0; v < 16 / kPer; ++v) {
+      const uint4 u = __ldg(p + v);
+      const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) xs[v * kPer + j] = ock::to_f(e[j]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) xs[j] = k0 + j < K ? ock::to_f(row[k0 + j]) : 0.f;
+  }
+}
+
+__device__ __forceinline__ float GroupDot(const float (&xs)[16], uint2 q) {
+  float p = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    p = fmaf(xs[i], Centred(q.x, i), p);
+    p = fmaf(xs[8 + i], Centred(q.y, i), p);
+  }
+  return p;
+}
+
+template <typename T>
+struct XGroup {  // one row's X over a group, in the form GroupDot takes
+  using type = float[16];
+};
+template <>
+struct XGroup<__half> {
+  using type = __half2[8];
+};
+
+// One row: at most 64 registers (4 blocks of 8 warps per SM), which the staged fp16 kernel fits without spilling
+// (ptxas -v); at 66 registers (3 blocks) it measured 82 against 58 us for a Llama-2-7B layer on an H100.
+// Bytes of shared memory the GEMV stages X in (every row's groups, in the form GroupDot takes), up to which it does.
+constexpr int kStageBytes = 48 * 1024;
+
+// A lane's kUnroll x kCols packed groups and their scales: one step of the GEMV's loop.
+template <typename T>
+struct Step {
+  uint2 q[kUnroll][kCols];
+  T s[kUnroll][kCols];
+};
+
+template <typename T>
+__device__ __forceinline__ void LoadStep(Step<T>& st, const uint2* const (&wc)[kCols], const T* const (&sc)[kCols],
+                                         int g0, int groups, int lb) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      const int g = g0 + 32 * u;
+      const bool ok = g < groups;
+      st.q[u][c] = ok ? __ldg(wc[c] + g) : make_uint2(0u, 0u);
+      st.s[u][c] = ok ? sc[c][(g * 16) >> lb] : T{};
+    }
+}
+
+template <typename T, int MR, bool STAGED>
+__global__ void __launch_bounds__(kWarps * 32, MR == 1 ? 4 : 1)
+    Int4Gemv(const T* __restrict__ x, const uint2* __restrict__ wq, const T* __restrict__ scales, T* __restrict__ y,
+             int m, int K, int N, int nb, int lb, int row_groups, bool xvec) {
+  using XG = typename XGroup<T>::type;
+  extern __shared__ uint4 staged_x[];  // STAGED: [m][groups] XG
+  XG* xs = reinterpret_cast<XG*>(staged_x);
+  const int lane = threadIdx.x & 31;
+  const int col0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * kCols;
+  const int groups = (K + 15) / 16;  // groups holding a k < K (the rest is the last block's padding)
+  const bool active = col0 < N;
+  const int ncols = !active ? 0 : (N - col0 < kCols ? N - col0 : kCols);
+  const uint2* wc[kCols];
+  const T* sc_row[kCols];
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    const int col = c < ncols ? col0 + c : (active ? col0 : 0);
+    wc[c] = wq + int64_t(col) * row_groups;
+    sc_row[c] = scales + int64_t(col) * nb;
+  }
+  // The first step's weights are requested before X is staged, so both are in flight together.
+  Step<T> next;
+  if (active) LoadStep(next, wc, sc_row, lane, groups, lb);
+  if constexpr (STAGED) {
+    for (int i = threadIdx.x; i < m * groups; i += blockDim.x) {
+      const int r = i / groups, g = i - r * groups;
+      LoadGroup(x + int64_t(r) * K, int64_t(g) * 16, K, xvec, xs[i]);
+    }
+    __syncthreads();
+  }
+  if (!active) return;
+  float acc[MR][kCols];
+#pragma unroll
+  for (int r = 0; r < MR; ++r)
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) acc[r][c] = 0.f;
+  for (int g0 = lane; g0 < groups; g0 += 32 * kUnroll) {
+    const Step<T> cur = next;
+    if (g0 + 32 * kUnroll < groups) LoadStep(next, wc, sc_row, g0 + 32 * kUnroll, groups, lb);
+    [[maybe_unused]] __half2 t[MR][kCols];
+    if constexpr (std::is_same_v<T, __half>) {
+#pragma unroll
+      for (int r = 0; r < MR; ++r)
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) t[r][c] = __float2half2_rn(0.f);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int g = g0 + 32 * u;
+      if (g >= groups) break;
+      if constexpr (std::is_same_v<T, __half> && MR == 1) {
+        // one row: a column's weights dequantized and scaled, then its products (fewer live registers: measured 58
+        // against 82 us for a Llama-2-7B layer on an H100 with the every-column-first order below)
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) {
+          __half2 d[8];
+          CentredHalf2(cur.q[u][c].x, d);
+          CentredHalf2(cur.q[u][c].y, d + 4);
+          const __half2 s2 = __half2half2(cur.s[u][c]);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) d[j] = __hmul2(d[j], s2);
+          __half2 xl[8];
+          const __half2* xp = xl;
+          if constexpr (STAGED) {
+            xp = xs[g];
+          } else {
+            LoadGroup(x, int64_t(g) * 16, K, xvec, xl);
+          }
+#pragma unroll
+          for (int j = 0; j < 8; ++j) t[0][c] = __hfma2(xp[j], d[j], t[0][c]);
+        }
+      } else if constexpr (std::is_same_v<T, __half>) {
+        // several rows: every column's weights of the group dequantized and scaled once, then each row's X loaded
+        // once for them (M = 2: 69 against 118 us with the order above)
+        __half2 d[kCols][8];
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) {
+          CentredHalf2(cur.q[u][c].x, d[c]);
+          CentredHalf2(cur.q[u][c].y, d[c] + 4);
+          const __half2 s2 = __half2half2(cur.s[u][c]);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) d[c][j] = __hmul2(d[c][j], s2);
+        }
+#pragma unroll
+        for (int r = 0; r < MR; ++r) {
+          if (r >= m) break;
+          __half2 xl[8];
+          const __half2* xp = xl;
+          if constexpr (STAGED) {
+            xp = xs[r * groups + g];
+          } else {
+            LoadGroup(x + int64_t(r) * K, int64_t(g) * 16, K, xvec, xl);
+          }
+#pragma unroll
+          for (int c = 0; c < kCols; ++c)
+#pragma unroll
+            for (int j = 0; j < 8; ++j) t[r][c] = __hfma2(xp[j], d[c][j], t[r][c]);
+        }
+      } else {
+#pragma unroll
+        for (int r = 0; r < MR; ++r) {
+          if (r >= m) break;
+          float xl[16];
+          const float* xf = xl;
+          if constexpr (STAGED) {
+            xf = xs[r * groups + g];
+          } else {
+            LoadGroup(x + int64_t(r) * K, int64_t(g) * 16, K, xvec, xl);
+          }
+#pragma unroll
+          for (int c = 0; c < kCols; ++c)
+            acc[r][c] = fmaf(ock::to_f(cur.s[u][c]), GroupDot(*reinterpret_cast<const float(*)[16]>(xf), cur.q[u][c]),
+                             acc[r][c]);
+        }
+      }
+    }
+    if constexpr (std::is_same_v<T, __half>) {
+#pragma unroll
+      for (int r = 0; r < MR; ++r)
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) {
+          const float2 f = __half22float2(t[r][c]);
+          acc[r][c] += f.x + f.y;
+        }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < MR; ++r)
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      float v = acc[r][c];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0 && r < m && c < ncols) y[int64_t(r) * N + col0 + c] = ock::from_f<T>(v);
+    }
+}
+
+// Packed weights not 8-byte aligned (a view into a larger buffer): one thread per output, byte loads.
+template <typename T>
+__global__ void Int4Naive(const T* __restrict__ x, const uint8_t* __restrict__ wq, const T* __restrict__ scales,
+                          T* __restrict__ y, int64_t M, int64_t K, int64_t N, int64_t nb, int lb, int64_t row_bytes) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < M * N; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / N, col = i - r * N;
+    float acc = 0.f;
+    for (int64_t k = 0; k < K; ++k) {
+      const uint32_t b = wq[col * row_bytes + (k >> 1)];
+      acc = fmaf(ock::to_f(x[r * K + k]), Centred(b, int(k & 1)) * ock::to_f(scales[col * nb + (k >> lb)]), acc);
+    }
+    y[i] = ock::from_f<T>(acc);
+  }
+}
+
+// W^T [N, K] (the packed rows' own order; the GEMM transposes it): thread i takes one 8-value word (4 packed bytes)
+// of a row, consecutive threads consecutive words, so a warp loads 128 contiguous bytes and stores 32 x 8 values
+// contiguously (16-byte stores for fp16 / bf16 rows of a multiple of 8 values).
+template <typename T>
+__global__ void Int4Dequantize(const uint8_t* __restrict__ wq, const T* __restrict__ scales, T* __restrict__ w,
+                               int64_t K, int64_t N, int64_t nb, int lb, int64_t row_bytes, bool vec) {
+  const int64_t per_row = (K + 7) / 8;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < per_row * N;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t col = i / per_row, c = i - col * per_row, k0 = c * 8;
+    const uint8_t* q = wq + col * row_bytes + c * 4;
+    const uint32_t word = vec ? __ldg(reinterpret_cast<const uint32_t*>(q))
+                              : uint32_t(q[0]) | uint32_t(q[1]) << 8 | uint32_t(q[2]) << 16 | uint32_t(q[3]) << 24;
+    const float sc = ock::to_f(scales[col * nb + (k0 >> lb)]);
+    T vals[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) vals[j] = ock::from_f<T>(Centred(word, j) * sc);
+    T* out = w + col * K + k0;
+    if (vec && sizeof(T) == 2 && k0 + 8 <= K && K % 8 == 0) {
+      *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(vals);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (k0 + j < K) out[j] = vals[j];
+    }
+  }
+}
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+int Log2(int64_t v) {
+  int l = 0;
+  while ((int64_t(1) << l) < v) ++l;
+  return l;
+}
+
+template <typename T, int MR>
+int LaunchGemv(const void* x, const uint8_t* wq, const void* scales, void* y, int64_t m, int64_t k, int64_t n,
+               int64_t nb, int lb, int64_t row_bytes, cudaStream_t s) {
+  const bool xvec = Aligned16(x) && (k * int64_t(sizeof(T))) % 16 == 0;
+  const int64_t blocks = (n + kWarps * kCols - 1) / (kWarps * kCols);
+  const int64_t staged = m * ((k + 15) / 16) * int64_t(sizeof(typename XGroup<T>::type));
+  const T* xt = static_cast<const T*>(x);
+  const uint2* w = reinterpret_cast<const uint2*>(wq);
+  const T* st = static_cast<const T*>(scales);
+  T* yt = static_cast<T*>(y);
+  if (staged <= kStageBytes) {
+    Int4Gemv<T, MR, true><<<unsigned(blocks), kWarps * 32, size_t(staged), s>>>(xt, w, st, yt, int(m), int(k), int(n),
+                                                                                int(nb), lb, int(row_bytes / 8), xvec);
+  } else {
+    Int4Gemv<T, MR, false><<<unsigned(blocks), kWarps * 32, 0, s>>>(xt, w, st, yt, int(m), int(k), int(n), int(nb), lb,
+                                                                    int(row_bytes / 8), xvec);
+  }
+  return int(cudaGetLastError());
+}
+
+int64_t Blocks(int64_t work, int threads) {
+  int64_t b = (work + threads - 1) / threads;
+  return b < 1 ? 1 : (b > 65536 ? 65536 : b);
+}
+
+}  // namespace
+
+extern "C" int64_t onnxfuse_cuda_int4_linear_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n) {
+  if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || m < 0 || k < 0 || n < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (m <= ONNXFUSE_INT4_GEMV_MAX_M) return 0;
+  return ock::Align256(k * n * ock::ElemBytes(dtype)) + ONNXFUSE_CUBLASLT_WORKSPACE_BYTES;
+}
+
+extern "C" int onnxfuse_cuda_int4_linear(int dtype, const void* x, const uint8_t* wq, const void* scales, void* y,
+                                         int64_t m, int64_t k, int64_t n, int64_t block, void* scratch,
+                                         int64_t scratch_bytes, void* stream) {
+  if (!ock::CheckCommon(dtype, x, y, m, k, n) || block < 16 || block > 256 || (block & (block - 1)) != 0)
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (m == 0 || n == 0) return 0;
+  if (wq == nullptr || scales == nullptr) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int64_t nb = (k + block - 1) / block, row_bytes = nb * block / 2;
+  const int lb = Log2(block);
+  if (k == 0) return int(cudaMemsetAsync(y, 0, size_t(m * n * ock::ElemBytes(dtype)), s));
+  if (m <= ONNXFUSE_INT4_GEMV_MAX_M) {
+    if (k > 0x7fffffffLL - 16 || n > 0x7fffffffLL - 16) return ONNXFUSE_ERR_TOO_LARGE;  // the GEMV's 32-bit indices
+    return ock::ByDtype(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      if ((reinterpret_cast<uintptr_t>(wq) & 7u) != 0) {  // rows are whole 8-byte groups (block >= 16)
+        Int4Naive<T><<<unsigned(Blocks(m * n, 256)), 256, 0, s>>>(static_cast<const T*>(x), wq,
+                                                                  static_cast<const T*>(scales), static_cast<T*>(y), m,
+                                                                  k, n, nb, lb, row_bytes);
+        return int(cudaGetLastError());
+      }
+      if (m == 1) return LaunchGemv<T, 1>(x, wq, scales, y, m, k, n, nb, lb, row_bytes, s);
+      if (m == 2) return LaunchGemv<T, 2>(x, wq, scales, y, m, k, n, nb, lb, row_bytes, s);
+      if (m <= 4) return LaunchGemv<T, 4>(x, wq, scales, y, m, k, n, nb, lb, row_bytes, s);
+      if (m <= 8) return LaunchGemv<T, 8>(x, wq, scales, y, m, k, n, nb, lb, row_bytes, s);
+      return LaunchGemv<T, 16>(x, wq, scales, y, m, k, n, nb, lb, row_bytes, s);
+    });
+  }
+  const int64_t w_bytes = ock::Align256(k * n * ock::ElemBytes(dtype));
+  if (scratch == nullptr || scratch_bytes < w_bytes) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  int err = ock::ByDtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    Int4Dequantize<T><<<unsigned(Blocks(((k + 7) / 8) * n, 256)), 256, 0, s>>>(
+        wq, static_cast<const T*>(scales), static_cast<T*>(scratch), k, n, nb, lb, row_bytes,
+        Aligned16(wq) && Aligned16(scratch));
+    return int(cudaGetLastError());
+  });
+  if (err) return err;
+  ock::GemmArgs g;
+  g.dtype = dtype, g.x = x, g.w = scratch, g.y = y, g.m = m, g.k = k, g.n = n;
+  g.trans_w = true;
+  return ock::Gemm(g, static_cast<char*>(scratch) + w_bytes, scratch_bytes - w_bytes, s);
+}
+
+#else  // the host half: the CUDA EP glue and the Triton launcher
+// Int4Linear on the CUDA EP: the kernel struct calling the nvcc half's launcher or the Triton one (at the end of
+// this file) through Dispatch (cuda/ops_cuda.h), and its registration. backend=auto follows triton/table.py's
+// AUTO_CUDA rules for the int4_linear kernel.
+#include "cuda/ops_cuda.h"
+#ifdef ONNXFUSE_WITH_TRITON
+#include "cuda/triton/runtime.h"
+#endif
+
+namespace onnxfuse {
+namespace cuda {
+namespace {
+
+template <typename T>
+struct Int4LinearCuda {
+  using Op = schema::Int4Linear;
+  static constexpr const char* kName = Op::kName;
+  Int4LinearCuda(const OrtApi* api, const OrtKernelInfo* info) : attrs(ReadOpAttrs(api, info, kName)) {}
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<uint8_t>& Wq,
+                      const Ort::Custom::Tensor<T>& Scales, Ort::Custom::Tensor<T>& Y) {
+    return GuardCompute([&] {
+      const LinearDims d = Int4LinearDims(kName, X.Shape(), Wq.Shape(), Scales.Shape());
+      T* y = Y.Allocate(d.out_shape);
+      if (d.M == 0 || d.N == 0) return;
+      void* stream = StreamOf(ctx);
+      const void *x = X.Data(), *scales = Scales.Data();
+      const uint8_t* wq = Wq.Data();
+      Dispatch(
+          kName, attrs,
+          [&] {
+            return WithScratch(ctx, Op::kX, onnxfuse_cuda_int4_linear_scratch_bytes(DtypeCode<T>(), d.M, d.K, d.N),
+                               [&](void* sp, int64_t bytes) {
+                                 return onnxfuse_cuda_int4_linear(DtypeCode<T>(), x, wq, scales, y, d.M, d.K, d.N, d.r,
+                                                                  sp, bytes, stream);
+                               });
+          },
+          [&] { return onnxfuse_triton_int4_linear(DtypeCode<T>(), x, wq, scales, y, d.M, d.K, d.N, d.r, stream); },
+          AutoPrefersCuda(triton::kInt4Linear, d.M, d.K));
+    });
+  }
+  OpAttrs attrs;
+};
+
+}  // namespace
+
+void RegisterInt4LinearCuda(Ort::CustomOpDomain& domain) {
+  AddOpAllTypes<Int4LinearCuda>(domain, schema::Int4Linear::kName, kCudaEp);
+}
+
+}  // namespace cuda
+}  // namespace onnxfuse
+
+#ifdef ONNXFUSE_WITH_TRITON
+// ----------------------------------------------------------------------------------------------------
+// Triton launcher of Int4Linear (triton/int4_linear.py).
+// (Triton builds only: without Triton, Dispatch never calls it; cuda/ops_cuda.h.)
+using namespace onnxfuse::triton_runtime;  // NOLINT: the launchers below are the runtime's users
+
+extern "C" int onnxfuse_triton_int4_linear(int dtype, const void* x, const uint8_t* wq, const void* scales, void* y,
+                                           int64_t m, int64_t k, int64_t n, int64_t block, void* stream) {
+  if (BadCommon(dtype, m, k, n) || block < 16 || block > 256 || (block & (block - 1)) != 0)
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
+  if (m == 0 || n == 0) return 0;
+  const int64_t nb = (k + block - 1) / block, row_bytes = nb * block / 2;
+  if (row_bytes * n > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;
+  const bool aligned = Aligned16(x) && Aligned16(wq) && Aligned16(scales) && Aligned16(y) && k % 16 == 0 &&
+                       n % 16 == 0 && row_bytes % 16 == 0;
+  int32_t M = int32_t(m), N = int32_t(n), K = int32_t(k), RB = int32_t(row_bytes), NB = int32_t(nb),
+          BS = int32_t(block);
+  void* scratch_global = nullptr;
+  void* scratch_profile = nullptr;
+  void* args[] = {&x, &wq, &scales, &y, &M, &N, &K, &RB, &NB, &BS, &scratch_global, &scratch_profile};
+  return Launch(ids::kInt4Linear, dtype, m, n, aligned, 0, args, stream);
+}
+#endif  // ONNXFUSE_WITH_TRITON
+#endif  // __CUDACC__

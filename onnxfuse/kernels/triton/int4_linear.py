@@ -1,0 +1,68 @@
+"""Triton kernel for Int4Linear (onnxfuse.schema): one GEMM whose K loop loads the packed 4-bit weight tile, unpacks
+and scales it in registers and feeds it to tl.dot, so the weights cross memory once, as bytes of int4.
+
+Compiled ahead of time by `aot.py`; the launcher (cuda/int4_linear.cu, onnxfuse_triton_int4_linear) passes the
+arguments in the order of KERNELS and launches row tiles x column tiles (runtime.h Launch).
+"""
+import triton
+import triton.language as tl
+
+from .gemm_loop import _store_tile, _tile_ids
+
+
+@triton.jit
+def _int4_linear_kernel(x_ptr, wq_ptr, s_ptr, y_ptr, M, N, K, RB, NB, BS,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                        DOT_PRECISION: tl.constexpr):
+    """PyTorch: ``w = ((nibbles(wq) - 8) * scales.repeat_interleave(BS, 1))[:, :K]; y = (x.float() @ w.T).to(x.dtype)``.
+
+    x [M, K], y [M, N] row-major; wq uint8 [N, RB] (RB = NB * BS / 2 bytes per column, the lower k of a byte in its
+    low nibble), scales [N, NB] of x's type. Per K step a [BLOCK_N, BLOCK_K / 2] byte tile: both nibbles joined into
+    [BLOCK_N, BLOCK_K] in x's type (q - 8 is exact in fp16 and bf16), times the scale of each 16 values (BS >= 16:
+    one gather of [BLOCK_N, BLOCK_K / 16] scales, broadcast over its 16), transposed into the dot. X is masked past K
+    (the last block's padding contributes zero); rows past M are clamped to row 0 on load and never stored.
+    """
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_b = tl.arange(0, BLOCK_K // 2)
+    offs_g = tl.arange(0, BLOCK_K // 16)
+    rows = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
+    n_ok = offs_n < N
+    cols = tl.where(n_ok, offs_n, 0).to(tl.int64)
+    x_ptrs = x_ptr + rows[:, None] * K + offs_k[None, :]
+    w_ptrs = wq_ptr + cols[:, None] * RB + offs_b[None, :]
+    s_row = s_ptr + cols[:, None] * NB
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+        k0 = kb * BLOCK_K
+        x = tl.load(x_ptrs, mask=((k0 + offs_k) < K)[None, :], other=0.0)
+        q = tl.load(w_ptrs, mask=((k0 // 2 + offs_b) < RB)[None, :], other=0)
+        lo = (q & 15).to(x_ptr.dtype.element_ty)
+        hi = (q >> 4).to(x_ptr.dtype.element_ty)
+        v = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K)) - 8.0
+        grp = tl.minimum((k0 + offs_g * 16) // BS, NB - 1)
+        s16 = tl.load(s_row + grp[None, :])
+        s = tl.reshape(tl.broadcast_to(s16[:, :, None], (BLOCK_N, BLOCK_K // 16, 16)), (BLOCK_N, BLOCK_K))
+        w = (v * s).to(x_ptr.dtype.element_ty)
+        acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K // 2
+    _store_tile(y_ptr, N, acc, offs_m, offs_m < M, offs_n, n_ok)
+
+
+# name -> (kernel, ordered non-constexpr parameters with their Triton types; "*T" is the op's element type). RB (the
+# packed row's bytes) carries the divisibility hint in the aligned specialisation.
+KERNELS = {
+    "int4_linear": (_int4_linear_kernel, [("x_ptr", "*T"), ("wq_ptr", "*u8"), ("s_ptr", "*T"), ("y_ptr", "*T"),
+                                          ("M", "i32"), ("N", "i32"), ("K", "i32"), ("RB", "i32:16"), ("NB", "i32"),
+                                          ("BS", "i32")]),
+}
+
+# Tile configs (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages) per size class: "small" (M <= 16) narrow column
+# tiles so that the packed weights of all columns stream at once; the others the GEMM tiles of gemm_loop.py. BLOCK_K
+# is a multiple of 32 (whole 16-value scale groups, 16-byte rows of packed bytes).
+_H = {"small": (16, 32, 128, 1, 4, 4), "medium": (64, 128, 64, 8, 4, 3), "large": (128, 128, 64, 8, 8, 3)}
+_F = {"small": (16, 32, 32, 1, 4, 3), "medium": (64, 64, 32, 8, 4, 2), "large": (128, 64, 32, 8, 8, 2)}
+CONFIGS = {arch: {"int4_linear": {"h": _H, "f": _F}} for arch in ("90", "80")}
