@@ -125,9 +125,11 @@ struct XGroup<__half> {
 };
 
 // One row: at most 64 registers (4 blocks of 8 warps per SM), which the staged fp16 kernel fits without spilling
-// (ptxas -v); at 66 registers (3 blocks) it measured 82 against 58 us for a Llama-2-7B layer on an H100.
-// Bytes of shared memory the GEMV stages X in (every row's groups, in the form GroupDot takes), up to which it does.
-constexpr int kStageBytes = 48 * 1024;
+// (ptxas -v); at 66 registers (3 blocks) it measured 82 against 58 us for a Llama-2-7B layer on an H100. Two rows: 3
+// blocks (78 registers, no spill); more rows keep what they need (four rows spill at 80).
+// Bytes of shared memory the GEMV stages X in (every row's groups, in the form GroupDot takes), up to which it does:
+// 48 KB for one or two rows (any K to 12288 at two), 96 KB (opted in per launch) for more (four rows of K = 11008).
+constexpr int kStageBytes = 48 * 1024, kStageBytesRows = 96 * 1024;
 
 // A lane's kUnroll x kCols packed groups and their scales: one step of the GEMV's loop.
 template <typename T>
@@ -151,7 +153,7 @@ __device__ __forceinline__ void LoadStep(Step<T>& st, const uint2* const (&wc)[k
 }
 
 template <typename T, int MR, bool STAGED>
-__global__ void __launch_bounds__(kWarps * 32, MR == 1 ? 4 : 1)
+__global__ void __launch_bounds__(kWarps * 32, MR == 1 ? 4 : (MR == 2 ? 3 : 1))
     Int4Gemv(const T* __restrict__ x, const uint2* __restrict__ wq, const T* __restrict__ scales, T* __restrict__ y,
              int m, int K, int N, int nb, int lb, int row_groups, bool xvec) {
   using XG = typename XGroup<T>::type;
@@ -302,29 +304,39 @@ __global__ void Int4Naive(const T* __restrict__ x, const uint8_t* __restrict__ w
   }
 }
 
-// W^T [N, K] (the packed rows' own order; the GEMM transposes it): thread i takes one 8-value word (4 packed bytes)
-// of a row, consecutive threads consecutive words, so a warp loads 128 contiguous bytes and stores 32 x 8 values
-// contiguously (16-byte stores for fp16 / bf16 rows of a multiple of 8 values).
+// W^T [N, K] (the packed rows' own order; the GEMM transposes it): blocks walk the columns (blockIdx.y), a thread
+// takes 16 values (8 packed bytes, one scale) of its column, so a warp loads 256 contiguous bytes and stores 1 KB
+// contiguously (16-byte stores for fp16 / bf16 rows of a multiple of 8 values); 32-bit index math within a column.
 template <typename T>
-__global__ void Int4Dequantize(const uint8_t* __restrict__ wq, const T* __restrict__ scales, T* __restrict__ w,
-                               int64_t K, int64_t N, int64_t nb, int lb, int64_t row_bytes, bool vec) {
-  const int64_t per_row = (K + 7) / 8;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < per_row * N;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t col = i / per_row, c = i - col * per_row, k0 = c * 8;
-    const uint8_t* q = wq + col * row_bytes + c * 4;
-    const uint32_t word = vec ? __ldg(reinterpret_cast<const uint32_t*>(q))
-                              : uint32_t(q[0]) | uint32_t(q[1]) << 8 | uint32_t(q[2]) << 16 | uint32_t(q[3]) << 24;
-    const float sc = ock::to_f(scales[col * nb + (k0 >> lb)]);
-    T vals[8];
+__global__ void Int4Dequantize(const uint8_t* __restrict__ wq, const T* __restrict__ scales, T* __restrict__ w, int K,
+                               int N, int nb, int lb, int row_bytes, bool vec) {
+  const int groups = (K + 15) / 16;
+  const int g = blockIdx.x * blockDim.x + threadIdx.x;
+  if (g >= groups) return;
+  const int k0 = g * 16;
+  for (int col = blockIdx.y; col < N; col += gridDim.y) {
+    const uint8_t* q = wq + int64_t(col) * row_bytes + g * 8;
+    uint2 words;
+    if (vec) {
+      words = __ldg(reinterpret_cast<const uint2*>(q));
+    } else {
+      words.x = uint32_t(q[0]) | uint32_t(q[1]) << 8 | uint32_t(q[2]) << 16 | uint32_t(q[3]) << 24;
+      words.y = uint32_t(q[4]) | uint32_t(q[5]) << 8 | uint32_t(q[6]) << 16 | uint32_t(q[7]) << 24;
+    }
+    const float sc = ock::to_f(scales[int64_t(col) * nb + (k0 >> lb)]);
+    T vals[16];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) vals[j] = ock::from_f<T>(Centred(word, j) * sc);
-    T* out = w + col * K + k0;
-    if (vec && sizeof(T) == 2 && k0 + 8 <= K && K % 8 == 0) {
-      *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(vals);
+    for (int j = 0; j < 8; ++j) {
+      vals[j] = ock::from_f<T>(Centred(words.x, j) * sc);
+      vals[8 + j] = ock::from_f<T>(Centred(words.y, j) * sc);
+    }
+    T* out = w + int64_t(col) * K + k0;
+    if (vec && sizeof(T) == 2 && k0 + 16 <= K && K % 8 == 0) {
+      reinterpret_cast<uint4*>(out)[0] = reinterpret_cast<const uint4*>(vals)[0];
+      reinterpret_cast<uint4*>(out)[1] = reinterpret_cast<const uint4*>(vals)[1];
     } else {
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < 16; ++j)
         if (k0 + j < K) out[j] = vals[j];
     }
   }
@@ -348,7 +360,12 @@ int LaunchGemv(const void* x, const uint8_t* wq, const void* scales, void* y, in
   const uint2* w = reinterpret_cast<const uint2*>(wq);
   const T* st = static_cast<const T*>(scales);
   T* yt = static_cast<T*>(y);
-  if (staged <= kStageBytes) {
+  if (staged <= (MR <= 2 ? kStageBytes : kStageBytesRows)) {
+    if (staged > kStageBytes) {
+      if (cudaError_t e =
+              cudaFuncSetAttribute(Int4Gemv<T, MR, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStageBytesRows))
+        return int(e);
+    }
     Int4Gemv<T, MR, true><<<unsigned(blocks), kWarps * 32, size_t(staged), s>>>(xt, w, st, yt, int(m), int(k), int(n),
                                                                                 int(nb), lb, int(row_bytes / 8), xvec);
   } else {
@@ -399,13 +416,15 @@ extern "C" int onnxfuse_cuda_int4_linear(int dtype, const void* x, const uint8_t
       return LaunchGemv<T, 16>(x, wq, scales, y, m, k, n, nb, lb, row_bytes, s);
     });
   }
+  if (k > 0x7fffffffLL - 16 || n > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;  // the dequantization's indices
   const int64_t w_bytes = ock::Align256(k * n * ock::ElemBytes(dtype));
   if (scratch == nullptr || scratch_bytes < w_bytes) return ONNXFUSE_ERR_BAD_ARGUMENT;
   int err = ock::ByDtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    Int4Dequantize<T><<<unsigned(Blocks(((k + 7) / 8) * n, 256)), 256, 0, s>>>(
-        wq, static_cast<const T*>(scales), static_cast<T*>(scratch), k, n, nb, lb, row_bytes,
-        Aligned16(wq) && Aligned16(scratch));
+    const dim3 grid(unsigned((k + 15) / 16 + 255) / 256, unsigned(n < 65535 ? n : 65535));
+    Int4Dequantize<T><<<grid, 256, 0, s>>>(wq, static_cast<const T*>(scales), static_cast<T*>(scratch), int(k), int(n),
+                                           int(nb), lb, int(row_bytes),
+                                           (reinterpret_cast<uintptr_t>(wq) & 7u) == 0 && Aligned16(scratch));
     return int(cudaGetLastError());
   });
   if (err) return err;

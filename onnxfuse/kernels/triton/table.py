@@ -118,9 +118,9 @@ EMBEDDING_AUTO_TRITON = 1
 # scripts/int4_probe.py, benchmarks/results/h100-2026-11-26/int4/): the CUDA backend's GEMV where it wins, the Triton
 # kernel (dequantizing into the dot's tile) from 5 to 16 rows, the CUDA backend's dequantized cuBLASLt GEMM above:
 #   rows                  1      2      4      8     16     32    128   2048
-#   CUDA (GEMV | GEMM)   58     73    137    417   1145    364    369   1282
-#   Triton              251    241    231    208    197    490    558   2967
-#   onnxruntime          64    132     90    176    354    345    352   1264
+#   CUDA (GEMV | GEMM)   58     70    108    284   1151    363    368   1280
+#   Triton              252    243    232    208    198    498    563   2999
+#   onnxruntime          64    132     89    175    354    345    352   1258
 AUTO_CUDA = (("mlp_stack", STACK_GRID_MAX_M + 1, STACK_ROWS_MIN_SM_MULT * 128 - 1, 0),
              ("swiglu", 2048, 1 << 40, 2048),
              ("int4_linear", 0, 4, 0), ("int4_linear", 17, 1 << 40, 0))
