@@ -124,12 +124,33 @@ struct XGroup<__half> {
   using type = __half2[8];
 };
 
-// One row: at most 64 registers (4 blocks of 8 warps per SM), which the staged fp16 kernel fits without spilling
+// fp16, one row: at most 64 registers (4 blocks of 8 warps per SM), which the staged kernel fits without spilling
 // (ptxas -v); at 66 registers (3 blocks) it measured 82 against 58 us for a Llama-2-7B layer on an H100. Two rows: 3
 // blocks (78 registers, no spill); more rows keep what they need (four rows spill at 80).
 // Bytes of shared memory the GEMV stages X in (every row's groups, in the form GroupDot takes), up to which it does:
 // 48 KB for one or two rows (any K to 12288 at two), 96 KB (opted in per launch) for more (four rows of K = 11008).
 constexpr int kStageBytes = 48 * 1024, kStageBytesRows = 96 * 1024;
+
+// A group's weights of one column as half2 pairs, dequantized and scaled: (q - 8) * s.
+__device__ __forceinline__ void ScaledGroup(uint2 q, __half s, __half2 d[8]) {
+  CentredHalf2(q.x, d);
+  CentredHalf2(q.y, d + 4);
+  const __half2 s2 = __half2half2(s);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) d[j] = __hmul2(d[j], s2);
+}
+
+// Row r's X over group g in the form GroupDot takes: staged in shared memory, or loaded into `local`.
+template <bool STAGED, typename XG, typename T>
+__device__ __forceinline__ const XG& RowGroup(const XG* xs, const T* __restrict__ x, int r, int groups, int g, int K,
+                                              bool xvec, XG& local) {
+  if constexpr (STAGED) {
+    return xs[r * groups + g];
+  } else {
+    LoadGroup(x + int64_t(r) * K, int64_t(g) * 16, K, xvec, local);
+    return local;
+  }
+}
 
 // A lane's kUnroll x kCols packed groups and their scales: one step of the GEMV's loop.
 template <typename T>
@@ -153,7 +174,7 @@ __device__ __forceinline__ void LoadStep(Step<T>& st, const uint2* const (&wc)[k
 }
 
 template <typename T, int MR, bool STAGED>
-__global__ void __launch_bounds__(kWarps * 32, MR == 1 ? 4 : (MR == 2 ? 3 : 1))
+__global__ void __launch_bounds__(kWarps * 32, !std::is_same_v<T, __half> ? 1 : (MR == 1 ? 4 : (MR == 2 ? 3 : 1)))
     Int4Gemv(const T* __restrict__ x, const uint2* __restrict__ wq, const T* __restrict__ scales, T* __restrict__ y,
              int m, int K, int N, int nb, int lb, int row_groups, bool xvec) {
   using XG = typename XGroup<T>::type;
@@ -202,69 +223,30 @@ __global__ void __launch_bounds__(kWarps * 32, MR == 1 ? 4 : (MR == 2 ? 3 : 1))
     for (int u = 0; u < kUnroll; ++u) {
       const int g = g0 + 32 * u;
       if (g >= groups) break;
-      if constexpr (std::is_same_v<T, __half> && MR == 1) {
-        // one row: a column's weights dequantized and scaled, then its products (fewer live registers: measured 58
-        // against 82 us for a Llama-2-7B layer on an H100 with the every-column-first order below)
-#pragma unroll
-        for (int c = 0; c < kCols; ++c) {
-          __half2 d[8];
-          CentredHalf2(cur.q[u][c].x, d);
-          CentredHalf2(cur.q[u][c].y, d + 4);
-          const __half2 s2 = __half2half2(cur.s[u][c]);
-#pragma unroll
-          for (int j = 0; j < 8; ++j) d[j] = __hmul2(d[j], s2);
-          __half2 xl[8];
-          const __half2* xp = xl;
-          if constexpr (STAGED) {
-            xp = xs[g];
-          } else {
-            LoadGroup(x, int64_t(g) * 16, K, xvec, xl);
-          }
-#pragma unroll
-          for (int j = 0; j < 8; ++j) t[0][c] = __hfma2(xp[j], d[j], t[0][c]);
-        }
-      } else if constexpr (std::is_same_v<T, __half>) {
-        // several rows: every column's weights of the group dequantized and scaled once, then each row's X loaded
-        // once for them (M = 2: 69 against 118 us with the order above)
+      if constexpr (std::is_same_v<T, __half>) {
+        // every column's weights of the group dequantized and scaled once, then each row's X fetched once for them
         __half2 d[kCols][8];
 #pragma unroll
-        for (int c = 0; c < kCols; ++c) {
-          CentredHalf2(cur.q[u][c].x, d[c]);
-          CentredHalf2(cur.q[u][c].y, d[c] + 4);
-          const __half2 s2 = __half2half2(cur.s[u][c]);
-#pragma unroll
-          for (int j = 0; j < 8; ++j) d[c][j] = __hmul2(d[c][j], s2);
-        }
+        for (int c = 0; c < kCols; ++c) ScaledGroup(cur.q[u][c], cur.s[u][c], d[c]);
 #pragma unroll
         for (int r = 0; r < MR; ++r) {
           if (r >= m) break;
-          __half2 xl[8];
-          const __half2* xp = xl;
-          if constexpr (STAGED) {
-            xp = xs[r * groups + g];
-          } else {
-            LoadGroup(x + int64_t(r) * K, int64_t(g) * 16, K, xvec, xl);
-          }
+          XG local;
+          const XG& xg = RowGroup<STAGED>(xs, x, r, groups, g, K, xvec, local);
 #pragma unroll
           for (int c = 0; c < kCols; ++c)
 #pragma unroll
-            for (int j = 0; j < 8; ++j) t[r][c] = __hfma2(xp[j], d[c][j], t[r][c]);
+            for (int j = 0; j < 8; ++j) t[r][c] = __hfma2(xg[j], d[c][j], t[r][c]);
         }
       } else {
 #pragma unroll
         for (int r = 0; r < MR; ++r) {
           if (r >= m) break;
-          float xl[16];
-          const float* xf = xl;
-          if constexpr (STAGED) {
-            xf = xs[r * groups + g];
-          } else {
-            LoadGroup(x + int64_t(r) * K, int64_t(g) * 16, K, xvec, xl);
-          }
+          XG local;
+          const XG& xg = RowGroup<STAGED>(xs, x, r, groups, g, K, xvec, local);
 #pragma unroll
           for (int c = 0; c < kCols; ++c)
-            acc[r][c] = fmaf(ock::to_f(cur.s[u][c]), GroupDot(*reinterpret_cast<const float(*)[16]>(xf), cur.q[u][c]),
-                             acc[r][c]);
+            acc[r][c] = fmaf(ock::to_f(cur.s[u][c]), GroupDot(xg, cur.q[u][c]), acc[r][c]);
         }
       }
     }
