@@ -86,13 +86,19 @@ def _lora(node: ir.Node | None) -> bool:
     return node is not None and node.domain == DOMAIN and node.op_type == LORA_LINEAR.name
 
 
+def _int4(node: ir.Node | None) -> bool:
+    """onnxruntime's 4-bit MatMulNBits (genai's int4 projections): a candidate gated MLP that SwiGLU cannot take (no
+    int4 form yet; each projection fuses as Int4Linear), found only so that --explain can say so."""
+    return node is not None and node.domain == "com.microsoft" and node.op_type == "MatMulNBits"
+
+
 def projection(value: ir.Value, graph: ir.Graph) -> Projection | None:
     """`value` as a projection of some X made in `graph` (a value of an outer scope is not one: the match could not
-    replace its nodes), or a LoRALinear's output (refused, with the reason, by _projections)."""
+    replace its nodes), or a LoRALinear's or MatMulNBits' output (refused, with the reason, by _projections)."""
     node = value.producer()
     if node is None or node.graph is not graph:
         return None
-    if _gemm(node) or _lora(node):
+    if _gemm(node) or _lora(node) or _int4(node):
         return Projection(value, node)
     if node.domain in DEFAULT_DOMAINS and node.op_type in SELECTS and node.inputs and node.inputs[0] is not None:
         gemm = node.inputs[0].producer()
@@ -358,6 +364,12 @@ class SwiGLUPass(_base.GraphPass):
                 result.fail(f"{'the gate' if p is gate else 'the up'} projection {p.value.name} carries a LoRA "
                             f"adapter ({_base.node_label(node)}, fused on its own as {LORA_LINEAR.name}): SwiGLU has "
                             "no form with adapters yet, so act(gate) * up stays unfused", p.value)
+                return False
+            if _int4(node):
+                result.fail(f"{'the gate' if p is gate else 'the up'} projection {p.value.name} has int4 weights "
+                            f"({_base.node_label(node)}): SwiGLU has no int4 form yet, so each projection fuses on its "
+                            "own (Int4Linear, where the provider's table allows) and act(gate) * up stays unfused",
+                            p.value)
                 return False
             if node.op_type == "Gemm":
                 a = node.attributes

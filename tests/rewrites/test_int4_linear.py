@@ -116,3 +116,31 @@ def test_a_wrong_shape_is_a_clear_error():
     x, wq, s = op.make_doctor_inputs(torch.float32, shapes, seed=5)
     with pytest.raises(Exception, match="ceil\\(K / block\\) blocks"):
         testing.run_op("Int4Linear", [x[:, :32].contiguous(), wq, s])
+
+
+def test_an_int4_gated_mlp_is_explained(tmp_path):
+    """genai's int4 gated MLP (gate and up MatMulNBits, SiLU as Sigmoid * x, then the product): each projection fuses
+    as Int4Linear, and --explain says why the gated MLP as a whole did not."""
+    k, n = 64, 48
+    rng = np.random.default_rng(2)
+    inits, nodes = [], []
+    for name in ("gate", "up"):
+        wq, s = quantize(rng.standard_normal((k, n)).astype(np.float32) * 0.2, 32)
+        inits += [numpy_helper.from_array(wq, f"{name}.B"), numpy_helper.from_array(s, f"{name}.S")]
+        nodes.append(helper.make_node("MatMulNBits", ["X", f"{name}.B", f"{name}.S"], [name], domain="com.microsoft",
+                                      K=k, N=n, bits=4, block_size=32,
+                                      name=f"/model/layers.0/mlp/{name}_proj/MatMul_Q4"))
+    nodes += [helper.make_node("Sigmoid", ["gate"], ["sig"]), helper.make_node("Mul", ["gate", "sig"], ["act"]),
+              helper.make_node("Mul", ["act", "up"], ["Y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [M, k])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [M, n])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)],
+                              ir_version=10)
+    src, dst, res = _fuse(tmp_path, model, explain=True)
+    assert [m.op for m in res.matches] == ["Int4Linear", "Int4Linear"]
+    assert any("int4 weights" in r["reason"] and "SwiGLU has no int4 form" in r["reason"] for r in res.refusals), \
+        res.refusals
+    x = rng.standard_normal((M, k)).astype(np.float32)
+    want = runtime.session(str(src), "cpu", library=False).run(None, {"X": x})[0]
+    got = runtime.session(str(dst), "cpu", library=True).run(None, {"X": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
