@@ -6,6 +6,7 @@ import pathlib
 
 from ..genai import command as genai_command
 from ..host import FAMILIES
+from ..ops import FAMILIES as OP_FAMILIES
 from ..schema import BACKENDS
 from ._common import _add_output_flags, _add_session_args, _console, choice_list
 
@@ -191,10 +192,10 @@ def register(sub) -> None:
     fu.add_argument("model", help="the exported .onnx model, or an onnxruntime-genai model folder")
     fu.add_argument("-o", "--output", help="fused model path (default: <model>.fused.onnx; for a folder <DIR>-fused)")
     fu.add_argument("--patterns", type=_pattern_list, metavar="P1,P2",
-                    help="comma-separated patterns to apply (default all: lora_linear, swiglu, rotary_embedding, "
-                         "linear_act, mlp_stack, embedding_interaction, embedding; mlp_stack chains the layers "
-                         "linear_act fused; embedding_interaction takes DLRM's hash, embedding lookups or bags, and "
-                         "feature interaction)")
+                    help=f"comma-separated patterns to apply (default all: {', '.join(f.name for f in OP_FAMILIES)}; "
+                         "mlp_stack chains the layers linear_act fused; embedding_interaction takes DLRM's hash, "
+                         "embedding lookups or bags, and feature interaction; int4_linear takes onnxruntime's 4-bit "
+                         "MatMulNBits)")
     fu.add_argument("--report", metavar="FILE.json", help="write the fusion report as JSON")
     fu.add_argument("--explain", action="store_true", help="say, for candidates that did not fuse, which check refused")
     fu.add_argument("--no-ort-fusions", action="store_true",
