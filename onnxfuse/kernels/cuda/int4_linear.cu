@@ -4,9 +4,9 @@
 
 extern "C" {
 // Int4Linear: Y [m, n] = X [m, k] @ W^T, W[j, kk] = (nibble(wq, j, kk) - 8) * scales[j, kk / block]; wq uint8
-// [n, ceil(k / block), block / 2], scales [n, ceil(k / block)] of X's type. Up to kInt4GemvMaxM rows: a GEMV that
-// streams the packed weights once (one warp per output column, 16 bytes per lane per step, dequantized in registers);
-// more rows: the weights dequantized into scratch as [k, n], then one cuBLASLt GEMM.
+// [n, ceil(k / block), block / 2], scales [n, ceil(k / block)] of X's type. Up to ONNXFUSE_INT4_GEMV_MAX_M rows: a
+// GEMV that streams the packed weights once and dequantizes them in registers (Int4Gemv below); more rows: the
+// weights dequantized into scratch as W^T [n, k], then one cuBLASLt GEMM that transposes them.
 int64_t onnxfuse_cuda_int4_linear_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n);
 int onnxfuse_cuda_int4_linear(int dtype, const void* x, const uint8_t* wq, const void* scales, void* y, int64_t m,
                               int64_t k, int64_t n, int64_t block, void* scratch, int64_t scratch_bytes, void* stream);
