@@ -1,9 +1,10 @@
 // Int4Linear on the CPU EP: Y = X @ W^T with W[n, k] = (nibble(Wq, n, k) - 8) * scales[n, k / block].
 //
-// Tiles of rows x kColumns output columns on onnxruntime's pool: a tile dequantizes its columns' weights once into an
-// fp32 [K, kColumns] panel (the padding past K is never read), then accumulates X's rows against it in fp32. This is
-// the reference-grade kernel: `fuse --provider cpu` leaves MatMulNBits to onnxruntime (cpu_policy.py), whose MLAS
-// kernels quantize X to int8 and run int8 dot products.
+// Tiles of rows x kColumns output columns on onnxruntime's pool. A tile converts its rows of X to fp32 once, then per
+// column dequantizes that column's packed row into an fp32 buffer (both nibbles of a byte at once, the padding past K
+// never read) and takes its dot products with the rows, four rows at a time (each weight loaded once for them), in
+// independent partial sums so that the compiler vectorizes them without reassociating. `fuse --provider cpu` still
+// leaves MatMulNBits to onnxruntime (cpu_policy.py): MLAS quantizes X to int8 and runs int8 dot products.
 #include <cstring>
 #include <vector>
 
@@ -13,22 +14,52 @@ namespace onnxfuse {
 namespace cpu {
 namespace {
 
-constexpr int64_t kColumns = 32;
+constexpr int64_t kColumns = 16;
+constexpr int kLanes = 16;
 
-// W^T columns [n0, n0 + nc) as an fp32 panel [K, nc] (row k holds the nc columns' k-th weights).
+// One column's weights W[n, 0 .. K) in fp32.
 template <typename T>
-void DequantizePanel(const uint8_t* wq, const T* scales, int64_t K, int64_t n_blocks, int64_t block, int64_t n0,
-                     int64_t nc, float* panel) {
-  const int64_t row_bytes = n_blocks * block / 2;
-  for (int64_t j = 0; j < nc; ++j) {
-    const uint8_t* q = wq + (n0 + j) * row_bytes;
-    const T* s = scales + (n0 + j) * n_blocks;
-    for (int64_t k = 0; k < K; ++k) {
-      const uint8_t byte = q[k >> 1];
-      const int v = (k & 1) ? (byte >> 4) : (byte & 15);
-      panel[k * nc + j] = float(v - 8) * ToF32(s[k / block]);
+void DequantizeColumn(const uint8_t* q, const T* s, int64_t K, int64_t block, float* w) {
+  const int64_t half = block / 2;
+  for (int64_t b0 = 0, kb = 0; kb < K; ++b0, kb += block) {
+    const float sc = ToF32(s[b0]);
+    const uint8_t* bytes = q + b0 * half;
+    float* out = w + kb;
+    const int64_t n = std::min(half, (K - kb + 1) / 2);
+    for (int64_t j = 0; j < n; ++j) {
+      out[2 * j] = float(int(bytes[j] & 15) - 8) * sc;
+      out[2 * j + 1] = float(int(bytes[j] >> 4) - 8) * sc;
     }
   }
+}
+
+// Four rows' dot products with one column: each weight loaded once for the four.
+void Dot4(const float* a, int64_t lda, const float* b, int64_t K, float out[4]) {
+  constexpr int kL = kLanes / 2;
+  float acc[4][kL] = {};
+  int64_t k = 0;
+  for (; k + kL <= K; k += kL)
+    for (int j = 0; j < kL; ++j) {
+      const float w = b[k + j];
+      for (int r = 0; r < 4; ++r) acc[r][j] += a[r * lda + k + j] * w;
+    }
+  for (int r = 0; r < 4; ++r) {
+    float sum = 0.f;
+    for (int64_t t = k; t < K; ++t) sum += a[r * lda + t] * b[t];
+    for (int j = 0; j < kL; ++j) sum += acc[r][j];
+    out[r] = sum;
+  }
+}
+
+float Dot(const float* a, const float* b, int64_t K) {
+  float acc[kLanes] = {};
+  int64_t k = 0;
+  for (; k + kLanes <= K; k += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] += a[k + j] * b[k + j];
+  float sum = 0.f;
+  for (; k < K; ++k) sum += a[k] * b[k];
+  for (int j = 0; j < kLanes; ++j) sum += acc[j];
+  return sum;
 }
 
 template <typename T>
@@ -46,22 +77,21 @@ struct Int4LinearCpu {
       const uint8_t* wq = Wq.Data();
       const T* scales = Scales.Data();
       const int64_t K = d.K, N = d.N, block = d.r, n_blocks = (K + block - 1) / block;
-      const int64_t col_blocks = (N + kColumns - 1) / kColumns;
+      const int64_t row_bytes = n_blocks * block / 2;
       const OrtPool pool(ctx);
-      ForTiles(pool, d.M, col_blocks, [&](int64_t m0, int64_t mb, int64_t jb) {
-        const int64_t n0 = jb * kColumns, nc = std::min(kColumns, N - n0);
-        std::vector<float> panel(size_t(K * nc));
-        DequantizePanel(wq, scales, K, n_blocks, block, n0, nc, panel.data());
-        float acc[kColumns];
-        for (int64_t m = m0; m < m0 + mb; ++m) {
-          std::fill(acc, acc + kColumns, 0.f);
-          const T* xr = x + m * K;
-          for (int64_t k = 0; k < K; ++k) {
-            const float xv = ToF32(xr[k]);
-            const float* w = panel.data() + k * nc;
-            for (int64_t j = 0; j < nc; ++j) acc[j] += xv * w[j];
+      ForTiles(pool, d.M, (N + kColumns - 1) / kColumns, [&](int64_t m0, int64_t mb, int64_t jb) {
+        // padded to a whole block so that the dequantization may write the last block's second nibble
+        std::vector<float> xf(size_t(mb * K)), w(size_t(n_blocks * block));
+        for (int64_t i = 0; i < mb * K; ++i) xf[size_t(i)] = ToF32(x[m0 * K + i]);
+        for (int64_t n = jb * kColumns; n < std::min(N, (jb + 1) * kColumns); ++n) {
+          DequantizeColumn(wq + n * row_bytes, scales + n * n_blocks, K, block, w.data());
+          int64_t m = 0;
+          for (; m + 4 <= mb; m += 4) {
+            float out[4];
+            Dot4(xf.data() + m * K, K, w.data(), K, out);
+            for (int r = 0; r < 4; ++r) y[(m0 + m + r) * N + n] = FromF32<T>(out[r]);
           }
-          for (int64_t j = 0; j < nc; ++j) y[m * N + n0 + j] = FromF32<T>(acc[j]);
+          for (; m < mb; ++m) y[(m0 + m) * N + n] = FromF32<T>(Dot(xf.data() + m * K, w.data(), K));
         }
       });
     });
