@@ -121,13 +121,15 @@ def cpu_left_to_ort(family: str | None = None, threads: int | None = None,
     why_not = ""
     if onednn is None:
         onednn, why_not = cpu_gemm_engine()
-    always = {p: f"on every CPU host, {why}" for p, why in CPU_ALWAYS_LEFT_TO_ORT.items()}
     if not onednn:
         why = BUILTIN_GEMM_REASON.format(why=why_not or "no oneDNN")
-        return {**{p: f"on {family} hosts, {why}" for p in _CPU_GEMM_PATTERNS}, **always}
-    threads = threads or os.cpu_count() or 1
-    most = CPU_TABLE_MAX_THREADS.get(family, threads)
-    if threads > most:
-        return {**{p: f"on {family} hosts of more than {most} threads, {why}"
-                   for p, why in CPU_LEFT_TO_ORT_MANY_THREADS.get(family, {}).items()}, **always}
-    return {**{p: f"on {family} hosts, {why}" for p, why in CPU_LEFT_TO_ORT[family].items()}, **always}
+        left = {p: f"on {family} hosts, {why}" for p in _CPU_GEMM_PATTERNS}
+    else:
+        threads = threads or os.cpu_count() or 1
+        most = CPU_TABLE_MAX_THREADS.get(family, threads)
+        if threads > most:
+            left = {p: f"on {family} hosts of more than {most} threads, {why}"
+                    for p, why in CPU_LEFT_TO_ORT_MANY_THREADS.get(family, {}).items()}
+        else:
+            left = {p: f"on {family} hosts, {why}" for p, why in CPU_LEFT_TO_ORT[family].items()}
+    return {**left, **{p: f"on every CPU host, {why}" for p, why in CPU_ALWAYS_LEFT_TO_ORT.items()}}

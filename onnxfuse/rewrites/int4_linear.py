@@ -20,7 +20,7 @@ from onnxscript import ir
 from onnxscript.rewriter import MatchResult
 
 from ..ops.int4_linear import BLOCK_SIZES, INT4_LINEAR
-from ._base import FusionRule, check_float_dtypes, dims, gemm_flops, new_initializer, not_constant, rule_set
+from ._base import FusionRule, check_float_dtypes, dims, gemm_flops, new_initializer, rule_set
 
 MS_DOMAIN = "com.microsoft"
 
@@ -55,15 +55,11 @@ class Int4Linear(FusionRule):
         if block not in BLOCK_SIZES:
             return result.fail(f"{label} has block size {block}: the kernels take {', '.join(map(str, BLOCK_SIZES))}",
                                y)
-        if not self.guard(context, result, x):
+        if not self.guard(context, result, x):  # the packed weights and scales are true constants
             return result
         dtype = check_float_dtypes(result, X=x, scales=scales)
         if dtype is None and not result:
             return result
-        for value, role in ((b, "the packed weights"), (scales, "the scales")):
-            reason = not_constant(value, role)
-            if reason:
-                return result.fail(f"{reason}: Int4Linear's weights are fixed at fuse time", value)
         if b.dtype != ir.DataType.UINT8:
             return result.fail(f"the packed weights {b.name} are {b.dtype.name.lower()}, not uint8", b)
         nb = -(-k_attr // block)
