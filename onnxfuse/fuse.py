@@ -72,11 +72,13 @@ class FuseResult:
         return bool(self.matches) or bool(self.ort is not None and self.ort.applied)
 
     def table(self) -> list[dict]:
-        """One row per pattern: op, matches, nodes removed and added, FLOPs and their share of the model's."""
-        rows: dict[str, dict] = {}
+        """One row per pattern and op (a pattern may write several: int4_linear's Int4SwiGLU and Int4Linear): matches,
+        nodes removed and added, FLOPs and their share of the model's."""
+        rows: dict[tuple[str, str], dict] = {}
         for m in self.matches:
-            row = rows.setdefault(m.pattern, {"pattern": m.pattern, "op": m.op, "matches": 0, "nodes_removed": 0,
-                                              "nodes_added": 0, "flops": 0, "details": {}})
+            row = rows.setdefault((m.pattern, m.op), {"pattern": m.pattern, "op": m.op, "matches": 0,
+                                                      "nodes_removed": 0, "nodes_added": 0, "flops": 0,
+                                                      "details": {}})
             row["matches"] += 1
             if m.detail:  # e.g. SwiGLU's activations: {"gelu_tanh": 2}
                 row["details"][m.detail] = row["details"].get(m.detail, 0) + 1

@@ -3,9 +3,11 @@ GEMV, Triton GEMM, auto), per-kernel GPU time from torch.profiler, beside the sa
 
 One model holds the layer's five projections as genai's builder writes them with -p int4 (block 32, fp16, symmetric):
 qkv 4096 -> 12288, o 4096 -> 4096, gate and up 4096 -> 11008, down 11008 -> 4096; a second model the lm_head
-4096 -> 49152. The fused model is `onnxfuse fuse --provider cuda` of the same file, run with each backend. Each
-variant's time is the sum of its GPU kernels per run (median of RUNS profiled runs), so onnxruntime's host overhead
-is out of the comparison; the limit is the packed weights' and scales' bytes at the same run's read rate.
+4096 -> 49152; a third the layer's MLP as genai writes it (gate and up MatMulNBits, SiLU as QuickGelu(alpha=1), the
+product, down), which fuses to Int4SwiGLU + Int4Linear. The fused model is `onnxfuse fuse --provider cuda` of the
+same file, run with each backend. Each variant's time is the sum of its GPU kernels per run (median of RUNS profiled
+runs), so onnxruntime's host overhead is out of the comparison; the limit is the packed weights' and scales' bytes at
+the same run's read rate.
 
     python scripts/int4_probe.py OUT_DIR [--rows 1,2,4,8,16,32,128,2048]
 """
@@ -23,12 +25,14 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 LAYER = {"qkv": (4096, 12288), "o": (4096, 4096), "gate": (4096, 11008), "up": (4096, 11008), "down": (11008, 4096)}
 LM_HEAD = {"lm_head": (4096, 49152)}
+MLP = {"gate": (4096, 11008), "up": (4096, 11008), "down": (11008, 4096)}
 BLOCK = 32
 RUNS = 20
 
 
-def nbits_model(path: pathlib.Path, projections: dict, seed: int = 0) -> int:
-    """A model of MatMulNBits nodes (fp16) on inputs x<K>; returns the bytes of its packed weights and scales."""
+def nbits_model(path: pathlib.Path, projections: dict, seed: int = 0, gated: bool = False) -> int:
+    """A model of MatMulNBits nodes (fp16) on inputs x<K>; gated: the MLP (down on act(gate) * up, the one output).
+    Returns the bytes of its packed weights and scales."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -40,11 +44,17 @@ def nbits_model(path: pathlib.Path, projections: dict, seed: int = 0) -> int:
         inits += [numpy_helper.from_array(wq, f"{name}.Wq"),
                   numpy_helper.from_array(s.astype(np.float16), f"{name}.s")]
         nbytes += wq.nbytes + s.size * 2
-        inputs.setdefault(k, helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT16, ["rows", k]))
-        nodes.append(helper.make_node("MatMulNBits", [f"x{k}", f"{name}.Wq", f"{name}.s"], [name],
+        x = "h" if gated and name == "down" else f"x{k}"
+        if x != "h":
+            inputs.setdefault(k, helper.make_tensor_value_info(x, TensorProto.FLOAT16, ["rows", k]))
+        if x == "h":
+            nodes += [helper.make_node("QuickGelu", ["gate"], ["act"], domain="com.microsoft", alpha=1.0),
+                      helper.make_node("Mul", ["act", "up"], ["h"])]
+        nodes.append(helper.make_node("MatMulNBits", [x, f"{name}.Wq", f"{name}.s"], [name],
                                       domain="com.microsoft", K=k, N=n, bits=4, block_size=BLOCK, accuracy_level=4,
                                       name=f"/model/{name}/MatMul_Q4"))
-        outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT16, ["rows", n]))
+        if not gated or name == "down":
+            outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT16, ["rows", n]))
     g = helper.make_graph(nodes, "int4", list(inputs.values()), outputs, inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
                           ir_version=10)
@@ -108,19 +118,21 @@ def main(argv=None) -> int:
     rate = read_rate()
     print(f"read rate {rate / 1e12:.3f} TB/s", flush=True)
     result = {"read_tbs": rate / 1e12, "block": BLOCK, "dtype": "float16", "ort": ort.__version__, "rows": {}}
-    for label, projections in (("layer", LAYER), ("lm_head", LM_HEAD)):
+    for label, projections in (("layer", LAYER), ("lm_head", LM_HEAD), ("mlp", MLP)):
         src = args.out / f"int4-{label}.onnx"
-        nbytes = nbits_model(src, projections)
+        gated = label == "mlp"
+        nbytes = nbits_model(src, projections, gated=gated)
         dst = args.out / f"int4-{label}.fused.onnx"
         res = fuse.fuse(src, dst, ort=False, provider="cuda", force=True)
-        assert [m.op for m in res.matches] == ["Int4Linear"] * len(projections), res.matches
+        want = ["Int4SwiGLU", "Int4Linear"] if gated else ["Int4Linear"] * len(projections)
+        assert sorted(m.op for m in res.matches) == sorted(want), res.matches
         names = [o.name for o in onnx.load(str(src), load_external_data=False).graph.output]
         sessions = {"ort": runtime.session(str(src), "cuda", library=False)}
         sessions.update({f"fused-{b}": runtime.session(str(dst), "cuda", backend=b)
                          for b in ("cuda", "triton", "auto")})
         for m in [int(v) for v in args.rows.split(",")]:
             rng = np.random.default_rng(m)
-            widths = {k for k, _ in projections.values()}
+            widths = {k for name, (k, _) in projections.items() if not (gated and name == "down")}
             feeds = {f"x{k}": rng.standard_normal((m, k)).astype(np.float16) for k in widths}
             ref = sessions["ort"].run(None, feeds)
             row = {"bytes": nbytes, "limit_us": nbytes / rate * 1e6}

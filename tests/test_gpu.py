@@ -370,3 +370,44 @@ def test_int4_linear_matches_matmulnbits_on_the_cuda_ep(tmp_path, block, backend
         scale = max(1.0, float(np.abs(want).max()))
         assert np.abs(got - want).max() <= 4e-3 * scale, (m, np.abs(got - want).max())
         assert np.abs(got - ort_y).max() <= 8e-3 * scale, (m, np.abs(got - ort_y).max())
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton", "auto"])
+def test_int4_swiglu_matches_the_unfused_int4_mlp_on_the_cuda_ep(tmp_path, backend):
+    """genai's int4 gated MLP (gate and up MatMulNBits, SiLU as QuickGelu(alpha=1), the product; fp16) fused to one
+    Int4SwiGLU: on the CUDA EP at decode (1, 2, 5 rows: the GEMV, Triton's small tiles) and prefill (37, 300 rows: the
+    dequantized GEMM) it equals onnxruntime's unfused model and the PyTorch dequantize-then-matmul."""
+    import onnx
+    import torch
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnxfuse import fuse, runtime
+    from onnxfuse.ops.int4_linear import dequantize, quantize
+    k, n, block = 1000, 392, 32  # ragged K: the last block padded
+    rng = np.random.default_rng(1)
+    inits, nodes, ws = [], [], {}
+    for name in ("gate", "up"):
+        wq, s = quantize(rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k), block)
+        inits += [numpy_helper.from_array(wq, f"{name}.B"), numpy_helper.from_array(s.astype(np.float16), f"{name}.S")]
+        nodes.append(helper.make_node("MatMulNBits", ["X", f"{name}.B", f"{name}.S"], [name], domain="com.microsoft",
+                                      K=k, N=n, bits=4, block_size=block, accuracy_level=4))
+        ws[name] = dequantize(torch.from_numpy(wq), torch.from_numpy(s.astype(np.float16)), k)
+    nodes += [helper.make_node("QuickGelu", ["gate"], ["act"], domain="com.microsoft", alpha=1.0),
+              helper.make_node("Mul", ["act", "up"], ["Y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT16, ["m", k])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT16, ["m", n])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
+                                ir_version=10), str(tmp_path / "m.onnx"))
+    res = fuse.fuse(tmp_path / "m.onnx", tmp_path / "f.onnx", ort=False, provider="cuda", backend=backend)
+    assert [m.op for m in res.matches] == ["Int4SwiGLU"]
+    unfused = runtime.session(str(tmp_path / "m.onnx"), "cuda", library=False)
+    fused = runtime.session(str(tmp_path / "f.onnx"), "cuda", library=True, cpu_fallback=False)
+    for m in (1, 2, 5, 37, 300):
+        x = rng.standard_normal((m, k)).astype(np.float16)
+        xf = torch.from_numpy(x).float()
+        want = (torch.nn.functional.silu(xf @ ws["gate"].T) * (xf @ ws["up"].T)).numpy()
+        got = fused.run(None, {"X": x})[0].astype(np.float32)
+        ort_y = unfused.run(None, {"X": x})[0].astype(np.float32)
+        scale = max(1.0, float(np.abs(want).max()))
+        assert np.abs(got - want).max() <= 4e-3 * scale, (m, np.abs(got - want).max())
+        assert np.abs(got - ort_y).max() <= 8e-3 * scale, (m, np.abs(got - ort_y).max())

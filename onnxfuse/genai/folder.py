@@ -33,9 +33,10 @@ PRECISIONS = ("fp32", "fp16", "bf16", "int4")
 # What the builder writes that onnxfuse must leave as it found it: onnxruntime's contrib ops (attention with the KV
 # cache, the norms, rotary, quantized GEMMs). fuse_folder fails rather than write a folder that lost one.
 KEPT_DOMAINS = ("com.microsoft",)
-# The one contrib op an onnxfuse rule replaces, by the onnxfuse op that takes its place one for one
-# (rewrites/int4_linear.py): the count of the first may drop by the count of the second, and nothing else.
-REPLACED_BY = {"com.microsoft::MatMulNBits": f"{DOMAIN}::Int4Linear"}
+# The one contrib op onnxfuse's rules replace, by the onnxfuse ops that take its place and how many of it each takes
+# (rewrites/int4_linear.py: Int4Linear one, Int4SwiGLU the gate's and the up projection's): its count may drop by
+# what those ops' counts say, and nothing else.
+REPLACED_BY = {"com.microsoft::MatMulNBits": {f"{DOMAIN}::Int4Linear": 1, f"{DOMAIN}::Int4SwiGLU": 2}}
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -187,9 +188,9 @@ def fuse_folder(src: pathlib.Path, out: pathlib.Path, *, provider: str | None = 
     res = fuse_mod.fuse(model, out / model.name, patterns=patterns, provider=provider,
                         cpu_isa=cpu_isa if provider == "cpu" else None, ort=False, write_unchanged=True)
     after = op_counts(out / model.name)
-    def kept(op: str) -> int:  # the op's count after fusing, its one-for-one replacements counted as kept
-        new = REPLACED_BY.get(op)
-        return after.get(op, 0) + (after.get(new, 0) - before.get(new, 0) if new else 0)
+    def kept(op: str) -> int:  # the op's count after fusing, what its replacements took counted as kept
+        return after.get(op, 0) + sum(each * (after.get(new, 0) - before.get(new, 0))
+                                      for new, each in REPLACED_BY.get(op, {}).items())
 
     lost = {op: (n, after.get(op, 0)) for op, n in before.items()
             if op.split("::")[0] in KEPT_DOMAINS and kept(op) != n}

@@ -1,4 +1,5 @@
-"""int4_linear: onnxruntime's 4-bit `com.microsoft.MatMulNBits` -> `Int4Linear`.
+"""int4_linear: onnxruntime's 4-bit `com.microsoft.MatMulNBits` -> `Int4Linear`, and a gated MLP over two of them
+-> `Int4SwiGLU`.
 
     Y = X @ W^T,  W[n, k] = (nibble(B, n, k) - 8) * scales[n, k // block_size]
 
@@ -12,6 +13,14 @@ Refused, each with its reason in --explain: zero points, g_idx or a bias (inputs
 form only), bits other than 4, a block size the kernels do not take, weights or scales that are not true constants
 (a graph input, an overridable initializer), scales of another element type than X, shapes that disagree with the
 node's K and N attributes.
+
+A gated MLP whose gate and up projections are such MatMulNBits of one X (K, N and block size equal), meeting in
+act(gate) * up with any of SwiGLU's activations in any of its spellings (genai writes SiLU as QuickGelu(alpha=1)),
+becomes one `Int4SwiGLU` node: the swiglu pass's matcher (rewrites/swiglu.py) with MatMulNBits as the projection,
+run before the Int4Linear rule so that the projections are still there. A candidate it refuses (one projection with
+zero points, two block sizes, an activation SwiGLU does not compute, an intermediate with another use) keeps its
+projections for Int4Linear and is named with the reason in --explain. At decode the op reads both packed rows of an
+output column in one pass and writes act(g) * u once: one kernel instead of two GEMVs and the activation's.
 """
 from __future__ import annotations
 
@@ -19,10 +28,75 @@ import numpy as np
 from onnxscript import ir
 from onnxscript.rewriter import MatchResult
 
-from ..ops.int4_linear import BLOCK_SIZES, INT4_LINEAR
+from ..ops.int4_linear import BLOCK_SIZES, INT4_LINEAR, INT4_SWIGLU
+from ..schema import DOMAIN, swiglu_overload
+from . import _base
 from ._base import FusionRule, check_float_dtypes, dims, gemm_flops, new_initializer, rule_set
+from .swiglu import Candidate, Projection, SwiGLUPass, _Shim
 
 MS_DOMAIN = "com.microsoft"
+
+
+def check_form(node: ir.Node, result: MatchResult) -> bool:
+    """The parts of a MatMulNBits the kernels take that need no constant: no zero points, g_idx or bias, 4 bits, a
+    block size of BLOCK_SIZES. Records the reason; False then."""
+    label = node.name or "the MatMulNBits"
+    extra = [i for i, v in enumerate(node.inputs) if i >= 3 and v is not None]
+    if extra:
+        names = {3: "zero points", 4: "g_idx", 5: "a bias"}
+        result.fail(f"{label} has {', '.join(names.get(i, f'input {i}') for i in extra)}: the int4 ops take the "
+                    "symmetric form (no zero points, no g_idx, no bias) that genai's builder writes",
+                    node.inputs[extra[0]])
+        return False
+    attr = node.attributes
+    bits, block = attr.get_int("bits", 4), attr.get_int("block_size", 0)
+    if bits != 4:
+        result.fail(f"{label} has {bits}-bit weights: the int4 ops take 4 bits", node.outputs[0])
+        return False
+    if block not in BLOCK_SIZES:
+        result.fail(f"{label} has block size {block}: the kernels take {', '.join(map(str, BLOCK_SIZES))}",
+                    node.outputs[0])
+        return False
+    return True
+
+
+def check_weights(node: ir.Node, result: MatchResult) -> tuple[int, int, int, int] | None:
+    """(K, N, n_blocks, block) of a MatMulNBits whose packed weights and scales are constants (the shared guard ran):
+    scales in X's type, uint8 weights, the shapes the node's K, N and block size give, X ending in K. Records the
+    reason; None then."""
+    x, b, scales = node.inputs[0], node.inputs[1], node.inputs[2]
+    attr = node.attributes
+    block, k_attr, n_attr = attr.get_int("block_size", 0), attr.get_int("K", 0), attr.get_int("N", 0)
+    dtype = check_float_dtypes(result, X=x, scales=scales)
+    if dtype is None and not result:
+        return None
+    if b.dtype != ir.DataType.UINT8:
+        result.fail(f"the packed weights {b.name} are {b.dtype.name.lower()}, not uint8", b)
+        return None
+    nb = -(-k_attr // block)
+    want_b = [n_attr, nb, block // 2]
+    b_shape = [int(d) for d in b.const_value.shape]
+    if b_shape != want_b:
+        result.fail(f"the packed weights {b.name} have shape {b_shape}, not [N, ceil(K / block), block / 2] = "
+                    f"{want_b} for K {k_attr}, N {n_attr}, block {block}", b)
+        return None
+    s_shape = [int(d) for d in scales.const_value.shape]
+    if s_shape not in ([n_attr, nb], [n_attr * nb]):
+        result.fail(f"the scales {scales.name} have shape {s_shape}, not [N, n_blocks] = [{n_attr}, {nb}]", scales)
+        return None
+    xd = dims(x)  # unknown (after a contrib op shape inference does not know): the kernels check K at run time
+    if xd is not None and (not xd or (isinstance(xd[-1], int) and xd[-1] != k_attr)):
+        result.fail(f"X {x.name} has shape {xd}: its last dim must be the node's K = {k_attr}", x)
+        return None
+    return k_attr, n_attr, nb, block
+
+
+def scales_2d(op, recorder, scales: ir.Value, n: int, nb: int) -> ir.Value:
+    """The scales as the ops take them, [N, n_blocks] (MatMulNBits also allows [N * n_blocks])."""
+    if len(scales.const_value.shape) == 2:
+        return scales
+    arr = np.asarray(scales.const_value.numpy()).reshape(n, nb)
+    return new_initializer(op, recorder, f"{scales.name}_2d", arr)
 
 
 class Int4Linear(FusionRule):
@@ -40,55 +114,85 @@ class Int4Linear(FusionRule):
         self.remember(context)
         result = MatchResult()
         node = y.producer()
-        label = node.name or "the MatMulNBits"
-        extra = [i for i, v in enumerate(node.inputs) if i >= 3 and v is not None]
-        if extra:
-            names = {3: "zero points", 4: "g_idx", 5: "a bias"}
-            return result.fail(f"{label} has {', '.join(names.get(i, f'input {i}') for i in extra)}: Int4Linear takes "
-                               "the symmetric form (no zero points, no g_idx, no bias) that genai's builder writes",
-                               node.inputs[extra[0]])
-        attr = node.attributes
-        bits, block = attr.get_int("bits", 4), attr.get_int("block_size", 0)
-        k_attr, n_attr = attr.get_int("K", 0), attr.get_int("N", 0)
-        if bits != 4:
-            return result.fail(f"{label} has {bits}-bit weights: Int4Linear takes 4 bits", y)
-        if block not in BLOCK_SIZES:
-            return result.fail(f"{label} has block size {block}: the kernels take {', '.join(map(str, BLOCK_SIZES))}",
-                               y)
+        if not check_form(node, result):
+            return result
         if not self.guard(context, result, x):  # the packed weights and scales are true constants
             return result
-        dtype = check_float_dtypes(result, X=x, scales=scales)
-        if dtype is None and not result:
+        found = check_weights(node, result)
+        if found is None:
             return result
-        if b.dtype != ir.DataType.UINT8:
-            return result.fail(f"the packed weights {b.name} are {b.dtype.name.lower()}, not uint8", b)
-        nb = -(-k_attr // block)
-        want_b = [n_attr, nb, block // 2]
-        b_shape = [int(d) for d in b.const_value.shape]
-        if b_shape != want_b:
-            return result.fail(f"the packed weights {b.name} have shape {b_shape}, not [N, ceil(K / block), block / 2]"
-                               f" = {want_b} for K {k_attr}, N {n_attr}, block {block}", b)
-        s_shape = [int(d) for d in scales.const_value.shape]
-        if s_shape not in ([n_attr, nb], [n_attr * nb]):
-            return result.fail(f"the scales {scales.name} have shape {s_shape}, not [N, n_blocks] = [{n_attr}, {nb}]",
-                               scales)
-        xd = dims(x)
-        if xd is None or not xd or (isinstance(xd[-1], int) and xd[-1] != k_attr):
-            return result.fail(f"X {x.name} has shape {xd}: its last dim must be the node's K = {k_attr}", x)
-        if not self.guard_output(context, result, x, n_attr):
+        k, n, nb, block = found
+        if not self.guard_output(context, result, x, n):
             return result
-        self._k, self._n, self._nb, self._block = k_attr, n_attr, nb, block
+        self._k, self._n, self._nb, self._block = k, n, nb, block
         return result
 
     def rewrite(self, op, x, b, scales, **_):
-        s = scales
-        if len(scales.const_value.shape) == 1:  # MatMulNBits allows [N * n_blocks]: the op takes [N, n_blocks]
-            arr = np.asarray(scales.const_value.numpy()).reshape(self._n, self._nb)
-            s = new_initializer(op, self.recorder, f"{scales.name}_2d", arr)
+        s = scales_2d(op, self.recorder, scales, self._n, self._nb)
         shapes = {"X": dims(x), "Wq": [self._n, self._nb, self._block // 2], "scales": [self._n, self._nb]}
         return self.emit(op, self.op, [x, b, s], {"backend": "auto"}, shapes, x.dtype,
                          gemm_flops(x, self._k, self._n))
 
 
+class Int4SwiGLUPass(SwiGLUPass):
+    """The swiglu pass's matcher over MatMulNBits projections: each gated MLP over int4 gate and up weights becomes
+    one Int4SwiGLU node; its refusals say why one did not (its projections then fuse as Int4Linear)."""
+
+    op = INT4_SWIGLU.name
+    pattern = "int4_linear"
+    rule_prefix = "int4_linear/int4_swiglu"
+
+    def projection_of(self, value: ir.Value, graph: ir.Graph) -> Projection | None:
+        node = value.producer()
+        if node is None or node.graph is not graph or node.domain != MS_DOMAIN or node.op_type != "MatMulNBits" \
+                or len(node.inputs) < 3 or None in node.inputs[:3]:
+            return None
+        return Projection(value, node)
+
+    def _projections(self, cand: Candidate, result: MatchResult) -> bool:
+        return check_form(cand.gate.gemm, result) and check_form(cand.up.gemm, result)
+
+    def _weights(self, cand: Candidate, result: MatchResult) -> bool:
+        g = check_weights(cand.gate.gemm, result)
+        u = check_weights(cand.up.gemm, result) if g is not None else None
+        if g is None or u is None:
+            return False
+        if g != u:
+            result.fail(f"the gate {cand.gate.value.name} and up {cand.up.value.name} projections differ in (K, N, "
+                        f"n_blocks, block): {g} against {u}; Int4SwiGLU takes two weights of one shape",
+                        cand.up.value)
+            return False
+        cand.int4, cand.kn = g, g[:2]
+        return True
+
+    def _replace(self, graph: ir.Graph, cand: Candidate) -> None:
+        gate, up, rec = cand.gate, cand.up, self.recorder
+        shim = _Shim(graph)
+        x = gate.x
+        k, n, nb, block = cand.int4
+        sg = scales_2d(shim, rec, gate.gemm.inputs[2], n, nb)
+        su = scales_2d(shim, rec, up.gemm.inputs[2], n, nb)
+        act = cand.activation
+        node = ir.Node(DOMAIN, self.op, [x, gate.gemm.inputs[1], sg, up.gemm.inputs[1], su],
+                       [ir.AttrString("activation", act), ir.AttrString("backend", "auto")],
+                       overload=swiglu_overload(act), num_outputs=1)
+        old_out = cand.mul.outputs[0]
+        # shape inference stops at contrib ops (QuickGelu): the product's type and shape may be unknown; the op's are
+        # X's type and X's leading dims, then N
+        xd = dims(x)
+        node.outputs[0].dtype = old_out.dtype or x.dtype
+        node.outputs[0].shape = old_out.shape if old_out.shape is not None or xd is None else ir.Shape(xd[:-1] + [n])
+        flops = gemm_flops(x, k, n)
+        shapes = {"X": dims(x), "Wq_gate": [n, nb, block // 2], "scales_gate": [n, nb], "Wq_up": [n, nb, block // 2],
+                  "scales_up": [n, nb]}
+        extra = [f"activation: {act}", f"  spelled: {cand.spelling}"[:64], f"int4 block {block}"]
+        _base.annotate(node, rec, self.pattern, f"{self.rule_prefix}/{act}", self.op,
+                       _base.module_path([gate.gemm, up.gemm]), [(m.name or "?", m.op_type) for m in cand.nodes],
+                       shapes, x.dtype, None if flops is None else 2 * flops, extra_doc=tuple(extra), detail=act)
+        node.metadata_props["onnxfuse.activation"] = act
+        ir.convenience.replace_nodes_and_values(graph, cand.mul, cand.nodes, [node], [old_out], [node.outputs[0]])
+
+
 def rules(recorder):
-    return rule_set([(Int4Linear, (recorder,))])
+    """The gated MLPs over int4 weights first (Int4SwiGLU takes both projections), then every MatMulNBits left."""
+    return [Int4SwiGLUPass(recorder), rule_set([(Int4Linear, (recorder,))])]

@@ -86,19 +86,14 @@ def _lora(node: ir.Node | None) -> bool:
     return node is not None and node.domain == DOMAIN and node.op_type == LORA_LINEAR.name
 
 
-def _int4(node: ir.Node | None) -> bool:
-    """onnxruntime's 4-bit MatMulNBits (genai's int4 projections): a candidate gated MLP that SwiGLU cannot take (no
-    int4 form yet; each projection fuses as Int4Linear), found only so that --explain can say so."""
-    return node is not None and node.domain == "com.microsoft" and node.op_type == "MatMulNBits"
-
-
 def projection(value: ir.Value, graph: ir.Graph) -> Projection | None:
     """`value` as a projection of some X made in `graph` (a value of an outer scope is not one: the match could not
-    replace its nodes), or a LoRALinear's or MatMulNBits' output (refused, with the reason, by _projections)."""
+    replace its nodes), or a LoRALinear's output (refused, with the reason, by _projections). MatMulNBits' outputs
+    are the int4_linear rules' (Int4SwiGLU): this pass leaves those gated MLPs to them."""
     node = value.producer()
     if node is None or node.graph is not graph:
         return None
-    if _gemm(node) or _lora(node) or _int4(node):
+    if _gemm(node) or _lora(node):
         return Projection(value, node)
     if node.domain in DEFAULT_DOMAINS and node.op_type in SELECTS and node.inputs and node.inputs[0] is not None:
         gemm = node.inputs[0].producer()
@@ -199,6 +194,8 @@ class Candidate:
     trans: tuple = (False, False)
     gate_cols: tuple | None = None
     up_cols: tuple | None = None
+    kn: tuple | None = None       # (K, N) where the weights are not [K, N] arrays (int4: rewrites/int4_linear.py)
+    int4: tuple | None = None     # (K, N, n_blocks, block) of both int4 projections
 
 
 @dataclasses.dataclass
@@ -219,6 +216,8 @@ class SwiGLUPass(_base.GraphPass):
     Linear+Relu, and the explain re-run over the fused model would no longer see it as a gated MLP)."""
 
     op = OP
+    pattern = PATTERN
+    rule_prefix = PATTERN  # the report's rule: <rule_prefix>/<activation>
 
     # -------------------------------------------------------------------------------------------- entry points
 
@@ -248,7 +247,7 @@ class SwiGLUPass(_base.GraphPass):
                     if not result:
                         tracer.records.append(self._record(cand, result, None))
                 elif not result:
-                    anchor = next((n for n in cand.nodes if n.op_type in LINEARS), cand.mul)
+                    anchor = next((n for n in cand.nodes if n.op_type in LINEARS or n is cand.gate.gemm), cand.mul)
                     self.refusals.append({"rule": self._record(cand, result, None)["rule"],
                                           "node": _base.node_label(anchor), "op_type": anchor.op_type,
                                           "reason": result.reason})
@@ -274,17 +273,21 @@ class SwiGLUPass(_base.GraphPass):
 
     def _record(self, cand: Candidate, result: MatchResult, function: str | None) -> dict:
         ok = bool(result)
-        return {"rule": f"{PATTERN}/{cand.activation or 'gated'}", "root": cand.mul, "nodes": list(cand.nodes),
+        return {"rule": f"{self.rule_prefix}/{cand.activation or 'gated'}", "root": cand.mul, "nodes": list(cand.nodes),
                 "status": "SUCCESS" if ok else "CONDITION_FAILED", "reason": "" if ok else result.reason,
                 "function": function}
 
     # -------------------------------------------------------------------------------------------- matching
 
+    def projection_of(self, value: ir.Value, graph: ir.Graph) -> Projection | None:
+        """What this pass takes as a projection (a subclass takes other linear ops: rewrites/int4_linear.py)."""
+        return projection(value, graph)
+
     def analyze(self, model: ir.Model, graph: ir.Graph, mul: ir.Node) -> tuple[Candidate, MatchResult] | None:
         """None when `mul` is not the gating product of a gated MLP (no projection of X times a function of another
         projection of the same X); else the candidate and whether it fuses (a failed MatchResult says why)."""
         leaves = _product_leaves(mul.outputs[0], graph, [], [BUDGET])
-        if not any(projection(v, graph) is not None for v in leaves):
+        if not any(self.projection_of(v, graph) is not None for v in leaves):
             return None
         ex = Expressions(graph)
         root = ex.build(mul.outputs[0])
@@ -294,7 +297,7 @@ class SwiGLUPass(_base.GraphPass):
         for i, (factor, e) in enumerate(root.factors):
             if e != 1 or not isinstance(factor, Var):
                 continue
-            up = projection(factor.value, graph)
+            up = self.projection_of(factor.value, graph)
             if up is None:
                 continue
             rest = root.factors[:i] + root.factors[i + 1:]
@@ -302,7 +305,7 @@ class SwiGLUPass(_base.GraphPass):
             variables = list(free_variables(act).values())
             if len(variables) != 1:
                 continue
-            gate = projection(variables[0], graph)
+            gate = self.projection_of(variables[0], graph)
             # g * sigmoid(g) alone is silu(g), not a gated MLP with W_up = W_gate (that would run the GEMM twice)
             if gate is None or gate.x is not up.x or gate.value is up.value:
                 continue
@@ -334,7 +337,7 @@ class SwiGLUPass(_base.GraphPass):
             cand.activation, cand.spelling = classify(act, gate.value)
         except Miss as miss:
             return result.fail(f"the gate {gate.value.name} and up {up.value.name} projections of {gate.x.name} "
-                               f"meet in {_base.node_label(mul)}, but the gate's activation is {miss}: SwiGLU "
+                               f"meet in {_base.node_label(mul)}, but the gate's activation is {miss}: {self.op} "
                                f"computes {', '.join(GATE_ACTIVATIONS)}", gate.value), 1
         if not self._projections(cand, result):
             return result, 2
@@ -342,11 +345,11 @@ class SwiGLUPass(_base.GraphPass):
             return result, 3
         x = gate.x
         min_opset = _CASTLIKE_OPSET if cand.activation in functions.GATE_ACTIVATIONS_WITH_CONSTANTS else None
-        if not _base.guard_nodes(cand.nodes, model, result, x, OP, min_opset):
+        if not _base.guard_nodes(cand.nodes, model, result, x, self.op, min_opset):
             return result, 4
         if not self._weights(cand, result):
             return result, 5
-        k, n = cand.wg.shape
+        k, n = cand.kn if cand.kn is not None else cand.wg.shape
         xd = _base.dims(x)
         if xd is not None and len(xd) < 2:
             return result.fail(f"X {x.name} has rank {len(xd)}, expected [..., K]", x), 6
@@ -364,12 +367,6 @@ class SwiGLUPass(_base.GraphPass):
                 result.fail(f"{'the gate' if p is gate else 'the up'} projection {p.value.name} carries a LoRA "
                             f"adapter ({_base.node_label(node)}, fused on its own as {LORA_LINEAR.name}): SwiGLU has "
                             "no form with adapters yet, so act(gate) * up stays unfused", p.value)
-                return False
-            if _int4(node):
-                result.fail(f"{'the gate' if p is gate else 'the up'} projection {p.value.name} has int4 weights "
-                            f"({_base.node_label(node)}): SwiGLU has no int4 form yet, so each projection fuses on its "
-                            "own (Int4Linear, where the provider's table allows) and act(gate) * up stays unfused",
-                            p.value)
                 return False
             if node.op_type == "Gemm":
                 a = node.attributes

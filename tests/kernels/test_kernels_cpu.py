@@ -63,8 +63,9 @@ def op_attrs(op: str, scale: float = 0.5) -> dict:
 # Ops with weights the CPU kernels prepack when they are constants (RotaryEmbedding has none: cos/sin are
 # activations; Embedding copies rows of its table as they are).
 WEIGHTED_OPS = [op for op in OPS_UNDER_TEST if op not in ("RotaryEmbedding", "Embedding")]
-# Int4Linear reads its packed weights as they are (no prepacking): its constant weights are checked, not logged.
-PREPACKED_OPS = [op for op in WEIGHTED_OPS if op != "Int4Linear"]
+# The int4 ops read their packed weights as they are (no prepacking): their constant weights are checked, not logged.
+INT4_OPS = ("Int4Linear", "Int4SwiGLU")
+PREPACKED_OPS = [op for op in WEIGHTED_OPS if op not in INT4_OPS]
 
 
 def run_op(lib, op: str, inputs: list[torch.Tensor], attrs: dict | None = None) -> torch.Tensor:
@@ -80,9 +81,10 @@ def random_inputs(op: str, lead: tuple[int, ...], K: int, N: int, r: int, dtype:
 
     if op == "Embedding":  # table [K, N] (K rows of N), ids of shape lead in [-K, K): negatives count from the end
         return [rnd(K, N), torch.randint(-K, K, lead, generator=g)]
-    if op == "Int4Linear":  # block 16 / 32 / 64 by r; every packed byte random, the padding past K too
+    if op in INT4_OPS:  # block 16 / 32 / 64 by r; every packed byte random, the padding past K too; silu
         definition = schema.op_def(op)
-        shapes = definition.doctor_entry((1, K, N, {1: 16, 4: 32, 16: 64}.get(r, 32)))[0]
+        entry = (1, K, N, {1: 16, 4: 32, 16: 64}.get(r, 32)) + (("silu",) if op == "Int4SwiGLU" else ())
+        shapes = definition.doctor_entry(entry)[0]
         shapes["X"] = [*lead, K]
         return definition.make_doctor_inputs(TORCH_TYPE[dtype], shapes, seed)
     if op == "RotaryEmbedding":  # X [*lead, D] (D even), cos/sin broadcast over every leading dim but the last

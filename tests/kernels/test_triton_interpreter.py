@@ -244,6 +244,25 @@ for dtype in ("float", "float16"):
                              kind="interpreter")
         checks += 1
 assert checks == 10, checks
+# Int4SwiGLU's GEMM (two weight tiles, two accumulators, act(g) * u): every gate activation over block sizes and
+# ragged edges.
+sw = schema.op_def("Int4SwiGLU")
+for dtype in ("float", "float16"):
+    t = TT[dtype]
+    prec = "ieee" if dtype == "float" else "tf32"
+    for act_code, act in enumerate(schema.GATE_ACTIVATIONS):
+        m, k, n, block = ((5, 40, 70, 16), (20, 200, 33, 32), (3, 96, 48, 64))[act_code % 3]
+        shapes, attrs, _ = sw.doctor_entry((m, k, n, block, act))
+        ins = sw.make_doctor_inputs(t, shapes, seed=m + act_code)
+        nb = shapes["scales_gate"][1]
+        y = torch.full((m, n), float("nan")).to(t)
+        grid = (triton.cdiv(m, 16) * triton.cdiv(n, 32),)
+        il._int4_swiglu_kernel[grid](*ins, y, m, n, k, nb * block // 2, nb, block, act_code, BLOCK_M=16, BLOCK_N=32,
+                                     BLOCK_K=32, GROUP_M=2, DOT_PRECISION=prec)
+        testing.assert_close(y, schema.reference("Int4SwiGLU", ins, attrs), t, str((dtype, act, m, k, n, block)),
+                             kind="interpreter")
+        checks += 1
+assert checks == 10 + 2 * len(schema.GATE_ACTIVATIONS), checks
 print("ok")
 """
 
@@ -273,7 +292,7 @@ def test_gemm_loop_kernels_in_the_interpreter():
 
 
 def test_int4_linear_kernel_in_the_interpreter():
-    """Int4Linear's Triton GEMM against the schema reference in fp32 and fp16 over every block size and ragged K, M
-    and N (the GPU tests cover bf16, the cubins and speed)."""
+    """Int4Linear's and Int4SwiGLU's Triton GEMMs against the schema reference in fp32 and fp16 over every block size
+    (Int4SwiGLU: every gate activation) and ragged K, M and N (the GPU tests cover bf16, the cubins and speed)."""
     pytest.importorskip("triton")
     _run(_INT4)

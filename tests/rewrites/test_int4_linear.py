@@ -118,29 +118,111 @@ def test_a_wrong_shape_is_a_clear_error():
         testing.run_op("Int4Linear", [x[:, :32].contiguous(), wq, s])
 
 
-def test_an_int4_gated_mlp_is_explained(tmp_path):
-    """genai's int4 gated MLP (gate and up MatMulNBits, SiLU as Sigmoid * x, then the product): each projection fuses
-    as Int4Linear, and --explain says why the gated MLP as a whole did not."""
-    k, n = 64, 48
+def _gated_graph(k=64, n=48, act="sigmoid_mul", blocks=(32, 32), gate_zero_points=False, gate_output=False,
+                 x_rank=2, down=False):
+    """genai's int4 gated MLP: gate and up MatMulNBits of X, the gate's activation, then act * up (Y; down: the
+    product an intermediate of unknown type after contrib ops, Y = down_proj(product) as a MatMulNBits too)."""
     rng = np.random.default_rng(2)
     inits, nodes = [], []
-    for name in ("gate", "up"):
-        wq, s = quantize(rng.standard_normal((k, n)).astype(np.float32) * 0.2, 32)
+    for name, block in zip(("gate", "up"), blocks):
+        wq, s = quantize(rng.standard_normal((k, n)).astype(np.float32) * 0.2, block)
         inits += [numpy_helper.from_array(wq, f"{name}.B"), numpy_helper.from_array(s, f"{name}.S")]
-        nodes.append(helper.make_node("MatMulNBits", ["X", f"{name}.B", f"{name}.S"], [name], domain="com.microsoft",
-                                      K=k, N=n, bits=4, block_size=32,
-                                      name=f"/model/layers.0/mlp/{name}_proj/MatMul_Q4"))
-    nodes += [helper.make_node("Sigmoid", ["gate"], ["sig"]), helper.make_node("Mul", ["gate", "sig"], ["act"]),
-              helper.make_node("Mul", ["act", "up"], ["Y"])]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [M, k])],
-                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [M, n])], inits)
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)],
-                              ir_version=10)
-    src, dst, res = _fuse(tmp_path, model, explain=True)
-    assert [m.op for m in res.matches] == ["Int4Linear", "Int4Linear"]
-    assert any("int4 weights" in r["reason"] and "SwiGLU has no int4 form" in r["reason"] for r in res.refusals), \
-        res.refusals
-    x = rng.standard_normal((M, k)).astype(np.float32)
-    want = runtime.session(str(src), "cpu", library=False).run(None, {"X": x})[0]
-    got = runtime.session(str(dst), "cpu", library=True).run(None, {"X": x})[0]
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        ins = ["X", f"{name}.B", f"{name}.S"]
+        if name == "gate" and gate_zero_points:
+            inits.append(numpy_helper.from_array(np.full((n * -(-wq.shape[1] // 2),), 0x88, np.uint8), "gate.zp"))
+            ins.append("gate.zp")
+        nodes.append(helper.make_node("MatMulNBits", ins, [name], domain="com.microsoft", K=k, N=n, bits=4,
+                                      block_size=block, name=f"/model/layers.0/mlp/{name}_proj/MatMul_Q4"))
+    if act == "sigmoid_mul":  # silu as x * sigmoid(x)
+        nodes += [helper.make_node("Sigmoid", ["gate"], ["sig"]), helper.make_node("Mul", ["gate", "sig"], ["act"])]
+    elif act == "quick_gelu_1":  # silu as genai's builder writes it
+        nodes.append(helper.make_node("QuickGelu", ["gate"], ["act"], domain="com.microsoft", alpha=1.0))
+    elif act == "fast_gelu":  # gelu_tanh (Gemma)
+        nodes.append(helper.make_node("FastGelu", ["gate"], ["act"], domain="com.microsoft"))
+    else:
+        nodes.append(helper.make_node(act, ["gate"], ["act"]))
+    nodes.append(helper.make_node("Mul", ["act", "up"], ["h" if down else "Y"]))
+    x_shape = [M, k] if x_rank == 2 else [2, M, k]
+    y_width = n
+    if down:
+        wq, s = quantize(rng.standard_normal((n, k)).astype(np.float32) * 0.2, 16)
+        inits += [numpy_helper.from_array(wq, "down.B"), numpy_helper.from_array(s, "down.S")]
+        nodes.append(helper.make_node("MatMulNBits", ["h", "down.B", "down.S"], ["Y"], domain="com.microsoft", K=n,
+                                      N=k, bits=4, block_size=16, name="/model/layers.0/mlp/down_proj/MatMul_Q4"))
+        y_width = k
+    outputs = [helper.make_tensor_value_info("Y", TensorProto.FLOAT, x_shape[:-1] + [y_width])]
+    if gate_output:
+        outputs.append(helper.make_tensor_value_info("gate", TensorProto.FLOAT, x_shape[:-1] + [n]))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, x_shape)], outputs,
+                          inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)],
+                             ir_version=10)
+
+
+def _same_as_unfused(src, dst, x):
+    want = runtime.session(str(src), "cpu", library=False).run(None, {"X": x})
+    for library in (True, False):  # the CPU kernel, then the function body
+        got = runtime.session(str(dst), "cpu", library=library).run(None, {"X": x})
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("act,activation,k,n,x_rank", [
+    ("sigmoid_mul", "silu", 64, 48, 2),
+    ("quick_gelu_1", "silu", 100, 33, 3),   # genai's spelling; ragged K and odd N; X of rank 3
+    ("fast_gelu", "gelu_tanh", 64, 16, 2),
+    ("Relu", "relu", 96, 40, 2),
+])
+def test_an_int4_gated_mlp_fuses_to_one_op(tmp_path, act, activation, k, n, x_rank):
+    """genai's int4 gated MLP becomes one Int4SwiGLU node, equal to onnxruntime's unfused model through the kernel and
+    through the function body; with its down projection, that one becomes Int4Linear."""
+    for down in (False, True):
+        src, dst, res = _fuse(tmp_path, _gated_graph(k=k, n=n, act=act, x_rank=x_rank, down=down))
+        assert [m.op for m in res.matches] == ["Int4SwiGLU"] + ["Int4Linear"] * down
+        # the report: a row per op of the pattern
+        assert [(r["pattern"], r["op"], r["matches"]) for r in res.table()] == \
+            [("int4_linear", "Int4SwiGLU", 1)] + [("int4_linear", "Int4Linear", 1)] * down
+        fused = onnx.load(str(dst))
+        soundness.check_model(fused)
+        node = next(nd for nd in fused.graph.node if nd.op_type == "Int4SwiGLU")
+        assert helper.get_attribute_value(next(a for a in node.attribute if a.name == "activation")).decode() \
+            == activation
+        assert node.name == "onnxfuse/int4_linear/model.layers.0.mlp"
+        assert [nd.op_type for nd in fused.graph.node] == ["Int4SwiGLU"] + ["Int4Linear"] * down
+        x = np.random.default_rng(3).standard_normal([2, M, k][-x_rank:]).astype(np.float32)
+        _same_as_unfused(src, dst, x)
+
+
+@pytest.mark.parametrize("kw,reason,ops,rule", [
+    # the up projection still fuses; the gate's line is Int4Linear's (the same reason as the gated MLP's)
+    (dict(gate_zero_points=True), "zero points", ["Int4Linear"], "int4_linear/"),
+    (dict(blocks=(32, 64)), "differ in (K, N, n_blocks, block)", ["Int4Linear", "Int4Linear"],
+     "int4_linear/int4_swiglu"),
+    (dict(act="Tanh"), "activation is", ["Int4Linear", "Int4Linear"], "int4_linear/int4_swiglu"),
+    (dict(gate_output=True), "gate is a graph output", ["Int4Linear", "Int4Linear"], "int4_linear/int4_swiglu"),
+])
+def test_an_int4_gated_mlp_near_miss_is_explained(tmp_path, kw, reason, ops, rule):
+    """A gated MLP Int4SwiGLU cannot take keeps its projections for Int4Linear, and --explain says why."""
+    src, dst, res = _fuse(tmp_path, _gated_graph(**kw), explain=True)
+    assert sorted(m.op for m in res.matches) == ops
+    assert any(reason in r["reason"] and r["rule"].startswith(rule) for r in res.refusals), res.refusals
+    assert not any("SwiGLU has no int4 form" in r["reason"] for r in res.refusals)
+    _same_as_unfused(src, dst, np.random.default_rng(4).standard_normal((M, 64)).astype(np.float32))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_int4_swiglu_cpu_kernel_matches_the_reference_in_16_bit(dtype):
+    op = schema.op_def("Int4SwiGLU")
+    for entry in [(5, 200, 67, 32, "silu"), (9, 96, 40, 16, "gelu")]:
+        shapes, attrs, _ = op.doctor_entry(entry)
+        ins = op.make_doctor_inputs(testing.torch_type(dtype), shapes, seed=6)
+        testing.assert_close(testing.run_op("Int4SwiGLU", ins, attrs), schema.reference("Int4SwiGLU", ins, attrs),
+                             dtype)
+
+
+def test_int4_swiglu_weights_of_two_shapes_are_a_clear_error():
+    op = schema.op_def("Int4SwiGLU")
+    shapes, _, _ = op.doctor_entry((2, 64, 8, 32, "silu"))
+    x, wg, sg, wu, su = op.make_doctor_inputs(torch.float32, shapes, seed=7)
+    with pytest.raises(Exception, match="Wq_gate's and scales_gate's shapes"):
+        testing.run_op("Int4SwiGLU", [x, wg, sg, wu[:4].contiguous(), su[:4].contiguous()])

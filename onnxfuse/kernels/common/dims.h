@@ -63,6 +63,19 @@ inline LinearDims Int4LinearDims(const char* op, const std::vector<int64_t>& x, 
   return d;
 }
 
+// Int4SwiGLU: X [..., K], Wq_gate and Wq_up [N, n_blocks, block / 2] of one shape, scales_gate and scales_up
+// [N, n_blocks]. LinearDims' r carries the block size.
+inline LinearDims Int4SwiGLUDims(const char* op, const std::vector<int64_t>& x, const std::vector<int64_t>& wq_gate,
+                                 const std::vector<int64_t>& s_gate, const std::vector<int64_t>& wq_up,
+                                 const std::vector<int64_t>& s_up) {
+  LinearDims d = Int4LinearDims(op, x, wq_gate, s_gate);
+  detail::Need(wq_up == wq_gate && s_up == s_gate, op,
+               "Wq_up and scales_up must have Wq_gate's and scales_gate's shapes; got Wq_gate " + ShapeStr(wq_gate) +
+                   ", scales_gate " + ShapeStr(s_gate) + ", Wq_up " + ShapeStr(wq_up) + ", scales_up " +
+                   ShapeStr(s_up));
+  return d;
+}
+
 // X [..., K], W_gate [K, N], W_up [K, N].
 inline LinearDims SwiGLUDims(const char* op, const std::vector<int64_t>& x, const std::vector<int64_t>& wg,
                              const std::vector<int64_t>& wu) {

@@ -5,9 +5,13 @@
 // never read) and takes its dot products with the rows, four rows at a time (each weight loaded once for them), in
 // independent partial sums so that the compiler vectorizes them without reassociating. `fuse --provider cpu` still
 // leaves MatMulNBits to onnxruntime (cpu_policy.py): MLAS quantizes X to int8 and runs int8 dot products.
+//
+// Int4SwiGLU: the same tiles, each column's gate and up rows dequantized side by side; the two dot products of a row
+// meet in act(g) * u (common/gate_act.h, in fp32) and are written once.
 #include <cstring>
 #include <vector>
 
+#include "common/gate_act.h"
 #include "cpu/ops.h"
 
 namespace onnxfuse {
@@ -100,10 +104,57 @@ struct Int4LinearCpu {
   OpAttrs attrs;
 };
 
+template <typename T>
+struct Int4SwiGLUCpu {
+  using Op = schema::Int4SwiGLU;
+  Int4SwiGLUCpu(const OrtApi* api, const OrtKernelInfo* info)
+      : attrs(ReadOpAttrs(api, info, Op::kName)), act(ReadGateActivation(api, info, Op::kName)) {}
+
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<uint8_t>& Wg,
+                      const Ort::Custom::Tensor<T>& Sg, const Ort::Custom::Tensor<uint8_t>& Wu,
+                      const Ort::Custom::Tensor<T>& Su, Ort::Custom::Tensor<T>& Y) {
+    return GuardCompute([&] {
+      const LinearDims d = Int4SwiGLUDims(Op::kName, X.Shape(), Wg.Shape(), Sg.Shape(), Wu.Shape(), Su.Shape());
+      T* y = Y.Allocate(d.out_shape);
+      if (d.M == 0 || d.N == 0) return;
+      const T* x = X.Data();
+      const uint8_t *wg = Wg.Data(), *wu = Wu.Data();
+      const T *sg = Sg.Data(), *su = Su.Data();
+      const int64_t K = d.K, N = d.N, block = d.r, n_blocks = (K + block - 1) / block;
+      const int64_t row_bytes = n_blocks * block / 2;
+      const int a = act;
+      const OrtPool pool(ctx);
+      ForTiles(pool, d.M, (N + kColumns - 1) / kColumns, [&](int64_t m0, int64_t mb, int64_t jb) {
+        std::vector<float> xf(size_t(mb * K)), g(size_t(n_blocks * block)), u(size_t(n_blocks * block));
+        for (int64_t i = 0; i < mb * K; ++i) xf[size_t(i)] = ToF32(x[m0 * K + i]);
+        for (int64_t n = jb * kColumns; n < std::min(N, (jb + 1) * kColumns); ++n) {
+          DequantizeColumn(wg + n * row_bytes, sg + n * n_blocks, K, block, g.data());
+          DequantizeColumn(wu + n * row_bytes, su + n * n_blocks, K, block, u.data());
+          int64_t m = 0;
+          for (; m + 4 <= mb; m += 4) {
+            float og[4], ou[4];
+            Dot4(xf.data() + m * K, K, g.data(), K, og);
+            Dot4(xf.data() + m * K, K, u.data(), K, ou);
+            for (int r = 0; r < 4; ++r) y[(m0 + m + r) * N + n] = FromF32<T>(GateActivation(a, og[r]) * ou[r]);
+          }
+          for (; m < mb; ++m) {
+            const float* row = xf.data() + m * K;
+            y[(m0 + m) * N + n] = FromF32<T>(GateActivation(a, Dot(row, g.data(), K)) * Dot(row, u.data(), K));
+          }
+        }
+      });
+    });
+  }
+
+  OpAttrs attrs;
+  int act;  // onnxfuse_gate_act, checked when the kernel is created
+};
+
 }  // namespace
 
 void RegisterInt4Linear(Ort::CustomOpDomain& domain) {
   AddOpAllTypes<Int4LinearCpu>(domain, schema::Int4Linear::kName, kCpuEp);
+  AddOpAllTypes<Int4SwiGLUCpu>(domain, schema::Int4SwiGLU::kName, kCpuEp);
 }
 
 }  // namespace cpu

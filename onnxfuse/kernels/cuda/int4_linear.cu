@@ -1,5 +1,6 @@
-// Int4Linear on the CUDA execution provider, in one file: the launchers' C declarations below, then the nvcc half (the
-// CUDA kernels) and the host half (the CUDA EP glue and the Triton launcher); cuda/cuda.cmake says how it is built.
+// Int4Linear and Int4SwiGLU on the CUDA execution provider, in one file: the launchers' C declarations below, then the
+// nvcc half (the CUDA kernels) and the host half (the CUDA EP glue and the Triton launcher); cuda/cuda.cmake says how
+// it is built.
 #include "cuda/launch.h"
 
 extern "C" {
@@ -13,6 +14,17 @@ int onnxfuse_cuda_int4_linear(int dtype, const void* x, const uint8_t* wq, const
 // The Triton launcher (the host half, Triton builds only): one GEMM whose K loop dequantizes the weight tile.
 int onnxfuse_triton_int4_linear(int dtype, const void* x, const uint8_t* wq, const void* scales, void* y, int64_t m,
                                 int64_t k, int64_t n, int64_t block, void* stream);
+// Int4SwiGLU: Y [m, n] = act(X @ W_gate^T) * (X @ W_up^T), both W as Int4Linear's, act an onnxfuse_gate_act code
+// (common/gate_act.h). Up to ONNXFUSE_INT4_GEMV_MAX_M rows: the GEMV with a warp per output column reading its gate
+// and up rows together, act(g) * u in its epilogue; more rows: both weights dequantized into scratch as [2n, k],
+// one cuBLASLt GEMM into [m, 2n] scratch, then one elementwise pass.
+int64_t onnxfuse_cuda_int4_swiglu_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n);
+int onnxfuse_cuda_int4_swiglu(int dtype, int act, const void* x, const uint8_t* wq_gate, const void* scales_gate,
+                              const uint8_t* wq_up, const void* scales_up, void* y, int64_t m, int64_t k, int64_t n,
+                              int64_t block, void* scratch, int64_t scratch_bytes, void* stream);
+int onnxfuse_triton_int4_swiglu(int dtype, int act, const void* x, const uint8_t* wq_gate, const void* scales_gate,
+                                const uint8_t* wq_up, const void* scales_up, void* y, int64_t m, int64_t k, int64_t n,
+                                int64_t block, void* stream);
 }
 
 // The rows up to which the CUDA backend runs the GEMV; past them, the dequantized weights and one cuBLASLt GEMM.
@@ -25,6 +37,7 @@ int onnxfuse_triton_int4_linear(int dtype, const void* x, const uint8_t* wq, con
 #include <cstdint>
 #include <type_traits>
 
+#include "common/gate_act.h"
 #include "gemm.h"
 
 namespace ock = onnxfuse::cuda_kernels;
@@ -38,7 +51,8 @@ __device__ __forceinline__ float Centred(uint32_t word, int nibble) {
   return __uint_as_float(0x4B000000u | ((word >> (4 * nibble)) & 15u)) - 8388616.0f;
 }
 
-// The GEMV: one warp per kCols output columns, each lane a 16-value group (8 packed bytes and one scale per column)
+// The GEMV: one warp per kCols output columns (GATED, Int4SwiGLU: per output column, its gate and up rows as the
+// two columns, act(g) * u written once), each lane a 16-value group (8 packed bytes and one scale per column)
 // at a time: lane l takes groups l, l + 32, ..., kUnroll of them in flight, so a warp's loads of a packed row (256
 // bytes) are contiguous, and each X group serves the kCols columns. X is staged in shared memory once per block
 // (STAGED: up to kStageBytes; fp16 already permuted into the pairs the nibble order needs). fp16: the scaled
@@ -173,25 +187,36 @@ __device__ __forceinline__ void LoadStep(Step<T>& st, const uint2* const (&wc)[k
     }
 }
 
-template <typename T, int MR, bool STAGED>
+// The GEMV's two column sources: one matrix's consecutive columns (wq, scales: Int4Linear), or the gate's (wq,
+// scales) and the up matrix's (wq_up, scales_up) same column (GATED: Int4SwiGLU, with its activation code). (Separate
+// pointer parameters: in a struct, their __restrict__ was lost and the one-row kernel spilled.)
+template <typename T, int MR, bool STAGED, bool GATED>
 __global__ void __launch_bounds__(kWarps * 32, !std::is_same_v<T, __half> ? 1 : (MR == 1 ? 4 : (MR == 2 ? 3 : 1)))
-    Int4Gemv(const T* __restrict__ x, const uint2* __restrict__ wq, const T* __restrict__ scales, T* __restrict__ y,
-             int m, int K, int N, int nb, int lb, int row_groups, bool xvec) {
+    Int4Gemv(const T* __restrict__ x, const uint2* __restrict__ wq, const T* __restrict__ scales,
+             const uint2* __restrict__ wq_up, const T* __restrict__ scales_up, int act, T* __restrict__ y, int m, int K,
+             int N, int nb, int lb, int row_groups, bool xvec) {
   using XG = typename XGroup<T>::type;
   extern __shared__ uint4 staged_x[];  // STAGED: [m][groups] XG
   XG* xs = reinterpret_cast<XG*>(staged_x);
   const int lane = threadIdx.x & 31;
-  const int col0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * kCols;
+  const int warp_col = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const int col0 = GATED ? warp_col : warp_col * kCols;
   const int groups = (K + 15) / 16;  // groups holding a k < K (the rest is the last block's padding)
   const bool active = col0 < N;
-  const int ncols = !active ? 0 : (N - col0 < kCols ? N - col0 : kCols);
+  const int ncols = !active ? 0 : (GATED || N - col0 >= kCols ? kCols : N - col0);
   const uint2* wc[kCols];
   const T* sc_row[kCols];
 #pragma unroll
   for (int c = 0; c < kCols; ++c) {
-    const int col = c < ncols ? col0 + c : (active ? col0 : 0);
-    wc[c] = wq + int64_t(col) * row_groups;
-    sc_row[c] = scales + int64_t(col) * nb;
+    if constexpr (GATED) {
+      const int col = active ? col0 : 0;
+      wc[c] = (c == 0 ? wq : wq_up) + int64_t(col) * row_groups;
+      sc_row[c] = (c == 0 ? scales : scales_up) + int64_t(col) * nb;
+    } else {
+      const int col = c < ncols ? col0 + c : (active ? col0 : 0);
+      wc[c] = wq + int64_t(col) * row_groups;
+      sc_row[c] = scales + int64_t(col) * nb;
+    }
   }
   // The first step's weights are requested before X is staged, so both are in flight together.
   Step<T> next;
@@ -260,29 +285,62 @@ __global__ void __launch_bounds__(kWarps * 32, !std::is_same_v<T, __half> ? 1 : 
         }
     }
   }
+  if constexpr (GATED) {
 #pragma unroll
-  for (int r = 0; r < MR; ++r)
+    for (int r = 0; r < MR; ++r) {
+      float g = acc[r][0], u = acc[r][1];
 #pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-      float v = acc[r][c];
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0 && r < m && c < ncols) y[int64_t(r) * N + col0 + c] = ock::from_f<T>(v);
+      for (int o = 16; o > 0; o >>= 1) {
+        g += __shfl_xor_sync(0xffffffffu, g, o);
+        u += __shfl_xor_sync(0xffffffffu, u, o);
+      }
+      if (lane == 0 && r < m) y[int64_t(r) * N + col0] = ock::from_f<T>(onnxfuse::GateActivation(act, g) * u);
     }
+  } else {
+#pragma unroll
+    for (int r = 0; r < MR; ++r)
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        float v = acc[r][c];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0 && r < m && c < ncols) y[int64_t(r) * N + col0 + c] = ock::from_f<T>(v);
+      }
+  }
 }
 
-// Packed weights not 8-byte aligned (a view into a larger buffer): one thread per output, byte loads.
+// Packed weights not 8-byte aligned (a view into a larger buffer): one thread per output, byte loads (wq_up non-null:
+// Int4SwiGLU, act(gate) * up).
+template <typename T>
+__device__ float NaiveDot(const T* __restrict__ xr, const uint8_t* __restrict__ q, const T* __restrict__ s, int64_t K,
+                          int lb) {
+  float acc = 0.f;
+  for (int64_t k = 0; k < K; ++k)
+    acc = fmaf(ock::to_f(xr[k]), Centred(q[k >> 1], int(k & 1)) * ock::to_f(s[k >> lb]), acc);
+  return acc;
+}
+
 template <typename T>
 __global__ void Int4Naive(const T* __restrict__ x, const uint8_t* __restrict__ wq, const T* __restrict__ scales,
+                          const uint8_t* __restrict__ wq_up, const T* __restrict__ scales_up, int act,
                           T* __restrict__ y, int64_t M, int64_t K, int64_t N, int64_t nb, int lb, int64_t row_bytes) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < M * N; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / N, col = i - r * N;
-    float acc = 0.f;
-    for (int64_t k = 0; k < K; ++k) {
-      const uint32_t b = wq[col * row_bytes + (k >> 1)];
-      acc = fmaf(ock::to_f(x[r * K + k]), Centred(b, int(k & 1)) * ock::to_f(scales[col * nb + (k >> lb)]), acc);
-    }
-    y[i] = ock::from_f<T>(acc);
+    const float g = NaiveDot(x + r * K, wq + col * row_bytes, scales + col * nb, K, lb);
+    y[i] = ock::from_f<T>(wq_up == nullptr
+                              ? g
+                              : onnxfuse::GateActivation(act, g) *
+                                    NaiveDot(x + r * K, wq_up + col * row_bytes, scales_up + col * nb, K, lb));
+  }
+}
+
+// Int4SwiGLU above the GEMV's rows: z [M, 2N] holds X @ [W_gate; W_up]^T; y [M, N] = act(z[:, :N]) * z[:, N:].
+template <typename T>
+__global__ void GateHalves(const T* __restrict__ z, T* __restrict__ y, int64_t M, int64_t N, int act) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < M * N; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / N, col = i - r * N;
+    const T* row = z + r * 2 * N;
+    y[i] = ock::from_f<T>(onnxfuse::GateActivation(act, ock::to_f(row[col])) * ock::to_f(row[N + col]));
   }
 }
 
@@ -324,6 +382,11 @@ __global__ void Int4Dequantize(const uint8_t* __restrict__ wq, const T* __restri
   }
 }
 
+int64_t Blocks(int64_t work, int threads) {
+  int64_t b = (work + threads - 1) / threads;
+  return b < 1 ? 1 : (b > 65536 ? 65536 : b);
+}
+
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 int Log2(int64_t v) {
@@ -332,34 +395,75 @@ int Log2(int64_t v) {
   return l;
 }
 
-template <typename T, int MR>
-int LaunchGemv(const void* x, const uint8_t* wq, const void* scales, void* y, int64_t m, int64_t k, int64_t n,
-               int64_t nb, int lb, int64_t row_bytes, cudaStream_t s) {
+template <typename T, int MR, bool GATED>
+int LaunchGemv(const void* x, const uint8_t* wq, const void* scales, const uint8_t* wq_up, const void* scales_up,
+               int act, void* y, int64_t m, int64_t k, int64_t n, int64_t nb, int lb, int64_t row_bytes,
+               cudaStream_t s) {
   const bool xvec = Aligned16(x) && (k * int64_t(sizeof(T))) % 16 == 0;
-  const int64_t blocks = (n + kWarps * kCols - 1) / (kWarps * kCols);
+  const int64_t cols_per_block = GATED ? kWarps : kWarps * kCols;
+  const int64_t blocks = (n + cols_per_block - 1) / cols_per_block;
   const int64_t staged = m * ((k + 15) / 16) * int64_t(sizeof(typename XGroup<T>::type));
   const T* xt = static_cast<const T*>(x);
-  const uint2* w = reinterpret_cast<const uint2*>(wq);
-  const T* st = static_cast<const T*>(scales);
+  const uint2 *w = reinterpret_cast<const uint2*>(wq), *wu = reinterpret_cast<const uint2*>(wq_up);
+  const T *st = static_cast<const T*>(scales), *su = static_cast<const T*>(scales_up);
   T* yt = static_cast<T*>(y);
   if (staged <= (MR <= 2 ? kStageBytes : kStageBytesRows)) {
     if (staged > kStageBytes) {
-      if (cudaError_t e =
-              cudaFuncSetAttribute(Int4Gemv<T, MR, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStageBytesRows))
+      if (cudaError_t e = cudaFuncSetAttribute(Int4Gemv<T, MR, true, GATED>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, kStageBytesRows))
         return int(e);
     }
-    Int4Gemv<T, MR, true><<<unsigned(blocks), kWarps * 32, size_t(staged), s>>>(xt, w, st, yt, int(m), int(k), int(n),
-                                                                                int(nb), lb, int(row_bytes / 8), xvec);
+    Int4Gemv<T, MR, true, GATED><<<unsigned(blocks), kWarps * 32, size_t(staged), s>>>(
+        xt, w, st, wu, su, act, yt, int(m), int(k), int(n), int(nb), lb, int(row_bytes / 8), xvec);
   } else {
-    Int4Gemv<T, MR, false><<<unsigned(blocks), kWarps * 32, 0, s>>>(xt, w, st, yt, int(m), int(k), int(n), int(nb), lb,
-                                                                    int(row_bytes / 8), xvec);
+    Int4Gemv<T, MR, false, GATED><<<unsigned(blocks), kWarps * 32, 0, s>>>(
+        xt, w, st, wu, su, act, yt, int(m), int(k), int(n), int(nb), lb, int(row_bytes / 8), xvec);
   }
   return int(cudaGetLastError());
 }
 
-int64_t Blocks(int64_t work, int threads) {
-  int64_t b = (work + threads - 1) / threads;
-  return b < 1 ? 1 : (b > 65536 ? 65536 : b);
+// Up to ONNXFUSE_INT4_GEMV_MAX_M rows, both ops: the GEMV by rows, or the byte-loading kernel for packed weights that
+// are not 8-byte aligned (wq_up null: Int4Linear).
+int GemvPath(int dtype, int act, const void* x, const uint8_t* wq, const void* scales, const uint8_t* wq_up,
+             const void* scales_up, void* y, int64_t m, int64_t k, int64_t n, int64_t nb, int lb, int64_t row_bytes,
+             cudaStream_t s) {
+  if (k > 0x7fffffffLL - 16 || n > 0x7fffffffLL - 16) return ONNXFUSE_ERR_TOO_LARGE;  // the GEMV's 32-bit indices
+  const bool gated = wq_up != nullptr;
+  return ock::ByDtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if ((reinterpret_cast<uintptr_t>(wq) & 7u) != 0 || (gated && (reinterpret_cast<uintptr_t>(wq_up) & 7u) != 0)) {
+      // rows are whole 8-byte groups (block >= 16): only a misaligned base needs this
+      Int4Naive<T><<<unsigned(Blocks(m * n, 256)), 256, 0, s>>>(
+          static_cast<const T*>(x), wq, static_cast<const T*>(scales), wq_up, static_cast<const T*>(scales_up), act,
+          static_cast<T*>(y), m, k, n, nb, lb, row_bytes);
+      return int(cudaGetLastError());
+    }
+    // (One column a warp instead of a pair, so that a 7B model's o and down projections, 256 blocks of pairs, fill
+    // every resident slot, measured twice as slow on the H100: 127 against 58 us for a layer's projections.)
+    auto launch = [&](auto rows) {
+      constexpr int MR = decltype(rows)::value;
+      return gated ? LaunchGemv<T, MR, true>(x, wq, scales, wq_up, scales_up, act, y, m, k, n, nb, lb, row_bytes, s)
+                   : LaunchGemv<T, MR, false>(x, wq, scales, wq_up, scales_up, act, y, m, k, n, nb, lb, row_bytes, s);
+    };
+    if (m == 1) return launch(std::integral_constant<int, 1>{});
+    if (m == 2) return launch(std::integral_constant<int, 2>{});
+    if (m <= 4) return launch(std::integral_constant<int, 4>{});
+    if (m <= 8) return launch(std::integral_constant<int, 8>{});
+    return launch(std::integral_constant<int, 16>{});
+  });
+}
+
+// W^T [n, k] of packed weights into `w` (the GEMM path's first step).
+int Dequantize(int dtype, const uint8_t* wq, const void* scales, void* w, int64_t k, int64_t n, int64_t nb, int lb,
+               int64_t row_bytes, cudaStream_t s) {
+  return ock::ByDtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const dim3 grid(unsigned((k + 15) / 16 + 255) / 256, unsigned(n < 65535 ? n : 65535));
+    Int4Dequantize<T><<<grid, 256, 0, s>>>(wq, static_cast<const T*>(scales), static_cast<T*>(w), int(k), int(n),
+                                           int(nb), lb, int(row_bytes),
+                                           (reinterpret_cast<uintptr_t>(wq) & 7u) == 0 && Aligned16(w));
+    return int(cudaGetLastError());
+  });
 }
 
 }  // namespace
@@ -381,39 +485,60 @@ extern "C" int onnxfuse_cuda_int4_linear(int dtype, const void* x, const uint8_t
   const int64_t nb = (k + block - 1) / block, row_bytes = nb * block / 2;
   const int lb = Log2(block);
   if (k == 0) return int(cudaMemsetAsync(y, 0, size_t(m * n * ock::ElemBytes(dtype)), s));
-  if (m <= ONNXFUSE_INT4_GEMV_MAX_M) {
-    if (k > 0x7fffffffLL - 16 || n > 0x7fffffffLL - 16) return ONNXFUSE_ERR_TOO_LARGE;  // the GEMV's 32-bit indices
-    return ock::ByDtype(dtype, [&](auto tag) {
-      using T = decltype(tag);
-      if ((reinterpret_cast<uintptr_t>(wq) & 7u) != 0) {  // rows are whole 8-byte groups (block >= 16)
-        Int4Naive<T><<<unsigned(Blocks(m * n, 256)), 256, 0, s>>>(static_cast<const T*>(x), wq,
-                                                                  static_cast<const T*>(scales), static_cast<T*>(y), m,
-                                                                  k, n, nb, lb, row_bytes);
-        return int(cudaGetLastError());
-      }
-      if (m == 1) return LaunchGemv<T, 1>(x, wq, scales, y, m, k, n, nb, lb, row_bytes, s);
-      if (m == 2) return LaunchGemv<T, 2>(x, wq, scales, y, m, k, n, nb, lb, row_bytes, s);
-      if (m <= 4) return LaunchGemv<T, 4>(x, wq, scales, y, m, k, n, nb, lb, row_bytes, s);
-      if (m <= 8) return LaunchGemv<T, 8>(x, wq, scales, y, m, k, n, nb, lb, row_bytes, s);
-      return LaunchGemv<T, 16>(x, wq, scales, y, m, k, n, nb, lb, row_bytes, s);
-    });
-  }
+  if (m <= ONNXFUSE_INT4_GEMV_MAX_M)
+    return GemvPath(dtype, 0, x, wq, scales, nullptr, nullptr, y, m, k, n, nb, lb, row_bytes, s);
   if (k > 0x7fffffffLL - 16 || n > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;  // the dequantization's indices
   const int64_t w_bytes = ock::Align256(k * n * ock::ElemBytes(dtype));
   if (scratch == nullptr || scratch_bytes < w_bytes) return ONNXFUSE_ERR_BAD_ARGUMENT;
-  int err = ock::ByDtype(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    const dim3 grid(unsigned((k + 15) / 16 + 255) / 256, unsigned(n < 65535 ? n : 65535));
-    Int4Dequantize<T><<<grid, 256, 0, s>>>(wq, static_cast<const T*>(scales), static_cast<T*>(scratch), int(k), int(n),
-                                           int(nb), lb, int(row_bytes),
-                                           (reinterpret_cast<uintptr_t>(wq) & 7u) == 0 && Aligned16(scratch));
-    return int(cudaGetLastError());
-  });
-  if (err) return err;
+  if (int err = Dequantize(dtype, wq, scales, scratch, k, n, nb, lb, row_bytes, s)) return err;
   ock::GemmArgs g;
   g.dtype = dtype, g.x = x, g.w = scratch, g.y = y, g.m = m, g.k = k, g.n = n;
   g.trans_w = true;
   return ock::Gemm(g, static_cast<char*>(scratch) + w_bytes, scratch_bytes - w_bytes, s);
+}
+
+// Scratch past the GEMV's rows: [W_gate; W_up]^T [2n, k], the cuBLASLt workspace, z [m, 2n].
+extern "C" int64_t onnxfuse_cuda_int4_swiglu_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n) {
+  if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || m < 0 || k < 0 || n < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (m <= ONNXFUSE_INT4_GEMV_MAX_M) return 0;
+  return ock::Align256(2 * k * n * ock::ElemBytes(dtype)) + ONNXFUSE_CUBLASLT_WORKSPACE_BYTES +
+         ock::Align256(2 * m * n * ock::ElemBytes(dtype));
+}
+
+extern "C" int onnxfuse_cuda_int4_swiglu(int dtype, int act, const void* x, const uint8_t* wq_gate,
+                                         const void* scales_gate, const uint8_t* wq_up, const void* scales_up, void* y,
+                                         int64_t m, int64_t k, int64_t n, int64_t block, void* scratch,
+                                         int64_t scratch_bytes, void* stream) {
+  if (!ock::CheckCommon(dtype, x, y, m, k, n) || block < 16 || block > 256 || (block & (block - 1)) != 0 ||
+      !onnxfuse::ValidGateActivation(act))
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (m == 0 || n == 0) return 0;
+  if (wq_gate == nullptr || scales_gate == nullptr || wq_up == nullptr || scales_up == nullptr)
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int64_t nb = (k + block - 1) / block, row_bytes = nb * block / 2;
+  const int lb = Log2(block);
+  if (k == 0) return int(cudaMemsetAsync(y, 0, size_t(m * n * ock::ElemBytes(dtype)), s));  // act(0) * 0
+  if (m <= ONNXFUSE_INT4_GEMV_MAX_M)
+    return GemvPath(dtype, act, x, wq_gate, scales_gate, wq_up, scales_up, y, m, k, n, nb, lb, row_bytes, s);
+  if (k > 0x7fffffffLL - 16 || 2 * n > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;
+  const int64_t e = ock::ElemBytes(dtype), w_bytes = ock::Align256(2 * k * n * e);
+  if (scratch == nullptr || scratch_bytes < onnxfuse_cuda_int4_swiglu_scratch_bytes(dtype, m, k, n))
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  char* w = static_cast<char*>(scratch);
+  char* z = w + w_bytes + ONNXFUSE_CUBLASLT_WORKSPACE_BYTES;
+  if (int err = Dequantize(dtype, wq_gate, scales_gate, w, k, n, nb, lb, row_bytes, s)) return err;
+  if (int err = Dequantize(dtype, wq_up, scales_up, w + k * n * e, k, n, nb, lb, row_bytes, s)) return err;
+  ock::GemmArgs g;
+  g.dtype = dtype, g.x = x, g.w = w, g.y = z, g.m = m, g.k = k, g.n = 2 * n;
+  g.trans_w = true;
+  if (int err = ock::Gemm(g, w + w_bytes, ONNXFUSE_CUBLASLT_WORKSPACE_BYTES, s)) return err;
+  return ock::ByDtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    GateHalves<T>
+        <<<unsigned(Blocks(m * n, 256)), 256, 0, s>>>(reinterpret_cast<const T*>(z), static_cast<T*>(y), m, n, act);
+    return int(cudaGetLastError());
+  });
 }
 
 #else  // the host half: the CUDA EP glue and the Triton launcher
@@ -459,10 +584,46 @@ struct Int4LinearCuda {
   OpAttrs attrs;
 };
 
+template <typename T>
+struct Int4SwiGLUCuda {
+  using Op = schema::Int4SwiGLU;
+  static constexpr const char* kName = Op::kName;
+  Int4SwiGLUCuda(const OrtApi* api, const OrtKernelInfo* info)
+      : attrs(ReadOpAttrs(api, info, kName)), act(ReadGateActivation(api, info, kName)) {}
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<uint8_t>& Wg,
+                      const Ort::Custom::Tensor<T>& Sg, const Ort::Custom::Tensor<uint8_t>& Wu,
+                      const Ort::Custom::Tensor<T>& Su, Ort::Custom::Tensor<T>& Y) {
+    return GuardCompute([&] {
+      const LinearDims d = Int4SwiGLUDims(kName, X.Shape(), Wg.Shape(), Sg.Shape(), Wu.Shape(), Su.Shape());
+      T* y = Y.Allocate(d.out_shape);
+      if (d.M == 0 || d.N == 0) return;
+      void* stream = StreamOf(ctx);
+      const void *x = X.Data(), *sg = Sg.Data(), *su = Su.Data();
+      const uint8_t *wg = Wg.Data(), *wu = Wu.Data();
+      Dispatch(
+          kName, attrs,
+          [&] {
+            return WithScratch(ctx, Op::kX, onnxfuse_cuda_int4_swiglu_scratch_bytes(DtypeCode<T>(), d.M, d.K, d.N),
+                               [&](void* sp, int64_t bytes) {
+                                 return onnxfuse_cuda_int4_swiglu(DtypeCode<T>(), act, x, wg, sg, wu, su, y, d.M, d.K,
+                                                                  d.N, d.r, sp, bytes, stream);
+                               });
+          },
+          [&] {
+            return onnxfuse_triton_int4_swiglu(DtypeCode<T>(), act, x, wg, sg, wu, su, y, d.M, d.K, d.N, d.r, stream);
+          },
+          AutoPrefersCuda(triton::kInt4Swiglu, d.M, d.K));
+    });
+  }
+  OpAttrs attrs;
+  int act;  // onnxfuse_gate_act of the node's activation attribute
+};
+
 }  // namespace
 
 void RegisterInt4LinearCuda(Ort::CustomOpDomain& domain) {
   AddOpAllTypes<Int4LinearCuda>(domain, schema::Int4Linear::kName, kCudaEp);
+  AddOpAllTypes<Int4SwiGLUCuda>(domain, schema::Int4SwiGLU::kName, kCudaEp);
 }
 
 }  // namespace cuda
@@ -490,6 +651,27 @@ extern "C" int onnxfuse_triton_int4_linear(int dtype, const void* x, const uint8
   void* scratch_profile = nullptr;
   void* args[] = {&x, &wq, &scales, &y, &M, &N, &K, &RB, &NB, &BS, &scratch_global, &scratch_profile};
   return Launch(ids::kInt4Linear, dtype, m, n, aligned, 0, args, stream);
+}
+
+extern "C" int onnxfuse_triton_int4_swiglu(int dtype, int act, const void* x, const uint8_t* wq_gate,
+                                           const void* scales_gate, const uint8_t* wq_up, const void* scales_up,
+                                           void* y, int64_t m, int64_t k, int64_t n, int64_t block, void* stream) {
+  if (BadCommon(dtype, m, k, n) || block < 16 || block > 256 || (block & (block - 1)) != 0 || act < 0 ||
+      act >= ONNXFUSE_NUM_GATE_ACTIVATIONS)
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
+  if (m == 0 || n == 0) return 0;
+  const int64_t nb = (k + block - 1) / block, row_bytes = nb * block / 2;
+  if (row_bytes * n > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;
+  const bool aligned = Aligned16(x) && Aligned16(wq_gate) && Aligned16(scales_gate) && Aligned16(wq_up) &&
+                       Aligned16(scales_up) && Aligned16(y) && k % 16 == 0 && n % 16 == 0 && row_bytes % 16 == 0;
+  int32_t M = int32_t(m), N = int32_t(n), K = int32_t(k), RB = int32_t(row_bytes), NB = int32_t(nb),
+          BS = int32_t(block), ACT = act;
+  void* scratch_global = nullptr;
+  void* scratch_profile = nullptr;
+  void* args[] = {&x,  &wq_gate, &scales_gate, &wq_up,          &scales_up,      &y, &M, &N, &K, &RB,
+                  &NB, &BS,      &ACT,         &scratch_global, &scratch_profile};
+  return Launch(ids::kInt4Swiglu, dtype, m, n, aligned, 0, args, stream);
 }
 #endif  // ONNXFUSE_WITH_TRITON
 #endif  // __CUDACC__

@@ -1,5 +1,7 @@
-"""Triton kernel for Int4Linear (onnxfuse.schema): one GEMM whose K loop loads the packed 4-bit weight tile, unpacks
-and scales it in registers and feeds it to tl.dot, so the weights cross memory once, as bytes of int4.
+"""Triton kernels for Int4Linear and Int4SwiGLU (onnxfuse.schema): one GEMM whose K loop loads the packed 4-bit weight
+tile, unpacks and scales it in registers and feeds it to tl.dot, so the weights cross memory once, as bytes of int4;
+Int4SwiGLU's loads the gate's and the up tile of the same columns, keeps two accumulators and writes act(g) * u
+(swiglu.py's activation, by run-time code).
 
 Compiled ahead of time by `aot.py`; the launcher (cuda/int4_linear.cu, onnxfuse_triton_int4_linear) passes the
 arguments in the order of KERNELS and launches row tiles x column tiles (runtime.h Launch).
@@ -8,6 +10,23 @@ import triton
 import triton.language as tl
 
 from .gemm_loop import _store_tile, _tile_ids
+from .swiglu import _gate_activation
+
+
+@triton.jit
+def _weight_tile(w_ptrs, s_row, k0, RB, NB, BS, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, T: tl.constexpr):
+    """The [BLOCK_N, BLOCK_K] weight tile in T: the packed bytes at w_ptrs (both nibbles, minus 8) times each 16
+    values' block scale (one gather of [BLOCK_N, BLOCK_K / 16] scales, broadcast over its 16)."""
+    offs_b = tl.arange(0, BLOCK_K // 2)
+    offs_g = tl.arange(0, BLOCK_K // 16)
+    q = tl.load(w_ptrs, mask=((k0 // 2 + offs_b) < RB)[None, :], other=0)
+    lo = (q & 15).to(T)
+    hi = (q >> 4).to(T)
+    v = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K)) - 8.0
+    grp = tl.minimum((k0 + offs_g * 16) // BS, NB - 1)
+    s16 = tl.load(s_row + grp[None, :])
+    s = tl.reshape(tl.broadcast_to(s16[:, :, None], (BLOCK_N, BLOCK_K // 16, 16)), (BLOCK_N, BLOCK_K))
+    return (v * s).to(T)
 
 
 @triton.jit
@@ -27,7 +46,6 @@ def _int4_linear_kernel(x_ptr, wq_ptr, s_ptr, y_ptr, M, N, K, RB, NB, BS,
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     offs_b = tl.arange(0, BLOCK_K // 2)
-    offs_g = tl.arange(0, BLOCK_K // 16)
     rows = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
     n_ok = offs_n < N
     cols = tl.where(n_ok, offs_n, 0).to(tl.int64)
@@ -38,18 +56,46 @@ def _int4_linear_kernel(x_ptr, wq_ptr, s_ptr, y_ptr, M, N, K, RB, NB, BS,
     for kb in range(0, tl.cdiv(K, BLOCK_K)):
         k0 = kb * BLOCK_K
         x = tl.load(x_ptrs, mask=((k0 + offs_k) < K)[None, :], other=0.0)
-        q = tl.load(w_ptrs, mask=((k0 // 2 + offs_b) < RB)[None, :], other=0)
-        lo = (q & 15).to(x_ptr.dtype.element_ty)
-        hi = (q >> 4).to(x_ptr.dtype.element_ty)
-        v = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K)) - 8.0
-        grp = tl.minimum((k0 + offs_g * 16) // BS, NB - 1)
-        s16 = tl.load(s_row + grp[None, :])
-        s = tl.reshape(tl.broadcast_to(s16[:, :, None], (BLOCK_N, BLOCK_K // 16, 16)), (BLOCK_N, BLOCK_K))
-        w = (v * s).to(x_ptr.dtype.element_ty)
+        w = _weight_tile(w_ptrs, s_row, k0, RB, NB, BS, BLOCK_N, BLOCK_K, x_ptr.dtype.element_ty)
         acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K // 2
     _store_tile(y_ptr, N, acc, offs_m, offs_m < M, offs_n, n_ok)
+
+
+@triton.jit
+def _int4_swiglu_kernel(x_ptr, wg_ptr, sg_ptr, wu_ptr, su_ptr, y_ptr, M, N, K, RB, NB, BS, ACT,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                        DOT_PRECISION: tl.constexpr):
+    """PyTorch: ``g = x.float() @ w_gate.T; u = x.float() @ w_up.T; y = (act(g) * u).to(x.dtype)``, each w as
+    _int4_linear_kernel dequantizes it (both of one shape: RB, NB, BS shared); each X tile serves both dots."""
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_b = tl.arange(0, BLOCK_K // 2)
+    rows = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
+    n_ok = offs_n < N
+    cols = tl.where(n_ok, offs_n, 0).to(tl.int64)
+    x_ptrs = x_ptr + rows[:, None] * K + offs_k[None, :]
+    wg_ptrs = wg_ptr + cols[:, None] * RB + offs_b[None, :]
+    wu_ptrs = wu_ptr + cols[:, None] * RB + offs_b[None, :]
+    sg_row = sg_ptr + cols[:, None] * NB
+    su_row = su_ptr + cols[:, None] * NB
+    gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+        k0 = kb * BLOCK_K
+        x = tl.load(x_ptrs, mask=((k0 + offs_k) < K)[None, :], other=0.0)
+        wg = _weight_tile(wg_ptrs, sg_row, k0, RB, NB, BS, BLOCK_N, BLOCK_K, x_ptr.dtype.element_ty)
+        gate = tl.dot(x, tl.trans(wg), gate, input_precision=DOT_PRECISION)
+        wu = _weight_tile(wu_ptrs, su_row, k0, RB, NB, BS, BLOCK_N, BLOCK_K, x_ptr.dtype.element_ty)
+        up = tl.dot(x, tl.trans(wu), up, input_precision=DOT_PRECISION)
+        x_ptrs += BLOCK_K
+        wg_ptrs += BLOCK_K // 2
+        wu_ptrs += BLOCK_K // 2
+    y = _gate_activation(gate, ACT) * up
+    _store_tile(y_ptr, N, y, offs_m, offs_m < M, offs_n, n_ok)
 
 
 # name -> (kernel, ordered non-constexpr parameters with their Triton types; "*T" is the op's element type). RB (the
@@ -58,6 +104,9 @@ KERNELS = {
     "int4_linear": (_int4_linear_kernel, [("x_ptr", "*T"), ("wq_ptr", "*u8"), ("s_ptr", "*T"), ("y_ptr", "*T"),
                                           ("M", "i32"), ("N", "i32"), ("K", "i32"), ("RB", "i32:16"), ("NB", "i32"),
                                           ("BS", "i32")]),
+    "int4_swiglu": (_int4_swiglu_kernel, [("x_ptr", "*T"), ("wg_ptr", "*u8"), ("sg_ptr", "*T"), ("wu_ptr", "*u8"),
+                                          ("su_ptr", "*T"), ("y_ptr", "*T"), ("M", "i32"), ("N", "i32"), ("K", "i32"),
+                                          ("RB", "i32:16"), ("NB", "i32"), ("BS", "i32"), ("ACT", "i32")]),
 }
 
 # Tile configs (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages) per size class: "small" (M <= 16) narrow column
@@ -65,4 +114,7 @@ KERNELS = {
 # is a multiple of 32 (whole 16-value scale groups, 16-byte rows of packed bytes).
 _H = {"small": (16, 32, 128, 1, 4, 4), "medium": (64, 128, 64, 8, 4, 3), "large": (128, 128, 64, 8, 8, 3)}
 _F = {"small": (16, 32, 32, 1, 4, 3), "medium": (64, 64, 32, 8, 4, 2), "large": (128, 64, 32, 8, 8, 2)}
-CONFIGS = {arch: {"int4_linear": {"h": _H, "f": _F}} for arch in ("90", "80")}
+# Int4SwiGLU: the same tiles (two accumulators and two weight tiles per step; "large" halves BLOCK_N to keep them in
+# registers).
+_H2 = dict(_H, large=(128, 64, 64, 8, 8, 3))
+CONFIGS = {arch: {"int4_linear": {"h": _H, "f": _F}, "int4_swiglu": {"h": _H2, "f": _F}} for arch in ("90", "80")}

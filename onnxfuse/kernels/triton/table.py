@@ -121,7 +121,14 @@ EMBEDDING_AUTO_TRITON = 1
 #   CUDA (GEMV | GEMM)   58     70    108    284   1151    363    368   1280
 #   Triton              252    243    232    208    198    498    563   2999
 #   onnxruntime          64    132     89    175    354    345    352   1258
+# Int4SwiGLU the same way (the layer's MLP as genai writes it, gate/up/act/product/down, fused to Int4SwiGLU and
+# Int4Linear, both on the backend named; the same probe's run):
+#   rows                  1      2      4      8     16     32    128   2048
+#   CUDA (GEMV | GEMM)   37     43     71    219    860    246    258    985
+#   Triton              140    137    132    126    123    332    379   2136
+#   onnxruntime          47     83     64    112    227    238    245    950
 AUTO_CUDA = (("mlp_stack", STACK_GRID_MAX_M + 1, STACK_ROWS_MIN_SM_MULT * 128 - 1, 0),
              ("swiglu", 2048, 1 << 40, 2048),
-             ("int4_linear", 0, 4, 0), ("int4_linear", 17, 1 << 40, 0))
+             ("int4_linear", 0, 4, 0), ("int4_linear", 17, 1 << 40, 0),
+             ("int4_swiglu", 0, 4, 0), ("int4_swiglu", 17, 1 << 40, 0))
 
