@@ -250,8 +250,8 @@ def op_model(op: str, dtype, inputs, attrs: dict | None = None, *, initializers:
 
     inputs: the graph inputs, {name: shape} in the node's order (a shape may hold None or names for symbolic
     dims), or a list of shapes named by input_names. initializers: {name: torch tensor} stored as initializers of
-    type T (a name also in `inputs` is an overridable initializer); the node takes the inputs, then the
-    initializers not among them. The integer inputs (INT_INPUTS) keep their type (INPUT_TYPES: int64, uint8).
+    type T (a name also in `inputs` is an overridable initializer); the node takes them in the op's input order
+    (a variadic op's: the inputs, then the initializers not among them). The integer inputs (INT_INPUTS) keep their type (INPUT_TYPES: int64, uint8).
     cast=True: float graph inputs and the output are float32, with Casts to and from T around the node (integer
     inputs pass through an Identity;
     initializers, stored in T, feed the node as they are).
@@ -262,9 +262,11 @@ def op_model(op: str, dtype, inputs, attrs: dict | None = None, *, initializers:
     if not isinstance(inputs, dict):
         inputs = dict(zip(input_names(op, len(inputs)), inputs))
     inits = dict(initializers or {})
-    names = list(dict.fromkeys([*inputs, *inits]))
-    t = ONNX_TYPE[dtype]
     s = schema.OPS[op]
+    names = list(dict.fromkeys([*inputs, *inits]))
+    if set(names) <= set(s.inputs):  # the schema's order (Int4SwiGLU's byte inputs sit between its initializers)
+        names = [n for n in s.inputs if n in names]
+    t = ONNX_TYPE[dtype]
     nodes, graph_inputs = [], []
     for name, shape in inputs.items():
         shape = None if shape is None else list(shape)
