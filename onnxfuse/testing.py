@@ -251,10 +251,10 @@ def op_model(op: str, dtype, inputs, attrs: dict | None = None, *, initializers:
     inputs: the graph inputs, {name: shape} in the node's order (a shape may hold None or names for symbolic
     dims), or a list of shapes named by input_names. initializers: {name: torch tensor} stored as initializers of
     type T (a name also in `inputs` is an overridable initializer); the node takes them in the op's input order
-    (a variadic op's: the inputs, then the initializers not among them). The integer inputs (INT_INPUTS) keep their type (INPUT_TYPES: int64, uint8).
-    cast=True: float graph inputs and the output are float32, with Casts to and from T around the node (integer
-    inputs pass through an Identity;
-    initializers, stored in T, feed the node as they are).
+    (a variadic op's: the inputs, then the initializers not among them). The integer inputs (INT_INPUTS) keep their
+    type (INPUT_TYPES: int64, uint8). cast=True: float graph inputs and the output are float32, with Casts to and
+    from T around the node (integer inputs pass through an Identity; initializers, stored in T, feed the node as
+    they are).
     out_shape: Y's declared shape (None: unknown). functions=True adds the ops' ONNX function bodies, so the model
     runs without the kernel library."""
     dtype = dtype_name(dtype)

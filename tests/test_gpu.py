@@ -362,7 +362,7 @@ def test_int4_linear_matches_matmulnbits_on_the_cuda_ep(tmp_path, block, backend
     unfused = runtime.session(str(tmp_path / "m.onnx"), "cuda", library=False)
     fused = runtime.session(str(tmp_path / "f.onnx"), "cuda", library=True, cpu_fallback=False)
     w = dequantize(torch.from_numpy(wq), torch.from_numpy(s.astype(np.float16)), k)
-    for m in (1, 3, 37, 300):
+    for m in (1, 3, 9, 16, 37, 300):
         x = rng.standard_normal((m, k)).astype(np.float16)
         want = (torch.from_numpy(x).float() @ w.T).numpy()
         got = fused.run(None, {"X": x})[0].astype(np.float32)
@@ -402,7 +402,7 @@ def test_int4_swiglu_matches_the_unfused_int4_mlp_on_the_cuda_ep(tmp_path, backe
     assert [m.op for m in res.matches] == ["Int4SwiGLU"]
     unfused = runtime.session(str(tmp_path / "m.onnx"), "cuda", library=False)
     fused = runtime.session(str(tmp_path / "f.onnx"), "cuda", library=True, cpu_fallback=False)
-    for m in (1, 2, 5, 37, 300):
+    for m in (1, 2, 5, 16, 37, 300):
         x = rng.standard_normal((m, k)).astype(np.float16)
         xf = torch.from_numpy(x).float()
         want = (torch.nn.functional.silu(xf @ ws["gate"].T) * (xf @ ws["up"].T)).numpy()

@@ -6,8 +6,9 @@
 extern "C" {
 // Int4Linear: Y [m, n] = X [m, k] @ W^T, W[j, kk] = (nibble(wq, j, kk) - 8) * scales[j, kk / block]; wq uint8
 // [n, ceil(k / block), block / 2], scales [n, ceil(k / block)] of X's type. Up to ONNXFUSE_INT4_GEMV_MAX_M rows: a
-// GEMV that streams the packed weights once and dequantizes them in registers (Int4Gemv below); more rows: the
-// weights dequantized into scratch as W^T [n, k], then one cuBLASLt GEMM that transposes them.
+// GEMV that streams the packed weights once and dequantizes them in registers (Int4Gemv below; fp16 and bf16 from
+// kMmaMinRows rows: the same on tensor cores, Int4Mma); more rows: the weights dequantized into scratch as W^T [n, k],
+// then one cuBLASLt GEMM that transposes them.
 int64_t onnxfuse_cuda_int4_linear_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n);
 int onnxfuse_cuda_int4_linear(int dtype, const void* x, const uint8_t* wq, const void* scales, void* y, int64_t m,
                               int64_t k, int64_t n, int64_t block, void* scratch, int64_t scratch_bytes, void* stream);
@@ -309,6 +310,145 @@ __global__ void __launch_bounds__(kWarps * 32, !std::is_same_v<T, __half> ? 1 : 
   }
 }
 
+// The tensor-core path from kMmaMinRows to 16 rows (fp16, bf16; fp32 stays on the GEMV): mma.sync m16n8k16 with X as
+// the A operand (rows g and g + 8 of a lane's quad; rows past M zero) and the dequantized weights as B. A warp takes
+// two n8 tiles (16 columns of Int4Linear, or 8 columns' gate and up rows for Int4SwiGLU) over a slice of K: the four
+// lanes of quad g load 16 different 16-value chunks of column g a step (8 packed bytes and the scale each), and for
+// each chunk a lane takes bytes t and t + 4 (k = 2t, 2t + 1 and 2t + 8, 2t + 9: its B fragment) from the lane that
+// loaded it. A block's kWarps warps split K, and their partial tiles are summed through shared memory. The GEMV's cost
+// grows with the rows (each row's products on CUDA cores, each row's X in registers); the mma's does not until 16.
+constexpr int kMmaMinRows = 5;  // below, the GEMV measured faster (7B layer: 108 against 158 us at 4 rows)
+constexpr int kMmaChunks = 4;   // 16-value chunks a lane loads per step (a quad's lanes: 16 different ones)
+
+template <typename T>
+struct MmaOps;
+
+template <>
+struct MmaOps<__half> {
+  // A packed byte (q0 in the low nibble, q1 in the high) as the pair (q0 - 8, q1 - 8) times s: 0x6400 | q is the
+  // half 1024 + q.
+  __device__ static uint32_t Weights(uint32_t byte, __half s) {
+    const uint32_t h = 0x64006400u | (byte & 0xFu) | ((byte & 0xF0u) << 12);
+    const __half2 w =
+        __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&h), __float2half2_rn(1032.f)), __half2half2(s));
+    return *reinterpret_cast<const uint32_t*>(&w);
+  }
+  __device__ static void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+template <>
+struct MmaOps<__nv_bfloat16> {
+  // 0x4300 | q is the bfloat16 128 + q (exact: the mantissa's unit at 128 is 1).
+  __device__ static uint32_t Weights(uint32_t byte, __nv_bfloat16 s) {
+    const uint32_t h = 0x43004300u | (byte & 0xFu) | ((byte & 0xF0u) << 12);
+    const __nv_bfloat162 w = __hmul2(__hsub2(*reinterpret_cast<const __nv_bfloat162*>(&h), __float2bfloat162_rn(136.f)),
+                                     __bfloat162bfloat162(s));
+    return *reinterpret_cast<const uint32_t*>(&w);
+  }
+  __device__ static void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// X[row][k], X[row][k + 1] as one A-fragment register (zero past K; rows past M are never read).
+template <typename T>
+__device__ __forceinline__ uint32_t XPair(const T* __restrict__ row, int k, int K, bool xvec) {
+  if (xvec && k + 1 < K) return __ldg(reinterpret_cast<const uint32_t*>(row + k));
+  T pair[2] = {k < K ? row[k] : ock::from_f<T>(0.f), k + 1 < K ? row[k + 1] : ock::from_f<T>(0.f)};
+  return *reinterpret_cast<const uint32_t*>(pair);
+}
+
+template <typename T, bool GATED>
+__global__ void __launch_bounds__(kWarps * 32)
+    Int4Mma(const T* __restrict__ x, const uint2* __restrict__ wq, const T* __restrict__ scales,
+            const uint2* __restrict__ wq_up, const T* __restrict__ scales_up, int act, T* __restrict__ y, int m, int K,
+            int N, int nb, int lb, int row_groups, bool xvec) {
+  __shared__ float partial[kWarps][2][4][32];  // [warp][tile][c fragment][lane]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int n0 = blockIdx.x * (GATED ? 8 : 16);
+  const uint2* wrow[2];
+  const T* srow[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    int col = GATED ? n0 + g : n0 + 8 * j + g;
+    col = col < N ? col : N - 1;  // a column past N computes what is never stored
+    wrow[j] = (GATED && j == 1 ? wq_up : wq) + int64_t(col) * row_groups;
+    srow[j] = (GATED && j == 1 ? scales_up : scales) + int64_t(col) * nb;
+  }
+  const int chunks = (K + 15) / 16;  // 16-value chunks holding a k < K
+  const int per = (chunks + kWarps - 1) / kWarps;
+  const int c_begin = warp * per, c_end = min(chunks, c_begin + per);
+  const bool row0 = g < m, row1 = g + 8 < m;
+  const T* x0 = x + int64_t(row0 ? g : 0) * K;
+  const T* x1 = x + int64_t(row1 ? g + 8 : 0) * K;
+  float acc[2][4] = {};
+  const int quad = lane & ~3;
+  for (int c = c_begin; c < c_end; c += 4 * kMmaChunks) {  // c_end is the warp's: every lane takes the same steps
+    // lane t of the quad loads chunks c + 4t .. c + 4t + 3 of its column (the quad's 16 chunks, no two lanes the same)
+    uint2 q[kMmaChunks][2];
+    T sc[kMmaChunks][2];
+#pragma unroll
+    for (int u = 0; u < kMmaChunks; ++u)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int chunk = c + kMmaChunks * t + u;
+        const bool ok = chunk < c_end;
+        q[u][j] = ok ? __ldg(wrow[j] + chunk) : make_uint2(0u, 0u);
+        sc[u][j] = ok ? srow[j][(chunk * 16) >> lb] : ock::from_f<T>(0.f);
+      }
+#pragma unroll
+    for (int src = 0; src < 4; ++src)
+#pragma unroll
+      for (int u = 0; u < kMmaChunks; ++u) {
+        const int chunk = c + kMmaChunks * src + u;
+        if (chunk >= c_end) break;
+        const int k0 = chunk * 16 + 2 * t;
+        uint32_t a[4];
+        a[0] = row0 ? XPair(x0, k0, K, xvec) : 0u;
+        a[1] = row1 ? XPair(x1, k0, K, xvec) : 0u;
+        a[2] = row0 ? XPair(x0, k0 + 8, K, xvec) : 0u;
+        a[3] = row1 ? XPair(x1, k0 + 8, K, xvec) : 0u;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          // the chunk's 8 bytes and scale from the quad's lane that loaded them; this lane keeps bytes t and t + 4
+          const uint32_t lo = __shfl_sync(0xffffffffu, q[u][j].x, quad | src);
+          const uint32_t hi = __shfl_sync(0xffffffffu, q[u][j].y, quad | src);
+          const T scale = __shfl_sync(0xffffffffu, sc[u][j], quad | src);
+          MmaOps<T>::Mma(acc[j], a, MmaOps<T>::Weights((lo >> (8 * t)) & 0xFFu, scale),
+                         MmaOps<T>::Weights((hi >> (8 * t)) & 0xFFu, scale));
+        }
+      }
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) partial[warp][j][e][lane] = acc[j][e];
+  __syncthreads();
+  // One output value a thread: tile j (Int4Linear; Int4SwiGLU: the gate's and the up tile together), fragment e, lane l
+  // (row (l >> 2) + 8 (e >= 2), column 2 (l & 3) + (e & 1) of the tile).
+  const int j = GATED ? 0 : threadIdx.x >> 7, e = (threadIdx.x >> 5) & 3, l = lane;
+  if (GATED && threadIdx.x >= 128) return;
+  const int row = (l >> 2) + (e >= 2 ? 8 : 0), col = n0 + 8 * j + 2 * (l & 3) + (e & 1);
+  if (row >= m || col >= N) return;
+  float v = 0.f, u = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    v += partial[w][j][e][l];
+    if (GATED) u += partial[w][1][e][l];
+  }
+  y[int64_t(row) * N + col] = ock::from_f<T>(GATED ? onnxfuse::GateActivation(act, v) * u : v);
+}
+
 // Packed weights not 8-byte aligned (a view into a larger buffer): one thread per output, byte loads (wq_up non-null:
 // Int4SwiGLU, act(gate) * up).
 template <typename T>
@@ -447,6 +587,22 @@ int GemvPath(int dtype, int act, const void* x, const uint8_t* wq, const void* s
     };
     if (m == 1) return launch(std::integral_constant<int, 1>{});
     if (m == 2) return launch(std::integral_constant<int, 2>{});
+    if constexpr (!std::is_same_v<T, float>) {
+      if (m >= kMmaMinRows) {
+        const bool xvec = Aligned16(x) && k % 2 == 0;  // 4-byte pairs of X from every row
+        const unsigned blocks = unsigned((n + (gated ? 8 : 16) - 1) / (gated ? 8 : 16));
+        const T* xt = static_cast<const T*>(x);
+        const uint2 *w = reinterpret_cast<const uint2*>(wq), *wu = reinterpret_cast<const uint2*>(wq_up);
+        const T *st = static_cast<const T*>(scales), *su = static_cast<const T*>(scales_up);
+        if (gated)
+          Int4Mma<T, true><<<blocks, kWarps * 32, 0, s>>>(xt, w, st, wu, su, act, static_cast<T*>(y), int(m), int(k),
+                                                          int(n), int(nb), lb, int(row_bytes / 8), xvec);
+        else
+          Int4Mma<T, false><<<blocks, kWarps * 32, 0, s>>>(xt, w, st, wu, su, act, static_cast<T*>(y), int(m), int(k),
+                                                           int(n), int(nb), lb, int(row_bytes / 8), xvec);
+        return int(cudaGetLastError());
+      }
+    }
     if (m <= 4) return launch(std::integral_constant<int, 4>{});
     if (m <= 8) return launch(std::integral_constant<int, 8>{});
     return launch(std::integral_constant<int, 16>{});

@@ -115,20 +115,22 @@ EMBEDDING_AUTO_TRITON = 1
 #   llama-mlp / geglu-mlp / phi3-mlp, 2048 tokens     881 / 900, 860 / 922, 901 / 887 (with the down GEMM)
 #   seed Llama layer, 2048 tokens (K 1024)            393 / 379 -> stays on Triton
 # Int4Linear (H100, fp16, a Llama-2-7B layer's five int4 projections, block 32, GPU kernel time per run in us;
-# scripts/int4_probe.py, benchmarks/results/h100-2026-11-26/int4/): the CUDA backend's GEMV where it wins, the Triton
-# kernel (dequantizing into the dot's tile) from 5 to 16 rows, the CUDA backend's dequantized cuBLASLt GEMM above:
-#   rows                  1      2      4      8     16     32    128   2048
-#   CUDA (GEMV | GEMM)   58     70    108    284   1151    363    368   1280
-#   Triton              252    243    232    208    198    498    563   2999
-#   onnxruntime          64    132     89    175    354    345    352   1258
+# scripts/int4_probe.py, benchmarks/results/h100-2026-11-26/int4/): the CUDA backend (its GEMV to 4 rows, its
+# tensor-core kernel from 5 to 16, its dequantized cuBLASLt GEMM above) to 12 rows and above 16, the Triton kernel
+# (dequantizing into the dot's tile) from 13 to 16:
+#   rows                  1      2      4      6      8     12     16     32    128   2048
+#   CUDA                 58     69    108    162    164    187    202    362    366   1264
+#   Triton              250    240    231    218    207    197    197    493    559   2946
+#   onnxruntime          64    131     89    150    175    330    352    344    351   1246
 # Int4SwiGLU the same way (the layer's MLP as genai writes it, gate/up/act/product/down, fused to Int4SwiGLU and
-# Int4Linear, both on the backend named; the same probe's run):
-#   rows                  1      2      4      8     16     32    128   2048
-#   CUDA (GEMV | GEMM)   37     43     71    219    860    246    258    985
-#   Triton              140    137    132    126    123    332    379   2136
-#   onnxruntime          47     83     64    112    227    238    245    950
+# Int4Linear, both on the backend named; the same run):
+#   CUDA                 36     42     69    103    103    122    134    247    256    981
+#   Triton              140    136    130    126    124    121    121    325    375   2135
+#   onnxruntime          47     83     64    101    113    207    224    239    244    949
+# (lm_head, 4096 -> 49152, differs: Triton 132 against the tensor-core kernel's 155 at 12 rows, and 173 against
+# cuBLAS's 340 at 32, but one (kernel, rows, K) rule serves both shapes.)
 AUTO_CUDA = (("mlp_stack", STACK_GRID_MAX_M + 1, STACK_ROWS_MIN_SM_MULT * 128 - 1, 0),
              ("swiglu", 2048, 1 << 40, 2048),
-             ("int4_linear", 0, 4, 0), ("int4_linear", 17, 1 << 40, 0),
-             ("int4_swiglu", 0, 4, 0), ("int4_swiglu", 17, 1 << 40, 0))
+             ("int4_linear", 0, 12, 0), ("int4_linear", 17, 1 << 40, 0),
+             ("int4_swiglu", 0, 12, 0), ("int4_swiglu", 17, 1 << 40, 0))
 
