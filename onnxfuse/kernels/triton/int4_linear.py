@@ -14,6 +14,21 @@ from .swiglu import _gate_activation
 
 
 @triton.jit
+def _tile(M, N, K, RB, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """The program's tile: its rows and columns (offs_m, offs_n, n_ok, cols), and the offsets of a K step's X tile and
+    packed weight tile from the first step's (rows past M and columns past N clamped to 0: loaded, never stored)."""
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
+    n_ok = offs_n < N
+    cols = tl.where(n_ok, offs_n, 0).to(tl.int64)
+    x_off = rows[:, None] * K + tl.arange(0, BLOCK_K)[None, :]
+    w_off = cols[:, None] * RB + tl.arange(0, BLOCK_K // 2)[None, :]
+    return offs_m, offs_n, n_ok, cols, x_off, w_off
+
+
+@triton.jit
 def _weight_tile(w_ptrs, s_row, k0, RB, NB, BS, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, T: tl.constexpr):
     """The [BLOCK_N, BLOCK_K] weight tile in T: the packed bytes at w_ptrs (both nibbles, minus 8) times each 16
     values' block scale (one gather of [BLOCK_N, BLOCK_K / 16] scales, broadcast over its 16)."""
@@ -41,16 +56,10 @@ def _int4_linear_kernel(x_ptr, wq_ptr, s_ptr, y_ptr, M, N, K, RB, NB, BS,
     one gather of [BLOCK_N, BLOCK_K / 16] scales, broadcast over its 16), transposed into the dot. X is masked past K
     (the last block's padding contributes zero); rows past M are clamped to row 0 on load and never stored.
     """
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m, offs_n, n_ok, cols, x_off, w_off = _tile(M, N, K, RB, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     offs_k = tl.arange(0, BLOCK_K)
-    offs_b = tl.arange(0, BLOCK_K // 2)
-    rows = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
-    n_ok = offs_n < N
-    cols = tl.where(n_ok, offs_n, 0).to(tl.int64)
-    x_ptrs = x_ptr + rows[:, None] * K + offs_k[None, :]
-    w_ptrs = wq_ptr + cols[:, None] * RB + offs_b[None, :]
+    x_ptrs = x_ptr + x_off
+    w_ptrs = wq_ptr + w_off
     s_row = s_ptr + cols[:, None] * NB
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(0, tl.cdiv(K, BLOCK_K)):
@@ -69,17 +78,11 @@ def _int4_swiglu_kernel(x_ptr, wg_ptr, sg_ptr, wu_ptr, su_ptr, y_ptr, M, N, K, R
                         DOT_PRECISION: tl.constexpr):
     """PyTorch: ``g = x.float() @ w_gate.T; u = x.float() @ w_up.T; y = (act(g) * u).to(x.dtype)``, each w as
     _int4_linear_kernel dequantizes it (both of one shape: RB, NB, BS shared); each X tile serves both dots."""
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m, offs_n, n_ok, cols, x_off, w_off = _tile(M, N, K, RB, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     offs_k = tl.arange(0, BLOCK_K)
-    offs_b = tl.arange(0, BLOCK_K // 2)
-    rows = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
-    n_ok = offs_n < N
-    cols = tl.where(n_ok, offs_n, 0).to(tl.int64)
-    x_ptrs = x_ptr + rows[:, None] * K + offs_k[None, :]
-    wg_ptrs = wg_ptr + cols[:, None] * RB + offs_b[None, :]
-    wu_ptrs = wu_ptr + cols[:, None] * RB + offs_b[None, :]
+    x_ptrs = x_ptr + x_off
+    wg_ptrs = wg_ptr + w_off
+    wu_ptrs = wu_ptr + w_off
     sg_row = sg_ptr + cols[:, None] * NB
     su_row = su_ptr + cols[:, None] * NB
     gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -111,8 +114,10 @@ KERNELS = {
 
 # Tile configs (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages) per size class: "small" (M <= 16) narrow column
 # tiles so that the packed weights of all columns stream at once; the others the GEMM tiles of gemm_loop.py. BLOCK_K
-# is a multiple of 32 (whole 16-value scale groups, 16-byte rows of packed bytes).
-_H = {"small": (16, 32, 128, 1, 4, 4), "medium": (64, 128, 64, 8, 4, 3), "large": (128, 128, 64, 8, 8, 3)}
+# is a multiple of 32 (whole 16-value scale groups, 16-byte rows of packed bytes). "small": BLOCK_K 256 and 3 stages
+# measured 40.5 against 42.9 us for (16, 32, 128, 1, 4, 4) at 16 rows of a 4096 -> 11008 projection (H100, the best
+# of 8; sweep-triton-int4.txt in benchmarks/results/h100-2026-11-26/int4/).
+_H = {"small": (16, 32, 256, 1, 4, 3), "medium": (64, 128, 64, 8, 4, 3), "large": (128, 128, 64, 8, 8, 3)}
 _F = {"small": (16, 32, 32, 1, 4, 3), "medium": (64, 64, 32, 8, 4, 2), "large": (128, 64, 32, 8, 8, 2)}
 # Int4SwiGLU: the same tiles (two accumulators and two weight tiles per step; "large" halves BLOCK_N to keep them in
 # registers).

@@ -119,15 +119,15 @@ EMBEDDING_AUTO_TRITON = 1
 # tensor-core kernel from 5 to 16, its dequantized cuBLASLt GEMM above) to 12 rows and above 16, the Triton kernel
 # (dequantizing into the dot's tile) from 13 to 16:
 #   rows                  1      2      4      6      8     12     16     32    128   2048
-#   CUDA                 58     69    108    162    164    187    202    362    366   1264
-#   Triton              250    240    231    218    207    197    197    493    559   2946
-#   onnxruntime          64    131     89    150    175    330    352    344    351   1246
+#   CUDA                 58     70    109    163    165    189    204    363    366   1277
+#   Triton              233    223    214    203    196    191    190    493    557   2983
+#   onnxruntime          65    131     90    151    176    330    352    346    352   1262
 # Int4SwiGLU the same way (the layer's MLP as genai writes it, gate/up/act/product/down, fused to Int4SwiGLU and
 # Int4Linear, both on the backend named; the same run):
-#   CUDA                 36     42     69    103    103    122    134    247    256    981
-#   Triton              140    136    130    126    124    121    121    325    375   2135
-#   onnxruntime          47     83     64    101    113    207    224    239    244    949
-# (lm_head, 4096 -> 49152, differs: Triton 132 against the tensor-core kernel's 155 at 12 rows, and 173 against
+#   CUDA                 37     42     70    104    104    124    136    245    258    988
+#   Triton              132    129    125    122    121    119    119    328    372   2134
+#   onnxruntime          47     83     64    101    112    206    223    237    249    959
+# (lm_head, 4096 -> 49152, differs: Triton 137 against the tensor-core kernel's 156 at 12 rows, and 171 against
 # cuBLAS's 340 at 32, but one (kernel, rows, K) rule serves both shapes.)
 AUTO_CUDA = (("mlp_stack", STACK_GRID_MAX_M + 1, STACK_ROWS_MIN_SM_MULT * 128 - 1, 0),
              ("swiglu", 2048, 1 << 40, 2048),
