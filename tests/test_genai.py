@@ -287,7 +287,18 @@ def test_bench_genai_times_folders_against_the_first(checkpoints, tmp_path, caps
     assert all(r["decode_pct_of_copy"] == pytest.approx(100 * r["decode_weight_gbs"] / result["read_peak_gbs"])
                for r in rows)
     assert "vs first" in capsys.readouterr().out
+    # several sequences decoded together: a row per batch, each against the first folder's row of that batch
+    assert cli.main(["bench", "genai", str(tmp_path / "plain"), str(tmp_path / "fused"), "--device", "cpu",
+                     "--sizes", "8", "--batch", "1,3", "--runs", "1", "--warmup", "1", "-o", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(pathlib.Path(r["folder"]).name, r["batch"]) for r in rows] == \
+        [("plain", 1), ("plain", 3), ("fused", 1), ("fused", 3)]
+    assert rows[1]["decode_tokens_per_s"] == pytest.approx(3e3 / rows[1]["decode_ms_per_token"])
+    assert rows[3]["decode_speedup_vs_first"] == pytest.approx(rows[1]["decode_ms_per_token"] /
+                                                               rows[3]["decode_ms_per_token"])
+    capsys.readouterr()
     _one_line_error(capsys, ["bench", "genai"], "bench genai takes genai model folders")
+    _one_line_error(capsys, ["bench", "llama-mlp", "--batch", "2"], "--batch is for bench genai")
 
 
 # ------------------------------------------------------------------------------------------------ LoRA adapters

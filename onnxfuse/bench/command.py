@@ -67,6 +67,8 @@ def register(subparsers, parser_class=None) -> argparse.ArgumentParser:
     size.add_argument("--full-size", dest="quick", action="store_false",
                       help="the issue's sizes even on the CPU (slow)")
     p.add_argument("--sizes", type=_int_list, help="tokens / batch sizes to sweep, e.g. 16,128,2048 (default per case)")
+    p.add_argument("--batch", type=_int_list, metavar="B1,B2",
+                   help="bench genai: sequences decoded together, e.g. 1,8 (default 1; --sizes are the prompt lengths)")
     p.add_argument("--layers", type=_positive, default=1, help="decoder layers of the llama case (default 1)")
     p.add_argument("--runs", type=_positive, help="timed runs per variant (default 100 on cuda, 50 on cpu)")
     p.add_argument("--warmup", type=_nonneg, help="warm-up runs per variant (default 10 on cuda, 3 on cpu)")
@@ -126,6 +128,8 @@ def cli_main(args) -> int:
         return 0
     if args.targets[:1] == ["genai"] and not args.from_json:
         return _genai(args)
+    if args.batch:
+        raise OnnxfuseError("--batch is for bench genai (sequences decoded together); the cases sweep --sizes")
     quiet = args.quiet or args.json
     if args.noisy_spread < 1:
         raise OnnxfuseError(f"--noisy-spread {args.noisy_spread}: p90/p10 is at least 1; give a threshold like 1.25")
@@ -203,7 +207,7 @@ def _genai(args) -> int:
     say = None if (args.quiet or args.json) else (lambda text: print(f"onnxfuse bench genai: {text}",
                                                                       file=sys.stderr, flush=True))
     result = timing.bench(folders, provider=provider, sizes=args.sizes, runs=args.runs or 5,
-                          warmup=args.warmup if args.warmup is not None else 2, progress=say)
+                          warmup=args.warmup if args.warmup is not None else 2, progress=say, batches=args.batch)
     result["target"] = "genai"
     out = write_json(result, pathlib.Path(args.output) if args.output else default_output(result, args.results_dir))
     if args.json:

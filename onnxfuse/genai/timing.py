@@ -1,7 +1,8 @@
 """`onnxfuse bench genai DIR [DIR ...]`: genai folders timed in one process, one run, with the same prompts.
 
-Per folder, prompt length and mode (plain; on the GPU also genai's CUDA graph): the prefill (append_tokens over the
-prompt) and the decode (generate_next_token, NEW tokens), medians over the runs after warm-up. Decode is bound by
+Per folder, batch, prompt length and mode (plain; on the GPU also genai's CUDA graph): the prefill (append_tokens over
+the prompt of each of the batch's sequences) and the decode (generate_next_token, NEW tokens for every sequence),
+medians over the runs after warm-up. Decode is bound by
 reading the weights once per token, so each row carries the decoder's weight bytes over the decode time (GB/s) and
 that as a share of the memory rate measured in the same run (the practical limit): a device-to-device copy on the
 GPU, a read with torch's threads on the CPU (cpu_read_gbs). The first
@@ -75,16 +76,19 @@ def cpu_read_gbs(nbytes: int = 1 << 29) -> float | None:
 
 
 def time_folder(folder, *, provider: str, cuda_graph: bool, prompt_tokens: int, new_tokens: int, runs: int,
-                warmup: int, seed: int = 0) -> dict:
+                warmup: int, seed: int = 0, batch: int = 1) -> dict:
     og, model = load_model(folder, provider, cuda_graph)
     config = gf.read_config(folder)
     vocab = int(config["model"]["vocab_size"])
-    ids = np.random.default_rng(seed).integers(min(100, vocab // 2), vocab - 1, prompt_tokens).tolist()
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(min(100, vocab // 2), vocab - 1, prompt_tokens).tolist() if batch == 1 else \
+        rng.integers(min(100, vocab // 2), vocab - 1, (batch, prompt_tokens)).astype(np.int32)
     prefill, decode = [], []
     for r in range(warmup + runs):
         params = og.GeneratorParams(model)
         params.set_search_options(max_length=kv_length(config, prompt_tokens + new_tokens), do_sample=False,
-                                  min_length=prompt_tokens + new_tokens)  # no stop at EOS: the same work each run
+                                  min_length=prompt_tokens + new_tokens,  # no stop at EOS: the same work each run
+                                  batch_size=batch)
         gen = og.Generator(model, params)
         t0 = time.perf_counter()
         gen.append_tokens(ids)
@@ -99,10 +103,11 @@ def time_folder(folder, *, provider: str, cuda_graph: bool, prompt_tokens: int, 
             decode.append((t2 - t1) * 1e3 / new_tokens)
         del gen
     del model
-    return {"prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "cuda_graph": cuda_graph,
+    # decode_ms_per_token is one step's time (a token for every sequence of the batch)
+    return {"batch": batch, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "cuda_graph": cuda_graph,
             "prefill_ms": statistics.median(prefill), "prefill_ms_p10_p90": _p10_p90(prefill),
             "decode_ms_per_token": statistics.median(decode), "decode_ms_p10_p90": _p10_p90(decode),
-            "decode_tokens_per_s": 1e3 / statistics.median(decode)}
+            "decode_tokens_per_s": batch * 1e3 / statistics.median(decode)}
 
 
 def _p10_p90(v: list[float]) -> list[float]:
@@ -110,11 +115,14 @@ def _p10_p90(v: list[float]) -> list[float]:
 
 
 def bench(folders: list, *, provider: str = "cpu", sizes: list[int] | None = None, new_tokens: int = 64,
-          runs: int = 5, warmup: int = 2, progress=None) -> dict:
-    """Time every folder at every prompt length, plain and (on cuda) with CUDA graphs; the result as JSON data."""
+          runs: int = 5, warmup: int = 2, progress=None, batches: list[int] | None = None) -> dict:
+    """Time every folder at every batch and prompt length, plain and (on cuda) with CUDA graphs; the result as JSON
+    data. A decode step reads every weight once whatever the batch, so its weight rate is the weights over the
+    step's time at every batch."""
     import onnxruntime
     import onnxruntime_genai
     sizes = sizes or [128]
+    batches = batches or [1]
     modes = [False, True] if provider == "cuda" else [False]
     peak = copy_peak_gbs() if provider == "cuda" else cpu_read_gbs()
     rows = []
@@ -124,20 +132,21 @@ def bench(folders: list, *, provider: str = "cpu", sizes: list[int] | None = Non
         del decoder
         recipe = gf.read_recipe(folder) or {}
         for cuda_graph in modes:
-            for size in sizes:
+            for batch, size in ((b, z) for b in batches for z in sizes):
                 if progress:
-                    progress(f"{folder} prompt {size}{' cuda graph' if cuda_graph else ''}")
+                    progress(f"{folder}{f' batch {batch}' if batch > 1 else ''} prompt {size}"
+                             f"{' cuda graph' if cuda_graph else ''}")
                 row = time_folder(folder, provider=provider, cuda_graph=cuda_graph, prompt_tokens=size,
-                                  new_tokens=new_tokens, runs=runs, warmup=warmup)
+                                  new_tokens=new_tokens, runs=runs, warmup=warmup, batch=batch)
                 gbs = nbytes / (row["decode_ms_per_token"] / 1e3) / 1e9
                 row.update(folder=str(folder), weight_bytes=nbytes, decode_weight_gbs=gbs,
                            decode_pct_of_copy=None if peak is None else 100 * gbs / peak,
                            fused={k: v for k, v in counts.items() if k.startswith("onnxfuse::")},
                            precision=recipe.get("precision"))
                 rows.append(row)
-    base = {(r["cuda_graph"], r["prompt_tokens"]): r for r in rows if r["folder"] == str(folders[0])}
+    base = {(r["cuda_graph"], r["batch"], r["prompt_tokens"]): r for r in rows if r["folder"] == str(folders[0])}
     for r in rows:
-        b = base.get((r["cuda_graph"], r["prompt_tokens"]))
+        b = base.get((r["cuda_graph"], r["batch"], r["prompt_tokens"]))
         if b is not None:
             r["prefill_speedup_vs_first"] = b["prefill_ms"] / r["prefill_ms"]
             r["decode_speedup_vs_first"] = b["decode_ms_per_token"] / r["decode_ms_per_token"]
@@ -164,12 +173,13 @@ def _device(provider: str) -> str:
 
 
 def table(result: dict) -> str:
-    lines = [f"{'folder':40} {'graph':5} {'prompt':>6} {'prefill ms':>10} {'decode ms/tok':>13} {'tok/s':>7} "
-             f"{'GB/s':>7} {'%peak':>6} {'vs first':>9}"]
+    lines = [f"{'folder':40} {'graph':5} {'batch':>5} {'prompt':>6} {'prefill ms':>10} {'decode ms/tok':>13} "
+             f"{'tok/s':>7} {'GB/s':>7} {'%peak':>6} {'vs first':>9}"]
     for r in result["rows"]:
         pct = f"{r['decode_pct_of_copy']:.0f}" if r["decode_pct_of_copy"] is not None else "-"
         vs = f"{r.get('decode_speedup_vs_first', 1):.3f}x"
-        lines.append(f"{r['folder'][-40:]:40} {'yes' if r['cuda_graph'] else 'no':5} {r['prompt_tokens']:>6} "
+        lines.append(f"{r['folder'][-40:]:40} {'yes' if r['cuda_graph'] else 'no':5} {r.get('batch', 1):>5} "
+                     f"{r['prompt_tokens']:>6} "
                      f"{r['prefill_ms']:>10.2f} {r['decode_ms_per_token']:>13.3f} {r['decode_tokens_per_s']:>7.1f} "
                      f"{r['decode_weight_gbs']:>7.0f} {pct:>6} {vs:>9}")
     return "\n".join(lines)
