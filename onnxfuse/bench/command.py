@@ -214,5 +214,7 @@ def _genai(args) -> int:
         print(json.dumps(result, indent=1))
     elif not args.quiet:
         print(timing.table(result))
+        for line in result.get("skipped", []):
+            print(f"skipped: {line}")
         print(f"\nwrote {out}")
     return 0
