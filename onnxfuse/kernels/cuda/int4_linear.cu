@@ -32,6 +32,9 @@ int onnxfuse_triton_int4_swiglu(int dtype, int act, const void* x, const uint8_t
 // (Which backend backend=auto runs per M: triton/table.py AUTO_CUDA.)
 #define ONNXFUSE_INT4_GEMV_MAX_M 16
 
+// The block sizes every launcher takes (Wq's rows are whole 8-byte groups): a power of two in [16, 256].
+static inline bool Int4BlockOk(int64_t block) { return block >= 16 && block <= 256 && (block & (block - 1)) == 0; }
+
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 
@@ -633,8 +636,7 @@ extern "C" int64_t onnxfuse_cuda_int4_linear_scratch_bytes(int dtype, int64_t m,
 extern "C" int onnxfuse_cuda_int4_linear(int dtype, const void* x, const uint8_t* wq, const void* scales, void* y,
                                          int64_t m, int64_t k, int64_t n, int64_t block, void* scratch,
                                          int64_t scratch_bytes, void* stream) {
-  if (!ock::CheckCommon(dtype, x, y, m, k, n) || block < 16 || block > 256 || (block & (block - 1)) != 0)
-    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (!ock::CheckCommon(dtype, x, y, m, k, n) || !Int4BlockOk(block)) return ONNXFUSE_ERR_BAD_ARGUMENT;
   if (m == 0 || n == 0) return 0;
   if (wq == nullptr || scales == nullptr) return ONNXFUSE_ERR_BAD_ARGUMENT;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -665,8 +667,7 @@ extern "C" int onnxfuse_cuda_int4_swiglu(int dtype, int act, const void* x, cons
                                          const void* scales_gate, const uint8_t* wq_up, const void* scales_up, void* y,
                                          int64_t m, int64_t k, int64_t n, int64_t block, void* scratch,
                                          int64_t scratch_bytes, void* stream) {
-  if (!ock::CheckCommon(dtype, x, y, m, k, n) || block < 16 || block > 256 || (block & (block - 1)) != 0 ||
-      !onnxfuse::ValidGateActivation(act))
+  if (!ock::CheckCommon(dtype, x, y, m, k, n) || !Int4BlockOk(block) || !onnxfuse::ValidGateActivation(act))
     return ONNXFUSE_ERR_BAD_ARGUMENT;
   if (m == 0 || n == 0) return 0;
   if (wq_gate == nullptr || scales_gate == nullptr || wq_up == nullptr || scales_up == nullptr)
@@ -787,47 +788,67 @@ void RegisterInt4LinearCuda(Ort::CustomOpDomain& domain) {
 
 #ifdef ONNXFUSE_WITH_TRITON
 // ----------------------------------------------------------------------------------------------------
-// Triton launcher of Int4Linear (triton/int4_linear.py).
+// Triton launchers of Int4Linear and Int4SwiGLU (triton/int4_linear.py).
 // (Triton builds only: without Triton, Dispatch never calls it; cuda/ops_cuda.h.)
 using namespace onnxfuse::triton_runtime;  // NOLINT: the launchers below are the runtime's users
 
+namespace {
+// What both Triton launchers check and pass: the shapes in the kernels' 32-bit offsets, n_blocks and a packed row's
+// bytes, and whether the aligned build serves (`aligned` the pointers' own 16-byte alignment).
+struct Int4Geometry {
+  int error = 0;       // an ONNXFUSE_ERR_* code, or 0
+  bool empty = false;  // nothing to compute
+  int32_t M = 0, N = 0, K = 0, RB = 0, NB = 0, BS = 0;
+  bool aligned = false;
+};
+
+Int4Geometry Int4Args(int dtype, int64_t m, int64_t k, int64_t n, int64_t block, bool aligned) {
+  Int4Geometry g;
+  if (BadCommon(dtype, m, k, n) || !Int4BlockOk(block)) {
+    g.error = ONNXFUSE_ERR_BAD_ARGUMENT;
+    return g;
+  }
+  if (TooLarge(m, k, n)) {
+    g.error = ONNXFUSE_ERR_TOO_LARGE;
+    return g;
+  }
+  g.empty = m == 0 || n == 0;
+  const int64_t nb = (k + block - 1) / block, row_bytes = nb * block / 2;
+  if (!g.empty && row_bytes * n > 0x7fffffffLL) {
+    g.error = ONNXFUSE_ERR_TOO_LARGE;
+    return g;
+  }
+  g.M = int32_t(m), g.N = int32_t(n), g.K = int32_t(k), g.RB = int32_t(row_bytes), g.NB = int32_t(nb);
+  g.BS = int32_t(block);
+  g.aligned = aligned && k % 16 == 0 && n % 16 == 0 && row_bytes % 16 == 0;
+  return g;
+}
+}  // namespace
+
 extern "C" int onnxfuse_triton_int4_linear(int dtype, const void* x, const uint8_t* wq, const void* scales, void* y,
                                            int64_t m, int64_t k, int64_t n, int64_t block, void* stream) {
-  if (BadCommon(dtype, m, k, n) || block < 16 || block > 256 || (block & (block - 1)) != 0)
-    return ONNXFUSE_ERR_BAD_ARGUMENT;
-  if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
-  if (m == 0 || n == 0) return 0;
-  const int64_t nb = (k + block - 1) / block, row_bytes = nb * block / 2;
-  if (row_bytes * n > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;
-  const bool aligned = Aligned16(x) && Aligned16(wq) && Aligned16(scales) && Aligned16(y) && k % 16 == 0 &&
-                       n % 16 == 0 && row_bytes % 16 == 0;
-  int32_t M = int32_t(m), N = int32_t(n), K = int32_t(k), RB = int32_t(row_bytes), NB = int32_t(nb),
-          BS = int32_t(block);
+  Int4Geometry g = Int4Args(dtype, m, k, n, block, Aligned16(x) && Aligned16(wq) && Aligned16(scales) && Aligned16(y));
+  if (g.error || g.empty) return g.error;
   void* scratch_global = nullptr;
   void* scratch_profile = nullptr;
-  void* args[] = {&x, &wq, &scales, &y, &M, &N, &K, &RB, &NB, &BS, &scratch_global, &scratch_profile};
-  return Launch(ids::kInt4Linear, dtype, m, n, aligned, 0, args, stream);
+  void* args[] = {&x, &wq, &scales, &y, &g.M, &g.N, &g.K, &g.RB, &g.NB, &g.BS, &scratch_global, &scratch_profile};
+  return Launch(ids::kInt4Linear, dtype, m, n, g.aligned, 0, args, stream);
 }
 
 extern "C" int onnxfuse_triton_int4_swiglu(int dtype, int act, const void* x, const uint8_t* wq_gate,
                                            const void* scales_gate, const uint8_t* wq_up, const void* scales_up,
                                            void* y, int64_t m, int64_t k, int64_t n, int64_t block, void* stream) {
-  if (BadCommon(dtype, m, k, n) || block < 16 || block > 256 || (block & (block - 1)) != 0 || act < 0 ||
-      act >= ONNXFUSE_NUM_GATE_ACTIVATIONS)
-    return ONNXFUSE_ERR_BAD_ARGUMENT;
-  if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
-  if (m == 0 || n == 0) return 0;
-  const int64_t nb = (k + block - 1) / block, row_bytes = nb * block / 2;
-  if (row_bytes * n > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;
-  const bool aligned = Aligned16(x) && Aligned16(wq_gate) && Aligned16(scales_gate) && Aligned16(wq_up) &&
-                       Aligned16(scales_up) && Aligned16(y) && k % 16 == 0 && n % 16 == 0 && row_bytes % 16 == 0;
-  int32_t M = int32_t(m), N = int32_t(n), K = int32_t(k), RB = int32_t(row_bytes), NB = int32_t(nb),
-          BS = int32_t(block), ACT = act;
+  if (act < 0 || act >= ONNXFUSE_NUM_GATE_ACTIVATIONS) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  Int4Geometry g = Int4Args(dtype, m, k, n, block,
+                            Aligned16(x) && Aligned16(wq_gate) && Aligned16(scales_gate) && Aligned16(wq_up) &&
+                                Aligned16(scales_up) && Aligned16(y));
+  if (g.error || g.empty) return g.error;
+  int32_t ACT = act;
   void* scratch_global = nullptr;
   void* scratch_profile = nullptr;
-  void* args[] = {&x,  &wq_gate, &scales_gate, &wq_up,          &scales_up,      &y, &M, &N, &K, &RB,
-                  &NB, &BS,      &ACT,         &scratch_global, &scratch_profile};
-  return Launch(ids::kInt4Swiglu, dtype, m, n, aligned, 0, args, stream);
+  void* args[] = {&x,    &wq_gate, &scales_gate, &wq_up,          &scales_up,      &y, &g.M, &g.N, &g.K, &g.RB,
+                  &g.NB, &g.BS,    &ACT,         &scratch_global, &scratch_profile};
+  return Launch(ids::kInt4Swiglu, dtype, m, n, g.aligned, 0, args, stream);
 }
 #endif  // ONNXFUSE_WITH_TRITON
 #endif  // __CUDACC__
