@@ -194,7 +194,7 @@ class Candidate:
     trans: tuple = (False, False)
     gate_cols: tuple | None = None
     up_cols: tuple | None = None
-    kn: tuple | None = None       # (K, N) where the weights are not [K, N] arrays (int4: rewrites/int4_linear.py)
+    kn: tuple | None = None       # (K, N), set by _weights (int4 weights are no [K, N] arrays)
     int4: tuple | None = None     # (K, N, n_blocks, block) of both int4 projections
 
 
@@ -349,7 +349,7 @@ class SwiGLUPass(_base.GraphPass):
             return result, 4
         if not self._weights(cand, result):
             return result, 5
-        k, n = cand.kn if cand.kn is not None else cand.wg.shape
+        k, n = cand.kn
         xd = _base.dims(x)
         if xd is not None and len(xd) < 2:
             return result.fail(f"X {x.name} has rank {len(xd)}, expected [..., K]", x), 6
@@ -441,6 +441,7 @@ class SwiGLUPass(_base.GraphPass):
                 return False
             cand.wg = np.ascontiguousarray(w[:, cand.gate_cols[0]:cand.gate_cols[1]])
             cand.wu = np.ascontiguousarray(w[:, cand.up_cols[0]:cand.up_cols[1]])
+            cand.kn = cand.wg.shape
             return True
         cand.wg = _base.weight_kn(result, gate.gemm.inputs[1], "the gate weight", cand.trans[0])
         cand.wu = _base.weight_kn(result, up.gemm.inputs[1], "the up weight", cand.trans[1]) \
@@ -451,6 +452,7 @@ class SwiGLUPass(_base.GraphPass):
             result.fail(f"the gate weight {gate.gemm.inputs[1].name} {list(cand.wg.shape)} and the up weight "
                         f"{up.gemm.inputs[1].name} {list(cand.wu.shape)} differ in shape", up.gemm.inputs[1])
             return False
+        cand.kn = cand.wg.shape
         return True
 
     # -------------------------------------------------------------------------------------------- rewriting
