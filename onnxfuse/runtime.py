@@ -123,8 +123,10 @@ def session(model: onnx.ModelProto | str | os.PathLike, provider: str = "cpu", *
             except Exception:
                 pass
         if ep not in rt.get_available_providers():
-            raise OnnxfuseError("the CUDA execution provider is not available in this onnxruntime; install "
-                                "onnxruntime-gpu (pip install 'onnxfuse[gpu]') on a machine with an NVIDIA GPU")
+            where = os.path.dirname(getattr(rt, "__file__", "") or "") or "?"
+            raise OnnxfuseError(f"the CUDA execution provider is not available in this onnxruntime ({rt.__version__} "
+                                f"at {where}); install onnxruntime-gpu (pip install 'onnxfuse[gpu]') on a machine "
+                                "with an NVIDIA GPU")
     proto = model if isinstance(model, onnx.ModelProto) else None
     path = None if proto is not None else str(model)
     if proto is None:

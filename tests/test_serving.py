@@ -4,6 +4,7 @@ PyTriton ships) answering a fused DLRM correctly, refusing malformed requests wh
 process behind."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -29,6 +30,14 @@ def dlrm(tmp_path_factory):
     export.export("dlrm", SPEC, d / "dlrm.onnx", dynamic=True)
     fuse.fuse(d / "dlrm.onnx", d / "dlrm.fused.onnx")
     return d
+
+
+def _needs_server() -> None:
+    """Skip without PyTriton's server (found, not imported: the server needs none of PyTriton's Python client) or
+    tritonclient's HTTP client."""
+    if importlib.util.find_spec("pytriton") is None:
+        pytest.skip("needs nvidia-pytriton (its tritonserver binary)")
+    pytest.importorskip("tritonclient.http")
 
 
 def _parse(text: str):
@@ -101,6 +110,22 @@ def test_python_model_batches_requests_like_single_runs(dlrm):
         np.testing.assert_allclose(out[0], sess.run(["probability"], feeds)[0], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.gpu
+def test_cuda_runner_through_iobinding_answers_like_session_run(dlrm):
+    """On the CUDA provider the Python model runs through IOBinding (CudaRunner): the same outputs as session.run,
+    batched requests each equal to its run alone."""
+    sess = runtime.session(str(dlrm / "dlrm.fused.onnx"), "cuda")
+    runner = triton_model.open_runner(str(dlrm / "dlrm.fused.onnx"), "cuda")
+    assert isinstance(runner, triton_model.CudaRunner)
+    reqs = [{k: v.numpy() for k, v in zoo.criteo_batch(SPEC, b, i).items()} for i, b in enumerate((1, 7, 64))]
+    for feeds in reqs:
+        np.testing.assert_allclose(runner.run(["probability"], feeds)[0], sess.run(["probability"], feeds)[0],
+                                   rtol=1e-5, atol=1e-6)
+    got = triton_model.run_batch(runner, ["dense", "sparse"], ["probability"], reqs)
+    for feeds, out in zip(reqs, got):  # the batched GEMM may take another algorithm (TF32 on fp32)
+        np.testing.assert_allclose(out[0], sess.run(["probability"], feeds)[0], rtol=2e-3, atol=2e-4)
+
+
 # ------------------------------------------------------------------------------------------------ a real server
 def _leftovers(marker: str) -> list[str]:
     ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
@@ -118,8 +143,7 @@ def _infer(url: str, model: str, feeds: dict):
 
 
 def test_server_answers_refuses_bad_requests_and_stops_clean(dlrm, tmp_path):
-    pytest.importorskip("pytriton")
-    pytest.importorskip("tritonclient.http")
+    _needs_server()
     from tritonclient.utils import InferenceServerException
 
     from onnxfuse.serving import server
@@ -149,9 +173,34 @@ def test_server_answers_refuses_bad_requests_and_stops_clean(dlrm, tmp_path):
                for p in pids)
 
 
+@pytest.mark.gpu
+def test_server_on_the_cuda_provider_answers_like_a_direct_run(tmp_path):
+    """A KIND_GPU Python-backend model on the CUDA provider: the fused DLRM (fused for cuda) answers like a direct
+    onnxruntime CUDA run, and the dynamic batcher runs concurrent requests together."""
+    _needs_server()
+    from concurrent.futures import ThreadPoolExecutor
+
+    from onnxfuse.serving import server
+    export.export("dlrm", SPEC, tmp_path / "dlrm.onnx", dynamic=True)
+    fuse.fuse(tmp_path / "dlrm.onnx", tmp_path / "dlrm.fused.onnx", provider="cuda")
+    repository.write_repository(tmp_path / "dlrm.fused.onnx", tmp_path / "repo", name="dlrm", backend="python",
+                                provider="cuda", delay_us=2000)
+    assert "KIND_GPU" in (tmp_path / "repo" / "dlrm" / "config.pbtxt").read_text()
+    ref = runtime.session(str(tmp_path / "dlrm.fused.onnx"), "cuda")
+    reqs = [{k: v.numpy() for k, v in zoo.criteo_batch(SPEC, 1 + i % 4, i).items()} for i in range(32)]
+    with server.TritonServer(tmp_path / "repo") as srv:
+        with ThreadPoolExecutor(16) as pool:
+            got = list(pool.map(lambda f: _infer(srv.url, "dlrm", f), reqs))
+        for feeds, out in zip(reqs, got):
+            np.testing.assert_allclose(out, ref.run(None, feeds)[0], rtol=2e-3, atol=2e-4)
+        import tritonclient.http as th
+        stats = th.InferenceServerClient(srv.url).get_inference_statistics("dlrm")["model_stats"][0]
+        assert int(stats["inference_count"]) == sum(len(f["dense"]) for f in reqs)
+        assert int(stats["execution_count"]) < len(reqs)  # some requests ran together
+
+
 def test_serve_command_prints_endpoints_and_stops_on_sigint(dlrm):
-    pytest.importorskip("pytriton")
-    pytest.importorskip("tritonclient.http")
+    _needs_server()
     from onnxfuse.serving import server
     port = server.free_port()
     proc = subprocess.Popen([sys.executable, "-m", "onnxfuse", "serve", str(dlrm / "dlrm.fused.onnx"), "--port",

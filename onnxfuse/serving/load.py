@@ -111,10 +111,11 @@ def run_cell(url: str, model: str, output: str, requests: list[dict], references
                 state["first_error"])
 
 
-def references(model_path, requests: list[dict], output: str, library=None) -> list[np.ndarray]:
-    """Each request's output from a direct onnxruntime run of the model file (the kernel library registered)."""
+def references(model_path, requests: list[dict], output: str, library=None, provider: str = "cpu") -> list[np.ndarray]:
+    """Each request's output from a direct onnxruntime run of the model file (the kernel library registered) on
+    `provider`, the one the server runs it on."""
     from .. import runtime
-    session = runtime.session(str(model_path), "cpu", library=library)
+    session = runtime.session(str(model_path), provider, library=library)
     return [session.run([output], feeds)[0] for feeds in requests]
 
 

@@ -31,11 +31,11 @@ INSTALL_HINT = "pip install nvidia-pytriton 'tritonclient[http]' (or pip install
 
 def triton_dist() -> pathlib.Path:
     """PyTriton's tritonserver folder (bin/, backends/, python_backend_stubs/)."""
-    try:
-        import pytriton
-    except ImportError:
-        raise OnnxfuseError(f"onnxfuse serve needs the Triton server that PyTriton ships: {INSTALL_HINT}") from None
-    dist = pathlib.Path(pytriton.__file__).parent / "tritonserver"
+    import importlib.util
+    spec = importlib.util.find_spec("pytriton")  # found, not imported: the server needs none of its Python client
+    if spec is None or not spec.submodule_search_locations:
+        raise OnnxfuseError(f"onnxfuse serve needs the Triton server that PyTriton ships: {INSTALL_HINT}")
+    dist = pathlib.Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
     if not (dist / "bin" / "tritonserver").is_file():
         raise OnnxfuseError(f"{dist}: PyTriton's tritonserver binary is missing; reinstall nvidia-pytriton")
     return dist
@@ -69,8 +69,11 @@ def server_env() -> dict[str, str]:
     # the stub's interpreter finds its prefix (a venv's pyvenv.cfg and site-packages) from `python3` on PATH
     env["PATH"] = os.pathsep.join((str(pathlib.Path(sys.exec_prefix) / "bin"), env.get("PATH", "")))
     root = str(pathlib.Path(__file__).resolve().parents[2])  # onnxfuse's parent (a checkout or site-packages)
-    paths = [root, sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *sys.path]
+    # this interpreter's own search order (a PYTHONPATH entry ahead of site-packages stays ahead: an onnxruntime-gpu
+    # unpacked beside a CPU onnxruntime is the one the stub imports too), site-packages after it
+    paths = [root, *sys.path, sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p and os.path.isdir(p)))
+    env["ONNXFUSE_SYS_PATH"] = env["PYTHONPATH"]  # triton_model.py puts it first in the stub (see there)
     return env
 
 

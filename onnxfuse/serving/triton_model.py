@@ -2,7 +2,8 @@
 
 Each instance opens the model (`onnxfuse_model` beside this file) in onnxruntime through `onnxfuse.runtime.session`:
 the kernel library registered (`onnxfuse_library`, else the cached build), on `onnxfuse_provider` (cpu or cuda),
-with `onnxfuse_threads` intra-op threads when given (0: onnxruntime's default). Tensors cross the backend through
+with `onnxfuse_threads` intra-op threads when given (0: onnxruntime's default). On cuda each instance runs on the
+GPU Triton placed it on, through IOBinding (CudaRunner). Tensors cross the backend through
 DLPack (see _as_numpy).
 Triton has already checked every request's inputs against config.pbtxt (names, data types, dims). With dynamic
 batching, `execute` gets the requests the batcher gathered: their inputs are concatenated on axis 0, run once, and
@@ -11,8 +12,20 @@ its own error response; the others are answered.
 """
 import json
 import os
+import sys
 
-import numpy as np
+
+def _search_path_of_the_server() -> None:
+    """The launching interpreter's module search order (ONNXFUSE_SYS_PATH, set by `onnxfuse serve`) ahead of the
+    stub's own: the stub's embedded interpreter can start with its venv's site-packages first, so an onnxruntime-gpu
+    on the launcher's PYTHONPATH would lose to a CPU onnxruntime installed in the venv."""
+    wanted = [p for p in os.environ.get("ONNXFUSE_SYS_PATH", "").split(os.pathsep) if p]
+    sys.path[:] = wanted + [p for p in sys.path if p not in wanted]
+
+
+_search_path_of_the_server()
+
+import numpy as np  # noqa: E402  (after the search path)
 
 try:  # the Python backend's module; absent outside Triton (the tests import this file for `run_batch`)
     import triton_python_backend_utils as pb_utils
@@ -30,6 +43,45 @@ def run_batch(session, input_names: list, output_names: list, feeds_per_request:
     outs = session.run(output_names, feeds)
     split = [np.split(o, np.cumsum(sizes)[:-1], axis=0) for o in outs]
     return [[parts[k] for parts in split] for k in range(len(feeds_per_request))]
+
+
+class CudaRunner:
+    """`run(output_names, feeds)` on an onnxruntime CUDA session through IOBinding: each input copied to the device
+    as an OrtValue, the outputs allocated by onnxruntime on the device and copied back once the run is done.
+    `device_id` is the GPU Triton gave the instance (a KIND_GPU instance group places its instances per GPU)."""
+
+    def __init__(self, session, device_id: int = 0):
+        import onnxruntime
+        self.session = session
+        self.device_id = int(device_id)
+        self._ortvalue = onnxruntime.OrtValue.ortvalue_from_numpy
+
+    def run(self, output_names, feeds: dict) -> list:
+        binding = self.session.io_binding()
+        for name, value in feeds.items():
+            binding.bind_ortvalue_input(name, self._ortvalue(np.ascontiguousarray(value), "cuda", self.device_id))
+        for name in output_names or [o.name for o in self.session.get_outputs()]:
+            binding.bind_output(name, "cuda", self.device_id)
+        binding.synchronize_inputs()
+        self.session.run_with_iobinding(binding)
+        return binding.copy_outputs_to_cpu()
+
+
+def open_runner(model: str, provider: str, *, library=None, threads: int = 0, device_id: int = 0):
+    """The model's onnxruntime session as the Python model runs it: `runtime.session` with the kernel library;
+    on the CUDA provider (GPU `device_id`) wrapped in a CudaRunner, so requests run through IOBinding."""
+    from onnxfuse import runtime
+    so = None
+    if threads > 0:  # intra-op threads per instance (several instances share the cores)
+        import onnxruntime
+        so = onnxruntime.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.log_severity_level = 3
+    if provider == "cuda":
+        session = runtime.session(model, "cuda", library=library, sess_options=so,
+                                  provider_options={"device_id": str(int(device_id))})
+        return CudaRunner(session, device_id)
+    return runtime.session(model, provider, library=library, sess_options=so)
 
 
 class _Capsule:
@@ -53,22 +105,14 @@ def _as_numpy(tensor) -> np.ndarray:
 
 class TritonPythonModel:
     def initialize(self, args):
-        from onnxfuse import runtime
-
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         here = os.path.dirname(os.path.abspath(__file__))
         model = os.path.join(here, params.get("onnxfuse_model", "model.onnx"))
-        library = params.get("onnxfuse_library") or None
-        so = None
-        threads = int(params.get("onnxfuse_threads", "0") or 0)
-        if threads > 0:  # intra-op threads per instance (several instances share the cores)
-            import onnxruntime
-            so = onnxruntime.SessionOptions()
-            so.intra_op_num_threads = threads
-            so.log_severity_level = 3
-        self.session = runtime.session(model, params.get("onnxfuse_provider", "cpu"), library=library,
-                                       sess_options=so)
+        self.session = open_runner(model, params.get("onnxfuse_provider", "cpu"),
+                                   library=params.get("onnxfuse_library") or None,
+                                   threads=int(params.get("onnxfuse_threads", "0") or 0),
+                                   device_id=int(args.get("model_instance_device_id", "0") or 0))
         self.inputs = [i["name"] for i in config["input"]]
         self.outputs = [o["name"] for o in config["output"]]
         self.batched = int(config.get("max_batch_size", 0)) > 0
