@@ -10,20 +10,23 @@ import onnx
 from onnx import AttributeProto, helper
 
 from .ops.swiglu import GATE_ACTIVATIONS_WITH_CONSTANTS  # noqa: F401  (functions.GATE_ACTIVATIONS_WITH_CONSTANTS)
+from .ops._family import split_optional_overload
 from .schema import DOMAIN, DOMAIN_VERSION, ONNX_OPSET, OPS, op_def
 
 
 def function_proto(op: str, overload: str = "", opset: int = ONNX_OPSET) -> onnx.FunctionProto:
     """The model-local function of `op`; for MLPStack, of the overload naming its activations (relu.relu.sigmoid),
     since an ONNX function has a fixed number of inputs; for SwiGLU, of the overload naming its activation (gelu,
-    ...; the empty overload is silu, what nodes written before the activation attribute carry). `opset` is the
+    ...; the empty overload is silu, what nodes written before the activation attribute carry); for an op with
+    optional inputs (Int4Linear's zero points), of the overload with its suffix when they are present. `opset` is the
     model's default-domain opset: a function must import the same version as the model (onnx.checker), and the
     rules only fuse where the body is valid in it (each op's `min_opset`, onnxfuse/ops/). The body comes from the
     op's family (schema.op_def(op).body)."""
     schema, definition = OPS[op], op_def(op)
+    base, _ = split_optional_overload(overload, definition.optional_overload)  # "silu.zp": silu's, with zero points
     defaults = []
     for a in schema.attrs:
-        default = overload if a.name == definition.overload_attr and overload else a.default
+        default = base if a.name == definition.overload_attr and base else a.default
         defaults.append(helper.make_attribute(a.name, default))
     inputs, body = definition.body(overload)
     f = helper.make_function(

@@ -221,12 +221,6 @@ def assert_close(actual, expected, dtype, what: str = "", *, kind: str = "kernel
 
 
 # ------------------------------------------------------------------------------------------------ models
-def overload(op: str, attrs: dict) -> str:
-    """The node's `overload` (its ONNX function body's name suffix): the embedding ops' interaction/hash, MLPStack's
-    activations, else "" (schema.op_def(op).overload; one-op SwiGLU models keep the empty overload, silu's body)."""
-    return schema.op_def(op).overload(attrs)
-
-
 def input_names(op: str, n_inputs: int) -> list[str]:
     """The node's input names (MLPStack: X, W_1, bias_1, ... for (n_inputs - 1) // 2 layers)."""
     s = schema.OPS[op]
@@ -283,7 +277,7 @@ def op_model(op: str, dtype, inputs, attrs: dict | None = None, *, initializers:
     node_inputs = [n + "_t" if n in inputs else n for n in names] if cast else names
     y = s.outputs[0]
     nodes.append(helper.make_node(op, node_inputs, [y + "_t" if cast else y], domain=schema.DOMAIN,
-                                  overload=overload(op, attrs), **attrs))
+                                  overload=schema.op_def(op).node_overload(attrs, names), **attrs))
     if cast:
         nodes.append(helper.make_node("Cast", [y + "_t"], [y], to=TensorProto.FLOAT))
     out = helper.make_tensor_value_info(y, TensorProto.FLOAT if cast else t,

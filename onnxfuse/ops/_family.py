@@ -53,6 +53,9 @@ class OpSchema:
     doc: str = ""
     # Variadic ops (MLPStack) repeat the inputs after the first one per layer: X, W_1, bias_1, W_2, bias_2, ...
     variadic: bool = False
+    # Trailing inputs a node may leave out (Int4Linear's zero points): all present or all absent; a node with them
+    # carries its OpDef's optional_overload (see overload_with_optional).
+    optional: tuple[str, ...] = ()
 
     @property
     def attr_names(self) -> tuple[str, ...]:
@@ -61,6 +64,23 @@ class OpSchema:
 
 BACKEND = Attr("backend", "string", "auto",
                "kernel family: auto|cpu|cuda|triton (set it with onnxfuse fuse --backend or runtime.session(backend=))")
+
+
+def overload_with_optional(base: str, suffix: str) -> str:
+    """The overload of a node whose optional inputs are present: its base overload (an activation, or empty) and the
+    op's suffix, "silu.zp" or "zp" (an ONNX function has a fixed number of inputs: the optional ones get a body of
+    their own)."""
+    return f"{base}.{suffix}" if base else suffix
+
+
+def split_optional_overload(overload: str, suffix: str) -> tuple[str, bool]:
+    """(base overload, whether the optional inputs are present) of a node's overload (overload_with_optional's
+    inverse; an op without optional inputs has suffix "")."""
+    if suffix and overload == suffix:
+        return "", True
+    if suffix and overload.endswith("." + suffix):
+        return overload[:-len(suffix) - 1], True
+    return overload, False
 
 
 def no_overload(attrs: dict) -> str:
@@ -129,6 +149,8 @@ class OpDef:
     the report's (M, K, N, r, label)); doctor_inputs(dtype, shapes, seed, device): inputs as torch tensors of the
     torch dtype (shapes may name the first float input alone: the doctor's second X).
     weighted: the inputs after X are weights (the doctor's special rows also run them as initializers).
+    optional_overload: the suffix of the overload of a node that has the schema's optional inputs (Int4Linear's "zp";
+    the body gets the whole overload and declares them).
     """
     index: int
     schema: OpSchema
@@ -144,10 +166,18 @@ class OpDef:
     byte_inputs: tuple[str, ...] = ()
     doctor_inputs: Callable | None = None
     weighted: bool = True
+    optional_overload: str = ""
 
     @property
     def name(self) -> str:
         return self.schema.name
+
+    def node_overload(self, attrs: dict, input_names) -> str:
+        """The overload of a node with these attributes and inputs (the optional inputs' suffix when present)."""
+        base = self.overload(attrs)
+        if self.schema.optional and any(n in self.schema.optional for n in input_names):
+            return overload_with_optional(base, self.optional_overload)
+        return base
 
     def make_doctor_inputs(self, dtype, shapes: dict, seed: int, device: str = "cpu") -> list:
         if self.doctor_inputs is not None:

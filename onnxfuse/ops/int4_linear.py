@@ -1,12 +1,14 @@
 """Int4Linear: a linear layer over block-quantized 4-bit weights, and Int4SwiGLU: the gate and up projections of a gated
 MLP over such weights with act(gate) * up (rules: onnxfuse/rewrites/int4_linear.py).
 
-The weights are what onnxruntime's `com.microsoft.MatMulNBits` (bits 4, no zero points: symmetric, the zero point is 8)
-takes and what onnxruntime-genai's builder writes with `-p int4`: Wq uint8 [N, n_blocks, block / 2], two 4-bit values
-per byte (the element of even k in the low nibble), column n's K values in blocks of `block` values (the last block
-padded past K), and one scale per block, scales [N, n_blocks] in X's type:
+The weights are what onnxruntime's `com.microsoft.MatMulNBits` (bits 4) takes and what onnxruntime-genai's builder
+writes with `-p int4`: Wq uint8 [N, n_blocks, block / 2], two 4-bit values per byte (the element of even k in the low
+nibble), column n's K values in blocks of `block` values (the last block padded past K), and one scale per block,
+scales [N, n_blocks] in X's type; optionally one 4-bit zero point per block, zero_points uint8 [N, ceil(n_blocks / 2)]
+(two blocks a byte, the even block in the low nibble: MatMulNBits' packed form, which the builder writes for an
+asymmetric quantization and for AWQ/GPTQ checkpoints); without them the zero point is 8 (symmetric):
 
-    W[n, k] = (nibble(Wq, n, k) - 8) * scales[n, k // block]          Y = X @ W^T      (k < K)
+    W[n, k] = (nibble(Wq, n, k) - zp[n, k // block]) * scales[n, k // block]          Y = X @ W^T      (k < K)
 
 K is X's last dim, N and the block size come from Wq's shape. The GPU kernels stream the packed weights once and
 dequantize in registers (decode) or into the GEMM's tile (prefill); the CPU kernel dequantizes a block at a time.
@@ -16,24 +18,33 @@ column in one pass and writes the product once.
 """
 from __future__ import annotations
 
-from ._family import BACKEND, Attr, OpDef, OpFamily, OpSchema
+from ._family import BACKEND, Attr, OpDef, OpFamily, OpSchema, split_optional_overload
 from .swiglu import GATE_ACTIVATIONS, gate_activation, swiglu_body
 
 INT4_LINEAR = OpSchema(
-    "Int4Linear", ("X", "Wq", "scales"), ("Y",),
-    "Y = X @ W^T, W[n, k] = (nibble(Wq, n, k) - 8) * scales[n, k // block]", (BACKEND,),
-    "A linear layer over symmetric block-quantized int4 weights (MatMulNBits with bits 4 and no zero points): X "
-    "[..., K] of type T, Wq uint8 [N, n_blocks, block / 2] (two values per byte, the lower k in the low nibble), "
-    "scales [N, n_blocks] of type T, n_blocks = ceil(K / block), block a power of two >= 16; Y = X.shape[:-1] + [N].")
+    "Int4Linear", ("X", "Wq", "scales", "zero_points"), ("Y",),
+    "Y = X @ W^T, W[n, k] = (nibble(Wq, n, k) - zp[n, k // block]) * scales[n, k // block], zp 8 without zero_points",
+    (BACKEND,),
+    "A linear layer over block-quantized int4 weights (MatMulNBits with bits 4): X [..., K] of type T, Wq uint8 [N, "
+    "n_blocks, block / 2] (two values per byte, the lower k in the low nibble), scales [N, n_blocks] of type T, "
+    "n_blocks = ceil(K / block), block a power of two >= 16; optional zero_points uint8 [N, ceil(n_blocks / 2)] (two "
+    "4-bit zero points a byte, the even block in the low nibble; absent: 8, symmetric); Y = X.shape[:-1] + [N]. A node "
+    "with zero points carries the overload zp.",
+    optional=("zero_points",))
 INT4_SWIGLU = OpSchema(
-    "Int4SwiGLU", ("X", "Wq_gate", "scales_gate", "Wq_up", "scales_up"), ("Y",),
+    "Int4SwiGLU", ("X", "Wq_gate", "scales_gate", "Wq_up", "scales_up", "zero_points_gate", "zero_points_up"), ("Y",),
     "Y = act(X @ W_gate^T) * (X @ W_up^T), each W dequantized as Int4Linear's",
     (Attr("activation", "string", "silu", "the gate's activation: " + "|".join(GATE_ACTIVATIONS) + " (as SwiGLU's); "
           "absent means silu"), BACKEND),
-    "The gate and up projections of a gated MLP over symmetric block-quantized int4 weights (two MatMulNBits of one "
-    "shape and block size, as genai's builder writes them with -p int4) with act(gate) * up in their epilogue: Wq_gate "
-    "and Wq_up uint8 [N, n_blocks, block / 2], scales_gate and scales_up [N, n_blocks] of type T, as Int4Linear's; "
-    "Y = X.shape[:-1] + [N]. The node's function overload names the activation (empty: silu).")
+    "The gate and up projections of a gated MLP over block-quantized int4 weights (two MatMulNBits of one shape and "
+    "block size, as genai's builder writes them with -p int4) with act(gate) * up in their epilogue: Wq_gate and Wq_up "
+    "uint8 [N, n_blocks, block / 2], scales_gate and scales_up [N, n_blocks] of type T, optional zero_points_gate and "
+    "zero_points_up uint8 [N, ceil(n_blocks / 2)] (both or neither), as Int4Linear's; Y = X.shape[:-1] + [N]. The "
+    "node's function overload names the activation (empty: silu), with .zp after it (zp alone for silu) when the "
+    "zero points are there.",
+    optional=("zero_points_gate", "zero_points_up"))
+# The overload suffix of a node with zero points (ops._family.overload_with_optional).
+ZP_OVERLOAD = "zp"
 # The body uses CastLike: opset 15 (the nibbles come from Mod and BitShift, not opset 18's BitwiseAnd, so that a model
 # at opset 15-17 is not upgraded for a pattern it may not have).
 MIN_OPSET = 15
@@ -41,20 +52,33 @@ MIN_OPSET = 15
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 
 
-def dequantize(wq, scales, k: int):
-    """W [N, K] in fp32 from Wq uint8 [N, n_blocks, block / 2] and scales [N, n_blocks] (torch tensors)."""
+def zero_points_shape(n: int, nb: int) -> list[int]:
+    """The zero points' shape the ops take, [N, ceil(n_blocks / 2)]."""
+    return [n, (nb + 1) // 2]
+
+
+def dequantize(wq, scales, k: int, zero_points=None):
+    """W [N, K] in fp32 from Wq uint8 [N, n_blocks, block / 2], scales [N, n_blocks] and, when given, zero_points
+    uint8 [N, ceil(n_blocks / 2)] (torch tensors; without them the zero point is 8)."""
     import torch
 
     n, nb, half = wq.shape
     q = wq.to(torch.int32)
-    vals = torch.stack((q & 15, q >> 4), dim=-1).reshape(n, nb, 2 * half).float() - 8.0
+    vals = torch.stack((q & 15, q >> 4), dim=-1).reshape(n, nb, 2 * half).float()
+    if zero_points is None:
+        vals = vals - 8.0
+    else:
+        z = zero_points.to(torch.int32)
+        zp = torch.stack((z & 15, z >> 4), dim=-1).reshape(n, -1)[:, :nb].float()
+        vals = vals - zp.reshape(n, nb, 1)
     return (vals * scales.float().reshape(n, nb, 1)).reshape(n, nb * 2 * half)[:, :k]
 
 
-def quantize(w, block: int):
-    """Symmetric block-wise round-to-nearest of W [K, N] (numpy) in MatMulNBits' layout, as genai's builder's RTN
-    does it: (Wq uint8 [N, n_blocks, block / 2], scales float32 [N, n_blocks]); the zero point 8, the last block padded
-    with zeros. For tests and benchmarks: real models come quantized from the builder."""
+def quantize(w, block: int, symmetric: bool = True):
+    """Block-wise round-to-nearest of W [K, N] (numpy) in MatMulNBits' layout, as genai's builder's RTN does it:
+    symmetric, (Wq uint8 [N, n_blocks, block / 2], scales float32 [N, n_blocks]) with the zero point 8; else
+    (Wq, scales, zero_points uint8 [N, ceil(n_blocks / 2)]) over each block's [min, max] (0 inside it). The last block
+    padded with zeros. For tests and benchmarks: real models come quantized from the builder."""
     import numpy as np
 
     k, n = w.shape
@@ -62,30 +86,44 @@ def quantize(w, block: int):
     padded = np.zeros((n, nb * block), np.float32)
     padded[:, :k] = w.T
     blocks = padded.reshape(n, nb, block)
-    scales = np.abs(blocks).max(-1) / 7.0
-    scales[scales == 0] = 1.0
-    q = np.clip(np.rint(blocks / scales[..., None]) + 8, 0, 15).astype(np.uint8)
-    return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8), scales.astype(np.float32)
+    if symmetric:
+        scales = np.abs(blocks).max(-1) / 7.0
+        scales[scales == 0] = 1.0
+        zp = np.full((n, nb), 8.0, np.float32)
+    else:
+        lo, hi = np.minimum(blocks.min(-1), 0.0), np.maximum(blocks.max(-1), 0.0)
+        scales = (hi - lo) / 15.0
+        scales[scales == 0] = 1.0
+        zp = np.clip(np.rint(-lo / scales), 0, 15)
+    q = np.clip(np.rint(blocks / scales[..., None]) + zp[..., None], 0, 15).astype(np.uint8)
+    packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+    if symmetric:
+        return packed, scales.astype(np.float32)
+    z = np.zeros((n, 2 * ((nb + 1) // 2)), np.uint8)
+    z[:, :nb] = zp.astype(np.uint8)
+    return packed, scales.astype(np.float32), (z[:, 0::2] | (z[:, 1::2] << 4)).astype(np.uint8)
 
 
 def reference(inputs, attrs: dict):
-    x, wq, scales = inputs
-    w = dequantize(wq, scales, x.shape[-1])
+    x, wq, scales = inputs[:3]
+    w = dequantize(wq, scales, x.shape[-1], inputs[3] if len(inputs) > 3 else None)
     return (x.float() @ w.T).to(x.dtype)
 
 
 def swiglu_reference(inputs, attrs: dict):
-    x, wq_g, s_g, wq_u, s_u = inputs
+    x, wq_g, s_g, wq_u, s_u = inputs[:5]
+    zg, zu = (inputs[5], inputs[6]) if len(inputs) > 5 else (None, None)
     k = x.shape[-1]
     xf = x.float()
-    g, u = xf @ dequantize(wq_g, s_g, k).T, xf @ dequantize(wq_u, s_u, k).T
+    g, u = xf @ dequantize(wq_g, s_g, k, zg).T, xf @ dequantize(wq_u, s_u, k, zu).T
     return (gate_activation(str(attrs.get("activation", "silu") or "silu"), g) * u).to(x.dtype)
 
 
-def _dequantize_nodes(wq: str, scales: str, out: str, p: str) -> list:
+def _dequantize_nodes(wq: str, scales: str, out: str, p: str, zero_points: str | None = None) -> list:
     """Nodes computing `out` = W^T [K, N] in X's type from `wq` [N, nb, block / 2] and `scales` [N, nb] (standard
-    ONNX, opset 15: the nibbles unpacked with Mod / BitShift, minus 8, times the block scales, cut to K, X's last
-    dim); every intermediate's name starts with `p`."""
+    ONNX, opset 15: the nibbles unpacked with Mod / BitShift, minus the zero point (8, or each block's of
+    `zero_points` [N, ceil(nb / 2)], unpacked the same way), times the block scales, cut to K, X's last dim); every
+    intermediate's name starts with `p`."""
     from onnx import TensorProto, helper
 
     mk = helper.make_node
@@ -108,7 +146,8 @@ def _dequantize_nodes(wq: str, scales: str, out: str, p: str) -> list:
         mk("Concat", [p + "n_nb", p + "last"], [p + "blocks_shape"], axis=0),
         mk("Reshape", [p + "pairs", p + "blocks_shape"], [p + "q"]),               # [N, nb, block]
         mk("Cast", [p + "q"], [p + "qf"], to=TensorProto.FLOAT),
-        mk("Sub", [p + "qf", p + "eight"], [p + "centred"]),
+        *(_zero_point_nodes(zero_points, p) if zero_points else []),
+        mk("Sub", [p + "qf", p + "zpf" if zero_points else p + "eight"], [p + "centred"]),
         mk("CastLike", [p + "centred", "X"], [p + "centred_t"]),
         mk("Unsqueeze", [scales, p + "last"], [p + "scales1"]),
         mk("Mul", [p + "centred_t", p + "scales1"], [p + "wb"]),
@@ -122,20 +161,50 @@ def _dequantize_nodes(wq: str, scales: str, out: str, p: str) -> list:
     ]
 
 
+def _zero_point_nodes(zero_points: str, p: str) -> list:
+    """`p + "zpf"` [N, nb, 1] in float from `zero_points` [N, ceil(nb / 2)] (the low nibble the even block), nb
+    being the blocks of `p + "n_nb"` (the packed weights' first two dims)."""
+    from onnx import TensorProto, helper
+
+    mk = helper.make_node
+    return [
+        mk("Mod", [zero_points, p + "sixteen"], [p + "zlo"]),
+        mk("BitShift", [zero_points, p + "four"], [p + "zhi"], direction="RIGHT"),
+        mk("Unsqueeze", [p + "zlo", p + "last"], [p + "zlo1"]), mk("Unsqueeze", [p + "zhi", p + "last"], [p + "zhi1"]),
+        mk("Concat", [p + "zlo1", p + "zhi1"], [p + "zpairs"], axis=-1),          # [N, ceil(nb / 2), 2]
+        mk("Slice", [p + "n_nb", p + "zero", p + "one", p + "zero"], [p + "zn"]),
+        mk("Concat", [p + "zn", p + "last"], [p + "zrows"], axis=0),
+        mk("Reshape", [p + "zpairs", p + "zrows"], [p + "zrow"]),                 # [N, 2 ceil(nb / 2)]
+        mk("Slice", [p + "n_nb", p + "one", p + "end", p + "zero"], [p + "nb"]),
+        mk("Slice", [p + "zrow", p + "zero", p + "nb", p + "one"], [p + "zcut"]),  # [N, nb]
+        mk("Cast", [p + "zcut"], [p + "zcutf"], to=TensorProto.FLOAT),
+        mk("Unsqueeze", [p + "zcutf", p + "last"], [p + "zpf"]),                  # [N, nb, 1]
+    ]
+
+
+def _has_zero_points(overload: str) -> tuple[str, bool]:
+    return split_optional_overload(overload, ZP_OVERLOAD)
+
+
 def body(overload: str):
-    """Standard ONNX (opset 15): the weights dequantized (_dequantize_nodes), then one MatMul."""
+    """Standard ONNX (opset 15): the weights dequantized (_dequantize_nodes), then one MatMul; the zp overload takes
+    zero_points."""
     from onnx import helper
 
-    nodes = _dequantize_nodes("Wq", "scales", "wt", "q_") + [helper.make_node("MatMul", ["X", "wt"], ["Y"])]
-    return list(INT4_LINEAR.inputs), nodes
+    _, zp = _has_zero_points(overload)
+    nodes = _dequantize_nodes("Wq", "scales", "wt", "q_", "zero_points" if zp else None) + \
+        [helper.make_node("MatMul", ["X", "wt"], ["Y"])]
+    return list(INT4_LINEAR.inputs[:4 if zp else 3]), nodes
 
 
 def swiglu_body_nodes(overload: str):
     """Both weights dequantized as Int4Linear's body does, then SwiGLU's body for the overload's activation (the
-    empty overload is silu)."""
-    nodes = _dequantize_nodes("Wq_gate", "scales_gate", "W_gate", "qg_") + \
-        _dequantize_nodes("Wq_up", "scales_up", "W_up", "qu_") + swiglu_body(overload or "silu")
-    return list(INT4_SWIGLU.inputs), nodes
+    empty overload is silu; ".zp" after it, or zp alone, takes the zero points)."""
+    act, zp = _has_zero_points(overload)
+    nodes = _dequantize_nodes("Wq_gate", "scales_gate", "W_gate", "qg_", "zero_points_gate" if zp else None) + \
+        _dequantize_nodes("Wq_up", "scales_up", "W_up", "qu_", "zero_points_up" if zp else None) + \
+        swiglu_body(act or "silu")
+    return list(INT4_SWIGLU.inputs[:7 if zp else 5]), nodes
 
 
 def out_shape(shapes: dict, attrs: dict) -> list:
@@ -144,20 +213,27 @@ def out_shape(shapes: dict, attrs: dict) -> list:
 
 
 def doctor_entry(entry) -> tuple[dict, dict, tuple]:
-    """(M, K, N, block): X [M, K], Wq [N, ceil(K / block), block / 2], scales [N, ceil(K / block)]."""
-    m, k, n, block = entry
+    """(M, K, N, block[, "zp"]): X [M, K], Wq [N, ceil(K / block), block / 2], scales [N, ceil(K / block)]; "zp":
+    zero_points [N, ceil(n_blocks / 2)] too."""
+    m, k, n, block = entry[:4]
+    zp = entry[4:] == ("zp",)
     nb = -(-k // block)
-    return ({"X": [m, k], "Wq": [n, nb, block // 2], "scales": [n, nb]}, {},
-            (m, k, n, block, f"block {block}"))
+    shapes = {"X": [m, k], "Wq": [n, nb, block // 2], "scales": [n, nb]}
+    if zp:
+        shapes["zero_points"] = zero_points_shape(n, nb)
+    return shapes, {}, (m, k, n, block, f"block {block}" + (" zp" if zp else ""))
 
 
 def swiglu_doctor_entry(entry) -> tuple[dict, dict, tuple]:
-    """(M, K, N, block, activation): Int4Linear's shapes for both weights."""
-    m, k, n, block, act = entry
+    """(M, K, N, block, activation[, "zp"]): Int4Linear's shapes for both weights."""
+    m, k, n, block, act = entry[:5]
+    zp = entry[5:] == ("zp",)
     nb = -(-k // block)
     shapes = {"X": [m, k], "Wq_gate": [n, nb, block // 2], "scales_gate": [n, nb], "Wq_up": [n, nb, block // 2],
               "scales_up": [n, nb]}
-    return shapes, {"activation": act}, (m, k, n, block, f"block {block} {act}")
+    if zp:
+        shapes["zero_points_gate"] = shapes["zero_points_up"] = zero_points_shape(n, nb)
+    return shapes, {"activation": act}, (m, k, n, block, f"block {block} {act}" + (" zp" if zp else ""))
 
 
 def doctor_inputs(op, dtype, shapes: dict, seed: int, device: str = "cpu") -> list:
@@ -168,7 +244,7 @@ def doctor_inputs(op, dtype, shapes: dict, seed: int, device: str = "cpu") -> li
     g = torch.Generator(device=device).manual_seed(seed)
     out = []
     for name, shp in shapes.items():
-        if name.startswith("Wq"):
+        if name.startswith("Wq") or name.startswith("zero_points"):
             out.append(torch.randint(0, 256, tuple(shp), generator=g, device=device, dtype=torch.uint8))
         elif name.startswith("scales"):
             k = shapes["X"][-1] if "X" in shapes else shp[1] * 32
@@ -180,19 +256,28 @@ def doctor_inputs(op, dtype, shapes: dict, seed: int, device: str = "cpu") -> li
     return out
 
 
-# Doctor shapes (M, K, N, block): decode and prefill rows, ragged K (a padded last block) and N, every block size,
-# one Llama-2-7B projection; a wide N, odd (the GEMV's last warp has one column of its pair).
+# Doctor shapes (M, K, N, block[, "zp"]): decode and prefill rows, ragged K (a padded last block) and N, every block
+# size, one Llama-2-7B projection; a wide N, odd (the GEMV's last warp has one column of its pair); with zero points
+# on every path (the GEMV, the tensor-core rows, dequantization + GEMM), an odd block count among them (the last
+# byte's high nibble is padding).
 FAMILY = OpFamily("int4_linear", (
     OpDef(10, INT4_LINEAR, reference, body, out_shape,
           ((1, 256, 256, 32), (3, 200, 67, 16), (7, 1000, 130, 64), (16, 512, 384, 128), (64, 256, 520, 256),
-           (200, 520, 264, 32), (1, 4096, 4096, 32), (3, 128, 16901, 64)),
-          doctor_entry, min_opset=MIN_OPSET, byte_inputs=("Wq",), doctor_inputs=doctor_inputs),
+           (200, 520, 264, 32), (1, 4096, 4096, 32), (3, 128, 16901, 64),
+           (1, 256, 256, 32, "zp"), (2, 200, 67, 16, "zp"), (7, 1000, 130, 64, "zp"), (16, 160, 384, 32, "zp"),
+           (64, 256, 520, 256, "zp"), (40, 520, 264, 128, "zp")),
+          doctor_entry, min_opset=MIN_OPSET, byte_inputs=("Wq", "zero_points"), doctor_inputs=doctor_inputs,
+          optional_overload=ZP_OVERLOAD),
     # Int4SwiGLU: decode rows (the GEMV), 5-16 (Triton), past 16 (dequantization + GEMMs), ragged K and N; every
-    # activation at one and at 7 rows. One-node models carry the empty overload, as SwiGLU's do.
+    # activation at one and at 7 rows; zero points on each path. One-node models carry the empty overload (zp with
+    # zero points), as SwiGLU's do.
     OpDef(11, INT4_SWIGLU, swiglu_reference, swiglu_body_nodes, out_shape,
           tuple([(1, 256, 256, 32, "silu"), (2, 200, 67, 16, "silu"), (12, 1000, 130, 64, "silu"),
                  (40, 520, 264, 128, "silu"), (1, 4096, 1024, 32, "silu")]
-                + [(m, 96, 40, 32, act) for act in GATE_ACTIVATIONS[1:] for m in (1, 7)]),
-          swiglu_doctor_entry, overload_attr="activation", min_opset=MIN_OPSET, byte_inputs=("Wq_gate", "Wq_up"),
-          doctor_inputs=doctor_inputs),
+                + [(m, 96, 40, 32, act) for act in GATE_ACTIVATIONS[1:] for m in (1, 7)]
+                + [(1, 256, 256, 32, "silu", "zp"), (9, 200, 67, 16, "silu", "zp"), (40, 520, 264, 128, "silu", "zp"),
+                   (2, 96, 40, 32, "gelu", "zp")]),
+          swiglu_doctor_entry, overload_attr="activation", min_opset=MIN_OPSET,
+          byte_inputs=("Wq_gate", "Wq_up", "zero_points_gate", "zero_points_up"), doctor_inputs=doctor_inputs,
+          optional_overload=ZP_OVERLOAD),
 ))

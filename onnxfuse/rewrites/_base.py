@@ -27,7 +27,7 @@ MIN_OPSET = {op: op_def(op).min_opset for op in OPS}
 BF16_MIN_OPSET = 14
 # Inputs that are weights (their shapes are the rule's business: weight_kn, a lookup table), not operands an
 # elementwise op broadcasts; every other constant input may broadcast the result.
-_WEIGHT_INPUTS = {("MatMul", 1), ("Gemm", 1), ("Gather", 0), ("MatMulNBits", 1), ("MatMulNBits", 2)}
+_WEIGHT_INPUTS = {("MatMul", 1), ("Gemm", 1), ("Gather", 0), ("MatMulNBits", 1), ("MatMulNBits", 2), ("MatMulNBits", 3)}
 KERNELS_DOC = (
     "kernels: cpu (CPU EP); cuda, triton (CUDA EP)",
     "chosen: backend=auto picks per node at run time:",

@@ -1,24 +1,27 @@
 """int4_linear: onnxruntime's 4-bit `com.microsoft.MatMulNBits` -> `Int4Linear`, and a gated MLP over two of them
 -> `Int4SwiGLU`.
 
-    Y = X @ W^T,  W[n, k] = (nibble(B, n, k) - 8) * scales[n, k // block_size]
+    Y = X @ W^T,  W[n, k] = (nibble(B, n, k) - zp[n, k // block_size]) * scales[n, k // block_size]
 
 What onnxruntime-genai's builder writes for every projection (qkv, o, gate, up, down, lm_head) with `-p int4`:
 MatMulNBits(X, B, scales) with bits 4, a block size of 32 (its default), B uint8 [N, n_blocks, block / 2] and no
-zero points (symmetric: the zero point is 8). onnxruntime's CUDA kernel for it reads the packed weights at about a
+zero points (symmetric: the zero point is 8); with zero points (an asymmetric quantization, `int4_is_symmetric=false`,
+or an AWQ/GPTQ checkpoint) the fourth input, uint8 [N, ceil(n_blocks / 2)] (or flat), two 4-bit zero points a
+byte. onnxruntime's CUDA kernel for it reads the packed weights at about a
 third of the memory bandwidth at decode (H100, Llama-2-7B shapes: 3.59 ms per token where the weights take 1.3 ms);
 onnxfuse's streams them once and dequantizes in registers.
 
-Refused, each with its reason in --explain: zero points, g_idx or a bias (inputs 3-5; the kernels take the symmetric
-form only), bits other than 4, a block size the kernels do not take, weights or scales that are not true constants
-(a graph input, an overridable initializer), scales of another element type than X, shapes that disagree with the
-node's K and N attributes.
+Refused, each with its reason in --explain: g_idx or a bias (inputs 4-5), zero points in X's type (MatMulNBits'
+other form) or of the wrong shape, bits other than 4, a block size the kernels do not take, weights, scales or zero
+points that are not true constants (a graph input, an overridable initializer), scales of another element type than
+X, shapes that disagree with the node's K and N attributes.
 
 A gated MLP whose gate and up projections are such MatMulNBits of one X (K, N and block size equal), meeting in
 act(gate) * up with any of SwiGLU's activations in any of its spellings (genai writes SiLU as QuickGelu(alpha=1)),
-becomes one `Int4SwiGLU` node: the swiglu pass's matcher (rewrites/swiglu.py) with MatMulNBits as the projection,
-run before the Int4Linear rule so that the projections are still there. A candidate it refuses (one projection with
-zero points, two block sizes, an activation SwiGLU does not compute, an intermediate with another use) keeps its
+becomes one `Int4SwiGLU` node (with both projections' zero points, or none): the swiglu pass's matcher
+(rewrites/swiglu.py) with MatMulNBits as the projection, run before the Int4Linear rule so that the projections are
+still there. A candidate it refuses (zero points on one projection only, two block sizes, an activation SwiGLU does
+not compute, an intermediate with another use) keeps its
 projections for Int4Linear and is named with the reason in --explain. At decode the op reads both packed rows of an
 output column in one pass and writes act(g) * u once: one kernel instead of two GEMVs and the activation's.
 """
@@ -28,7 +31,8 @@ import numpy as np
 from onnxscript import ir
 from onnxscript.rewriter import MatchResult
 
-from ..ops.int4_linear import BLOCK_SIZES, INT4_LINEAR, INT4_SWIGLU
+from ..ops._family import overload_with_optional
+from ..ops.int4_linear import BLOCK_SIZES, INT4_LINEAR, INT4_SWIGLU, ZP_OVERLOAD, zero_points_shape
 from ..schema import DOMAIN, swiglu_overload
 from . import _base
 from ._base import FusionRule, check_float_dtypes, dims, gemm_flops, new_initializer, rule_set
@@ -37,15 +41,20 @@ from .swiglu import Candidate, Projection, SwiGLUPass, _Shim
 MS_DOMAIN = "com.microsoft"
 
 
+def zero_points_of(node: ir.Node) -> ir.Value | None:
+    """A MatMulNBits' zero points (input 3), or None."""
+    return node.inputs[3] if len(node.inputs) > 3 else None
+
+
 def check_form(node: ir.Node, result: MatchResult) -> bool:
-    """The parts of a MatMulNBits the kernels take that need no constant: no zero points, g_idx or bias, 4 bits, a
-    block size of BLOCK_SIZES. Records the reason; False then."""
+    """The parts of a MatMulNBits the kernels take that need no constant: no g_idx or bias, 4 bits, a block size of
+    BLOCK_SIZES (zero points are checked with the weights). Records the reason; False then."""
     label = node.name or "the MatMulNBits"
-    extra = [i for i, v in enumerate(node.inputs) if i >= 3 and v is not None]
+    extra = [i for i, v in enumerate(node.inputs) if i >= 4 and v is not None]
     if extra:
-        names = {3: "zero points", 4: "g_idx", 5: "a bias"}
+        names = {4: "g_idx", 5: "a bias"}
         result.fail(f"{label} has {', '.join(names.get(i, f'input {i}') for i in extra)}: the int4 ops take the "
-                    "symmetric form (no zero points, no g_idx, no bias) that genai's builder writes",
+                    "weights, scales and zero points that genai's builder writes (no g_idx, no bias)",
                     node.inputs[extra[0]])
         return False
     attr = node.attributes
@@ -84,6 +93,18 @@ def check_weights(node: ir.Node, result: MatchResult) -> tuple[int, int, int, in
     if s_shape not in ([n_attr, nb], [n_attr * nb]):
         result.fail(f"the scales {scales.name} have shape {s_shape}, not [N, n_blocks] = [{n_attr}, {nb}]", scales)
         return None
+    zp = zero_points_of(node)
+    if zp is not None:
+        if zp.dtype != ir.DataType.UINT8:
+            result.fail(f"the zero points {zp.name} are {zp.dtype.name.lower()}: the int4 ops take MatMulNBits' packed "
+                        "uint8 zero points (two 4-bit values a byte)", zp)
+            return None
+        z_shape = [int(d) for d in zp.const_value.shape]
+        want_z = zero_points_shape(n_attr, nb)
+        if z_shape not in (want_z, [want_z[0] * want_z[1]]):
+            result.fail(f"the zero points {zp.name} have shape {z_shape}, not [N, ceil(n_blocks / 2)] = {want_z} for "
+                        f"N {n_attr} and {nb} blocks", zp)
+            return None
     xd = dims(x)  # unknown (after a contrib op shape inference does not know): the kernels check K at run time
     if xd is not None and (not xd or (isinstance(xd[-1], int) and xd[-1] != k_attr)):
         result.fail(f"X {x.name} has shape {xd}: its last dim must be the node's K = {k_attr}", x)
@@ -97,6 +118,18 @@ def scales_2d(op, recorder, scales: ir.Value, n: int, nb: int) -> ir.Value:
         return scales
     arr = np.asarray(scales.const_value.numpy()).reshape(n, nb)
     return new_initializer(op, recorder, f"{scales.name}_2d", arr)
+
+
+def zero_points_2d(op, recorder, node: ir.Node, n: int, nb: int) -> list[ir.Value]:
+    """The node's zero points as the ops take them, [N, ceil(n_blocks / 2)] (MatMulNBits also allows them flat), in a
+    list of one; [] without them."""
+    zp = zero_points_of(node)
+    if zp is None:
+        return []
+    if len(zp.const_value.shape) == 2:
+        return [zp]
+    arr = np.asarray(zp.const_value.numpy()).reshape(zero_points_shape(n, nb))
+    return [new_initializer(op, recorder, f"{zp.name}_2d", arr)]
 
 
 class Int4Linear(FusionRule):
@@ -127,11 +160,17 @@ class Int4Linear(FusionRule):
         self._k, self._n, self._nb, self._block = k, n, nb, block
         return result
 
-    def rewrite(self, op, x, b, scales, **_):
+    def rewrite(self, op, x, b, scales, y, **_):
         s = scales_2d(op, self.recorder, scales, self._n, self._nb)
+        zp = zero_points_2d(op, self.recorder, y.producer(), self._n, self._nb)
         shapes = {"X": dims(x), "Wq": [self._n, self._nb, self._block // 2], "scales": [self._n, self._nb]}
-        return self.emit(op, self.op, [x, b, s], {"backend": "auto"}, shapes, x.dtype,
-                         gemm_flops(x, self._k, self._n))
+        if zp:
+            shapes["zero_points"] = zero_points_shape(self._n, self._nb)
+        out = self.emit(op, self.op, [x, b, s, *zp], {"backend": "auto"}, shapes, x.dtype,
+                        gemm_flops(x, self._k, self._n))
+        if zp:
+            out.producer().overload = ZP_OVERLOAD  # the function body that takes the zero points
+        return out
 
 
 class Int4SwiGLUPass(SwiGLUPass):
@@ -150,7 +189,16 @@ class Int4SwiGLUPass(SwiGLUPass):
         return Projection(value, node)
 
     def _projections(self, cand: Candidate, result: MatchResult) -> bool:
-        return check_form(cand.gate.gemm, result) and check_form(cand.up.gemm, result)
+        if not (check_form(cand.gate.gemm, result) and check_form(cand.up.gemm, result)):
+            return False
+        zg, zu = zero_points_of(cand.gate.gemm), zero_points_of(cand.up.gemm)
+        if (zg is None) != (zu is None):
+            which, other = (cand.gate, "up") if zg is not None else (cand.up, "gate")
+            result.fail(f"only the {'gate' if zg is not None else 'up'} projection {which.value.name} has zero points "
+                        f"(the {other} projection has none): Int4SwiGLU takes both or neither",
+                        zero_points_of(which.gemm))
+            return False
+        return True
 
     def _weights(self, cand: Candidate, result: MatchResult) -> bool:
         g = check_weights(cand.gate.gemm, result)
@@ -172,10 +220,13 @@ class Int4SwiGLUPass(SwiGLUPass):
         k, n, nb, block = cand.int4
         sg = scales_2d(shim, rec, gate.gemm.inputs[2], n, nb)
         su = scales_2d(shim, rec, up.gemm.inputs[2], n, nb)
+        zg = zero_points_2d(shim, rec, gate.gemm, n, nb)
+        zu = zero_points_2d(shim, rec, up.gemm, n, nb)
         act = cand.activation
-        node = ir.Node(DOMAIN, self.op, [x, gate.gemm.inputs[1], sg, up.gemm.inputs[1], su],
+        overload = overload_with_optional(swiglu_overload(act), ZP_OVERLOAD) if zg else swiglu_overload(act)
+        node = ir.Node(DOMAIN, self.op, [x, gate.gemm.inputs[1], sg, up.gemm.inputs[1], su, *zg, *zu],
                        [ir.AttrString("activation", act), ir.AttrString("backend", "auto")],
-                       overload=swiglu_overload(act), num_outputs=1)
+                       overload=overload, num_outputs=1)
         old_out = cand.mul.outputs[0]
         # shape inference stops at contrib ops (QuickGelu): the product's type and shape may be unknown; the op's are
         # X's type and X's leading dims, then N
@@ -185,7 +236,10 @@ class Int4SwiGLUPass(SwiGLUPass):
         flops = gemm_flops(x, k, n)
         shapes = {"X": dims(x), "Wq_gate": [n, nb, block // 2], "scales_gate": [n, nb], "Wq_up": [n, nb, block // 2],
                   "scales_up": [n, nb]}
-        extra = [f"activation: {act}", f"  spelled: {cand.spelling}"[:64], f"int4 block {block}"]
+        if zg:
+            shapes["zero_points_gate"] = shapes["zero_points_up"] = zero_points_shape(n, nb)
+        extra = [f"activation: {act}", f"  spelled: {cand.spelling}"[:64],
+                 f"int4 block {block}" + (", zero points" if zg else "")]
         _base.annotate(node, rec, self.pattern, f"{self.rule_prefix}/{act}", self.op,
                        _base.module_path([gate.gemm, up.gemm]), [(m.name or "?", m.op_type) for m in cand.nodes],
                        shapes, x.dtype, None if flops is None else 2 * flops, extra_doc=tuple(extra), detail=act)

@@ -16,10 +16,16 @@ from onnxfuse.ops.int4_linear import dequantize, quantize
 M = 3
 
 
-def _nbits_graph(k=40, n=24, block=16, bits=4, zero_points=False, scales_1d=False, scales_input=False,
+def _nbits_graph(k=40, n=24, block=16, bits=4, zero_points=None, scales_1d=False, scales_input=False,
                  scales_dtype=np.float32, x_rank=2):
+    """One MatMulNBits; zero_points: None, "flat" (MatMulNBits' [N * ceil(n_blocks / 2)]), "2d", "wrong" (a byte
+    short per column) or "float" (zero points in X's type, MatMulNBits' other form), of an asymmetric quantization."""
     rng = np.random.default_rng(0)
-    packed, scales = quantize(rng.standard_normal((k, n)).astype(np.float32) * 0.2, block)
+    w = rng.standard_normal((k, n)).astype(np.float32) * 0.2 + 0.05
+    if zero_points:
+        packed, scales, zp = quantize(w, block, symmetric=False)
+    else:
+        packed, scales = quantize(w, block)
     scales = scales.astype(scales_dtype)
     if scales_1d:
         scales = scales.reshape(-1)
@@ -33,7 +39,9 @@ def _nbits_graph(k=40, n=24, block=16, bits=4, zero_points=False, scales_1d=Fals
         inits.append(numpy_helper.from_array(scales, "scales"))
     node_inputs = ["X", "B", "scales"]
     if zero_points:
-        inits.append(numpy_helper.from_array(np.full((n * -(-packed.shape[1] // 2),), 0x88, np.uint8), "zp"))
+        z = {"flat": zp.reshape(-1), "2d": zp, "wrong": zp[:, :-1].copy(),
+             "float": np.full(scales.shape, 8.0, np.float32)}[zero_points]
+        inits.append(numpy_helper.from_array(z, "zp"))
         node_inputs.append("zp")
     node = helper.make_node("MatMulNBits", node_inputs, ["Y"], domain="com.microsoft", K=k, N=n, bits=bits,
                             block_size=block, name="/model/layers.0/mlp/down_proj/MatMul_Q4")
@@ -41,6 +49,8 @@ def _nbits_graph(k=40, n=24, block=16, bits=4, zero_points=False, scales_1d=Fals
     g = helper.make_graph([node], "g", inputs, [y], inits)
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)],
                               ir_version=10)
+    if zero_points in ("flat", "2d"):
+        return model, packed, scales, zp
     return model, packed, scales
 
 
@@ -75,10 +85,41 @@ def test_matmulnbits_fuses_and_matches_onnxruntime(tmp_path, k, n, block, x_rank
         np.testing.assert_allclose(out, torch_ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("k,n,block,layout", [
+    (40, 24, 16, "flat"),     # 3 blocks: the last byte's high nibble is padding
+    (100, 33, 32, "2d"),      # ragged K, odd N, 4 blocks
+    (256, 8, 128, "flat"),    # 2 blocks
+])
+def test_matmulnbits_with_zero_points_fuses_and_matches_onnxruntime(tmp_path, k, n, block, layout):
+    """An asymmetric MatMulNBits (the builder's is_symmetric=false, AWQ/GPTQ): Int4Linear with the zero points as
+    [N, ceil(n_blocks / 2)], on the zp overload, equal to onnxruntime's kernel and to PyTorch."""
+    model, packed, scales, zp = _nbits_graph(k=k, n=n, block=block, zero_points=layout)
+    src, dst, res = _fuse(tmp_path, model)
+    assert [m.op for m in res.matches] == ["Int4Linear"]
+    fused = onnx.load(str(dst))
+    soundness.check_model(fused)
+    node = next(nd for nd in fused.graph.node if nd.op_type == "Int4Linear")
+    assert len(node.input) == 4 and node.overload == "zp"
+    assert [f.overload for f in fused.functions if f.name == "Int4Linear"] == ["zp"]
+    zp_init = next(t for t in fused.graph.initializer if t.name == node.input[3])
+    assert list(zp_init.dims) == [n, (-(-k // block) + 1) // 2]
+    x = np.random.default_rng(1).standard_normal((M, k)).astype(np.float32)
+    ref = runtime.session(str(src), "cpu", library=False).run(None, {"X": x})[0]
+    torch_ref = (torch.from_numpy(x) @ dequantize(torch.from_numpy(packed), torch.from_numpy(scales), k,
+                                                  torch.from_numpy(zp)).T).numpy()
+    np.testing.assert_allclose(ref, torch_ref, rtol=1e-4, atol=1e-4)  # onnxruntime's MatMulNBits agrees with ours
+    sym = (torch.from_numpy(x) @ dequantize(torch.from_numpy(packed), torch.from_numpy(scales), k).T).numpy()
+    assert np.abs(sym - torch_ref).max() > 1e-2  # the zero points matter here
+    for library in (True, False):  # the CPU kernel, then the function body
+        out = runtime.session(str(dst), "cpu", library=library).run(None, {"X": x})[0]
+        np.testing.assert_allclose(out, torch_ref, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_cpu_kernel_matches_the_reference_in_16_bit(dtype):
+@pytest.mark.parametrize("zp", [False, True])
+def test_cpu_kernel_matches_the_reference_in_16_bit(dtype, zp):
     op = schema.op_def("Int4Linear")
-    shapes, _, _ = op.doctor_entry((5, 200, 67, 32))
+    shapes, _, _ = op.doctor_entry((5, 200, 67, 32) + (("zp",) if zp else ()))
     ins = op.make_doctor_inputs(testing.torch_type(dtype), shapes, seed=3)
     y = testing.run_op("Int4Linear", ins)
     testing.assert_close(y, schema.reference("Int4Linear", ins), dtype)
@@ -97,7 +138,8 @@ def test_padding_past_k_is_ignored():
 
 
 @pytest.mark.parametrize("kw,reason", [
-    (dict(zero_points=True), "zero points"),
+    (dict(zero_points="wrong"), "zero points zp have shape [24, 1], not [N, ceil(n_blocks / 2)] = [24, 2]"),
+    (dict(zero_points="float"), "zero points zp are float: the int4 ops take MatMulNBits' packed uint8"),
     (dict(bits=8), "8-bit weights"),
     (dict(block=8), "block size 8"),
     (dict(scales_input=True), "graph input"),
@@ -112,25 +154,31 @@ def test_near_misses_are_refused(tmp_path, kw, reason):
 
 def test_a_wrong_shape_is_a_clear_error():
     op = schema.op_def("Int4Linear")
-    shapes, _, _ = op.doctor_entry((2, 64, 8, 32))
-    x, wq, s = op.make_doctor_inputs(torch.float32, shapes, seed=5)
+    shapes, _, _ = op.doctor_entry((2, 64, 8, 32, "zp"))
+    x, wq, s, zp = op.make_doctor_inputs(torch.float32, shapes, seed=5)
     with pytest.raises(Exception, match="ceil\\(K / block\\) blocks"):
         testing.run_op("Int4Linear", [x[:, :32].contiguous(), wq, s])
+    with pytest.raises(Exception, match="zero_points must be \\[N, ceil\\(n_blocks / 2\\)\\]"):
+        testing.run_op("Int4Linear", [x, wq, s, zp[:4].contiguous()])
 
 
 def _gated_graph(k=64, n=48, act="sigmoid_mul", blocks=(32, 32), gate_zero_points=False, gate_output=False,
-                 x_rank=2, down=False):
+                 x_rank=2, down=False, zero_points=False):
     """genai's int4 gated MLP: gate and up MatMulNBits of X, the gate's activation, then act * up (Y; down: the
-    product an intermediate of unknown type after contrib ops, Y = down_proj(product) as a MatMulNBits too)."""
+    product an intermediate of unknown type after contrib ops, Y = down_proj(product) as a MatMulNBits too).
+    zero_points: both projections asymmetric (flat zero points, as the builder writes them); gate_zero_points: the
+    gate's only."""
     rng = np.random.default_rng(2)
     inits, nodes = [], []
     for name, block in zip(("gate", "up"), blocks):
-        wq, s = quantize(rng.standard_normal((k, n)).astype(np.float32) * 0.2, block)
+        w = rng.standard_normal((k, n)).astype(np.float32) * 0.2 + 0.05
+        asym = zero_points or (name == "gate" and gate_zero_points)
+        wq, s, *zp = quantize(w, block, symmetric=not asym)
         inits += [numpy_helper.from_array(wq, f"{name}.B"), numpy_helper.from_array(s, f"{name}.S")]
         ins = ["X", f"{name}.B", f"{name}.S"]
-        if name == "gate" and gate_zero_points:
-            inits.append(numpy_helper.from_array(np.full((n * -(-wq.shape[1] // 2),), 0x88, np.uint8), "gate.zp"))
-            ins.append("gate.zp")
+        if asym:
+            inits.append(numpy_helper.from_array(zp[0].reshape(-1), f"{name}.zp"))
+            ins.append(f"{name}.zp")
         nodes.append(helper.make_node("MatMulNBits", ins, [name], domain="com.microsoft", K=k, N=n, bits=4,
                                       block_size=block, name=f"/model/layers.0/mlp/{name}_proj/MatMul_Q4"))
     if act == "sigmoid_mul":  # silu as x * sigmoid(x)
@@ -193,9 +241,23 @@ def test_an_int4_gated_mlp_fuses_to_one_op(tmp_path, act, activation, k, n, x_ra
         _same_as_unfused(src, dst, x)
 
 
+def test_an_int4_gated_mlp_with_zero_points_fuses_to_one_op(tmp_path):
+    """Both projections asymmetric: one Int4SwiGLU with both zero points (overload silu.zp), its down projection
+    Int4Linear; equal to onnxruntime's unfused model through the kernel and through the function body."""
+    src, dst, res = _fuse(tmp_path, _gated_graph(k=100, n=33, act="quick_gelu_1", zero_points=True, down=True))
+    assert [m.op for m in res.matches] == ["Int4SwiGLU", "Int4Linear"]
+    fused = onnx.load(str(dst))
+    soundness.check_model(fused)
+    node = next(nd for nd in fused.graph.node if nd.op_type == "Int4SwiGLU")
+    assert len(node.input) == 7 and node.overload == "silu.zp"
+    assert {(f.name, f.overload) for f in fused.functions} == {("Int4SwiGLU", "silu.zp"), ("Int4Linear", "")}
+    _same_as_unfused(src, dst, np.random.default_rng(3).standard_normal((M, 100)).astype(np.float32))
+
+
 @pytest.mark.parametrize("kw,reason,ops,rule", [
-    # the up projection still fuses; the gate's line is Int4Linear's (the same reason as the gated MLP's)
-    (dict(gate_zero_points=True), "zero points", ["Int4Linear"], "int4_linear/"),
+    # both projections fuse as Int4Linear, the gate's with its zero points
+    (dict(gate_zero_points=True), "only the gate projection gate has zero points (the up projection has none)",
+     ["Int4Linear", "Int4Linear"], "int4_linear/int4_swiglu"),
     (dict(blocks=(32, 64)), "differ in (K, N, n_blocks, block)", ["Int4Linear", "Int4Linear"],
      "int4_linear/int4_swiglu"),
     (dict(act="Tanh"), "activation is", ["Int4Linear", "Int4Linear"], "int4_linear/int4_swiglu"),
@@ -213,7 +275,7 @@ def test_an_int4_gated_mlp_near_miss_is_explained(tmp_path, kw, reason, ops, rul
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_int4_swiglu_cpu_kernel_matches_the_reference_in_16_bit(dtype):
     op = schema.op_def("Int4SwiGLU")
-    for entry in [(5, 200, 67, 32, "silu"), (9, 96, 40, 16, "gelu")]:
+    for entry in [(5, 200, 67, 32, "silu"), (9, 96, 40, 16, "gelu"), (3, 200, 67, 16, "silu", "zp")]:
         shapes, attrs, _ = op.doctor_entry(entry)
         ins = op.make_doctor_inputs(testing.torch_type(dtype), shapes, seed=6)
         testing.assert_close(testing.run_op("Int4SwiGLU", ins, attrs), schema.reference("Int4SwiGLU", ins, attrs),

@@ -76,6 +76,14 @@ inline LinearDims Int4SwiGLUDims(const char* op, const std::vector<int64_t>& x, 
   return d;
 }
 
+// Int4Linear's and Int4SwiGLU's optional zero points: uint8 [N, ceil(n_blocks / 2)] for Wq [N, n_blocks, block / 2].
+inline void Int4ZeroPointsCheck(const char* op, const char* name, const std::vector<int64_t>& zp,
+                                const std::vector<int64_t>& wq) {
+  detail::Need(zp.size() == 2 && zp[0] == wq[0] && zp[1] == (wq[1] + 1) / 2, op,
+               std::string(name) + " must be [N, ceil(n_blocks / 2)] (two 4-bit zero points a byte); got Wq " +
+                   ShapeStr(wq) + ", " + name + " " + ShapeStr(zp));
+}
+
 // X [..., K], W_gate [K, N], W_up [K, N].
 inline LinearDims SwiGLUDims(const char* op, const std::vector<int64_t>& x, const std::vector<int64_t>& wg,
                              const std::vector<int64_t>& wu) {

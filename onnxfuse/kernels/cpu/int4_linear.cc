@@ -1,4 +1,5 @@
-// Int4Linear on the CPU EP: Y = X @ W^T with W[n, k] = (nibble(Wq, n, k) - 8) * scales[n, k / block].
+// Int4Linear on the CPU EP: Y = X @ W^T with W[n, k] = (nibble(Wq, n, k) - zp) * scales[n, k / block], zp the block's
+// zero point (zero_points [N, ceil(n_blocks / 2)], two a byte) or 8 without them.
 //
 // Tiles of rows x kColumns output columns on onnxruntime's pool. A tile converts its rows of X to fp32 once, then per
 // column dequantizes that column's packed row into an fp32 buffer (both nibbles of a byte at once, the padding past K
@@ -9,6 +10,7 @@
 // Int4SwiGLU: the same tiles, each column's gate and up rows dequantized side by side; the two dot products of a row
 // meet in act(g) * u (common/gate_act.h, in fp32) and are written once.
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "common/gate_act.h"
@@ -21,20 +23,30 @@ namespace {
 constexpr int64_t kColumns = 16;
 constexpr int kLanes = 16;
 
-// One column's weights W[n, 0 .. K) in fp32.
+// One column's weights W[n, 0 .. K) in fp32 (zp: the column's packed zero points, or null for 8).
 template <typename T>
-void DequantizeColumn(const uint8_t* q, const T* s, int64_t K, int64_t block, float* w) {
+void DequantizeColumn(const uint8_t* q, const T* s, const uint8_t* zp, int64_t K, int64_t block, float* w) {
   const int64_t half = block / 2;
   for (int64_t b0 = 0, kb = 0; kb < K; ++b0, kb += block) {
     const float sc = ToF32(s[b0]);
+    const int zero = zp == nullptr ? 8 : int((zp[b0 >> 1] >> (4 * (b0 & 1))) & 15);
     const uint8_t* bytes = q + b0 * half;
     float* out = w + kb;
     const int64_t n = std::min(half, (K - kb + 1) / 2);
     for (int64_t j = 0; j < n; ++j) {
-      out[2 * j] = float(int(bytes[j] & 15) - 8) * sc;
-      out[2 * j + 1] = float(int(bytes[j] >> 4) - 8) * sc;
+      out[2 * j] = float(int(bytes[j] & 15) - zero) * sc;
+      out[2 * j + 1] = float(int(bytes[j] >> 4) - zero) * sc;
     }
   }
+}
+
+// The zero points' data (checked against Wq's shape), or null without them.
+const uint8_t* ZeroPoints(const char* op, const char* name,
+                          const std::optional<const Ort::Custom::Tensor<uint8_t>*>& zp,
+                          const std::vector<int64_t>& wq) {
+  if (!zp.has_value() || *zp == nullptr) return nullptr;
+  Int4ZeroPointsCheck(op, name, (*zp)->Shape(), wq);
+  return (*zp)->Data();
 }
 
 // Four rows' dot products with one column: each weight loaded once for the four.
@@ -72,23 +84,26 @@ struct Int4LinearCpu {
   Int4LinearCpu(const OrtApi* api, const OrtKernelInfo* info) : attrs(ReadOpAttrs(api, info, Op::kName)) {}
 
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<uint8_t>& Wq,
-                      const Ort::Custom::Tensor<T>& Scales, Ort::Custom::Tensor<T>& Y) {
+                      const Ort::Custom::Tensor<T>& Scales, std::optional<const Ort::Custom::Tensor<uint8_t>*> Zp,
+                      Ort::Custom::Tensor<T>& Y) {
     return GuardCompute([&] {
       const LinearDims d = Int4LinearDims(Op::kName, X.Shape(), Wq.Shape(), Scales.Shape());
+      const uint8_t* zp = ZeroPoints(Op::kName, "zero_points", Zp, Wq.Shape());
       T* y = Y.Allocate(d.out_shape);
       if (d.M == 0 || d.N == 0) return;
       const T* x = X.Data();
       const uint8_t* wq = Wq.Data();
       const T* scales = Scales.Data();
       const int64_t K = d.K, N = d.N, block = d.r, n_blocks = (K + block - 1) / block;
-      const int64_t row_bytes = n_blocks * block / 2;
+      const int64_t row_bytes = n_blocks * block / 2, zp_bytes = (n_blocks + 1) / 2;
       const OrtPool pool(ctx);
       ForTiles(pool, d.M, (N + kColumns - 1) / kColumns, [&](int64_t m0, int64_t mb, int64_t jb) {
         // padded to a whole block so that the dequantization may write the last block's second nibble
         std::vector<float> xf(size_t(mb * K)), w(size_t(n_blocks * block));
         for (int64_t i = 0; i < mb * K; ++i) xf[size_t(i)] = ToF32(x[m0 * K + i]);
         for (int64_t n = jb * kColumns; n < std::min(N, (jb + 1) * kColumns); ++n) {
-          DequantizeColumn(wq + n * row_bytes, scales + n * n_blocks, K, block, w.data());
+          DequantizeColumn(wq + n * row_bytes, scales + n * n_blocks, zp ? zp + n * zp_bytes : nullptr, K, block,
+                           w.data());
           int64_t m = 0;
           for (; m + 4 <= mb; m += 4) {
             float out[4];
@@ -112,24 +127,29 @@ struct Int4SwiGLUCpu {
 
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<uint8_t>& Wg,
                       const Ort::Custom::Tensor<T>& Sg, const Ort::Custom::Tensor<uint8_t>& Wu,
-                      const Ort::Custom::Tensor<T>& Su, Ort::Custom::Tensor<T>& Y) {
+                      const Ort::Custom::Tensor<T>& Su, std::optional<const Ort::Custom::Tensor<uint8_t>*> Zg,
+                      std::optional<const Ort::Custom::Tensor<uint8_t>*> Zu, Ort::Custom::Tensor<T>& Y) {
     return GuardCompute([&] {
       const LinearDims d = Int4SwiGLUDims(Op::kName, X.Shape(), Wg.Shape(), Sg.Shape(), Wu.Shape(), Su.Shape());
+      const uint8_t* zg = ZeroPoints(Op::kName, "zero_points_gate", Zg, Wg.Shape());
+      const uint8_t* zu = ZeroPoints(Op::kName, "zero_points_up", Zu, Wu.Shape());
+      detail::Need((zg == nullptr) == (zu == nullptr), Op::kName,
+                   "zero_points_gate and zero_points_up: both or neither");
       T* y = Y.Allocate(d.out_shape);
       if (d.M == 0 || d.N == 0) return;
       const T* x = X.Data();
       const uint8_t *wg = Wg.Data(), *wu = Wu.Data();
       const T *sg = Sg.Data(), *su = Su.Data();
       const int64_t K = d.K, N = d.N, block = d.r, n_blocks = (K + block - 1) / block;
-      const int64_t row_bytes = n_blocks * block / 2;
+      const int64_t row_bytes = n_blocks * block / 2, zp_bytes = (n_blocks + 1) / 2;
       const int a = act;
       const OrtPool pool(ctx);
       ForTiles(pool, d.M, (N + kColumns - 1) / kColumns, [&](int64_t m0, int64_t mb, int64_t jb) {
         std::vector<float> xf(size_t(mb * K)), g(size_t(n_blocks * block)), u(size_t(n_blocks * block));
         for (int64_t i = 0; i < mb * K; ++i) xf[size_t(i)] = ToF32(x[m0 * K + i]);
         for (int64_t n = jb * kColumns; n < std::min(N, (jb + 1) * kColumns); ++n) {
-          DequantizeColumn(wg + n * row_bytes, sg + n * n_blocks, K, block, g.data());
-          DequantizeColumn(wu + n * row_bytes, su + n * n_blocks, K, block, u.data());
+          DequantizeColumn(wg + n * row_bytes, sg + n * n_blocks, zg ? zg + n * zp_bytes : nullptr, K, block, g.data());
+          DequantizeColumn(wu + n * row_bytes, su + n * n_blocks, zu ? zu + n * zp_bytes : nullptr, K, block, u.data());
           int64_t m = 0;
           for (; m + 4 <= mb; m += 4) {
             float og[4], ou[4];
