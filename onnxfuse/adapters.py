@@ -122,17 +122,24 @@ def read_adapter(path: str | pathlib.Path) -> dict[str, np.ndarray]:
     return {name: np.array(value.numpy(), copy=True) for name, value in fmt.get_parameters().items()}
 
 
+_SLOT_ALIGN = 256  # bytes between the starts of two inputs in the slots' buffer
+
+
 class AdapterSlots:
-    """A session's adapter inputs bound once to an IOBinding, in buffers on the session's device; `load` copies
-    another adapter (same names, shapes and dtypes) into the same buffers, so the bound inputs, and a CUDA graph
-    onnxruntime captured over them (`enable_cuda_graph`), stay valid across a swap. onnxruntime's own LoraAdapter
-    does not apply to runs with a binding; this is the IOBinding form of it.
+    """A session's adapter inputs bound once to an IOBinding, as views into one buffer on the session's device (the
+    slots); swapping adapters rewrites that buffer, so the bound inputs, and a CUDA graph onnxruntime captured over
+    them (`enable_cuda_graph`), stay valid across a swap. onnxruntime's own LoraAdapter does not apply to runs with a
+    binding; this is the IOBinding form of it.
 
         io = session.io_binding(); io.bind_ortvalue_input("x", x_value); io.bind_ortvalue_output("y", y_value)
         slots = AdapterSlots(session, io, read_adapter("a.onnx_adapter"), device="cuda")
         session.run_with_iobinding(io)            # adapter a
-        slots.load(read_adapter("b.onnx_adapter"))
+        slots.load(read_adapter("b.onnx_adapter"))  # one host-to-device copy of the whole adapter
         session.run_with_iobinding(io)            # adapter b, same buffers
+        slots.preload("c", read_adapter("c.onnx_adapter"))  # kept on the device in the slots' layout
+        slots.activate("c")                       # one device-to-device copy: what a server does per switch
+
+    Every adapter must have the bound one's names, shapes and dtypes (checked).
     """
 
     def __init__(self, session, binding, params: dict[str, np.ndarray], device: str = "cpu", device_id: int = 0):
@@ -143,23 +150,96 @@ class AdapterSlots:
         if unknown:
             raise OnnxfuseError(f"adapter parameters {', '.join(unknown)} are not inputs of the model (it takes "
                                 f"{', '.join(sorted(known)) or 'none'}); export it with --lora-as-inputs")
-        self.values = {}
-        self.kinds = {}  # name -> (shape, dtype) of the bound buffer, so a swap reads nothing back from the device
-        for name, arr in params.items():
-            value = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr), device, device_id)
-            binding.bind_ortvalue_input(name, value)
-            self.values[name] = value
+        if device not in ("cpu", "cuda"):
+            raise OnnxfuseError(f"AdapterSlots: device must be cpu or cuda (got {device!r})")
+        self.device, self.device_id = device, int(device_id)
+        self.kinds = {}    # name -> (shape, dtype) of the bound view, so a swap reads nothing back from the device
+        self.offsets = {}  # name -> byte offset of its view in the slots
+        size = 0
+        for name in sorted(params):
+            arr = params[name]
             self.kinds[name] = (tuple(arr.shape), np.dtype(arr.dtype))
+            self.offsets[name] = size
+            size += -(-arr.nbytes // _SLOT_ALIGN) * _SLOT_ALIGN
+        self.nbytes = size
+        self.slots = ort.OrtValue.ortvalue_from_shape_and_type([max(size, 1)], np.uint8, device, self.device_id)
+        self.resident: dict[str, object] = {}  # preloaded adapters, flat buffers on the device
+        base = self.slots.data_ptr()
+        for name, (shape, dtype) in self.kinds.items():
+            binding.bind_input(name, device, self.device_id, dtype, list(shape), base + self.offsets[name])
+        self.load(params)
 
-    def load(self, params: dict[str, np.ndarray]) -> None:
-        """Copy `params` into the bound buffers (checked first: the same names, shapes and dtypes)."""
-        if set(params) != set(self.values):
-            raise OnnxfuseError(f"the adapter has parameters {sorted(params)}, the bound one {sorted(self.values)}: "
+    def _pack(self, params: dict[str, np.ndarray]) -> np.ndarray:
+        """`params` in the slots' layout, one host buffer (checked first: the bound names, shapes and dtypes)."""
+        if set(params) != set(self.kinds):
+            raise OnnxfuseError(f"the adapter has parameters {sorted(params)}, the bound one {sorted(self.kinds)}: "
                                 "swap adapters of the same layers")
+        flat = np.zeros(max(self.nbytes, 1), np.uint8)
         for name, arr in params.items():
             shape, dtype = self.kinds[name]
             if tuple(arr.shape) != shape or np.dtype(arr.dtype) != dtype:
                 raise OnnxfuseError(f"adapter parameter {name} is {arr.dtype}{list(arr.shape)}, the bound buffer "
                                     f"{dtype}{list(shape)}: swap adapters of the same rank and dtype")
-        for name, arr in params.items():
-            self.values[name].update_inplace(np.ascontiguousarray(arr))
+            raw = np.ascontiguousarray(arr).view(np.uint8).reshape(-1)
+            flat[self.offsets[name]:self.offsets[name] + raw.size] = raw
+        return flat
+
+    def load(self, params: dict[str, np.ndarray]) -> None:
+        """Copy `params` into the slots: one host-to-device copy (a memcpy on the CPU)."""
+        self.slots.update_inplace(self._pack(params))
+
+    def preload(self, name: str, params: dict[str, np.ndarray]) -> None:
+        """Keep adapter `name` on the slots' device in their layout, for `activate` (its memory: `nbytes`)."""
+        import onnxruntime as ort
+        self.resident[name] = ort.OrtValue.ortvalue_from_numpy(self._pack(params), self.device, self.device_id)
+
+    def activate(self, name: str) -> None:
+        """Make the preloaded adapter `name` the bound one: one device-to-device copy of `nbytes` into the slots,
+        finished when this returns (the next run, on onnxruntime's own stream, reads it)."""
+        if name not in self.resident:
+            raise OnnxfuseError(f"adapter {name!r} was not preloaded (preloaded: {', '.join(self.resident) or 'none'})")
+        src = self.resident[name]
+        if self.device == "cpu":
+            ctypes_memmove(self.slots.data_ptr(), src.data_ptr(), self.nbytes)
+        else:
+            cuda_copy(self.slots.data_ptr(), src.data_ptr(), self.nbytes, self.device_id)
+
+
+def ctypes_memmove(dst: int, src: int, nbytes: int) -> None:
+    import ctypes
+    ctypes.memmove(dst, src, nbytes)
+
+
+def cuda_copy(dst: int, src: int, nbytes: int, device_id: int = 0) -> None:
+    """A device-to-device copy through the CUDA runtime onnxruntime's CUDA EP loaded in this process, then a device
+    synchronize (onnxruntime runs on a stream of its own)."""
+    rt = _cudart()
+    for call, args in (("cudaSetDevice", (device_id,)), ("cudaMemcpy", (dst, src, nbytes, 3)),  # DeviceToDevice
+                       ("cudaDeviceSynchronize", ())):
+        err = getattr(rt, call)(*args)
+        if err:
+            raise OnnxfuseError(f"{call} failed with CUDA error {err}")
+
+
+_CUDART = None
+
+
+def _cudart():
+    """libcudart as this process loaded it (the one onnxruntime's CUDA EP uses), else the loader's."""
+    global _CUDART
+    if _CUDART is None:
+        import ctypes
+        path = None
+        try:
+            with open("/proc/self/maps") as maps:
+                path = next((line.split()[-1] for line in maps if "libcudart.so" in line.split()[-1]), None)
+        except OSError:
+            pass
+        try:
+            lib = ctypes.CDLL(path or "libcudart.so")
+        except OSError as e:
+            raise OnnxfuseError(f"AdapterSlots.activate on cuda needs the CUDA runtime (libcudart): {e}") from None
+        lib.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        lib.cudaSetDevice.argtypes = [ctypes.c_int]
+        _CUDART = lib
+    return _CUDART

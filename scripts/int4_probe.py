@@ -9,7 +9,11 @@ same file, run with each backend. Each variant's time is the sum of its GPU kern
 runs), so onnxruntime's host overhead is out of the comparison; the limit is the packed weights' and scales' bytes at
 the same run's read rate.
 
-    python scripts/int4_probe.py OUT_DIR [--rows 1,2,4,8,16,32,128,2048]
+    python scripts/int4_probe.py OUT_DIR [--rows 1,2,4,8,16,32,128,2048] [--zero-points]
+
+--zero-points quantizes every projection asymmetrically (MatMulNBits' packed uint8 zero points, as the builder writes
+with int4_is_symmetric=false and AWQ/GPTQ checkpoints give) and writes int4-probe-zp.json; the limit then counts the
+zero points' bytes too.
 """
 from __future__ import annotations
 
@@ -30,9 +34,11 @@ BLOCK = 32
 RUNS = 20
 
 
-def nbits_model(path: pathlib.Path, projections: dict, seed: int = 0, gated: bool = False) -> int:
-    """A model of MatMulNBits nodes (fp16) on inputs x<K>; gated: the MLP (down on act(gate) * up, the one output).
-    Returns the bytes of its packed weights and scales."""
+def nbits_model(path: pathlib.Path, projections: dict, seed: int = 0, gated: bool = False,
+                zero_points: bool = False) -> int:
+    """A model of MatMulNBits nodes (fp16) on inputs x<K>; gated: the MLP (down on act(gate) * up, the one output);
+    zero_points: asymmetric, with MatMulNBits' packed zero points. Returns the bytes of its packed weights, scales and
+    zero points."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -40,17 +46,21 @@ def nbits_model(path: pathlib.Path, projections: dict, seed: int = 0, gated: boo
     rng = np.random.default_rng(seed)
     nodes, inits, outputs, inputs, nbytes = [], [], [], {}, 0
     for name, (k, n) in projections.items():
-        wq, s = quantize((rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k)), BLOCK)
+        wq, s, *z = quantize((rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k)), BLOCK,
+                             symmetric=not zero_points)
         inits += [numpy_helper.from_array(wq, f"{name}.Wq"),
                   numpy_helper.from_array(s.astype(np.float16), f"{name}.s")]
-        nbytes += wq.nbytes + s.size * 2
+        if zero_points:
+            inits.append(numpy_helper.from_array(z[0].reshape(-1), f"{name}.z"))
+        nbytes += wq.nbytes + s.size * 2 + (z[0].nbytes if zero_points else 0)
         x = "h" if gated and name == "down" else f"x{k}"
         if x != "h":
             inputs.setdefault(k, helper.make_tensor_value_info(x, TensorProto.FLOAT16, ["rows", k]))
         if x == "h":
             nodes += [helper.make_node("QuickGelu", ["gate"], ["act"], domain="com.microsoft", alpha=1.0),
                       helper.make_node("Mul", ["act", "up"], ["h"])]
-        nodes.append(helper.make_node("MatMulNBits", [x, f"{name}.Wq", f"{name}.s"], [name],
+        nodes.append(helper.make_node("MatMulNBits", [x, f"{name}.Wq", f"{name}.s"] + [f"{name}.z"] * zero_points,
+                                      [name],
                                       domain="com.microsoft", K=k, N=n, bits=4, block_size=BLOCK, accuracy_level=4,
                                       name=f"/model/{name}/MatMul_Q4"))
         if not gated or name == "down":
@@ -109,6 +119,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=pathlib.Path)
     ap.add_argument("--rows", default="1,2,4,8,16,32,128,2048")
+    ap.add_argument("--zero-points", action="store_true", help="asymmetric weights with MatMulNBits' zero points")
     args = ap.parse_args(argv)
     import onnx
     import onnxruntime as ort
@@ -117,11 +128,12 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     rate = read_rate()
     print(f"read rate {rate / 1e12:.3f} TB/s", flush=True)
-    result = {"read_tbs": rate / 1e12, "block": BLOCK, "dtype": "float16", "ort": ort.__version__, "rows": {}}
+    result = {"read_tbs": rate / 1e12, "block": BLOCK, "dtype": "float16", "ort": ort.__version__,
+              "zero_points": args.zero_points, "rows": {}}
     for label, projections in (("layer", LAYER), ("lm_head", LM_HEAD), ("mlp", MLP)):
         src = args.out / f"int4-{label}.onnx"
         gated = label == "mlp"
-        nbytes = nbits_model(src, projections, gated=gated)
+        nbytes = nbits_model(src, projections, gated=gated, zero_points=args.zero_points)
         dst = args.out / f"int4-{label}.fused.onnx"
         res = fuse.fuse(src, dst, ort=False, provider="cuda", force=True)
         want = ["Int4SwiGLU", "Int4Linear"] if gated else ["Int4Linear"] * len(projections)
@@ -146,7 +158,8 @@ def main(argv=None) -> int:
             line = "  ".join(f"{n} {row[n]['us']:.1f}us ({row[n]['pct_limit']:.0f}%)" for n in sessions)
             print(f"{label} M={m}: limit {row['limit_us']:.1f}us  {line}", flush=True)
             result["rows"][f"{label}/{m}"] = row
-    (args.out / "int4-probe.json").write_text(json.dumps(result, indent=1) + "\n")
+    (args.out / ("int4-probe-zp.json" if args.zero_points else "int4-probe.json")).write_text(
+        json.dumps(result, indent=1) + "\n")
     return 0
 
 

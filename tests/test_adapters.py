@@ -135,6 +135,16 @@ def test_adapter_slots_swap_under_iobinding(exported):
         sess.run_with_iobinding(io)
         np.testing.assert_allclose(io.copy_outputs_to_cpu()[0], _torch(_module(spec, params), x), rtol=1e-5,
                                    atol=1e-5)
+    # preloaded adapters, activated by one copy into the slots (the views stay bound)
+    slots.preload("first", first)
+    slots.preload("second", second)
+    for name, params in (("second", second), ("first", first), ("second", second)):
+        slots.activate(name)
+        sess.run_with_iobinding(io)
+        np.testing.assert_allclose(io.copy_outputs_to_cpu()[0], _torch(_module(spec, params), x), rtol=1e-5,
+                                   atol=1e-5)
+    with pytest.raises(OnnxfuseError, match="was not preloaded"):
+        slots.activate("third")
     with pytest.raises(OnnxfuseError, match="same rank"):
         slots.load({k: np.zeros((v.shape[0], v.shape[1] + 1), v.dtype) for k, v in first.items()})
     with pytest.raises(OnnxfuseError, match="same layers"):

@@ -305,8 +305,9 @@ def test_bench_dlrm_profile_shows_the_fused_kernels(tmp_path):
 
 def test_adapter_swap_under_cuda_graph(tmp_path):
     """Issue 30: a fused LoRA model with --lora-as-inputs under enable_cuda_graph: the adapter inputs bound once
-    (adapters.AdapterSlots), the graph captured, a second adapter copied into the same buffers, the replay gives
-    the second adapter's numbers (the plain CUDA session fed that adapter), and back."""
+    (adapters.AdapterSlots), the graph captured, a second adapter copied into the same buffers (from the host, then
+    preloaded and activated by a device-to-device copy), the replay gives the second adapter's numbers (the plain
+    CUDA session fed that adapter), and back."""
     import onnxruntime as ort
 
     from onnxfuse import adapters, export, fuse, runtime, zoo
@@ -334,34 +335,43 @@ def test_adapter_swap_under_cuda_graph(tmp_path):
         slots.load(params)
         sess.run_with_iobinding(io)
         np.testing.assert_allclose(out.numpy(), ref, rtol=1e-3, atol=1e-3)
+    slots.preload("first", first)
+    slots.preload("second", second)
+    for name, ref in (("second", refs[1]), ("first", refs[0]), ("second", refs[1])):  # device-to-device swaps
+        slots.activate(name)
+        sess.run_with_iobinding(io)
+        np.testing.assert_allclose(out.numpy(), ref, rtol=1e-3, atol=1e-3)
 
 
-@pytest.mark.parametrize("block", [32, 128])
+@pytest.mark.parametrize("block,zp", [(32, False), (128, False), (32, True), (64, True)])
 @pytest.mark.parametrize("backend", ["cuda", "triton", "auto"])
-def test_int4_linear_matches_matmulnbits_on_the_cuda_ep(tmp_path, block, backend):
-    """genai's int4 projection (MatMulNBits, fp16, symmetric) fused to Int4Linear: on the CUDA EP at decode (1, 3 rows)
-    and prefill (37, 300 rows) it equals onnxruntime's own MatMulNBits and the PyTorch dequantize-then-matmul."""
+def test_int4_linear_matches_matmulnbits_on_the_cuda_ep(tmp_path, block, zp, backend):
+    """genai's int4 projection (MatMulNBits, fp16, symmetric or with zero points) fused to Int4Linear: on the CUDA EP at
+    decode (1, 3 rows), the tensor-core rows (9, 16) and prefill (37, 300 rows) it equals onnxruntime's own MatMulNBits
+    and the PyTorch dequantize-then-matmul."""
     import onnx
     import torch
     from onnx import TensorProto, helper, numpy_helper
 
     from onnxfuse import fuse, runtime
     from onnxfuse.ops.int4_linear import dequantize, quantize
-    k, n = 1000, 392  # ragged K: the last block padded
+    k, n = 1000, 392  # ragged K: the last block padded (block 64: 16 blocks; 32: 32 blocks, whole zero-point bytes)
     rng = np.random.default_rng(0)
-    wq, s = quantize(rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k), block)
-    node = helper.make_node("MatMulNBits", ["X", "B", "S"], ["Y"], domain="com.microsoft", K=k, N=n, bits=4,
-                            block_size=block, accuracy_level=4)
+    wq, s, *z = quantize(rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k) + 0.01, block, symmetric=not zp)
+    node = helper.make_node("MatMulNBits", ["X", "B", "S"] + ["Z"] * zp, ["Y"], domain="com.microsoft", K=k, N=n,
+                            bits=4, block_size=block, accuracy_level=4)
     g = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT16, ["m", k])],
                           [helper.make_tensor_value_info("Y", TensorProto.FLOAT16, ["m", n])],
-                          [numpy_helper.from_array(wq, "B"), numpy_helper.from_array(s.astype(np.float16), "S")])
+                          [numpy_helper.from_array(wq, "B"), numpy_helper.from_array(s.astype(np.float16), "S")]
+                          + ([numpy_helper.from_array(z[0].reshape(-1), "Z")] if zp else []))
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
                                 ir_version=10), str(tmp_path / "m.onnx"))
     res = fuse.fuse(tmp_path / "m.onnx", tmp_path / "f.onnx", ort=False, provider="cuda", backend=backend)
     assert [m.op for m in res.matches] == ["Int4Linear"]
     unfused = runtime.session(str(tmp_path / "m.onnx"), "cuda", library=False)
     fused = runtime.session(str(tmp_path / "f.onnx"), "cuda", library=True, cpu_fallback=False)
-    w = dequantize(torch.from_numpy(wq), torch.from_numpy(s.astype(np.float16)), k)
+    w = dequantize(torch.from_numpy(wq), torch.from_numpy(s.astype(np.float16)), k,
+                   torch.from_numpy(z[0]) if zp else None)
     for m in (1, 3, 9, 16, 37, 300):
         x = rng.standard_normal((m, k)).astype(np.float16)
         want = (torch.from_numpy(x).float() @ w.T).numpy()
@@ -372,11 +382,13 @@ def test_int4_linear_matches_matmulnbits_on_the_cuda_ep(tmp_path, block, backend
         assert np.abs(got - ort_y).max() <= 8e-3 * scale, (m, np.abs(got - ort_y).max())
 
 
+@pytest.mark.parametrize("zp", [False, True])
 @pytest.mark.parametrize("backend", ["cuda", "triton", "auto"])
-def test_int4_swiglu_matches_the_unfused_int4_mlp_on_the_cuda_ep(tmp_path, backend):
-    """genai's int4 gated MLP (gate and up MatMulNBits, SiLU as QuickGelu(alpha=1), the product; fp16) fused to one
-    Int4SwiGLU: on the CUDA EP at decode (1, 2, 5 rows: the GEMV, Triton's small tiles) and prefill (37, 300 rows: the
-    dequantized GEMM) it equals onnxruntime's unfused model and the PyTorch dequantize-then-matmul."""
+def test_int4_swiglu_matches_the_unfused_int4_mlp_on_the_cuda_ep(tmp_path, backend, zp):
+    """genai's int4 gated MLP (gate and up MatMulNBits, SiLU as QuickGelu(alpha=1), the product; fp16; symmetric or
+    both with zero points) fused to one Int4SwiGLU: on the CUDA EP at decode (1, 2, 5 rows: the GEMV, Triton's small
+    tiles) and prefill (37, 300 rows: the dequantized GEMM) it equals onnxruntime's unfused model and the PyTorch
+    dequantize-then-matmul."""
     import onnx
     import torch
     from onnx import TensorProto, helper, numpy_helper
@@ -387,11 +399,15 @@ def test_int4_swiglu_matches_the_unfused_int4_mlp_on_the_cuda_ep(tmp_path, backe
     rng = np.random.default_rng(1)
     inits, nodes, ws = [], [], {}
     for name in ("gate", "up"):
-        wq, s = quantize(rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k), block)
+        wq, s, *z = quantize(rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k) + 0.01, block,
+                             symmetric=not zp)
         inits += [numpy_helper.from_array(wq, f"{name}.B"), numpy_helper.from_array(s.astype(np.float16), f"{name}.S")]
-        nodes.append(helper.make_node("MatMulNBits", ["X", f"{name}.B", f"{name}.S"], [name], domain="com.microsoft",
-                                      K=k, N=n, bits=4, block_size=block, accuracy_level=4))
-        ws[name] = dequantize(torch.from_numpy(wq), torch.from_numpy(s.astype(np.float16)), k)
+        if zp:
+            inits.append(numpy_helper.from_array(z[0].reshape(-1), f"{name}.Z"))
+        nodes.append(helper.make_node("MatMulNBits", ["X", f"{name}.B", f"{name}.S"] + [f"{name}.Z"] * zp, [name],
+                                      domain="com.microsoft", K=k, N=n, bits=4, block_size=block, accuracy_level=4))
+        ws[name] = dequantize(torch.from_numpy(wq), torch.from_numpy(s.astype(np.float16)), k,
+                              torch.from_numpy(z[0]) if zp else None)
     nodes += [helper.make_node("QuickGelu", ["gate"], ["act"], domain="com.microsoft", alpha=1.0),
               helper.make_node("Mul", ["act", "up"], ["Y"])]
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT16, ["m", k])],

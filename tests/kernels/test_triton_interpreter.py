@@ -225,25 +225,28 @@ print("ok")
 
 _INT4 = _PRELUDE + r"""
 # Int4Linear's GEMM (dequantizing the packed tile in its K loop): every block size, ragged K (the padded last block,
-# whose bytes hold garbage), ragged M and N tiles, fp32 and fp16.
+# whose bytes hold garbage), ragged M and N tiles, fp32 and fp16; with zero points (an odd block count among them:
+# the last byte's high nibble is padding) and without (ZP 0: the zero-point pointer, here the packed weights, unread).
 il = load("int4_linear")
 op = schema.op_def("Int4Linear")
 checks = 0
 for dtype in ("float", "float16"):
     t = TT[dtype]
     prec = "ieee" if dtype == "float" else "tf32"
-    for m, k, n, block in ((5, 40, 70, 16), (37, 200, 33, 32), (17, 128, 48, 64), (3, 300, 16, 128), (2, 512, 40, 256)):
-        shapes = op.doctor_entry((m, k, n, block))[0]
-        x, wq, sc = op.make_doctor_inputs(t, shapes, seed=m + k)
+    for m, k, n, block, zp in ((5, 40, 70, 16, ()), (37, 200, 33, 32, ()), (17, 128, 48, 64, ()), (3, 300, 16, 128, ()),
+                               (2, 512, 40, 256, ()), (5, 40, 70, 16, ("zp",)), (19, 200, 33, 32, ("zp",))):
+        shapes = op.doctor_entry((m, k, n, block) + zp)[0]
+        ins = op.make_doctor_inputs(t, shapes, seed=m + k)
+        x, wq, sc = ins[:3]
         nb = shapes["scales"][1]
         y = torch.full((m, n), float("nan")).to(t)
         grid = (triton.cdiv(m, 16) * triton.cdiv(n, 32),)
-        il._int4_linear_kernel[grid](x, wq, sc, y, m, n, k, nb * block // 2, nb, block, BLOCK_M=16, BLOCK_N=32,
-                                     BLOCK_K=32, GROUP_M=2, DOT_PRECISION=prec)
-        testing.assert_close(y, schema.reference("Int4Linear", [x, wq, sc]), t, str((dtype, m, k, n, block)),
+        il._int4_linear_kernel[grid](x, wq, sc, ins[3] if zp else wq, y, m, n, k, nb * block // 2, nb, block,
+                                     int(bool(zp)), BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=2, DOT_PRECISION=prec)
+        testing.assert_close(y, schema.reference("Int4Linear", ins), t, str((dtype, m, k, n, block, zp)),
                              kind="interpreter")
         checks += 1
-assert checks == 10, checks
+assert checks == 14, checks
 # Int4SwiGLU's GEMM (two weight tiles, two accumulators, act(g) * u): every gate activation over block sizes and
 # ragged edges.
 sw = schema.op_def("Int4SwiGLU")
@@ -252,17 +255,20 @@ for dtype in ("float", "float16"):
     prec = "ieee" if dtype == "float" else "tf32"
     for act_code, act in enumerate(schema.GATE_ACTIVATIONS):
         m, k, n, block = ((5, 40, 70, 16), (20, 200, 33, 32), (3, 96, 48, 64))[act_code % 3]
-        shapes, attrs, _ = sw.doctor_entry((m, k, n, block, act))
+        zp = ("zp",) if act_code % 2 else ()
+        shapes, attrs, _ = sw.doctor_entry((m, k, n, block, act) + zp)
         ins = sw.make_doctor_inputs(t, shapes, seed=m + act_code)
+        x, wg, sg, wu, su = ins[:5]
+        zg, zu = (ins[5], ins[6]) if zp else (wg, wu)
         nb = shapes["scales_gate"][1]
         y = torch.full((m, n), float("nan")).to(t)
         grid = (triton.cdiv(m, 16) * triton.cdiv(n, 32),)
-        il._int4_swiglu_kernel[grid](*ins, y, m, n, k, nb * block // 2, nb, block, act_code, BLOCK_M=16, BLOCK_N=32,
-                                     BLOCK_K=32, GROUP_M=2, DOT_PRECISION=prec)
-        testing.assert_close(y, schema.reference("Int4SwiGLU", ins, attrs), t, str((dtype, act, m, k, n, block)),
+        il._int4_swiglu_kernel[grid](x, wg, sg, zg, wu, su, zu, y, m, n, k, nb * block // 2, nb, block, act_code,
+                                     int(bool(zp)), BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=2, DOT_PRECISION=prec)
+        testing.assert_close(y, schema.reference("Int4SwiGLU", ins, attrs), t, str((dtype, act, m, k, n, block, zp)),
                              kind="interpreter")
         checks += 1
-assert checks == 10 + 2 * len(schema.GATE_ACTIVATIONS), checks
+assert checks == 14 + 2 * len(schema.GATE_ACTIVATIONS), checks
 print("ok")
 """
 

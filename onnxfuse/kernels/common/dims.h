@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,20 @@ inline void Int4ZeroPointsCheck(const char* op, const char* name, const std::vec
   detail::Need(zp.size() == 2 && zp[0] == wq[0] && zp[1] == (wq[1] + 1) / 2, op,
                std::string(name) + " must be [N, ceil(n_blocks / 2)] (two 4-bit zero points a byte); got Wq " +
                    ShapeStr(wq) + ", " + name + " " + ShapeStr(zp));
+}
+
+// An optional zero-points input's data, checked against Wq's shape; null where the node has none.
+inline const uint8_t* Int4ZeroPoints(const char* op, const char* name,
+                                     const std::optional<const Ort::Custom::Tensor<uint8_t>*>& zp,
+                                     const std::vector<int64_t>& wq) {
+  if (!zp.has_value() || *zp == nullptr) return nullptr;
+  Int4ZeroPointsCheck(op, name, (*zp)->Shape(), wq);
+  return (*zp)->Data();
+}
+
+// Int4SwiGLU's zero points: both or neither.
+inline void Int4ZeroPointsPaired(const char* op, const uint8_t* zp_gate, const uint8_t* zp_up) {
+  detail::Need((zp_gate == nullptr) == (zp_up == nullptr), op, "zero_points_gate and zero_points_up: both or neither");
 }
 
 // X [..., K], W_gate [K, N], W_up [K, N].

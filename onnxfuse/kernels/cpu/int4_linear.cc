@@ -40,15 +40,6 @@ void DequantizeColumn(const uint8_t* q, const T* s, const uint8_t* zp, int64_t K
   }
 }
 
-// The zero points' data (checked against Wq's shape), or null without them.
-const uint8_t* ZeroPoints(const char* op, const char* name,
-                          const std::optional<const Ort::Custom::Tensor<uint8_t>*>& zp,
-                          const std::vector<int64_t>& wq) {
-  if (!zp.has_value() || *zp == nullptr) return nullptr;
-  Int4ZeroPointsCheck(op, name, (*zp)->Shape(), wq);
-  return (*zp)->Data();
-}
-
 // Four rows' dot products with one column: each weight loaded once for the four.
 void Dot4(const float* a, int64_t lda, const float* b, int64_t K, float out[4]) {
   constexpr int kL = kLanes / 2;
@@ -88,7 +79,7 @@ struct Int4LinearCpu {
                       Ort::Custom::Tensor<T>& Y) {
     return GuardCompute([&] {
       const LinearDims d = Int4LinearDims(Op::kName, X.Shape(), Wq.Shape(), Scales.Shape());
-      const uint8_t* zp = ZeroPoints(Op::kName, "zero_points", Zp, Wq.Shape());
+      const uint8_t* zp = Int4ZeroPoints(Op::kName, "zero_points", Zp, Wq.Shape());
       T* y = Y.Allocate(d.out_shape);
       if (d.M == 0 || d.N == 0) return;
       const T* x = X.Data();
@@ -131,10 +122,9 @@ struct Int4SwiGLUCpu {
                       std::optional<const Ort::Custom::Tensor<uint8_t>*> Zu, Ort::Custom::Tensor<T>& Y) {
     return GuardCompute([&] {
       const LinearDims d = Int4SwiGLUDims(Op::kName, X.Shape(), Wg.Shape(), Sg.Shape(), Wu.Shape(), Su.Shape());
-      const uint8_t* zg = ZeroPoints(Op::kName, "zero_points_gate", Zg, Wg.Shape());
-      const uint8_t* zu = ZeroPoints(Op::kName, "zero_points_up", Zu, Wu.Shape());
-      detail::Need((zg == nullptr) == (zu == nullptr), Op::kName,
-                   "zero_points_gate and zero_points_up: both or neither");
+      const uint8_t* zg = Int4ZeroPoints(Op::kName, "zero_points_gate", Zg, Wg.Shape());
+      const uint8_t* zu = Int4ZeroPoints(Op::kName, "zero_points_up", Zu, Wu.Shape());
+      Int4ZeroPointsPaired(Op::kName, zg, zu);
       T* y = Y.Allocate(d.out_shape);
       if (d.M == 0 || d.N == 0) return;
       const T* x = X.Data();

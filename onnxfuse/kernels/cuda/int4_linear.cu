@@ -4,28 +4,35 @@
 #include "cuda/launch.h"
 
 extern "C" {
-// Int4Linear: Y [m, n] = X [m, k] @ W^T, W[j, kk] = (nibble(wq, j, kk) - 8) * scales[j, kk / block]; wq uint8
-// [n, ceil(k / block), block / 2], scales [n, ceil(k / block)] of X's type. Up to ONNXFUSE_INT4_GEMV_MAX_M rows: a
+// Int4Linear: Y [m, n] = X [m, k] @ W^T, W[j, kk] = (nibble(wq, j, kk) - zp) * scales[j, kk / block]; wq uint8
+// [n, ceil(k / block), block / 2], scales [n, ceil(k / block)] of X's type, zp the block's 4-bit zero point from
+// zero_points uint8 [n, ceil(nb / 2)] (two a byte, the even block in the low nibble), 8 where zero_points is null.
+// Up to ONNXFUSE_INT4_GEMV_MAX_M rows: a
 // GEMV that streams the packed weights once and dequantizes them in registers (Int4Gemv below; fp16 and bf16 from
 // kMmaMinRows rows: the same on tensor cores, Int4Mma); more rows: the weights dequantized into scratch as W^T [n, k],
 // then one cuBLASLt GEMM that transposes them.
 int64_t onnxfuse_cuda_int4_linear_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n);
-int onnxfuse_cuda_int4_linear(int dtype, const void* x, const uint8_t* wq, const void* scales, void* y, int64_t m,
-                              int64_t k, int64_t n, int64_t block, void* scratch, int64_t scratch_bytes, void* stream);
+int onnxfuse_cuda_int4_linear(int dtype, const void* x, const uint8_t* wq, const void* scales,
+                              const uint8_t* zero_points, void* y, int64_t m, int64_t k, int64_t n, int64_t block,
+                              void* scratch, int64_t scratch_bytes, void* stream);
 // The Triton launcher (the host half, Triton builds only): one GEMM whose K loop dequantizes the weight tile.
-int onnxfuse_triton_int4_linear(int dtype, const void* x, const uint8_t* wq, const void* scales, void* y, int64_t m,
-                                int64_t k, int64_t n, int64_t block, void* stream);
-// Int4SwiGLU: Y [m, n] = act(X @ W_gate^T) * (X @ W_up^T), both W as Int4Linear's, act an onnxfuse_gate_act code
+int onnxfuse_triton_int4_linear(int dtype, const void* x, const uint8_t* wq, const void* scales,
+                                const uint8_t* zero_points, void* y, int64_t m, int64_t k, int64_t n, int64_t block,
+                                void* stream);
+// Int4SwiGLU: Y [m, n] = act(X @ W_gate^T) * (X @ W_up^T), both W as Int4Linear's (zp_gate and zp_up both given or
+// both null), act an onnxfuse_gate_act code
 // (common/gate_act.h). Up to ONNXFUSE_INT4_GEMV_MAX_M rows: the GEMV with a warp per output column reading its gate
 // and up rows together, act(g) * u in its epilogue; more rows: both weights dequantized into scratch as [2n, k],
 // one cuBLASLt GEMM into [m, 2n] scratch, then one elementwise pass.
 int64_t onnxfuse_cuda_int4_swiglu_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n);
 int onnxfuse_cuda_int4_swiglu(int dtype, int act, const void* x, const uint8_t* wq_gate, const void* scales_gate,
-                              const uint8_t* wq_up, const void* scales_up, void* y, int64_t m, int64_t k, int64_t n,
-                              int64_t block, void* scratch, int64_t scratch_bytes, void* stream);
+                              const uint8_t* zp_gate, const uint8_t* wq_up, const void* scales_up, const uint8_t* zp_up,
+                              void* y, int64_t m, int64_t k, int64_t n, int64_t block, void* scratch,
+                              int64_t scratch_bytes, void* stream);
 int onnxfuse_triton_int4_swiglu(int dtype, int act, const void* x, const uint8_t* wq_gate, const void* scales_gate,
-                                const uint8_t* wq_up, const void* scales_up, void* y, int64_t m, int64_t k, int64_t n,
-                                int64_t block, void* stream);
+                                const uint8_t* zp_gate, const uint8_t* wq_up, const void* scales_up,
+                                const uint8_t* zp_up, void* y, int64_t m, int64_t k, int64_t n, int64_t block,
+                                void* stream);
 }
 
 // The rows up to which the CUDA backend runs the GEMV; past them, the dequantized weights and one cuBLASLt GEMM.
@@ -50,9 +57,16 @@ namespace {
 
 constexpr int kWarps = 8;  // warps per block of the GEMV
 
-// (v - 8) for a 4-bit v, exactly: 0x4B000000 | v is the float 2^23 + v.
-__device__ __forceinline__ float Centred(uint32_t word, int nibble) {
-  return __uint_as_float(0x4B000000u | ((word >> (4 * nibble)) & 15u)) - 8388616.0f;
+// (v - z) for a 4-bit v and zero point z, exactly: 0x4B000000 | v is the float 2^23 + v, `bias` is 2^23 + z
+// (ZBias; the default: z = 8).
+__device__ __forceinline__ float Centred(uint32_t word, int nibble, float bias = 8388616.0f) {
+  return __uint_as_float(0x4B000000u | ((word >> (4 * nibble)) & 15u)) - bias;
+}
+__device__ __forceinline__ float ZBias(int z) { return 8388608.0f + float(z); }
+
+// Block b's zero point of a column's packed zero points (two a byte, the even block in the low nibble).
+__device__ __forceinline__ int ZeroPoint(const uint8_t* __restrict__ zrow, int b) {
+  return (__ldg(zrow + (b >> 1)) >> (4 * (b & 1))) & 15;
 }
 
 // The GEMV: one warp per kCols output columns (GATED, Int4SwiGLU: per output column, its gate and up rows as the
@@ -65,14 +79,15 @@ __device__ __forceinline__ float Centred(uint32_t word, int nibble) {
 constexpr int kUnroll = 4;
 constexpr int kCols = 2;
 
-// The 8 nibbles of a word as half2 (q - 8) pairs (q_i, q_{i+4}), exactly, with one shift: FasterTransformer's trick
-// (0x6400 | q is the half 1024 + q; a nibble in bits 4-7 gives 1024 + 16 q, scaled back by an fma with 1/16).
-__device__ __forceinline__ void CentredHalf2(uint32_t word, __half2 d[4]) {
+// The 8 nibbles of a word as half2 (q - z) pairs (q_i, q_{i+4}), exactly, with one shift: FasterTransformer's trick
+// (0x6400 | q is the half 1024 + q; a nibble in bits 4-7 gives 1024 + 16 q, scaled back by an fma with 1/16). z the
+// zero point (8: symmetric), exact in fp16 as 1024 + z and 64 + z.
+__device__ __forceinline__ void CentredHalf2(uint32_t word, __half2 d[4], int z) {
   const uint32_t top = word >> 8;
   const uint32_t h0 = (word & 0x000F000Fu) | 0x64006400u, h1 = (word & 0x00F000F0u) | 0x64006400u;
   const uint32_t h2 = (top & 0x000F000Fu) | 0x64006400u, h3 = (top & 0x00F000F0u) | 0x64006400u;
-  const __half2 bias = __float2half2_rn(1032.f), sixteenth = __float2half2_rn(0.0625f),
-                bias16 = __float2half2_rn(-72.f);
+  const __half2 bias = __float2half2_rn(1024.f + float(z)), sixteenth = __float2half2_rn(0.0625f),
+                bias16 = __float2half2_rn(-64.f - float(z));
   d[0] = __hsub2(*reinterpret_cast<const __half2*>(&h0), bias);
   d[1] = __hfma2(*reinterpret_cast<const __half2*>(&h1), sixteenth, bias16);
   d[2] = __hsub2(*reinterpret_cast<const __half2*>(&h2), bias);
@@ -123,12 +138,13 @@ __device__ __forceinline__ void LoadGroup(const T* __restrict__ row, int64_t k0,
   }
 }
 
-__device__ __forceinline__ float GroupDot(const float (&xs)[16], uint2 q) {
+__device__ __forceinline__ float GroupDot(const float (&xs)[16], uint2 q, int z) {
+  const float bias = ZBias(z);
   float p = 0.f;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    p = fmaf(xs[i], Centred(q.x, i), p);
-    p = fmaf(xs[8 + i], Centred(q.y, i), p);
+    p = fmaf(xs[i], Centred(q.x, i, bias), p);
+    p = fmaf(xs[8 + i], Centred(q.y, i, bias), p);
   }
   return p;
 }
@@ -144,15 +160,16 @@ struct XGroup<__half> {
 
 // fp16, one row: at most 64 registers (4 blocks of 8 warps per SM), which the staged kernel fits without spilling
 // (ptxas -v); at 66 registers (3 blocks) it measured 82 against 58 us for a Llama-2-7B layer on an H100. Two rows: 3
-// blocks (78 registers, no spill); more rows keep what they need (four rows spill at 80).
+// blocks (78 registers, no spill); more rows keep what they need (four rows spill at 80). With zero points (their
+// nibbles and the column's pointer) one block fewer each: one row spilled 48 bytes at 64 registers, two 32 at 80.
 // Bytes of shared memory the GEMV stages X in (every row's groups, in the form GroupDot takes), up to which it does:
 // 48 KB for one or two rows (any K to 12288 at two), 96 KB (opted in per launch) for more (four rows of K = 11008).
 constexpr int kStageBytes = 48 * 1024, kStageBytesRows = 96 * 1024;
 
-// A group's weights of one column as half2 pairs, dequantized and scaled: (q - 8) * s.
-__device__ __forceinline__ void ScaledGroup(uint2 q, __half s, __half2 d[8]) {
-  CentredHalf2(q.x, d);
-  CentredHalf2(q.y, d + 4);
+// A group's weights of one column as half2 pairs, dequantized and scaled: (q - z) * s.
+__device__ __forceinline__ void ScaledGroup(uint2 q, __half s, int z, __half2 d[8]) {
+  CentredHalf2(q.x, d, z);
+  CentredHalf2(q.y, d + 4, z);
   const __half2 s2 = __half2half2(s);
 #pragma unroll
   for (int j = 0; j < 8; ++j) d[j] = __hmul2(d[j], s2);
@@ -170,16 +187,25 @@ __device__ __forceinline__ const XG& RowGroup(const XG* xs, const T* __restrict_
   }
 }
 
-// A lane's kUnroll x kCols packed groups and their scales: one step of the GEMV's loop.
+// A lane's kUnroll x kCols packed groups and their scales (ZP: and their zero points, a nibble each of z): one step
+// of the GEMV's loop.
 template <typename T>
 struct Step {
   uint2 q[kUnroll][kCols];
   T s[kUnroll][kCols];
+  uint32_t z;  // ZP: group (u, c)'s zero point in bits 4 (u kCols + c) .. + 3
 };
 
-template <typename T>
+template <bool ZP>
+__device__ __forceinline__ int StepZero(uint32_t z, int u, int c) {
+  if constexpr (ZP) return int((z >> (4 * (u * kCols + c))) & 15u);
+  return 8;
+}
+
+template <bool ZP, typename T>
 __device__ __forceinline__ void LoadStep(Step<T>& st, const uint2* const (&wc)[kCols], const T* const (&sc)[kCols],
-                                         int g0, int groups, int lb) {
+                                         const uint8_t* const (&zc)[kCols], int g0, int groups, int lb) {
+  st.z = 0u;
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
@@ -188,17 +214,21 @@ __device__ __forceinline__ void LoadStep(Step<T>& st, const uint2* const (&wc)[k
       const bool ok = g < groups;
       st.q[u][c] = ok ? __ldg(wc[c] + g) : make_uint2(0u, 0u);
       st.s[u][c] = ok ? sc[c][(g * 16) >> lb] : T{};
+      if constexpr (ZP) st.z |= uint32_t(ok ? ZeroPoint(zc[c], (g * 16) >> lb) : 8) << (4 * (u * kCols + c));
     }
 }
 
 // The GEMV's two column sources: one matrix's consecutive columns (wq, scales: Int4Linear), or the gate's (wq,
-// scales) and the up matrix's (wq_up, scales_up) same column (GATED: Int4SwiGLU, with its activation code). (Separate
-// pointer parameters: in a struct, their __restrict__ was lost and the one-row kernel spilled.)
-template <typename T, int MR, bool STAGED, bool GATED>
-__global__ void __launch_bounds__(kWarps * 32, !std::is_same_v<T, __half> ? 1 : (MR == 1 ? 4 : (MR == 2 ? 3 : 1)))
+// scales) and the up matrix's (wq_up, scales_up) same column (GATED: Int4SwiGLU, with its activation code); ZP: with
+// their zero points (zp, zp_up; zb bytes a column). (Separate pointer parameters: in a struct, their __restrict__ was
+// lost and the one-row kernel spilled.)
+template <typename T, int MR, bool STAGED, bool GATED, bool ZP>
+__global__ void __launch_bounds__(kWarps * 32,
+                                  !std::is_same_v<T, __half> ? 1 : (MR == 1 ? 4 - ZP : (MR == 2 ? 3 - ZP : 1)))
     Int4Gemv(const T* __restrict__ x, const uint2* __restrict__ wq, const T* __restrict__ scales,
-             const uint2* __restrict__ wq_up, const T* __restrict__ scales_up, int act, T* __restrict__ y, int m, int K,
-             int N, int nb, int lb, int row_groups, bool xvec) {
+             const uint2* __restrict__ wq_up, const T* __restrict__ scales_up, const uint8_t* __restrict__ zp,
+             const uint8_t* __restrict__ zp_up, int zb, int act, T* __restrict__ y, int m, int K, int N, int nb, int lb,
+             int row_groups, bool xvec) {
   using XG = typename XGroup<T>::type;
   extern __shared__ uint4 staged_x[];  // STAGED: [m][groups] XG
   XG* xs = reinterpret_cast<XG*>(staged_x);
@@ -210,21 +240,24 @@ __global__ void __launch_bounds__(kWarps * 32, !std::is_same_v<T, __half> ? 1 : 
   const int ncols = !active ? 0 : (GATED || N - col0 >= kCols ? kCols : N - col0);
   const uint2* wc[kCols];
   const T* sc_row[kCols];
+  const uint8_t* zc[kCols];
 #pragma unroll
   for (int c = 0; c < kCols; ++c) {
     if constexpr (GATED) {
       const int col = active ? col0 : 0;
       wc[c] = (c == 0 ? wq : wq_up) + int64_t(col) * row_groups;
       sc_row[c] = (c == 0 ? scales : scales_up) + int64_t(col) * nb;
+      zc[c] = ZP ? (c == 0 ? zp : zp_up) + int64_t(col) * zb : nullptr;
     } else {
       const int col = c < ncols ? col0 + c : (active ? col0 : 0);
       wc[c] = wq + int64_t(col) * row_groups;
       sc_row[c] = scales + int64_t(col) * nb;
+      zc[c] = ZP ? zp + int64_t(col) * zb : nullptr;
     }
   }
   // The first step's weights are requested before X is staged, so both are in flight together.
   Step<T> next;
-  if (active) LoadStep(next, wc, sc_row, lane, groups, lb);
+  if (active) LoadStep<ZP>(next, wc, sc_row, zc, lane, groups, lb);
   if constexpr (STAGED) {
     for (int i = threadIdx.x; i < m * groups; i += blockDim.x) {
       const int r = i / groups, g = i - r * groups;
@@ -240,7 +273,7 @@ __global__ void __launch_bounds__(kWarps * 32, !std::is_same_v<T, __half> ? 1 : 
     for (int c = 0; c < kCols; ++c) acc[r][c] = 0.f;
   for (int g0 = lane; g0 < groups; g0 += 32 * kUnroll) {
     const Step<T> cur = next;
-    if (g0 + 32 * kUnroll < groups) LoadStep(next, wc, sc_row, g0 + 32 * kUnroll, groups, lb);
+    if (g0 + 32 * kUnroll < groups) LoadStep<ZP>(next, wc, sc_row, zc, g0 + 32 * kUnroll, groups, lb);
     [[maybe_unused]] __half2 t[MR][kCols];
     if constexpr (std::is_same_v<T, __half>) {
 #pragma unroll
@@ -256,7 +289,7 @@ __global__ void __launch_bounds__(kWarps * 32, !std::is_same_v<T, __half> ? 1 : 
         // every column's weights of the group dequantized and scaled once, then each row's X fetched once for them
         __half2 d[kCols][8];
 #pragma unroll
-        for (int c = 0; c < kCols; ++c) ScaledGroup(cur.q[u][c], cur.s[u][c], d[c]);
+        for (int c = 0; c < kCols; ++c) ScaledGroup(cur.q[u][c], cur.s[u][c], StepZero<ZP>(cur.z, u, c), d[c]);
 #pragma unroll
         for (int r = 0; r < MR; ++r) {
           if (r >= m) break;
@@ -275,7 +308,7 @@ __global__ void __launch_bounds__(kWarps * 32, !std::is_same_v<T, __half> ? 1 : 
           const XG& xg = RowGroup<STAGED>(xs, x, r, groups, g, K, xvec, local);
 #pragma unroll
           for (int c = 0; c < kCols; ++c)
-            acc[r][c] = fmaf(ock::to_f(cur.s[u][c]), GroupDot(xg, cur.q[u][c]), acc[r][c]);
+            acc[r][c] = fmaf(ock::to_f(cur.s[u][c]), GroupDot(xg, cur.q[u][c], StepZero<ZP>(cur.z, u, c)), acc[r][c]);
         }
       }
     }
@@ -328,12 +361,12 @@ struct MmaOps;
 
 template <>
 struct MmaOps<__half> {
-  // A packed byte (q0 in the low nibble, q1 in the high) as the pair (q0 - 8, q1 - 8) times s: 0x6400 | q is the
+  // A packed byte (q0 in the low nibble, q1 in the high) as the pair (q0 - z, q1 - z) times s: 0x6400 | q is the
   // half 1024 + q.
-  __device__ static uint32_t Weights(uint32_t byte, __half s) {
+  __device__ static uint32_t Weights(uint32_t byte, __half s, int z) {
     const uint32_t h = 0x64006400u | (byte & 0xFu) | ((byte & 0xF0u) << 12);
     const __half2 w =
-        __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&h), __float2half2_rn(1032.f)), __half2half2(s));
+        __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&h), __float2half2_rn(1024.f + float(z))), __half2half2(s));
     return *reinterpret_cast<const uint32_t*>(&w);
   }
   __device__ static void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -347,11 +380,12 @@ struct MmaOps<__half> {
 
 template <>
 struct MmaOps<__nv_bfloat16> {
-  // 0x4300 | q is the bfloat16 128 + q (exact: the mantissa's unit at 128 is 1).
-  __device__ static uint32_t Weights(uint32_t byte, __nv_bfloat16 s) {
+  // 0x4300 | q is the bfloat16 128 + q (exact: the mantissa's unit at 128 is 1; so is 128 + z).
+  __device__ static uint32_t Weights(uint32_t byte, __nv_bfloat16 s, int z) {
     const uint32_t h = 0x43004300u | (byte & 0xFu) | ((byte & 0xF0u) << 12);
-    const __nv_bfloat162 w = __hmul2(__hsub2(*reinterpret_cast<const __nv_bfloat162*>(&h), __float2bfloat162_rn(136.f)),
-                                     __bfloat162bfloat162(s));
+    const __nv_bfloat162 w =
+        __hmul2(__hsub2(*reinterpret_cast<const __nv_bfloat162*>(&h), __float2bfloat162_rn(128.f + float(z))),
+                __bfloat162bfloat162(s));
     return *reinterpret_cast<const uint32_t*>(&w);
   }
   __device__ static void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -371,22 +405,25 @@ __device__ __forceinline__ uint32_t XPair(const T* __restrict__ row, int k, int 
   return *reinterpret_cast<const uint32_t*>(pair);
 }
 
-template <typename T, bool GATED>
+template <typename T, bool GATED, bool ZP>
 __global__ void __launch_bounds__(kWarps * 32)
     Int4Mma(const T* __restrict__ x, const uint2* __restrict__ wq, const T* __restrict__ scales,
-            const uint2* __restrict__ wq_up, const T* __restrict__ scales_up, int act, T* __restrict__ y, int m, int K,
-            int N, int nb, int lb, int row_groups, bool xvec) {
+            const uint2* __restrict__ wq_up, const T* __restrict__ scales_up, const uint8_t* __restrict__ zp,
+            const uint8_t* __restrict__ zp_up, int zb, int act, T* __restrict__ y, int m, int K, int N, int nb, int lb,
+            int row_groups, bool xvec) {
   __shared__ float partial[kWarps][2][4][32];  // [warp][tile][c fragment][lane]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int n0 = blockIdx.x * (GATED ? 8 : 16);
   const uint2* wrow[2];
   const T* srow[2];
+  const uint8_t* zrow[2];
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     int col = GATED ? n0 + g : n0 + 8 * j + g;
     col = col < N ? col : N - 1;  // a column past N computes what is never stored
     wrow[j] = (GATED && j == 1 ? wq_up : wq) + int64_t(col) * row_groups;
     srow[j] = (GATED && j == 1 ? scales_up : scales) + int64_t(col) * nb;
+    zrow[j] = ZP ? (GATED && j == 1 ? zp_up : zp) + int64_t(col) * zb : nullptr;
   }
   const int chunks = (K + 15) / 16;  // 16-value chunks holding a k < K
   const int per = (chunks + kWarps - 1) / kWarps;
@@ -400,6 +437,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     // lane t of the quad loads chunks c + 4t .. c + 4t + 3 of its column (the quad's 16 chunks, no two lanes the same)
     uint2 q[kMmaChunks][2];
     T sc[kMmaChunks][2];
+    [[maybe_unused]] int zq[kMmaChunks][2];
 #pragma unroll
     for (int u = 0; u < kMmaChunks; ++u)
 #pragma unroll
@@ -408,6 +446,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         const bool ok = chunk < c_end;
         q[u][j] = ok ? __ldg(wrow[j] + chunk) : make_uint2(0u, 0u);
         sc[u][j] = ok ? srow[j][(chunk * 16) >> lb] : ock::from_f<T>(0.f);
+        if constexpr (ZP) zq[u][j] = ok ? ZeroPoint(zrow[j], (chunk * 16) >> lb) : 8;
       }
 #pragma unroll
     for (int src = 0; src < 4; ++src)
@@ -427,8 +466,10 @@ __global__ void __launch_bounds__(kWarps * 32)
           const uint32_t lo = __shfl_sync(0xffffffffu, q[u][j].x, quad | src);
           const uint32_t hi = __shfl_sync(0xffffffffu, q[u][j].y, quad | src);
           const T scale = __shfl_sync(0xffffffffu, sc[u][j], quad | src);
-          MmaOps<T>::Mma(acc[j], a, MmaOps<T>::Weights((lo >> (8 * t)) & 0xFFu, scale),
-                         MmaOps<T>::Weights((hi >> (8 * t)) & 0xFFu, scale));
+          int zero = 8;
+          if constexpr (ZP) zero = __shfl_sync(0xffffffffu, zq[u][j], quad | src);
+          MmaOps<T>::Mma(acc[j], a, MmaOps<T>::Weights((lo >> (8 * t)) & 0xFFu, scale, zero),
+                         MmaOps<T>::Weights((hi >> (8 * t)) & 0xFFu, scale, zero));
         }
       }
   }
@@ -453,27 +494,30 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 // Packed weights not 8-byte aligned (a view into a larger buffer): one thread per output, byte loads (wq_up non-null:
-// Int4SwiGLU, act(gate) * up).
+// Int4SwiGLU, act(gate) * up; zp non-null: zero points, zb bytes a column).
 template <typename T>
-__device__ float NaiveDot(const T* __restrict__ xr, const uint8_t* __restrict__ q, const T* __restrict__ s, int64_t K,
-                          int lb) {
+__device__ float NaiveDot(const T* __restrict__ xr, const uint8_t* __restrict__ q, const T* __restrict__ s,
+                          const uint8_t* __restrict__ z, int64_t K, int lb) {
   float acc = 0.f;
-  for (int64_t k = 0; k < K; ++k)
-    acc = fmaf(ock::to_f(xr[k]), Centred(q[k >> 1], int(k & 1)) * ock::to_f(s[k >> lb]), acc);
+  for (int64_t k = 0; k < K; ++k) {
+    const float bias = z == nullptr ? ZBias(8) : ZBias(ZeroPoint(z, int(k >> lb)));
+    acc = fmaf(ock::to_f(xr[k]), Centred(q[k >> 1], int(k & 1), bias) * ock::to_f(s[k >> lb]), acc);
+  }
   return acc;
 }
 
 template <typename T>
 __global__ void Int4Naive(const T* __restrict__ x, const uint8_t* __restrict__ wq, const T* __restrict__ scales,
-                          const uint8_t* __restrict__ wq_up, const T* __restrict__ scales_up, int act,
+                          const uint8_t* __restrict__ wq_up, const T* __restrict__ scales_up,
+                          const uint8_t* __restrict__ zp, const uint8_t* __restrict__ zp_up, int64_t zb, int act,
                           T* __restrict__ y, int64_t M, int64_t K, int64_t N, int64_t nb, int lb, int64_t row_bytes) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < M * N; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / N, col = i - r * N;
-    const float g = NaiveDot(x + r * K, wq + col * row_bytes, scales + col * nb, K, lb);
-    y[i] = ock::from_f<T>(wq_up == nullptr
-                              ? g
-                              : onnxfuse::GateActivation(act, g) *
-                                    NaiveDot(x + r * K, wq_up + col * row_bytes, scales_up + col * nb, K, lb));
+    const float g = NaiveDot(x + r * K, wq + col * row_bytes, scales + col * nb, zp ? zp + col * zb : nullptr, K, lb);
+    y[i] = ock::from_f<T>(wq_up == nullptr ? g
+                                           : onnxfuse::GateActivation(act, g) *
+                                                 NaiveDot(x + r * K, wq_up + col * row_bytes, scales_up + col * nb,
+                                                          zp_up ? zp_up + col * zb : nullptr, K, lb));
   }
 }
 
@@ -491,8 +535,9 @@ __global__ void GateHalves(const T* __restrict__ z, T* __restrict__ y, int64_t M
 // takes 16 values (8 packed bytes, one scale) of its column, so a warp loads 256 contiguous bytes and stores 1 KB
 // contiguously (16-byte stores for fp16 / bf16 rows of a multiple of 8 values); 32-bit index math within a column.
 template <typename T>
-__global__ void Int4Dequantize(const uint8_t* __restrict__ wq, const T* __restrict__ scales, T* __restrict__ w, int K,
-                               int N, int nb, int lb, int row_bytes, bool vec) {
+__global__ void Int4Dequantize(const uint8_t* __restrict__ wq, const T* __restrict__ scales,
+                               const uint8_t* __restrict__ zp, T* __restrict__ w, int K, int N, int nb, int lb,
+                               int row_bytes, int zb, bool vec) {
   const int groups = (K + 15) / 16;
   const int g = blockIdx.x * blockDim.x + threadIdx.x;
   if (g >= groups) return;
@@ -507,11 +552,12 @@ __global__ void Int4Dequantize(const uint8_t* __restrict__ wq, const T* __restri
       words.y = uint32_t(q[4]) | uint32_t(q[5]) << 8 | uint32_t(q[6]) << 16 | uint32_t(q[7]) << 24;
     }
     const float sc = ock::to_f(scales[int64_t(col) * nb + (k0 >> lb)]);
+    const float bias = zp == nullptr ? ZBias(8) : ZBias(ZeroPoint(zp + int64_t(col) * zb, k0 >> lb));
     T vals[16];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      vals[j] = ock::from_f<T>(Centred(words.x, j) * sc);
-      vals[8 + j] = ock::from_f<T>(Centred(words.y, j) * sc);
+      vals[j] = ock::from_f<T>(Centred(words.x, j, bias) * sc);
+      vals[8 + j] = ock::from_f<T>(Centred(words.y, j, bias) * sc);
     }
     T* out = w + int64_t(col) * K + k0;
     if (vec && sizeof(T) == 2 && k0 + 16 <= K && K % 8 == 0) {
@@ -538,72 +584,95 @@ int Log2(int64_t v) {
   return l;
 }
 
-template <typename T, int MR, bool GATED>
-int LaunchGemv(const void* x, const uint8_t* wq, const void* scales, const uint8_t* wq_up, const void* scales_up,
-               int act, void* y, int64_t m, int64_t k, int64_t n, int64_t nb, int lb, int64_t row_bytes,
+// A launch's weights: the packed weights, scales and zero points (null: symmetric) of one matrix, or of the gate's and
+// the up matrix's (wq_up null: Int4Linear), with their geometry.
+struct Int4Weights {
+  const uint8_t* wq;
+  const void* scales;
+  const uint8_t* zp;
+  const uint8_t* wq_up;
+  const void* scales_up;
+  const uint8_t* zp_up;
+  int64_t nb, row_bytes, zb;  // blocks, packed bytes and zero-point bytes a column
+  int lb;                     // log2 of the block size
+};
+
+template <typename T, int MR, bool GATED, bool ZP>
+int LaunchGemv(const void* x, const Int4Weights& wt, int act, void* y, int64_t m, int64_t k, int64_t n,
                cudaStream_t s) {
+  const int64_t nb = wt.nb, row_bytes = wt.row_bytes;
+  const int lb = wt.lb, zb = int(wt.zb);
+  const uint8_t *zp = wt.zp, *zp_up = wt.zp_up;
   const bool xvec = Aligned16(x) && (k * int64_t(sizeof(T))) % 16 == 0;
   const int64_t cols_per_block = GATED ? kWarps : kWarps * kCols;
   const int64_t blocks = (n + cols_per_block - 1) / cols_per_block;
   const int64_t staged = m * ((k + 15) / 16) * int64_t(sizeof(typename XGroup<T>::type));
   const T* xt = static_cast<const T*>(x);
-  const uint2 *w = reinterpret_cast<const uint2*>(wq), *wu = reinterpret_cast<const uint2*>(wq_up);
-  const T *st = static_cast<const T*>(scales), *su = static_cast<const T*>(scales_up);
+  const uint2 *w = reinterpret_cast<const uint2*>(wt.wq), *wu = reinterpret_cast<const uint2*>(wt.wq_up);
+  const T *st = static_cast<const T*>(wt.scales), *su = static_cast<const T*>(wt.scales_up);
   T* yt = static_cast<T*>(y);
   if (staged <= (MR <= 2 ? kStageBytes : kStageBytesRows)) {
     if (staged > kStageBytes) {
-      if (cudaError_t e = cudaFuncSetAttribute(Int4Gemv<T, MR, true, GATED>,
+      if (cudaError_t e = cudaFuncSetAttribute(Int4Gemv<T, MR, true, GATED, ZP>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, kStageBytesRows))
         return int(e);
     }
-    Int4Gemv<T, MR, true, GATED><<<unsigned(blocks), kWarps * 32, size_t(staged), s>>>(
-        xt, w, st, wu, su, act, yt, int(m), int(k), int(n), int(nb), lb, int(row_bytes / 8), xvec);
+    Int4Gemv<T, MR, true, GATED, ZP><<<unsigned(blocks), kWarps * 32, size_t(staged), s>>>(
+        xt, w, st, wu, su, zp, zp_up, zb, act, yt, int(m), int(k), int(n), int(nb), lb, int(row_bytes / 8), xvec);
   } else {
-    Int4Gemv<T, MR, false, GATED><<<unsigned(blocks), kWarps * 32, 0, s>>>(
-        xt, w, st, wu, su, act, yt, int(m), int(k), int(n), int(nb), lb, int(row_bytes / 8), xvec);
+    Int4Gemv<T, MR, false, GATED, ZP><<<unsigned(blocks), kWarps * 32, 0, s>>>(
+        xt, w, st, wu, su, zp, zp_up, zb, act, yt, int(m), int(k), int(n), int(nb), lb, int(row_bytes / 8), xvec);
   }
   return int(cudaGetLastError());
 }
 
+template <typename T, bool GATED, bool ZP>
+int LaunchMma(const void* x, const Int4Weights& wt, int act, void* y, int64_t m, int64_t k, int64_t n, cudaStream_t s) {
+  const bool xvec = Aligned16(x) && k % 2 == 0;  // 4-byte pairs of X from every row
+  const unsigned blocks = unsigned((n + (GATED ? 8 : 16) - 1) / (GATED ? 8 : 16));
+  Int4Mma<T, GATED, ZP><<<blocks, kWarps * 32, 0, s>>>(
+      static_cast<const T*>(x), reinterpret_cast<const uint2*>(wt.wq), static_cast<const T*>(wt.scales),
+      reinterpret_cast<const uint2*>(wt.wq_up), static_cast<const T*>(wt.scales_up), wt.zp, wt.zp_up, int(wt.zb), act,
+      static_cast<T*>(y), int(m), int(k), int(n), int(wt.nb), wt.lb, int(wt.row_bytes / 8), xvec);
+  return int(cudaGetLastError());
+}
+
 // Up to ONNXFUSE_INT4_GEMV_MAX_M rows, both ops: the GEMV by rows, or the byte-loading kernel for packed weights that
-// are not 8-byte aligned (wq_up null: Int4Linear).
-int GemvPath(int dtype, int act, const void* x, const uint8_t* wq, const void* scales, const uint8_t* wq_up,
-             const void* scales_up, void* y, int64_t m, int64_t k, int64_t n, int64_t nb, int lb, int64_t row_bytes,
+// are not 8-byte aligned (wq_up null: Int4Linear); each with the zero points where wt has them.
+int GemvPath(int dtype, int act, const void* x, const Int4Weights& wt, void* y, int64_t m, int64_t k, int64_t n,
              cudaStream_t s) {
   if (k > 0x7fffffffLL - 16 || n > 0x7fffffffLL - 16) return ONNXFUSE_ERR_TOO_LARGE;  // the GEMV's 32-bit indices
-  const bool gated = wq_up != nullptr;
+  const bool gated = wt.wq_up != nullptr, zp = wt.zp != nullptr;
   return ock::ByDtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    if ((reinterpret_cast<uintptr_t>(wq) & 7u) != 0 || (gated && (reinterpret_cast<uintptr_t>(wq_up) & 7u) != 0)) {
+    if ((reinterpret_cast<uintptr_t>(wt.wq) & 7u) != 0 ||
+        (gated && (reinterpret_cast<uintptr_t>(wt.wq_up) & 7u) != 0)) {
       // rows are whole 8-byte groups (block >= 16): only a misaligned base needs this
       Int4Naive<T><<<unsigned(Blocks(m * n, 256)), 256, 0, s>>>(
-          static_cast<const T*>(x), wq, static_cast<const T*>(scales), wq_up, static_cast<const T*>(scales_up), act,
-          static_cast<T*>(y), m, k, n, nb, lb, row_bytes);
+          static_cast<const T*>(x), wt.wq, static_cast<const T*>(wt.scales), wt.wq_up,
+          static_cast<const T*>(wt.scales_up), wt.zp, wt.zp_up, wt.zb, act, static_cast<T*>(y), m, k, n, wt.nb, wt.lb,
+          wt.row_bytes);
       return int(cudaGetLastError());
     }
     // (One column a warp instead of a pair, so that a 7B model's o and down projections, 256 blocks of pairs, fill
     // every resident slot, measured twice as slow on the H100: 127 against 58 us for a layer's projections.)
     auto launch = [&](auto rows) {
       constexpr int MR = decltype(rows)::value;
-      return gated ? LaunchGemv<T, MR, true>(x, wq, scales, wq_up, scales_up, act, y, m, k, n, nb, lb, row_bytes, s)
-                   : LaunchGemv<T, MR, false>(x, wq, scales, wq_up, scales_up, act, y, m, k, n, nb, lb, row_bytes, s);
+      if (gated)
+        return zp ? LaunchGemv<T, MR, true, true>(x, wt, act, y, m, k, n, s)
+                  : LaunchGemv<T, MR, true, false>(x, wt, act, y, m, k, n, s);
+      return zp ? LaunchGemv<T, MR, false, true>(x, wt, act, y, m, k, n, s)
+                : LaunchGemv<T, MR, false, false>(x, wt, act, y, m, k, n, s);
     };
     if (m == 1) return launch(std::integral_constant<int, 1>{});
     if (m == 2) return launch(std::integral_constant<int, 2>{});
     if constexpr (!std::is_same_v<T, float>) {
       if (m >= kMmaMinRows) {
-        const bool xvec = Aligned16(x) && k % 2 == 0;  // 4-byte pairs of X from every row
-        const unsigned blocks = unsigned((n + (gated ? 8 : 16) - 1) / (gated ? 8 : 16));
-        const T* xt = static_cast<const T*>(x);
-        const uint2 *w = reinterpret_cast<const uint2*>(wq), *wu = reinterpret_cast<const uint2*>(wq_up);
-        const T *st = static_cast<const T*>(scales), *su = static_cast<const T*>(scales_up);
         if (gated)
-          Int4Mma<T, true><<<blocks, kWarps * 32, 0, s>>>(xt, w, st, wu, su, act, static_cast<T*>(y), int(m), int(k),
-                                                          int(n), int(nb), lb, int(row_bytes / 8), xvec);
-        else
-          Int4Mma<T, false><<<blocks, kWarps * 32, 0, s>>>(xt, w, st, wu, su, act, static_cast<T*>(y), int(m), int(k),
-                                                           int(n), int(nb), lb, int(row_bytes / 8), xvec);
-        return int(cudaGetLastError());
+          return zp ? LaunchMma<T, true, true>(x, wt, act, y, m, k, n, s)
+                    : LaunchMma<T, true, false>(x, wt, act, y, m, k, n, s);
+        return zp ? LaunchMma<T, false, true>(x, wt, act, y, m, k, n, s)
+                  : LaunchMma<T, false, false>(x, wt, act, y, m, k, n, s);
       }
     }
     if (m <= 4) return launch(std::integral_constant<int, 4>{});
@@ -612,17 +681,27 @@ int GemvPath(int dtype, int act, const void* x, const uint8_t* wq, const void* s
   });
 }
 
-// W^T [n, k] of packed weights into `w` (the GEMM path's first step).
-int Dequantize(int dtype, const uint8_t* wq, const void* scales, void* w, int64_t k, int64_t n, int64_t nb, int lb,
-               int64_t row_bytes, cudaStream_t s) {
+// W^T [n, k] of packed weights (with their zero points, or null) into `w` (the GEMM path's first step).
+int Dequantize(int dtype, const uint8_t* wq, const void* scales, const uint8_t* zp, void* w, int64_t k, int64_t n,
+               const Int4Weights& wt, cudaStream_t s) {
   return ock::ByDtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     const dim3 grid(unsigned((k + 15) / 16 + 255) / 256, unsigned(n < 65535 ? n : 65535));
-    Int4Dequantize<T><<<grid, 256, 0, s>>>(wq, static_cast<const T*>(scales), static_cast<T*>(w), int(k), int(n),
-                                           int(nb), lb, int(row_bytes),
+    Int4Dequantize<T><<<grid, 256, 0, s>>>(wq, static_cast<const T*>(scales), zp, static_cast<T*>(w), int(k), int(n),
+                                           int(wt.nb), wt.lb, int(wt.row_bytes), int(wt.zb),
                                            (reinterpret_cast<uintptr_t>(wq) & 7u) == 0 && Aligned16(w));
     return int(cudaGetLastError());
   });
+}
+
+Int4Weights Geometry(const uint8_t* wq, const void* scales, const uint8_t* zp, const uint8_t* wq_up,
+                     const void* scales_up, const uint8_t* zp_up, int64_t k, int64_t block) {
+  Int4Weights wt{wq, scales, zp, wq_up, scales_up, zp_up, 0, 0, 0, 0};
+  wt.nb = (k + block - 1) / block;
+  wt.row_bytes = wt.nb * block / 2;
+  wt.zb = (wt.nb + 1) / 2;
+  wt.lb = Log2(block);
+  return wt;
 }
 
 }  // namespace
@@ -633,22 +712,20 @@ extern "C" int64_t onnxfuse_cuda_int4_linear_scratch_bytes(int dtype, int64_t m,
   return ock::Align256(k * n * ock::ElemBytes(dtype)) + ONNXFUSE_CUBLASLT_WORKSPACE_BYTES;
 }
 
-extern "C" int onnxfuse_cuda_int4_linear(int dtype, const void* x, const uint8_t* wq, const void* scales, void* y,
-                                         int64_t m, int64_t k, int64_t n, int64_t block, void* scratch,
-                                         int64_t scratch_bytes, void* stream) {
+extern "C" int onnxfuse_cuda_int4_linear(int dtype, const void* x, const uint8_t* wq, const void* scales,
+                                         const uint8_t* zero_points, void* y, int64_t m, int64_t k, int64_t n,
+                                         int64_t block, void* scratch, int64_t scratch_bytes, void* stream) {
   if (!ock::CheckCommon(dtype, x, y, m, k, n) || !Int4BlockOk(block)) return ONNXFUSE_ERR_BAD_ARGUMENT;
   if (m == 0 || n == 0) return 0;
   if (wq == nullptr || scales == nullptr) return ONNXFUSE_ERR_BAD_ARGUMENT;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const int64_t nb = (k + block - 1) / block, row_bytes = nb * block / 2;
-  const int lb = Log2(block);
+  const Int4Weights wt = Geometry(wq, scales, zero_points, nullptr, nullptr, nullptr, k, block);
   if (k == 0) return int(cudaMemsetAsync(y, 0, size_t(m * n * ock::ElemBytes(dtype)), s));
-  if (m <= ONNXFUSE_INT4_GEMV_MAX_M)
-    return GemvPath(dtype, 0, x, wq, scales, nullptr, nullptr, y, m, k, n, nb, lb, row_bytes, s);
+  if (m <= ONNXFUSE_INT4_GEMV_MAX_M) return GemvPath(dtype, 0, x, wt, y, m, k, n, s);
   if (k > 0x7fffffffLL - 16 || n > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;  // the dequantization's indices
   const int64_t w_bytes = ock::Align256(k * n * ock::ElemBytes(dtype));
   if (scratch == nullptr || scratch_bytes < w_bytes) return ONNXFUSE_ERR_BAD_ARGUMENT;
-  if (int err = Dequantize(dtype, wq, scales, scratch, k, n, nb, lb, row_bytes, s)) return err;
+  if (int err = Dequantize(dtype, wq, scales, zero_points, scratch, k, n, wt, s)) return err;
   ock::GemmArgs g;
   g.dtype = dtype, g.x = x, g.w = scratch, g.y = y, g.m = m, g.k = k, g.n = n;
   g.trans_w = true;
@@ -664,28 +741,27 @@ extern "C" int64_t onnxfuse_cuda_int4_swiglu_scratch_bytes(int dtype, int64_t m,
 }
 
 extern "C" int onnxfuse_cuda_int4_swiglu(int dtype, int act, const void* x, const uint8_t* wq_gate,
-                                         const void* scales_gate, const uint8_t* wq_up, const void* scales_up, void* y,
-                                         int64_t m, int64_t k, int64_t n, int64_t block, void* scratch,
-                                         int64_t scratch_bytes, void* stream) {
+                                         const void* scales_gate, const uint8_t* zp_gate, const uint8_t* wq_up,
+                                         const void* scales_up, const uint8_t* zp_up, void* y, int64_t m, int64_t k,
+                                         int64_t n, int64_t block, void* scratch, int64_t scratch_bytes, void* stream) {
   if (!ock::CheckCommon(dtype, x, y, m, k, n) || !Int4BlockOk(block) || !onnxfuse::ValidGateActivation(act))
     return ONNXFUSE_ERR_BAD_ARGUMENT;
   if (m == 0 || n == 0) return 0;
-  if (wq_gate == nullptr || scales_gate == nullptr || wq_up == nullptr || scales_up == nullptr)
+  if (wq_gate == nullptr || scales_gate == nullptr || wq_up == nullptr || scales_up == nullptr ||
+      (zp_gate == nullptr) != (zp_up == nullptr))
     return ONNXFUSE_ERR_BAD_ARGUMENT;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const int64_t nb = (k + block - 1) / block, row_bytes = nb * block / 2;
-  const int lb = Log2(block);
+  const Int4Weights wt = Geometry(wq_gate, scales_gate, zp_gate, wq_up, scales_up, zp_up, k, block);
   if (k == 0) return int(cudaMemsetAsync(y, 0, size_t(m * n * ock::ElemBytes(dtype)), s));  // act(0) * 0
-  if (m <= ONNXFUSE_INT4_GEMV_MAX_M)
-    return GemvPath(dtype, act, x, wq_gate, scales_gate, wq_up, scales_up, y, m, k, n, nb, lb, row_bytes, s);
+  if (m <= ONNXFUSE_INT4_GEMV_MAX_M) return GemvPath(dtype, act, x, wt, y, m, k, n, s);
   if (k > 0x7fffffffLL - 16 || 2 * n > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;
   const int64_t e = ock::ElemBytes(dtype), w_bytes = ock::Align256(2 * k * n * e);
   if (scratch == nullptr || scratch_bytes < onnxfuse_cuda_int4_swiglu_scratch_bytes(dtype, m, k, n))
     return ONNXFUSE_ERR_BAD_ARGUMENT;
   char* w = static_cast<char*>(scratch);
   char* z = w + w_bytes + ONNXFUSE_CUBLASLT_WORKSPACE_BYTES;
-  if (int err = Dequantize(dtype, wq_gate, scales_gate, w, k, n, nb, lb, row_bytes, s)) return err;
-  if (int err = Dequantize(dtype, wq_up, scales_up, w + k * n * e, k, n, nb, lb, row_bytes, s)) return err;
+  if (int err = Dequantize(dtype, wq_gate, scales_gate, zp_gate, w, k, n, wt, s)) return err;
+  if (int err = Dequantize(dtype, wq_up, scales_up, zp_up, w + k * n * e, k, n, wt, s)) return err;
   ock::GemmArgs g;
   g.dtype = dtype, g.x = x, g.w = w, g.y = z, g.m = m, g.k = k, g.n = 2 * n;
   g.trans_w = true;
@@ -701,7 +777,10 @@ extern "C" int onnxfuse_cuda_int4_swiglu(int dtype, int act, const void* x, cons
 #else  // the host half: the CUDA EP glue and the Triton launcher
 // Int4Linear on the CUDA EP: the kernel struct calling the nvcc half's launcher or the Triton one (at the end of
 // this file) through Dispatch (cuda/ops_cuda.h), and its registration. backend=auto follows triton/table.py's
-// AUTO_CUDA rules for the int4_linear kernel.
+// AUTO_CUDA rules for the int4_linear kernel, and runs the CUDA backend for every M with zero points (the Triton
+// build with them measured 1.2-1.5x slower at 16 rows on an H100: int4-probe-zp.json).
+#include <optional>
+
 #include "cuda/ops_cuda.h"
 #ifdef ONNXFUSE_WITH_TRITON
 #include "cuda/triton/runtime.h"
@@ -717,9 +796,11 @@ struct Int4LinearCuda {
   static constexpr const char* kName = Op::kName;
   Int4LinearCuda(const OrtApi* api, const OrtKernelInfo* info) : attrs(ReadOpAttrs(api, info, kName)) {}
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<uint8_t>& Wq,
-                      const Ort::Custom::Tensor<T>& Scales, Ort::Custom::Tensor<T>& Y) {
+                      const Ort::Custom::Tensor<T>& Scales, std::optional<const Ort::Custom::Tensor<uint8_t>*> Zp,
+                      Ort::Custom::Tensor<T>& Y) {
     return GuardCompute([&] {
       const LinearDims d = Int4LinearDims(kName, X.Shape(), Wq.Shape(), Scales.Shape());
+      const uint8_t* zp = Int4ZeroPoints(kName, "zero_points", Zp, Wq.Shape());
       T* y = Y.Allocate(d.out_shape);
       if (d.M == 0 || d.N == 0) return;
       void* stream = StreamOf(ctx);
@@ -730,12 +811,12 @@ struct Int4LinearCuda {
           [&] {
             return WithScratch(ctx, Op::kX, onnxfuse_cuda_int4_linear_scratch_bytes(DtypeCode<T>(), d.M, d.K, d.N),
                                [&](void* sp, int64_t bytes) {
-                                 return onnxfuse_cuda_int4_linear(DtypeCode<T>(), x, wq, scales, y, d.M, d.K, d.N, d.r,
-                                                                  sp, bytes, stream);
+                                 return onnxfuse_cuda_int4_linear(DtypeCode<T>(), x, wq, scales, zp, y, d.M, d.K, d.N,
+                                                                  d.r, sp, bytes, stream);
                                });
           },
-          [&] { return onnxfuse_triton_int4_linear(DtypeCode<T>(), x, wq, scales, y, d.M, d.K, d.N, d.r, stream); },
-          AutoPrefersCuda(triton::kInt4Linear, d.M, d.K));
+          [&] { return onnxfuse_triton_int4_linear(DtypeCode<T>(), x, wq, scales, zp, y, d.M, d.K, d.N, d.r, stream); },
+          AutoPrefersCuda(triton::kInt4Linear, d.M, d.K) || zp != nullptr);  // zero points: CUDA (Results)
     });
   }
   OpAttrs attrs;
@@ -749,9 +830,13 @@ struct Int4SwiGLUCuda {
       : attrs(ReadOpAttrs(api, info, kName)), act(ReadGateActivation(api, info, kName)) {}
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<uint8_t>& Wg,
                       const Ort::Custom::Tensor<T>& Sg, const Ort::Custom::Tensor<uint8_t>& Wu,
-                      const Ort::Custom::Tensor<T>& Su, Ort::Custom::Tensor<T>& Y) {
+                      const Ort::Custom::Tensor<T>& Su, std::optional<const Ort::Custom::Tensor<uint8_t>*> Zg,
+                      std::optional<const Ort::Custom::Tensor<uint8_t>*> Zu, Ort::Custom::Tensor<T>& Y) {
     return GuardCompute([&] {
       const LinearDims d = Int4SwiGLUDims(kName, X.Shape(), Wg.Shape(), Sg.Shape(), Wu.Shape(), Su.Shape());
+      const uint8_t* zg = Int4ZeroPoints(kName, "zero_points_gate", Zg, Wg.Shape());
+      const uint8_t* zu = Int4ZeroPoints(kName, "zero_points_up", Zu, Wu.Shape());
+      Int4ZeroPointsPaired(kName, zg, zu);
       T* y = Y.Allocate(d.out_shape);
       if (d.M == 0 || d.N == 0) return;
       void* stream = StreamOf(ctx);
@@ -762,14 +847,15 @@ struct Int4SwiGLUCuda {
           [&] {
             return WithScratch(ctx, Op::kX, onnxfuse_cuda_int4_swiglu_scratch_bytes(DtypeCode<T>(), d.M, d.K, d.N),
                                [&](void* sp, int64_t bytes) {
-                                 return onnxfuse_cuda_int4_swiglu(DtypeCode<T>(), act, x, wg, sg, wu, su, y, d.M, d.K,
-                                                                  d.N, d.r, sp, bytes, stream);
+                                 return onnxfuse_cuda_int4_swiglu(DtypeCode<T>(), act, x, wg, sg, zg, wu, su, zu, y,
+                                                                  d.M, d.K, d.N, d.r, sp, bytes, stream);
                                });
           },
           [&] {
-            return onnxfuse_triton_int4_swiglu(DtypeCode<T>(), act, x, wg, sg, wu, su, y, d.M, d.K, d.N, d.r, stream);
+            return onnxfuse_triton_int4_swiglu(DtypeCode<T>(), act, x, wg, sg, zg, wu, su, zu, y, d.M, d.K, d.N, d.r,
+                                               stream);
           },
-          AutoPrefersCuda(triton::kInt4Swiglu, d.M, d.K));
+          AutoPrefersCuda(triton::kInt4Swiglu, d.M, d.K) || zg != nullptr);
     });
   }
   OpAttrs attrs;
@@ -825,30 +911,43 @@ Int4Geometry Int4Args(int dtype, int64_t m, int64_t k, int64_t n, int64_t block,
 }
 }  // namespace
 
-extern "C" int onnxfuse_triton_int4_linear(int dtype, const void* x, const uint8_t* wq, const void* scales, void* y,
-                                           int64_t m, int64_t k, int64_t n, int64_t block, void* stream) {
-  Int4Geometry g = Int4Args(dtype, m, k, n, block, Aligned16(x) && Aligned16(wq) && Aligned16(scales) && Aligned16(y));
+// The zero points select the build (Launch's r_pad slot: 1 with zero points, compiled with the ZP constexpr; 0
+// without, whose kernels never read the pointer).
+extern "C" int onnxfuse_triton_int4_linear(int dtype, const void* x, const uint8_t* wq, const void* scales,
+                                           const uint8_t* zero_points, void* y, int64_t m, int64_t k, int64_t n,
+                                           int64_t block, void* stream) {
+  Int4Geometry g = Int4Args(dtype, m, k, n, block,
+                            Aligned16(x) && Aligned16(wq) && Aligned16(scales) && Aligned16(y) &&
+                                (zero_points == nullptr || Aligned16(zero_points)));
   if (g.error || g.empty) return g.error;
+  const int zp_build = zero_points != nullptr;
+  const uint8_t* zp = zp_build ? zero_points : wq;  // any valid pointer: the build without ZP never reads it
   void* scratch_global = nullptr;
   void* scratch_profile = nullptr;
-  void* args[] = {&x, &wq, &scales, &y, &g.M, &g.N, &g.K, &g.RB, &g.NB, &g.BS, &scratch_global, &scratch_profile};
-  return Launch(ids::kInt4Linear, dtype, m, n, g.aligned, 0, args, stream);
+  void* args[] = {&x, &wq, &scales, &zp, &y, &g.M, &g.N, &g.K, &g.RB, &g.NB, &g.BS, &scratch_global, &scratch_profile};
+  return Launch(ids::kInt4Linear, dtype, m, n, g.aligned, zp_build, args, stream);
 }
 
 extern "C" int onnxfuse_triton_int4_swiglu(int dtype, int act, const void* x, const uint8_t* wq_gate,
-                                           const void* scales_gate, const uint8_t* wq_up, const void* scales_up,
-                                           void* y, int64_t m, int64_t k, int64_t n, int64_t block, void* stream) {
+                                           const void* scales_gate, const uint8_t* zp_gate, const uint8_t* wq_up,
+                                           const void* scales_up, const uint8_t* zp_up, void* y, int64_t m, int64_t k,
+                                           int64_t n, int64_t block, void* stream) {
   if (act < 0 || act >= ONNXFUSE_NUM_GATE_ACTIVATIONS) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if ((zp_gate == nullptr) != (zp_up == nullptr)) return ONNXFUSE_ERR_BAD_ARGUMENT;
   Int4Geometry g = Int4Args(dtype, m, k, n, block,
                             Aligned16(x) && Aligned16(wq_gate) && Aligned16(scales_gate) && Aligned16(wq_up) &&
-                                Aligned16(scales_up) && Aligned16(y));
+                                Aligned16(scales_up) && Aligned16(y) &&
+                                (zp_gate == nullptr || (Aligned16(zp_gate) && Aligned16(zp_up))));
   if (g.error || g.empty) return g.error;
   int32_t ACT = act;
+  const int zp_build = zp_gate != nullptr;
+  const uint8_t* zg = zp_build ? zp_gate : wq_gate;  // any valid pointer: the build without ZP never reads it
+  const uint8_t* zu = zp_build ? zp_up : wq_up;
   void* scratch_global = nullptr;
   void* scratch_profile = nullptr;
-  void* args[] = {&x,    &wq_gate, &scales_gate, &wq_up,          &scales_up,      &y, &g.M, &g.N, &g.K, &g.RB,
-                  &g.NB, &g.BS,    &ACT,         &scratch_global, &scratch_profile};
-  return Launch(ids::kInt4Swiglu, dtype, m, n, g.aligned, 0, args, stream);
+  void* args[] = {&x,    &wq_gate, &scales_gate, &zg,  &wq_up,          &scales_up,      &zu, &y, &g.M, &g.N, &g.K,
+                  &g.RB, &g.NB,    &g.BS,        &ACT, &scratch_global, &scratch_profile};
+  return Launch(ids::kInt4Swiglu, dtype, m, n, g.aligned, zp_build, args, stream);
 }
 #endif  // ONNXFUSE_WITH_TRITON
 #endif  // __CUDACC__

@@ -132,8 +132,10 @@ def configs_for(arch: str, overrides: dict | None = None) -> dict:
 def specialisations(archs, overrides=None):
     """Every (kernel, dtype, size class, aligned, r_pad, arch, tma, config) the launcher may ask for."""
     by_shape = shape_configs()
-    # compiled per padded LoRA rank: the kernels that take the R_PAD constexpr
+    # compiled per padded LoRA rank: the kernels that take the R_PAD constexpr; with and without zero points (r_pad 1
+    # and 0): the kernels that take the ZP constexpr (int4_linear)
     rank_padded = {k for k, (fn, _) in _load_kernels().items() if "R_PAD" in fn.arg_names}
+    zero_pointed = {k for k, (fn, _) in _load_kernels().items() if "ZP" in fn.arg_names}
     for arch in archs:
         cfgs = configs_for(arch, overrides)
         for kernel in KERNEL_IDS:
@@ -150,7 +152,7 @@ def specialisations(archs, overrides=None):
                 group = "f" if dtype == "fp32" else "h"
                 for size in SIZE_CLASSES:
                     for aligned in (1, 0):
-                        for r_pad in (R_PADS if kernel in rank_padded else (0,)):
+                        for r_pad in (R_PADS if kernel in rank_padded else (0, 1) if kernel in zero_pointed else (0,)):
                             base = dict(kernel=kernel, dtype=dtype, size=size, aligned=aligned, r_pad=r_pad, arch=arch,
                                         tma=0)
                             yield dict(base, config=tuple(cfgs[kernel][group][size]))
@@ -183,6 +185,8 @@ def compile_one(spec: dict) -> dict:
                   "DOT_PRECISION": "ieee" if spec["dtype"] == "fp32" else "tf32"}
     if spec["r_pad"]:
         constexprs["R_PAD"] = spec["r_pad"]
+    if "ZP" in fn.arg_names:  # int4_linear: r_pad 1 is the build with zero points
+        constexprs["ZP"] = bool(spec["r_pad"])
     if "NP" in fn.arg_names:  # shape-specialised (SHAPE_CONFIGS): size class = NP's index, r_pad = DP
         constexprs.update(NP=TABLE.EMBED_NPS[SIZE_CLASSES.index(spec["size"])], DP=spec["r_pad"])
     constexprs["TMA"] = bool(spec.get("tma", 0))
