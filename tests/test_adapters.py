@@ -61,11 +61,15 @@ def test_export_lifts_the_adapter_to_inputs_with_zero_defaults(exported):
 
 
 def test_fused_model_keeps_the_adapter_inputs(exported):
+    """gate and up with their adapters and act * up are one LoRASwiGLU, down one LoRALinear: every adapter input
+    stays an op input under its name."""
     _, _, fused, d = exported
-    assert [m.op for m in fused.matches] == ["LoRALinear"] * 3
+    assert sorted(m.op for m in fused.matches) == ["LoRALinear", "LoRASwiGLU"]
     model = onnx.load(str(d / "f.onnx"))
-    lora = [n for n in model.graph.node if n.op_type == "LoRALinear"]
-    assert sorted(n.input[2] for n in lora) == ["down_proj.lora_A", "gate_proj.lora_A", "up_proj.lora_A"]
+    lora = next(n for n in model.graph.node if n.op_type == "LoRALinear")
+    gated = next(n for n in model.graph.node if n.op_type == "LoRASwiGLU")
+    assert list(lora.input[2:4]) == ["down_proj.lora_A", "down_proj.lora_B"]
+    assert list(gated.input[3:7]) == ["gate_proj.lora_A", "gate_proj.lora_B", "up_proj.lora_A", "up_proj.lora_B"]
 
 
 @pytest.mark.parametrize("which", ["m.onnx", "f.onnx"])

@@ -1,4 +1,5 @@
-"""SwiGLU: the gate and up projections of a gated MLP with act(gate) * up (rules: onnxfuse/rewrites/swiglu.py)."""
+"""SwiGLU: the gate and up projections of a gated MLP with act(gate) * up, and LoRASwiGLU: the same with a LoRA adapter
+on each projection (rules: onnxfuse/rewrites/swiglu.py)."""
 from __future__ import annotations
 
 import math
@@ -17,13 +18,24 @@ GELU_TANH_COEFF = 0.044715
 # SwiGLU activations whose body needs typed constants (Constant + CastLike, opset 15); the others need opset 13.
 GATE_ACTIVATIONS_WITH_CONSTANTS = ("gelu", "gelu_tanh", "quick_gelu")
 
+_ACT = Attr("activation", "string", "silu", "the gate's activation: " + "|".join(GATE_ACTIVATIONS) + " (gelu: erf "
+             "form; gelu_tanh: approximate='tanh'; quick_gelu: x*sigmoid(1.702x)); absent means silu")
 SWIGLU = OpSchema(
-    "SwiGLU", ("X", "W_gate", "W_up"), ("Y",), "Y = act(X @ W_gate) * (X @ W_up)",
-    (Attr("activation", "string", "silu", "the gate's activation: " + "|".join(GATE_ACTIVATIONS) + " (gelu: erf "
-          "form; gelu_tanh: approximate='tanh'; quick_gelu: x*sigmoid(1.702x)); absent means silu"), BACKEND),
+    "SwiGLU", ("X", "W_gate", "W_up"), ("Y",), "Y = act(X @ W_gate) * (X @ W_up)", (_ACT, BACKEND),
     "The gate and up projections of a gated MLP (Llama/Mistral/Qwen SwiGLU, Gemma GeGLU, Phi-3's merged gate_up_proj, "
     "ReGLU, GLU) with act(gate) * up in their epilogue; the down projection stays a plain MatMul/Gemm. The node's "
     "function overload names the activation (empty: silu, as written before the attribute existed).")
+
+
+LORA_SWIGLU = OpSchema(
+    "LoRASwiGLU", ("X", "W_gate", "W_up", "A_gate", "B_gate", "A_up", "B_up"), ("Y",),
+    "Y = act(X @ W_gate + scale_gate * (X @ A_gate) @ B_gate) * (X @ W_up + scale_up * (X @ A_up) @ B_up)",
+    (_ACT, Attr("scale_gate", "float", 1.0, "the gate adapter's scaling (alpha / r)"),
+     Attr("scale_up", "float", 1.0, "the up adapter's scaling (alpha / r)"), BACKEND),
+    "A gated MLP's gate and up projections, each with its LoRA adapter (A [K, r] and B [r, N]; the two ranks may "
+    "differ, up to 64; a projection without one gets a zero adapter), with act(gate) * up in their epilogue: peft's "
+    "adapters on gate_proj and up_proj, constants or graph inputs (adapters fed at run time). The overload names the "
+    "activation, as SwiGLU's.")
 
 
 def swiglu_overload(activation: str) -> str:
@@ -120,6 +132,63 @@ def body(overload: str):
     return list(SWIGLU.inputs), swiglu_body(overload or "silu")
 
 
+def lora_reference(inputs, attrs: dict):
+    x = inputs[0].float()
+    wg, wu, ag, bg, au, bu = (t.float() for t in inputs[1:7])
+    g = x @ wg + float(attrs.get("scale_gate", 1.0)) * ((x @ ag) @ bg)
+    u = x @ wu + float(attrs.get("scale_up", 1.0)) * ((x @ au) @ bu)
+    return (gate_activation(str(attrs.get("activation", "silu") or "silu"), g) * u).to(inputs[0].dtype)
+
+
+def _scaled_branch(a: str, b: str, scale_attr: str, out: str) -> list:
+    """out = (X @ a) @ b * @scale_attr (the node attribute, in T)."""
+    from onnx import AttributeProto, helper
+
+    mk = helper.make_node
+    const = mk("Constant", [], [out + "_s32"])
+    const.attribute.append(AttributeProto(name="value_float", ref_attr_name=scale_attr, type=AttributeProto.FLOAT))
+    return [mk("MatMul", ["X", a], [out + "_xa"]), mk("MatMul", [out + "_xa", b], [out + "_xab"]), const,
+            mk("CastLike", [out + "_s32", "X"], [out + "_s"]), mk("Mul", [out + "_xab", out + "_s"], [out])]
+
+
+def lora_body(overload: str):
+    """LoRASwiGLU's function for an activation: each projection's base GEMM plus its scaled rank-r branch, then
+    SwiGLU's activation and product (opset 15: CastLike)."""
+    from onnx import helper
+
+    mk = helper.make_node
+    nodes = _scaled_branch("A_gate", "B_gate", "scale_gate", "dg") + _scaled_branch("A_up", "B_up", "scale_up", "du")
+    rest = swiglu_body(overload or "silu")
+    # swiglu_body starts with g = X @ W_gate and u = X @ W_up: add the branches to them
+    rest[0] = mk("MatMul", ["X", "W_gate"], ["g0"])
+    rest[1] = mk("MatMul", ["X", "W_up"], ["u0"])
+    nodes += rest[:2] + [mk("Add", ["g0", "dg"], ["g"]), mk("Add", ["u0", "du"], ["u"])] + rest[2:]
+    return list(LORA_SWIGLU.inputs), nodes
+
+
+def lora_doctor_entry(entry) -> tuple[dict, dict, tuple]:
+    """(M, K, N, r_gate, r_up, activation): W [K, N], A_gate [K, r_gate], B_gate [r_gate, N], the same for up;
+    scales 0.5 and 2."""
+    m, k, n, rg, ru, act = entry
+    shapes = {"X": [m, k], "W_gate": [k, n], "W_up": [k, n], "A_gate": [k, rg], "B_gate": [rg, n], "A_up": [k, ru],
+              "B_up": [ru, n]}
+    return shapes, {"activation": act, "scale_gate": 0.5, "scale_up": 2.0}, (m, k, n, max(rg, ru), f"{act} r{rg}/{ru}")
+
+
+def lora_doctor_inputs(op, dtype, shapes: dict, seed: int, device: str = "cpu") -> list:
+    """X ~ N(0, 1), the weights scaled so each product is O(1): W and A by 1/sqrt(K), B by 0.5/sqrt(r)."""
+    import torch
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    out = []
+    for name, shp in shapes.items():
+        t = torch.randn(*shp, generator=g, device=device, dtype=torch.float32)
+        if name != "X":
+            t = t / max(shp[0], 1) ** 0.5 * (0.5 if name.startswith("B") else 1.0)
+        out.append(t.to(dtype))
+    return out
+
+
 def doctor_entry(entry) -> tuple[dict, dict, tuple]:
     """(M, K, N, r, activation), or (M, K, N, r): silu, the attribute's default."""
     m, k, n, r, *act = entry
@@ -129,6 +198,11 @@ def doctor_entry(entry) -> tuple[dict, dict, tuple]:
 
 # Doctor shapes: every gate activation on each of these, silu on the size classes' shapes (_family.py).
 _SHAPES = [(1, 256, 688, 0), (37, 129, 67, 0), (200, 1024, 512, 0)]
+# LoRASwiGLU (M, K, N, r_gate, r_up, activation): decode and prefill rows, odd shapes and ranks (7, 5), two ranks,
+# rank 64 (the largest), every activation once; the size classes' shapes at rank 16.
+_LORA_SHAPES = ([(1, 256, 688, 16, 16, "silu"), (37, 129, 67, 7, 5, "gelu"), (200, 512, 512, 16, 64, "silu"),
+                 (*DOCTOR_MEDIUM, 16, 16, "silu"), (*DOCTOR_LARGE, 16, 16, "silu"), (16, 256, 688, 8, 16, "silu")]
+                + [(5, 96, 40, 8, 8, act) for act in GATE_ACTIVATIONS[2:]])
 FAMILY = OpFamily("swiglu", (
     OpDef(2, SWIGLU, reference, body, matmul_out_shape,
           tuple([(*shape, act) for act in GATE_ACTIVATIONS for shape in _SHAPES]
@@ -137,4 +211,6 @@ FAMILY = OpFamily("swiglu", (
           # reads the activation attribute (an unknown one must reach the kernel's error), while the rules write
           # swiglu_overload(activation) with that activation's function body.
           doctor_entry, overload_attr="activation"),
+    OpDef(12, LORA_SWIGLU, lora_reference, lora_body, matmul_out_shape, tuple(_LORA_SHAPES), lora_doctor_entry,
+          overload_attr="activation", min_opset=15, doctor_inputs=lora_doctor_inputs),
 ), cpp_name="SwiGLU")

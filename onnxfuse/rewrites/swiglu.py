@@ -47,7 +47,7 @@ from onnxscript.rewriter import MatchResult
 
 from .. import functions
 from ..ops.lora_linear import LORA_LINEAR
-from ..ops.swiglu import SWIGLU
+from ..ops.swiglu import LORA_SWIGLU, SWIGLU
 from ..schema import DOMAIN, GATE_ACTIVATIONS, swiglu_overload
 from . import _base, _explain
 from ._activation_forms import BUDGET, DEFAULT_DOMAINS, Expressions, Miss, Prod, Var, classify, free_variables
@@ -81,8 +81,8 @@ def _gemm(node: ir.Node | None) -> bool:
 
 
 def _lora(node: ir.Node | None) -> bool:
-    """A LoRA-adapted projection the lora_linear rule fused before this pass: a candidate gated MLP that SwiGLU
-    cannot take (no form with adapters yet), found only so that --explain can say so."""
+    """A LoRA-adapted projection the lora_linear rule fused before this pass (LoRALinear: X, W [K, N], A, B, bias,
+    attribute scale): with a zero bias it is a gated MLP's projection with its adapter (LoRASwiGLU)."""
     return node is not None and node.domain == DOMAIN and node.op_type == LORA_LINEAR.name
 
 
@@ -196,6 +196,7 @@ class Candidate:
     up_cols: tuple | None = None
     kn: tuple | None = None       # (K, N), set by _weights (int4 weights are no [K, N] arrays)
     int4: tuple | None = None     # (K, N, n_blocks, block) of both int4 projections
+    lora: bool = False            # a projection carries its LoRA adapter (a LoRALinear): LoRASwiGLU
 
 
 @dataclasses.dataclass
@@ -218,6 +219,7 @@ class SwiGLUPass(_base.GraphPass):
     op = OP
     pattern = PATTERN
     rule_prefix = PATTERN  # the report's rule: <rule_prefix>/<activation>
+    takes_lora = True      # LoRALinear projections become LoRASwiGLU (the int4 subclass takes none)
 
     # -------------------------------------------------------------------------------------------- entry points
 
@@ -344,8 +346,11 @@ class SwiGLUPass(_base.GraphPass):
         if not self._uses(cand, result):
             return result, 3
         x = gate.x
-        min_opset = _CASTLIKE_OPSET if cand.activation in functions.GATE_ACTIVATIONS_WITH_CONSTANTS else None
-        if not _base.guard_nodes(cand.nodes, model, result, x, self.op, min_opset):
+        min_opset = _CASTLIKE_OPSET if cand.activation in functions.GATE_ACTIVATIONS_WITH_CONSTANTS or cand.lora \
+            else None
+        # adapters fed at run time (LoRALinear inputs that are graph inputs) stay op inputs, as in lora_linear
+        runtime = tuple(v for p in (gate, up) if _lora(p.gemm) for v in p.gemm.inputs[2:4] if v.is_graph_input())
+        if not _base.guard_nodes(cand.nodes, model, result, x, self.op, min_opset, runtime=runtime):
             return result, 4
         if not self._weights(cand, result):
             return result, 5
@@ -364,10 +369,24 @@ class SwiGLUPass(_base.GraphPass):
         for p in {id(gate.gemm): gate, id(up.gemm): up}.values():
             node = p.gemm
             if _lora(node):
-                result.fail(f"{'the gate' if p is gate else 'the up'} projection {p.value.name} carries a LoRA "
-                            f"adapter ({_base.node_label(node)}, fused on its own as {LORA_LINEAR.name}): SwiGLU has "
-                            "no form with adapters yet, so act(gate) * up stays unfused", p.value)
-                return False
+                if not self.takes_lora:
+                    result.fail(f"{'the gate' if p is gate else 'the up'} projection {p.value.name} carries a LoRA "
+                                f"adapter ({_base.node_label(node)}): {self.op} has no form with adapters", p.value)
+                    return False
+                bias = node.inputs[4] if len(node.inputs) > 4 else None
+                b = bias.const_value.numpy() if bias is not None and bias.const_value is not None else None
+                if b is None or np.any(b != 0):
+                    result.fail(f"{'the gate' if p is gate else 'the up'} projection {p.value.name} "
+                                f"({_base.node_label(node)}) adds a bias: {LORA_SWIGLU.name}'s projections have none",
+                                p.value)
+                    return False
+                if node.attributes.get_string("backend", "auto") != "auto":
+                    result.fail(f"{_base.node_label(node)} has backend="
+                                f"{node.attributes.get_string('backend', 'auto')}: a projection with a chosen "
+                                "backend is kept as it is", p.value)
+                    return False
+                cand.lora = True
+                continue
             if node.op_type == "Gemm":
                 a = node.attributes
                 if a.get_int("transA", 0) or a.get_float("alpha", 1.0) != 1.0:
@@ -448,6 +467,17 @@ class SwiGLUPass(_base.GraphPass):
             if cand.wg is not None else None
         if cand.wg is None or cand.wu is None:
             return False
+        if cand.lora:
+            adapters = [v for p in (gate, up) if _lora(p.gemm) for v in p.gemm.inputs[2:4]]
+            if _base.check_float_dtypes(result, X=gate.x, **{v.name: v for v in adapters}) is None and not result:
+                return False
+            from ..kernels.ops_header import triton_table
+            most = int(triton_table().MAX_LORA_RANK)  # the GPU kernels' largest rank
+            ranks = [int(p.gemm.inputs[2].shape[1]) for p in (gate, up) if _lora(p.gemm)]
+            if max(ranks) > most:
+                result.fail(f"an adapter of rank {max(ranks)}: {LORA_SWIGLU.name} takes ranks up to {most}",
+                            gate.value)
+                return False
         if cand.wg.shape != cand.wu.shape:
             result.fail(f"the gate weight {gate.gemm.inputs[1].name} {list(cand.wg.shape)} and the up weight "
                         f"{up.gemm.inputs[1].name} {list(cand.wu.shape)} differ in shape", up.gemm.inputs[1])
@@ -458,6 +488,8 @@ class SwiGLUPass(_base.GraphPass):
     # -------------------------------------------------------------------------------------------- rewriting
 
     def _replace(self, graph: ir.Graph, cand: Candidate) -> None:
+        if cand.lora:
+            return self._replace_lora(graph, cand)
         gate, up, rec = cand.gate, cand.up, self.recorder
         shim = _Shim(graph)
         x = gate.x
@@ -499,6 +531,60 @@ class SwiGLUPass(_base.GraphPass):
                        extra_doc=tuple(extra), detail=act)
         node.metadata_props["onnxfuse.activation"] = act
         node.metadata_props["onnxfuse.projections"] = linear
+        ir.convenience.replace_nodes_and_values(graph, cand.mul, cand.nodes, [node], [old_out], [node.outputs[0]])
+
+
+    def _replace_lora(self, graph: ir.Graph, cand: Candidate) -> None:
+        """One LoRASwiGLU for a gated MLP whose gate and/or up projection is a LoRALinear (zero bias): its W, A, B and
+        scale; a projection without an adapter gets a zero one of the other's rank (constants: what it adds is 0)."""
+        gate, up, rec = cand.gate, cand.up, self.recorder
+        shim = _Shim(graph)
+        x = gate.x
+        k, n = cand.wg.shape
+        rank = next(int(p.gemm.inputs[2].shape[1]) for p in (gate, up) if _lora(p.gemm))
+        parts = {}
+        for side, p, w_kn, trans in (("gate", gate, cand.wg, cand.trans[0]), ("up", up, cand.wu, cand.trans[1])):
+            if _lora(p.gemm):
+                parts[side] = (p.gemm.inputs[1], p.gemm.inputs[2], p.gemm.inputs[3],
+                               float(p.gemm.attributes.get_float("scale", 1.0)))
+                continue
+            w = p.gemm.inputs[1] if not trans else rec.derived(shim, graph, p.gemm.inputs[1], "_KxN",
+                                                               lambda w_kn=w_kn: w_kn)
+            za = rec.derived(shim, graph, p.gemm.inputs[1], f"_zero_A{rank}",
+                             lambda: np.zeros((k, rank), dtype=w_kn.dtype))
+            zb = rec.derived(shim, graph, p.gemm.inputs[1], f"_zero_B{rank}",
+                             lambda: np.zeros((rank, n), dtype=w_kn.dtype))
+            parts[side] = (w, za, zb, 1.0)
+        act = cand.activation
+        (wg, ag, bg, sg), (wu, au, bu, su) = parts["gate"], parts["up"]
+        node = ir.Node(DOMAIN, LORA_SWIGLU.name, [x, wg, wu, ag, bg, au, bu],
+                       [ir.AttrString("activation", act), ir.AttrFloat32("scale_gate", sg),
+                        ir.AttrFloat32("scale_up", su), ir.AttrString("backend", "auto")],
+                       overload=swiglu_overload(act), num_outputs=1)
+        old_out = cand.mul.outputs[0]
+        node.outputs[0].dtype = old_out.dtype
+        node.outputs[0].shape = old_out.shape
+        rg, ru = int(ag.shape[1]), int(au.shape[1])
+        base = _base.gemm_flops(x, k, n)
+        flops = None if base is None else 2 * base + base // n * (rg + ru) + base // k * (rg + ru)
+        shapes = {"X": _base.dims(x), "W_gate": [k, n], "W_up": [k, n], "A_gate": [k, rg], "B_gate": [rg, n],
+                  "A_up": [k, ru], "B_up": [ru, n]}
+        inputs = [v.name for v in (ag, bg, au, bu) if v.is_graph_input()]
+        extra = [f"activation: {act}", f"  spelled: {cand.spelling}"[:64], f"LoRA ranks {rg} / {ru}",
+                 "adapters: " + ("graph inputs" if inputs else "constants")]
+        # the LoRALinear matches this one absorbs leave the report: their original nodes are this match's
+        replaced = []
+        for m in cand.nodes:
+            prior = next((mt for mt in rec.matches if _lora(m) and mt.node == m.name), None)
+            if prior is not None:
+                rec.matches.remove(prior)
+                replaced += prior.replaced
+            else:
+                replaced.append((m.name or "?", m.op_type))
+        _base.annotate(node, rec, PATTERN, f"{PATTERN}/lora/{act}", LORA_SWIGLU.name,
+                       _base.module_path([gate.gemm, up.gemm]), replaced, shapes, x.dtype or wg.dtype, flops,
+                       extra_doc=tuple(extra), detail=act)
+        node.metadata_props["onnxfuse.activation"] = act
         ir.convenience.replace_nodes_and_values(graph, cand.mul, cand.nodes, [node], [old_out], [node.outputs[0]])
 
 

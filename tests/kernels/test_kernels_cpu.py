@@ -57,6 +57,8 @@ def op_attrs(op: str, scale: float = 0.5) -> dict:
     attrs = {"scale": float(scale)} if "scale" in names else {}
     if op == "MLPStack":
         attrs["activations"] = STACK_ACTS
+    if "scale_gate" in names:  # LoRASwiGLU: a scale per adapter, the up one different
+        attrs.update(scale_gate=float(scale), scale_up=0.5 * float(scale) + 1.0)
     return attrs
 
 
@@ -64,8 +66,10 @@ def op_attrs(op: str, scale: float = 0.5) -> dict:
 # activations; Embedding copies rows of its table as they are).
 WEIGHTED_OPS = [op for op in OPS_UNDER_TEST if op not in ("RotaryEmbedding", "Embedding")]
 # The int4 ops read their packed weights as they are (no prepacking): their constant weights are checked, not logged.
+# LoRASwiGLU's CPU kernel packs its operands per call (a fused model has it on the CPU only where a CPU table fuses
+# both swiglu and lora_linear, which no measured host's does: cpu_policy.py).
 INT4_OPS = ("Int4Linear", "Int4SwiGLU")
-PREPACKED_OPS = [op for op in WEIGHTED_OPS if op not in INT4_OPS]
+PREPACKED_OPS = [op for op in WEIGHTED_OPS if op not in INT4_OPS + ("LoRASwiGLU",)]
 
 
 def run_op(lib, op: str, inputs: list[torch.Tensor], attrs: dict | None = None) -> torch.Tensor:
@@ -95,6 +99,10 @@ def random_inputs(op: str, lead: tuple[int, ...], K: int, N: int, r: int, dtype:
     w_scale = 1.0 / math.sqrt(K)
     if op == "SwiGLU":
         return [x, rnd(K, N, scale=w_scale), rnd(K, N, scale=w_scale)]
+    if op == "LoRASwiGLU":  # the up adapter of another rank than the gate's
+        ru = r + 3
+        return [x, rnd(K, N, scale=w_scale), rnd(K, N, scale=w_scale), rnd(K, r, scale=w_scale),
+                rnd(r, N, scale=1.0 / math.sqrt(r)), rnd(K, ru, scale=w_scale), rnd(ru, N, scale=1.0 / math.sqrt(ru))]
     if op.startswith("LoRA"):
         return [x, rnd(K, N, scale=w_scale), rnd(K, r, scale=w_scale), rnd(r, N, scale=1.0 / math.sqrt(r)), rnd(N)]
     if op == "MLPStack":

@@ -202,9 +202,27 @@ for dtype in ("float", "float16"):
                                                  DOT_PRECISION=prec, TMA=True, **cfg)
                     testing.assert_close(y, ref, t, str((op, "tma", dtype, m, k, n, r, split)), kind="interpreter")
                     checks += 1
-# per dtype: 4 shapes x (2 linear + 6 swiglu + 4 lora), and the TMA builds on the two aligned shapes ((37, 48, 80):
-# 9 ragged tiles for 3 programs)
-assert checks == 2 * (4 * (2 + 6 + 4) + 2 * (2 + 4)), checks
+        # LoRASwiGLU: each adapter's X @ A partials (ranks 4 and 7, padded to 16; split 2), then SwiGLU's loop with
+        # both rank-r terms before the activation
+        sl = sw
+        ag, au = (torch.randn(k, 4, generator=g) / k ** 0.5).to(t), (torch.randn(k, 7, generator=g) / k ** 0.5).to(t)
+        bg, bu = (torch.randn(4, n, generator=g) / 2).to(t), (torch.randn(7, n, generator=g) / 7 ** 0.5).to(t)
+        kb = triton.cdiv(triton.cdiv(k, 16), 2)
+        tg, tu = torch.full((2, m, 16), float("nan")), torch.full((2, m, 16), float("nan"))
+        for a_, t_, r_ in ((ag, tg, 4), (au, tu, 7)):
+            lora._lora_xa_kernel[(triton.cdiv(m, 16) * 2,)](x, a_, t_, m, k, r_, kb, BLOCK_M=16, BLOCK_K=16, R_PAD=16,
+                                                            DOT_PRECISION=prec)
+        for code, name in ((0, "silu"), (2, "gelu_tanh")):
+            y = torch.full((m, n), float("nan")).to(t)
+            sl._lora_swiglu_kernel[grid(m, n)](x, w, w2, tg, bg, tu, bu, y, m, n, k, 4, 7, 2, 0.5, 2.0, code,
+                                               R_PAD=16, DOT_PRECISION=prec, **cfg)
+            attrs = {"activation": name, "scale_gate": 0.5, "scale_up": 2.0}
+            ref = schema.reference("LoRASwiGLU", [x, w, w2, ag, bg, au, bu], attrs)
+            testing.assert_close(y, ref, t, str(("LoRASwiGLU", name, dtype, m, k, n)), kind="interpreter")
+            checks += 1
+# per dtype: 4 shapes x (2 linear + 6 swiglu + 4 lora + 2 lora_swiglu), and the TMA builds on the two aligned shapes
+# ((37, 48, 80): 9 ragged tiles for 3 programs)
+assert checks == 2 * (4 * (2 + 6 + 4 + 2) + 2 * (2 + 4)), checks
 # A row with one +Inf through LoRA (r 4 padded to 16): the padded columns of T are x @ 0, NaN in that row, and must
 # not reach the outputs, which are +-Inf like the reference's (IEEE semantics, testing.check_special).
 m, k, n, r = 9, 40, 70, 4

@@ -744,13 +744,44 @@ def test_two_d_dynamo_mlp_gemm_transb(tmp_path):
     np.testing.assert_allclose(out, mlp(x).detach().numpy(), rtol=1e-4, atol=1e-5)
 
 
-def test_explain_names_a_gated_mlp_whose_projections_carry_lora(tmp_path):
-    """Issue 30: a Llama MLP with peft adapters on gate/up/down: the LoRA rule takes each projection (LoRALinear x3)
-    and --explain says why the gated product did not become SwiGLU (its projections carry adapters)."""
+@pytest.mark.parametrize("targets,as_inputs", [
+    (("gate_proj", "up_proj", "down_proj"), False),
+    (("gate_proj", "up_proj", "down_proj"), True),   # adapters as graph inputs: kept as LoRASwiGLU's inputs
+    (("gate_proj", "down_proj"), False),             # the up projection without one: a zero adapter
+])
+def test_a_gated_mlp_with_lora_is_one_op(tmp_path, targets, as_inputs):
+    """Issue 30: a Llama MLP with peft adapters: gate and up with their adapters and act * mul become one LoRASwiGLU
+    (the lora_linear rule's LoRALinear nodes on gate/up absorbed, the report counting them once), down stays
+    LoRALinear; the fused model equals the unfused one through the CPU kernel and through the function body."""
+    from onnxfuse import adapters, zoo
+    spec = zoo.LlamaSpec.from_preset("tiny", mlp_only=True, lora_rank=4, lora_targets=targets)
+    res_x = export.export("llama", spec, tmp_path / "m.onnx", lora_as_inputs=as_inputs)
+    res = fuse.fuse(tmp_path / "m.onnx", tmp_path / "f.onnx", provider="cuda")  # every pattern, no CPU table
+    assert sorted(m.op for m in res.matches) == ["LoRALinear", "LoRASwiGLU"]
+    assert {(r["op"], r["matches"]) for r in res.table()} == {("LoRALinear", 1), ("LoRASwiGLU", 1)}
+    fused = onnx.load(str(tmp_path / "f.onnx"))
+    soundness.check_model(fused)
+    node = next(n for n in fused.graph.node if n.op_type == "LoRASwiGLU")
+    assert node.overload == "silu" and len(node.input) == 7
+    graph_inputs = {i.name for i in fused.graph.input}
+    assert all((name in graph_inputs) == as_inputs for name in node.input[3:5])  # the gate's A and B
+    if "up_proj" not in targets:
+        zeros = {t.name: numpy_helper.to_array(t) for t in fused.graph.initializer}
+        assert not zeros[node.input[5]].any() and not zeros[node.input[6]].any()
+    x = zoo.make_inputs("llama", spec, 0, "fp32")["x"].numpy()
+    feeds = {"x": x, **(adapters.read_adapter(res_x.adapter_path) if as_inputs else {})}
+    want = runtime.session(str(tmp_path / "m.onnx"), "cpu", library=False).run(None, feeds)[0]
+    for library in (True, False):
+        got = runtime.session(str(tmp_path / "f.onnx"), "cpu", library=library).run(None, feeds)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_gated_mlp_whose_lora_projection_has_a_bias_is_explained(tmp_path):
+    """A LoRALinear gate with a real bias cannot be LoRASwiGLU's projection: --explain says so."""
     from onnxfuse import zoo
-    spec = zoo.LlamaSpec.from_preset("tiny", mlp_only=True, lora_rank=4)
+    spec = zoo.LlamaSpec.from_preset("tiny", mlp_only=True, lora_rank=4, mlp_bias=True)
     export.export("llama", spec, tmp_path / "m.onnx")
-    res = fuse.fuse(tmp_path / "m.onnx", tmp_path / "f.onnx", explain=True)
+    res = fuse.fuse(tmp_path / "m.onnx", tmp_path / "f.onnx", explain=True, provider="cuda")
     assert [m.op for m in res.matches] == ["LoRALinear"] * 3
     reasons = [r["reason"] for r in res.refusals if r["rule"].startswith("swiglu")]
-    assert any("carries a LoRA adapter" in r and "LoRALinear" in r for r in reasons), res.refusals
+    assert any("adds a bias: LoRASwiGLU's projections have none" in r for r in reasons), res.refusals

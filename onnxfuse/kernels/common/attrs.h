@@ -67,6 +67,7 @@ struct OpAttrs {
   Backend backend = ParseBackend(schema::attr::kBackendDefault, "schema", "the schema default");
   const char* backend_source = "default";  // "attribute" or "default": for error messages
   float scale = schema::attr::kScaleDefault;
+  float scale_gate = schema::attr::kScaleGateDefault, scale_up = schema::attr::kScaleUpDefault;  // LoRASwiGLU
 };
 
 inline OpAttrs ReadOpAttrs(const OrtApi* api, const OrtKernelInfo* info, const char* op) {
@@ -77,6 +78,8 @@ inline OpAttrs ReadOpAttrs(const OrtApi* api, const OrtKernelInfo* info, const c
     a.backend_source = "attribute";
   }
   detail::TryGetFloat(api, info, schema::attr::kScale, a.scale);
+  detail::TryGetFloat(api, info, schema::attr::kScaleGate, a.scale_gate);
+  detail::TryGetFloat(api, info, schema::attr::kScaleUp, a.scale_up);
   return a;
 }
 

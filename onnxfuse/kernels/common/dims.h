@@ -111,6 +111,25 @@ inline LinearDims SwiGLUDims(const char* op, const std::vector<int64_t>& x, cons
   return d;
 }
 
+// LoRASwiGLU: X [..., K], W_gate and W_up [K, N], A_gate [K, rg], B_gate [rg, N], A_up [K, ru], B_up [ru, N];
+// LinearDims' r carries rg, *ru the up rank.
+inline LinearDims LoRASwiGLUDims(const char* op, const std::vector<int64_t>& x, const std::vector<int64_t>& wg,
+                                 const std::vector<int64_t>& wu, const std::vector<int64_t>& ag,
+                                 const std::vector<int64_t>& bg, const std::vector<int64_t>& au,
+                                 const std::vector<int64_t>& bu, int64_t* ru) {
+  LinearDims d = SwiGLUDims(op, x, wg, wu);
+  const auto adapter = [&](const std::vector<int64_t>& a, const std::vector<int64_t>& b, const char* an,
+                           const char* bn) {
+    detail::Need(a.size() == 2 && a[0] == d.K && b.size() == 2 && b[0] == a[1] && b[1] == d.N, op,
+                 std::string(an) + " must be [K, r] and " + bn + " [r, N]; got X " + ShapeStr(x) + ", " + an + " " +
+                     ShapeStr(a) + ", " + bn + " " + ShapeStr(b) + ", W " + ShapeStr(wg));
+    return a[1];
+  };
+  d.r = adapter(ag, bg, "A_gate", "B_gate");
+  *ru = adapter(au, bu, "A_up", "B_up");
+  return d;
+}
+
 // X [..., K], W [K, N], A [K, r], B [r, N], bias [N].
 inline LinearDims LoRADims(const char* op, const std::vector<int64_t>& x, const std::vector<int64_t>& w,
                            const std::vector<int64_t>& a, const std::vector<int64_t>& b,

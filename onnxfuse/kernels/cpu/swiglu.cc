@@ -4,6 +4,9 @@
 // eltwise post-op: swish, gelu_tanh, swish with alpha 1.702, logistic), then X @ W_up with a multiply by that tile as
 // a post-op, written once as Y. Otherwise (a relu or gelu gate, weights that are not constants, no oneDNN) the
 // built-in GEMM carries both accumulators to one epilogue.
+#include <algorithm>
+#include <vector>
+
 #include "common/gate_act.h"
 #include "cpu/ops.h"
 
@@ -138,9 +141,69 @@ struct SwiGLUCpu {
   PrepackLog log;
 };
 
+// LoRASwiGLU: the built-in GEMM with both operands' LoRA columns. Its LoRA form ([X | T] @ [W ; extra], T = X @ A in
+// fp32 from the packed X) takes one A for both operands: A = [s_gate A_gate | s_up A_up] (fp32, the scales folded
+// in), T = X @ A [M, rg + ru], the gate's extra rows [B_gate ; 0] and the up's [0 ; B_up] (in T's element type, B
+// as given), so each accumulator gets its own rank-r term before the SwiGLU epilogue.
+template <typename T>
+struct LoRASwiGLUCpu {
+  using Op = schema::LoRASwiGLU;
+  LoRASwiGLUCpu(const OrtApi* api, const OrtKernelInfo* info)
+      : attrs(ReadOpAttrs(api, info, Op::kName)), act(ReadGateActivation(api, info, Op::kName)) {}
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& W_gate,
+                      const Ort::Custom::Tensor<T>& W_up, const Ort::Custom::Tensor<T>& A_gate,
+                      const Ort::Custom::Tensor<T>& B_gate, const Ort::Custom::Tensor<T>& A_up,
+                      const Ort::Custom::Tensor<T>& B_up, Ort::Custom::Tensor<T>& Y) {
+    return GuardCompute([&] {
+      int64_t ru = 0;
+      const LinearDims d = LoRASwiGLUDims(Op::kName, X.Shape(), W_gate.Shape(), W_up.Shape(), A_gate.Shape(),
+                                          B_gate.Shape(), A_up.Shape(), B_up.Shape(), &ru);
+      T* y = Y.Allocate(d.out_shape);
+      if (d.M == 0 || d.N == 0) return;
+      const int64_t K = d.K, N = d.N, rg = d.r, r = rg + ru;
+      std::vector<float> a(size_t(K * r));
+      for (int64_t k = 0; k < K; ++k) {
+        for (int64_t c = 0; c < rg; ++c) a[size_t(k * r + c)] = attrs.scale_gate * ToF32(A_gate.Data()[k * rg + c]);
+        for (int64_t c = 0; c < ru; ++c) a[size_t(k * r + rg + c)] = attrs.scale_up * ToF32(A_up.Data()[k * ru + c]);
+      }
+      std::vector<T> extra_g(size_t(r * N), FromF32<T>(0.f)), extra_u(size_t(r * N), FromF32<T>(0.f));
+      std::copy(B_gate.Data(), B_gate.Data() + rg * N, extra_g.begin());
+      std::copy(B_up.Data(), B_up.Data() + ru * N, extra_u.begin() + rg * N);
+      const OrtPool pool(ctx);
+      GemmArgs g = GemmFor(d, X.Data(), nullptr);
+      g.pool = &pool;
+      g.num_b = 2;
+      g.r = r;
+      g.lora_a_f32 = a.data();
+      g.lora_scale = 1.f;
+      g.b[0] = BOperand{W_gate.Data(), K, extra_g.data(), nullptr};
+      g.b[1] = BOperand{W_up.Data(), K, extra_u.data(), nullptr};
+      switch (act) {
+        case ONNXFUSE_GATE_GELU:
+          return RunSwiGLU<T, ONNXFUSE_GATE_GELU>(g, y, N);
+        case ONNXFUSE_GATE_GELU_TANH:
+          return RunSwiGLU<T, ONNXFUSE_GATE_GELU_TANH>(g, y, N);
+        case ONNXFUSE_GATE_QUICK_GELU:
+          return RunSwiGLU<T, ONNXFUSE_GATE_QUICK_GELU>(g, y, N);
+        case ONNXFUSE_GATE_RELU:
+          return RunSwiGLU<T, ONNXFUSE_GATE_RELU>(g, y, N);
+        case ONNXFUSE_GATE_SIGMOID:
+          return RunSwiGLU<T, ONNXFUSE_GATE_SIGMOID>(g, y, N);
+        default:
+          return RunSwiGLU<T, ONNXFUSE_GATE_SILU>(g, y, N);
+      }
+    });
+  }
+  OpAttrs attrs;
+  int act;  // onnxfuse_gate_act, checked when the kernel is created
+};
+
 }  // namespace
 
-void RegisterSwiGLU(Ort::CustomOpDomain& domain) { AddOpAllTypes<SwiGLUCpu>(domain, schema::SwiGLU::kName, kCpuEp); }
+void RegisterSwiGLU(Ort::CustomOpDomain& domain) {
+  AddOpAllTypes<SwiGLUCpu>(domain, schema::SwiGLU::kName, kCpuEp);
+  AddOpAllTypes<LoRASwiGLUCpu>(domain, schema::LoRASwiGLU::kName, kCpuEp);
+}
 
 }  // namespace cpu
 }  // namespace onnxfuse

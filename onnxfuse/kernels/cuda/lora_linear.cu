@@ -137,35 +137,6 @@ void RegisterLoRALinearCuda(Ort::CustomOpDomain& domain) {
 using namespace onnxfuse::triton_runtime;  // NOLINT: the launchers below are the runtime's users
 
 namespace {
-// Phase-1 plan of two-phase LoRA: the lora_xa spec and the K split. SPLIT slices of KB_PER_SPLIT blocks of BLOCK_K
-// so that row tiles x SPLIT is about one program per SM (at most 16 slices, at least one block each).
-struct LoRAPlan {
-  const TritonSpec* xa = nullptr;
-  int xa_index = -1, device = 0, arch = 0;
-  int64_t split = 1, kb_per_split = 1;
-};
-
-int PlanLoRA(int dtype, int64_t m, int64_t k, int64_t r, bool aligned, LoRAPlan* plan) {
-  const int arch = CurrentArch(&plan->device);
-  if (arch < 0) return -arch;
-  plan->arch = arch;
-  plan->xa = Find(ids::kLoraXa, dtype, m, aligned, RPad(r), arch, &plan->xa_index);
-  if (plan->xa == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
-  const int64_t grid_m = (m + plan->xa->block_m - 1) / plan->xa->block_m;
-  const int64_t k_blocks = (k + plan->xa->block_k - 1) / plan->xa->block_k;
-  int64_t split = (NumSMs(plan->device) + grid_m - 1) / grid_m;
-  if (split > 16) split = 16;
-  if (split > k_blocks) split = k_blocks;
-  if (split < 1) split = 1;
-  plan->kb_per_split = k_blocks > 0 ? (k_blocks + split - 1) / split : 1;
-  plan->split = k_blocks > 0 ? (k_blocks + plan->kb_per_split - 1) / plan->kb_per_split : 1;
-  return 0;
-}
-
-int64_t LoRAScratchBytes(int64_t m, int64_t r, const LoRAPlan& plan) {
-  return plan.split * m * RPad(r) * int64_t(sizeof(float));
-}
-
 bool LoRAAligned(const void* x, const void* w, const void* a, const void* b, const void* bias, const void* y, int64_t k,
                  int64_t n, int64_t r) {
   // r % 8: 16-byte rows of A (fp16/bf16), so its tiles load with cp.async and the phase-1 loop pipelines.

@@ -12,6 +12,21 @@ int onnxfuse_cuda_swiglu(int dtype, int act, const void* x, const void* w_gate, 
 // The Triton launcher (the host half, Triton builds only: cuda/ops_cuda.h's Dispatch calls it only there).
 int onnxfuse_triton_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up, void* y, int64_t m,
                            int64_t k, int64_t n, void* stream);
+// LoRASwiGLU: Y = act(X @ W_gate + sg (X @ A_gate) @ B_gate) * (X @ W_up + su (X @ A_up) @ B_up), A_gate [k, rg],
+// B_gate [rg, n], A_up [k, ru], B_up [ru, n]: per projection T = s X @ A, then T @ B into the output, then X @ W
+// accumulated onto it in the GEMM's epilogue (beta 1, as LoRALinear's CUDA backend), then SwiGLU's pass.
+int64_t onnxfuse_cuda_lora_swiglu_scratch_bytes(int dtype, int64_t m, int64_t n, int64_t rg, int64_t ru);
+int onnxfuse_cuda_lora_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up,
+                              const void* a_gate, const void* b_gate, const void* a_up, const void* b_up,
+                              float scale_gate, float scale_up, void* y, int64_t m, int64_t k, int64_t n, int64_t rg,
+                              int64_t ru, void* scratch, int64_t scratch_bytes, void* stream);
+// Its Triton launcher: lora_linear.py's X @ A phase for each adapter into fp32 partials, then one kernel with
+// SwiGLU's main loop and both rank-r terms before the activation (triton/swiglu.py). Scratch as the LoRA launcher's.
+int64_t onnxfuse_triton_lora_swiglu_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t rg, int64_t ru);
+int onnxfuse_triton_lora_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up,
+                                const void* a_gate, const void* b_gate, const void* a_up, const void* b_up,
+                                float scale_gate, float scale_up, void* y, int64_t m, int64_t k, int64_t n, int64_t rg,
+                                int64_t ru, void* scratch, int64_t scratch_bytes, void* stream);
 }
 
 #ifdef __CUDACC__
@@ -83,6 +98,52 @@ extern "C" int onnxfuse_cuda_swiglu(int dtype, int act, const void* x, const voi
   });
 }
 
+extern "C" int64_t onnxfuse_cuda_lora_swiglu_scratch_bytes(int dtype, int64_t m, int64_t n, int64_t rg, int64_t ru) {
+  if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || m < 0 || n < 0 || rg < 0 || ru < 0)
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  const int64_t e = ock::ElemBytes(dtype);
+  return ONNXFUSE_CUBLASLT_WORKSPACE_BYTES + ock::Align256(m * n * e) + ock::Align256(m * rg * e) +
+         ock::Align256(m * ru * e);
+}
+
+extern "C" int onnxfuse_cuda_lora_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up,
+                                         const void* a_gate, const void* b_gate, const void* a_up, const void* b_up,
+                                         float scale_gate, float scale_up, void* y, int64_t m, int64_t k, int64_t n,
+                                         int64_t rg, int64_t ru, void* scratch, int64_t scratch_bytes, void* stream) {
+  if (!ock::CheckCommon(dtype, x, y, m, k, n) || !onnxfuse::ValidGateActivation(act) || rg < 0 || ru < 0)
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (rg > ONNXFUSE_MAX_LORA_RANK || ru > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
+  if (m == 0 || n == 0) return 0;
+  if (scratch == nullptr || scratch_bytes < onnxfuse_cuda_lora_swiglu_scratch_bytes(dtype, m, n, rg, ru))
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int64_t ws = ONNXFUSE_CUBLASLT_WORKSPACE_BYTES, e = ock::ElemBytes(dtype);
+  char* up = static_cast<char*>(scratch) + ws;
+  char* t = up + ock::Align256(m * n * e);
+  // one projection: out = X @ W + scale * (X @ A) @ B (the rank-r product first, then X @ W onto it)
+  auto projection = [&](const void* w, const void* a, const void* b, float scale, int64_t r, void* out) {
+    const bool low_rank = r > 0 && k > 0 && scale != 0.f;  // else the LoRA term is exactly zero
+    if (low_rank) {
+      ock::GemmArgs ta;  // T = scale * X @ A   [M, r]
+      ta.dtype = dtype, ta.x = x, ta.w = a, ta.y = t, ta.m = m, ta.k = k, ta.n = r, ta.alpha = scale;
+      if (int err = ock::Gemm(ta, scratch, ws, s)) return err;
+      ock::GemmArgs tb;  // out = T @ B        [M, N]
+      tb.dtype = dtype, tb.x = t, tb.w = b, tb.y = out, tb.m = m, tb.k = r, tb.n = n;
+      if (int err = ock::Gemm(tb, scratch, ws, s)) return err;
+    }
+    ock::GemmArgs g;  // out = X @ W + out
+    g.dtype = dtype, g.x = x, g.w = w, g.y = out, g.m = m, g.k = k, g.n = n;
+    if (low_rank) g.c = out, g.beta = 1.f;
+    return ock::Gemm(g, scratch, ws, s);
+  };
+  if (int err = projection(w_gate, a_gate, b_gate, scale_gate, rg, y)) return err;
+  if (int err = projection(w_up, a_up, b_up, scale_up, ru, up)) return err;
+  return ock::ByDtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return GatePass<T>(static_cast<T*>(y), reinterpret_cast<const T*>(up), m * n, act, s);
+  });
+}
+
 #else  // the host half: the CUDA EP glue and the Triton launcher
 // SwiGLU on the CUDA EP: the kernel struct calling the nvcc half's launcher or the Triton one
 // (at the end of this file) through Dispatch (cuda/ops_cuda.h), and its registration.
@@ -125,10 +186,57 @@ struct SwiGLUCuda {
   int act;  // onnxfuse_gate_act of the node's activation attribute
 };
 
+template <typename T>
+struct LoRASwiGLUCuda {
+  using Op = schema::LoRASwiGLU;
+  static constexpr const char* kName = Op::kName;
+  LoRASwiGLUCuda(const OrtApi* api, const OrtKernelInfo* info)
+      : attrs(ReadOpAttrs(api, info, kName)), act(ReadGateActivation(api, info, kName)) {}
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& Wg,
+                      const Ort::Custom::Tensor<T>& Wu, const Ort::Custom::Tensor<T>& Ag,
+                      const Ort::Custom::Tensor<T>& Bg, const Ort::Custom::Tensor<T>& Au,
+                      const Ort::Custom::Tensor<T>& Bu, Ort::Custom::Tensor<T>& Y) {
+    return GuardCompute([&] {
+      int64_t ru = 0;
+      const LinearDims d =
+          LoRASwiGLUDims(kName, X.Shape(), Wg.Shape(), Wu.Shape(), Ag.Shape(), Bg.Shape(), Au.Shape(), Bu.Shape(), &ru);
+      T* y = Y.Allocate(d.out_shape);
+      if (d.M == 0 || d.N == 0) return;
+      void* stream = StreamOf(ctx);
+      const void *x = X.Data(), *wg = Wg.Data(), *wu = Wu.Data(), *ag = Ag.Data(), *bg = Bg.Data(), *au = Au.Data(),
+                 *bu = Bu.Data();
+      const float sg = attrs.scale_gate, su = attrs.scale_up;
+      const int64_t rg = d.r;
+      Dispatch(
+          kName, attrs,
+          [&] {
+            return WithScratch(ctx, Op::kX, onnxfuse_cuda_lora_swiglu_scratch_bytes(DtypeCode<T>(), d.M, d.N, rg, ru),
+                               [&](void* sp, int64_t bytes) {
+                                 return onnxfuse_cuda_lora_swiglu(DtypeCode<T>(), act, x, wg, wu, ag, bg, au, bu, sg,
+                                                                  su, y, d.M, d.K, d.N, rg, ru, sp, bytes, stream);
+                               });
+          },
+          [&] {
+            // A negative size (e.g. no cubin for this GPU) comes back as the code: Dispatch may fall back to CUDA.
+            return WithScratch(ctx, Op::kX,
+                               onnxfuse_triton_lora_swiglu_scratch_bytes(DtypeCode<T>(), d.M, d.K, d.N, rg, ru),
+                               [&](void* sp, int64_t bytes) {
+                                 return onnxfuse_triton_lora_swiglu(DtypeCode<T>(), act, x, wg, wu, ag, bg, au, bu, sg,
+                                                                    su, y, d.M, d.K, d.N, rg, ru, sp, bytes, stream);
+                               });
+          },
+          AutoPrefersCuda(triton::kLoraSwiglu, d.M, d.K));
+    });
+  }
+  OpAttrs attrs;
+  int act;  // onnxfuse_gate_act of the node's activation attribute
+};
+
 }  // namespace
 
 void RegisterSwiGLUCuda(Ort::CustomOpDomain& domain) {
   AddOpAllTypes<SwiGLUCuda>(domain, schema::SwiGLU::kName, kCudaEp);
+  AddOpAllTypes<LoRASwiGLUCuda>(domain, schema::LoRASwiGLU::kName, kCudaEp);
 }
 
 }  // namespace cuda
@@ -152,6 +260,64 @@ extern "C" int onnxfuse_triton_swiglu(int dtype, int act, const void* x, const v
   const bool aligned =
       Aligned16(x) && Aligned16(w_gate) && Aligned16(w_up) && Aligned16(y) && k % 16 == 0 && n % 16 == 0;
   return Launch(ids::kSwiglu, dtype, m, n, aligned, 0, args, stream);
+}
+
+// LoRASwiGLU: lora_xa (lora_linear.py) for each adapter into its fp32 partials [SPLIT, M, r_pad] (one plan, r_pad of
+// the larger rank), then lora_swiglu (swiglu.py). Scratch: the two partials, each 128-byte aligned.
+namespace {
+bool LoRASwiGLUAligned(const void* const (&p)[7], const void* y, int64_t k, int64_t n, int64_t rg, int64_t ru) {
+  for (const void* q : p)
+    if (!Aligned16(q)) return false;
+  return Aligned16(y) && k % 16 == 0 && n % 16 == 0 && rg % 8 == 0 && ru % 8 == 0;  // 16-byte rows of A
+}
+}  // namespace
+
+extern "C" int64_t onnxfuse_triton_lora_swiglu_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t rg,
+                                                             int64_t ru) {
+  if (BadCommon(dtype, m, k, n) || rg < 0 || ru < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (rg > ONNXFUSE_MAX_LORA_RANK || ru > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
+  if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
+  if (m == 0 || n == 0) return 0;
+  LoRAPlan plan;
+  const int err = PlanLoRA(dtype, m, k, rg > ru ? rg : ru, true, &plan);
+  if (err != 0) return err > 0 ? -int64_t(err) : int64_t(err);
+  return 2 * RoundUp128(LoRAScratchBytes(m, rg > ru ? rg : ru, plan));
+}
+
+extern "C" int onnxfuse_triton_lora_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up,
+                                           const void* a_gate, const void* b_gate, const void* a_up, const void* b_up,
+                                           float scale_gate, float scale_up, void* y, int64_t m, int64_t k, int64_t n,
+                                           int64_t rg, int64_t ru, void* scratch, int64_t scratch_bytes, void* stream) {
+  if (BadCommon(dtype, m, k, n) || rg < 0 || ru < 0 || act < 0 || act >= ONNXFUSE_NUM_GATE_ACTIVATIONS)
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (rg > ONNXFUSE_MAX_LORA_RANK || ru > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
+  if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
+  if (m == 0 || n == 0) return 0;
+  const int64_t r = rg > ru ? rg : ru;
+  const bool aligned = LoRASwiGLUAligned({x, w_gate, w_up, a_gate, b_gate, a_up, b_up}, y, k, n, rg, ru);
+  LoRAPlan plan;
+  int err = PlanLoRA(dtype, m, k, r, aligned, &plan);
+  if (err != 0) return err;
+  const int64_t part = RoundUp128(LoRAScratchBytes(m, r, plan));
+  if (scratch == nullptr || !Aligned16(scratch) || scratch_bytes < 2 * part) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  void* tg = scratch;
+  void* tu = static_cast<char*>(scratch) + part;
+  int32_t M = int32_t(m), N = int32_t(n), K = int32_t(k), RG = int32_t(rg), RU = int32_t(ru), ACT = act;
+  int32_t KB_PER_SPLIT = int32_t(plan.kb_per_split), SPLIT = int32_t(plan.split);
+  float SG = scale_gate, SU = scale_up;
+  void* scratch_global = nullptr;
+  void* scratch_profile = nullptr;
+  const int64_t grid_xa = ((m + plan.xa->block_m - 1) / plan.xa->block_m) * plan.split;
+  // Phase 1, per adapter: T partials = X @ A per K slice (fp32), zero past its rank up to r_pad.
+  void* xg_args[] = {&x, &a_gate, &tg, &M, &K, &RG, &KB_PER_SPLIT, &scratch_global, &scratch_profile};
+  if ((err = LaunchSpec(plan.xa, plan.xa_index, plan.device, grid_xa, xg_args, stream)) != 0) return err;
+  void* xu_args[] = {&x, &a_up, &tu, &M, &K, &RU, &KB_PER_SPLIT, &scratch_global, &scratch_profile};
+  if ((err = LaunchSpec(plan.xa, plan.xa_index, plan.device, grid_xa, xu_args, stream)) != 0) return err;
+  // Phase 2: SwiGLU's main loop, both rank-r terms, the activation and the product.
+  void* args[] = {
+      &x,   &w_gate,         &w_up,           &tg, &b_gate, &tu, &b_up, &y, &M, &N, &K, &RG, &RU, &SPLIT, &SG, &SU,
+      &ACT, &scratch_global, &scratch_profile};
+  return Launch(ids::kLoraSwiglu, dtype, m, n, aligned, RPad(r), args, stream);
 }
 #endif  // ONNXFUSE_WITH_TRITON
 #endif  // __CUDACC__

@@ -53,16 +53,64 @@ def _swiglu_kernel(x_ptr, wg_ptr, wu_ptr, y_ptr, M, N, K, ACT,
     _store_tile(y_ptr, N, y, offs_m, offs_m < M, offs_n, n_ok)
 
 
+@triton.jit
+def _rank_term(acc, rows, offs_n, n_ok, t_ptr, b_ptr, M, N, R, SPLIT, scale, BLOCK_M: tl.constexpr,
+               R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """``acc + (scale * sum_s t[s, rows]).to(b.dtype) @ b[:, cols]``: a LoRA branch's rank-r term on the tile (t from
+    lora_linear.py's _lora_xa_kernel, [SPLIT, M, R_PAD] fp32 partials, the padded columns zero), as _lora_epilogue
+    adds it."""
+    offs_r = tl.arange(0, R_PAD)
+    t_ptrs = t_ptr + rows[:, None] * R_PAD + offs_r[None, :]
+    t = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
+    for s in range(0, SPLIT):
+        t += tl.load(t_ptrs)
+        t_ptrs += M.to(tl.int64) * R_PAD
+    b = tl.load(b_ptr + offs_r[:, None] * N + offs_n[None, :], mask=(offs_r < R)[:, None] & n_ok[None, :],
+                other=0.0)
+    return tl.dot((t * scale).to(b.dtype), b, acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _lora_swiglu_kernel(x_ptr, wg_ptr, wu_ptr, tg_ptr, bg_ptr, tu_ptr, bu_ptr, y_ptr, M, N, K, RG, RU, SPLIT,
+                        scale_gate, scale_up, ACT,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                        R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """LoRASwiGLU's second phase: ``g = x @ wg + (sg * tg) @ bg; u = x @ wu + (su * tu) @ bu; y = act(g) * u``.
+
+    SwiGLU's main loop (both products sharing each X tile), then each accumulator's rank-r term (_rank_term) before
+    the activation. tg and tu: the gate's and the up adapter's X @ A partials from _lora_xa_kernel (one launch each,
+    both [SPLIT, M, R_PAD] with R_PAD for the larger rank).
+    """
+    gate, up, offs_m, offs_n, rows, n_ok = _gemm_main(x_ptr, wg_ptr, wu_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
+                                                      GROUP_M, True, DOT_PRECISION)
+    gate = _rank_term(gate, rows, offs_n, n_ok, tg_ptr, bg_ptr, M, N, RG, SPLIT, scale_gate, BLOCK_M, R_PAD,
+                      DOT_PRECISION)
+    up = _rank_term(up, rows, offs_n, n_ok, tu_ptr, bu_ptr, M, N, RU, SPLIT, scale_up, BLOCK_M, R_PAD, DOT_PRECISION)
+    y = _gate_activation(gate, ACT) * up
+    _store_tile(y_ptr, N, y, offs_m, offs_m < M, offs_n, n_ok)
+
+
 KERNELS = {
     "swiglu": (_swiglu_kernel, [("x_ptr", "*T"), ("wg_ptr", "*T"), ("wu_ptr", "*T"), ("y_ptr", "*T"),
                                 ("M", "i32"), ("N", "i32"), ("K", "i32"), ("ACT", "i32")]),
+    # tg_ptr / tu_ptr: fp32 scratch whatever T is
+    "lora_swiglu": (_lora_swiglu_kernel, [("x_ptr", "*T"), ("wg_ptr", "*T"), ("wu_ptr", "*T"), ("tg_ptr", "*fp32"),
+                                          ("bg_ptr", "*T"), ("tu_ptr", "*fp32"), ("bu_ptr", "*T"), ("y_ptr", "*T"),
+                                          ("M", "i32"), ("N", "i32"), ("K", "i32"), ("RG", "i32"), ("RU", "i32"),
+                                          ("SPLIT", "i32"), ("scale_gate", "fp32"), ("scale_up", "fp32"),
+                                          ("ACT", "i32")]),
 }
 
 # Tile configs per arch (gemm_loop.GEMM_TILES_*). "small" (decode), N=11008: BLOCK_N=64, BLOCK_K=128, 4 stages ->
 # 172 programs, 36 KB per stage (108 KB): 2 per SM, all resident (264 slots), 128-byte row segments of W, ~2 stages
 # (72 KB) in flight each -> ~12 MB over the chip.
 _H_SMALL = (16, 64, 128, 1, 4, 4)
+# lora_swiglu: SwiGLU's tiles (its two rank-r dots after the loop; the large tile with 2 stages for their operands)
 CONFIGS = {
-    "90": {"swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL, large=(128, 128, 64, 8, 8, 3)), "f": GEMM_TILES_F}},
-    "80": {"swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL, large=(128, 128, 32, 8, 8, 3)), "f": GEMM_TILES_F}},
+    "90": {"swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL, large=(128, 128, 64, 8, 8, 3)), "f": GEMM_TILES_F},
+           "lora_swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL, large=(128, 128, 64, 8, 8, 3)),
+                           "f": GEMM_TILES_F}},
+    "80": {"swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL, large=(128, 128, 32, 8, 8, 3)), "f": GEMM_TILES_F},
+           "lora_swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL, large=(128, 128, 32, 8, 8, 3)),
+                           "f": GEMM_TILES_F}},
 }

@@ -129,6 +129,10 @@ EMBEDDING_AUTO_TRITON = 1
 #   onnxruntime          47     83     64    101    112    206    223    237    249    959
 # (lm_head, 4096 -> 49152, differs: Triton 137 against the tensor-core kernel's 156 at 12 rows, and 171 against
 # cuBLAS's 340 at 32, but one (kernel, rows, K) rule serves both shapes.)
+# LoRASwiGLU (H100, fp16, the lora-mlp case: h4096/i11008, rank 16 on gate/up/down; ms with / without CUDA graphs,
+# benchmarks/results/h100-2026-11-26/lora/bench-lora-mlp.json): Triton (SwiGLU's loop and both rank-r dots) 0.946 /
+# 0.926 at 2048 tokens against the CUDA backend's five cuBLASLt GEMMs and pass 0.978 / 0.988, and 0.133 / 0.177
+# against 0.152 / 0.181 at 16: no CUDA rule, auto runs Triton.
 AUTO_CUDA = (("mlp_stack", STACK_GRID_MAX_M + 1, STACK_ROWS_MIN_SM_MULT * 128 - 1, 0),
              ("swiglu", 2048, 1 << 40, 2048),
              ("int4_linear", 0, 12, 0), ("int4_linear", 17, 1 << 40, 0),
