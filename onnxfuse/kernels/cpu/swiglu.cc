@@ -38,6 +38,25 @@ void RunSwiGLU(GemmArgs g, T* y, int64_t n) {
   Gemm(g);
 }
 
+// RunSwiGLU for the node's activation code.
+template <typename T>
+void RunSwiGLUAct(const GemmArgs& g, T* y, int64_t n, int act) {
+  switch (act) {
+    case ONNXFUSE_GATE_GELU:
+      return RunSwiGLU<T, ONNXFUSE_GATE_GELU>(g, y, n);
+    case ONNXFUSE_GATE_GELU_TANH:
+      return RunSwiGLU<T, ONNXFUSE_GATE_GELU_TANH>(g, y, n);
+    case ONNXFUSE_GATE_QUICK_GELU:
+      return RunSwiGLU<T, ONNXFUSE_GATE_QUICK_GELU>(g, y, n);
+    case ONNXFUSE_GATE_RELU:
+      return RunSwiGLU<T, ONNXFUSE_GATE_RELU>(g, y, n);
+    case ONNXFUSE_GATE_SIGMOID:
+      return RunSwiGLU<T, ONNXFUSE_GATE_SIGMOID>(g, y, n);
+    default:
+      return RunSwiGLU<T, ONNXFUSE_GATE_SILU>(g, y, n);
+  }
+}
+
 // The oneDNN post-op that computes gate activation `act`. None for relu (oneDNN's is max(x, 0), which loses NaN)
 // and for gelu (erf): oneDNN 3.2's AVX-512 gelu_erf gives NaN for +Inf where gelu(+Inf) = +Inf (onnxfuse doctor
 // --special-values on a Sapphire Rapids Xeon); both run in the built-in GEMM's epilogue.
@@ -117,20 +136,7 @@ struct SwiGLUCpu {
       g.b[0] = BOperand{W_gate.Data(), d.K, nullptr, wg.Match(W_gate.Data())};
       g.b[1] = BOperand{W_up.Data(), d.K, nullptr, wu.Match(W_up.Data())};
       if (g.b[0].packed != nullptr || g.b[1].packed != nullptr) log.Used(Op::kName);
-      switch (act) {
-        case ONNXFUSE_GATE_GELU:
-          return RunSwiGLU<T, ONNXFUSE_GATE_GELU>(g, y, d.N);
-        case ONNXFUSE_GATE_GELU_TANH:
-          return RunSwiGLU<T, ONNXFUSE_GATE_GELU_TANH>(g, y, d.N);
-        case ONNXFUSE_GATE_QUICK_GELU:
-          return RunSwiGLU<T, ONNXFUSE_GATE_QUICK_GELU>(g, y, d.N);
-        case ONNXFUSE_GATE_RELU:
-          return RunSwiGLU<T, ONNXFUSE_GATE_RELU>(g, y, d.N);
-        case ONNXFUSE_GATE_SIGMOID:
-          return RunSwiGLU<T, ONNXFUSE_GATE_SIGMOID>(g, y, d.N);
-        default:
-          return RunSwiGLU<T, ONNXFUSE_GATE_SILU>(g, y, d.N);
-      }
+      RunSwiGLUAct(g, y, d.N, act);
     });
   }
   OpAttrs attrs;
@@ -178,20 +184,7 @@ struct LoRASwiGLUCpu {
       g.lora_scale = 1.f;
       g.b[0] = BOperand{W_gate.Data(), K, extra_g.data(), nullptr};
       g.b[1] = BOperand{W_up.Data(), K, extra_u.data(), nullptr};
-      switch (act) {
-        case ONNXFUSE_GATE_GELU:
-          return RunSwiGLU<T, ONNXFUSE_GATE_GELU>(g, y, N);
-        case ONNXFUSE_GATE_GELU_TANH:
-          return RunSwiGLU<T, ONNXFUSE_GATE_GELU_TANH>(g, y, N);
-        case ONNXFUSE_GATE_QUICK_GELU:
-          return RunSwiGLU<T, ONNXFUSE_GATE_QUICK_GELU>(g, y, N);
-        case ONNXFUSE_GATE_RELU:
-          return RunSwiGLU<T, ONNXFUSE_GATE_RELU>(g, y, N);
-        case ONNXFUSE_GATE_SIGMOID:
-          return RunSwiGLU<T, ONNXFUSE_GATE_SIGMOID>(g, y, N);
-        default:
-          return RunSwiGLU<T, ONNXFUSE_GATE_SILU>(g, y, N);
-      }
+      RunSwiGLUAct(g, y, N, act);
     });
   }
   OpAttrs attrs;

@@ -227,6 +227,21 @@ int Gemm(const GemmArgs& g, void* workspace, int64_t workspace_bytes, cudaStream
   return 0;
 }
 
+int LoRAGemm(GemmArgs g, const void* a, const void* b, float scale, int64_t r, void* t, void* workspace,
+             int64_t workspace_bytes, cudaStream_t stream) {
+  const bool low_rank = r > 0 && g.k > 0 && scale != 0.f;  // else the LoRA term is exactly zero
+  if (low_rank) {
+    GemmArgs ta;  // T = scale * X @ A   [M, r]
+    ta.dtype = g.dtype, ta.x = g.x, ta.w = a, ta.y = t, ta.m = g.m, ta.k = g.k, ta.n = r, ta.alpha = scale;
+    if (int err = Gemm(ta, workspace, workspace_bytes, stream)) return err;
+    GemmArgs tb;  // Y = T @ B           [M, N]
+    tb.dtype = g.dtype, tb.x = t, tb.w = b, tb.y = g.y, tb.m = g.m, tb.k = r, tb.n = g.n;
+    if (int err = Gemm(tb, workspace, workspace_bytes, stream)) return err;
+    g.c = g.y, g.beta = 1.f;  // Y = [relu](X @ W + Y + bias)
+  }
+  return Gemm(g, workspace, workspace_bytes, stream);
+}
+
 }  // namespace onnxfuse::cuda_kernels
 
 extern "C" const char* onnxfuse_cuda_error_string(int code) {

@@ -35,6 +35,12 @@ struct GemmArgs {
 // a launch.h code (ONNXFUSE_ERR_NO_CUBLASLT, ONNXFUSE_ERR_CUBLAS, a cudaError_t).
 int Gemm(const GemmArgs& g, void* workspace, int64_t workspace_bytes, cudaStream_t stream);
 
+// Y = [relu](X @ W + bias + scale * (X @ A) @ B) (LoRALinear's and LoRASwiGLU's CUDA backend): T = scale * X @ A
+// into `t` ([M, r], the element type), Y = T @ B, then X @ W + Y (+ bias, relu) in the last GEMM's epilogue; the
+// rank-r term is skipped where it is exactly zero (r, K or scale 0). `g` holds X, W, Y, bias, relu and the sizes.
+int LoRAGemm(GemmArgs g, const void* a, const void* b, float scale, int64_t r, void* t, void* workspace,
+             int64_t workspace_bytes, cudaStream_t stream);
+
 int64_t ElemBytes(int dtype);
 // Bytes rounded up to 256, so a buffer placed after it in one scratch block keeps cuBLASLt's preferred alignment.
 inline int64_t Align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }

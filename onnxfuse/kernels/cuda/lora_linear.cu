@@ -44,22 +44,11 @@ extern "C" int onnxfuse_cuda_lora_linear(int dtype, int relu, const void* x, con
   if (m == 0 || n == 0) return 0;
   if (scratch == nullptr || scratch_bytes < onnxfuse_cuda_lora_scratch_bytes(dtype, m, r))
     return ONNXFUSE_ERR_BAD_ARGUMENT;
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const int64_t ws = ONNXFUSE_CUBLASLT_WORKSPACE_BYTES;
-  const bool low_rank = r > 0 && k > 0 && scale != 0.f;  // else the LoRA term is exactly zero
-  if (low_rank) {
-    void* t = static_cast<char*>(scratch) + ws;
-    ock::GemmArgs ta;  // T = scale * X @ A   [M, r]
-    ta.dtype = dtype, ta.x = x, ta.w = a, ta.y = t, ta.m = m, ta.k = k, ta.n = r, ta.alpha = scale;
-    if (int err = ock::Gemm(ta, scratch, ws, s)) return err;
-    ock::GemmArgs tb;  // Y = T @ B           [M, N]
-    tb.dtype = dtype, tb.x = t, tb.w = b, tb.y = y, tb.m = m, tb.k = r, tb.n = n;
-    if (int err = ock::Gemm(tb, scratch, ws, s)) return err;
-  }
-  ock::GemmArgs g;  // Y = [relu](X @ W + Y + bias)
+  ock::GemmArgs g;  // Y = [relu](X @ W + bias + scale * (X @ A) @ B)
   g.dtype = dtype, g.x = x, g.w = w, g.bias = bias, g.y = y, g.m = m, g.k = k, g.n = n, g.relu = relu != 0;
-  if (low_rank) g.c = y, g.beta = 1.f;
-  return ock::Gemm(g, scratch, ws, s);
+  const int64_t ws = ONNXFUSE_CUBLASLT_WORKSPACE_BYTES;
+  return ock::LoRAGemm(g, a, b, scale, r, static_cast<char*>(scratch) + ws, scratch, ws,
+                       static_cast<cudaStream_t>(stream));
 }
 
 #else  // the host half: the CUDA EP glue and the Triton launcher

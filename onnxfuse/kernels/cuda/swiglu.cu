@@ -102,8 +102,7 @@ extern "C" int64_t onnxfuse_cuda_lora_swiglu_scratch_bytes(int dtype, int64_t m,
   if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || m < 0 || n < 0 || rg < 0 || ru < 0)
     return ONNXFUSE_ERR_BAD_ARGUMENT;
   const int64_t e = ock::ElemBytes(dtype);
-  return ONNXFUSE_CUBLASLT_WORKSPACE_BYTES + ock::Align256(m * n * e) + ock::Align256(m * rg * e) +
-         ock::Align256(m * ru * e);
+  return ONNXFUSE_CUBLASLT_WORKSPACE_BYTES + ock::Align256(m * n * e) + ock::Align256(m * (rg > ru ? rg : ru) * e);
 }
 
 extern "C" int onnxfuse_cuda_lora_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up,
@@ -120,21 +119,11 @@ extern "C" int onnxfuse_cuda_lora_swiglu(int dtype, int act, const void* x, cons
   const int64_t ws = ONNXFUSE_CUBLASLT_WORKSPACE_BYTES, e = ock::ElemBytes(dtype);
   char* up = static_cast<char*>(scratch) + ws;
   char* t = up + ock::Align256(m * n * e);
-  // one projection: out = X @ W + scale * (X @ A) @ B (the rank-r product first, then X @ W onto it)
+  // one projection: out = X @ W + scale * (X @ A) @ B (LoRALinear's three GEMMs, without bias)
   auto projection = [&](const void* w, const void* a, const void* b, float scale, int64_t r, void* out) {
-    const bool low_rank = r > 0 && k > 0 && scale != 0.f;  // else the LoRA term is exactly zero
-    if (low_rank) {
-      ock::GemmArgs ta;  // T = scale * X @ A   [M, r]
-      ta.dtype = dtype, ta.x = x, ta.w = a, ta.y = t, ta.m = m, ta.k = k, ta.n = r, ta.alpha = scale;
-      if (int err = ock::Gemm(ta, scratch, ws, s)) return err;
-      ock::GemmArgs tb;  // out = T @ B        [M, N]
-      tb.dtype = dtype, tb.x = t, tb.w = b, tb.y = out, tb.m = m, tb.k = r, tb.n = n;
-      if (int err = ock::Gemm(tb, scratch, ws, s)) return err;
-    }
-    ock::GemmArgs g;  // out = X @ W + out
+    ock::GemmArgs g;
     g.dtype = dtype, g.x = x, g.w = w, g.y = out, g.m = m, g.k = k, g.n = n;
-    if (low_rank) g.c = out, g.beta = 1.f;
-    return ock::Gemm(g, scratch, ws, s);
+    return ock::LoRAGemm(g, a, b, scale, r, t, scratch, ws, s);
   };
   if (int err = projection(w_gate, a_gate, b_gate, scale_gate, rg, y)) return err;
   if (int err = projection(w_up, a_up, b_up, scale_up, ru, up)) return err;

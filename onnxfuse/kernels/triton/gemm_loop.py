@@ -177,3 +177,21 @@ def _store_tile(y_ptr, ld, z, offs_m, m_ok, offs_n, n_ok):
 #     48 KB of shared memory, ~3 stages in flight each (~4.6 MB); with N=11008, 344 programs: 3-4 per SM, one wave.
 GEMM_TILES_H = {"small": (16, 32, 128, 1, 4, 5), "medium": (64, 128, 64, 8, 4, 4), "large": (128, 128, 64, 8, 8, 4)}
 GEMM_TILES_F = {"small": (16, 32, 64, 1, 4, 3), "medium": (64, 64, 32, 8, 4, 3), "large": (128, 64, 32, 8, 8, 3)}
+
+
+@triton.jit
+def _rank_term(acc, rows, offs_n, n_ok, t_ptr, b_ptr, M, N, R, SPLIT, scale, BLOCK_M: tl.constexpr,
+               R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """``acc + (scale * sum_s t[s, rows]).to(b.dtype) @ b[:, cols]``: a LoRA branch's rank-r term on the tile, t the
+    fp32 partials of X @ A from lora_linear.py's _lora_xa_kernel ([SPLIT, M, R_PAD], the padded columns zero), b
+    [R, N]; the scaled T rounded to the input type (as a 16-bit PyTorch LoRA would), one tl.dot (lora_main's and
+    lora_swiglu's epilogues)."""
+    offs_r = tl.arange(0, R_PAD)
+    t_ptrs = t_ptr + rows[:, None] * R_PAD + offs_r[None, :]
+    t = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
+    for s in range(0, SPLIT):
+        t += tl.load(t_ptrs)
+        t_ptrs += M.to(tl.int64) * R_PAD
+    b = tl.load(b_ptr + offs_r[:, None] * N + offs_n[None, :], mask=(offs_r < R)[:, None] & n_ok[None, :],
+                other=0.0)
+    return tl.dot((t * scale).to(b.dtype), b, acc, input_precision=DOT_PRECISION)

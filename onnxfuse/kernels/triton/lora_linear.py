@@ -12,7 +12,8 @@ run-time flag.
 import triton
 import triton.language as tl
 
-from .gemm_loop import GEMM_TILES_F, GEMM_TILES_H, _gemm_main, _gemm_tile_tma, _relu, _store_tile, _tma_descs
+from .gemm_loop import (GEMM_TILES_F, GEMM_TILES_H, _gemm_main, _gemm_tile_tma, _rank_term, _relu, _store_tile,
+                        _tma_descs)
 
 
 @triton.jit
@@ -78,16 +79,8 @@ def _lora_main_kernel(x_ptr, w_ptr, t_ptr, b_ptr, bias_ptr, y_ptr, M, N, K, R, S
 def _lora_epilogue(acc, offs_m, offs_n, rows, n_ok, t_ptr, b_ptr, bias_ptr, y_ptr, M, N, R, SPLIT, scale, RELU,
                    BLOCK_M: tl.constexpr, R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """``y[tile] = [relu](acc + bias + (scale * sum_s t[s, rows]).to(b.dtype) @ b[:, cols])``."""
-    offs_r = tl.arange(0, R_PAD)
     # Rank-r term: T row tile (sum of the SPLIT fp32 partials; padded columns are zero) times the B column tile.
-    t_ptrs = t_ptr + rows[:, None] * R_PAD + offs_r[None, :]
-    t = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
-    for s in range(0, SPLIT):
-        t += tl.load(t_ptrs)
-        t_ptrs += M.to(tl.int64) * R_PAD
-    b = tl.load(b_ptr + offs_r[:, None] * N + offs_n[None, :], mask=(offs_r < R)[:, None] & n_ok[None, :],
-                other=0.0)
-    acc = tl.dot((t * scale).to(b.dtype), b, acc, input_precision=DOT_PRECISION)
+    acc = _rank_term(acc, rows, offs_n, n_ok, t_ptr, b_ptr, M, N, R, SPLIT, scale, BLOCK_M, R_PAD, DOT_PRECISION)
     acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if RELU != 0:
         acc = _relu(acc)

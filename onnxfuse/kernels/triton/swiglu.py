@@ -12,7 +12,7 @@ arguments in this order.
 import triton
 import triton.language as tl
 
-from .gemm_loop import GEMM_TILES_F, GEMM_TILES_H, _gemm_main, _store_tile
+from .gemm_loop import GEMM_TILES_F, GEMM_TILES_H, _gemm_main, _rank_term, _store_tile
 
 # (Triton kernels read module globals only as constexpr.)
 _SQRT1_2 = tl.constexpr(0.7071067811865476)         # 1 / sqrt(2)
@@ -51,23 +51,6 @@ def _swiglu_kernel(x_ptr, wg_ptr, wu_ptr, y_ptr, M, N, K, ACT,
                                                    GROUP_M, True, DOT_PRECISION)
     y = _gate_activation(gate, ACT) * up
     _store_tile(y_ptr, N, y, offs_m, offs_m < M, offs_n, n_ok)
-
-
-@triton.jit
-def _rank_term(acc, rows, offs_n, n_ok, t_ptr, b_ptr, M, N, R, SPLIT, scale, BLOCK_M: tl.constexpr,
-               R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """``acc + (scale * sum_s t[s, rows]).to(b.dtype) @ b[:, cols]``: a LoRA branch's rank-r term on the tile (t from
-    lora_linear.py's _lora_xa_kernel, [SPLIT, M, R_PAD] fp32 partials, the padded columns zero), as _lora_epilogue
-    adds it."""
-    offs_r = tl.arange(0, R_PAD)
-    t_ptrs = t_ptr + rows[:, None] * R_PAD + offs_r[None, :]
-    t = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
-    for s in range(0, SPLIT):
-        t += tl.load(t_ptrs)
-        t_ptrs += M.to(tl.int64) * R_PAD
-    b = tl.load(b_ptr + offs_r[:, None] * N + offs_n[None, :], mask=(offs_r < R)[:, None] & n_ok[None, :],
-                other=0.0)
-    return tl.dot((t * scale).to(b.dtype), b, acc, input_precision=DOT_PRECISION)
 
 
 @triton.jit
