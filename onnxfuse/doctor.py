@@ -297,8 +297,9 @@ def _doctor_data(op, dtype, shp, attrs, seed, torch_device, special) -> dict:
     x2 = make_inputs(op, dtype, {first: shp[first]}, seed + 1, torch_device)[0]
     if special:
         at = list(shp).index(first)
-        ins[at] = testing.with_special_rows(ins[at])[0]
-        x2 = testing.with_special_rows(x2, first=1)[0]  # other rows hold them after the rebind
+        type_max = schema.op_def(op).special_type_max  # (see OpDef.special_type_max)
+        ins[at] = testing.with_special_rows(ins[at], type_max=type_max)[0]
+        x2 = testing.with_special_rows(x2, first=1, type_max=type_max)[0]  # other rows hold them after the rebind
     ref = schema.reference(op, ins, attrs).float().cpu().numpy()
     ref2 = schema.reference(op, [x2 if n == first else t for n, t in zip(shp, ins)], attrs).float().cpu().numpy()
     feeds = {name: (t if (op, name) in INT_INPUTS else t.float()).cpu().numpy() for name, t in zip(shp, ins)}

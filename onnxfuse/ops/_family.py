@@ -151,6 +151,11 @@ class OpDef:
     weighted: the inputs after X are weights (the doctor's special rows also run them as initializers).
     optional_overload: the suffix of the overload of a node that has the schema's optional inputs (Int4Linear's "zp";
     the body gets the whole overload and declares them).
+    special_type_max: the doctor's special rows include the type's largest value (testing.with_special_rows); False
+    where whether such a row overflows depends on where the kernels round an intermediate that the fp32 reference
+    keeps (LoRASwiGLU's X @ A, rounded to the input type by its GPU kernels as the unfused 16-bit graph does, then
+    multiplied through the gating product; the int4 GEMV's fp32 lane sums). NaN, +-Inf, -0 and subnormals are
+    checked either way.
     """
     index: int
     schema: OpSchema
@@ -167,6 +172,7 @@ class OpDef:
     doctor_inputs: Callable | None = None
     weighted: bool = True
     optional_overload: str = ""
+    special_type_max: bool = True
 
     @property
     def name(self) -> str:

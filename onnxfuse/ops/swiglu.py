@@ -211,6 +211,8 @@ FAMILY = OpFamily("swiglu", (
           # reads the activation attribute (an unknown one must reach the kernel's error), while the rules write
           # swiglu_overload(activation) with that activation's function body.
           doctor_entry, overload_attr="activation"),
+    # special rows without the type's max: the GPU kernels round X @ A to the input type (as a 16-bit PyTorch LoRA and
+    # the unfused graph do), the fp32 reference does not, and act(g) * u multiplies the two terms' rounding
     OpDef(12, LORA_SWIGLU, lora_reference, lora_body, matmul_out_shape, tuple(_LORA_SHAPES), lora_doctor_entry,
-          overload_attr="activation", min_opset=15, doctor_inputs=lora_doctor_inputs),
+          overload_attr="activation", min_opset=15, doctor_inputs=lora_doctor_inputs, special_type_max=False),
 ), cpp_name="SwiGLU")

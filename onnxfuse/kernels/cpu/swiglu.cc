@@ -5,6 +5,7 @@
 // a post-op, written once as Y. Otherwise (a relu or gelu gate, weights that are not constants, no oneDNN) the
 // built-in GEMM carries both accumulators to one epilogue.
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "common/gate_act.h"
@@ -147,10 +148,47 @@ struct SwiGLUCpu {
   PrepackLog log;
 };
 
-// LoRASwiGLU: the built-in GEMM with both operands' LoRA columns. Its LoRA form ([X | T] @ [W ; extra], T = X @ A in
-// fp32 from the packed X) takes one A for both operands: A = [s_gate A_gate | s_up A_up] (fp32, the scales folded
-// in), T = X @ A [M, rg + ru], the gate's extra rows [B_gate ; 0] and the up's [0 ; B_up] (in T's element type, B
-// as given), so each accumulator gets its own rank-r term before the SwiGLU epilogue.
+// LoRASwiGLU: one pass of the built-in GEMM over both base products (SwiGLU's), each rank-r term added in the
+// epilogue to its finished base sum: T = s X @ A ([M, r], fp32) and B (fp32) first, then per output g = acc_gate +
+// T_gate[m] . B_gate[:, n], u likewise, y = act(g) * u. (The LoRA columns of the GEMM's reduction, as LoRALinear's
+// kernel adds them, mix the rank-r products into the base sum's order: with the type's largest values a partial sum
+// overflowed to +Inf and met the adapter's -Inf, a NaN the reference has not; onnxfuse doctor --special-values.)
+template <typename T, int A>
+struct LoRASwiGLUEpilogue final : Epilogue {
+  const float *tg, *bg, *tu, *bu;  // T [M, r], B [r, N] per projection, fp32
+  int64_t rg, ru, N;
+  T* y;
+  void Apply(int64_t m0, int64_t mb, int64_t n0, int64_t nc, const float* const* acc, int64_t ld) const override {
+    for (int64_t i = 0; i < mb; ++i) {
+      const float *g = acc[0] + i * ld, *u = acc[1] + i * ld;
+      const float *ti = tg + (m0 + i) * rg, *si = tu + (m0 + i) * ru;
+      T* out = y + (m0 + i) * N + n0;
+      for (int64_t j = 0; j < nc; ++j) {
+        float dg = 0.f, du = 0.f;
+        for (int64_t c = 0; c < rg; ++c) dg += ti[c] * bg[c * N + n0 + j];
+        for (int64_t c = 0; c < ru; ++c) du += si[c] * bu[c * N + n0 + j];
+        out[j] = FromF32<T>(GateAct<A>(g[j] + dg) * (u[j] + du));
+      }
+    }
+  }
+};
+
+// T = scale * X @ A in fp32 ([M, r]).
+template <typename T>
+std::vector<float> ScaledXA(const T* x, const T* a, int64_t M, int64_t K, int64_t r, float scale) {
+  std::vector<float> t(size_t(M * r), 0.f), af(size_t(K * r));
+  for (int64_t i = 0; i < K * r; ++i) af[size_t(i)] = ToF32(a[i]);
+  for (int64_t m = 0; m < M; ++m) {
+    float* tm = t.data() + m * r;
+    for (int64_t k = 0; k < K; ++k) {
+      const float xv = ToF32(x[m * K + k]);
+      for (int64_t c = 0; c < r; ++c) tm[c] += xv * af[size_t(k * r + c)];
+    }
+    for (int64_t c = 0; c < r; ++c) tm[c] *= scale;
+  }
+  return t;
+}
+
 template <typename T>
 struct LoRASwiGLUCpu {
   using Op = schema::LoRASwiGLU;
@@ -166,25 +204,37 @@ struct LoRASwiGLUCpu {
                                           B_gate.Shape(), A_up.Shape(), B_up.Shape(), &ru);
       T* y = Y.Allocate(d.out_shape);
       if (d.M == 0 || d.N == 0) return;
-      const int64_t K = d.K, N = d.N, rg = d.r, r = rg + ru;
-      std::vector<float> a(size_t(K * r));
-      for (int64_t k = 0; k < K; ++k) {
-        for (int64_t c = 0; c < rg; ++c) a[size_t(k * r + c)] = attrs.scale_gate * ToF32(A_gate.Data()[k * rg + c]);
-        for (int64_t c = 0; c < ru; ++c) a[size_t(k * r + rg + c)] = attrs.scale_up * ToF32(A_up.Data()[k * ru + c]);
-      }
-      std::vector<T> extra_g(size_t(r * N), FromF32<T>(0.f)), extra_u(size_t(r * N), FromF32<T>(0.f));
-      std::copy(B_gate.Data(), B_gate.Data() + rg * N, extra_g.begin());
-      std::copy(B_up.Data(), B_up.Data() + ru * N, extra_u.begin() + rg * N);
+      const int64_t rg = d.r;
+      const std::vector<float> tg = ScaledXA(X.Data(), A_gate.Data(), d.M, d.K, rg, attrs.scale_gate);
+      const std::vector<float> tu = ScaledXA(X.Data(), A_up.Data(), d.M, d.K, ru, attrs.scale_up);
+      const std::vector<float> bg = ToF32Vector(B_gate.Data(), rg * d.N), bu = ToF32Vector(B_up.Data(), ru * d.N);
       const OrtPool pool(ctx);
       GemmArgs g = GemmFor(d, X.Data(), nullptr);
       g.pool = &pool;
       g.num_b = 2;
-      g.r = r;
-      g.lora_a_f32 = a.data();
-      g.lora_scale = 1.f;
-      g.b[0] = BOperand{W_gate.Data(), K, extra_g.data(), nullptr};
-      g.b[1] = BOperand{W_up.Data(), K, extra_u.data(), nullptr};
-      RunSwiGLUAct(g, y, N, act);
+      g.b[0] = BOperand{W_gate.Data(), d.K, nullptr, nullptr};
+      g.b[1] = BOperand{W_up.Data(), d.K, nullptr, nullptr};
+      auto run = [&](auto code) {
+        LoRASwiGLUEpilogue<T, decltype(code)::value> epi;
+        epi.tg = tg.data(), epi.bg = bg.data(), epi.tu = tu.data(), epi.bu = bu.data();
+        epi.rg = rg, epi.ru = ru, epi.N = d.N, epi.y = y;
+        g.epilogue = &epi;
+        Gemm(g);
+      };
+      switch (act) {
+        case ONNXFUSE_GATE_GELU:
+          return run(std::integral_constant<int, ONNXFUSE_GATE_GELU>{});
+        case ONNXFUSE_GATE_GELU_TANH:
+          return run(std::integral_constant<int, ONNXFUSE_GATE_GELU_TANH>{});
+        case ONNXFUSE_GATE_QUICK_GELU:
+          return run(std::integral_constant<int, ONNXFUSE_GATE_QUICK_GELU>{});
+        case ONNXFUSE_GATE_RELU:
+          return run(std::integral_constant<int, ONNXFUSE_GATE_RELU>{});
+        case ONNXFUSE_GATE_SIGMOID:
+          return run(std::integral_constant<int, ONNXFUSE_GATE_SIGMOID>{});
+        default:
+          return run(std::integral_constant<int, ONNXFUSE_GATE_SILU>{});
+      }
     });
   }
   OpAttrs attrs;
