@@ -200,14 +200,10 @@ class AdapterSlots:
             raise OnnxfuseError(f"adapter {name!r} was not preloaded (preloaded: {', '.join(self.resident) or 'none'})")
         src = self.resident[name]
         if self.device == "cpu":
-            ctypes_memmove(self.slots.data_ptr(), src.data_ptr(), self.nbytes)
+            import ctypes
+            ctypes.memmove(self.slots.data_ptr(), src.data_ptr(), self.nbytes)
         else:
             cuda_copy(self.slots.data_ptr(), src.data_ptr(), self.nbytes, self.device_id)
-
-
-def ctypes_memmove(dst: int, src: int, nbytes: int) -> None:
-    import ctypes
-    ctypes.memmove(dst, src, nbytes)
 
 
 def cuda_copy(dst: int, src: int, nbytes: int, device_id: int = 0) -> None:

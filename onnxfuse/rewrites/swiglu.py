@@ -499,10 +499,8 @@ class SwiGLUPass(_base.GraphPass):
             wg = rec.derived(shim, graph, w, f"_gate{cand.gate_cols[0]}_KxN", lambda: cand.wg)
             wu = rec.derived(shim, graph, w, f"_up{cand.up_cols[0]}_KxN", lambda: cand.wu)
         else:
-            wg = gate.gemm.inputs[1] if not cand.trans[0] else rec.derived(shim, graph, gate.gemm.inputs[1], "_KxN",
-                                                                           lambda: cand.wg)
-            wu = up.gemm.inputs[1] if not cand.trans[1] else rec.derived(shim, graph, up.gemm.inputs[1], "_KxN",
-                                                                         lambda: cand.wu)
+            wg = self._weight_kn(shim, graph, gate, cand.wg, cand.trans[0])
+            wu = self._weight_kn(shim, graph, up, cand.wu, cand.trans[1])
         act = cand.activation
         node = ir.Node(DOMAIN, OP, [x, wg, wu],
                        [ir.AttrString("activation", act), ir.AttrString("backend", "auto")],
@@ -534,6 +532,12 @@ class SwiGLUPass(_base.GraphPass):
         ir.convenience.replace_nodes_and_values(graph, cand.mul, cand.nodes, [node], [old_out], [node.outputs[0]])
 
 
+    def _weight_kn(self, shim: _Shim, graph: ir.Graph, p: Projection, w_kn: np.ndarray, trans: bool) -> ir.Value:
+        """A projection's weight as the ops take it, [K, N]: its own initializer, or (a Gemm with transB) the
+        transpose, made once per graph."""
+        w = p.gemm.inputs[1]
+        return w if not trans else self.recorder.derived(shim, graph, w, "_KxN", lambda: w_kn)
+
     def _replace_lora(self, graph: ir.Graph, cand: Candidate) -> None:
         """One LoRASwiGLU for a gated MLP whose gate and/or up projection is a LoRALinear (zero bias): its W, A, B and
         scale; a projection without an adapter gets a zero one of the other's rank (constants: what it adds is 0)."""
@@ -548,8 +552,7 @@ class SwiGLUPass(_base.GraphPass):
                 parts[side] = (p.gemm.inputs[1], p.gemm.inputs[2], p.gemm.inputs[3],
                                float(p.gemm.attributes.get_float("scale", 1.0)))
                 continue
-            w = p.gemm.inputs[1] if not trans else rec.derived(shim, graph, p.gemm.inputs[1], "_KxN",
-                                                               lambda w_kn=w_kn: w_kn)
+            w = self._weight_kn(shim, graph, p, w_kn, trans)
             za = rec.derived(shim, graph, p.gemm.inputs[1], f"_zero_A{rank}",
                              lambda: np.zeros((k, rank), dtype=w_kn.dtype))
             zb = rec.derived(shim, graph, p.gemm.inputs[1], f"_zero_B{rank}",
@@ -569,13 +572,13 @@ class SwiGLUPass(_base.GraphPass):
         flops = None if base is None else 2 * base + base // n * (rg + ru) + base // k * (rg + ru)
         shapes = {"X": _base.dims(x), "W_gate": [k, n], "W_up": [k, n], "A_gate": [k, rg], "B_gate": [rg, n],
                   "A_up": [k, ru], "B_up": [ru, n]}
-        inputs = [v.name for v in (ag, bg, au, bu) if v.is_graph_input()]
+        fed = any(v.is_graph_input() for v in (ag, bg, au, bu))
         extra = [f"activation: {act}", f"  spelled: {cand.spelling}"[:64], f"LoRA ranks {rg} / {ru}",
-                 "adapters: " + ("graph inputs" if inputs else "constants")]
+                 "adapters: " + ("graph inputs" if fed else "constants")]
         # the LoRALinear matches this one absorbs leave the report: their original nodes are this match's
         replaced = []
         for m in cand.nodes:
-            prior = next((mt for mt in rec.matches if _lora(m) and mt.node == m.name), None)
+            prior = next((mt for mt in rec.matches if mt.node == m.name), None) if _lora(m) else None
             if prior is not None:
                 rec.matches.remove(prior)
                 replaced += prior.replaced

@@ -39,22 +39,23 @@ void RunSwiGLU(GemmArgs g, T* y, int64_t n) {
   Gemm(g);
 }
 
-// RunSwiGLU for the node's activation code.
-template <typename T>
-void RunSwiGLUAct(const GemmArgs& g, T* y, int64_t n, int act) {
+// Calls f(std::integral_constant<int, A>{}) for the node's activation code A, so each epilogue is compiled per
+// activation (no branch in its inner loop).
+template <typename F>
+void WithGateAct(int act, F&& f) {
   switch (act) {
     case ONNXFUSE_GATE_GELU:
-      return RunSwiGLU<T, ONNXFUSE_GATE_GELU>(g, y, n);
+      return f(std::integral_constant<int, ONNXFUSE_GATE_GELU>{});
     case ONNXFUSE_GATE_GELU_TANH:
-      return RunSwiGLU<T, ONNXFUSE_GATE_GELU_TANH>(g, y, n);
+      return f(std::integral_constant<int, ONNXFUSE_GATE_GELU_TANH>{});
     case ONNXFUSE_GATE_QUICK_GELU:
-      return RunSwiGLU<T, ONNXFUSE_GATE_QUICK_GELU>(g, y, n);
+      return f(std::integral_constant<int, ONNXFUSE_GATE_QUICK_GELU>{});
     case ONNXFUSE_GATE_RELU:
-      return RunSwiGLU<T, ONNXFUSE_GATE_RELU>(g, y, n);
+      return f(std::integral_constant<int, ONNXFUSE_GATE_RELU>{});
     case ONNXFUSE_GATE_SIGMOID:
-      return RunSwiGLU<T, ONNXFUSE_GATE_SIGMOID>(g, y, n);
+      return f(std::integral_constant<int, ONNXFUSE_GATE_SIGMOID>{});
     default:
-      return RunSwiGLU<T, ONNXFUSE_GATE_SILU>(g, y, n);
+      return f(std::integral_constant<int, ONNXFUSE_GATE_SILU>{});
   }
 }
 
@@ -137,7 +138,7 @@ struct SwiGLUCpu {
       g.b[0] = BOperand{W_gate.Data(), d.K, nullptr, wg.Match(W_gate.Data())};
       g.b[1] = BOperand{W_up.Data(), d.K, nullptr, wu.Match(W_up.Data())};
       if (g.b[0].packed != nullptr || g.b[1].packed != nullptr) log.Used(Op::kName);
-      RunSwiGLUAct(g, y, d.N, act);
+      WithGateAct(act, [&](auto code) { RunSwiGLU<T, decltype(code)::value>(g, y, d.N); });
     });
   }
   OpAttrs attrs;
@@ -221,20 +222,7 @@ struct LoRASwiGLUCpu {
         g.epilogue = &epi;
         Gemm(g);
       };
-      switch (act) {
-        case ONNXFUSE_GATE_GELU:
-          return run(std::integral_constant<int, ONNXFUSE_GATE_GELU>{});
-        case ONNXFUSE_GATE_GELU_TANH:
-          return run(std::integral_constant<int, ONNXFUSE_GATE_GELU_TANH>{});
-        case ONNXFUSE_GATE_QUICK_GELU:
-          return run(std::integral_constant<int, ONNXFUSE_GATE_QUICK_GELU>{});
-        case ONNXFUSE_GATE_RELU:
-          return run(std::integral_constant<int, ONNXFUSE_GATE_RELU>{});
-        case ONNXFUSE_GATE_SIGMOID:
-          return run(std::integral_constant<int, ONNXFUSE_GATE_SIGMOID>{});
-        default:
-          return run(std::integral_constant<int, ONNXFUSE_GATE_SILU>{});
-      }
+      WithGateAct(act, run);
     });
   }
   OpAttrs attrs;

@@ -1,5 +1,7 @@
 // SwiGLU on the CUDA execution provider, in one file: the launchers' C declarations below, then the nvcc half (the CUDA
 // kernels) and the host half (the CUDA EP glue and the Triton launcher); cuda/cuda.cmake says how it is built.
+#include <algorithm>
+
 #include "cuda/launch.h"
 
 extern "C" {
@@ -102,7 +104,7 @@ extern "C" int64_t onnxfuse_cuda_lora_swiglu_scratch_bytes(int dtype, int64_t m,
   if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || m < 0 || n < 0 || rg < 0 || ru < 0)
     return ONNXFUSE_ERR_BAD_ARGUMENT;
   const int64_t e = ock::ElemBytes(dtype);
-  return ONNXFUSE_CUBLASLT_WORKSPACE_BYTES + ock::Align256(m * n * e) + ock::Align256(m * (rg > ru ? rg : ru) * e);
+  return ONNXFUSE_CUBLASLT_WORKSPACE_BYTES + ock::Align256(m * n * e) + ock::Align256(m * std::max(rg, ru) * e);
 }
 
 extern "C" int onnxfuse_cuda_lora_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up,
@@ -267,10 +269,11 @@ extern "C" int64_t onnxfuse_triton_lora_swiglu_scratch_bytes(int dtype, int64_t 
   if (rg > ONNXFUSE_MAX_LORA_RANK || ru > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
   if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
   if (m == 0 || n == 0) return 0;
+  const int64_t r = std::max(rg, ru);  // one plan and r_pad for both adapters
   LoRAPlan plan;
-  const int err = PlanLoRA(dtype, m, k, rg > ru ? rg : ru, true, &plan);
+  const int err = PlanLoRA(dtype, m, k, r, true, &plan);
   if (err != 0) return err > 0 ? -int64_t(err) : int64_t(err);
-  return 2 * RoundUp128(LoRAScratchBytes(m, rg > ru ? rg : ru, plan));
+  return 2 * RoundUp128(LoRAScratchBytes(m, r, plan));
 }
 
 extern "C" int onnxfuse_triton_lora_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up,
@@ -282,7 +285,7 @@ extern "C" int onnxfuse_triton_lora_swiglu(int dtype, int act, const void* x, co
   if (rg > ONNXFUSE_MAX_LORA_RANK || ru > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
   if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
   if (m == 0 || n == 0) return 0;
-  const int64_t r = rg > ru ? rg : ru;
+  const int64_t r = std::max(rg, ru);
   const bool aligned = LoRASwiGLUAligned({x, w_gate, w_up, a_gate, b_gate, a_up, b_up}, y, k, n, rg, ru);
   LoRAPlan plan;
   int err = PlanLoRA(dtype, m, k, r, aligned, &plan);
