@@ -122,6 +122,134 @@ def read_adapter(path: str | pathlib.Path) -> dict[str, np.ndarray]:
     return {name: np.array(value.numpy(), copy=True) for name, value in fmt.get_parameters().items()}
 
 
+ADAPTER_INDEX = "adapter_index"  # the multi-adapter model's input: one adapter per batch row, -1 for none
+
+
+def scales_name(a_input: str) -> str:
+    """The scales input of the layer whose A input is `a_input` (`<layer>.lora_A` -> `<layer>.lora_scales`)."""
+    return (a_input[:-len(".lora_A")] if a_input.endswith(".lora_A") else a_input) + ".lora_scales"
+
+
+def to_multi_adapter(model: onnx.ModelProto, n: int) -> int:
+    """Make `model` (exported with --lora-as-inputs: each LoRA layer's A and B graph inputs) serve a batch that mixes
+    up to `n` adapters, in place: fuse its LoRA layers (the lora_linear and swiglu rules: a gated MLP's gate and up
+    with their adapters become one LoRASwiGLU), then turn each LoRALinear / LoRASwiGLU whose adapters are graph
+    inputs into a MultiLoRALinear / MultiLoRASwiGLU over stacks of n adapters: the same input names with a leading
+    [n] axis (zero defaults), `<layer>.lora_scales` [n] (default: the exported scale), and one `adapter_index` [batch]
+    input (int64, no default: -1 for a row without an adapter) that every layer shares. A projection of a gated MLP
+    without an adapter keeps a zero one, stacked as a constant. Returns the number of nodes converted; raises
+    OnnxfuseError when there is none. `stack_adapters` builds the stacked inputs from adapter files."""
+    from onnxscript import ir
+
+    from . import functions, fuse
+    from .ops.lora_linear import LORA_LINEAR, MULTI_LORA_LINEAR
+    from .ops.swiglu import LORA_SWIGLU, MULTI_LORA_SWIGLU
+    from .schema import DOMAIN
+
+    if n < 1:
+        raise OnnxfuseError(f"--adapters must be >= 1 (got {n})")
+    irm = ir.serde.deserialize_model(model)
+    fuse.fuse_model(irm, ["lora_linear", "swiglu"])
+    fused = ir.serde.serialize_model(irm)
+    graph = fused.graph
+    inputs = {i.name: i for i in graph.input}
+    # op -> (its multi-adapter op, [(A, B, scale attribute)] by input position)
+    plans = {LORA_LINEAR.name: (MULTI_LORA_LINEAR.name, [(2, 3, "scale")]),
+             LORA_SWIGLU.name: (MULTI_LORA_SWIGLU.name, [(3, 4, "scale_gate"), (5, 6, "scale_up")])}
+    nodes = [nd for nd in graph.node if nd.domain == DOMAIN and nd.op_type in plans
+             and any(nd.input[a] in inputs for a, _, _ in plans[nd.op_type][1])]
+    if not nodes:
+        raise OnnxfuseError("--adapters: no LoRA layer with its adapter as inputs fused (export with --lora-rank R)")
+    graph.input.append(onnx.helper.make_tensor_value_info(ADAPTER_INDEX, onnx.TensorProto.INT64,
+                                                          [_batch_dim(graph, nodes[0].input[0])]))
+    for nd in nodes:
+        op, pairs = plans[nd.op_type]
+        attrs = {at.name: at for at in nd.attribute}
+        scales = [_stack_pair(graph, inputs, nd.input[a], nd.input[b], attrs[s].f if s in attrs else 1.0, n)
+                  for a, b, s in pairs]
+        node_inputs = [*nd.input, *scales, ADAPTER_INDEX]
+        keep = [at for name, at in attrs.items() if name not in {s for _, _, s in pairs}]
+        nd.op_type = op  # the overload (the activation, or empty) stays
+        del nd.input[:]
+        nd.input.extend(node_inputs)
+        del nd.attribute[:]
+        nd.attribute.extend(keep)
+    del fused.functions[:]
+    functions.add_functions(fused)
+    model.CopyFrom(fused)
+    return len(nodes)
+
+
+def _stack_pair(graph: onnx.GraphProto, inputs: dict, a_name: str, b_name: str, scale: float, n: int) -> str:
+    """Stack a LoRA layer's A and B n deep: graph inputs become [n, ...] inputs with zero defaults, constants (a gated
+    MLP's zero adapter) [n, ...] constants; returns its scales' name, an [n] input defaulting to `scale`."""
+    inits = {i.name: i for i in graph.initializer}
+    for name in (a_name, b_name):
+        init = inits[name]
+        arr = _array(init)
+        stacked = np.zeros([n, *arr.shape], arr.dtype) if name in inputs else np.broadcast_to(arr, (n, *arr.shape))
+        new = numpy_helper.from_array(np.ascontiguousarray(stacked), name)
+        new.data_type = init.data_type
+        init.CopyFrom(new)
+        if name in inputs:
+            inputs[name].CopyFrom(onnx.helper.make_tensor_value_info(name, init.data_type, [n, *arr.shape]))
+    s_name = scales_name(a_name)
+    if s_name not in inits:
+        elem = inits[a_name].data_type
+        s_init = numpy_helper.from_array(np.full([n], scale, onnx.helper.tensor_dtype_to_np_dtype(elem)), s_name)
+        graph.initializer.append(s_init)
+        if a_name in inputs:
+            graph.input.append(onnx.helper.make_tensor_value_info(s_name, elem, [n]))
+    return s_name
+
+
+def _batch_dim(graph: onnx.GraphProto, x_name: str):
+    """X's first dimension (a symbol or a size) as the graph declares it, following X back to a graph input of the
+    same leading axis where it is an intermediate; "batch" where nothing says."""
+    for vi in list(graph.input) + list(graph.value_info):
+        if vi.name == x_name and vi.type.tensor_type.shape.dim:
+            d = vi.type.tensor_type.shape.dim[0]
+            return d.dim_param or (d.dim_value if d.HasField("dim_value") else "batch")
+    first = next((i for i in graph.input if i.type.tensor_type.shape.dim), None)
+    if first is not None:
+        d = first.type.tensor_type.shape.dim[0]
+        return d.dim_param or (d.dim_value if d.HasField("dim_value") else "batch")
+    return "batch"
+
+
+def stack_adapters(adapters: list[dict[str, np.ndarray]], scales: list[float],
+                   n: int | None = None) -> dict[str, np.ndarray]:
+    """The inputs of a multi-adapter model (`to_multi_adapter`) that hold `adapters` (each the parameters of one
+    adapter file, `read_adapter`) in slots 0, 1, ...: each A and B input stacked, zeros in the slots past them up to
+    `n`, and `<layer>.lora_scales` with each adapter's scale (`scales`: peft's lora_alpha / r, or alpha / sqrt(r)
+    with rslora; the exported one is the default of the model's scales inputs), 0 in an empty slot. Every adapter
+    must have the same layers, shapes and dtypes (fp32 or fp16)."""
+    if not adapters:
+        raise OnnxfuseError("stack_adapters: no adapters given")
+    if len(scales) != len(adapters):
+        raise OnnxfuseError(f"stack_adapters: {len(scales)} scales for {len(adapters)} adapters (one each)")
+    n = len(adapters) if n is None else n
+    if len(adapters) > n:
+        raise OnnxfuseError(f"stack_adapters: {len(adapters)} adapters for {n} slots")
+    names = sorted(adapters[0])
+    for i, p in enumerate(adapters[1:], 1):
+        if sorted(p) != names or any(p[k].shape != adapters[0][k].shape or p[k].dtype != adapters[0][k].dtype
+                                     for k in names):
+            raise OnnxfuseError(f"stack_adapters: adapter {i} has other layers, shapes or dtypes than adapter 0")
+    out = {}
+    for k in names:
+        first = adapters[0][k]
+        stacked = np.zeros((n, *first.shape), first.dtype)
+        for i, p in enumerate(adapters):
+            stacked[i] = p[k]
+        out[k] = stacked
+        if k.endswith(".lora_A"):
+            if first.dtype not in (np.float32, np.float16):
+                raise OnnxfuseError(f"stack_adapters: {k} is {first.dtype}; adapters are fp32 or fp16")
+            out[scales_name(k)] = np.array(list(scales) + [0.0] * (n - len(adapters)), first.dtype)
+    return out
+
+
 _SLOT_ALIGN = 256  # bytes between the starts of two inputs in the slots' buffer
 
 

@@ -108,14 +108,18 @@ def read_recipe(model: onnx.ModelProto) -> dict | None:
 STAGES = ("module", "export", "write", "external data")
 
 
-def _check_request(spec, out, dtype: str, exporter: str, force: bool,
-                   lora_as_inputs: bool) -> tuple[pathlib.Path, pathlib.Path | None]:
+def _check_request(spec, out, dtype: str, exporter: str, force: bool, lora_as_inputs: bool,
+                   multi_adapters: int = 0) -> tuple[pathlib.Path, pathlib.Path | None]:
     """export()'s arguments checked before any work: (the output path, the adapter file's path or None)."""
     if dtype not in zoo.DTYPES:
         raise OnnxfuseError(f"--dtype must be one of {', '.join(zoo.DTYPES)} (got {dtype!r})")
     if exporter not in EXPORTERS:
         raise OnnxfuseError(f"--exporter must be one of {', '.join(EXPORTERS)} (got {exporter!r})")
     spec.validate()
+    if multi_adapters and not lora_as_inputs:
+        raise OnnxfuseError("multi_adapters (--adapters N) needs lora_as_inputs: the stacks are the adapters' inputs")
+    if multi_adapters < 0:
+        raise OnnxfuseError(f"--adapters must be >= 1 (got {multi_adapters})")
     if lora_as_inputs and not getattr(spec, "lora_rank", 0):
         raise OnnxfuseError("--lora-as-inputs needs LoRA adapters to export: add --lora-rank R")
     if lora_as_inputs and dtype == "bf16":
@@ -130,7 +134,7 @@ def _check_request(spec, out, dtype: str, exporter: str, force: bool,
 
 def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: str = "fp32", exporter: str = "auto",
            dynamic: bool = False, external_data: bool | None = None, force: bool = False,
-           progress=None, lora_as_inputs: bool = False) -> ExportResult:
+           progress=None, lora_as_inputs: bool = False, multi_adapters: int = 0) -> ExportResult:
     """Build the PyTorch module of `kind` ("llama", "dlrm") from `spec` (a `zoo.LlamaSpec` / `zoo.DlrmSpec`), `seed`
     and `dtype` ("fp32", "fp16", "bf16"), export it to ONNX at `out` and store the recipe that rebuilds it.
 
@@ -141,10 +145,10 @@ def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: st
     progress(index, total, stage, detail), when given, is called as each stage starts (STAGES: module, export,
     write, and external data unless external_data=False), e.g. `onnxfuse._term.Stages("export")`.
     lora_as_inputs: the peft layers' A and B as graph inputs with zero defaults, their adapter in `<out>_adapter`
-    (onnxfuse.adapters: onnxruntime's adapter format).
+    (onnxfuse.adapters: onnxruntime's adapter format); multi_adapters N with it: adapters.to_multi_adapter (N slots).
     Raises OnnxfuseError (one line naming the fix) on bad arguments or when every exporter fails.
     """
-    out, adapter_out = _check_request(spec, out, dtype, exporter, force, lora_as_inputs)
+    out, adapter_out = _check_request(spec, out, dtype, exporter, force, lora_as_inputs, multi_adapters)
     total = len(STAGES) - (external_data is False)
 
     def stage(i: int, detail: str) -> None:
@@ -176,7 +180,7 @@ def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: st
                                      _dynamic(kind, spec, names) if dynamic else None, notes, opset)
         recipe = make_recipe(kind, spec, seed, dtype, inputs, used, dynamic)
         layers = adapters.lora_layers(module) if lora_as_inputs else None
-        recipe.update({"adapter": adapter_out.name} if lora_as_inputs else {})
+        recipe.update({"adapter": adapter_out.name, "multi_adapters": multi_adapters} if lora_as_inputs else {})
         del module  # the exported weights are on disk now; do not hold a second copy while writing
         gc.collect()
         lean = external_data and _single_data_file(tmp_path, data_name) and not lora_as_inputs
@@ -185,7 +189,7 @@ def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: st
         # edit only the small graph file and rename the exporter's weights file into place (no copy of the weights).
         model = _stamped(onnx.load(str(tmp_path), load_external_data=not lean), recipe)
         if lora_as_inputs:  # the adapter file is written beside the model and moved into place after it
-            adapters.write_adapter(tmp / adapter_out.name, adapters.lift_lora_inputs(model, layers))
+            _lift_adapters(model, layers, tmp / adapter_out.name, multi_adapters)
         if lean:
             onnx.save_model(model, str(tmp_path))
             onnx.checker.check_model(str(tmp_path))  # by path: reads the graph, checks the weights file exists
@@ -208,6 +212,14 @@ def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: st
         shutil.rmtree(tmp, ignore_errors=True)
     data_path = parent / data_name if (parent / data_name).is_file() and external_data else None
     return ExportResult(out, used, time.perf_counter() - t0, op_counts(model), recipe, notes, data_path, adapter_out)
+
+
+def _lift_adapters(model: onnx.ModelProto, layers: dict, path: pathlib.Path, multi_adapters: int) -> None:
+    """--lora-as-inputs: the peft layers' A and B as graph inputs of `model`, their weights to the adapter file
+    `path`; with --adapters N, each layer then a MultiLoRALinear over stacks of N (adapters.to_multi_adapter)."""
+    adapters.write_adapter(path, adapters.lift_lora_inputs(model, layers))
+    if multi_adapters:
+        adapters.to_multi_adapter(model, multi_adapters)
 
 
 def _stamped(model: onnx.ModelProto, recipe: dict) -> onnx.ModelProto:

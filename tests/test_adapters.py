@@ -155,3 +155,104 @@ def test_adapter_slots_swap_under_iobinding(exported):
         slots.load({"gate_proj.lora_A": first["gate_proj.lora_A"]})
     with pytest.raises(OnnxfuseError, match="not inputs of the model"):
         adapters.AdapterSlots(sess, sess.io_binding(), {"q_proj.lora_A": first["gate_proj.lora_A"]})
+
+
+# ------------------------------------------------------------------------------------------------ mixed batches
+N_ADAPTERS = 3
+
+
+@pytest.fixture(scope="module")
+def multi(tmp_path_factory):
+    """The tiny Llama MLP exported with --adapters 3: every LoRA layer a MultiLoRALinear over stacked adapters."""
+    d = tmp_path_factory.mktemp("multi")
+    spec = zoo.LlamaSpec.from_preset("tiny", mlp_only=True, lora_rank=RANK)
+    res = export.export("llama", spec, d / "m.onnx", lora_as_inputs=True, multi_adapters=N_ADAPTERS)
+    return spec, res, d
+
+
+def _random_adapter(like: dict[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {k: (rng.standard_normal(v.shape) * 0.2).astype(np.float32) for k, v in like.items()}
+
+
+def _scaled(params: dict[str, np.ndarray], factor: float) -> dict[str, np.ndarray]:
+    """The adapter with B times `factor`: what a scale of factor x the exported one gives in the peft module."""
+    return {k: v * factor if k.endswith(".lora_B") else v for k, v in params.items()}
+
+
+def test_multi_adapter_export_writes_stacked_inputs_and_one_index(multi):
+    spec, res, _ = multi
+    model = onnx.load(str(res.path))
+    ops = [n.op_type for n in model.graph.node if n.domain == "onnxfuse"]
+    assert sorted(ops) == ["MultiLoRALinear", "MultiLoRASwiGLU"]  # the gated MLP one op, down its own
+    shapes = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    assert shapes["gate_proj.lora_A"] == [N_ADAPTERS, spec.hidden_size, RANK]
+    assert shapes["down_proj.lora_B"] == [N_ADAPTERS, RANK, spec.hidden_size]
+    assert shapes["up_proj.lora_scales"] == [N_ADAPTERS]
+    assert shapes[adapters.ADAPTER_INDEX] == [shapes["x"][0]]
+    inits = {i.name for i in model.graph.initializer}
+    assert adapters.ADAPTER_INDEX not in inits and "gate_proj.lora_scales" in inits  # the index has no default
+    assert export.read_recipe(model)["multi_adapters"] == N_ADAPTERS
+
+
+@pytest.mark.parametrize("library", [True, False], ids=["kernel", "function-body"])
+def test_multi_adapter_rows_equal_each_row_run_alone(multi, library):
+    """Rows mixing adapters (and a row with none) in one run equal each row run alone through the peft module that
+    carries its adapter at its scale; a second mix on the same session too."""
+    spec, res, d = multi
+    x = zoo.make_inputs("llama", spec, 0, "fp32")["x"].numpy()
+    exported = adapters.read_adapter(res.adapter_path)
+    ads = [exported, _random_adapter(exported, 1), _random_adapter(exported, 2)]
+    base_scale = 2.0  # the export's lora_alpha / r (alpha defaults to 2 r)
+    scales = [base_scale, 0.5, 3.0]
+    feeds = adapters.stack_adapters(ads, scales)
+    sess = runtime.session(str(res.path), library=library)
+    for index in ([2, -1], [0, 1], [1, 1]):
+        y = sess.run(None, {"x": x, **feeds, adapters.ADAPTER_INDEX: np.array(index, np.int64)})[0]
+        for row, j in enumerate(index):
+            module = _module(spec, None if j < 0 else _scaled(ads[j], scales[j] / base_scale))
+            ref = _torch(module, x[row:row + 1])[0]
+            # fp32 within 1e-5 of the row's largest output (the adapters move the outputs to about +-10)
+            np.testing.assert_allclose(y[row], ref, rtol=0, atol=1e-5 * max(1.0, float(np.abs(ref).max())),
+                                       err_msg=f"index {index}, row {row}")
+
+
+def test_multi_adapter_bad_index_and_stacks_are_errors(multi):
+    spec, res, _ = multi
+    x = zoo.make_inputs("llama", spec, 0, "fp32")["x"].numpy()
+    exported = adapters.read_adapter(res.adapter_path)
+    feeds = adapters.stack_adapters([exported], [2.0], n=N_ADAPTERS)
+    assert feeds["gate_proj.lora_A"].shape[0] == N_ADAPTERS and not feeds["gate_proj.lora_A"][1:].any()
+    assert feeds["gate_proj.lora_scales"].tolist() == [2.0, 0.0, 0.0]
+    sess = runtime.session(str(res.path), library=True)
+    with pytest.raises(Exception, match=r"adapter_index\[1\] = 3 names no adapter"):
+        sess.run(None, {"x": x, **feeds, adapters.ADAPTER_INDEX: np.array([0, 3], np.int64)})
+    with pytest.raises(OnnxfuseError, match="one each"):
+        adapters.stack_adapters([exported, exported], [2.0])
+    with pytest.raises(OnnxfuseError, match="other layers"):
+        adapters.stack_adapters([exported, {"gate_proj.lora_A": exported["gate_proj.lora_A"]}], [1.0, 1.0])
+    with pytest.raises(OnnxfuseError, match="for 2 slots"):
+        adapters.stack_adapters([exported] * 3, [1.0] * 3, n=2)
+    plain = zoo.LlamaSpec.from_preset("tiny", mlp_only=True)
+    with pytest.raises(OnnxfuseError, match="--lora-rank"):
+        export.export("llama", plain, res.path.with_name("p.onnx"), lora_as_inputs=True, multi_adapters=2)
+
+
+def test_multi_adapter_gated_mlp_with_one_projection_adapted(tmp_path):
+    """Adapters on gate and down only: the gated MLP is still one MultiLoRASwiGLU (up's zero adapter stacked as a
+    constant), and mixed rows equal each row's module."""
+    spec = zoo.LlamaSpec.from_preset("tiny", mlp_only=True, lora_rank=RANK, lora_targets=("gate_proj", "down_proj"))
+    res = export.export("llama", spec, tmp_path / "m.onnx", lora_as_inputs=True, multi_adapters=2)
+    model = onnx.load(str(res.path))
+    assert sorted(n.op_type for n in model.graph.node if n.domain == "onnxfuse") == ["MultiLoRALinear",
+                                                                                        "MultiLoRASwiGLU"]
+    assert not any(i.name.startswith("up_proj") for i in model.graph.input)
+    x = zoo.make_inputs("llama", spec, 0, "fp32")["x"].numpy()
+    exported = adapters.read_adapter(res.adapter_path)
+    ads = [exported, _random_adapter(exported, 4)]
+    feeds = adapters.stack_adapters(ads, [2.0, 2.0])
+    sess = runtime.session(str(res.path), library=True)
+    y = sess.run(None, {"x": x, **feeds, adapters.ADAPTER_INDEX: np.array([1, 0], np.int64)})[0]
+    for row, j in enumerate([1, 0]):
+        ref = _torch(_module(spec, ads[j]), x[row:row + 1])[0]
+        np.testing.assert_allclose(y[row], ref, rtol=0, atol=1e-5 * max(1.0, float(np.abs(ref).max())))

@@ -344,6 +344,44 @@ def test_adapter_swap_under_cuda_graph(tmp_path):
         np.testing.assert_allclose(out.numpy(), ref, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("backend", ["cuda", "triton", "auto"])
+def test_multi_adapter_batch_under_cuda_graph(tmp_path, backend):
+    """Issue 30's mixed batch on the GPU: the --adapters 4 model (fp16, MultiLoRALinear on gate/up/down) with every
+    input bound once under enable_cuda_graph; new adapter rows and a new index mix copied into the bound buffers
+    between replays; each replay equals the CPU run of the same feeds (the kernel library's CPU kernels)."""
+    import onnxruntime as ort
+
+    from onnxfuse import adapters, export, fuse, runtime, zoo
+    spec = zoo.LlamaSpec.from_preset("tiny", mlp_only=True, lora_rank=8, batch=4, seq=3)
+    res = export.export("llama", spec, tmp_path / "m.onnx", dtype="fp16", lora_as_inputs=True, multi_adapters=4)
+    fuse.fuse(tmp_path / "m.onnx", tmp_path / "f.onnx", backend=backend, write_unchanged=True)
+    x = zoo.make_inputs("llama", spec, 0, "fp16")["x"].numpy()
+    one = adapters.read_adapter(res.adapter_path)
+    rng = np.random.default_rng(5)
+    ads = [{k: (rng.standard_normal(v.shape) * 0.1).astype(v.dtype) for k, v in one.items()} for _ in range(4)]
+    mixes = [([0, 1, 2, 3], adapters.stack_adapters(ads, [2.0, 1.0, 0.5, 3.0])),
+             ([3, -1, 3, 1], adapters.stack_adapters(ads[::-1], [1.0, 1.0, 2.0, 0.5]))]
+    cpu = runtime.session(str(tmp_path / "f.onnx"), "cpu", library=True)
+    refs = [cpu.run(None, {"x": x, **f, adapters.ADAPTER_INDEX: np.array(i, np.int64)})[0] for i, f in mixes]
+    assert not np.allclose(refs[0], refs[1], atol=1e-2)
+    sess = runtime.session(str(tmp_path / "f.onnx"), "cuda", library=True, cuda_graph=True)
+    io = sess.io_binding()
+    bound = {"x": x, **mixes[0][1], adapters.ADAPTER_INDEX: np.array(mixes[0][0], np.int64)}
+    values = {k: ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0) for k, v in bound.items()}
+    for k, v in values.items():
+        io.bind_ortvalue_input(k, v)
+    out = ort.OrtValue.ortvalue_from_shape_and_type(list(refs[0].shape), refs[0].dtype, "cuda", 0)
+    io.bind_ortvalue_output(sess.get_outputs()[0].name, out)
+    for _ in range(3):  # the first runs capture the graph
+        sess.run_with_iobinding(io)
+    np.testing.assert_allclose(out.numpy(), refs[0], rtol=2e-2, atol=2e-2)
+    for (index, feeds), ref in zip(mixes[::-1] + mixes, refs[::-1] + refs):
+        for k, v in {**feeds, adapters.ADAPTER_INDEX: np.array(index, np.int64)}.items():
+            values[k].update_inplace(v)
+        sess.run_with_iobinding(io)
+        np.testing.assert_allclose(out.numpy(), ref, rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("block,zp", [(32, False), (128, False), (32, True), (64, True)])
 @pytest.mark.parametrize("backend", ["cuda", "triton", "auto"])
 def test_int4_linear_matches_matmulnbits_on_the_cuda_ep(tmp_path, block, zp, backend):

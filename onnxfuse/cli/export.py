@@ -72,7 +72,8 @@ def _run_export(args, kind, spec, name) -> int:
     res = export.export(kind, spec, out, seed=args.seed, dtype=args.dtype, exporter=args.exporter,
                         dynamic=args.dynamic, external_data=args.external_data, force=args.force,
                         progress=Stages("export", not (args.quiet or args.json)),
-                        lora_as_inputs=getattr(args, "lora_as_inputs", False))
+                        lora_as_inputs=getattr(args, "lora_as_inputs", False) or bool(getattr(args, "adapters", 0)),
+                        multi_adapters=getattr(args, "adapters", 0) or 0)
     # res.warnings (e.g. the TorchScript fallback) were already issued as Python warnings, printed by main().
     if args.json:
         print(json.dumps({"path": str(res.path), "data_path": str(res.data_path) if res.data_path else None,
@@ -117,6 +118,10 @@ def register(sub, parser_class) -> None:
     ll.add_argument("--lora-as-inputs", action="store_true",
                     help="the adapters' A and B as graph inputs (zero defaults: the base model) and the adapter in "
                          "<output>_adapter (onnxruntime's adapter format): one model for any adapter of these shapes")
+    ll.add_argument("--adapters", type=_positive, metavar="N",
+                    help="a batch that mixes up to N adapters: each LoRA layer a MultiLoRALinear over stacked A/B "
+                         "inputs [N, ...] and <layer>.lora_scales [N], with an adapter_index input (one per batch "
+                         "row, -1 for none); implies --lora-as-inputs")
     _add_common_export(ll)
     ll.set_defaults(func=_export_llama)
 

@@ -1,5 +1,6 @@
 """SwiGLU: the gate and up projections of a gated MLP with act(gate) * up, and LoRASwiGLU: the same with a LoRA adapter
-on each projection (rules: onnxfuse/rewrites/swiglu.py)."""
+on each projection (rules: onnxfuse/rewrites/swiglu.py); MultiLoRASwiGLU: the same with a stack of adapters per
+projection and one adapter per batch row (a mixed batch, written by `export --adapters N`: onnxfuse/adapters.py)."""
 from __future__ import annotations
 
 import math
@@ -36,6 +37,17 @@ LORA_SWIGLU = OpSchema(
     "differ, up to 64; a projection without one gets a zero adapter), with act(gate) * up in their epilogue: peft's "
     "adapters on gate_proj and up_proj, constants or graph inputs (adapters fed at run time). The overload names the "
     "activation, as SwiGLU's.")
+
+
+MULTI_LORA_SWIGLU = OpSchema(
+    "MultiLoRASwiGLU", ("X", "W_gate", "W_up", "A_gate", "B_gate", "A_up", "B_up", "scales_gate", "scales_up",
+                        "adapter_index"), ("Y",),
+    "Y[i] = act(X[i] @ W_gate + scales_gate[j] * (X[i] @ A_gate[j]) @ B_gate[j]) * (X[i] @ W_up + scales_up[j] * "
+    "(X[i] @ A_up[j]) @ B_up[j]), j = adapter_index[i] (no adapter where j < 0); i runs over X's first axis",
+    (_ACT, BACKEND),
+    "LoRASwiGLU over a stack of n adapters per projection (A [n, K, r], B [n, r, N], scales [n]; the two ranks may "
+    "differ, up to 64) with each batch row of X using the one adapter_index [b] names, -1 for none: a gated MLP in a "
+    "batch that mixes adapters (MultiLoRALinear's contract). The overload names the activation, as SwiGLU's.")
 
 
 def swiglu_overload(activation: str) -> str:
@@ -166,6 +178,47 @@ def lora_body(overload: str):
     return list(LORA_SWIGLU.inputs), nodes
 
 
+def multi_lora_reference(inputs, attrs: dict):
+    from .lora_linear import multi_delta
+
+    x, wg, wu, ag, bg, au, bu, sg, su, index = inputs
+    g = x.float() @ wg.float() + multi_delta(x, ag, bg, sg, index)
+    u = x.float() @ wu.float() + multi_delta(x, au, bu, su, index)
+    return (gate_activation(str(attrs.get("activation", "silu") or "silu"), g) * u).to(x.dtype)
+
+
+def multi_lora_body(overload: str):
+    """MultiLoRASwiGLU's function: each projection's base GEMM plus its mixed-batch term (lora_linear's
+    multi_branch_nodes), then SwiGLU's activation and product (opset 15)."""
+    from onnx import helper
+
+    from .lora_linear import multi_branch_nodes
+
+    mk = helper.make_node
+    rest = swiglu_body(overload or "silu")
+    nodes = [mk("MatMul", ["X", "W_gate"], ["g0"]), mk("MatMul", ["X", "W_up"], ["u0"])]
+    nodes += multi_branch_nodes("A_gate", "B_gate", "scales_gate", "g0", "dg", "g_")
+    nodes += multi_branch_nodes("A_up", "B_up", "scales_up", "u0", "du", "u_")
+    nodes += [mk("Add", ["g0", "dg"], ["g"]), mk("Add", ["u0", "du"], ["u"])] + rest[2:]
+    return list(MULTI_LORA_SWIGLU.inputs), nodes
+
+
+def multi_lora_doctor_entry(entry) -> tuple[dict, dict, tuple]:
+    """(b, s, K, N, r_gate, r_up, n, activation): X [b, K] (s = 1) or [b, s, K], n adapters per projection."""
+    b, s, k, n, rg, ru, na, act = entry
+    shapes = {"X": [b, k] if s == 1 else [b, s, k], "W_gate": [k, n], "W_up": [k, n], "A_gate": [na, k, rg],
+              "B_gate": [na, rg, n], "A_up": [na, k, ru], "B_up": [na, ru, n], "scales_gate": [na], "scales_up": [na],
+              "adapter_index": [b]}
+    return shapes, {"activation": act}, (b * s, k, n, max(rg, ru), f"{act} r{rg}/{ru} {na} adapters, {b}x{s}")
+
+
+def multi_lora_doctor_inputs(op, dtype, shapes: dict, seed: int, device: str = "cpu") -> list:
+    """MultiLoRALinear's doctor inputs per projection (lora_linear.multi_doctor_inputs)."""
+    from .lora_linear import multi_doctor_inputs
+
+    return multi_doctor_inputs(op, dtype, shapes, seed, device)
+
+
 def lora_doctor_entry(entry) -> tuple[dict, dict, tuple]:
     """(M, K, N, r_gate, r_up, activation): W [K, N], A_gate [K, r_gate], B_gate [r_gate, N], the same for up;
     scales 0.5 and 2."""
@@ -215,4 +268,14 @@ FAMILY = OpFamily("swiglu", (
     # the unfused graph do), the fp32 reference does not, and act(g) * u multiplies the two terms' rounding
     OpDef(12, LORA_SWIGLU, lora_reference, lora_body, matmul_out_shape, tuple(_LORA_SHAPES), lora_doctor_entry,
           overload_attr="activation", min_opset=15, doctor_inputs=lora_doctor_inputs, special_type_max=False),
+    # MultiLoRASwiGLU (b, s, K, N, r_gate, r_up, n, activation): 8 decode rows with 8 adapters (and one without), one
+    # row, ragged shapes with two ranks, prefill sequences, rank 64, every activation once. Special rows as
+    # LoRASwiGLU's.
+    OpDef(14, MULTI_LORA_SWIGLU, multi_lora_reference, multi_lora_body, matmul_out_shape,
+          tuple([(8, 1, 256, 688, 16, 16, 8, "silu"), (1, 1, 256, 320, 16, 16, 4, "silu"),
+                 (5, 1, 129, 67, 7, 5, 3, "gelu"), (3, 40, 256, 384, 16, 16, 2, "silu"),
+                 (4, 100, 520, 264, 16, 64, 3, "silu"), (2, 600, 256, 256, 16, 16, 2, "silu")]
+                + [(4, 1, 96, 40, 8, 8, 3, act) for act in GATE_ACTIVATIONS[2:]]),
+          multi_lora_doctor_entry, overload_attr="activation", min_opset=15, int_inputs=("adapter_index",),
+          doctor_inputs=multi_lora_doctor_inputs, special_type_max=False),
 ), cpp_name="SwiGLU")

@@ -69,7 +69,9 @@ WEIGHTED_OPS = [op for op in OPS_UNDER_TEST if op not in ("RotaryEmbedding", "Em
 # LoRASwiGLU's CPU kernel packs its operands per call (a fused model has it on the CPU only where a CPU table fuses
 # both swiglu and lora_linear, which no measured host's does: cpu_policy.py).
 INT4_OPS = ("Int4Linear", "Int4SwiGLU")
-PREPACKED_OPS = [op for op in WEIGHTED_OPS if op not in INT4_OPS + ("LoRASwiGLU",)]
+# The mixed-adapter ops gather each row's adapter per call (nothing to prepack).
+MULTI_OPS = ("MultiLoRALinear", "MultiLoRASwiGLU")
+PREPACKED_OPS = [op for op in WEIGHTED_OPS if op not in INT4_OPS + MULTI_OPS + ("LoRASwiGLU",)]
 
 
 def run_op(lib, op: str, inputs: list[torch.Tensor], attrs: dict | None = None) -> torch.Tensor:
@@ -88,6 +90,13 @@ def random_inputs(op: str, lead: tuple[int, ...], K: int, N: int, r: int, dtype:
     if op in INT4_OPS:  # block 16 / 32 / 64 by r; every packed byte random, the padding past K too; silu
         definition = schema.op_def(op)
         entry = (1, K, N, {1: 16, 4: 32, 16: 64}.get(r, 32)) + (("silu",) if op == "Int4SwiGLU" else ())
+        shapes = definition.doctor_entry(entry)[0]
+        shapes["X"] = [*lead, K]
+        return definition.make_doctor_inputs(TORCH_TYPE[dtype], shapes, seed)
+    if op in MULTI_OPS:  # a stack of 3 adapters (up's rank r + 3), an index per row of X's first axis in [-1, 3)
+        definition = schema.op_def(op)
+        b, s = lead[0], math.prod(lead[1:])
+        entry = (b, s, K, N, r, 3) if op == "MultiLoRALinear" else (b, s, K, N, r, r + 3, 3, "silu")
         shapes = definition.doctor_entry(entry)[0]
         shapes["X"] = [*lead, K]
         return definition.make_doctor_inputs(TORCH_TYPE[dtype], shapes, seed)

@@ -291,6 +291,82 @@ print("ok")
 """
 
 
+_MULTI_LORA = _PRELUDE + r"""
+# MultiLoRALinear's two phases: decode rows each with its own adapter (and rows with none), prefill sequences (the
+# segmented form: RPI rows per index), ragged M, N and K, split K; a row whose index is >= NA comes out NaN.
+lora = load("lora_linear")
+op = schema.op_def("MultiLoRALinear")
+cfg = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=2)
+checks = 0
+for dtype in ("float", "float16"):
+    t = TT[dtype]
+    prec = "ieee" if dtype == "float" else "tf32"
+    for entry, split in (((8, 1, 48, 80, 16, 8), 2), ((5, 1, 40, 70, 7, 3), 1), ((3, 7, 33, 17, 4, 2), 3),
+                         ((2, 20, 48, 64, 16, 2), 1)):
+        shapes = op.doctor_entry(entry)[0]
+        x, w, a, bm, b, sc, idx = op.make_doctor_inputs(t, shapes, seed=sum(entry))
+        na, r = entry[5], entry[4]
+        m, k, n = x.numel() // x.shape[-1], x.shape[-1], w.shape[1]
+        rpi = m // x.shape[0]
+        x2 = x.reshape(m, k)
+        kb = triton.cdiv(triton.cdiv(k, 16), split)
+        ts = torch.full((split, m, 16), float("nan"))
+        lora._multi_lora_xa_kernel[(triton.cdiv(m, 16) * split * na,)](x2, a, idx, ts, m, k, r, na, rpi, kb,
+                                                                       BLOCK_M=16, BLOCK_K=16, R_PAD=16,
+                                                                       DOT_PRECISION=prec)
+        y = torch.full((m, n), float("nan")).to(t)
+        grid = (triton.cdiv(m, 16) * triton.cdiv(n, 32),)
+        lora._multi_lora_main_kernel[grid](x2, w, ts, bm, b, sc, idx, y, m, n, k, r, na, rpi, split, R_PAD=16,
+                                           DOT_PRECISION=prec, **cfg)
+        ref = schema.reference("MultiLoRALinear", [x, w, a, bm, b, sc, idx]).reshape(m, n)
+        testing.assert_close(y, ref, t, str((dtype, entry, split)), kind="interpreter")
+        checks += 1
+        if dtype == "float" and entry[0] > 2:  # an index past the stack: that row NaN, the others as before
+            bad = idx.clone()
+            bad[1] = na
+            y = torch.zeros((m, n))
+            lora._multi_lora_xa_kernel[(triton.cdiv(m, 16) * split * na,)](x2, a, bad, ts, m, k, r, na, rpi, kb,
+                                                                           BLOCK_M=16, BLOCK_K=16, R_PAD=16,
+                                                                           DOT_PRECISION=prec)
+            lora._multi_lora_main_kernel[grid](x2, w, ts, bm, b, sc, bad, y, m, n, k, r, na, rpi, split, R_PAD=16,
+                                               DOT_PRECISION=prec, **cfg)
+            y3 = y.reshape(x.shape[0], rpi, n)
+            assert torch.isnan(y3[1]).all() and not torch.isnan(y3[0]).any() and not torch.isnan(y3[2:]).any()
+            checks += 1
+assert checks == 8 + 3, checks
+# MultiLoRASwiGLU: both stacks' partials, then SwiGLU's loop with every row's rank-r terms (two ranks, each activation
+# code once on a decode batch and on prefill sequences).
+sw = load("swiglu")
+sop = schema.op_def("MultiLoRASwiGLU")
+for dtype in ("float", "float16"):
+    t = TT[dtype]
+    prec = "ieee" if dtype == "float" else "tf32"
+    for entry in ((6, 1, 48, 80, 16, 7, 4, "silu"), (3, 9, 40, 33, 4, 16, 2, "gelu_tanh")):
+        shapes, attrs, _ = sop.doctor_entry(entry)
+        x, wg, wu, ag, bg, au, bu, sg, su, idx = sop.make_doctor_inputs(t, shapes, seed=len(entry))
+        na = entry[6]
+        m, k, n = x.numel() // x.shape[-1], x.shape[-1], wg.shape[1]
+        rpi, split = m // x.shape[0], 2
+        x2 = x.reshape(m, k)
+        kb = triton.cdiv(triton.cdiv(k, 16), split)
+        tg, tu = torch.full((split, m, 16), float("nan")), torch.full((split, m, 16), float("nan"))
+        for a_, t_, r_ in ((ag, tg, entry[4]), (au, tu, entry[5])):
+            lora._multi_lora_xa_kernel[(triton.cdiv(m, 16) * split * na,)](x2, a_, idx, t_, m, k, r_, na, rpi, kb,
+                                                                           BLOCK_M=16, BLOCK_K=16, R_PAD=16,
+                                                                           DOT_PRECISION=prec)
+        y = torch.full((m, n), float("nan")).to(t)
+        code = schema.GATE_ACTIVATIONS.index(entry[7])
+        sw._multi_lora_swiglu_kernel[(triton.cdiv(m, 16) * triton.cdiv(n, 32),)](
+            x2, wg, wu, tg, bg, sg, tu, bu, su, idx, y, m, n, k, entry[4], entry[5], na, rpi, split, code, R_PAD=16,
+            DOT_PRECISION=prec, **cfg)
+        ref = schema.reference("MultiLoRASwiGLU", [x, wg, wu, ag, bg, au, bu, sg, su, idx], attrs).reshape(m, n)
+        testing.assert_close(y, ref, t, str(("MultiLoRASwiGLU", dtype, entry)), kind="interpreter")
+        checks += 1
+assert checks == 8 + 3 + 4, checks
+print("ok")
+"""
+
+
 def _run(script: str) -> str:
     p = subprocess.run([sys.executable, "-c", script, str(ROOT)], capture_output=True, text=True, timeout=1200,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -320,3 +396,9 @@ def test_int4_linear_kernel_in_the_interpreter():
     (Int4SwiGLU: every gate activation) and ragged K, M and N (the GPU tests cover bf16, the cubins and speed)."""
     pytest.importorskip("triton")
     _run(_INT4)
+
+
+def test_multi_lora_kernels_in_the_interpreter():
+    """MultiLoRALinear's phases (multi_lora_xa, multi_lora_main) against the reference, and the NaN row of an index
+    past the stack."""
+    _run(_MULTI_LORA)

@@ -143,6 +143,70 @@ inline LinearDims LoRADims(const char* op, const std::vector<int64_t>& x, const 
   return d;
 }
 
+// MultiLoRALinear: X [b, ..., K] (rank >= 2), W [K, N], bias [N], a stack of n adapters A [n, K, r], B [n, r, N],
+// scales [n], and adapter_index [b] (one per batch row: rows_per_index = M / b consecutive rows of X share it).
+// MultiLoRASwiGLU: SwiGLU's X, W_gate, W_up and such a stack per projection (r: the gate's rank).
+struct MultiLoRADims : LinearDims {
+  int64_t adapters = 0, batch = 0, rows_per_index = 0;
+};
+namespace detail {
+// The stack's rank; d.adapters from the first stack checked (d.adapters < 0), the same count for the next.
+inline int64_t AdapterStack(const char* op, MultiLoRADims& d, const std::vector<int64_t>& x,
+                            const std::vector<int64_t>& a, const std::vector<int64_t>& b,
+                            const std::vector<int64_t>& scales, const char* an, const char* bn, const char* sn) {
+  Need(a.size() == 3 && a[1] == d.K && (d.adapters < 0 || a[0] == d.adapters), op,
+       std::string(an) + " must be [n, K, r] (n adapters, as many in every stack) with K = X.shape[-1]; got X " +
+           ShapeStr(x) + ", " + an + " " + ShapeStr(a));
+  d.adapters = a[0];
+  Need(b.size() == 3 && b[0] == d.adapters && b[1] == a[2] && b[2] == d.N, op,
+       std::string(bn) + " must be [n, r, N]; got " + an + " " + ShapeStr(a) + ", " + bn + " " + ShapeStr(b) +
+           " with N = " + std::to_string(d.N));
+  Need(scales.size() == 1 && scales[0] == d.adapters, op,
+       std::string(sn) + " must be [n], one per adapter; got " + an + " " + ShapeStr(a) + ", " + sn + " " +
+           ShapeStr(scales));
+  return a[2];
+}
+inline void AdapterRows(const char* op, MultiLoRADims& d, const std::vector<int64_t>& x,
+                        const std::vector<int64_t>& index) {
+  Need(x.size() >= 2, op,
+       "X must be [b, ..., K] (rank >= 2: its first axis is the batch the adapter_index entries "
+       "belong to); got X " +
+           ShapeStr(x));
+  d.batch = x[0];
+  Need(index.size() == 1 && index[0] == d.batch, op,
+       "adapter_index must be [b] = [X.shape[0]], one per batch row; got X " + ShapeStr(x) + ", adapter_index " +
+           ShapeStr(index));
+  d.rows_per_index = d.batch > 0 ? d.M / d.batch : 0;
+}
+}  // namespace detail
+
+inline MultiLoRADims MultiLoRALinearDims(const char* op, const std::vector<int64_t>& x, const std::vector<int64_t>& w,
+                                         const std::vector<int64_t>& a, const std::vector<int64_t>& b,
+                                         const std::vector<int64_t>& bias, const std::vector<int64_t>& scales,
+                                         const std::vector<int64_t>& index) {
+  MultiLoRADims d;
+  static_cast<LinearDims&>(d) = LinearActDims(op, x, w, bias);
+  detail::AdapterRows(op, d, x, index);
+  d.adapters = -1;
+  d.r = detail::AdapterStack(op, d, x, a, b, scales, "A", "B", "scales");
+  return d;
+}
+
+inline MultiLoRADims MultiLoRASwiGLUDims(const char* op, const std::vector<int64_t>& x, const std::vector<int64_t>& wg,
+                                         const std::vector<int64_t>& wu, const std::vector<int64_t>& ag,
+                                         const std::vector<int64_t>& bg, const std::vector<int64_t>& au,
+                                         const std::vector<int64_t>& bu, const std::vector<int64_t>& sg,
+                                         const std::vector<int64_t>& su, const std::vector<int64_t>& index,
+                                         int64_t* ru) {
+  MultiLoRADims d;
+  static_cast<LinearDims&>(d) = SwiGLUDims(op, x, wg, wu);
+  detail::AdapterRows(op, d, x, index);
+  d.adapters = -1;
+  d.r = detail::AdapterStack(op, d, x, ag, bg, sg, "A_gate", "B_gate", "scales_gate");
+  *ru = detail::AdapterStack(op, d, x, au, bu, su, "A_up", "B_up", "scales_up");
+  return d;
+}
+
 // Shapes of a stack's inputs: X [..., K], W_i [n_{i-1}, n_i] with n_0 = K, bias_i [n_i]. widths = n_0..n_L.
 struct StackDims {
   int64_t M = 0;

@@ -4,6 +4,8 @@
 // bias/activation epilogue — no second pass over Y. With oneDNN (constant W, A, B, bias): T = scale * (X @ A) in
 // fp32 for all rows first, then per tile T @ B into an fp32 tile that X @ W adds as a post-op (after the bias,
 // before the activation), written once as Y.
+// MultiLoRALinear: each batch row's T = X @ A[j] (fp32, j its adapter) first, then the base GEMM whose epilogue adds
+// bias + scales[j] * T @ B[j] per row of its tile before writing Y once.
 #include "cpu/ops.h"
 
 namespace onnxfuse {
@@ -59,7 +61,7 @@ struct LoRACpu {
         log.Used(Op::kName, "oneDNN");
         const T* x = X.Data();
         const int64_t r = d.r, ld = std::min<int64_t>(ColumnBlock(d.N), d.N);
-        std::vector<float> t(size_t(d.M * r));
+        std::vector<float> t(static_cast<size_t>(d.M * r));
         ForTiles(pool, d.M, 1,
                  [&](int64_t r0, int64_t rows, int64_t) { mm_a.mm.Run(rows, x + r0 * d.K, t.data() + r0 * r, 0); });
         ForTiles(pool, d.M, mm_w.mm.Blocks(), [&](int64_t r0, int64_t rows, int64_t j) {
@@ -96,9 +98,62 @@ using LoRALinearCpu = LoRACpu<T, Act::None, schema::LoRALinear>;
 template <typename T>
 using LoRALinearReluCpu = LoRACpu<T, Act::Relu, schema::LoRALinearRelu>;
 
+// Y = acc + bias + scales[j] * T[m] @ B[j] per row m (j = its adapter, none where < 0); T fp32 [M, r].
+template <typename T>
+struct MultiLoRAEpilogue final : Epilogue {
+  const float* bias;
+  const float* t;
+  const T* b;                  // [n, r, N]
+  const T* scales;             // [n]
+  const int64_t* row_adapter;  // [M]: the row's adapter, < 0 for none
+  T* y;
+  int64_t N, r;
+  void Apply(int64_t m0, int64_t mb, int64_t n0, int64_t nc, const float* const* acc, int64_t ld) const override {
+    std::vector<float> z(static_cast<size_t>(nc)), br(static_cast<size_t>(nc));
+    for (int64_t i = 0; i < mb; ++i) {
+      const int64_t m = m0 + i, j = row_adapter[m];
+      const float* a = acc[0] + i * ld;
+      for (int64_t c = 0; c < nc; ++c) z[c] = a[c] + bias[n0 + c];
+      if (j >= 0) AddRankTerm(z.data(), br.data(), t + m * r, b, j, r, N, n0, nc, ToF32<T>(scales[j]));
+      T* out = y + m * N + n0;
+      for (int64_t c = 0; c < nc; ++c) out[c] = FromF32<T>(z[c]);
+    }
+  }
+};
+
+template <typename T>
+struct MultiLoRALinearCpu {
+  using Op = schema::MultiLoRALinear;
+  MultiLoRALinearCpu(const OrtApi* api, const OrtKernelInfo* info) : attrs(ReadOpAttrs(api, info, Op::kName)) {}
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& W,
+                      const Ort::Custom::Tensor<T>& LA, const Ort::Custom::Tensor<T>& LB,
+                      const Ort::Custom::Tensor<T>& B, const Ort::Custom::Tensor<T>& S,
+                      const Ort::Custom::Tensor<int64_t>& Index, Ort::Custom::Tensor<T>& Y) {
+    return GuardCompute([&] {
+      const MultiLoRADims d = MultiLoRALinearDims(Op::kName, X.Shape(), W.Shape(), LA.Shape(), LB.Shape(), B.Shape(),
+                                                  S.Shape(), Index.Shape());
+      T* y = Y.Allocate(d.out_shape);
+      if (d.M == 0 || d.N == 0) return;
+      const std::vector<int64_t> rows = RowAdapters(Op::kName, Index.Data(), d);
+      const OrtPool pool(ctx);
+      const std::vector<float> t = MultiXA(pool, X.Data(), LA.Data(), rows, d.M, d.K, d.r);
+      const std::vector<float> bias = ToF32Vector(B.Data(), d.N);
+      MultiLoRAEpilogue<T> epi;
+      epi.bias = bias.data(), epi.t = t.data(), epi.b = LB.Data(), epi.scales = S.Data();
+      epi.row_adapter = rows.data(), epi.y = y, epi.N = d.N, epi.r = d.r;
+      GemmArgs g = GemmFor(d, X.Data(), &epi);
+      g.pool = &pool;
+      g.b[0] = BOperand{W.Data(), d.K, nullptr, nullptr};
+      Gemm(g);
+    });
+  }
+  OpAttrs attrs;
+};
+
 }  // namespace
 
 void RegisterLoRALinear(Ort::CustomOpDomain& domain) {
+  AddOpAllTypes<MultiLoRALinearCpu>(domain, schema::MultiLoRALinear::kName, kCpuEp);
   AddOpAllTypes<LoRALinearCpu>(domain, schema::LoRALinear::kName, kCpuEp);
   AddOpAllTypes<LoRALinearReluCpu>(domain, schema::LoRALinearRelu::kName, kCpuEp);
 }

@@ -334,6 +334,57 @@ inline char* TileScratch(int slot, size_t bytes) {
   return buf[slot].data();
 }
 
+// ------------------------------------------------------------------------------------------------ mixed adapter
+// batches MultiLoRALinear's and MultiLoRASwiGLU's rows: the adapter of each row of X (adapter_index[row /
+// rows_per_index], -1 for none); an index >= n fails naming the op.
+inline std::vector<int64_t> RowAdapters(const char* op, const int64_t* index, const MultiLoRADims& d) {
+  std::vector<int64_t> rows(static_cast<size_t>(d.M));
+  for (int64_t i = 0; i < d.batch; ++i) {
+    const int64_t j = index[i];
+    if (j >= d.adapters)
+      Fail(std::string(op) + ": adapter_index[" + std::to_string(i) + "] = " + std::to_string(j) +
+               " names no adapter (the stack has " + std::to_string(d.adapters) + "; -1 means none)",
+           ORT_INVALID_ARGUMENT);
+    std::fill(rows.begin() + i * d.rows_per_index, rows.begin() + (i + 1) * d.rows_per_index, j < 0 ? -1 : j);
+  }
+  return rows;
+}
+
+// T[m] = X[m] @ A[j] in fp32 ([M, r]) for each row's adapter j (A [n, K, r]); rows without one stay zero.
+template <typename T>
+std::vector<float> MultiXA(const ParallelRunner& pool, const T* x, const T* a, const std::vector<int64_t>& adapter,
+                           int64_t M, int64_t K, int64_t r) {
+  std::vector<float> t(static_cast<size_t>(M * r), 0.f);
+  ParallelRanges(pool, M, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t m = r0; m < r1; ++m) {
+      const int64_t j = adapter[static_cast<size_t>(m)];
+      if (j < 0) continue;
+      float* tm = t.data() + m * r;
+      const T* aj = a + j * K * r;
+      for (int64_t k = 0; k < K; ++k) {
+        const float xv = ToF32<T>(x[m * K + k]);
+        const T* arow = aj + k * r;
+        for (int64_t q = 0; q < r; ++q) tm[q] += xv * ToF32<T>(arow[q]);
+      }
+    }
+  });
+  return t;
+}
+
+// z[c] += s * sum_q t[q] * B[j, q, n0 + c] for c < nc (B [n, r, N]): one row's rank-r term over a tile's columns, the
+// sum in fp32 then scaled (the reference's order); `br` is nc floats of scratch.
+template <typename T>
+void AddRankTerm(float* z, float* br, const float* t, const T* b, int64_t j, int64_t r, int64_t N, int64_t n0,
+                 int64_t nc, float s) {
+  std::fill(br, br + nc, 0.f);
+  for (int64_t q = 0; q < r; ++q) {
+    const float tv = t[q];
+    const T* brow = b + (j * r + q) * N + n0;
+    for (int64_t c = 0; c < nc; ++c) br[c] += tv * ToF32<T>(brow[c]);
+  }
+  for (int64_t c = 0; c < nc; ++c) z[c] += s * br[c];
+}
+
 // Register<Family>(domain), defined in cpu/<family>.cc, for every family of the generated ONNXFUSE_OP_FAMILIES.
 #define ONNXFUSE_DECLARE_CPU_REGISTER(Family) void Register##Family(Ort::CustomOpDomain& domain);
 ONNXFUSE_OP_FAMILIES(ONNXFUSE_DECLARE_CPU_REGISTER)

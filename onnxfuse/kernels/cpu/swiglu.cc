@@ -229,11 +229,77 @@ struct LoRASwiGLUCpu {
   int act;  // onnxfuse_gate_act, checked when the kernel is created
 };
 
+// MultiLoRASwiGLU: LoRASwiGLU's pass with each row's own adapter per projection (MultiXA's T, AddRankTerm).
+template <typename T, int A>
+struct MultiLoRASwiGLUEpilogue final : Epilogue {
+  const float *tg, *tu;        // T [M, r] per projection, fp32
+  const T *bg, *bu, *sg, *su;  // B [n, r, N] and scales [n] per projection
+  const int64_t* row_adapter;  // [M], < 0 for none
+  int64_t rg, ru, N;
+  T* y;
+  void Apply(int64_t m0, int64_t mb, int64_t n0, int64_t nc, const float* const* acc, int64_t ld) const override {
+    std::vector<float> g(static_cast<size_t>(nc)), u(static_cast<size_t>(nc)), br(static_cast<size_t>(nc));
+    for (int64_t i = 0; i < mb; ++i) {
+      const int64_t m = m0 + i, j = row_adapter[m];
+      std::copy(acc[0] + i * ld, acc[0] + i * ld + nc, g.begin());
+      std::copy(acc[1] + i * ld, acc[1] + i * ld + nc, u.begin());
+      if (j >= 0) {
+        AddRankTerm(g.data(), br.data(), tg + m * rg, bg, j, rg, N, n0, nc, ToF32<T>(sg[j]));
+        AddRankTerm(u.data(), br.data(), tu + m * ru, bu, j, ru, N, n0, nc, ToF32<T>(su[j]));
+      }
+      T* out = y + m * N + n0;
+      for (int64_t c = 0; c < nc; ++c) out[c] = FromF32<T>(GateAct<A>(g[c]) * u[c]);
+    }
+  }
+};
+
+template <typename T>
+struct MultiLoRASwiGLUCpu {
+  using Op = schema::MultiLoRASwiGLU;
+  MultiLoRASwiGLUCpu(const OrtApi* api, const OrtKernelInfo* info)
+      : attrs(ReadOpAttrs(api, info, Op::kName)), act(ReadGateActivation(api, info, Op::kName)) {}
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& W_gate,
+                      const Ort::Custom::Tensor<T>& W_up, const Ort::Custom::Tensor<T>& A_gate,
+                      const Ort::Custom::Tensor<T>& B_gate, const Ort::Custom::Tensor<T>& A_up,
+                      const Ort::Custom::Tensor<T>& B_up, const Ort::Custom::Tensor<T>& S_gate,
+                      const Ort::Custom::Tensor<T>& S_up, const Ort::Custom::Tensor<int64_t>& Index,
+                      Ort::Custom::Tensor<T>& Y) {
+    return GuardCompute([&] {
+      int64_t ru = 0;
+      const MultiLoRADims d =
+          MultiLoRASwiGLUDims(Op::kName, X.Shape(), W_gate.Shape(), W_up.Shape(), A_gate.Shape(), B_gate.Shape(),
+                              A_up.Shape(), B_up.Shape(), S_gate.Shape(), S_up.Shape(), Index.Shape(), &ru);
+      T* y = Y.Allocate(d.out_shape);
+      if (d.M == 0 || d.N == 0) return;
+      const std::vector<int64_t> rows = RowAdapters(Op::kName, Index.Data(), d);
+      const OrtPool pool(ctx);
+      const std::vector<float> tg = MultiXA(pool, X.Data(), A_gate.Data(), rows, d.M, d.K, d.r);
+      const std::vector<float> tu = MultiXA(pool, X.Data(), A_up.Data(), rows, d.M, d.K, ru);
+      GemmArgs g = GemmFor(d, X.Data(), nullptr);
+      g.pool = &pool;
+      g.num_b = 2;
+      g.b[0] = BOperand{W_gate.Data(), d.K, nullptr, nullptr};
+      g.b[1] = BOperand{W_up.Data(), d.K, nullptr, nullptr};
+      WithGateAct(act, [&](auto code) {
+        MultiLoRASwiGLUEpilogue<T, decltype(code)::value> epi;
+        epi.tg = tg.data(), epi.tu = tu.data(), epi.bg = B_gate.Data(), epi.bu = B_up.Data();
+        epi.sg = S_gate.Data(), epi.su = S_up.Data(), epi.row_adapter = rows.data();
+        epi.rg = d.r, epi.ru = ru, epi.N = d.N, epi.y = y;
+        g.epilogue = &epi;
+        Gemm(g);
+      });
+    });
+  }
+  OpAttrs attrs;
+  int act;  // onnxfuse_gate_act, checked when the kernel is created
+};
+
 }  // namespace
 
 void RegisterSwiGLU(Ort::CustomOpDomain& domain) {
   AddOpAllTypes<SwiGLUCpu>(domain, schema::SwiGLU::kName, kCpuEp);
   AddOpAllTypes<LoRASwiGLUCpu>(domain, schema::LoRASwiGLU::kName, kCpuEp);
+  AddOpAllTypes<MultiLoRASwiGLUCpu>(domain, schema::MultiLoRASwiGLU::kName, kCpuEp);
 }
 
 }  // namespace cpu

@@ -242,6 +242,143 @@ int LoRAGemm(GemmArgs g, const void* a, const void* b, float scale, int64_t r, v
   return Gemm(g, workspace, workspace_bytes, stream);
 }
 
+namespace {
+constexpr int kShrinkThreads = 256, kExpandThreads = 128, kExpandCols = 2;  // columns per expand thread
+
+// Slices of K for the shrink kernel: about 512 blocks over M rows (a decode batch's few rows need many slices to
+// have their A rows' loads in flight: with 256 blocks the 7B down projection's 8 rows took 11.7 us on an H100), each
+// slice at least 64 long.
+int64_t ShrinkSplit(int64_t m, int64_t k) {
+  const int64_t most = (k + 63) / 64;
+  int64_t split = (512 + m - 1) / (m > 0 ? m : 1);
+  split = split < most ? split : most;
+  return split < 1 ? 1 : split;
+}
+
+// t[s, row, :] = X[row, slice s] @ A[j, slice s, :] in fp32 (zeros for a row without an adapter). Block (row, s);
+// thread (q = tid % r, lane = tid / r) sums lane, lane + lanes, ... of the slice: consecutive threads read
+// consecutive elements of A's [K, r] rows.
+template <typename T>
+__global__ void MultiShrinkKernel(const T* __restrict__ x, const T* __restrict__ a, const int64_t* __restrict__ index,
+                                  float* __restrict__ t, int64_t m, int64_t k, int64_t r, int64_t adapters,
+                                  int64_t rows_per_index, int64_t k_per_split) {
+  __shared__ float red[kShrinkThreads];
+  const int64_t row = blockIdx.x, split = blockIdx.y;
+  const int64_t j = index[row / rows_per_index];
+  float* out = t + (split * m + row) * r;
+  const int tid = threadIdx.x, lanes = kShrinkThreads / int(r);
+  float acc = 0.f;
+  if (j >= 0 && j < adapters && tid < lanes * r) {
+    const int64_t q = tid % r, k0 = split * k_per_split, k1 = k0 + k_per_split < k ? k0 + k_per_split : k;
+    const T* xr = x + row * k;
+    const T* aj = a + j * k * r;
+#pragma unroll 4
+    for (int64_t kk = k0 + tid / r; kk < k1; kk += lanes) acc += to_f(xr[kk]) * to_f(aj[kk * r + q]);
+  }
+  red[tid] = acc;
+  __syncthreads();
+  if (tid < r) {
+    float s = 0.f;
+    for (int l = 0; l < lanes; ++l) s += red[l * r + tid];
+    out[tid] = s;
+  }
+}
+
+// Y[row, col] += scales[j] * sum_q T[row, q] * B[j, q, col] for ROWS rows a block (T summed over the shrink's
+// slices into shared memory), kExpandCols adjacent columns a thread (the q loop unrolled: several B rows' loads in
+// flight); rows without an adapter untouched, rows with j >= adapters NaN.
+template <typename T, int ROWS>
+__global__ void MultiExpandKernel(const float* __restrict__ t, int64_t split, const T* __restrict__ b,
+                                  const T* __restrict__ scales, const int64_t* __restrict__ index, T* __restrict__ y,
+                                  int64_t m, int64_t n, int64_t r, int64_t adapters, int64_t rows_per_index) {
+  __shared__ float ts[ROWS][ONNXFUSE_MAX_LORA_RANK];
+  __shared__ int64_t js[ROWS];
+  __shared__ float ss[ROWS];
+  const int64_t row0 = int64_t(blockIdx.y) * ROWS;
+  const int rows = int(m - row0 < ROWS ? m - row0 : ROWS);
+  // T's rows: the shrink's split partials summed, several lanes per element where the block has threads to spare
+  // (each lane a strided share of the partials, then the lanes in order: deterministic), so the split partials'
+  // loads are in flight together instead of one after another.
+  __shared__ float red[kExpandThreads];
+  const int elems = rows * int(r), lanes = elems < kExpandThreads ? kExpandThreads / elems : 1;
+  for (int e0 = 0; e0 < elems; e0 += kExpandThreads / lanes) {
+    const int e = e0 + threadIdx.x % (kExpandThreads / lanes), lane = threadIdx.x / (kExpandThreads / lanes);
+    float s = 0.f;
+    if (e < elems && lane < lanes)
+      for (int64_t p = lane; p < split; p += lanes) s += t[(p * m + row0 + e / r) * r + e % r];
+    red[threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.x < kExpandThreads / lanes && e < elems) {
+      float sum = 0.f;
+      for (int l = 0; l < lanes; ++l) sum += red[l * (kExpandThreads / lanes) + threadIdx.x];
+      ts[e / r][e % r] = sum;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x < rows) {
+    const int64_t j = index[(row0 + threadIdx.x) / rows_per_index];
+    js[threadIdx.x] = j;
+    ss[threadIdx.x] = j >= 0 && j < adapters ? to_f(scales[j]) : 0.f;
+  }
+  __syncthreads();
+  const int64_t col = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kExpandCols;
+  if (col >= n) return;
+  const int cols = int(n - col < kExpandCols ? n - col : kExpandCols);
+  for (int i = 0; i < rows; ++i) {
+    const int64_t j = js[i];
+    if (j < 0) continue;
+    T* yp = y + (row0 + i) * n + col;
+    if (j >= adapters) {
+      for (int c = 0; c < cols; ++c) yp[c] = from_f<T>(__int_as_float(0x7fc00000));
+      continue;
+    }
+    const T* bj = b + j * r * n + col;
+    float acc[kExpandCols] = {};
+    if (cols == kExpandCols) {
+#pragma unroll 8
+      for (int q = 0; q < r; ++q) {
+        const float tq = ts[i][q];
+#pragma unroll
+        for (int c = 0; c < kExpandCols; ++c) acc[c] += tq * to_f(bj[q * n + c]);
+      }
+    } else {
+      for (int q = 0; q < r; ++q)
+        for (int c = 0; c < cols; ++c) acc[c] += ts[i][q] * to_f(bj[q * n + c]);
+    }
+    for (int c = 0; c < cols; ++c) yp[c] = from_f<T>(to_f(yp[c]) + ss[i] * acc[c]);
+  }
+}
+}  // namespace
+
+int64_t MultiLoRAPartialsBytes(int64_t m, int64_t k, int64_t r) {
+  return ShrinkSplit(m, k) * m * r * int64_t(sizeof(float));
+}
+
+int MultiLoRAGemm(GemmArgs g, const void* a, const void* b, const void* scales, const int64_t* index, int64_t r,
+                  int64_t adapters, int64_t rows_per_index, float* t, void* workspace, int64_t workspace_bytes,
+                  cudaStream_t stream) {
+  if (int err = Gemm(g, workspace, workspace_bytes, stream)) return err;
+  const int64_t m = g.m, k = g.k, n = g.n;
+  if (r == 0 || m == 0 || n == 0) return 0;
+  const int64_t split = ShrinkSplit(m, k), k_per_split = (k + split - 1) / split;
+  const int64_t rows = m <= 64 ? 1 : 16;
+  return ByDtype(g.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    MultiShrinkKernel<T><<<dim3(unsigned(m), unsigned(split)), kShrinkThreads, 0, stream>>>(
+        static_cast<const T*>(g.x), static_cast<const T*>(a), index, t, m, k, r, adapters, rows_per_index, k_per_split);
+    const int64_t per_block = int64_t(kExpandThreads) * kExpandCols;
+    const dim3 grid(unsigned((n + per_block - 1) / per_block), unsigned((m + rows - 1) / rows));
+    const T *bp = static_cast<const T*>(b), *sp = static_cast<const T*>(scales);
+    T* yp = static_cast<T*>(g.y);
+    if (rows == 1)
+      MultiExpandKernel<T, 1>
+          <<<grid, kExpandThreads, 0, stream>>>(t, split, bp, sp, index, yp, m, n, r, adapters, rows_per_index);
+    else
+      MultiExpandKernel<T, 16>
+          <<<grid, kExpandThreads, 0, stream>>>(t, split, bp, sp, index, yp, m, n, r, adapters, rows_per_index);
+    return int(cudaGetLastError());
+  });
+}
 }  // namespace onnxfuse::cuda_kernels
 
 extern "C" const char* onnxfuse_cuda_error_string(int code) {

@@ -41,6 +41,15 @@ int Gemm(const GemmArgs& g, void* workspace, int64_t workspace_bytes, cudaStream
 int LoRAGemm(GemmArgs g, const void* a, const void* b, float scale, int64_t r, void* t, void* workspace,
              int64_t workspace_bytes, cudaStream_t stream);
 
+// Y = X @ W + bias + scales[j] * (X @ A[j]) @ B[j] for each row (j = index[row / rows_per_index]; none where j < 0,
+// NaN where j >= adapters; A [adapters, K, r], B [adapters, r, N]): MultiLoRALinear's and MultiLoRASwiGLU's CUDA
+// backend. The GEMM (with `g`'s bias), then a shrink kernel (each row's X @ A[j], fp32 partials over slices of K into
+// `t`, MultiLoRAPartialsBytes(M, K, r) bytes) and an expand kernel adding the scaled T @ B[j] to Y.
+int64_t MultiLoRAPartialsBytes(int64_t m, int64_t k, int64_t r);
+int MultiLoRAGemm(GemmArgs g, const void* a, const void* b, const void* scales, const int64_t* index, int64_t r,
+                  int64_t adapters, int64_t rows_per_index, float* t, void* workspace, int64_t workspace_bytes,
+                  cudaStream_t stream);
+
 int64_t ElemBytes(int dtype);
 // Bytes rounded up to 256, so a buffer placed after it in one scratch block keeps cuBLASLt's preferred alignment.
 inline int64_t Align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }

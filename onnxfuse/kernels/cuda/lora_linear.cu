@@ -21,6 +21,21 @@ int64_t onnxfuse_triton_lora_scratch_bytes(int dtype, int64_t m, int64_t k, int6
 int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, const void* w, const void* a, const void* b,
                                 const void* bias, float scale, void* y, int64_t m, int64_t k, int64_t n, int64_t r,
                                 void* scratch, int64_t scratch_bytes, void* stream);
+// MultiLoRALinear: Y[row] = X[row] @ W + bias + scales[j] * (X[row] @ A[j]) @ B[j], j = index[row / rows_per_index]
+// (none where j < 0, NaN where j >= adapters); A [adapters, K, r], B [adapters, r, N]. CUDA backend: the cuBLASLt GEMM
+// with its bias, then a shrink kernel (each row's X @ A[j], fp32 partials over slices of K) and an expand kernel
+// adding scales[j] * T @ B[j] to Y. Triton: multi_lora_xa, then multi_lora_main (the GEMM loop and the adapters'
+// dots in its epilogue). Scratch as the LoRALinear launchers'.
+int64_t onnxfuse_cuda_multi_lora_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t r);
+int onnxfuse_cuda_multi_lora_linear(int dtype, const void* x, const void* w, const void* a, const void* b,
+                                    const void* bias, const void* scales, const int64_t* index, void* y, int64_t m,
+                                    int64_t k, int64_t n, int64_t r, int64_t adapters, int64_t rows_per_index,
+                                    void* scratch, int64_t scratch_bytes, void* stream);
+int64_t onnxfuse_triton_multi_lora_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t r);
+int onnxfuse_triton_multi_lora_linear(int dtype, const void* x, const void* w, const void* a, const void* b,
+                                      const void* bias, const void* scales, const int64_t* index, void* y, int64_t m,
+                                      int64_t k, int64_t n, int64_t r, int64_t adapters, int64_t rows_per_index,
+                                      void* scratch, int64_t scratch_bytes, void* stream);
 }
 
 #ifdef __CUDACC__
@@ -49,6 +64,30 @@ extern "C" int onnxfuse_cuda_lora_linear(int dtype, int relu, const void* x, con
   const int64_t ws = ONNXFUSE_CUBLASLT_WORKSPACE_BYTES;
   return ock::LoRAGemm(g, a, b, scale, r, static_cast<char*>(scratch) + ws, scratch, ws,
                        static_cast<cudaStream_t>(stream));
+}
+
+extern "C" int64_t onnxfuse_cuda_multi_lora_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t r) {
+  if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || m < 0 || k < 0 || r < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  return ONNXFUSE_CUBLASLT_WORKSPACE_BYTES + ock::Align256(ock::MultiLoRAPartialsBytes(m, k, r));
+}
+
+extern "C" int onnxfuse_cuda_multi_lora_linear(int dtype, const void* x, const void* w, const void* a, const void* b,
+                                               const void* bias, const void* scales, const int64_t* index, void* y,
+                                               int64_t m, int64_t k, int64_t n, int64_t r, int64_t adapters,
+                                               int64_t rows_per_index, void* scratch, int64_t scratch_bytes,
+                                               void* stream) {
+  if (!ock::CheckCommon(dtype, x, y, m, k, n) || r < 0 || adapters < 0 || rows_per_index <= 0)
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (r > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
+  if (m == 0 || n == 0) return 0;
+  if (scratch == nullptr || scratch_bytes < onnxfuse_cuda_multi_lora_scratch_bytes(dtype, m, k, r))
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  ock::GemmArgs g;  // Y = X @ W + bias, then each row's adapter term
+  g.dtype = dtype, g.x = x, g.w = w, g.bias = bias, g.y = y, g.m = m, g.k = k, g.n = n;
+  const int64_t ws = ONNXFUSE_CUBLASLT_WORKSPACE_BYTES;
+  return ock::MultiLoRAGemm(g, a, b, scales, index, r, adapters, rows_per_index,
+                            reinterpret_cast<float*>(static_cast<char*>(scratch) + ws), scratch, ws,
+                            static_cast<cudaStream_t>(stream));
 }
 
 #else  // the host half: the CUDA EP glue and the Triton launcher
@@ -100,6 +139,44 @@ struct LoRACuda {
   OpAttrs attrs;
 };
 template <typename T>
+struct MultiLoRALinearCuda {
+  using Op = schema::MultiLoRALinear;
+  MultiLoRALinearCuda(const OrtApi* api, const OrtKernelInfo* info) : attrs(ReadOpAttrs(api, info, Op::kName)) {}
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& W,
+                      const Ort::Custom::Tensor<T>& A, const Ort::Custom::Tensor<T>& B,
+                      const Ort::Custom::Tensor<T>& bias, const Ort::Custom::Tensor<T>& scales,
+                      const Ort::Custom::Tensor<int64_t>& index, Ort::Custom::Tensor<T>& Y) {
+    return GuardCompute([&] {
+      const MultiLoRADims d = MultiLoRALinearDims(Op::kName, X.Shape(), W.Shape(), A.Shape(), B.Shape(), bias.Shape(),
+                                                  scales.Shape(), index.Shape());
+      T* y = Y.Allocate(d.out_shape);
+      if (d.M == 0 || d.N == 0) return;
+      void* stream = StreamOf(ctx);
+      const void *x = X.Data(), *w = W.Data(), *a = A.Data(), *b = B.Data(), *bi = bias.Data(), *sc = scales.Data();
+      const int64_t* idx = index.Data();
+      Dispatch(
+          Op::kName, attrs,
+          [&] {
+            return WithScratch(ctx, Op::kX, onnxfuse_cuda_multi_lora_scratch_bytes(DtypeCode<T>(), d.M, d.K, d.r),
+                               [&](void* sp, int64_t bytes) {
+                                 return onnxfuse_cuda_multi_lora_linear(DtypeCode<T>(), x, w, a, b, bi, sc, idx, y, d.M,
+                                                                        d.K, d.N, d.r, d.adapters, d.rows_per_index, sp,
+                                                                        bytes, stream);
+                               });
+          },
+          [&] {
+            return WithScratch(
+                ctx, Op::kX, onnxfuse_triton_multi_lora_scratch_bytes(DtypeCode<T>(), d.M, d.K, d.N, d.r),
+                [&](void* sp, int64_t bytes) {
+                  return onnxfuse_triton_multi_lora_linear(DtypeCode<T>(), x, w, a, b, bi, sc, idx, y, d.M, d.K, d.N,
+                                                           d.r, d.adapters, d.rows_per_index, sp, bytes, stream);
+                });
+          });
+    });
+  }
+  OpAttrs attrs;
+};
+template <typename T>
 using LoRALinearCuda = LoRACuda<T, 0, schema::LoRALinear>;
 template <typename T>
 using LoRALinearReluCuda = LoRACuda<T, 1, schema::LoRALinearRelu>;
@@ -109,6 +186,7 @@ using LoRALinearReluCuda = LoRACuda<T, 1, schema::LoRALinearRelu>;
 void RegisterLoRALinearCuda(Ort::CustomOpDomain& domain) {
   AddOpAllTypes<LoRALinearCuda>(domain, schema::LoRALinear::kName, kCudaEp);
   AddOpAllTypes<LoRALinearReluCuda>(domain, schema::LoRALinearRelu::kName, kCudaEp);
+  AddOpAllTypes<MultiLoRALinearCuda>(domain, schema::MultiLoRALinear::kName, kCudaEp);
 }
 
 }  // namespace cuda
@@ -185,6 +263,52 @@ extern "C" int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, c
   void* main_args[] = {&x, &w, &scratch, &b,     &bias, &y,     &M,           &N,
                        &K, &R, &SPLIT,   &SCALE, &RELU, &NPROG, &main_global, &scratch_profile};
   return LaunchSpec(main_spec, index, plan.device, grid, main_args, stream);
+}
+
+// MultiLoRALinear: multi_lora_xa (each row's X @ A[j] partials, [SPLIT, M, r_pad] fp32), then multi_lora_main.
+extern "C" int64_t onnxfuse_triton_multi_lora_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t r) {
+  if (BadCommon(dtype, m, k, n) || r < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (r > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
+  if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
+  if (m == 0 || n == 0) return 0;
+  LoRAPlan plan;
+  const int err = PlanLoRA(dtype, m, k, r, true, &plan, ids::kMultiLoraXa);
+  if (err != 0) return err > 0 ? -int64_t(err) : int64_t(err);
+  return LoRAScratchBytes(m, r, plan);
+}
+
+extern "C" int onnxfuse_triton_multi_lora_linear(int dtype, const void* x, const void* w, const void* a, const void* b,
+                                                 const void* bias, const void* scales, const int64_t* index, void* y,
+                                                 int64_t m, int64_t k, int64_t n, int64_t r, int64_t adapters,
+                                                 int64_t rows_per_index, void* scratch, int64_t scratch_bytes,
+                                                 void* stream) {
+  if (BadCommon(dtype, m, k, n) || r < 0 || adapters < 0 || rows_per_index <= 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (r > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
+  if (TooLarge(m, k, n) || adapters > 0x7fffffffLL || rows_per_index > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;
+  if (m == 0 || n == 0) return 0;
+  int32_t M = int32_t(m), N = int32_t(n), K = int32_t(k), R = int32_t(r), NA = int32_t(adapters),
+          RPI = int32_t(rows_per_index);
+  void* scratch_global = nullptr;
+  void* scratch_profile = nullptr;
+  const bool aligned = LoRAAligned(x, w, a, b, bias, y, k, n, r) && Aligned16(scales) && Aligned16(index);
+  LoRAPlan plan;
+  int err = PlanLoRA(dtype, m, k, r, aligned, &plan, ids::kMultiLoraXa);
+  if (err != 0) return err;
+  if (scratch == nullptr || !Aligned16(scratch) || scratch_bytes < LoRAScratchBytes(m, r, plan))
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  int main_index = -1;
+  const TritonSpec* main_spec =
+      FindForShape(ids::kMultiLoraMain, dtype, m, n, aligned, RPad(r), plan.arch, plan.device, &main_index);
+  if (main_spec == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
+  int32_t KB_PER_SPLIT = int32_t(plan.kb_per_split), SPLIT = int32_t(plan.split);
+  void* xa_args[] = {&x, &a, &index, &scratch, &M, &K, &R, &NA, &RPI, &KB_PER_SPLIT, &scratch_global, &scratch_profile};
+  // one program per row tile, K slice and adapter (a program whose adapter no row of its tile uses returns early)
+  const int64_t grid_xa = ((m + plan.xa->block_m - 1) / plan.xa->block_m) * plan.split * (adapters > 0 ? adapters : 1);
+  if ((err = LaunchSpec(plan.xa, plan.xa_index, plan.device, grid_xa, xa_args, stream)) != 0) return err;
+  const int64_t grid = Tiles(m, n, main_spec);
+  void* main_args[] = {&x, &w, &scratch, &b,   &bias,  &scales,         &index,          &y, &M, &N,
+                       &K, &R, &NA,      &RPI, &SPLIT, &scratch_global, &scratch_profile};
+  return LaunchSpec(main_spec, main_index, plan.device, grid, main_args, stream);
 }
 #endif  // ONNXFUSE_WITH_TRITON
 #endif  // __CUDACC__

@@ -29,6 +29,25 @@ int onnxfuse_triton_lora_swiglu(int dtype, int act, const void* x, const void* w
                                 const void* a_gate, const void* b_gate, const void* a_up, const void* b_up,
                                 float scale_gate, float scale_up, void* y, int64_t m, int64_t k, int64_t n, int64_t rg,
                                 int64_t ru, void* scratch, int64_t scratch_bytes, void* stream);
+// MultiLoRASwiGLU: LoRASwiGLU with a stack of adapters per projection (A_gate [adapters, k, rg], B_gate [adapters,
+// rg, n], scales_gate [adapters], the same for up) and each row's adapter index[row / rows_per_index] (none where
+// < 0, NaN where >= adapters). CUDA: per projection the GEMM, then gemm.h's shrink and expand kernels
+// (MultiLoRAGemm), then SwiGLU's pass. Triton: lora_linear.py's multi_lora_xa per stack, then multi_lora_swiglu
+// (SwiGLU's main loop with each adapter's rank-r dots before the activation).
+int64_t onnxfuse_cuda_multi_lora_swiglu_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t rg,
+                                                      int64_t ru);
+int onnxfuse_cuda_multi_lora_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up,
+                                    const void* a_gate, const void* b_gate, const void* a_up, const void* b_up,
+                                    const void* scales_gate, const void* scales_up, const int64_t* index, void* y,
+                                    int64_t m, int64_t k, int64_t n, int64_t rg, int64_t ru, int64_t adapters,
+                                    int64_t rows_per_index, void* scratch, int64_t scratch_bytes, void* stream);
+int64_t onnxfuse_triton_multi_lora_swiglu_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t rg,
+                                                        int64_t ru);
+int onnxfuse_triton_multi_lora_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up,
+                                      const void* a_gate, const void* b_gate, const void* a_up, const void* b_up,
+                                      const void* scales_gate, const void* scales_up, const int64_t* index, void* y,
+                                      int64_t m, int64_t k, int64_t n, int64_t rg, int64_t ru, int64_t adapters,
+                                      int64_t rows_per_index, void* scratch, int64_t scratch_bytes, void* stream);
 }
 
 #ifdef __CUDACC__
@@ -135,6 +154,45 @@ extern "C" int onnxfuse_cuda_lora_swiglu(int dtype, int act, const void* x, cons
   });
 }
 
+extern "C" int64_t onnxfuse_cuda_multi_lora_swiglu_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t rg,
+                                                                 int64_t ru) {
+  if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || m < 0 || k < 0 || n < 0 || rg < 0 || ru < 0)
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  return ONNXFUSE_CUBLASLT_WORKSPACE_BYTES + ock::Align256(m * n * ock::ElemBytes(dtype)) +
+         ock::Align256(ock::MultiLoRAPartialsBytes(m, k, std::max(rg, ru)));
+}
+
+extern "C" int onnxfuse_cuda_multi_lora_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up,
+                                               const void* a_gate, const void* b_gate, const void* a_up,
+                                               const void* b_up, const void* scales_gate, const void* scales_up,
+                                               const int64_t* index, void* y, int64_t m, int64_t k, int64_t n,
+                                               int64_t rg, int64_t ru, int64_t adapters, int64_t rows_per_index,
+                                               void* scratch, int64_t scratch_bytes, void* stream) {
+  if (!ock::CheckCommon(dtype, x, y, m, k, n) || !onnxfuse::ValidGateActivation(act) || rg < 0 || ru < 0 ||
+      adapters < 0 || rows_per_index <= 0)
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (rg > ONNXFUSE_MAX_LORA_RANK || ru > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
+  if (m == 0 || n == 0) return 0;
+  if (scratch == nullptr || scratch_bytes < onnxfuse_cuda_multi_lora_swiglu_scratch_bytes(dtype, m, k, n, rg, ru))
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int64_t ws = ONNXFUSE_CUBLASLT_WORKSPACE_BYTES;
+  char* up = static_cast<char*>(scratch) + ws;
+  float* t = reinterpret_cast<float*>(up + ock::Align256(m * n * ock::ElemBytes(dtype)));
+  // one projection: out = X @ W + each row's adapter term (MultiLoRALinear's CUDA backend, without bias)
+  auto projection = [&](const void* w, const void* a, const void* b, const void* sc, int64_t r, void* out) {
+    ock::GemmArgs g;
+    g.dtype = dtype, g.x = x, g.w = w, g.y = out, g.m = m, g.k = k, g.n = n;
+    return ock::MultiLoRAGemm(g, a, b, sc, index, r, adapters, rows_per_index, t, scratch, ws, s);
+  };
+  if (int err = projection(w_gate, a_gate, b_gate, scales_gate, rg, y)) return err;
+  if (int err = projection(w_up, a_up, b_up, scales_up, ru, up)) return err;
+  return ock::ByDtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return GatePass<T>(static_cast<T*>(y), reinterpret_cast<const T*>(up), m * n, act, s);
+  });
+}
+
 #else  // the host half: the CUDA EP glue and the Triton launcher
 // SwiGLU on the CUDA EP: the kernel struct calling the nvcc half's launcher or the Triton one
 // (at the end of this file) through Dispatch (cuda/ops_cuda.h), and its registration.
@@ -223,11 +281,61 @@ struct LoRASwiGLUCuda {
   int act;  // onnxfuse_gate_act of the node's activation attribute
 };
 
+template <typename T>
+struct MultiLoRASwiGLUCuda {
+  using Op = schema::MultiLoRASwiGLU;
+  static constexpr const char* kName = Op::kName;
+  MultiLoRASwiGLUCuda(const OrtApi* api, const OrtKernelInfo* info)
+      : attrs(ReadOpAttrs(api, info, kName)), act(ReadGateActivation(api, info, kName)) {}
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& Wg,
+                      const Ort::Custom::Tensor<T>& Wu, const Ort::Custom::Tensor<T>& Ag,
+                      const Ort::Custom::Tensor<T>& Bg, const Ort::Custom::Tensor<T>& Au,
+                      const Ort::Custom::Tensor<T>& Bu, const Ort::Custom::Tensor<T>& Sg,
+                      const Ort::Custom::Tensor<T>& Su, const Ort::Custom::Tensor<int64_t>& index,
+                      Ort::Custom::Tensor<T>& Y) {
+    return GuardCompute([&] {
+      int64_t ru = 0;
+      const MultiLoRADims d = MultiLoRASwiGLUDims(kName, X.Shape(), Wg.Shape(), Wu.Shape(), Ag.Shape(), Bg.Shape(),
+                                                  Au.Shape(), Bu.Shape(), Sg.Shape(), Su.Shape(), index.Shape(), &ru);
+      T* y = Y.Allocate(d.out_shape);
+      if (d.M == 0 || d.N == 0) return;
+      void* stream = StreamOf(ctx);
+      const void *x = X.Data(), *wg = Wg.Data(), *wu = Wu.Data(), *ag = Ag.Data(), *bg = Bg.Data(), *au = Au.Data(),
+                 *bu = Bu.Data(), *sg = Sg.Data(), *su = Su.Data();
+      const int64_t* idx = index.Data();
+      const int64_t rg = d.r;
+      Dispatch(
+          kName, attrs,
+          [&] {
+            return WithScratch(ctx, Op::kX,
+                               onnxfuse_cuda_multi_lora_swiglu_scratch_bytes(DtypeCode<T>(), d.M, d.K, d.N, rg, ru),
+                               [&](void* sp, int64_t bytes) {
+                                 return onnxfuse_cuda_multi_lora_swiglu(
+                                     DtypeCode<T>(), act, x, wg, wu, ag, bg, au, bu, sg, su, idx, y, d.M, d.K, d.N, rg,
+                                     ru, d.adapters, d.rows_per_index, sp, bytes, stream);
+                               });
+          },
+          [&] {
+            return WithScratch(ctx, Op::kX,
+                               onnxfuse_triton_multi_lora_swiglu_scratch_bytes(DtypeCode<T>(), d.M, d.K, d.N, rg, ru),
+                               [&](void* sp, int64_t bytes) {
+                                 return onnxfuse_triton_multi_lora_swiglu(
+                                     DtypeCode<T>(), act, x, wg, wu, ag, bg, au, bu, sg, su, idx, y, d.M, d.K, d.N, rg,
+                                     ru, d.adapters, d.rows_per_index, sp, bytes, stream);
+                               });
+          });
+    });
+  }
+  OpAttrs attrs;
+  int act;  // onnxfuse_gate_act of the node's activation attribute
+};
+
 }  // namespace
 
 void RegisterSwiGLUCuda(Ort::CustomOpDomain& domain) {
   AddOpAllTypes<SwiGLUCuda>(domain, schema::SwiGLU::kName, kCudaEp);
   AddOpAllTypes<LoRASwiGLUCuda>(domain, schema::LoRASwiGLU::kName, kCudaEp);
+  AddOpAllTypes<MultiLoRASwiGLUCuda>(domain, schema::MultiLoRASwiGLU::kName, kCudaEp);
 }
 
 }  // namespace cuda
@@ -310,6 +418,62 @@ extern "C" int onnxfuse_triton_lora_swiglu(int dtype, int act, const void* x, co
       &x,   &w_gate,         &w_up,           &tg, &b_gate, &tu, &b_up, &y, &M, &N, &K, &RG, &RU, &SPLIT, &SG, &SU,
       &ACT, &scratch_global, &scratch_profile};
   return Launch(ids::kLoraSwiglu, dtype, m, n, aligned, RPad(r), args, stream);
+}
+
+// MultiLoRASwiGLU: multi_lora_xa (lora_linear.py) for each stack into its fp32 partials (one plan, r_pad of the larger
+// rank), then multi_lora_swiglu (swiglu.py). Scratch as LoRASwiGLU's.
+extern "C" int64_t onnxfuse_triton_multi_lora_swiglu_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n,
+                                                                   int64_t rg, int64_t ru) {
+  if (BadCommon(dtype, m, k, n) || rg < 0 || ru < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (rg > ONNXFUSE_MAX_LORA_RANK || ru > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
+  if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
+  if (m == 0 || n == 0) return 0;
+  const int64_t r = std::max(rg, ru);
+  LoRAPlan plan;
+  const int err = PlanLoRA(dtype, m, k, r, true, &plan, ids::kMultiLoraXa);
+  if (err != 0) return err > 0 ? -int64_t(err) : int64_t(err);
+  return 2 * RoundUp128(LoRAScratchBytes(m, r, plan));
+}
+
+extern "C" int onnxfuse_triton_multi_lora_swiglu(int dtype, int act, const void* x, const void* w_gate,
+                                                 const void* w_up, const void* a_gate, const void* b_gate,
+                                                 const void* a_up, const void* b_up, const void* scales_gate,
+                                                 const void* scales_up, const int64_t* index, void* y, int64_t m,
+                                                 int64_t k, int64_t n, int64_t rg, int64_t ru, int64_t adapters,
+                                                 int64_t rows_per_index, void* scratch, int64_t scratch_bytes,
+                                                 void* stream) {
+  if (BadCommon(dtype, m, k, n) || rg < 0 || ru < 0 || act < 0 || act >= ONNXFUSE_NUM_GATE_ACTIVATIONS ||
+      adapters < 0 || rows_per_index <= 0)
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (rg > ONNXFUSE_MAX_LORA_RANK || ru > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
+  if (TooLarge(m, k, n) || adapters > 0x7fffffffLL || rows_per_index > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;
+  if (m == 0 || n == 0) return 0;
+  const int64_t r = std::max(rg, ru);
+  const bool aligned = LoRASwiGLUAligned({x, w_gate, w_up, a_gate, b_gate, a_up, b_up}, y, k, n, rg, ru) &&
+                       Aligned16(scales_gate) && Aligned16(scales_up) && Aligned16(index);
+  LoRAPlan plan;
+  int err = PlanLoRA(dtype, m, k, r, aligned, &plan, ids::kMultiLoraXa);
+  if (err != 0) return err;
+  const int64_t part = RoundUp128(LoRAScratchBytes(m, r, plan));
+  if (scratch == nullptr || !Aligned16(scratch) || scratch_bytes < 2 * part) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  void* tg = scratch;
+  void* tu = static_cast<char*>(scratch) + part;
+  int32_t M = int32_t(m), N = int32_t(n), K = int32_t(k), RG = int32_t(rg), RU = int32_t(ru), ACT = act,
+          NA = int32_t(adapters), RPI = int32_t(rows_per_index);
+  int32_t KB_PER_SPLIT = int32_t(plan.kb_per_split), SPLIT = int32_t(plan.split);
+  void* scratch_global = nullptr;
+  void* scratch_profile = nullptr;
+  // one program per row tile, K slice and adapter (a program whose adapter no row of its tile uses returns early)
+  const int64_t grid_xa = ((m + plan.xa->block_m - 1) / plan.xa->block_m) * plan.split * (adapters > 0 ? adapters : 1);
+  void* xg_args[] = {
+      &x, &a_gate, &index, &tg, &M, &K, &RG, &NA, &RPI, &KB_PER_SPLIT, &scratch_global, &scratch_profile};
+  if ((err = LaunchSpec(plan.xa, plan.xa_index, plan.device, grid_xa, xg_args, stream)) != 0) return err;
+  void* xu_args[] = {&x, &a_up, &index, &tu, &M, &K, &RU, &NA, &RPI, &KB_PER_SPLIT, &scratch_global, &scratch_profile};
+  if ((err = LaunchSpec(plan.xa, plan.xa_index, plan.device, grid_xa, xu_args, stream)) != 0) return err;
+  void* args[] = {
+      &x, &w_gate, &w_up, &tg, &b_gate, &scales_gate, &tu,  &b_up,  &scales_up, &index,          &y,
+      &M, &N,      &K,    &RG, &RU,     &NA,          &RPI, &SPLIT, &ACT,       &scratch_global, &scratch_profile};
+  return Launch(ids::kMultiLoraSwiglu, dtype, m, n, aligned, RPad(r), args, stream);
 }
 #endif  // ONNXFUSE_WITH_TRITON
 #endif  // __CUDACC__

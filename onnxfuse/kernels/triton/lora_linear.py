@@ -8,12 +8,19 @@ loop sums the SPLIT partials of its row tile, rounds ``scale * T`` to the input 
 would) and adds ``T @ B`` with one more tl.dot before the bias (+ relu) epilogue; fp32 accumulation. The scratch
 comes from onnxruntime's allocator (cuda/lora_linear.cu). ``R_PAD`` is r rounded up to 16, 32 or 64; ``RELU`` is a
 run-time flag.
+
+MultiLoRALinear (a stack of NA adapters, one per batch row: ``adapter_index[row // RPI]``) runs the same two phases:
+``_multi_lora_xa_kernel`` writes the partials of each row's ``X @ A[j]``, ``_multi_lora_main_kernel`` adds each
+row's ``scales[j] * T @ B[j]`` after the main loop. Both walk the adapters and do the dots only for those that rows
+of the tile use (a scalar branch per adapter: a decode tile of 8 rows with 8 adapters does 8 thin dots, a prefill
+tile, whose rows are one or two sequences, one or two); rows with an index < 0 get no adapter, rows whose index is
+>= NA are written as NaN (the kernel cannot report an error).
 """
 import triton
 import triton.language as tl
 
-from .gemm_loop import (GEMM_TILES_F, GEMM_TILES_H, _gemm_main, _gemm_tile_tma, _rank_term, _relu, _store_tile,
-                        _tma_descs)
+from .gemm_loop import (GEMM_TILES_F, GEMM_TILES_H, _gemm_main, _gemm_tile_tma, _multi_rank_term, _rank_term, _relu,
+                        _row_adapters, _store_tile, _tma_descs)
 
 
 @triton.jit
@@ -87,6 +94,66 @@ def _lora_epilogue(acc, offs_m, offs_n, rows, n_ok, t_ptr, b_ptr, bias_ptr, y_pt
     _store_tile(y_ptr, N, acc, offs_m, offs_m < M, offs_n, n_ok)
 
 
+@triton.jit
+def _multi_lora_xa_kernel(x_ptr, a_ptr, index_ptr, t_ptr, M, K, R, NA, RPI, KB_PER_SPLIT,
+                          BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, R_PAD: tl.constexpr,
+                          DOT_PRECISION: tl.constexpr):
+    """Phase 1 of MultiLoRALinear: ``t[s, m, :R] = x[m, ks] @ a[j_m, ks, :]`` (fp32, j_m the row's adapter; zeros for
+    rows without one). Layout as _lora_xa_kernel's (a is [NA, K, R]); grid: row tiles x SPLIT x NA, one program per
+    row tile, K slice and adapter j, which stores the rows of adapter j (program j = 0 also the rows without a valid
+    adapter, as zeros) and returns at once when no row of its tile uses j: a decode batch of 8 rows with 8 adapters
+    runs 8 programs per K slice instead of one doing the 8 one after another."""
+    pid = tl.program_id(0)
+    n_adapters = tl.maximum(NA, 1)  # an empty stack (NA 0): one program per tile and slice, storing the zeros
+    j = pid % n_adapters
+    pid = pid // n_adapters
+    num_m = tl.cdiv(M, BLOCK_M)
+    pid_m = pid % num_m
+    split = pid // num_m
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_r = tl.arange(0, R_PAD)
+    rows = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
+    r_ok = offs_r < R
+    aid = _row_adapters(index_ptr, offs_m, M, RPI)
+    sel = (aid == j) & (j < NA)
+    none = ((aid < 0) | (aid >= NA)) & (offs_m < M)  # _row_adapters gives -1 past M: never store there
+    t_ptrs = t_ptr + (split.to(tl.int64) * M + offs_m.to(tl.int64))[:, None] * R_PAD + offs_r[None, :]
+    if j == 0:
+        tl.store(t_ptrs, tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32), mask=none[:, None])
+    if tl.max(sel.to(tl.int32), axis=0) > 0:
+        k_begin = split * KB_PER_SPLIT * BLOCK_K
+        n_blocks = tl.minimum(KB_PER_SPLIT, tl.cdiv(K, BLOCK_K) - split * KB_PER_SPLIT)
+        x_ptrs = x_ptr + rows[:, None] * K + (k_begin + offs_k)[None, :]
+        a_ptrs = a_ptr + (j * K.to(tl.int64) + (k_begin + offs_k).to(tl.int64))[:, None] * R + offs_r[None, :]
+        t = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
+        for kb in range(0, n_blocks):
+            k_ok = (k_begin + kb * BLOCK_K + offs_k) < K
+            x = tl.load(x_ptrs, mask=sel[:, None] & k_ok[None, :], other=0.0)
+            a = tl.load(a_ptrs, mask=k_ok[:, None] & r_ok[None, :], other=0.0)
+            t = tl.dot(x, a, t, input_precision=DOT_PRECISION)
+            x_ptrs += BLOCK_K
+            a_ptrs += BLOCK_K * R
+        t = tl.where(r_ok[None, :], t, 0.0)  # x @ 0 is NaN in a row with an infinite x (see _lora_xa_kernel)
+        tl.store(t_ptrs, t, mask=sel[:, None])
+
+
+@triton.jit
+def _multi_lora_main_kernel(x_ptr, w_ptr, t_ptr, b_ptr, bias_ptr, scales_ptr, index_ptr, y_ptr, M, N, K, R, NA, RPI,
+                            SPLIT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                            GROUP_M: tl.constexpr, R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Phase 2 of MultiLoRALinear: ``y = x @ w + bias + (scales[j] * sum_s t[s]).to(x.dtype) @ b[j]`` per row (j its
+    adapter; NaN where j >= NA); b is [NA, R, N] (gemm_loop._multi_rank_term)."""
+    acc, _, offs_m, offs_n, rows, n_ok = _gemm_main(x_ptr, w_ptr, w_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                                                    False, DOT_PRECISION)
+    aid = _row_adapters(index_ptr, offs_m, M, RPI)
+    acc = _multi_rank_term(acc, aid, rows, offs_n, n_ok, t_ptr, b_ptr, scales_ptr, M, N, R, NA, SPLIT, BLOCK_M, R_PAD,
+                           DOT_PRECISION)
+    acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    acc = tl.where((aid >= NA)[:, None], float("nan"), acc)
+    _store_tile(y_ptr, N, acc, offs_m, offs_m < M, offs_n, n_ok)
+
+
 KERNELS = {
     # t_ptr is fp32 scratch whatever T is: "*fp32".
     "lora_xa": (_lora_xa_kernel, [("x_ptr", "*T"), ("a_ptr", "*T"), ("t_ptr", "*fp32"), ("M", "i32"), ("K", "i32"),
@@ -95,6 +162,14 @@ KERNELS = {
                                       ("bias_ptr", "*T"), ("y_ptr", "*T"), ("M", "i32"), ("N", "i32"), ("K", "i32"),
                                       ("R", "i32"), ("SPLIT", "i32"), ("scale", "fp32"), ("RELU", "i32"),
                                       ("NPROG", "i32")]),
+    "multi_lora_xa": (_multi_lora_xa_kernel, [("x_ptr", "*T"), ("a_ptr", "*T"), ("index_ptr", "*i64"),
+                                              ("t_ptr", "*fp32"), ("M", "i32"), ("K", "i32"), ("R", "i32"),
+                                              ("NA", "i32"), ("RPI", "i32"), ("KB_PER_SPLIT", "i32")]),
+    "multi_lora_main": (_multi_lora_main_kernel, [("x_ptr", "*T"), ("w_ptr", "*T"), ("t_ptr", "*fp32"),
+                                                  ("b_ptr", "*T"), ("bias_ptr", "*T"), ("scales_ptr", "*T"),
+                                                  ("index_ptr", "*i64"), ("y_ptr", "*T"), ("M", "i32"), ("N", "i32"),
+                                                  ("K", "i32"), ("R", "i32"), ("NA", "i32"), ("RPI", "i32"),
+                                                  ("SPLIT", "i32")]),
 }
 
 # Tile configs per arch. lora_xa: (BLOCK_M, unused, BLOCK_K, unused, warps, stages). Grid = row tiles x SPLIT slices
@@ -102,8 +177,13 @@ KERNELS = {
 # from L2). lora_main: the GEMM tiles (gemm_loop.GEMM_TILES_*), on sm_90 a 128 x 256 large tile.
 _H_XA = {"small": (16, 0, 128, 1, 4, 3), "medium": (16, 0, 128, 1, 4, 3), "large": (64, 0, 64, 1, 4, 4)}
 _F_XA = {"small": (16, 0, 64, 1, 4, 3), "medium": (16, 0, 64, 1, 4, 3), "large": (64, 0, 32, 1, 4, 3)}
+# multi_lora_xa / multi_lora_main: lora_xa's tiles and lora_main's tuned ones (triton/tuned.json; the adapters' dots
+# of a decode tile are thin).
+_H_MULTI_MAIN = {"small": (16, 64, 256, 1, 4, 5), "medium": (64, 128, 64, 8, 4, 4), "large": (128, 256, 64, 8, 8, 3)}
 CONFIGS = {
     "90": {"lora_xa": {"h": _H_XA, "f": _F_XA},
-           "lora_main": {"h": dict(GEMM_TILES_H, large=(128, 256, 64, 8, 8, 3)), "f": GEMM_TILES_F}},
-    "80": {"lora_xa": {"h": _H_XA, "f": _F_XA}, "lora_main": {"h": GEMM_TILES_H, "f": GEMM_TILES_F}},
+           "lora_main": {"h": dict(GEMM_TILES_H, large=(128, 256, 64, 8, 8, 3)), "f": GEMM_TILES_F},
+           "multi_lora_xa": {"h": _H_XA, "f": _F_XA}, "multi_lora_main": {"h": _H_MULTI_MAIN, "f": GEMM_TILES_F}},
+    "80": {"lora_xa": {"h": _H_XA, "f": _F_XA}, "lora_main": {"h": GEMM_TILES_H, "f": GEMM_TILES_F},
+           "multi_lora_xa": {"h": _H_XA, "f": _F_XA}, "multi_lora_main": {"h": GEMM_TILES_H, "f": GEMM_TILES_F}},
 }

@@ -12,7 +12,8 @@ arguments in this order.
 import triton
 import triton.language as tl
 
-from .gemm_loop import GEMM_TILES_F, GEMM_TILES_H, _gemm_main, _rank_term, _store_tile
+from .gemm_loop import (GEMM_TILES_F, GEMM_TILES_H, _gemm_main, _multi_rank_term, _rank_term, _row_adapters,
+                        _store_tile)
 
 # (Triton kernels read module globals only as constexpr.)
 _SQRT1_2 = tl.constexpr(0.7071067811865476)         # 1 / sqrt(2)
@@ -73,6 +74,26 @@ def _lora_swiglu_kernel(x_ptr, wg_ptr, wu_ptr, tg_ptr, bg_ptr, tu_ptr, bu_ptr, y
     _store_tile(y_ptr, N, y, offs_m, offs_m < M, offs_n, n_ok)
 
 
+@triton.jit
+def _multi_lora_swiglu_kernel(x_ptr, wg_ptr, wu_ptr, tg_ptr, bg_ptr, sg_ptr, tu_ptr, bu_ptr, su_ptr, index_ptr, y_ptr,
+                              M, N, K, RG, RU, NA, RPI, SPLIT, ACT,
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                              GROUP_M: tl.constexpr, R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """MultiLoRASwiGLU's second phase: SwiGLU's main loop, then each projection's rank-r terms of every row's adapter
+    (gemm_loop._multi_rank_term: bg, bu [NA, R, N], scales [NA]) before the activation; NaN in rows whose index is
+    >= NA. tg and tu: lora_linear.py's _multi_lora_xa_kernel partials of each stack."""
+    gate, up, offs_m, offs_n, rows, n_ok = _gemm_main(x_ptr, wg_ptr, wu_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
+                                                      GROUP_M, True, DOT_PRECISION)
+    aid = _row_adapters(index_ptr, offs_m, M, RPI)
+    gate = _multi_rank_term(gate, aid, rows, offs_n, n_ok, tg_ptr, bg_ptr, sg_ptr, M, N, RG, NA, SPLIT, BLOCK_M,
+                            R_PAD, DOT_PRECISION)
+    up = _multi_rank_term(up, aid, rows, offs_n, n_ok, tu_ptr, bu_ptr, su_ptr, M, N, RU, NA, SPLIT, BLOCK_M, R_PAD,
+                          DOT_PRECISION)
+    y = _gate_activation(gate, ACT) * up
+    y = tl.where((aid >= NA)[:, None], float("nan"), y)
+    _store_tile(y_ptr, N, y, offs_m, offs_m < M, offs_n, n_ok)
+
+
 KERNELS = {
     "swiglu": (_swiglu_kernel, [("x_ptr", "*T"), ("wg_ptr", "*T"), ("wu_ptr", "*T"), ("y_ptr", "*T"),
                                 ("M", "i32"), ("N", "i32"), ("K", "i32"), ("ACT", "i32")]),
@@ -82,6 +103,11 @@ KERNELS = {
                                           ("M", "i32"), ("N", "i32"), ("K", "i32"), ("RG", "i32"), ("RU", "i32"),
                                           ("SPLIT", "i32"), ("scale_gate", "fp32"), ("scale_up", "fp32"),
                                           ("ACT", "i32")]),
+    "multi_lora_swiglu": (_multi_lora_swiglu_kernel, [
+        ("x_ptr", "*T"), ("wg_ptr", "*T"), ("wu_ptr", "*T"), ("tg_ptr", "*fp32"), ("bg_ptr", "*T"), ("sg_ptr", "*T"),
+        ("tu_ptr", "*fp32"), ("bu_ptr", "*T"), ("su_ptr", "*T"), ("index_ptr", "*i64"), ("y_ptr", "*T"),
+        ("M", "i32"), ("N", "i32"), ("K", "i32"), ("RG", "i32"), ("RU", "i32"), ("NA", "i32"), ("RPI", "i32"),
+        ("SPLIT", "i32"), ("ACT", "i32")]),
 }
 
 # Tile configs per arch (gemm_loop.GEMM_TILES_*). "small" (decode), N=11008: BLOCK_N=64, BLOCK_K=128, 4 stages ->
@@ -92,8 +118,12 @@ _H_SMALL = (16, 64, 128, 1, 4, 4)
 CONFIGS = {
     "90": {"swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL, large=(128, 128, 64, 8, 8, 3)), "f": GEMM_TILES_F},
            "lora_swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL, large=(128, 128, 64, 8, 8, 3)),
-                           "f": GEMM_TILES_F}},
+                           "f": GEMM_TILES_F},
+           "multi_lora_swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL, large=(128, 128, 64, 8, 8, 3)),
+                                 "f": GEMM_TILES_F}},
     "80": {"swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL, large=(128, 128, 32, 8, 8, 3)), "f": GEMM_TILES_F},
            "lora_swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL, large=(128, 128, 32, 8, 8, 3)),
-                           "f": GEMM_TILES_F}},
+                           "f": GEMM_TILES_F},
+           "multi_lora_swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL, large=(128, 128, 32, 8, 8, 3)),
+                                 "f": GEMM_TILES_F}},
 }

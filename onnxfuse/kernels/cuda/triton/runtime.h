@@ -115,7 +115,8 @@ inline bool TooLarge(int64_t m, int64_t k, int64_t n) {
   return m > 0x7fffffffLL || k > 0x7fffffffLL || n > 0x7fffffffLL;  // Triton params are i32
 }
 
-// Phase-1 plan of two-phase LoRA (LoRALinear's and LoRASwiGLU's launchers): the lora_xa spec and the K split. SPLIT
+// Phase-1 plan of two-phase LoRA (LoRALinear's, LoRASwiGLU's and MultiLoRALinear's launchers): the lora_xa (or
+// multi_lora_xa) spec and the K split. SPLIT
 // slices of KB_PER_SPLIT blocks of BLOCK_K so that row tiles x SPLIT is about one program per SM (at most 16 slices, at
 // least one block each).
 struct LoRAPlan {
@@ -124,11 +125,12 @@ struct LoRAPlan {
   int64_t split = 1, kb_per_split = 1;
 };
 
-inline int PlanLoRA(int dtype, int64_t m, int64_t k, int64_t r, bool aligned, LoRAPlan* plan) {
+inline int PlanLoRA(int dtype, int64_t m, int64_t k, int64_t r, bool aligned, LoRAPlan* plan,
+                    int xa_kernel = ids::kLoraXa) {
   const int arch = CurrentArch(&plan->device);
   if (arch < 0) return -arch;
   plan->arch = arch;
-  plan->xa = Find(ids::kLoraXa, dtype, m, aligned, RPad(r), arch, &plan->xa_index);
+  plan->xa = Find(xa_kernel, dtype, m, aligned, RPad(r), arch, &plan->xa_index);
   if (plan->xa == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
   const int64_t grid_m = (m + plan->xa->block_m - 1) / plan->xa->block_m;
   const int64_t k_blocks = (k + plan->xa->block_k - 1) / plan->xa->block_k;
