@@ -31,6 +31,7 @@ class Workload:
     gemms: Callable | None = None   # (module, inputs on device) -> callable doing the bare GEMMs
     quick: bool = False
     output_names: tuple[str, ...] = ("y",)
+    export_options: dict = dataclasses.field(default_factory=dict)  # more keywords of onnxfuse.export.export
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +103,67 @@ def _llama_mlp(case: str, hidden: int, inter: int, q_hidden: int, q_inter: int, 
                         lambda: zoo.build_llama(spec, seed, dtype), lambda: zoo.llama_inputs(spec, seed, dtype),
                         "llama", spec, gemms, quick)
     return make
+
+
+MULTI_ADAPTERS = 8
+
+
+def _make_multi_lora(size, dtype, seed, quick, layers):
+    """`size` decode rows of a LlamaMLP h4096/i11008 whose gate/up/down carry a stack of 8 rank-16 adapters, row i
+    using adapter i mod 8 (`export --adapters 8`: MultiLoRALinear per projection). Its torch module gathers each
+    row's adapter and runs batched products: what a PyTorch server without punica's kernels does."""
+    import torch
+
+    from .. import adapters, zoo
+    h, i = (256, 688) if quick else (4096, 11008)
+    n, r = MULTI_ADAPTERS, 16
+    spec = zoo.LlamaSpec(hidden_size=h, intermediate_size=i, mlp_only=True, batch=size, seq=1,
+                         max_position_embeddings=2048, lora_rank=r)
+    projections = (("gate_proj", h, i), ("up_proj", h, i), ("down_proj", i, h))
+
+    def inputs():
+        out = dict(zoo.llama_inputs(spec, seed, dtype))
+        g = torch.Generator().manual_seed(seed + 1)
+        t = zoo.DTYPES[dtype]
+        for proj, k, nn_ in projections:
+            out[f"{proj}.lora_A"] = (torch.randn(n, k, r, generator=g) / k ** 0.5).to(t)
+            out[f"{proj}.lora_B"] = (torch.randn(n, r, nn_, generator=g) / r ** 0.5 * 0.1).to(t)
+            out[f"{proj}.lora_scales"] = torch.full((n,), 2.0).to(t)
+        out[adapters.ADAPTER_INDEX] = torch.arange(size, dtype=torch.int64) % n
+        return out
+
+    def build():
+        return _mixed_lora_mlp(zoo.build_llama(spec, seed, dtype))
+
+    params = {**dataclasses.asdict(spec), "adapters": n}
+    return Workload("multi-lora-mlp", size, "rows", {"rows": size, "hidden": h, "intermediate": i, "rank": r,
+                                                     "adapters": n},
+                    _key("multi-lora-mlp", size, dtype, seed, params), build, inputs, "llama", spec, None, quick,
+                    export_options={"lora_as_inputs": True, "multi_adapters": n})
+
+
+def _mixed_lora_mlp(mlp):
+    import torch
+
+    class MixedLoRAMLP(torch.nn.Module):
+        """A peft LlamaMLP's base layers with a stack of adapters per projection, each batch row its own (the
+        inputs of `export --adapters N`, in their order)."""
+
+        def __init__(self, mlp):
+            super().__init__()
+            self.mlp = mlp
+
+        def forward(self, x, ga, gb, gs, ua, ub, us, da, db, ds, index):
+            pick, use = index.clamp(min=0), (index >= 0)[:, None, None]
+
+            def proj(m, v, a, b, s):
+                delta = (v @ a[pick]) @ b[pick] * s[pick][:, None, None]
+                return m.base_layer(v) + torch.where(use, delta, torch.zeros((), dtype=delta.dtype))
+
+            g = proj(self.mlp.gate_proj, x, ga, gb, gs)
+            u = proj(self.mlp.up_proj, x, ua, ub, us)
+            return proj(self.mlp.down_proj, torch.nn.functional.silu(g) * u, da, db, ds)
+    return MixedLoRAMLP(mlp).eval()
 
 
 def _gated_mlp(case: str, mlp: str, act: str, hidden: int, inter: int, q_hidden: int, q_inter: int):
@@ -348,6 +410,9 @@ CASES: dict[str, CaseDef] = {c.name: c for c in (
     CaseDef("lora-mlp", "one LlamaMLP h4096/i11008 with rank-16 peft adapters on gate/up/down (against llama-mlp's "
             "fused base MLP in the same run)", "tokens", (2048, 16), (64, 16),
             _llama_mlp("lora-mlp", 4096, 11008, 256, 688, lora_rank=16)),
+    CaseDef("multi-lora-mlp", f"decode rows of one LlamaMLP h4096/i11008 with {MULTI_ADAPTERS} rank-16 adapters on "
+            "gate/up/down, each row its own (export --adapters: MultiLoRALinear; against llama-mlp's fused base MLP "
+            "at as many tokens in the same run)", "rows", (8,), (8,), _make_multi_lora),
     CaseDef("dlrm-bottom", "DLRM bottom MLP 13-512-256-64-16, Linear+ReLU", "batch", (128, 2048), (64,),
             _make_mlp_stack("dlrm-bottom", [13, 512, 256, 64, 16], "relu")),
     CaseDef("dlrm-top", "DLRM top MLP 367-512-256-1 + sigmoid", "batch", (128, 2048), (64,),

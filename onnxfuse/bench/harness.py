@@ -196,7 +196,9 @@ class OrtRun:
                                     cuda_graph=cuda_graph, provider_options=opts, backend=backend)
         self.io = self.sess.io_binding()
         dev_id = 0
+        # the inputs, and the overridable initializers the workload feeds (adapters as inputs: zero defaults)
         names = [i.name for i in self.sess.get_inputs()]
+        names += [i.name for i in self.sess.get_overridable_initializers() if i.name in inputs]
         missing = [n for n in names if n not in inputs]
         if missing:
             raise OnnxfuseError(f"{path}: model inputs {missing} not among the workload inputs {list(inputs)}")

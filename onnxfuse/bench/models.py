@@ -56,7 +56,8 @@ def prepare_models(w: Workload, dtype: str, seed: int, cache_dir: pathlib.Path, 
         log(f"exporting {w.case} ({w.size_name} {w.size}, {dtype}) -> {src}", quiet)
         t0 = time.perf_counter()
         if w.export_kind:
-            export.export(w.export_kind, w.export_spec, src, seed=seed, dtype=dtype, exporter="auto", force=True)
+            export.export(w.export_kind, w.export_spec, src, seed=seed, dtype=dtype, exporter="auto", force=True,
+                          **w.export_options)
         else:
             _export_module(w.build_module(), w.build_inputs(), src, w.output_names)
         info["export_s"] = round(time.perf_counter() - t0, 2)
@@ -68,12 +69,27 @@ def prepare_models(w: Workload, dtype: str, seed: int, cache_dir: pathlib.Path, 
         if not res.matches:
             warnings.warn(f"{w.case}: nothing fused in {src}")
         info["ort_fusions"] = res.ort.applied if res.ort is not None else None
+    plain = src
+    if w.export_options and _onnxfuse_ops(src):  # an export that writes onnxfuse ops (--adapters): the unfused
+        plain = cache_dir / f"{w.key}.plain.onnx"  # model is what onnxruntime runs without the library
+        if not plain.exists():
+            _inline_functions(src, plain)
+        info["unfused"] = str(plain)
     if not ort_opt.exists():
-        fuse.fuse(src, ort_opt, force=True, write_unchanged=True, rules=False)
+        fuse.fuse(plain, ort_opt, force=True, write_unchanged=True, rules=False)
     info["fused_ops"] = _onnxfuse_ops(fused)
     if cpu:
         info.update(_fuse_for_cpu(src, cache_dir / f"{w.key}.fused-cpu"))
     return info
+
+
+def _inline_functions(src: pathlib.Path, out: pathlib.Path) -> None:
+    """`src` with its onnxfuse ops replaced by their function bodies (standard ONNX)."""
+    import onnx
+    import onnx.inliner
+
+    from .. import onnxio
+    onnxio.save(onnx.inliner.inline_local_functions(onnx.load(str(src))), out)
 
 
 def _fuse_for_cpu(src: pathlib.Path, stem: pathlib.Path) -> dict:
