@@ -184,6 +184,9 @@ def _stack_pair(graph: onnx.GraphProto, inputs: dict, a_name: str, b_name: str, 
     """Stack a LoRA layer's A and B n deep: graph inputs become [n, ...] inputs with zero defaults, constants (a gated
     MLP's zero adapter) [n, ...] constants; returns its scales' name, an [n] input defaulting to `scale`."""
     inits = {i.name: i for i in graph.initializer}
+    s_name = scales_name(a_name)
+    if s_name in inits:  # a constant zero adapter another node shares: stacked already
+        return s_name
     for name in (a_name, b_name):
         init = inits[name]
         arr = _array(init)
@@ -193,13 +196,11 @@ def _stack_pair(graph: onnx.GraphProto, inputs: dict, a_name: str, b_name: str, 
         init.CopyFrom(new)
         if name in inputs:
             inputs[name].CopyFrom(onnx.helper.make_tensor_value_info(name, init.data_type, [n, *arr.shape]))
-    s_name = scales_name(a_name)
-    if s_name not in inits:
-        elem = inits[a_name].data_type
-        s_init = numpy_helper.from_array(np.full([n], scale, onnx.helper.tensor_dtype_to_np_dtype(elem)), s_name)
-        graph.initializer.append(s_init)
-        if a_name in inputs:
-            graph.input.append(onnx.helper.make_tensor_value_info(s_name, elem, [n]))
+    elem = inits[a_name].data_type
+    graph.initializer.append(numpy_helper.from_array(np.full([n], scale, onnx.helper.tensor_dtype_to_np_dtype(elem)),
+                                                     s_name))
+    if a_name in inputs:
+        graph.input.append(onnx.helper.make_tensor_value_info(s_name, elem, [n]))
     return s_name
 
 
