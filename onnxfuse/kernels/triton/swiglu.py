@@ -112,14 +112,18 @@ KERNELS = {
 
 # Tile configs per arch (gemm_loop.GEMM_TILES_*). "small" (decode), N=11008: BLOCK_N=64, BLOCK_K=128, 4 stages ->
 # 172 programs, 36 KB per stage (108 KB): 2 per SM, all resident (264 slots), 128-byte row segments of W, ~2 stages
-# (72 KB) in flight each -> ~12 MB over the chip.
+# (72 KB) in flight each -> ~12 MB over the chip. (swiglu's tuned small tile, triton/tuned.json, is 16 x 128 x 64.)
 _H_SMALL = (16, 64, 128, 1, 4, 4)
-# lora_swiglu: SwiGLU's tiles (its two rank-r dots after the loop; the large tile with 2 stages for their operands)
+# lora_swiglu and multi_lora_swiglu: SwiGLU's tiles, with swiglu's tuned small one (16 x 128 x 64, 86 programs at the
+# 7B MLP's N): Nsight Compute on an H100 at 16 rows (ncu-lora-swiglu.txt) had _swiglu_kernel at 86 % of DRAM
+# bandwidth (63 us) on it and _lora_swiglu_kernel at 77 % (71 us) on _H_SMALL, the gap the rank-r epilogue had been
+# blamed for; the large tile with 2 stages for their operands.
+_H_SMALL_TUNED = (16, 128, 64, 1, 4, 4)
 CONFIGS = {
     "90": {"swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL, large=(128, 128, 64, 8, 8, 3)), "f": GEMM_TILES_F},
-           "lora_swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL, large=(128, 128, 64, 8, 8, 3)),
+           "lora_swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL_TUNED, large=(128, 128, 64, 8, 8, 3)),
                            "f": GEMM_TILES_F},
-           "multi_lora_swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL, large=(128, 128, 64, 8, 8, 3)),
+           "multi_lora_swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL_TUNED, large=(128, 128, 64, 8, 8, 3)),
                                  "f": GEMM_TILES_F}},
     "80": {"swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL, large=(128, 128, 32, 8, 8, 3)), "f": GEMM_TILES_F},
            "lora_swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL, large=(128, 128, 32, 8, 8, 3)),
