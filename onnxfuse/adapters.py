@@ -174,8 +174,10 @@ def to_multi_adapter(model: onnx.ModelProto, n: int) -> int:
         nd.input.extend(node_inputs)
         del nd.attribute[:]
         nd.attribute.extend(keep)
+    others = [f for f in fused.functions if f.domain != DOMAIN]  # the exporter's own functions stay
     del fused.functions[:]
-    functions.add_functions(fused)
+    fused.functions.extend(others)
+    functions.add_functions(fused)  # the onnxfuse ops' bodies, for the ops now in the graph
     model.CopyFrom(fused)
     return len(nodes)
 
