@@ -7,6 +7,7 @@ import math
 
 from ._family import (BACKEND, DOCTOR_LARGE, DOCTOR_MEDIUM, Attr, OpDef, OpFamily, OpSchema, gemm_input_shapes,
                       matmul_out_shape)
+from .lora_linear import multi_branch_nodes, multi_delta, multi_doctor_inputs
 
 # SwiGLU's gate activations (its `activation` attribute), each as PyTorch defines it and computed in fp32 by every
 # kernel: silu x*sigmoid(x); gelu 0.5*x*(1+erf(x/sqrt(2))) (torch's gelu, approximate='none'); gelu_tanh
@@ -179,8 +180,6 @@ def lora_body(overload: str):
 
 
 def multi_lora_reference(inputs, attrs: dict):
-    from .lora_linear import multi_delta
-
     x, wg, wu, ag, bg, au, bu, sg, su, index = inputs
     g = x.float() @ wg.float() + multi_delta(x, ag, bg, sg, index)
     u = x.float() @ wu.float() + multi_delta(x, au, bu, su, index)
@@ -191,8 +190,6 @@ def multi_lora_body(overload: str):
     """MultiLoRASwiGLU's function: each projection's base GEMM plus its mixed-batch term (lora_linear's
     multi_branch_nodes), then SwiGLU's activation and product (opset 15)."""
     from onnx import helper
-
-    from .lora_linear import multi_branch_nodes
 
     mk = helper.make_node
     rest = swiglu_body(overload or "silu")
@@ -210,13 +207,6 @@ def multi_lora_doctor_entry(entry) -> tuple[dict, dict, tuple]:
               "B_gate": [na, rg, n], "A_up": [na, k, ru], "B_up": [na, ru, n], "scales_gate": [na], "scales_up": [na],
               "adapter_index": [b]}
     return shapes, {"activation": act}, (b * s, k, n, max(rg, ru), f"{act} r{rg}/{ru} {na} adapters, {b}x{s}")
-
-
-def multi_lora_doctor_inputs(op, dtype, shapes: dict, seed: int, device: str = "cpu") -> list:
-    """MultiLoRALinear's doctor inputs per projection (lora_linear.multi_doctor_inputs)."""
-    from .lora_linear import multi_doctor_inputs
-
-    return multi_doctor_inputs(op, dtype, shapes, seed, device)
 
 
 def lora_doctor_entry(entry) -> tuple[dict, dict, tuple]:
@@ -277,5 +267,5 @@ FAMILY = OpFamily("swiglu", (
                  (4, 100, 520, 264, 16, 64, 3, "silu"), (2, 600, 256, 256, 16, 16, 2, "silu")]
                 + [(4, 1, 96, 40, 8, 8, 3, act) for act in GATE_ACTIVATIONS[2:]]),
           multi_lora_doctor_entry, overload_attr="activation", min_opset=15, int_inputs=("adapter_index",),
-          doctor_inputs=multi_lora_doctor_inputs, special_type_max=False),
+          doctor_inputs=multi_doctor_inputs, special_type_max=False),
 ), cpp_name="SwiGLU")
