@@ -9,6 +9,7 @@ of it); each swapped run's output is checked against a session without a binding
 Writes JSON.
 
     python scripts/adapter_swap.py OUT_DIR [--layers 32] [--rank 16] [--provider cuda] [--swaps 30] [--seq 1]
+                                   [--stage all|export|swap]
 """
 from __future__ import annotations
 
@@ -35,6 +36,10 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default=None, help="default fp16 on cuda, fp32 on cpu")
     ap.add_argument("--swaps", type=int, default=30)
     ap.add_argument("--seq", type=int, default=1, help="tokens per run (1: a decode step's shapes)")
+    ap.add_argument("--stage", choices=["all", "export", "swap"], default="all",
+                    help="export: only export and fuse into OUT_DIR (with export.json); swap: only time the swaps "
+                         "on what an earlier export stage left there (a 7B model's 32 layers take ~9 minutes to "
+                         "export, so that one device call need not hold both)")
     args = ap.parse_args(argv)
     import onnxruntime as ort
 
@@ -43,13 +48,29 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     spec = zoo.LlamaSpec.from_preset("llama2-7b", num_hidden_layers=args.layers, lora_rank=args.rank,
                                      lora_targets=TARGETS, batch=1, seq=args.seq)
-    t0 = time.perf_counter()
     src, dst = args.out / "lora.onnx", args.out / "lora.fused.onnx"
-    res = export.export("llama", spec, src, dtype=dtype, lora_as_inputs=True, force=True)
-    t_export = time.perf_counter() - t0
-    fr = fuse.fuse(src, dst, provider=args.provider, force=True)
-    t_fuse = time.perf_counter() - t0 - t_export
-    first = adapters.read_adapter(res.adapter_path)
+    stage_file = args.out / "export.json"
+    if args.stage == "swap":
+        if not stage_file.is_file():
+            raise SystemExit(f"{stage_file}: no export stage in {args.out}; run --stage export there first")
+        done = json.loads(stage_file.read_text())
+        if {k: done[k] for k in ("layers", "rank", "dtype", "provider", "seq")} != \
+                {"layers": args.layers, "rank": args.rank, "dtype": dtype, "provider": args.provider, "seq": args.seq}:
+            raise SystemExit(f"{stage_file}: exported for {done}, not for these arguments; run --stage export again")
+    else:
+        t0 = time.perf_counter()
+        res = export.export("llama", spec, src, dtype=dtype, lora_as_inputs=True, force=True)
+        t_export = time.perf_counter() - t0
+        fr = fuse.fuse(src, dst, provider=args.provider, force=True)
+        done = {"layers": args.layers, "rank": args.rank, "dtype": dtype, "provider": args.provider, "seq": args.seq,
+                "adapter_path": str(res.adapter_path), "fused_ops": sorted({m.op for m in fr.matches}),
+                "lora_linear_nodes": sum(1 for m in fr.matches if m.op == "LoRALinear"),
+                "export_s": round(t_export, 1), "fuse_s": round(time.perf_counter() - t0 - t_export, 1)}
+        stage_file.write_text(json.dumps(done, indent=1) + "\n")
+        if args.stage == "export":
+            print(json.dumps(done, indent=1))
+            return 0
+    first = adapters.read_adapter(pathlib.Path(done["adapter_path"]))
     rng = np.random.default_rng(1)
     second = {k: (rng.standard_normal(v.shape) * float(np.std(v.astype(np.float32)) or 0.02)).astype(v.dtype)
               for k, v in first.items()}
@@ -93,9 +114,7 @@ def main(argv=None) -> int:
     result = {"provider": args.provider, "dtype": dtype, "layers": args.layers, "rank": args.rank,
               "targets": list(TARGETS), "adapter_inputs": len(first), "adapter_bytes": nbytes, "seq": args.seq,
               "cuda_graph": graph, "onnxruntime": ort.__version__,
-              "fused_ops": sorted({m.op for m in fr.matches}), "lora_linear_nodes":
-                  sum(1 for m in fr.matches if m.op == "LoRALinear"),
-              "export_s": round(t_export, 1), "fuse_s": round(t_fuse, 1),
+              **{k: done[k] for k in ("fused_ops", "lora_linear_nodes", "export_s", "fuse_s")},
               "activate_ms_median": round(statistics.median(activate_ms), 4),
               "activate_ms_max": round(max(activate_ms), 4),
               "activate_gbs": round(nbytes / (statistics.median(activate_ms) / 1e3) / 1e9, 1),
