@@ -242,9 +242,12 @@ def doctor_entry(entry) -> tuple[dict, dict, tuple]:
 # Doctor shapes: every gate activation on each of these, silu on the size classes' shapes (_family.py).
 _SHAPES = [(1, 256, 688, 0), (37, 129, 67, 0), (200, 1024, 512, 0)]
 # LoRASwiGLU (M, K, N, r_gate, r_up, activation): decode and prefill rows, odd shapes and ranks (7, 5), two ranks,
-# rank 64 (the largest), every activation once; the size classes' shapes at rank 16.
+# rank 64 (the largest), every activation once; the size classes' shapes at rank 16; and two shapes from
+# triton/table.py LORA_SWIGLU_CUBLAS's rows and K up (the Triton launcher's cuBLASLt GEMMs and lora_gate pass), one
+# aligned, one with ragged rows and N.
 _LORA_SHAPES = ([(1, 256, 688, 16, 16, "silu"), (37, 129, 67, 7, 5, "gelu"), (200, 512, 512, 16, 64, "silu"),
-                 (*DOCTOR_MEDIUM, 16, 16, "silu"), (*DOCTOR_LARGE, 16, 16, "silu"), (16, 256, 688, 8, 16, "silu")]
+                 (*DOCTOR_MEDIUM, 16, 16, "silu"), (*DOCTOR_LARGE, 16, 16, "silu"), (16, 256, 688, 8, 16, "silu"),
+                 (2048, 2048, 256, 16, 8, "silu"), (2055, 2048, 200, 7, 16, "gelu_tanh")]
                 + [(5, 96, 40, 8, 8, act) for act in GATE_ACTIVATIONS[2:]])
 FAMILY = OpFamily("swiglu", (
     OpDef(2, SWIGLU, reference, body, matmul_out_shape,

@@ -186,8 +186,8 @@ for dtype in ("float", "float16"):
             bm = (torch.randn(r, n, generator=g) / r ** 0.5).to(t)
             kb_per_split = triton.cdiv(triton.cdiv(k, 16), split)
             ts = torch.full((split, m, 16), float("nan"))
-            lora._lora_xa_kernel[(triton.cdiv(m, 16) * split,)](x, a, ts, m, k, r, kb_per_split, BLOCK_M=16,
-                                                                BLOCK_K=16, R_PAD=16, DOT_PRECISION=prec)
+            lora._lora_xa_kernel[(triton.cdiv(m, 16) * split,)](x, a, a, ts, ts, m, k, r, r, 1, kb_per_split,
+                                                                BLOCK_M=16, BLOCK_K=16, R_PAD=16, DOT_PRECISION=prec)
             for relu, op in ((0, "LoRALinear"), (1, "LoRALinearRelu")):
                 y = torch.full((m, n), float("nan")).to(t)
                 nprog = grid(m, n)[0]
@@ -202,16 +202,15 @@ for dtype in ("float", "float16"):
                                                  DOT_PRECISION=prec, TMA=True, **cfg)
                     testing.assert_close(y, ref, t, str((op, "tma", dtype, m, k, n, r, split)), kind="interpreter")
                     checks += 1
-        # LoRASwiGLU: each adapter's X @ A partials (ranks 4 and 7, padded to 16; split 2), then SwiGLU's loop with
-        # both rank-r terms before the activation
+        # LoRASwiGLU: both adapters' X @ A partials in one launch (ranks 4 and 7, padded to 16; split 2), then
+        # SwiGLU's loop with both rank-r terms before the activation
         sl = sw
         ag, au = (torch.randn(k, 4, generator=g) / k ** 0.5).to(t), (torch.randn(k, 7, generator=g) / k ** 0.5).to(t)
         bg, bu = (torch.randn(4, n, generator=g) / 2).to(t), (torch.randn(7, n, generator=g) / 7 ** 0.5).to(t)
         kb = triton.cdiv(triton.cdiv(k, 16), 2)
         tg, tu = torch.full((2, m, 16), float("nan")), torch.full((2, m, 16), float("nan"))
-        for a_, t_, r_ in ((ag, tg, 4), (au, tu, 7)):
-            lora._lora_xa_kernel[(triton.cdiv(m, 16) * 2,)](x, a_, t_, m, k, r_, kb, BLOCK_M=16, BLOCK_K=16, R_PAD=16,
-                                                            DOT_PRECISION=prec)
+        lora._lora_xa_kernel[(triton.cdiv(m, 16) * 2 * 2,)](x, ag, au, tg, tu, m, k, 4, 7, 2, kb, BLOCK_M=16,
+                                                            BLOCK_K=16, R_PAD=16, DOT_PRECISION=prec)
         for code, name in ((0, "silu"), (2, "gelu_tanh")):
             y = torch.full((m, n), float("nan")).to(t)
             sl._lora_swiglu_kernel[grid(m, n)](x, w, w2, tg, bg, tu, bu, y, m, n, k, 4, 7, 2, 0.5, 2.0, code,
@@ -220,9 +219,17 @@ for dtype in ("float", "float16"):
             ref = schema.reference("LoRASwiGLU", [x, w, w2, ag, bg, au, bu], attrs)
             testing.assert_close(y, ref, t, str(("LoRASwiGLU", name, dtype, m, k, n)), kind="interpreter")
             checks += 1
-# per dtype: 4 shapes x (2 linear + 6 swiglu + 4 lora + 2 lora_swiglu), and the TMA builds on the two aligned shapes
-# ((37, 48, 80): 9 ragged tiles for 3 programs)
-assert checks == 2 * (4 * (2 + 6 + 4 + 2) + 2 * (2 + 4)), checks
+            # the large-M form: the base products (cuBLASLt's, here torch's, in the input type), then lora_gate in
+            # place on the gate product
+            y = (x.float() @ w.float()).to(t)
+            u = (x.float() @ w2.float()).to(t)
+            sl._lora_gate_kernel[grid(m, n)](y, u, tg, bg, tu, bu, y, m, n, 4, 7, 2, 0.5, 2.0, code, BLOCK_M=16,
+                                             BLOCK_N=32, GROUP_M=2, R_PAD=16, DOT_PRECISION=prec)
+            testing.assert_close(y, ref, t, str(("LoRASwiGLU gate pass", name, dtype, m, k, n)), kind="interpreter")
+            checks += 1
+# per dtype: 4 shapes x (2 linear + 6 swiglu + 4 lora + 2 x 2 lora_swiglu), and the TMA builds on the two aligned
+# shapes ((37, 48, 80): 9 ragged tiles for 3 programs)
+assert checks == 2 * (4 * (2 + 6 + 4 + 4) + 2 * (2 + 4)), checks
 # A row with one +Inf through LoRA (r 4 padded to 16): the padded columns of T are x @ 0, NaN in that row, and must
 # not reach the outputs, which are +-Inf like the reference's (IEEE semantics, testing.check_special).
 m, k, n, r = 9, 40, 70, 4
@@ -231,7 +238,7 @@ x[3, 5] = float("inf")
 w, b = torch.randn(k, n, generator=g) / k ** 0.5, torch.randn(n, generator=g)
 a, bm = torch.randn(k, r, generator=g) / k ** 0.5, torch.randn(r, n, generator=g) / r ** 0.5
 ts = torch.full((1, m, 16), float("nan"))
-lora._lora_xa_kernel[(1,)](x, a, ts, m, k, r, triton.cdiv(k, 16), BLOCK_M=16, BLOCK_K=16, R_PAD=16,
+lora._lora_xa_kernel[(1,)](x, a, a, ts, ts, m, k, r, r, 1, triton.cdiv(k, 16), BLOCK_M=16, BLOCK_K=16, R_PAD=16,
                            DOT_PRECISION="ieee")
 y = torch.full((m, n), float("nan"))
 lora._lora_main_kernel[grid(m, n)](x, w, ts, bm, b, y, m, n, k, r, 1, 0.5, 0, grid(m, n)[0], R_PAD=16,
@@ -311,8 +318,8 @@ for dtype in ("float", "float16"):
         x2 = x.reshape(m, k)
         kb = triton.cdiv(triton.cdiv(k, 16), split)
         ts = torch.full((split, m, 16), float("nan"))
-        lora._multi_lora_xa_kernel[(triton.cdiv(m, 16) * split * na,)](x2, a, idx, ts, m, k, r, na, rpi, kb,
-                                                                       BLOCK_M=16, BLOCK_K=16, R_PAD=16,
+        lora._multi_lora_xa_kernel[(triton.cdiv(m, 16) * split * na,)](x2, a, a, idx, ts, ts, m, k, r, r, 1, na,
+                                                                       rpi, kb, BLOCK_M=16, BLOCK_K=16, R_PAD=16,
                                                                        DOT_PRECISION=prec)
         y = torch.full((m, n), float("nan")).to(t)
         grid = (triton.cdiv(m, 16) * triton.cdiv(n, 32),)
@@ -325,8 +332,8 @@ for dtype in ("float", "float16"):
             bad = idx.clone()
             bad[1] = na
             y = torch.zeros((m, n))
-            lora._multi_lora_xa_kernel[(triton.cdiv(m, 16) * split * na,)](x2, a, bad, ts, m, k, r, na, rpi, kb,
-                                                                           BLOCK_M=16, BLOCK_K=16, R_PAD=16,
+            lora._multi_lora_xa_kernel[(triton.cdiv(m, 16) * split * na,)](x2, a, a, bad, ts, ts, m, k, r, r, 1, na,
+                                                                           rpi, kb, BLOCK_M=16, BLOCK_K=16, R_PAD=16,
                                                                            DOT_PRECISION=prec)
             lora._multi_lora_main_kernel[grid](x2, w, ts, bm, b, sc, bad, y, m, n, k, r, na, rpi, split, R_PAD=16,
                                                DOT_PRECISION=prec, **cfg)
@@ -350,10 +357,10 @@ for dtype in ("float", "float16"):
         x2 = x.reshape(m, k)
         kb = triton.cdiv(triton.cdiv(k, 16), split)
         tg, tu = torch.full((split, m, 16), float("nan")), torch.full((split, m, 16), float("nan"))
-        for a_, t_, r_ in ((ag, tg, entry[4]), (au, tu, entry[5])):
-            lora._multi_lora_xa_kernel[(triton.cdiv(m, 16) * split * na,)](x2, a_, idx, t_, m, k, r_, na, rpi, kb,
-                                                                           BLOCK_M=16, BLOCK_K=16, R_PAD=16,
-                                                                           DOT_PRECISION=prec)
+        # both stacks in one launch (NS 2)
+        lora._multi_lora_xa_kernel[(triton.cdiv(m, 16) * split * 2 * na,)](x2, ag, au, idx, tg, tu, m, k, entry[4],
+                                                                           entry[5], 2, na, rpi, kb, BLOCK_M=16,
+                                                                           BLOCK_K=16, R_PAD=16, DOT_PRECISION=prec)
         y = torch.full((m, n), float("nan")).to(t)
         code = schema.GATE_ACTIVATIONS.index(entry[7])
         sw._multi_lora_swiglu_kernel[(triton.cdiv(m, 16) * triton.cdiv(n, 32),)](

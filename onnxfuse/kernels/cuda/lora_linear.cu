@@ -1,6 +1,8 @@
 // LoRALinear and LoRALinearRelu on the CUDA execution provider, in one file: the launchers' C declarations below, then
 // the nvcc half (the CUDA kernels) and the host half (the CUDA EP glue and the Triton launcher); cuda/cuda.cmake says
 // how it is built.
+#include <algorithm>
+
 #include "cuda/launch.h"
 
 extern "C" {
@@ -249,8 +251,9 @@ extern "C" int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, c
       FindForShape(ids::kLoraMain, dtype, m, n, aligned, r_pad, plan.arch, plan.device, &index);
   if (main_spec == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
   // Phase 1: T partials = X @ A per K slice, fp32, into scratch [SPLIT, M, r_pad].
-  int32_t KB_PER_SPLIT = int32_t(plan.kb_per_split), SPLIT = int32_t(plan.split);
-  void* xa_args[] = {&x, &a, &scratch, &M, &K, &R, &KB_PER_SPLIT, &scratch_global, &scratch_profile};
+  int32_t KB_PER_SPLIT = int32_t(plan.kb_per_split), SPLIT = int32_t(plan.split), NS = 1;
+  void* xa_args[] = {
+      &x, &a, &a, &scratch, &scratch, &M, &K, &R, &R, &NS, &KB_PER_SPLIT, &scratch_global, &scratch_profile};
   const int64_t grid_xa = ((m + plan.xa->block_m - 1) / plan.xa->block_m) * plan.split;
   if ((err = LaunchSpec(plan.xa, plan.xa_index, plan.device, grid_xa, xa_args, stream)) != 0) return err;
   // Phase 2: Y = X @ W + (scale * sum T) @ B + bias [relu]; the TMA descriptors after the partials.
@@ -292,7 +295,7 @@ extern "C" int onnxfuse_triton_multi_lora_linear(int dtype, const void* x, const
   void* scratch_profile = nullptr;
   const bool aligned = LoRAAligned(x, w, a, b, bias, y, k, n, r) && Aligned16(scales) && Aligned16(index);
   LoRAPlan plan;
-  int err = PlanLoRA(dtype, m, k, r, aligned, &plan, ids::kMultiLoraXa);
+  int err = PlanLoRA(dtype, m, k, r, aligned, &plan, ids::kMultiLoraXa, std::max<int64_t>(adapters, 1));
   if (err != 0) return err;
   if (scratch == nullptr || !Aligned16(scratch) || scratch_bytes < LoRAScratchBytes(m, r, plan))
     return ONNXFUSE_ERR_BAD_ARGUMENT;
@@ -300,8 +303,9 @@ extern "C" int onnxfuse_triton_multi_lora_linear(int dtype, const void* x, const
   const TritonSpec* main_spec =
       FindForShape(ids::kMultiLoraMain, dtype, m, n, aligned, RPad(r), plan.arch, plan.device, &main_index);
   if (main_spec == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
-  int32_t KB_PER_SPLIT = int32_t(plan.kb_per_split), SPLIT = int32_t(plan.split);
-  void* xa_args[] = {&x, &a, &index, &scratch, &M, &K, &R, &NA, &RPI, &KB_PER_SPLIT, &scratch_global, &scratch_profile};
+  int32_t KB_PER_SPLIT = int32_t(plan.kb_per_split), SPLIT = int32_t(plan.split), NS = 1;
+  void* xa_args[] = {&x,  &a,  &a,   &index,        &scratch,        &scratch,        &M, &K, &R, &R,
+                     &NS, &NA, &RPI, &KB_PER_SPLIT, &scratch_global, &scratch_profile};
   // one program per row tile, K slice and adapter (a program whose adapter no row of its tile uses returns early)
   const int64_t grid_xa = ((m + plan.xa->block_m - 1) / plan.xa->block_m) * plan.split * (adapters > 0 ? adapters : 1);
   if ((err = LaunchSpec(plan.xa, plan.xa_index, plan.device, grid_xa, xa_args, stream)) != 0) return err;

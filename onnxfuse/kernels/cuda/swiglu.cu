@@ -11,6 +11,11 @@ extern "C" {
 int64_t onnxfuse_cuda_swiglu_scratch_bytes(int dtype, int64_t m, int64_t n);
 int onnxfuse_cuda_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up, void* y, int64_t m,
                          int64_t k, int64_t n, void* scratch, int64_t scratch_bytes, void* stream);
+// SwiGLU's two base GEMMs alone (G = X @ W_gate into g, U = X @ W_up into u, both [m, n]; cuBLASLt with `workspace`
+// of ONNXFUSE_CUBLASLT_WORKSPACE_BYTES): what the CUDA backend runs before its pass, and what LoRASwiGLU's Triton
+// launcher runs before its lora_gate pass from triton/table.py LORA_SWIGLU_CUBLAS's shapes.
+int onnxfuse_cuda_swiglu_gemms(int dtype, const void* x, const void* w_gate, const void* w_up, void* g, void* u,
+                               int64_t m, int64_t k, int64_t n, void* workspace, void* stream);
 // The Triton launcher (the host half, Triton builds only: cuda/ops_cuda.h's Dispatch calls it only there).
 int onnxfuse_triton_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up, void* y, int64_t m,
                            int64_t k, int64_t n, void* stream);
@@ -22,8 +27,9 @@ int onnxfuse_cuda_lora_swiglu(int dtype, int act, const void* x, const void* w_g
                               const void* a_gate, const void* b_gate, const void* a_up, const void* b_up,
                               float scale_gate, float scale_up, void* y, int64_t m, int64_t k, int64_t n, int64_t rg,
                               int64_t ru, void* scratch, int64_t scratch_bytes, void* stream);
-// Its Triton launcher: lora_linear.py's X @ A phase for each adapter into fp32 partials, then one kernel with
-// SwiGLU's main loop and both rank-r terms before the activation (triton/swiglu.py). Scratch as the LoRA launcher's.
+// Its Triton launcher: lora_linear.py's X @ A phase for both adapters (one launch) into fp32 partials, then one kernel
+// with SwiGLU's main loop and both rank-r terms before the activation (triton/swiglu.py); from triton/table.py
+// LORA_SWIGLU_CUBLAS's rows and K, the two base GEMMs on cuBLASLt and one lora_gate pass instead of that kernel.
 int64_t onnxfuse_triton_lora_swiglu_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t rg, int64_t ru);
 int onnxfuse_triton_lora_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up,
                                 const void* a_gate, const void* b_gate, const void* a_up, const void* b_up,
@@ -99,6 +105,19 @@ extern "C" int64_t onnxfuse_cuda_swiglu_scratch_bytes(int dtype, int64_t m, int6
   return ONNXFUSE_CUBLASLT_WORKSPACE_BYTES + ock::Align256(m * n * ock::ElemBytes(dtype));
 }
 
+extern "C" int onnxfuse_cuda_swiglu_gemms(int dtype, const void* x, const void* w_gate, const void* w_up, void* g,
+                                          void* u, int64_t m, int64_t k, int64_t n, void* workspace, void* stream) {
+  if (!ock::CheckCommon(dtype, x, g, m, k, n) || (m > 0 && n > 0 && (u == nullptr || workspace == nullptr)))
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (m == 0 || n == 0) return 0;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  ock::GemmArgs a;
+  a.dtype = dtype, a.x = x, a.w = w_gate, a.y = g, a.m = m, a.k = k, a.n = n;
+  if (int err = ock::Gemm(a, workspace, ONNXFUSE_CUBLASLT_WORKSPACE_BYTES, s)) return err;
+  a.w = w_up, a.y = u;
+  return ock::Gemm(a, workspace, ONNXFUSE_CUBLASLT_WORKSPACE_BYTES, s);
+}
+
 extern "C" int onnxfuse_cuda_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up, void* y,
                                     int64_t m, int64_t k, int64_t n, void* scratch, int64_t scratch_bytes,
                                     void* stream) {
@@ -108,11 +127,7 @@ extern "C" int onnxfuse_cuda_swiglu(int dtype, int act, const void* x, const voi
     return ONNXFUSE_ERR_BAD_ARGUMENT;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   void* up = static_cast<char*>(scratch) + ONNXFUSE_CUBLASLT_WORKSPACE_BYTES;
-  ock::GemmArgs g;
-  g.dtype = dtype, g.x = x, g.w = w_gate, g.y = y, g.m = m, g.k = k, g.n = n;
-  if (int err = ock::Gemm(g, scratch, ONNXFUSE_CUBLASLT_WORKSPACE_BYTES, s)) return err;
-  g.w = w_up, g.y = up;
-  if (int err = ock::Gemm(g, scratch, ONNXFUSE_CUBLASLT_WORKSPACE_BYTES, s)) return err;
+  if (int err = onnxfuse_cuda_swiglu_gemms(dtype, x, w_gate, w_up, y, up, m, k, n, scratch, stream)) return err;
   return ock::ByDtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     return GatePass<T>(static_cast<T*>(y), static_cast<const T*>(up), m * n, act, s);
@@ -361,14 +376,23 @@ extern "C" int onnxfuse_triton_swiglu(int dtype, int act, const void* x, const v
   return Launch(ids::kSwiglu, dtype, m, n, aligned, 0, args, stream);
 }
 
-// LoRASwiGLU: lora_xa (lora_linear.py) for each adapter into its fp32 partials [SPLIT, M, r_pad] (one plan, r_pad of
-// the larger rank), then lora_swiglu (swiglu.py). Scratch: the two partials, each 128-byte aligned.
+// LoRASwiGLU: lora_xa (lora_linear.py), one launch for both adapters, into their fp32 partials [SPLIT, M, r_pad] (one
+// plan, r_pad of the larger rank), then lora_swiglu (swiglu.py), or from LORA_SWIGLU_CUBLAS's shapes the base GEMMs
+// on cuBLASLt and lora_gate.
 namespace {
 bool LoRASwiGLUAligned(const void* const (&p)[7], const void* y, int64_t k, int64_t n, int64_t rg, int64_t ru) {
   for (const void* q : p)
     if (!Aligned16(q)) return false;
   return Aligned16(y) && k % 16 == 0 && n % 16 == 0 && rg % 8 == 0 && ru % 8 == 0;  // 16-byte rows of A
 }
+
+// From triton/table.py LORA_SWIGLU_CUBLAS's rows and K up, the base GEMMs run on cuBLASLt and lora_gate adds the rank-r
+// terms and the activation; the scratch then also holds the cuBLASLt workspace and the up product [M, N], after the
+// two partials (each part 256-byte aligned).
+bool LoRASwiGLUOnCublas(int64_t m, int64_t k) {
+  return m >= ids::kLoraSwigluCublasMinM && k >= ids::kLoraSwigluCublasMinK;
+}
+int64_t RoundUp256(int64_t v) { return (v + 255) / 256 * 256; }
 }  // namespace
 
 extern "C" int64_t onnxfuse_triton_lora_swiglu_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t rg,
@@ -381,7 +405,9 @@ extern "C" int64_t onnxfuse_triton_lora_swiglu_scratch_bytes(int dtype, int64_t 
   LoRAPlan plan;
   const int err = PlanLoRA(dtype, m, k, r, true, &plan);
   if (err != 0) return err > 0 ? -int64_t(err) : int64_t(err);
-  return 2 * RoundUp128(LoRAScratchBytes(m, r, plan));
+  const int64_t partials = 2 * RoundUp256(LoRAScratchBytes(m, r, plan));
+  if (!LoRASwiGLUOnCublas(m, k)) return partials;
+  return partials + ONNXFUSE_CUBLASLT_WORKSPACE_BYTES + m * n * (dtype == ONNXFUSE_FP32 ? 4 : 2);
 }
 
 extern "C" int onnxfuse_triton_lora_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up,
@@ -396,10 +422,13 @@ extern "C" int onnxfuse_triton_lora_swiglu(int dtype, int act, const void* x, co
   const int64_t r = std::max(rg, ru);
   const bool aligned = LoRASwiGLUAligned({x, w_gate, w_up, a_gate, b_gate, a_up, b_up}, y, k, n, rg, ru);
   LoRAPlan plan;
-  int err = PlanLoRA(dtype, m, k, r, aligned, &plan);
+  int err = PlanLoRA(dtype, m, k, r, aligned, &plan, ids::kLoraXa, 2);
   if (err != 0) return err;
-  const int64_t part = RoundUp128(LoRAScratchBytes(m, r, plan));
-  if (scratch == nullptr || !Aligned16(scratch) || scratch_bytes < 2 * part) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  const int64_t part = RoundUp256(LoRAScratchBytes(m, r, plan));
+  const bool on_cublas = LoRASwiGLUOnCublas(m, k);
+  const int64_t need =
+      2 * part + (on_cublas ? ONNXFUSE_CUBLASLT_WORKSPACE_BYTES + m * n * (dtype == ONNXFUSE_FP32 ? 4 : 2) : 0);
+  if (scratch == nullptr || !Aligned16(scratch) || scratch_bytes < need) return ONNXFUSE_ERR_BAD_ARGUMENT;
   void* tg = scratch;
   void* tu = static_cast<char*>(scratch) + part;
   int32_t M = int32_t(m), N = int32_t(n), K = int32_t(k), RG = int32_t(rg), RU = int32_t(ru), ACT = act;
@@ -407,12 +436,38 @@ extern "C" int onnxfuse_triton_lora_swiglu(int dtype, int act, const void* x, co
   float SG = scale_gate, SU = scale_up;
   void* scratch_global = nullptr;
   void* scratch_profile = nullptr;
-  const int64_t grid_xa = ((m + plan.xa->block_m - 1) / plan.xa->block_m) * plan.split;
-  // Phase 1, per adapter: T partials = X @ A per K slice (fp32), zero past its rank up to r_pad.
-  void* xg_args[] = {&x, &a_gate, &tg, &M, &K, &RG, &KB_PER_SPLIT, &scratch_global, &scratch_profile};
-  if ((err = LaunchSpec(plan.xa, plan.xa_index, plan.device, grid_xa, xg_args, stream)) != 0) return err;
-  void* xu_args[] = {&x, &a_up, &tu, &M, &K, &RU, &KB_PER_SPLIT, &scratch_global, &scratch_profile};
-  if ((err = LaunchSpec(plan.xa, plan.xa_index, plan.device, grid_xa, xu_args, stream)) != 0) return err;
+  // Phase 1, both adapters in one launch (NS 2): T partials = X @ A per K slice (fp32), zero past each rank up to
+  // r_pad.
+  int32_t NS = 2;
+  const int64_t grid_xa = ((m + plan.xa->block_m - 1) / plan.xa->block_m) * plan.split * NS;
+  void* xa_args[] = {
+      &x, &a_gate, &a_up, &tg, &tu, &M, &K, &RG, &RU, &NS, &KB_PER_SPLIT, &scratch_global, &scratch_profile};
+  if ((err = LaunchSpec(plan.xa, plan.xa_index, plan.device, grid_xa, xa_args, stream)) != 0) return err;
+  if (on_cublas) {
+    // The base GEMMs on cuBLASLt (gate into Y, up into the scratch after the workspace), then lora_gate: Y = act(Y +
+    // sg Tg @ Bg) * (U + su Tu @ Bu), in place.
+    void* workspace = static_cast<char*>(scratch) + 2 * part;
+    void* up = static_cast<char*>(workspace) + ONNXFUSE_CUBLASLT_WORKSPACE_BYTES;
+    if ((err = onnxfuse_cuda_swiglu_gemms(dtype, x, w_gate, w_up, y, up, m, k, n, workspace, stream)) != 0) return err;
+    void* gate_args[] = {&y,
+                         &up,
+                         &tg,
+                         &b_gate,
+                         &tu,
+                         &b_up,
+                         &y,
+                         &M,
+                         &N,
+                         &RG,
+                         &RU,
+                         &SPLIT,
+                         &SG,
+                         &SU,
+                         &ACT,
+                         &scratch_global,
+                         &scratch_profile};
+    return Launch(ids::kLoraGate, dtype, m, n, aligned, RPad(r), gate_args, stream);
+  }
   // Phase 2: SwiGLU's main loop, both rank-r terms, the activation and the product.
   void* args[] = {
       &x,   &w_gate,         &w_up,           &tg, &b_gate, &tu, &b_up, &y, &M, &N, &K, &RG, &RU, &SPLIT, &SG, &SU,
@@ -420,8 +475,8 @@ extern "C" int onnxfuse_triton_lora_swiglu(int dtype, int act, const void* x, co
   return Launch(ids::kLoraSwiglu, dtype, m, n, aligned, RPad(r), args, stream);
 }
 
-// MultiLoRASwiGLU: multi_lora_xa (lora_linear.py) for each stack into its fp32 partials (one plan, r_pad of the larger
-// rank), then multi_lora_swiglu (swiglu.py). Scratch as LoRASwiGLU's.
+// MultiLoRASwiGLU: multi_lora_xa (lora_linear.py), one launch for both stacks, into their fp32 partials (one plan,
+// r_pad of the larger rank), then multi_lora_swiglu (swiglu.py). Scratch as LoRASwiGLU's.
 extern "C" int64_t onnxfuse_triton_multi_lora_swiglu_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n,
                                                                    int64_t rg, int64_t ru) {
   if (BadCommon(dtype, m, k, n) || rg < 0 || ru < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
@@ -452,7 +507,7 @@ extern "C" int onnxfuse_triton_multi_lora_swiglu(int dtype, int act, const void*
   const bool aligned = LoRASwiGLUAligned({x, w_gate, w_up, a_gate, b_gate, a_up, b_up}, y, k, n, rg, ru) &&
                        Aligned16(scales_gate) && Aligned16(scales_up) && Aligned16(index);
   LoRAPlan plan;
-  int err = PlanLoRA(dtype, m, k, r, aligned, &plan, ids::kMultiLoraXa);
+  int err = PlanLoRA(dtype, m, k, r, aligned, &plan, ids::kMultiLoraXa, 2 * std::max<int64_t>(adapters, 1));
   if (err != 0) return err;
   const int64_t part = RoundUp128(LoRAScratchBytes(m, r, plan));
   if (scratch == nullptr || !Aligned16(scratch) || scratch_bytes < 2 * part) return ONNXFUSE_ERR_BAD_ARGUMENT;
@@ -463,13 +518,14 @@ extern "C" int onnxfuse_triton_multi_lora_swiglu(int dtype, int act, const void*
   int32_t KB_PER_SPLIT = int32_t(plan.kb_per_split), SPLIT = int32_t(plan.split);
   void* scratch_global = nullptr;
   void* scratch_profile = nullptr;
-  // one program per row tile, K slice and adapter (a program whose adapter no row of its tile uses returns early)
-  const int64_t grid_xa = ((m + plan.xa->block_m - 1) / plan.xa->block_m) * plan.split * (adapters > 0 ? adapters : 1);
-  void* xg_args[] = {
-      &x, &a_gate, &index, &tg, &M, &K, &RG, &NA, &RPI, &KB_PER_SPLIT, &scratch_global, &scratch_profile};
-  if ((err = LaunchSpec(plan.xa, plan.xa_index, plan.device, grid_xa, xg_args, stream)) != 0) return err;
-  void* xu_args[] = {&x, &a_up, &index, &tu, &M, &K, &RU, &NA, &RPI, &KB_PER_SPLIT, &scratch_global, &scratch_profile};
-  if ((err = LaunchSpec(plan.xa, plan.xa_index, plan.device, grid_xa, xu_args, stream)) != 0) return err;
+  // one program per row tile, K slice, stack and adapter, both stacks in one launch (NS 2; a program whose adapter no
+  // row of its tile uses returns early)
+  int32_t NS = 2;
+  const int64_t grid_xa =
+      ((m + plan.xa->block_m - 1) / plan.xa->block_m) * plan.split * NS * (adapters > 0 ? adapters : 1);
+  void* xa_args[] = {&x,   &a_gate,       &a_up,           &index,          &tg, &tu, &M, &K, &RG, &RU, &NS, &NA,
+                     &RPI, &KB_PER_SPLIT, &scratch_global, &scratch_profile};
+  if ((err = LaunchSpec(plan.xa, plan.xa_index, plan.device, grid_xa, xa_args, stream)) != 0) return err;
   void* args[] = {
       &x, &w_gate, &w_up, &tg, &b_gate, &scales_gate, &tu,  &b_up,  &scales_up, &index,          &y,
       &M, &N,      &K,    &RG, &RU,     &NA,          &RPI, &SPLIT, &ACT,       &scratch_global, &scratch_profile};

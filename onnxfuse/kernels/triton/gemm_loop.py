@@ -200,23 +200,15 @@ def _rank_t(rows, t_ptr, M, SPLIT, BLOCK_M: tl.constexpr, R_PAD: tl.constexpr):
 
 
 @triton.jit
-def _rank_apply(acc, rows, t_ptr, b, M, SPLIT, scale, BLOCK_M: tl.constexpr, R_PAD: tl.constexpr,
-                DOT_PRECISION: tl.constexpr):
-    """``acc + (scale * T).to(b.dtype) @ b``: b the B tile (_rank_b), T from the partials (_rank_t; the padded
-    columns zero); the scaled T rounded to the input type (as a 16-bit PyTorch LoRA would), one tl.dot."""
-    t = _rank_t(rows, t_ptr, M, SPLIT, BLOCK_M, R_PAD)
+def _rank_term(acc, t, offs_n, n_ok, b_ptr, N, R, scale, R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """``acc + (scale * t).to(b.dtype) @ b[:, cols]``: a LoRA branch's rank-r term on the tile after the main loop
+    (lora_main's and lora_swiglu's epilogues), t the row tile of X @ A in fp32 (padded columns zero: _rank_t's sum of
+    phase 1's partials), the scaled T rounded to the input type (as a 16-bit PyTorch LoRA
+    would), one tl.dot with the B tile. Loading the B tile before the main loop instead measured the same on an H100
+    (LoRASwiGLU at 16 rows 69.4 against 69.0 us; MultiLoRASwiGLU's first chunk the same way 77.2 against 74.7): not
+    kept."""
+    b = _rank_b(b_ptr, offs_n, n_ok, N, R, R_PAD)
     return tl.dot((t * scale).to(b.dtype), b, acc, input_precision=DOT_PRECISION)
-
-
-@triton.jit
-def _rank_term(acc, rows, offs_n, n_ok, t_ptr, b_ptr, M, N, R, SPLIT, scale, BLOCK_M: tl.constexpr,
-               R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """``acc + (scale * T).to(b.dtype) @ b[:, cols]``: a LoRA branch's rank-r term on the tile after the main loop
-    (lora_main's and lora_swiglu's epilogues; _rank_apply with the B tile loaded here). Loading the B tile before the
-    main loop instead measured the same on an H100 (LoRASwiGLU at 16 rows 69.4 against 69.0 us; MultiLoRASwiGLU's
-    first chunk the same way 77.2 against 74.7): not kept."""
-    return _rank_apply(acc, rows, t_ptr, _rank_b(b_ptr, offs_n, n_ok, N, R, R_PAD), M, SPLIT, scale, BLOCK_M, R_PAD,
-                       DOT_PRECISION)
 
 
 @triton.jit

@@ -12,8 +12,8 @@ arguments in this order.
 import triton
 import triton.language as tl
 
-from .gemm_loop import (GEMM_TILES_F, GEMM_TILES_H, _gemm_main, _multi_rank_term, _rank_term, _row_adapters,
-                        _store_tile)
+from .gemm_loop import (GEMM_TILES_F, GEMM_TILES_H, _gemm_main, _multi_rank_term, _rank_t, _rank_term, _row_adapters,
+                        _store_tile, _tile_ids)
 
 # (Triton kernels read module globals only as constexpr.)
 _SQRT1_2 = tl.constexpr(0.7071067811865476)         # 1 / sqrt(2)
@@ -62,16 +62,44 @@ def _lora_swiglu_kernel(x_ptr, wg_ptr, wu_ptr, tg_ptr, bg_ptr, tu_ptr, bu_ptr, y
     """LoRASwiGLU's second phase: ``g = x @ wg + (sg * tg) @ bg; u = x @ wu + (su * tu) @ bu; y = act(g) * u``.
 
     SwiGLU's main loop (both products sharing each X tile), then each accumulator's rank-r term (_rank_term) before
-    the activation. tg and tu: the gate's and the up adapter's X @ A partials from _lora_xa_kernel (one launch each,
-    both [SPLIT, M, R_PAD] with R_PAD for the larger rank).
+    the activation. tg and tu: the gate's and the up adapter's X @ A partials from _lora_xa_kernel (one launch for
+    both, each [SPLIT, M, R_PAD] with R_PAD for the larger rank).
     """
     gate, up, offs_m, offs_n, rows, n_ok = _gemm_main(x_ptr, wg_ptr, wu_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
                                                       GROUP_M, True, DOT_PRECISION)
-    gate = _rank_term(gate, rows, offs_n, n_ok, tg_ptr, bg_ptr, M, N, RG, SPLIT, scale_gate, BLOCK_M, R_PAD,
-                      DOT_PRECISION)
-    up = _rank_term(up, rows, offs_n, n_ok, tu_ptr, bu_ptr, M, N, RU, SPLIT, scale_up, BLOCK_M, R_PAD, DOT_PRECISION)
+    gate = _rank_term(gate, _rank_t(rows, tg_ptr, M, SPLIT, BLOCK_M, R_PAD), offs_n, n_ok, bg_ptr, N, RG, scale_gate,
+                      R_PAD, DOT_PRECISION)
+    up = _rank_term(up, _rank_t(rows, tu_ptr, M, SPLIT, BLOCK_M, R_PAD), offs_n, n_ok, bu_ptr, N, RU, scale_up, R_PAD,
+                    DOT_PRECISION)
     y = _gate_activation(gate, ACT) * up
     _store_tile(y_ptr, N, y, offs_m, offs_m < M, offs_n, n_ok)
+
+
+@triton.jit
+def _lora_gate_kernel(g_ptr, u_ptr, tg_ptr, bg_ptr, tu_ptr, bu_ptr, y_ptr, M, N, RG, RU, SPLIT, scale_gate, scale_up,
+                      ACT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, R_PAD: tl.constexpr,
+                      DOT_PRECISION: tl.constexpr):
+    """LoRASwiGLU's epilogue pass where the base GEMMs ran on cuBLASLt (triton/table.py LORA_SWIGLU_CUBLAS): ``y =
+    act(g + (sg * tg) @ bg) * (u + (su * tu) @ bu)``, g and u the two [M, N] base products (g may be y itself: each
+    element is read before it is written, by the same program), tg and tu the X @ A partials of _lora_xa_kernel.
+    Memory bound: reads two [M, N] and writes one, as SwiGLU's CUDA pass, plus the two rank-r dots, each a fresh
+    product added to its loaded tile. scripts/lora_gate_probe.py (H100, M 2048, N 11008, rank 16): 72.9 us on the
+    16 x 256 tile, against 96.0 with the loaded tile as the dots' accumulator (64 x 128; 79.0 at its best tile) and
+    209-329 us with FMAs over the rank instead of the dots; PyTorch's silu(g) * u alone 84.3."""
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
+    n_ok = offs_n < N
+    zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    dg = _rank_term(zero, _rank_t(rows, tg_ptr, M, SPLIT, BLOCK_M, R_PAD), offs_n, n_ok, bg_ptr, N, RG, scale_gate,
+                    R_PAD, DOT_PRECISION)
+    du = _rank_term(zero, _rank_t(rows, tu_ptr, M, SPLIT, BLOCK_M, R_PAD), offs_n, n_ok, bu_ptr, N, RU, scale_up,
+                    R_PAD, DOT_PRECISION)
+    offs = rows[:, None] * N + offs_n[None, :]
+    gate = tl.load(g_ptr + offs, mask=n_ok[None, :], other=0.0).to(tl.float32) + dg
+    up = tl.load(u_ptr + offs, mask=n_ok[None, :], other=0.0).to(tl.float32) + du
+    _store_tile(y_ptr, N, _gate_activation(gate, ACT) * up, offs_m, offs_m < M, offs_n, n_ok)
 
 
 @triton.jit
@@ -103,6 +131,11 @@ KERNELS = {
                                           ("M", "i32"), ("N", "i32"), ("K", "i32"), ("RG", "i32"), ("RU", "i32"),
                                           ("SPLIT", "i32"), ("scale_gate", "fp32"), ("scale_up", "fp32"),
                                           ("ACT", "i32")]),
+    # g_ptr may equal y_ptr (in place); tg_ptr / tu_ptr fp32 scratch
+    "lora_gate": (_lora_gate_kernel, [("g_ptr", "*T"), ("u_ptr", "*T"), ("tg_ptr", "*fp32"), ("bg_ptr", "*T"),
+                                      ("tu_ptr", "*fp32"), ("bu_ptr", "*T"), ("y_ptr", "*T"), ("M", "i32"),
+                                      ("N", "i32"), ("RG", "i32"), ("RU", "i32"), ("SPLIT", "i32"),
+                                      ("scale_gate", "fp32"), ("scale_up", "fp32"), ("ACT", "i32")]),
     "multi_lora_swiglu": (_multi_lora_swiglu_kernel, [
         ("x_ptr", "*T"), ("wg_ptr", "*T"), ("wu_ptr", "*T"), ("tg_ptr", "*fp32"), ("bg_ptr", "*T"), ("sg_ptr", "*T"),
         ("tu_ptr", "*fp32"), ("bu_ptr", "*T"), ("su_ptr", "*T"), ("index_ptr", "*i64"), ("y_ptr", "*T"),
@@ -119,15 +152,20 @@ _H_SMALL = (16, 64, 128, 1, 4, 4)
 # bandwidth (63 us) on it and _lora_swiglu_kernel at 77 % (71 us) on _H_SMALL, the gap the rank-r epilogue had been
 # blamed for; the large tile with 2 stages for their operands.
 _H_SMALL_TUNED = (16, 128, 64, 1, 4, 4)
+# lora_gate (BLOCK_M, BLOCK_N, unused, GROUP_M, warps, stages): an elementwise pass over [M, N] with two thin dots per
+# tile; it runs from LORA_SWIGLU_CUBLAS's rows (the large class), the other classes only for completeness.
+_GATE = {c: (16, 256, 0, 8, 4, 1) for c in ("small", "medium", "large")}
 CONFIGS = {
     "90": {"swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL, large=(128, 128, 64, 8, 8, 3)), "f": GEMM_TILES_F},
            "lora_swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL_TUNED, large=(128, 128, 64, 8, 8, 3)),
                            "f": GEMM_TILES_F},
            "multi_lora_swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL_TUNED, large=(128, 128, 64, 8, 8, 3)),
-                                 "f": GEMM_TILES_F}},
+                                 "f": GEMM_TILES_F},
+           "lora_gate": {"h": _GATE, "f": _GATE}},
     "80": {"swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL, large=(128, 128, 32, 8, 8, 3)), "f": GEMM_TILES_F},
            "lora_swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL, large=(128, 128, 32, 8, 8, 3)),
                            "f": GEMM_TILES_F},
            "multi_lora_swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL, large=(128, 128, 32, 8, 8, 3)),
-                                 "f": GEMM_TILES_F}},
+                                 "f": GEMM_TILES_F},
+           "lora_gate": {"h": _GATE, "f": _GATE}},
 }

@@ -64,6 +64,16 @@ TMA_SIZE_CLASS = "large"
 TMA_MIN_K = 1024
 TMA_SCRATCH_PER_PROGRAM = 512
 
+# LoRASwiGLU on the Triton backend from LORA_SWIGLU_CUBLAS = (M, K) up (rows, inner size; SwiGLU's AUTO_CUDA rule,
+# where cuBLASLt's two GEMMs beat Triton's dual loop): the two base GEMMs on cuBLASLt (the CUDA backend's, gate into
+# Y and up into scratch), both adapters' X @ A in one lora_xa launch, then lora_gate (swiglu.py): y = act(g + sg
+# (X @ Ag) @ Bg) * (u + su (X @ Au) @ Bu) in one elementwise pass with the two rank-r dots. Below it, and on GPUs
+# without the rule's shapes, lora_swiglu (SwiGLU's loop and both rank-r terms in one kernel).
+# Computing X @ A inside lora_main's and lora_swiglu's K loop instead (one thin dot more per K step, no phase-1
+# launch) measured slower on an H100 at 16 rows: lora_main 60 against 35 us, lora_swiglu 75.5 against 64 (255
+# registers, spilling); phase 1 stays a launch (both of LoRASwiGLU's adapters in one).
+LORA_SWIGLU_CUBLAS = (2048, 2048)
+
 # ------------------------------------------------------------------------------------------------ MLPStack
 # stack_mode=auto on the Triton backend, by M (rows) and the widest layer, for the H100's 132 SMs (the launcher
 # scales the SM multiples by the GPU's own count). Measured with `scripts/gpu_check.py --only-stack` (now

@@ -115,10 +115,11 @@ inline bool TooLarge(int64_t m, int64_t k, int64_t n) {
   return m > 0x7fffffffLL || k > 0x7fffffffLL || n > 0x7fffffffLL;  // Triton params are i32
 }
 
-// Phase-1 plan of two-phase LoRA (LoRALinear's, LoRASwiGLU's and MultiLoRALinear's launchers): the lora_xa (or
-// multi_lora_xa) spec and the K split. SPLIT
-// slices of KB_PER_SPLIT blocks of BLOCK_K so that row tiles x SPLIT is about one program per SM (at most 16 slices, at
-// least one block each).
+// Phase-1 plan of two-phase LoRA (the LoRA launchers): the lora_xa (or multi_lora_xa) spec and the K split. SPLIT
+// slices of KB_PER_SPLIT blocks of BLOCK_K so that row tiles x SPLIT x `fanout` is about one program per SM (at most 16
+// slices, at least one block each); `fanout` is the launch's programs per row tile and slice: its adapter stacks
+// (LoRASwiGLU's two in one launch) times, for a mixed batch, the adapters in a stack. A larger fanout only lowers
+// SPLIT, so a scratch size planned with fanout 1 covers it.
 struct LoRAPlan {
   const TritonSpec* xa = nullptr;
   int xa_index = -1, device = 0, arch = 0;
@@ -126,7 +127,7 @@ struct LoRAPlan {
 };
 
 inline int PlanLoRA(int dtype, int64_t m, int64_t k, int64_t r, bool aligned, LoRAPlan* plan,
-                    int xa_kernel = ids::kLoraXa) {
+                    int xa_kernel = ids::kLoraXa, int64_t fanout = 1) {
   const int arch = CurrentArch(&plan->device);
   if (arch < 0) return -arch;
   plan->arch = arch;
@@ -134,7 +135,8 @@ inline int PlanLoRA(int dtype, int64_t m, int64_t k, int64_t r, bool aligned, Lo
   if (plan->xa == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
   const int64_t grid_m = (m + plan->xa->block_m - 1) / plan->xa->block_m;
   const int64_t k_blocks = (k + plan->xa->block_k - 1) / plan->xa->block_k;
-  int64_t split = (NumSMs(plan->device) + grid_m - 1) / grid_m;
+  const int64_t per_slice = grid_m * (fanout > 1 ? fanout : 1);
+  int64_t split = (NumSMs(plan->device) + per_slice - 1) / per_slice;
   if (split > 16) split = 16;
   if (split > k_blocks) split = k_blocks;
   if (split < 1) split = 1;
