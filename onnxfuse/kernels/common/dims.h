@@ -147,10 +147,11 @@ inline LinearDims LoRADims(const char* op, const std::vector<int64_t>& x, const 
 // scales [n], and adapter_index [b] (one per batch row: rows_per_index = M / b consecutive rows of X share it).
 // MultiLoRASwiGLU: SwiGLU's X, W_gate, W_up and such a stack per projection (r: the gate's rank).
 struct MultiLoRADims : LinearDims {
-  int64_t adapters = 0, batch = 0, rows_per_index = 0;
+  int64_t adapters = -1;  // the stacks' adapter count; -1 until detail::AdapterStack checks the first stack
+  int64_t batch = 0, rows_per_index = 0;
 };
 namespace detail {
-// The stack's rank; d.adapters from the first stack checked (d.adapters < 0), the same count for the next.
+// The stack's rank; d.adapters from the first stack checked (while it is still -1), the same count for the next.
 inline int64_t AdapterStack(const char* op, MultiLoRADims& d, const std::vector<int64_t>& x,
                             const std::vector<int64_t>& a, const std::vector<int64_t>& b,
                             const std::vector<int64_t>& scales, const char* an, const char* bn, const char* sn) {
@@ -187,7 +188,6 @@ inline MultiLoRADims MultiLoRALinearDims(const char* op, const std::vector<int64
   MultiLoRADims d;
   static_cast<LinearDims&>(d) = LinearActDims(op, x, w, bias);
   detail::AdapterRows(op, d, x, index);
-  d.adapters = -1;
   d.r = detail::AdapterStack(op, d, x, a, b, scales, "A", "B", "scales");
   return d;
 }
@@ -201,7 +201,6 @@ inline MultiLoRADims MultiLoRASwiGLUDims(const char* op, const std::vector<int64
   MultiLoRADims d;
   static_cast<LinearDims&>(d) = SwiGLUDims(op, x, wg, wu);
   detail::AdapterRows(op, d, x, index);
-  d.adapters = -1;
   d.r = detail::AdapterStack(op, d, x, ag, bg, sg, "A_gate", "B_gate", "scales_gate");
   *ru = detail::AdapterStack(op, d, x, au, bu, su, "A_up", "B_up", "scales_up");
   return d;
