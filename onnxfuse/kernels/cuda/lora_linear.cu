@@ -215,17 +215,11 @@ bool LoRAAligned(const void* x, const void* w, const void* a, const void* b, con
 }  // namespace
 
 extern "C" int64_t onnxfuse_triton_lora_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t r) {
-  if (BadCommon(dtype, m, k, n) || r < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
-  if (r > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
-  if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
-  if (m == 0 || n == 0) return 0;
-  LoRAPlan plan;
-  // The xa configs of the aligned and unaligned builds share BLOCK_M / BLOCK_K, so the plan does not depend on it.
-  const int err = PlanLoRA(dtype, m, k, r, true, &plan);
-  if (err != 0) return err > 0 ? -int64_t(err) : int64_t(err);
+  const int64_t partials = LoRAPartialsBytes(dtype, m, k, n, r);
+  if (partials <= 0) return partials;
   // then, 128-byte aligned, the TMA descriptors of the persistent lora_main (where it may run)
   const int64_t tma = TmaScratchBytes(dtype, m, k);
-  return tma > 0 ? RoundUp128(LoRAScratchBytes(m, r, plan)) + tma : LoRAScratchBytes(m, r, plan);
+  return tma > 0 ? RoundUp128(partials) + tma : partials;
 }
 
 extern "C" int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, const void* w, const void* a,
@@ -270,14 +264,7 @@ extern "C" int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, c
 
 // MultiLoRALinear: multi_lora_xa (each row's X @ A[j] partials, [SPLIT, M, r_pad] fp32), then multi_lora_main.
 extern "C" int64_t onnxfuse_triton_multi_lora_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t r) {
-  if (BadCommon(dtype, m, k, n) || r < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
-  if (r > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
-  if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
-  if (m == 0 || n == 0) return 0;
-  LoRAPlan plan;
-  const int err = PlanLoRA(dtype, m, k, r, true, &plan, ids::kMultiLoraXa);
-  if (err != 0) return err > 0 ? -int64_t(err) : int64_t(err);
-  return LoRAScratchBytes(m, r, plan);
+  return LoRAPartialsBytes(dtype, m, k, n, r, ids::kMultiLoraXa);
 }
 
 extern "C" int onnxfuse_triton_multi_lora_linear(int dtype, const void* x, const void* w, const void* a, const void* b,

@@ -397,15 +397,10 @@ int64_t RoundUp256(int64_t v) { return (v + 255) / 256 * 256; }
 
 extern "C" int64_t onnxfuse_triton_lora_swiglu_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t rg,
                                                              int64_t ru) {
-  if (BadCommon(dtype, m, k, n) || rg < 0 || ru < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
-  if (rg > ONNXFUSE_MAX_LORA_RANK || ru > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
-  if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
-  if (m == 0 || n == 0) return 0;
-  const int64_t r = std::max(rg, ru);  // one plan and r_pad for both adapters
-  LoRAPlan plan;
-  const int err = PlanLoRA(dtype, m, k, r, true, &plan);
-  if (err != 0) return err > 0 ? -int64_t(err) : int64_t(err);
-  const int64_t partials = 2 * RoundUp256(LoRAScratchBytes(m, r, plan));
+  if (rg < 0 || ru < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  const int64_t part = LoRAPartialsBytes(dtype, m, k, n, std::max(rg, ru));  // one plan, r_pad for both adapters
+  if (part <= 0) return part;
+  const int64_t partials = 2 * RoundUp256(part);
   if (!LoRASwiGLUOnCublas(m, k)) return partials;
   return partials + ONNXFUSE_CUBLASLT_WORKSPACE_BYTES + m * n * (dtype == ONNXFUSE_FP32 ? 4 : 2);
 }
@@ -479,15 +474,9 @@ extern "C" int onnxfuse_triton_lora_swiglu(int dtype, int act, const void* x, co
 // r_pad of the larger rank), then multi_lora_swiglu (swiglu.py). Scratch as LoRASwiGLU's.
 extern "C" int64_t onnxfuse_triton_multi_lora_swiglu_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n,
                                                                    int64_t rg, int64_t ru) {
-  if (BadCommon(dtype, m, k, n) || rg < 0 || ru < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
-  if (rg > ONNXFUSE_MAX_LORA_RANK || ru > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
-  if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
-  if (m == 0 || n == 0) return 0;
-  const int64_t r = std::max(rg, ru);
-  LoRAPlan plan;
-  const int err = PlanLoRA(dtype, m, k, r, true, &plan, ids::kMultiLoraXa);
-  if (err != 0) return err > 0 ? -int64_t(err) : int64_t(err);
-  return 2 * RoundUp128(LoRAScratchBytes(m, r, plan));
+  if (rg < 0 || ru < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  const int64_t part = LoRAPartialsBytes(dtype, m, k, n, std::max(rg, ru), ids::kMultiLoraXa);
+  return part <= 0 ? part : 2 * RoundUp128(part);
 }
 
 extern "C" int onnxfuse_triton_multi_lora_swiglu(int dtype, int act, const void* x, const void* w_gate,

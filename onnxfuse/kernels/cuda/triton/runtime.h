@@ -149,4 +149,20 @@ inline int64_t LoRAScratchBytes(int64_t m, int64_t r, const LoRAPlan& plan) {
   return plan.split * m * RPad(r) * int64_t(sizeof(float));
 }
 
+// The LoRA launchers' scratch-size functions start here: their argument checks (a rank below 0 or past
+// ONNXFUSE_MAX_LORA_RANK, sizes past i32), then one phase-1 partials buffer's bytes ([SPLIT, M, r_pad] fp32) from a
+// plan with fanout 1, which covers every fanout; 0 when M or N is 0, else a negative ONNXFUSE_ERR_* code. The xa
+// configs of the aligned and unaligned builds share BLOCK_M / BLOCK_K, so the plan, made for the aligned one, serves
+// both.
+inline int64_t LoRAPartialsBytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t r, int xa_kernel = ids::kLoraXa) {
+  if (BadCommon(dtype, m, k, n) || r < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (r > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
+  if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
+  if (m == 0 || n == 0) return 0;
+  LoRAPlan plan;
+  const int err = PlanLoRA(dtype, m, k, r, true, &plan, xa_kernel);
+  if (err != 0) return err > 0 ? -int64_t(err) : int64_t(err);
+  return LoRAScratchBytes(m, r, plan);
+}
+
 }  // namespace onnxfuse::triton_runtime
