@@ -486,6 +486,24 @@ def test_aot_specialisations():
     assert not any(s["tma"] for s in aot_specialisations(["80"]))
 
 
+def test_aot_pdl_dependents():
+    """The table's pdl flag (the launcher may start the kernel as a programmatic dependent) is set exactly on the
+    sm_90 builds of table.PDL_DEPENDENTS, which are compiled with the wait before they read phase 1's partials; phase
+    1 (it only signals) and every sm_80 build (no griddepcontrol there) stay plain launches."""
+    pytest.importorskip("triton")
+    aot = kbuild.aot_module()
+    assert aot.TABLE.PDL_DEPENDENTS == ("lora_main", "lora_swiglu") and aot.TABLE.LORA_PDL_MAX_M == 16
+    want = {("lora_swiglu", "90"): 1, ("lora_main", "90"): 1, ("lora_xa", "90"): 0, ("lora_swiglu", "80"): 0,
+            ("multi_lora_swiglu", "90"): 0}
+    got = {}
+    for spec in aot.specialisations(["90", "80"]):
+        key = (spec["kernel"], spec["arch"])
+        if key in want and key not in got and spec["dtype"] == "fp16" and spec["size"] == "small" \
+                and spec["aligned"] and spec["r_pad"] == 16:
+            got[key] = aot.compile_one(spec)["pdl"]
+    assert got == want
+
+
 # ------------------------------------------------------------------------------------------------ GPU backends compile
 @pytest.mark.skipif(kbuild.find_nvcc() is None or kbuild.triton_version() is None, reason="needs nvcc and triton")
 def test_cuda_and_triton_backends_compile(cache, capfd):

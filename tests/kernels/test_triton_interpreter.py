@@ -202,14 +202,14 @@ for dtype in ("float", "float16"):
                                                  DOT_PRECISION=prec, TMA=True, **cfg)
                     testing.assert_close(y, ref, t, str((op, "tma", dtype, m, k, n, r, split)), kind="interpreter")
                     checks += 1
-        # LoRASwiGLU: both adapters' X @ A partials in one launch (ranks 4 and 7, padded to 16; split 2), then
+        # LoRASwiGLU: both adapters' X @ A partials from the same X tiles (ranks 4 and 7, padded to 16; split 2), then
         # SwiGLU's loop with both rank-r terms before the activation
         sl = sw
         ag, au = (torch.randn(k, 4, generator=g) / k ** 0.5).to(t), (torch.randn(k, 7, generator=g) / k ** 0.5).to(t)
         bg, bu = (torch.randn(4, n, generator=g) / 2).to(t), (torch.randn(7, n, generator=g) / 7 ** 0.5).to(t)
         kb = triton.cdiv(triton.cdiv(k, 16), 2)
         tg, tu = torch.full((2, m, 16), float("nan")), torch.full((2, m, 16), float("nan"))
-        lora._lora_xa_kernel[(triton.cdiv(m, 16) * 2 * 2,)](x, ag, au, tg, tu, m, k, 4, 7, 2, kb, BLOCK_M=16,
+        lora._lora_xa_kernel[(triton.cdiv(m, 16) * 2,)](x, ag, au, tg, tu, m, k, 4, 7, 2, kb, BLOCK_M=16,
                                                             BLOCK_K=16, R_PAD=16, DOT_PRECISION=prec)
         for code, name in ((0, "silu"), (2, "gelu_tanh")):
             y = torch.full((m, n), float("nan")).to(t)
@@ -357,8 +357,8 @@ for dtype in ("float", "float16"):
         x2 = x.reshape(m, k)
         kb = triton.cdiv(triton.cdiv(k, 16), split)
         tg, tu = torch.full((split, m, 16), float("nan")), torch.full((split, m, 16), float("nan"))
-        # both stacks in one launch (NS 2)
-        lora._multi_lora_xa_kernel[(triton.cdiv(m, 16) * split * 2 * na,)](x2, ag, au, idx, tg, tu, m, k, entry[4],
+        # both stacks in one launch (NS 2), each program both from one X tile
+        lora._multi_lora_xa_kernel[(triton.cdiv(m, 16) * split * na,)](x2, ag, au, idx, tg, tu, m, k, entry[4],
                                                                            entry[5], 2, na, rpi, kb, BLOCK_M=16,
                                                                            BLOCK_K=16, R_PAD=16, DOT_PRECISION=prec)
         y = torch.full((m, n), float("nan")).to(t)

@@ -250,7 +250,9 @@ extern "C" int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, c
       &x, &a, &a, &scratch, &scratch, &M, &K, &R, &R, &NS, &KB_PER_SPLIT, &scratch_global, &scratch_profile};
   const int64_t grid_xa = ((m + plan.xa->block_m - 1) / plan.xa->block_m) * plan.split;
   if ((err = LaunchSpec(plan.xa, plan.xa_index, plan.device, grid_xa, xa_args, stream)) != 0) return err;
-  // Phase 2: Y = X @ W + (scale * sum T) @ B + bias [relu]; the TMA descriptors after the partials.
+  // Phase 2: Y = X @ W + (scale * sum T) @ B + bias [relu]; the TMA descriptors after the partials. To
+  // LORA_PDL_MAX_M rows a programmatic dependent of phase 1: its K loop runs beside it, its epilogue waits for the
+  // partials.
   const int64_t partials = RoundUp128(LoRAScratchBytes(m, r, plan));
   int64_t grid = 0;
   main_spec = WithTma(main_spec, &index, m, k, n, plan.arch, plan.device, static_cast<char*>(scratch) + partials,
@@ -259,7 +261,7 @@ extern "C" int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, c
   void* main_global = main_spec->tma ? static_cast<char*>(scratch) + partials : nullptr;
   void* main_args[] = {&x, &w, &scratch, &b,     &bias, &y,     &M,           &N,
                        &K, &R, &SPLIT,   &SCALE, &RELU, &NPROG, &main_global, &scratch_profile};
-  return LaunchSpec(main_spec, index, plan.device, grid, main_args, stream);
+  return LaunchSpec(main_spec, index, plan.device, grid, main_args, stream, false, m <= ids::kLoraPdlMaxM);
 }
 
 // MultiLoRALinear: multi_lora_xa (each row's X @ A[j] partials, [SPLIT, M, r_pad] fp32), then multi_lora_main.

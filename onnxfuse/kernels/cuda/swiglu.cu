@@ -417,7 +417,7 @@ extern "C" int onnxfuse_triton_lora_swiglu(int dtype, int act, const void* x, co
   const int64_t r = std::max(rg, ru);
   const bool aligned = LoRASwiGLUAligned({x, w_gate, w_up, a_gate, b_gate, a_up, b_up}, y, k, n, rg, ru);
   LoRAPlan plan;
-  int err = PlanLoRA(dtype, m, k, r, aligned, &plan, ids::kLoraXa, 2);
+  int err = PlanLoRA(dtype, m, k, r, aligned, &plan);
   if (err != 0) return err;
   const int64_t part = RoundUp256(LoRAScratchBytes(m, r, plan));
   const bool on_cublas = LoRASwiGLUOnCublas(m, k);
@@ -431,16 +431,17 @@ extern "C" int onnxfuse_triton_lora_swiglu(int dtype, int act, const void* x, co
   float SG = scale_gate, SU = scale_up;
   void* scratch_global = nullptr;
   void* scratch_profile = nullptr;
-  // Phase 1, both adapters in one launch (NS 2): T partials = X @ A per K slice (fp32), zero past each rank up to
-  // r_pad.
+  // Phase 1, both adapters in one launch (NS 2), each program both from one X tile: T partials = X @ A per K slice
+  // (fp32), zero past each rank up to r_pad.
   int32_t NS = 2;
-  const int64_t grid_xa = ((m + plan.xa->block_m - 1) / plan.xa->block_m) * plan.split * NS;
+  const int64_t grid_xa = ((m + plan.xa->block_m - 1) / plan.xa->block_m) * plan.split;
   void* xa_args[] = {
       &x, &a_gate, &a_up, &tg, &tu, &M, &K, &RG, &RU, &NS, &KB_PER_SPLIT, &scratch_global, &scratch_profile};
   if ((err = LaunchSpec(plan.xa, plan.xa_index, plan.device, grid_xa, xa_args, stream)) != 0) return err;
   if (on_cublas) {
     // The base GEMMs on cuBLASLt (gate into Y, up into the scratch after the workspace), then lora_gate: Y = act(Y +
-    // sg Tg @ Bg) * (U + su Tu @ Bu), in place.
+    // sg Tg @ Bg) * (U + su Tu @ Bu), in place. (Phase 1 after the GEMMs as their programmatic dependent, and
+    // lora_gate as its, measured slower: triton/table.py LORA_PDL_MAX_M.)
     void* workspace = static_cast<char*>(scratch) + 2 * part;
     void* up = static_cast<char*>(workspace) + ONNXFUSE_CUBLASLT_WORKSPACE_BYTES;
     if ((err = onnxfuse_cuda_swiglu_gemms(dtype, x, w_gate, w_up, y, up, m, k, n, workspace, stream)) != 0) return err;
@@ -463,11 +464,12 @@ extern "C" int onnxfuse_triton_lora_swiglu(int dtype, int act, const void* x, co
                          &scratch_profile};
     return Launch(ids::kLoraGate, dtype, m, n, aligned, RPad(r), gate_args, stream);
   }
-  // Phase 2: SwiGLU's main loop, both rank-r terms, the activation and the product.
+  // Phase 2: SwiGLU's main loop, both rank-r terms, the activation and the product; to LORA_PDL_MAX_M rows phase 1's
+  // programmatic dependent (its K loop beside phase 1, the rank-r terms after it).
   void* args[] = {
       &x,   &w_gate,         &w_up,           &tg, &b_gate, &tu, &b_up, &y, &M, &N, &K, &RG, &RU, &SPLIT, &SG, &SU,
       &ACT, &scratch_global, &scratch_profile};
-  return Launch(ids::kLoraSwiglu, dtype, m, n, aligned, RPad(r), args, stream);
+  return Launch(ids::kLoraSwiglu, dtype, m, n, aligned, RPad(r), args, stream, m <= ids::kLoraPdlMaxM);
 }
 
 // MultiLoRASwiGLU: multi_lora_xa (lora_linear.py), one launch for both stacks, into their fp32 partials (one plan,
@@ -496,7 +498,7 @@ extern "C" int onnxfuse_triton_multi_lora_swiglu(int dtype, int act, const void*
   const bool aligned = LoRASwiGLUAligned({x, w_gate, w_up, a_gate, b_gate, a_up, b_up}, y, k, n, rg, ru) &&
                        Aligned16(scales_gate) && Aligned16(scales_up) && Aligned16(index);
   LoRAPlan plan;
-  int err = PlanLoRA(dtype, m, k, r, aligned, &plan, ids::kMultiLoraXa, 2 * std::max<int64_t>(adapters, 1));
+  int err = PlanLoRA(dtype, m, k, r, aligned, &plan, ids::kMultiLoraXa, std::max<int64_t>(adapters, 1));
   if (err != 0) return err;
   const int64_t part = RoundUp128(LoRAScratchBytes(m, r, plan));
   if (scratch == nullptr || !Aligned16(scratch) || scratch_bytes < 2 * part) return ONNXFUSE_ERR_BAD_ARGUMENT;
@@ -507,11 +509,10 @@ extern "C" int onnxfuse_triton_multi_lora_swiglu(int dtype, int act, const void*
   int32_t KB_PER_SPLIT = int32_t(plan.kb_per_split), SPLIT = int32_t(plan.split);
   void* scratch_global = nullptr;
   void* scratch_profile = nullptr;
-  // one program per row tile, K slice, stack and adapter, both stacks in one launch (NS 2; a program whose adapter no
-  // row of its tile uses returns early)
+  // one program per row tile, K slice and adapter, both stacks from each X tile (NS 2; a program whose adapter no
+  // row of its tile uses does nothing)
   int32_t NS = 2;
-  const int64_t grid_xa =
-      ((m + plan.xa->block_m - 1) / plan.xa->block_m) * plan.split * NS * (adapters > 0 ? adapters : 1);
+  const int64_t grid_xa = ((m + plan.xa->block_m - 1) / plan.xa->block_m) * plan.split * (adapters > 0 ? adapters : 1);
   void* xa_args[] = {&x,   &a_gate,       &a_up,           &index,          &tg, &tu, &M, &K, &RG, &RU, &NS, &NA,
                      &RPI, &KB_PER_SPLIT, &scratch_global, &scratch_profile};
   if ((err = LaunchSpec(plan.xa, plan.xa_index, plan.device, grid_xa, xa_args, stream)) != 0) return err;

@@ -6,7 +6,8 @@ Run by the CMake build (cuda/cuda.cmake) on a machine that needs no GPU:
 
 The header holds one byte array per cubin and a table `kTritonSpecs` (of `TritonSpec`, cuda/triton/runtime.h) that
 the hand-written launchers (cuda/<family>.cu) search at launch time: (kernel, dtype, size class, aligned,
-r_pad, arch, tma) -> cubin, entry name, warps, shared memory, block shape. Kernel ids, dtype codes, size classes and
+r_pad, arch, tma) -> cubin, entry name, warps, shared memory, block shape, pdl (may start as a programmatic
+dependent: table.PDL_DEPENDENTS on sm_90+). Kernel ids, dtype codes, size classes and
 rank padding come from table.py, which the build also writes into the generated onnxfuse_ops.h that the launchers
 read. Specialisations:
   * dtype: fp32, fp16, bf16 (fp32 GEMMs use tl.dot with input_precision="ieee": exact fp32, no TF32 rounding);
@@ -190,6 +191,7 @@ def compile_one(spec: dict) -> dict:
     if "NP" in fn.arg_names:  # shape-specialised (SHAPE_CONFIGS): size class = NP's index, r_pad = DP
         constexprs.update(NP=TABLE.EMBED_NPS[SIZE_CLASSES.index(spec["size"])], DP=spec["r_pad"])
     constexprs["TMA"] = bool(spec.get("tma", 0))
+    constexprs["PDL"] = pdl_eligible(spec)  # programmatic dependent launch (gemm_loop._pdl_*), kept where taken
     constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}  # lora_xa has no BLOCK_N / GROUP_M
     for k in constexprs:
         signature[k] = "constexpr"
@@ -209,9 +211,17 @@ def compile_one(spec: dict) -> dict:
             or getattr(md, "num_ctas", 1) != 1:
         raise RuntimeError(f"{spec}: thread-block clusters are not supported by the AOT launcher")
     if getattr(md, "launch_cooperative_grid", False) or getattr(md, "launch_pdl", False):
-        raise RuntimeError(f"{spec}: cooperative / PDL launches are not supported by the AOT launcher")
+        raise RuntimeError(f"{spec}: cooperative / PDL launch options are the AOT launcher's, not the compiler's")
     return dict(spec, cubin=compiled.asm["cubin"], name=md.name, num_warps=md.num_warps, shared=md.shared,
-                seconds=round(time.time() - t0, 2), n_params=len(params))
+                seconds=round(time.time() - t0, 2), n_params=len(params),
+                pdl=int(spec["kernel"] in TABLE.PDL_DEPENDENTS and pdl_eligible(spec)))
+
+
+def pdl_eligible(spec: dict) -> bool:
+    """Whether a kernel that takes the PDL constexpr (LoRA's phase 1, which signals, and the main kernels after it,
+    which wait) is compiled with PDL=True: sm_90 or later (griddepcontrol). The table's pdl field marks the waiting
+    ones (table.PDL_DEPENDENTS), which the launcher may start as programmatic dependents."""
+    return int(spec["arch"]) >= 90
 
 
 def tma_eligible(spec: dict) -> bool:
@@ -243,7 +253,7 @@ def write_header(results, out: pathlib.Path, triton_version: str):
         lines.append(f"  {{{KERNEL_IDS[r['kernel']]}, {dt[r['dtype']]}, {SIZE_CLASSES.index(r['size'])}, "
                      f"{r['aligned']}, {r['r_pad']}, {r['arch']}, {_c_ident(r)}, "
                      f"sizeof({_c_ident(r)}), \"{r['name']}\", {r['num_warps']}, {r['shared']}, {bm}, {bn}, {bk}, "
-                     f"{int(r.get('tma', 0))}}},  "
+                     f"{int(r.get('tma', 0))}, {int(r.get('pdl', 0))}}},  "
                      f"// {r['kernel']} {r['dtype']} {r['size']} cfg={list(r['config'])}")
     lines += ["};", f"static const int kNumTritonSpecs = {len(results)};", "",
               "}  // namespace onnxfuse::triton_aot", ""]

@@ -29,6 +29,7 @@ every triton/*.py and cuda/cuda.cmake lists this file among the AOT step's input
 """
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -177,6 +178,23 @@ def _store_tile(y_ptr, ld, z, offs_m, m_ok, offs_n, n_ok):
 #     48 KB of shared memory, ~3 stages in flight each (~4.6 MB); with N=11008, 344 programs: 3-4 per SM, one wave.
 GEMM_TILES_H = {"small": (16, 32, 128, 1, 4, 5), "medium": (64, 128, 64, 8, 4, 4), "large": (128, 128, 64, 8, 8, 4)}
 GEMM_TILES_F = {"small": (16, 32, 64, 1, 4, 3), "medium": (64, 64, 32, 8, 4, 3), "large": (128, 64, 32, 8, 8, 3)}
+
+
+@triton.jit
+def _pdl_trigger(PDL: tl.constexpr):
+    """Programmatic dependent launch (PDL, sm_90+; aot.py compiles PDL=True there): let the kernel launched after
+    this one as its programmatic dependent start now, beside this one's programs (a hint; a no-op without PDL)."""
+    if PDL:
+        gdc_launch_dependents()
+
+
+@triton.jit
+def _pdl_wait(PDL: tl.constexpr):
+    """PDL: wait until the kernel this one was launched as a programmatic dependent of has finished and its writes are
+    visible (LoRA's main kernels before they read phase 1's partials). Returns at once in a kernel launched the
+    usual way, and compiles to nothing without PDL."""
+    if PDL:
+        gdc_wait()
 
 
 @triton.jit

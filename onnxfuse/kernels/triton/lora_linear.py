@@ -7,9 +7,12 @@ main loop (gemm_loop.py's ``_gemm_main``; one tl.dot per K step, so Hopper keeps
 loop sums the SPLIT partials of its row tile, rounds ``scale * T`` to the input type (as a 16-bit PyTorch LoRA
 would) and adds ``T @ B`` with one more tl.dot before the bias (+ relu) epilogue; fp32 accumulation. The scratch
 comes from onnxruntime's allocator (cuda/lora_linear.cu). ``R_PAD`` is r rounded up to 16, 32 or 64; ``RELU`` is a
-run-time flag. ``_lora_xa_kernel`` serves LoRASwiGLU too, both adapters in one launch (NS = 2). Computing X @ A
-inside the main kernels' K loop instead (one thin dot more per K step, no phase-1 launch) measured slower on an H100 at
-16 rows: lora_main 60 against 35 us, lora_swiglu 75.5 against 64 (255 registers, spilling), so phase 1 stays a launch.
+run-time flag. ``_lora_xa_kernel`` serves LoRASwiGLU too, both adapters in one launch whose programs do both from each X
+tile (NS = 2). To triton/table.py LORA_PDL_MAX_M rows the main kernel starts as phase 1's programmatic dependent (PDL,
+sm_90): its K loop runs beside phase 1, and it waits for the partials (gemm_loop._pdl_wait) before the rank-r term.
+Computing X @ A inside the main kernels' K loop instead (one thin dot more per K step, no phase-1 launch) measured
+slower on an H100 at 16 rows: lora_main 60 against 35 us, lora_swiglu 75.5 against 64 (255 registers, spilling), so
+phase 1 stays a launch.
 
 MultiLoRALinear (a stack of NA adapters, one per batch row: ``adapter_index[row // RPI]``) runs the same two phases:
 ``_multi_lora_xa_kernel`` writes the partials of each row's ``X @ A[j]``, ``_multi_lora_main_kernel`` adds each
@@ -21,82 +24,90 @@ tile, whose rows are one or two sequences, one or two); rows with an index < 0 g
 import triton
 import triton.language as tl
 
-from .gemm_loop import (GEMM_TILES_F, GEMM_TILES_H, _gemm_main, _gemm_tile_tma, _multi_rank_term, _rank_t, _rank_term,
-                        _relu, _row_adapters, _store_tile, _tma_descs)
+from .gemm_loop import (GEMM_TILES_F, GEMM_TILES_H, _gemm_main, _gemm_tile_tma, _multi_rank_term, _pdl_trigger,
+                        _pdl_wait, _rank_t, _rank_term, _relu, _row_adapters, _store_tile, _tma_descs)
 
 
 @triton.jit
-def _xa_slice(x_ptr, a_ptr, rows, sel, K, R, k_begin, n_blocks, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-              R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """``x[rows, ks] @ a[ks, :R]`` in fp32 ([BLOCK_M, R_PAD], zero past R) over the K slice ``ks`` of n_blocks blocks
-    of BLOCK_K from k_begin (a multiple of BLOCK_K, known to the compiler: vectorised X loads); X rows where ``sel``
-    is False read as zeros (a ``[BLOCK_M]`` mask, or a scalar True). a is [K, R], row-major."""
+def _xa_slice(x_ptr, a_ptr, a2_ptr, rows, sel, K, R, R2, k_begin, n_blocks, BLOCK_M: tl.constexpr,
+              BLOCK_K: tl.constexpr, R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """``(x[rows, ks] @ a[ks, :R], x[rows, ks] @ a2[ks, :R2])`` in fp32 ([BLOCK_M, R_PAD] each, zero past the rank)
+    over the K slice ``ks`` of n_blocks blocks of BLOCK_K from k_begin (a multiple of BLOCK_K, known to the compiler:
+    vectorised X loads), each X tile loaded once for both stacks; R2 = 0: a2 is never read (its loads are all masked
+    off) and the second product is zeros. X rows where ``sel`` is False read as zeros (a ``[BLOCK_M]`` mask, or a
+    scalar True). a is [K, R] and a2 [K, R2], row-major."""
     offs_k = tl.arange(0, BLOCK_K)
     offs_r = tl.arange(0, R_PAD)
     r_ok = offs_r < R
+    r2_ok = offs_r < R2
     x_ptrs = x_ptr + rows[:, None] * K + (k_begin + offs_k)[None, :]
-    a_ptrs = a_ptr + (k_begin + offs_k).to(tl.int64)[:, None] * R + offs_r[None, :]
+    k_rows = (k_begin + offs_k).to(tl.int64)[:, None]
+    a_ptrs = a_ptr + k_rows * R + offs_r[None, :]
+    a2_ptrs = a2_ptr + k_rows * R2 + offs_r[None, :]
     t = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
+    t2 = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
     for kb in range(0, n_blocks):
         # Only the last block of K is partial: masking by K (divisibility hint in the aligned build) keeps the loads
         # vectorised.
         k_ok = (k_begin + kb * BLOCK_K + offs_k) < K
         x = tl.load(x_ptrs, mask=sel[:, None] & k_ok[None, :], other=0.0)
         a = tl.load(a_ptrs, mask=k_ok[:, None] & r_ok[None, :], other=0.0)
+        a2 = tl.load(a2_ptrs, mask=k_ok[:, None] & r2_ok[None, :], other=0.0)
         t = tl.dot(x, a, t, input_precision=DOT_PRECISION)
+        t2 = tl.dot(x, a2, t2, input_precision=DOT_PRECISION)
         x_ptrs += BLOCK_K
         a_ptrs += BLOCK_K * R
+        a2_ptrs += BLOCK_K * R2
     # The padded columns hold x @ 0, which is NaN (not 0) in a row with an infinite x: zero them, or the epilogue's
     # T @ B would add NaN to every output of that row where the reference has +-Inf.
-    return tl.where(r_ok[None, :], t, 0.0)
+    return tl.where(r_ok[None, :], t, 0.0), tl.where(r2_ok[None, :], t2, 0.0)
 
 
 @triton.jit
-def _xa_program(pid, x_ptr, a_ptr, a2_ptr, t_ptr, t2_ptr, M, K, R, R2, NS, KB_PER_SPLIT, BLOCK_M: tl.constexpr,
-                BLOCK_K: tl.constexpr, R_PAD: tl.constexpr):
-    """Where phase-1 program ``pid`` works, its adapter stack fastest (stack 0 of NS is a / t / R, stack 1 a2 / t2 /
-    R2): ``a_ptr, r, offs_m, rows, t_ptrs, k_begin, n_blocks``, the stack's A and rank, the row tile, and t_ptrs the
-    [BLOCK_M, R_PAD] block of its K slice's partials in the stack's t ([SPLIT, M, R_PAD] fp32)."""
-    stack = pid % NS
-    pid = pid // NS
-    r = R
-    if stack != 0:
-        a_ptr = a2_ptr
-        t_ptr = t2_ptr
-        r = R2
+def _xa_program(pid, M, K, KB_PER_SPLIT, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, R_PAD: tl.constexpr):
+    """Where phase-1 program ``pid`` works: ``offs_m, rows, t_offs, k_begin, n_blocks``, the row tile (rows clamped
+    to row 0 past M), t_offs the offsets of its [BLOCK_M, R_PAD] block of partials in a [SPLIT, M, R_PAD] buffer
+    (its K slice's), and the slice's first element and blocks."""
     num_m = tl.cdiv(M, BLOCK_M)
     pid_m = pid % num_m
     split = pid // num_m
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rows = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
-    t_ptrs = t_ptr + (split.to(tl.int64) * M + offs_m.to(tl.int64))[:, None] * R_PAD + tl.arange(0, R_PAD)[None, :]
+    t_offs = (split.to(tl.int64) * M + offs_m.to(tl.int64))[:, None] * R_PAD + tl.arange(0, R_PAD)[None, :]
     k_begin = split * KB_PER_SPLIT * BLOCK_K
     n_blocks = tl.minimum(KB_PER_SPLIT, tl.cdiv(K, BLOCK_K) - split * KB_PER_SPLIT)
-    return a_ptr, r, offs_m, rows, t_ptrs, k_begin, n_blocks
+    return offs_m, rows, t_offs, k_begin, n_blocks
 
 
 @triton.jit
 def _lora_xa_kernel(x_ptr, a_ptr, a2_ptr, t_ptr, t2_ptr, M, K, R, R2, NS, KB_PER_SPLIT,
-                    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                    PDL: tl.constexpr = False):
     """Phase 1: ``t[s, m, :R] = x[m, ks] @ a[ks, :]`` in fp32 over the K slice ``ks`` of split s (KB_PER_SPLIT blocks
-    of BLOCK_K), zeros in columns R..R_PAD; with NS = 2 also ``t2 = x @ a2`` (rank R2) in the same launch (LoRASwiGLU's
-    gate and up adapters). Grid: (cdiv(M, BLOCK_M) * SPLIT * NS,), program id = (split * num_m + m tile) * NS + stack.
-    t and t2 are [SPLIT, M, R_PAD] fp32, row-major."""
-    a_ptr, r, offs_m, rows, t_ptrs, k_begin, n_blocks = _xa_program(tl.program_id(0), x_ptr, a_ptr, a2_ptr, t_ptr,
-                                                                    t2_ptr, M, K, R, R2, NS, KB_PER_SPLIT, BLOCK_M,
-                                                                    BLOCK_K, R_PAD)
-    t = _xa_slice(x_ptr, a_ptr, rows, offs_m >= 0, K, r, k_begin, n_blocks, BLOCK_M, BLOCK_K, R_PAD, DOT_PRECISION)
-    tl.store(t_ptrs, t, mask=(offs_m < M)[:, None])
+    of BLOCK_K), zeros in columns R..R_PAD; with NS = 2 also ``t2 = x @ a2`` (rank R2) from the same X tiles
+    (LoRASwiGLU's gate and up adapters: X is read once for both). Grid: (cdiv(M, BLOCK_M) * SPLIT,), program id =
+    split * num_m + m tile. t and t2 are [SPLIT, M, R_PAD] fp32, row-major. With PDL the main kernel launched after
+    it as its programmatic dependent may start at once (gemm_loop._pdl_trigger)."""
+    _pdl_trigger(PDL)
+    offs_m, rows, t_offs, k_begin, n_blocks = _xa_program(tl.program_id(0), M, K, KB_PER_SPLIT, BLOCK_M, BLOCK_K,
+                                                          R_PAD)
+    t, t2 = _xa_slice(x_ptr, a_ptr, a2_ptr, rows, offs_m >= 0, K, R, tl.where(NS > 1, R2, 0), k_begin, n_blocks,
+                      BLOCK_M, BLOCK_K, R_PAD, DOT_PRECISION)
+    tl.store(t_ptr + t_offs, t, mask=(offs_m < M)[:, None])
+    if NS > 1:
+        tl.store(t2_ptr + t_offs, t2, mask=(offs_m < M)[:, None])
 
 
 @triton.jit
 def _lora_main_kernel(x_ptr, w_ptr, t_ptr, b_ptr, bias_ptr, y_ptr, M, N, K, R, SPLIT, scale, RELU, NPROG,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                      R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr):
+                      R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
+                      PDL: tl.constexpr = False):
     """Phase 2: ``y = [relu](x @ w + bias + (scale * sum_s t[s]).to(x.dtype) @ b)``; t from _lora_xa_kernel.
 
     The tile and K loop are gemm_loop's (_gemm_main, or with TMA the persistent _gemm_tile_tma, NPROG programs
-    walking the tiles); the rank-r term is one extra dot after it (_lora_epilogue).
+    walking the tiles); the rank-r term is one extra dot after it (_lora_epilogue). With PDL (launched as
+    lora_xa's programmatic dependent) the K loop runs beside phase 1 and the epilogue waits for its partials.
     """
     if TMA:
         xd, wd = _tma_descs(x_ptr, w_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
@@ -104,18 +115,19 @@ def _lora_main_kernel(x_ptr, w_ptr, t_ptr, b_ptr, bias_ptr, y_ptr, M, N, K, R, S
             acc, offs_m, offs_n, rows, n_ok = _gemm_tile_tma(xd, wd, tile, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
                                                              GROUP_M, DOT_PRECISION)
             _lora_epilogue(acc, rows, offs_m, offs_n, n_ok, t_ptr, b_ptr, bias_ptr, y_ptr, M, N, R, SPLIT, scale,
-                           RELU, BLOCK_M, R_PAD, DOT_PRECISION)
+                           RELU, BLOCK_M, R_PAD, DOT_PRECISION, PDL)
     else:
         acc, _, offs_m, offs_n, rows, n_ok = _gemm_main(x_ptr, w_ptr, w_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
                                                         GROUP_M, False, DOT_PRECISION)
         _lora_epilogue(acc, rows, offs_m, offs_n, n_ok, t_ptr, b_ptr, bias_ptr, y_ptr, M, N, R, SPLIT, scale, RELU,
-                       BLOCK_M, R_PAD, DOT_PRECISION)
+                       BLOCK_M, R_PAD, DOT_PRECISION, PDL)
 
 
 @triton.jit
 def _lora_epilogue(acc, rows, offs_m, offs_n, n_ok, t_ptr, b_ptr, bias_ptr, y_ptr, M, N, R, SPLIT, scale, RELU,
-                   BLOCK_M: tl.constexpr, R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                   BLOCK_M: tl.constexpr, R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr):
     """``y[tile] = [relu](acc + bias + (scale * sum_s t[s, rows]).to(b.dtype) @ b[:, cols])``."""
+    _pdl_wait(PDL)
     # Rank-r term: T row tile (sum of the SPLIT fp32 partials; padded columns are zero) times the B column tile.
     acc = _rank_term(acc, _rank_t(rows, t_ptr, M, SPLIT, BLOCK_M, R_PAD), offs_n, n_ok, b_ptr, N, R, scale, R_PAD,
                      DOT_PRECISION)
@@ -130,26 +142,31 @@ def _multi_lora_xa_kernel(x_ptr, a_ptr, a2_ptr, index_ptr, t_ptr, t2_ptr, M, K, 
                           BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, R_PAD: tl.constexpr,
                           DOT_PRECISION: tl.constexpr):
     """Phase 1 of MultiLoRALinear: ``t[s, m, :R] = x[m, ks] @ a[j_m, ks, :]`` (fp32, j_m the row's adapter; zeros for
-    rows without one); with NS = 2 also a2's partials into t2 (MultiLoRASwiGLU's gate and up stacks, one launch).
-    Layout as _lora_xa_kernel's (a is [NA, K, R]); grid: row tiles x SPLIT x NS x NA, one program per row tile, K
-    slice, stack and adapter j (j fastest), which stores the rows of adapter j (program j = 0 also the rows without
-    a valid adapter, as zeros) and returns at once when no row of its tile uses j: a decode batch of 8 rows with 8
-    adapters runs 8 programs per K slice and stack instead of one doing the 8 one after another."""
+    rows without one); with NS = 2 also a2's partials into t2 from the same X tiles (MultiLoRASwiGLU's gate and up
+    stacks). Layout as _lora_xa_kernel's (a is [NA, K, R], a2 [NA, K, R2]); grid: row tiles x SPLIT x NA, one
+    program per row tile, K slice and adapter j (j fastest), which stores the rows of adapter j (program j = 0 also
+    the rows without a valid adapter, as zeros) and does nothing when no row of its tile uses j: a decode batch of 8
+    rows with 8 adapters runs 8 programs per K slice instead of one doing the 8 one after another."""
     pid = tl.program_id(0)
     n_adapters = tl.maximum(NA, 1)  # an empty stack (NA 0): one program per tile and slice, storing the zeros
     j = pid % n_adapters
-    a_ptr, r, offs_m, rows, t_ptrs, k_begin, n_blocks = _xa_program(pid // n_adapters, x_ptr, a_ptr, a2_ptr, t_ptr,
-                                                                    t2_ptr, M, K, R, R2, NS, KB_PER_SPLIT, BLOCK_M,
-                                                                    BLOCK_K, R_PAD)
+    offs_m, rows, t_offs, k_begin, n_blocks = _xa_program(pid // n_adapters, M, K, KB_PER_SPLIT, BLOCK_M, BLOCK_K,
+                                                          R_PAD)
     aid = _row_adapters(index_ptr, offs_m, M, RPI)
     sel = (aid == j) & (j < NA)
     none = ((aid < 0) | (aid >= NA)) & (offs_m < M)  # _row_adapters gives -1 past M: never store there
     if j == 0:
-        tl.store(t_ptrs, tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32), mask=none[:, None])
+        zeros = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
+        tl.store(t_ptr + t_offs, zeros, mask=none[:, None])
+        if NS > 1:
+            tl.store(t2_ptr + t_offs, zeros, mask=none[:, None])
     if tl.max(sel.to(tl.int32), axis=0) > 0:
-        t = _xa_slice(x_ptr, a_ptr + j * K.to(tl.int64) * r, rows, sel, K, r, k_begin, n_blocks, BLOCK_M, BLOCK_K,
-                      R_PAD, DOT_PRECISION)
-        tl.store(t_ptrs, t, mask=sel[:, None])
+        r2 = tl.where(NS > 1, R2, 0)
+        t, t2 = _xa_slice(x_ptr, a_ptr + j * K.to(tl.int64) * R, a2_ptr + j * K.to(tl.int64) * r2, rows, sel, K, R,
+                          r2, k_begin, n_blocks, BLOCK_M, BLOCK_K, R_PAD, DOT_PRECISION)
+        tl.store(t_ptr + t_offs, t, mask=sel[:, None])
+        if NS > 1:
+            tl.store(t2_ptr + t_offs, t2, mask=sel[:, None])
 
 
 @triton.jit

@@ -12,8 +12,8 @@ arguments in this order.
 import triton
 import triton.language as tl
 
-from .gemm_loop import (GEMM_TILES_F, GEMM_TILES_H, _gemm_main, _multi_rank_term, _rank_t, _rank_term, _row_adapters,
-                        _store_tile, _tile_ids)
+from .gemm_loop import (GEMM_TILES_F, GEMM_TILES_H, _gemm_main, _multi_rank_term, _pdl_wait, _rank_t, _rank_term,
+                        _row_adapters, _store_tile, _tile_ids)
 
 # (Triton kernels read module globals only as constexpr.)
 _SQRT1_2 = tl.constexpr(0.7071067811865476)         # 1 / sqrt(2)
@@ -58,15 +58,17 @@ def _swiglu_kernel(x_ptr, wg_ptr, wu_ptr, y_ptr, M, N, K, ACT,
 def _lora_swiglu_kernel(x_ptr, wg_ptr, wu_ptr, tg_ptr, bg_ptr, tu_ptr, bu_ptr, y_ptr, M, N, K, RG, RU, SPLIT,
                         scale_gate, scale_up, ACT,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                        R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                        R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = False):
     """LoRASwiGLU's second phase: ``g = x @ wg + (sg * tg) @ bg; u = x @ wu + (su * tu) @ bu; y = act(g) * u``.
 
     SwiGLU's main loop (both products sharing each X tile), then each accumulator's rank-r term (_rank_term) before
     the activation. tg and tu: the gate's and the up adapter's X @ A partials from _lora_xa_kernel (one launch for
-    both, each [SPLIT, M, R_PAD] with R_PAD for the larger rank).
+    both, each [SPLIT, M, R_PAD] with R_PAD for the larger rank). With PDL (launched as lora_xa's programmatic
+    dependent) the K loop runs beside phase 1 and the epilogue waits for its partials.
     """
     gate, up, offs_m, offs_n, rows, n_ok = _gemm_main(x_ptr, wg_ptr, wu_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
                                                       GROUP_M, True, DOT_PRECISION)
+    _pdl_wait(PDL)
     gate = _rank_term(gate, _rank_t(rows, tg_ptr, M, SPLIT, BLOCK_M, R_PAD), offs_n, n_ok, bg_ptr, N, RG, scale_gate,
                       R_PAD, DOT_PRECISION)
     up = _rank_term(up, _rank_t(rows, tu_ptr, M, SPLIT, BLOCK_M, R_PAD), offs_n, n_ok, bu_ptr, N, RU, scale_up, R_PAD,

@@ -74,6 +74,20 @@ TMA_SCRATCH_PER_PROGRAM = 512
 # registers, spilling); phase 1 stays a launch (both of LoRASwiGLU's adapters in one).
 LORA_SWIGLU_CUBLAS = (2048, 2048)
 
+# Programmatic dependent launch (PDL, sm_90+; gemm_loop._pdl_trigger / _pdl_wait): to LORA_PDL_MAX_M rows the
+# launchers start LoRALinear's and LoRASwiGLU's main kernels (PDL_DEPENDENTS, compiled with the wait before they read
+# phase 1's partials) as programmatic dependents of phase 1, so their K loops run beside it. H100, fp16, the Llama-2-7B
+# MLP with rank-16 adapters, one CUDA graph replayed back to back (scripts/lora_pdl_probe.py,
+# benchmarks/results/h100-2026-11-27/lora/lora-pdl-probe.txt; us per run):
+#   LoRA MLP, 16 tokens: 108.5 -> 101.8 (base MLP 96.7)
+#   mixed batch, 8 rows and 8 adapters: 118.7 -> 120.3 (base 96.0): the multi ops launch the usual way
+#   LoRASwiGLU at 2048 rows on cuBLASLt: lora_gate as phase 1's dependent 633.1 -> 637.1; phase 1 after the GEMMs as
+#   their dependent and lora_gate as its 643.8 (666.1 in that order without PDL): not kept
+# and earlier (tma-probe above) lora_main at 2048 tokens 105.6 -> 107.7 us. Phase 1 itself does both of a gated MLP's
+# stacks from each X tile: at 2048 rows 642.2 us with one program per stack (X read twice) -> 633.1.
+LORA_PDL_MAX_M = 16
+PDL_DEPENDENTS = ("lora_main", "lora_swiglu")
+
 # ------------------------------------------------------------------------------------------------ MLPStack
 # stack_mode=auto on the Triton backend, by M (rows) and the widest layer, for the H100's 132 SMs (the launcher
 # scales the SM multiples by the GPU's own count). Measured with `scripts/gpu_check.py --only-stack` (now
@@ -139,10 +153,10 @@ EMBEDDING_AUTO_TRITON = 1
 #   onnxruntime          47     83     64    101    112    206    223    237    249    959
 # (lm_head, 4096 -> 49152, differs: Triton 137 against the tensor-core kernel's 156 at 12 rows, and 171 against
 # cuBLAS's 340 at 32, but one (kernel, rows, K) rule serves both shapes.)
-# LoRASwiGLU (H100, fp16, the lora-mlp case: h4096/i11008, rank 16 on gate/up/down; ms with / without CUDA graphs,
-# benchmarks/results/h100-2026-11-26/lora/bench-lora-mlp.json): Triton (SwiGLU's loop and both rank-r dots) 0.946 /
-# 0.926 at 2048 tokens against the CUDA backend's five cuBLASLt GEMMs and pass 0.978 / 0.988, and 0.133 / 0.177
-# against 0.152 / 0.181 at 16: no CUDA rule, auto runs Triton.
+# LoRASwiGLU (H100, fp16, the lora-mlp case: h4096/i11008, rank 16 on gate/up/down; ms with CUDA graphs,
+# benchmarks/results/h100-2026-11-27/lora/bench-lora-2048.json and bench-lora-small.json): Triton (cuBLASLt's base GEMMs
+# and lora_gate at 2048, SwiGLU's loop and both rank-r dots at 16) 0.907 at 2048 tokens against the CUDA backend's five
+# cuBLASLt GEMMs and pass 1.026, and 0.128 against 0.162 at 16: no CUDA rule, auto runs Triton.
 AUTO_CUDA = (("mlp_stack", STACK_GRID_MAX_M + 1, STACK_ROWS_MIN_SM_MULT * 128 - 1, 0),
              ("swiglu", 2048, 1 << 40, 2048),
              ("int4_linear", 0, 12, 0), ("int4_linear", 17, 1 << 40, 0),

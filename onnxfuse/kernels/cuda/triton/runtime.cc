@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #include "cuda/triton/runtime.h"
@@ -151,20 +153,36 @@ int64_t TmaScratchBytes(int dtype, int64_t m, int64_t k) {
   return NumSMs(device) * ids::kTmaScratchPerProgram;
 }
 
+// Whether programmatic dependent launches are on: ONNXFUSE_PDL unset or not "0" (read once).
+bool PdlEnabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("ONNXFUSE_PDL");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  return enabled;
+}
+
 // Launches the cubin `spec` (table entry `index`) with `grid` programs; `cooperative` asks the driver to guarantee
-// that all of them are resident at once (or to refuse the launch), which a grid barrier needs.
-int LaunchSpec(const TritonSpec* spec, int index, int device, int64_t grid, void** args, void* stream,
-               bool cooperative) {
+// that all of them are resident at once (or to refuse the launch), which a grid barrier needs; `dependent`: as a
+// programmatic dependent of the kernel before it, where the spec was compiled with PDL (runtime.h).
+int LaunchSpec(const TritonSpec* spec, int index, int device, int64_t grid, void** args, void* stream, bool cooperative,
+               bool dependent) {
   if (const int err = EnsureLoaded(spec, index, device)) return err;
   if (grid > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;
   if (grid <= 0) return 0;
   const void* fn = reinterpret_cast<const void*>(Loaded()[index].kernel);
-  if (!cooperative)
+  const bool pdl = dependent && spec->pdl != 0 && PdlEnabled();
+  if (!cooperative && !pdl)
     return int(cudaLaunchKernel(fn, dim3(unsigned(grid)), dim3(unsigned(spec->num_warps * 32)), args,
                                 size_t(spec->shared), static_cast<cudaStream_t>(stream)));
   cudaLaunchAttribute attr = {};
-  attr.id = cudaLaunchAttributeCooperative;
-  attr.val.cooperative = 1;
+  if (cooperative) {
+    attr.id = cudaLaunchAttributeCooperative;
+    attr.val.cooperative = 1;
+  } else {
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(grid));
   cfg.blockDim = dim3(unsigned(spec->num_warps * 32));
@@ -176,14 +194,15 @@ int LaunchSpec(const TritonSpec* spec, int index, int device, int64_t grid, void
 }
 
 // One GEMM-shaped launch: grid = row tiles x column tiles of the spec's block.
-int Launch(int kernel, int dtype, int64_t m, int64_t n, bool aligned, int r_pad, void** args, void* stream) {
+int Launch(int kernel, int dtype, int64_t m, int64_t n, bool aligned, int r_pad, void** args, void* stream,
+           bool dependent) {
   int device = 0;
   const int arch = CurrentArch(&device);
   if (arch < 0) return -arch;
   int index = -1;
   const TritonSpec* spec = FindForShape(kernel, dtype, m, n, aligned, r_pad, arch, device, &index);
   if (spec == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
-  return LaunchSpec(spec, index, device, Tiles(m, n, spec), args, stream);
+  return LaunchSpec(spec, index, device, Tiles(m, n, spec), args, stream, false, dependent);
 }
 
 }  // namespace onnxfuse::triton_runtime

@@ -32,6 +32,7 @@ struct TritonSpec {
   const char* name;
   int num_warps, shared, block_m, block_n, block_k;
   int tma;  // 1: persistent TMA kernel (grid <= SMs, NPROG, descriptor scratch per program)
+  int pdl;  // 1: compiled with PDL (griddepcontrol): may be launched as a programmatic dependent (LaunchSpec)
 };
 
 }  // namespace onnxfuse::triton_aot
@@ -94,11 +95,23 @@ inline int64_t RoundUp128(int64_t v) { return (v + 127) / 128 * 128; }
 //
 // Launches the cubin `spec` (table entry `index`) with `grid` programs; `cooperative` asks the driver to guarantee
 // that all of them are resident at once (or to refuse the launch), which a grid barrier needs.
+//
+// `dependent`: launch it as a programmatic dependent of the kernel before it on the stream (PDL,
+// cudaLaunchAttributeProgrammaticStreamSerialization; sm_90+): its programs may start while that kernel still runs,
+// once that kernel's programs have signalled (gemm_loop._pdl_trigger), and wait for it (_pdl_wait) before they read
+// what it wrote. Taken only where the spec was compiled with PDL (spec->pdl) and ONNXFUSE_PDL is not "0"; else a
+// plain launch (the kernel's wait is then a no-op). A caller asks for it only where the kernel reads nothing that
+// the kernel before it writes ahead of its wait: LoRA's main kernels after phase 1 (they read X, which the kernel
+// before phase 1 wrote, and wait before the partials), and phase 1 after the base GEMMs it does not read.
 int LaunchSpec(const TritonSpec* spec, int index, int device, int64_t grid, void** args, void* stream,
-               bool cooperative = false);
+               bool cooperative = false, bool dependent = false);
 
-// One GEMM-shaped launch: grid = row tiles x column tiles of the spec's block.
-int Launch(int kernel, int dtype, int64_t m, int64_t n, bool aligned, int r_pad, void** args, void* stream);
+// Whether programmatic dependent launches are on: ONNXFUSE_PDL unset or not "0" (read once).
+bool PdlEnabled();
+
+// One GEMM-shaped launch: grid = row tiles x column tiles of the spec's block; `dependent` as LaunchSpec's.
+int Launch(int kernel, int dtype, int64_t m, int64_t n, bool aligned, int r_pad, void** args, void* stream,
+           bool dependent = false);
 
 inline int RPad(int64_t r) {
   for (int i = 0; i + 1 < ids::kNumRPads; ++i)
@@ -117,8 +130,8 @@ inline bool TooLarge(int64_t m, int64_t k, int64_t n) {
 
 // Phase-1 plan of two-phase LoRA (the LoRA launchers): the lora_xa (or multi_lora_xa) spec and the K split. SPLIT
 // slices of KB_PER_SPLIT blocks of BLOCK_K so that row tiles x SPLIT x `fanout` is about one program per SM (at most 16
-// slices, at least one block each); `fanout` is the launch's programs per row tile and slice: its adapter stacks
-// (LoRASwiGLU's two in one launch) times, for a mixed batch, the adapters in a stack. A larger fanout only lowers
+// slices, at least one block each); `fanout` is the launch's programs per row tile and slice: for a mixed batch the
+// adapters in a stack (a program does both of a gated MLP's stacks from one X tile). A larger fanout only lowers
 // SPLIT, so a scratch size planned with fanout 1 covers it.
 struct LoRAPlan {
   const TritonSpec* xa = nullptr;
