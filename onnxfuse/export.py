@@ -183,12 +183,14 @@ def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: st
         recipe.update({"adapter": adapter_out.name, "multi_adapters": multi_adapters} if lora_as_inputs else {})
         del module  # the exported weights are on disk now; do not hold a second copy while writing
         gc.collect()
-        lean = external_data and _single_data_file(tmp_path, data_name) and not lora_as_inputs
+        lean = external_data and _single_data_file(tmp_path, data_name) and not multi_adapters
         stage(2, f"{out} (recipe, onnx.checker)")
         # Small models (or an exporter that wrote its weights some other way): load everything, re-save. Big ones:
         # edit only the small graph file and rename the exporter's weights file into place (no copy of the weights).
         model = _stamped(onnx.load(str(tmp_path), load_external_data=not lean), recipe)
         if lora_as_inputs:  # the adapter file is written beside the model and moved into place after it
+            if lean:
+                _inline_adapter_shaped(model, layers, tmp)
             _lift_adapters(model, layers, tmp / adapter_out.name, multi_adapters)
         if lean:
             onnx.save_model(model, str(tmp_path))
@@ -212,6 +214,21 @@ def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: st
         shutil.rmtree(tmp, ignore_errors=True)
     data_path = parent / data_name if (parent / data_name).is_file() and external_data else None
     return ExportResult(out, used, time.perf_counter() - t0, op_counts(model), recipe, notes, data_path, adapter_out)
+
+
+def _inline_adapter_shaped(model: onnx.ModelProto, layers: dict, base_dir: pathlib.Path) -> None:
+    """The lean write of a big model with --lora-as-inputs: read from the exporter's weights file only the initializers
+    of an adapter weight's shape (adapters.lift_lora_inputs finds each A and B among them by value) into the graph
+    file, so the rest of the weights are neither loaded nor written again (a 7B model's 13 GB). The lifted ones then
+    hold inline zeros; their bytes stay unused in the weights file."""
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    wanted = {arr.shape for pair in layers.values() for arr in pair}
+    for init in model.graph.initializer:
+        if tuple(init.dims) in wanted and uses_external_data(init):
+            load_external_data_for_tensor(init, str(base_dir))
+            init.data_location = onnx.TensorProto.DEFAULT
+            del init.external_data[:]
 
 
 def _lift_adapters(model: onnx.ModelProto, layers: dict, path: pathlib.Path, multi_adapters: int) -> None:

@@ -103,6 +103,27 @@ def test_adapters_swap_on_one_fused_session(exported, tmp_path):
                                    rtol=1e-5, atol=1e-5)
 
 
+def test_lora_as_inputs_with_external_data(exported, tmp_path):
+    """With the weights in <out>.data (a 7B model's path: the exporter's weights file is moved into place, not loaded
+    and rewritten) the same adapter is lifted: only the adapter-shaped tensors are read from it, the adapter file
+    equals the in-memory export's, and the model gives the peft numbers with the adapter fed and the base model's
+    without."""
+    spec, res, _, _ = exported
+    ext = export.export("llama", spec, tmp_path / "m.onnx", lora_as_inputs=True, external_data=True)
+    assert ext.data_path == tmp_path / "m.onnx.data" and ext.data_path.is_file()
+    first, lifted = adapters.read_adapter(res.adapter_path), adapters.read_adapter(ext.adapter_path)
+    assert sorted(first) == sorted(lifted) and all(np.array_equal(first[k], lifted[k]) for k in first)
+    graph = onnx.load(str(ext.path), load_external_data=False).graph
+    lifted_inits = [i for i in graph.initializer if i.name in lifted]
+    assert len(lifted_inits) == len(lifted) and not any(i.external_data for i in lifted_inits)
+    assert any(i.external_data for i in graph.initializer)  # the base weights stay in the .data file
+    x = zoo.make_inputs("llama", spec, 0, "fp32")["x"].numpy()
+    sess = runtime.session(str(ext.path))
+    np.testing.assert_allclose(sess.run(None, {"x": x, **lifted})[0], _torch(_module(spec, lifted), x), rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], _torch(_module(spec, None), x), rtol=1e-5, atol=1e-5)
+
+
 def test_verify_feeds_the_exported_adapter(exported):
     _, res, _, d = exported
     assert cli.main(["verify", str(res.path), "-q"]) == 0
