@@ -59,7 +59,9 @@ def main(argv=None) -> int:
             raise SystemExit(f"{stage_file}: exported for {done}, not for these arguments; run --stage export again")
     else:
         t0 = time.perf_counter()
-        res = export.export("llama", spec, src, dtype=dtype, lora_as_inputs=True, force=True)
+        def progress(i, total, stage, detail):  # each export stage as it starts, with the seconds so far
+            print(f"[{time.perf_counter() - t0:6.1f} s] export {i}/{total} {stage}: {detail}", flush=True)
+        res = export.export("llama", spec, src, dtype=dtype, lora_as_inputs=True, force=True, progress=progress)
         t_export = time.perf_counter() - t0
         fr = fuse.fuse(src, dst, provider=args.provider, force=True)
         done = {"layers": args.layers, "rank": args.rank, "dtype": dtype, "provider": args.provider, "seq": args.seq,
