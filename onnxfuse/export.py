@@ -189,9 +189,7 @@ def export(kind: str, spec, out: str | pathlib.Path, *, seed: int = 0, dtype: st
         # edit only the small graph file and rename the exporter's weights file into place (no copy of the weights).
         model = _stamped(onnx.load(str(tmp_path), load_external_data=not lean), recipe)
         if lora_as_inputs:  # the adapter file is written beside the model and moved into place after it
-            if lean:
-                _inline_adapter_shaped(model, layers, tmp)
-            _lift_adapters(model, layers, tmp / adapter_out.name, multi_adapters)
+            _lift_adapters(model, layers, tmp / adapter_out.name, multi_adapters, tmp if lean else None)
         if lean:
             onnx.save_model(model, str(tmp_path))
             onnx.checker.check_model(str(tmp_path))  # by path: reads the graph, checks the weights file exists
@@ -231,9 +229,13 @@ def _inline_adapter_shaped(model: onnx.ModelProto, layers: dict, base_dir: pathl
             del init.external_data[:]
 
 
-def _lift_adapters(model: onnx.ModelProto, layers: dict, path: pathlib.Path, multi_adapters: int) -> None:
+def _lift_adapters(model: onnx.ModelProto, layers: dict, path: pathlib.Path, multi_adapters: int,
+                   lean_dir: pathlib.Path | None) -> None:
     """--lora-as-inputs: the peft layers' A and B as graph inputs of `model`, their weights to the adapter file
-    `path`; with --adapters N, each layer then a MultiLoRALinear over stacks of N (adapters.to_multi_adapter)."""
+    `path`; with --adapters N, each layer then a MultiLoRALinear over stacks of N (adapters.to_multi_adapter).
+    lean_dir: the model was loaded without its external data, which lies in that folder (_inline_adapter_shaped)."""
+    if lean_dir is not None:
+        _inline_adapter_shaped(model, layers, lean_dir)
     adapters.write_adapter(path, adapters.lift_lora_inputs(model, layers))
     if multi_adapters:
         adapters.to_multi_adapter(model, multi_adapters)

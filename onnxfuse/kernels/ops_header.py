@@ -236,6 +236,7 @@ def render() -> str:
     add("// LoRASwiGLU's Triton launcher runs the base GEMMs on cuBLASLt from these rows and K (table.py).")
     add(f"inline constexpr int64_t kLoraSwigluCublasMinM = {int(table.LORA_SWIGLU_CUBLAS[0])};")
     add(f"inline constexpr int64_t kLoraSwigluCublasMinK = {int(table.LORA_SWIGLU_CUBLAS[1])};")
+    add(f"inline constexpr int64_t kLoraGateMaxSplit = {int(table.LORA_GATE_MAX_SPLIT)};  // phase 1's K slices there")
     add("// LoRALinear's and LoRASwiGLU's main kernels are phase 1's programmatic dependents to these rows (table.py).")
     add(f"inline constexpr int64_t kLoraPdlMaxM = {int(table.LORA_PDL_MAX_M)};")
     add("// LoRA rank padding: rank r runs on the kernel of the smallest entry >= r.")

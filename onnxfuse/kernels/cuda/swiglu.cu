@@ -416,11 +416,11 @@ extern "C" int onnxfuse_triton_lora_swiglu(int dtype, int act, const void* x, co
   if (m == 0 || n == 0) return 0;
   const int64_t r = std::max(rg, ru);
   const bool aligned = LoRASwiGLUAligned({x, w_gate, w_up, a_gate, b_gate, a_up, b_up}, y, k, n, rg, ru);
-  LoRAPlan plan;
-  int err = PlanLoRA(dtype, m, k, r, aligned, &plan);
+  const bool on_cublas = LoRASwiGLUOnCublas(m, k);
+  LoRAPlan plan;  // on the cuBLASLt path at most LORA_GATE_MAX_SPLIT slices of K: lora_gate sums them in one load
+  int err = PlanLoRA(dtype, m, k, r, aligned, &plan, ids::kLoraXa, 1, on_cublas ? ids::kLoraGateMaxSplit : 16);
   if (err != 0) return err;
   const int64_t part = RoundUp256(LoRAScratchBytes(m, r, plan));
-  const bool on_cublas = LoRASwiGLUOnCublas(m, k);
   const int64_t need =
       2 * part + (on_cublas ? ONNXFUSE_CUBLASLT_WORKSPACE_BYTES + m * n * (dtype == ONNXFUSE_FP32 ? 4 : 2) : 0);
   if (scratch == nullptr || !Aligned16(scratch) || scratch_bytes < need) return ONNXFUSE_ERR_BAD_ARGUMENT;

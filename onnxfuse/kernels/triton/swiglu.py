@@ -12,8 +12,8 @@ arguments in this order.
 import triton
 import triton.language as tl
 
-from .gemm_loop import (GEMM_TILES_F, GEMM_TILES_H, _gemm_main, _multi_rank_term, _pdl_wait, _rank_t, _rank_term,
-                        _row_adapters, _store_tile, _tile_ids)
+from .gemm_loop import (GEMM_TILES_F, GEMM_TILES_H, _gemm_main, _multi_rank_term, _pdl_wait, _rank_t, _rank_t_chunked,
+                        _rank_term, _row_adapters, _store_tile, _tile_ids)
 
 # (Triton kernels read module globals only as constexpr.)
 _SQRT1_2 = tl.constexpr(0.7071067811865476)         # 1 / sqrt(2)
@@ -85,19 +85,21 @@ def _lora_gate_kernel(g_ptr, u_ptr, tg_ptr, bg_ptr, tu_ptr, bu_ptr, y_ptr, M, N,
     act(g + (sg * tg) @ bg) * (u + (su * tu) @ bu)``, g and u the two [M, N] base products (g may be y itself: each
     element is read before it is written, by the same program), tg and tu the X @ A partials of _lora_xa_kernel.
     Memory bound: reads two [M, N] and writes one, as SwiGLU's CUDA pass, plus the two rank-r dots, each a fresh
-    product added to its loaded tile. scripts/lora_gate_probe.py (H100, M 2048, N 11008, rank 16): 72.9 us on the
-    16 x 256 tile, against 96.0 with the loaded tile as the dots' accumulator (64 x 128; 79.0 at its best tile) and
-    209-329 us with FMAs over the rank instead of the dots; PyTorch's silu(g) * u alone 84.3."""
+    product added to its loaded tile. scripts/lora_gate_probe.py (H100, M 2048, N 11008, rank 16, 3 partials): 72.9
+    us on the 16 x 256 tile, against 96.0 with the loaded tile as the dots' accumulator (64 x 128; 79.0 at its best
+    tile) and 209-329 us with FMAs over the rank instead of the dots; PyTorch's silu(g) * u alone 84.3. The partials
+    summed 4 at a time (gemm_loop._rank_t_chunked; the launcher splits K in at most table.LORA_GATE_MAX_SPLIT) on the
+    16 x 128 tile: 54.3 us at 4 partials, against 68.5 for _rank_t's loop over 5 on the 16 x 256 one."""
     pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
     n_ok = offs_n < N
     zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    dg = _rank_term(zero, _rank_t(rows, tg_ptr, M, SPLIT, BLOCK_M, R_PAD), offs_n, n_ok, bg_ptr, N, RG, scale_gate,
-                    R_PAD, DOT_PRECISION)
-    du = _rank_term(zero, _rank_t(rows, tu_ptr, M, SPLIT, BLOCK_M, R_PAD), offs_n, n_ok, bu_ptr, N, RU, scale_up,
-                    R_PAD, DOT_PRECISION)
+    dg = _rank_term(zero, _rank_t_chunked(rows, tg_ptr, M, SPLIT, BLOCK_M, R_PAD, 4), offs_n, n_ok, bg_ptr, N, RG,
+                    scale_gate, R_PAD, DOT_PRECISION)
+    du = _rank_term(zero, _rank_t_chunked(rows, tu_ptr, M, SPLIT, BLOCK_M, R_PAD, 4), offs_n, n_ok, bu_ptr, N, RU,
+                    scale_up, R_PAD, DOT_PRECISION)
     offs = rows[:, None] * N + offs_n[None, :]
     gate = tl.load(g_ptr + offs, mask=n_ok[None, :], other=0.0).to(tl.float32) + dg
     up = tl.load(u_ptr + offs, mask=n_ok[None, :], other=0.0).to(tl.float32) + du
@@ -155,8 +157,9 @@ _H_SMALL = (16, 64, 128, 1, 4, 4)
 # blamed for; the large tile with 2 stages for their operands.
 _H_SMALL_TUNED = (16, 128, 64, 1, 4, 4)
 # lora_gate (BLOCK_M, BLOCK_N, unused, GROUP_M, warps, stages): an elementwise pass over [M, N] with two thin dots per
-# tile; it runs from LORA_SWIGLU_CUBLAS's rows (the large class), the other classes only for completeness.
-_GATE = {c: (16, 256, 0, 8, 4, 1) for c in ("small", "medium", "large")}
+# tile; it runs from LORA_SWIGLU_CUBLAS's rows (the large class), the other classes only for completeness. 16 x 128:
+# table.py LORA_GATE_MAX_SPLIT's probe (54.3 against 57.4 us for 16 x 256 at 4 partials).
+_GATE = {c: (16, 128, 0, 8, 4, 1) for c in ("small", "medium", "large")}
 CONFIGS = {
     "90": {"swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL, large=(128, 128, 64, 8, 8, 3)), "f": GEMM_TILES_F},
            "lora_swiglu": {"h": dict(GEMM_TILES_H, small=_H_SMALL_TUNED, large=(128, 128, 64, 8, 8, 3)),

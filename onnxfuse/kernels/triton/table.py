@@ -73,6 +73,12 @@ TMA_SCRATCH_PER_PROGRAM = 512
 # launch) measured slower on an H100 at 16 rows: lora_main 60 against 35 us, lora_swiglu 75.5 against 64 (255
 # registers, spilling); phase 1 stays a launch (both of LoRASwiGLU's adapters in one).
 LORA_SWIGLU_CUBLAS = (2048, 2048)
+# On that path phase 1 splits K in at most LORA_GATE_MAX_SPLIT slices, which lora_gate sums 4 at a time (one load):
+# H100, LoRASwiGLU at 2048 x 4096 x 11008, rank 16, lora_xa (64-row tiles) + lora_gate per CUDA-graph replay
+# (scripts/lora_gate_split_probe.py, benchmarks/results/h100-2026-11-27/lora/lora-gate-split-probe.txt): 5 slices
+# summed in a loop on the 16 x 256 tile (before) 78.3 us; 4 slices summed at once on the 16 x 128 tile 65.7 (lora_xa
+# 5.7, lora_gate 54.3); 3 slices 66.4; 2 66.8; 1 (no split) 73.4; 5 and 8 slices summed 8 at once 75.5 / 78.8.
+LORA_GATE_MAX_SPLIT = 4
 
 # Programmatic dependent launch (PDL, sm_90+; gemm_loop._pdl_trigger / _pdl_wait): to LORA_PDL_MAX_M rows the
 # launchers start LoRALinear's and LoRASwiGLU's main kernels (PDL_DEPENDENTS, compiled with the wait before they read

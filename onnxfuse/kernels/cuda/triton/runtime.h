@@ -131,8 +131,9 @@ inline bool TooLarge(int64_t m, int64_t k, int64_t n) {
 // Phase-1 plan of two-phase LoRA (the LoRA launchers): the lora_xa (or multi_lora_xa) spec and the K split. SPLIT
 // slices of KB_PER_SPLIT blocks of BLOCK_K so that row tiles x SPLIT x `fanout` is about one program per SM (at most 16
 // slices, at least one block each); `fanout` is the launch's programs per row tile and slice: for a mixed batch the
-// adapters in a stack (a program does both of a gated MLP's stacks from one X tile). A larger fanout only lowers
-// SPLIT, so a scratch size planned with fanout 1 covers it.
+// adapters in a stack (a program does both of a gated MLP's stacks from one X tile). A larger fanout (or a lower
+// `max_split`: LoRASwiGLU's cuBLASLt path, whose lora_gate sums the partials at once) only lowers SPLIT, so a scratch
+// size planned with fanout 1 covers it.
 struct LoRAPlan {
   const TritonSpec* xa = nullptr;
   int xa_index = -1, device = 0, arch = 0;
@@ -140,7 +141,7 @@ struct LoRAPlan {
 };
 
 inline int PlanLoRA(int dtype, int64_t m, int64_t k, int64_t r, bool aligned, LoRAPlan* plan,
-                    int xa_kernel = ids::kLoraXa, int64_t fanout = 1) {
+                    int xa_kernel = ids::kLoraXa, int64_t fanout = 1, int64_t max_split = 16) {
   const int arch = CurrentArch(&plan->device);
   if (arch < 0) return -arch;
   plan->arch = arch;
@@ -150,7 +151,7 @@ inline int PlanLoRA(int dtype, int64_t m, int64_t k, int64_t r, bool aligned, Lo
   const int64_t k_blocks = (k + plan->xa->block_k - 1) / plan->xa->block_k;
   const int64_t per_slice = grid_m * (fanout > 1 ? fanout : 1);
   int64_t split = (NumSMs(plan->device) + per_slice - 1) / per_slice;
-  if (split > 16) split = 16;
+  if (split > max_split) split = max_split;
   if (split > k_blocks) split = k_blocks;
   if (split < 1) split = 1;
   plan->kb_per_split = k_blocks > 0 ? (k_blocks + split - 1) / split : 1;
