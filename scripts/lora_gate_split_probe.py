@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import pathlib
 import sys
-import time
 
 import torch
 import triton
 import triton.language as tl
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from lora_pdl_probe import steady  # noqa: E402  (one CUDA graph replayed back to back, best of rounds)
+
 from onnxfuse.kernels.build import aot_module  # noqa: E402
 
 aot_module()._kernel_modules()  # the kernel files as one package (aot.py's loader)
@@ -56,26 +58,6 @@ def _gate_at_once(g_ptr, u_ptr, tg_ptr, bg_ptr, tu_ptr, bu_ptr, y_ptr, M, N, RG,
     gate = tl.load(g_ptr + offs, mask=n_ok[None, :], other=0.0).to(tl.float32) + dg
     up = tl.load(u_ptr + offs, mask=n_ok[None, :], other=0.0).to(tl.float32) + du
     GL._store_tile(y_ptr, N, SW._gate_activation(gate, ACT) * up, offs_m, offs_m < M, offs_n, n_ok)
-
-
-def steady(fn, reps=200, rounds=5):
-    """us per replay of a CUDA graph of fn, replays back to back, best of rounds."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            g.replay()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) / reps * 1e6)
-    return best
 
 
 def main() -> int:

@@ -55,7 +55,8 @@ def plan(m, k, fanout, c):
     return split, kb, grid_m * split * fanout
 
 
-def steady(fn, reps, rounds):
+def steady(fn, reps=200, rounds=5):
+    """us per replay of one CUDA graph of fn, replayed back to back, best of rounds."""
     fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
