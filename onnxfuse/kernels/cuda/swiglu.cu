@@ -392,6 +392,10 @@ bool LoRASwiGLUAligned(const void* const (&p)[7], const void* y, int64_t k, int6
 bool LoRASwiGLUOnCublas(int64_t m, int64_t k) {
   return m >= ids::kLoraSwigluCublasMinM && k >= ids::kLoraSwigluCublasMinK;
 }
+// What that path adds to the scratch after the two partials: the cuBLASLt workspace, then the up product [M, N].
+int64_t LoRASwiGLUCublasBytes(int dtype, int64_t m, int64_t n) {
+  return ONNXFUSE_CUBLASLT_WORKSPACE_BYTES + m * n * (dtype == ONNXFUSE_FP32 ? 4 : 2);
+}
 int64_t RoundUp256(int64_t v) { return (v + 255) / 256 * 256; }
 }  // namespace
 
@@ -402,7 +406,7 @@ extern "C" int64_t onnxfuse_triton_lora_swiglu_scratch_bytes(int dtype, int64_t 
   if (part <= 0) return part;
   const int64_t partials = 2 * RoundUp256(part);
   if (!LoRASwiGLUOnCublas(m, k)) return partials;
-  return partials + ONNXFUSE_CUBLASLT_WORKSPACE_BYTES + m * n * (dtype == ONNXFUSE_FP32 ? 4 : 2);
+  return partials + LoRASwiGLUCublasBytes(dtype, m, n);
 }
 
 extern "C" int onnxfuse_triton_lora_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up,
@@ -418,11 +422,11 @@ extern "C" int onnxfuse_triton_lora_swiglu(int dtype, int act, const void* x, co
   const bool aligned = LoRASwiGLUAligned({x, w_gate, w_up, a_gate, b_gate, a_up, b_up}, y, k, n, rg, ru);
   const bool on_cublas = LoRASwiGLUOnCublas(m, k);
   LoRAPlan plan;  // on the cuBLASLt path at most LORA_GATE_MAX_SPLIT slices of K: lora_gate sums them in one load
-  int err = PlanLoRA(dtype, m, k, r, aligned, &plan, ids::kLoraXa, 1, on_cublas ? ids::kLoraGateMaxSplit : 16);
+  int err =
+      PlanLoRA(dtype, m, k, r, aligned, &plan, ids::kLoraXa, 1, on_cublas ? ids::kLoraGateMaxSplit : kMaxLoRASplit);
   if (err != 0) return err;
   const int64_t part = RoundUp256(LoRAScratchBytes(m, r, plan));
-  const int64_t need =
-      2 * part + (on_cublas ? ONNXFUSE_CUBLASLT_WORKSPACE_BYTES + m * n * (dtype == ONNXFUSE_FP32 ? 4 : 2) : 0);
+  const int64_t need = 2 * part + (on_cublas ? LoRASwiGLUCublasBytes(dtype, m, n) : 0);
   if (scratch == nullptr || !Aligned16(scratch) || scratch_bytes < need) return ONNXFUSE_ERR_BAD_ARGUMENT;
   void* tg = scratch;
   void* tu = static_cast<char*>(scratch) + part;

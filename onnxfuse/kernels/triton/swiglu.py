@@ -14,12 +14,14 @@ import triton.language as tl
 
 from .gemm_loop import (GEMM_TILES_F, GEMM_TILES_H, _gemm_main, _multi_rank_term, _pdl_wait, _rank_t, _rank_t_chunked,
                         _rank_term, _row_adapters, _store_tile, _tile_ids)
+from .table import LORA_GATE_MAX_SPLIT
 
 # (Triton kernels read module globals only as constexpr.)
 _SQRT1_2 = tl.constexpr(0.7071067811865476)         # 1 / sqrt(2)
 _SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 _GELU_TANH_COEFF = tl.constexpr(0.044715)           # schema.GELU_TANH_COEFF
 _QUICK_GELU_ALPHA = tl.constexpr(1.702)             # schema.QUICK_GELU_ALPHA
+_GATE_CHUNK = tl.constexpr(LORA_GATE_MAX_SPLIT)     # lora_gate's partials per load: all its launcher makes
 
 
 @triton.jit
@@ -96,10 +98,10 @@ def _lora_gate_kernel(g_ptr, u_ptr, tg_ptr, bg_ptr, tu_ptr, bu_ptr, y_ptr, M, N,
     rows = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
     n_ok = offs_n < N
     zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    dg = _rank_term(zero, _rank_t_chunked(rows, tg_ptr, M, SPLIT, BLOCK_M, R_PAD, 4), offs_n, n_ok, bg_ptr, N, RG,
-                    scale_gate, R_PAD, DOT_PRECISION)
-    du = _rank_term(zero, _rank_t_chunked(rows, tu_ptr, M, SPLIT, BLOCK_M, R_PAD, 4), offs_n, n_ok, bu_ptr, N, RU,
-                    scale_up, R_PAD, DOT_PRECISION)
+    tg = _rank_t_chunked(rows, tg_ptr, M, SPLIT, BLOCK_M, R_PAD, _GATE_CHUNK)
+    dg = _rank_term(zero, tg, offs_n, n_ok, bg_ptr, N, RG, scale_gate, R_PAD, DOT_PRECISION)
+    tu = _rank_t_chunked(rows, tu_ptr, M, SPLIT, BLOCK_M, R_PAD, _GATE_CHUNK)
+    du = _rank_term(zero, tu, offs_n, n_ok, bu_ptr, N, RU, scale_up, R_PAD, DOT_PRECISION)
     offs = rows[:, None] * N + offs_n[None, :]
     gate = tl.load(g_ptr + offs, mask=n_ok[None, :], other=0.0).to(tl.float32) + dg
     up = tl.load(u_ptr + offs, mask=n_ok[None, :], other=0.0).to(tl.float32) + du

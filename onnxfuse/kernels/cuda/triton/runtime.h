@@ -102,7 +102,7 @@ inline int64_t RoundUp128(int64_t v) { return (v + 127) / 128 * 128; }
 // what it wrote. Taken only where the spec was compiled with PDL (spec->pdl) and ONNXFUSE_PDL is not "0"; else a
 // plain launch (the kernel's wait is then a no-op). A caller asks for it only where the kernel reads nothing that
 // the kernel before it writes ahead of its wait: LoRA's main kernels after phase 1 (they read X, which the kernel
-// before phase 1 wrote, and wait before the partials), and phase 1 after the base GEMMs it does not read.
+// before phase 1 wrote, and wait before the partials).
 int LaunchSpec(const TritonSpec* spec, int index, int device, int64_t grid, void** args, void* stream,
                bool cooperative = false, bool dependent = false);
 
@@ -129,11 +129,13 @@ inline bool TooLarge(int64_t m, int64_t k, int64_t n) {
 }
 
 // Phase-1 plan of two-phase LoRA (the LoRA launchers): the lora_xa (or multi_lora_xa) spec and the K split. SPLIT
-// slices of KB_PER_SPLIT blocks of BLOCK_K so that row tiles x SPLIT x `fanout` is about one program per SM (at most 16
-// slices, at least one block each); `fanout` is the launch's programs per row tile and slice: for a mixed batch the
-// adapters in a stack (a program does both of a gated MLP's stacks from one X tile). A larger fanout (or a lower
-// `max_split`: LoRASwiGLU's cuBLASLt path, whose lora_gate sums the partials at once) only lowers SPLIT, so a scratch
-// size planned with fanout 1 covers it.
+// slices of KB_PER_SPLIT blocks of BLOCK_K so that row tiles x SPLIT x `fanout` is about one program per SM (at most
+// `max_split` slices, at least one block each); `fanout` is the launch's programs per row tile and slice: for a mixed
+// batch the adapters in a stack (a program does both of a gated MLP's stacks from one X tile). A larger fanout (or a
+// lower `max_split`: LoRASwiGLU's cuBLASLt path, whose lora_gate sums the partials at once) only lowers SPLIT, so a
+// scratch size planned with fanout 1 covers it.
+constexpr int64_t kMaxLoRASplit = 16;  // PlanLoRA's default bound on the K slices
+
 struct LoRAPlan {
   const TritonSpec* xa = nullptr;
   int xa_index = -1, device = 0, arch = 0;
@@ -141,7 +143,7 @@ struct LoRAPlan {
 };
 
 inline int PlanLoRA(int dtype, int64_t m, int64_t k, int64_t r, bool aligned, LoRAPlan* plan,
-                    int xa_kernel = ids::kLoraXa, int64_t fanout = 1, int64_t max_split = 16) {
+                    int xa_kernel = ids::kLoraXa, int64_t fanout = 1, int64_t max_split = kMaxLoRASplit) {
   const int arch = CurrentArch(&plan->device);
   if (arch < 0) return -arch;
   plan->arch = arch;
