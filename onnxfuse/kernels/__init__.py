@@ -13,8 +13,9 @@ only the CPU backend where onnxruntime has no CUDA EP, every buildable backend o
 
 Environment: ONNXFUSE_LIBRARY (a prebuilt library to use instead of the cache), ONNXFUSE_BUILD_DIR (cache dir),
 ORT_INCLUDE_DIR (headers), ONNXFUSE_BACKENDS (comma list an automatic build compiles, e.g. "cpu"); read once by
-the CPU kernels: ONNXFUSE_CPU_THREADS, ONNXFUSE_CPU_ISA; read once by the Triton launchers: ONNXFUSE_PDL ("0": no
-programmatic dependent launches, cuda/triton/runtime.h). Kernel choice is not in the environment: it is each node's
+the CPU kernels: ONNXFUSE_CPU_THREADS, ONNXFUSE_CPU_ISA; read once by the GPU launchers: ONNXFUSE_PDL ("0": no
+programmatic dependent launches: the Triton LoRA kernels', cuda/triton/runtime.h, and the CUDA int4 kernels',
+cuda/gemm.h). Kernel choice is not in the environment: it is each node's
 `backend` attribute (onnxfuse fuse --backend, onnxfuse.runtime.session(backend=)).
 """
 from __future__ import annotations

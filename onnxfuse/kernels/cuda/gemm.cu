@@ -1,6 +1,6 @@
 // The CUDA backend's GEMM on cuBLASLt (cuda/gemm.h): loading libcublasLt, one handle per device and host thread,
 // one cached plan (descriptors + the heuristic's algorithm) per problem, and the K = 0 case. Also the launchers'
-// error strings (onnxfuse_cuda_error_string).
+// error strings (onnxfuse_cuda_error_string) and the switch for programmatic dependent launches (ONNXFUSE_PDL).
 //
 // Loading: dlopen of libcublasLt.so.13, .so.12, then .so, first among the libraries already in the process
 // (RTLD_NOLOAD: the one onnxruntime-gpu's CUDA EP linked), then by the loader's search path. Nothing links it, so
@@ -15,6 +15,10 @@
 // destroyed: their count is bounded by onnxruntime's threads, and destroying one at process exit can run after the
 // CUDA driver has shut down.
 #include <dlfcn.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 #include <cstdio>
 #include <map>
@@ -379,7 +383,31 @@ int MultiLoRAGemm(GemmArgs g, const void* a, const void* b, const void* scales, 
     return int(cudaGetLastError());
   });
 }
+bool PdlOn() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> arch_of[kMaxDevices] = {};  // major compute capability + 1; 0: not asked yet
+  if (!onnxfuse_cuda_pdl_enabled()) return false;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return false;
+  int known = arch_of[device].load(std::memory_order_relaxed);
+  if (known == 0) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
+    known = major + 1;
+    arch_of[device].store(known, std::memory_order_relaxed);
+  }
+  return known - 1 >= 9;
+}
+
 }  // namespace onnxfuse::cuda_kernels
+
+extern "C" int onnxfuse_cuda_pdl_enabled(void) {
+  static const bool enabled = [] {
+    const char* env = std::getenv("ONNXFUSE_PDL");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  return enabled ? 1 : 0;
+}
 
 extern "C" const char* onnxfuse_cuda_error_string(int code) {
   switch (code) {

@@ -255,9 +255,12 @@ __global__ void __launch_bounds__(kWarps * 32,
       zc[c] = ZP ? zp + int64_t(col) * zb : nullptr;
     }
   }
-  // The first step's weights are requested before X is staged, so both are in flight together.
+  // The first step's weights are requested before X is staged, so both are in flight together; launched as a
+  // programmatic dependent (LaunchGemv), before the kernel that writes X has finished (the weights are constants).
   Step<T> next;
   if (active) LoadStep<ZP>(next, wc, sc_row, zc, lane, groups, lb);
+  ock::PdlWait();
+  ock::PdlTrigger();
   if constexpr (STAGED) {
     for (int i = threadIdx.x; i < m * groups; i += blockDim.x) {
       const int r = i / groups, g = i - r * groups;
@@ -433,6 +436,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const T* x1 = x + int64_t(row1 ? g + 8 : 0) * K;
   float acc[2][4] = {};
   const int quad = lane & ~3;
+  ock::PdlWait();  // a programmatic dependent (LaunchMma): X may still be being written until here
+  ock::PdlTrigger();
   for (int c = c_begin; c < c_end; c += 4 * kMmaChunks) {  // c_end is the warp's: every lane takes the same steps
     // lane t of the quad loads chunks c + 4t .. c + 4t + 3 of its column (the quad's 16 chunks, no two lanes the same)
     uint2 q[kMmaChunks][2];
@@ -617,24 +622,24 @@ int LaunchGemv(const void* x, const Int4Weights& wt, int act, void* y, int64_t m
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, kStageBytesRows))
         return int(e);
     }
-    Int4Gemv<T, MR, true, GATED, ZP><<<unsigned(blocks), kWarps * 32, size_t(staged), s>>>(
-        xt, w, st, wu, su, zp, zp_up, zb, act, yt, int(m), int(k), int(n), int(nb), lb, int(row_bytes / 8), xvec);
-  } else {
-    Int4Gemv<T, MR, false, GATED, ZP><<<unsigned(blocks), kWarps * 32, 0, s>>>(
-        xt, w, st, wu, su, zp, zp_up, zb, act, yt, int(m), int(k), int(n), int(nb), lb, int(row_bytes / 8), xvec);
+    return ock::LaunchDependent(Int4Gemv<T, MR, true, GATED, ZP>, dim3(unsigned(blocks)), dim3(kWarps * 32),
+                                size_t(staged), s, xt, w, st, wu, su, zp, zp_up, zb, act, yt, int(m), int(k), int(n),
+                                int(nb), lb, int(row_bytes / 8), xvec);
   }
-  return int(cudaGetLastError());
+  return ock::LaunchDependent(Int4Gemv<T, MR, false, GATED, ZP>, dim3(unsigned(blocks)), dim3(kWarps * 32), 0, s, xt, w,
+                              st, wu, su, zp, zp_up, zb, act, yt, int(m), int(k), int(n), int(nb), lb,
+                              int(row_bytes / 8), xvec);
 }
 
 template <typename T, bool GATED, bool ZP>
 int LaunchMma(const void* x, const Int4Weights& wt, int act, void* y, int64_t m, int64_t k, int64_t n, cudaStream_t s) {
   const bool xvec = Aligned16(x) && k % 2 == 0;  // 4-byte pairs of X from every row
   const unsigned blocks = unsigned((n + (GATED ? 8 : 16) - 1) / (GATED ? 8 : 16));
-  Int4Mma<T, GATED, ZP><<<blocks, kWarps * 32, 0, s>>>(
-      static_cast<const T*>(x), reinterpret_cast<const uint2*>(wt.wq), static_cast<const T*>(wt.scales),
-      reinterpret_cast<const uint2*>(wt.wq_up), static_cast<const T*>(wt.scales_up), wt.zp, wt.zp_up, int(wt.zb), act,
-      static_cast<T*>(y), int(m), int(k), int(n), int(wt.nb), wt.lb, int(wt.row_bytes / 8), xvec);
-  return int(cudaGetLastError());
+  return ock::LaunchDependent(Int4Mma<T, GATED, ZP>, dim3(blocks), dim3(kWarps * 32), 0, s, static_cast<const T*>(x),
+                              reinterpret_cast<const uint2*>(wt.wq), static_cast<const T*>(wt.scales),
+                              reinterpret_cast<const uint2*>(wt.wq_up), static_cast<const T*>(wt.scales_up), wt.zp,
+                              wt.zp_up, int(wt.zb), act, static_cast<T*>(y), int(m), int(k), int(n), int(wt.nb), wt.lb,
+                              int(wt.row_bytes / 8), xvec);
 }
 
 // Up to ONNXFUSE_INT4_GEMV_MAX_M rows, both ops: the GEMV by rows, or the byte-loading kernel for packed weights that

@@ -57,6 +57,10 @@ enum onnxfuse_error {
 int64_t onnxfuse_cuda_linear_act_scratch_bytes(int dtype, int64_t m, int64_t n);
 int onnxfuse_cuda_linear_act(int dtype, int act, const void* x, const void* w, const void* bias, void* y, int64_t m,
                              int64_t k, int64_t n, void* scratch, int64_t scratch_bytes, void* stream);
+// Whether launches may be programmatic dependents of the kernel before them (cudaLaunchAttributeProgrammatic-
+// StreamSerialization; sm_90 and newer): ONNXFUSE_PDL unset or not "0", read once (cuda/gemm.cu). The CUDA kernels'
+// launchers (cuda/gemm.h LaunchDependent) and the Triton runtime's (cuda/triton/runtime.cc) both ask it.
+int onnxfuse_cuda_pdl_enabled(void);
 // The Triton AOT cubins: whether the library has them (cuda/triton/runtime.cc, in Triton builds only).
 int onnxfuse_triton_available(void);
 // linear_act's Triton launcher, which MLPStack's per-layer mode launches too (as its CUDA backend launches the

@@ -153,14 +153,8 @@ int64_t TmaScratchBytes(int dtype, int64_t m, int64_t k) {
   return NumSMs(device) * ids::kTmaScratchPerProgram;
 }
 
-// Whether programmatic dependent launches are on: ONNXFUSE_PDL unset or not "0" (read once).
-bool PdlEnabled() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("ONNXFUSE_PDL");
-    return env == nullptr || std::strcmp(env, "0") != 0;
-  }();
-  return enabled;
-}
+// Whether programmatic dependent launches are on: ONNXFUSE_PDL unset or not "0" (read once, cuda/gemm.cu).
+bool PdlEnabled() { return onnxfuse_cuda_pdl_enabled() != 0; }
 
 // Launches the cubin `spec` (table entry `index`) with `grid` programs; `cooperative` asks the driver to guarantee
 // that all of them are resident at once (or to refuse the launch), which a grid barrier needs; `dependent`: as a
