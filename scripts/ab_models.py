@@ -4,6 +4,10 @@ against its base MLP, say, where a bench run's variants, timed one after another
 more than the ratio's goal leaves. Each round times A then B; prints every round and the median of B / A.
 
     python3 scripts/ab_models.py A.fused.onnx B.fused.onnx [--backend auto] [--rounds 9] [--reps 300] [--out F.json]
+                                 [--adapters N]
+
+--adapters N fills the int64 inputs (a mixed batch's adapter index per row) with 0, 1, ..., N-1, 0, ... (row i uses
+adapter i mod N, as the bench's multi-lora-mlp case does); without it they are zeros.
 """
 from __future__ import annotations
 
@@ -14,8 +18,9 @@ import sys
 import time
 
 
-def _bound(path: str, backend: str):
-    """A CUDA-graph session of `path` with every input bound to random fp16 (int64 zeros) and every output bound."""
+def _bound(path: str, backend: str, adapters: int = 0):
+    """A CUDA-graph session of `path` with every input bound to random fp16 (int64: zeros, or i mod `adapters` when
+    given) and every output bound."""
     import numpy as np
     import torch
 
@@ -27,7 +32,10 @@ def _bound(path: str, backend: str):
     for arg in sess.get_inputs():
         shape = [d if isinstance(d, int) else 1 for d in arg.shape]
         if "int64" in arg.type:
-            t, np_type = torch.zeros(*shape, device="cuda", dtype=torch.int64), np.int64
+            t = torch.zeros(*shape, device="cuda", dtype=torch.int64)
+            if adapters:
+                t = (torch.arange(t.numel(), device="cuda", dtype=torch.int64) % adapters).reshape(t.shape)
+            np_type = np.int64
         else:
             t, np_type = torch.randn(*shape, device="cuda", dtype=torch.float16), np.float16
         keep.append(t)
@@ -47,6 +55,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--reps", type=int, default=300)
     ap.add_argument("--out")
+    ap.add_argument("--adapters", type=int, default=0, help="int64 inputs = row index mod N (a mixed batch)")
     args = ap.parse_args(argv)
     import torch
 
@@ -54,7 +63,7 @@ def main(argv=None) -> int:
 
     opts = runtime.ort().RunOptions()
     opts.add_run_config_entry("disable_synchronize_execution_providers", "1")
-    models = {"a": _bound(args.a, args.backend), "b": _bound(args.b, args.backend)}
+    models = {"a": _bound(args.a, args.backend, args.adapters), "b": _bound(args.b, args.backend, args.adapters)}
     for sess, io, _ in models.values():
         for _ in range(10):  # warm-up; the CUDA graph is captured
             sess.run_with_iobinding(io)
@@ -74,7 +83,7 @@ def main(argv=None) -> int:
         row["b_over_a"] = round(row["b"] / row["a"], 4)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    summary = {"a": args.a, "b": args.b, "backend": args.backend, "reps": args.reps,
+    summary = {"a": args.a, "b": args.b, "backend": args.backend, "reps": args.reps, "adapters": args.adapters,
                "device": torch.cuda.get_device_name(),
                "median_a_us": statistics.median(r["a"] for r in rows),
                "median_b_us": statistics.median(r["b"] for r in rows),
