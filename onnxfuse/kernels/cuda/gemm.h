@@ -117,7 +117,7 @@ bool PdlOn();
 // and the stream is not being captured into a CUDA graph. What it saves is launch latency between kernels, which a
 // graph already hides: genai's int4 7B model (the int4 kernels launched this way) decoded 1.00-1.08x faster without a
 // graph on three H100s, and 0.98x in genai's CUDA graph with the dependents captured too
-// (benchmarks/results/h100-2026-11-27/int4-pdl/pdl-ab.txt).
+// (benchmarks/results/h100-2026-11-27/int4/pdl-ab.txt).
 template <typename... P, typename... A>
 int LaunchDependent(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A&&... args) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
