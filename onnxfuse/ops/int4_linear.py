@@ -267,7 +267,8 @@ FAMILY = OpFamily("int4_linear", (
           ((1, 256, 256, 32), (3, 200, 67, 16), (7, 1000, 130, 64), (16, 512, 384, 128), (64, 256, 520, 256),
            (200, 520, 264, 32), (1, 4096, 4096, 32), (3, 128, 16901, 64),
            (1, 256, 256, 32, "zp"), (2, 200, 67, 16, "zp"), (7, 1000, 130, 64, "zp"), (16, 160, 384, 32, "zp"),
-           (64, 256, 520, 256, "zp"), (40, 520, 264, 128, "zp")),
+           (64, 256, 520, 256, "zp"), (40, 520, 264, 128, "zp"),
+           (20, 203, 67, 16), (20, 203, 67, 16, "zp")),  # past 16 rows, K % 8 != 0: the scalar dequantization
           doctor_entry, min_opset=MIN_OPSET, byte_inputs=("Wq", "zero_points"), doctor_inputs=doctor_inputs,
           optional_overload=ZP_OVERLOAD, special_type_max=False),
     # Int4SwiGLU: decode rows (the GEMV), 5-16 (Triton), past 16 (dequantization + GEMMs), ragged K and N; every
@@ -278,7 +279,7 @@ FAMILY = OpFamily("int4_linear", (
                  (40, 520, 264, 128, "silu"), (1, 4096, 1024, 32, "silu")]
                 + [(m, 96, 40, 32, act) for act in GATE_ACTIVATIONS[1:] for m in (1, 7)]
                 + [(1, 256, 256, 32, "silu", "zp"), (9, 200, 67, 16, "silu", "zp"), (40, 520, 264, 128, "silu", "zp"),
-                   (2, 96, 40, 32, "gelu", "zp")]),
+                   (2, 96, 40, 32, "gelu", "zp"), (20, 203, 40, 16, "silu"), (20, 203, 40, 16, "silu", "zp")]),
           swiglu_doctor_entry, overload_attr="activation", min_opset=MIN_OPSET,
           byte_inputs=("Wq_gate", "Wq_up", "zero_points_gate", "zero_points_up"), doctor_inputs=doctor_inputs,
           optional_overload=ZP_OVERLOAD, special_type_max=False),

@@ -537,40 +537,36 @@ __global__ void GateHalves(const T* __restrict__ z, T* __restrict__ y, int64_t M
 }
 
 // W^T [N, K] (the packed rows' own order; the GEMM transposes it): blocks walk the columns (blockIdx.y), a thread
-// takes 16 values (8 packed bytes, one scale) of its column, so a warp loads 256 contiguous bytes and stores 1 KB
-// contiguously (16-byte stores for fp16 / bf16 rows of a multiple of 8 values); 32-bit index math within a column.
-template <typename T>
+// takes 8 values (4 packed bytes, their block's scale) of its column, so a warp loads 128 contiguous bytes and stores
+// 512 contiguously (VEC: 4-byte loads and 16-byte stores, rows of a multiple of 8 values); 32-bit index math within a
+// column. ZP and VEC are template parameters, so the symmetric kernel's zero point is a constant. (The form before, 16
+// values a thread with both as run-time flags: a 7B layer's four projections and lm_head 3.5-4.5 % slower on an H100,
+// scripts/int4_dequant_probe.cu, benchmarks/results/h100-2026-11-27/int4/dequant-probe.txt.)
+template <typename T, bool ZP, bool VEC>
 __global__ void Int4Dequantize(const uint8_t* __restrict__ wq, const T* __restrict__ scales,
                                const uint8_t* __restrict__ zp, T* __restrict__ w, int K, int N, int nb, int lb,
-                               int row_bytes, int zb, bool vec) {
-  const int groups = (K + 15) / 16;
-  const int g = blockIdx.x * blockDim.x + threadIdx.x;
-  if (g >= groups) return;
-  const int k0 = g * 16;
+                               int row_bytes, int zb) {
+  const int words = (K + 7) / 8;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= words) return;
+  const int k0 = i * 8;
   for (int col = blockIdx.y; col < N; col += gridDim.y) {
-    const uint8_t* q = wq + int64_t(col) * row_bytes + g * 8;
-    uint2 words;
-    if (vec) {
-      words = __ldg(reinterpret_cast<const uint2*>(q));
-    } else {
-      words.x = uint32_t(q[0]) | uint32_t(q[1]) << 8 | uint32_t(q[2]) << 16 | uint32_t(q[3]) << 24;
-      words.y = uint32_t(q[4]) | uint32_t(q[5]) << 8 | uint32_t(q[6]) << 16 | uint32_t(q[7]) << 24;
-    }
+    const uint8_t* q = wq + int64_t(col) * row_bytes + i * 4;
+    const uint32_t word = VEC ? __ldg(reinterpret_cast<const uint32_t*>(q))
+                              : uint32_t(q[0]) | uint32_t(q[1]) << 8 | uint32_t(q[2]) << 16 | uint32_t(q[3]) << 24;
     const float sc = ock::to_f(scales[int64_t(col) * nb + (k0 >> lb)]);
-    const float bias = zp == nullptr ? ZBias(8) : ZBias(ZeroPoint(zp + int64_t(col) * zb, k0 >> lb));
-    T vals[16];
+    const float bias = ZP ? ZBias(ZeroPoint(zp + int64_t(col) * zb, k0 >> lb)) : ZBias(8);
+    T vals[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      vals[j] = ock::from_f<T>(Centred(words.x, j, bias) * sc);
-      vals[8 + j] = ock::from_f<T>(Centred(words.y, j, bias) * sc);
-    }
+    for (int j = 0; j < 8; ++j) vals[j] = ock::from_f<T>(Centred(word, j, bias) * sc);
     T* out = w + int64_t(col) * K + k0;
-    if (vec && sizeof(T) == 2 && k0 + 16 <= K && K % 8 == 0) {
-      reinterpret_cast<uint4*>(out)[0] = reinterpret_cast<const uint4*>(vals)[0];
-      reinterpret_cast<uint4*>(out)[1] = reinterpret_cast<const uint4*>(vals)[1];
+    if (VEC && k0 + 8 <= K) {
+#pragma unroll
+      for (int v = 0; v < int(sizeof(T)) / 2; ++v)
+        reinterpret_cast<uint4*>(out)[v] = reinterpret_cast<const uint4*>(vals)[v];
     } else {
 #pragma unroll
-      for (int j = 0; j < 16; ++j)
+      for (int j = 0; j < 8; ++j)
         if (k0 + j < K) out[j] = vals[j];
     }
   }
@@ -691,11 +687,15 @@ int Dequantize(int dtype, const uint8_t* wq, const void* scales, const uint8_t* 
                const Int4Weights& wt, cudaStream_t s) {
   return ock::ByDtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    const dim3 grid(unsigned((k + 15) / 16 + 255) / 256, unsigned(n < 65535 ? n : 65535));
-    Int4Dequantize<T><<<grid, 256, 0, s>>>(wq, static_cast<const T*>(scales), zp, static_cast<T*>(w), int(k), int(n),
-                                           int(wt.nb), wt.lb, int(wt.row_bytes), int(wt.zb),
-                                           (reinterpret_cast<uintptr_t>(wq) & 7u) == 0 && Aligned16(w));
-    return int(cudaGetLastError());
+    const dim3 grid(unsigned(((k + 7) / 8 + 255) / 256), unsigned(n < 65535 ? n : 65535));
+    const bool vec = (reinterpret_cast<uintptr_t>(wq) & 3u) == 0 && Aligned16(w) && k % 8 == 0;
+    auto launch = [&](auto kernel) {
+      kernel<<<grid, 256, 0, s>>>(wq, static_cast<const T*>(scales), zp, static_cast<T*>(w), int(k), int(n), int(wt.nb),
+                                  wt.lb, int(wt.row_bytes), int(wt.zb));
+      return int(cudaGetLastError());
+    };
+    if (zp != nullptr) return vec ? launch(Int4Dequantize<T, true, true>) : launch(Int4Dequantize<T, true, false>);
+    return vec ? launch(Int4Dequantize<T, false, true>) : launch(Int4Dequantize<T, false, false>);
   });
 }
 
