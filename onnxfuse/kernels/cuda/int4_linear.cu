@@ -526,13 +526,30 @@ __global__ void Int4Naive(const T* __restrict__ x, const uint8_t* __restrict__ w
   }
 }
 
-// Int4SwiGLU above the GEMV's rows: z [M, 2N] holds X @ [W_gate; W_up]^T; y [M, N] = act(z[:, :N]) * z[:, N:].
-template <typename T>
+// Int4SwiGLU above the GEMV's rows: z [M, 2N] holds X @ [W_gate; W_up]^T; y [M, N] = act(z[:, :N]) * z[:, N:]. Rows
+// by blockIdx.y, VEC values a thread (16-byte loads and stores where the rows allow), so no index is divided. (A thread
+// per value with the row and column divided out of a flat index ran at 1.1 TB/s on an H100: the 7B MLP's pass at
+// 2048 rows took 128 us; this one 48, at 2.8 TB/s. benchmarks/results/h100-2026-11-27/int4/int4-probe-halves.json.)
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Pack {
+  T v[VEC];
+};
+template <typename T, int VEC>
 __global__ void GateHalves(const T* __restrict__ z, T* __restrict__ y, int64_t M, int64_t N, int act) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < M * N; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = i / N, col = i - r * N;
-    const T* row = z + r * 2 * N;
-    y[i] = ock::from_f<T>(onnxfuse::GateActivation(act, ock::to_f(row[col])) * ock::to_f(row[N + col]));
+  using V = Pack<T, VEC>;
+  const int64_t nv = N / VEC;
+  for (int64_t r = blockIdx.y; r < M; r += gridDim.y) {
+    const V* gate = reinterpret_cast<const V*>(z + r * 2 * N);
+    const V* up = reinterpret_cast<const V*>(z + r * 2 * N + N);
+    V* out = reinterpret_cast<V*>(y + r * N);
+    for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < nv; c += int64_t(gridDim.x) * blockDim.x) {
+      V g = gate[c];
+      const V u = up[c];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e)
+        g.v[e] = ock::from_f<T>(onnxfuse::GateActivation(act, ock::to_f(g.v[e])) * ock::to_f(u.v[e]));
+      out[c] = g;
+    }
   }
 }
 
@@ -773,8 +790,14 @@ extern "C" int onnxfuse_cuda_int4_swiglu(int dtype, int act, const void* x, cons
   if (int err = ock::Gemm(g, w + w_bytes, ONNXFUSE_CUBLASLT_WORKSPACE_BYTES, s)) return err;
   return ock::ByDtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    GateHalves<T>
-        <<<unsigned(Blocks(m * n, 256)), 256, 0, s>>>(reinterpret_cast<const T*>(z), static_cast<T*>(y), m, n, act);
+    constexpr int kVec = 16 / sizeof(T);
+    const bool vec = n % kVec == 0 && Aligned16(z) && Aligned16(y);
+    const int64_t per_row = vec ? n / kVec : n;
+    const dim3 grid(unsigned(Blocks(per_row, 256)), unsigned(m < 65535 ? m : 65535));
+    if (vec)
+      GateHalves<T, kVec><<<grid, 256, 0, s>>>(reinterpret_cast<const T*>(z), static_cast<T*>(y), m, n, act);
+    else
+      GateHalves<T, 1><<<grid, 256, 0, s>>>(reinterpret_cast<const T*>(z), static_cast<T*>(y), m, n, act);
     return int(cudaGetLastError());
   });
 }
