@@ -15,14 +15,7 @@
 #include <cstring>
 #include <vector>
 
-__global__ void Fill(uint8_t* p, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    p[i] = uint8_t((i * 2654435761u + seed) >> 13);
-}
-__global__ void FillHalf(__half* p, int64_t n, float scale, uint32_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    p[i] = __float2half(scale * (float(((i * 2654435761u + seed) >> 9) & 1023) / 512.f - 1.f));
-}
+#include "int4_probe_fill.cuh"
 
 // fp16 half2 math (FasterTransformer's nibble trick), a thread per G 16-value groups (16-byte loads where G >= 2)
 template <int G>

@@ -18,14 +18,7 @@
 #include <cstdlib>
 #include <vector>
 
-__global__ void Fill(uint8_t* p, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    p[i] = uint8_t((i * 2654435761u + seed) >> 13);
-}
-__global__ void FillHalf(__half* p, int64_t n, float scale, uint32_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    p[i] = __float2half(scale * (float(((i * 2654435761u + seed) >> 9) & 1023) / 512.f - 1.f));
-}
+#include "int4_probe_fill.cuh"
 
 int main(int argc, char** argv) {
   const int64_t M = argc > 1 ? atoll(argv[1]) : 2048;
