@@ -17,10 +17,9 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-
-#include <cstdio>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -383,6 +382,7 @@ int MultiLoRAGemm(GemmArgs g, const void* a, const void* b, const void* scales, 
     return int(cudaGetLastError());
   });
 }
+
 bool PdlOn() {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> arch_of[kMaxDevices] = {};  // major compute capability + 1; 0: not asked yet

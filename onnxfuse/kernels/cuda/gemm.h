@@ -91,7 +91,6 @@ int ByDtype(int dtype, F&& f) {
   }
 }
 
-// Grid-stride elementwise launch over `count` elements: body(i) for each i.
 // Programmatic dependent launch (sm_90 and newer): a kernel started by LaunchDependent may begin while the kernel
 // before it on the stream still runs (its blocks take the SMs that kernel's last wave leaves free), so it can request
 // what that kernel does not write (constant weights) early; it must read nothing that kernel writes before PdlWait()
@@ -138,6 +137,7 @@ int LaunchDependent(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cu
   return int(cudaLaunchKernelEx(&cfg, kernel, static_cast<A&&>(args)...));
 }
 
+// Grid-stride elementwise launch over `count` elements: body(i) for each i.
 template <typename Body>
 __global__ void ElementwiseKernel(int64_t count, Body body) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
