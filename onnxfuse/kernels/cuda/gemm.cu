@@ -1,6 +1,7 @@
 // The CUDA backend's GEMM on cuBLASLt (cuda/gemm.h): loading libcublasLt, one handle per device and host thread,
 // one cached plan (descriptors + the heuristic's algorithm) per problem, and the K = 0 case. Also the launchers'
-// error strings (onnxfuse_cuda_error_string) and the switch for programmatic dependent launches (ONNXFUSE_PDL).
+// error strings (onnxfuse_cuda_error_string), the switch for programmatic dependent launches (ONNXFUSE_PDL) and the
+// current device's compute capability (onnxfuse_cuda_current_arch).
 //
 // Loading: dlopen of libcublasLt.so.13, .so.12, then .so, first among the libraries already in the process
 // (RTLD_NOLOAD: the one onnxruntime-gpu's CUDA EP linked), then by the loader's search path. Nothing links it, so
@@ -384,22 +385,30 @@ int MultiLoRAGemm(GemmArgs g, const void* a, const void* b, const void* scales, 
 }
 
 bool PdlOn() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> arch_of[kMaxDevices] = {};  // major compute capability + 1; 0: not asked yet
-  if (!onnxfuse_cuda_pdl_enabled()) return false;
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return false;
-  int known = arch_of[device].load(std::memory_order_relaxed);
-  if (known == 0) {
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
-    known = major + 1;
-    arch_of[device].store(known, std::memory_order_relaxed);
-  }
-  return known - 1 >= 9;
+  return onnxfuse_cuda_pdl_enabled() && onnxfuse_cuda_current_arch(&device) >= 90;
 }
 
 }  // namespace onnxfuse::cuda_kernels
+
+extern "C" int onnxfuse_cuda_current_arch(int* device_out) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> arch_of[kMaxDevices] = {};
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return -int(e);
+  if (device < 0 || device >= kMaxDevices) return -int(cudaErrorInvalidDevice);
+  *device_out = device;
+  int arch = arch_of[device].load(std::memory_order_relaxed);
+  if (arch == 0) {
+    int major = 0, minor = 0;
+    if ((e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) != cudaSuccess) return -int(e);
+    if ((e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device)) != cudaSuccess) return -int(e);
+    arch = major * 10 + minor;
+    arch_of[device].store(arch, std::memory_order_relaxed);
+  }
+  return arch;
+}
 
 extern "C" int onnxfuse_cuda_pdl_enabled(void) {
   static const bool enabled = [] {

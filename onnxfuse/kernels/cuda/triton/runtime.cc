@@ -56,25 +56,8 @@ int EnsureLoaded(const TritonSpec* spec, int index, int device) {
 
 }  // namespace
 
-// Compute capability of the current device (the CUDA EP makes its device current on the thread that runs us), as
-// major * 10 + minor, cached per device.
-int CurrentArch(int* device_out) {
-  static std::atomic<int> arch_of[kMaxDevices] = {};
-  int device = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  if (e != cudaSuccess) return -int(e);
-  if (device < 0 || device >= kMaxDevices) return -int(cudaErrorInvalidDevice);
-  *device_out = device;
-  int arch = arch_of[device].load(std::memory_order_relaxed);
-  if (arch == 0) {
-    int major = 0, minor = 0;
-    if ((e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) != cudaSuccess) return -int(e);
-    if ((e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device)) != cudaSuccess) return -int(e);
-    arch = major * 10 + minor;
-    arch_of[device].store(arch, std::memory_order_relaxed);
-  }
-  return arch;
-}
+// Compute capability of the current device, major * 10 + minor (cached per device in cuda/gemm.cu).
+int CurrentArch(int* device_out) { return onnxfuse_cuda_current_arch(device_out); }
 
 // Number of SMs of the current device (cached per device); 132 if the query fails (H100 SXM).
 int NumSMs(int device) {
