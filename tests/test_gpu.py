@@ -386,8 +386,8 @@ def test_multi_adapter_batch_under_cuda_graph(tmp_path, backend):
 @pytest.mark.parametrize("backend", ["cuda", "triton", "auto"])
 def test_int4_linear_matches_matmulnbits_on_the_cuda_ep(tmp_path, block, zp, backend):
     """genai's int4 projection (MatMulNBits, fp16, symmetric or with zero points) fused to Int4Linear: on the CUDA EP at
-    decode (1, 3 rows), the tensor-core rows (9, 16) and prefill (37, 300 rows) it equals onnxruntime's own MatMulNBits
-    and the PyTorch dequantize-then-matmul."""
+    decode (1 row: the GEMV; 3, 9, 16: the tensor-core kernel, one and two sets of 8 rows) and prefill (37, 300 rows) it
+    equals onnxruntime's own MatMulNBits and the PyTorch dequantize-then-matmul."""
     import onnx
     import torch
     from onnx import TensorProto, helper, numpy_helper
@@ -425,9 +425,9 @@ def test_int4_linear_matches_matmulnbits_on_the_cuda_ep(tmp_path, block, zp, bac
 @pytest.mark.parametrize("backend", ["cuda", "triton", "auto"])
 def test_int4_swiglu_matches_the_unfused_int4_mlp_on_the_cuda_ep(tmp_path, backend, zp):
     """genai's int4 gated MLP (gate and up MatMulNBits, SiLU as QuickGelu(alpha=1), the product; fp16; symmetric or
-    both with zero points) fused to one Int4SwiGLU: on the CUDA EP at decode (1, 2, 5 rows: the GEMV, Triton's small
-    tiles) and prefill (37, 300 rows: the dequantized GEMM) it equals onnxruntime's unfused model and the PyTorch
-    dequantize-then-matmul."""
+    both with zero points) fused to one Int4SwiGLU: on the CUDA EP at decode (1, 2 rows: the GEMV; 5, 16: the
+    tensor-core kernel; Triton's small tiles) and prefill (37, 300 rows: the dequantized GEMM) it equals onnxruntime's
+    unfused model and the PyTorch dequantize-then-matmul."""
     import onnx
     import torch
     from onnx import TensorProto, helper, numpy_helper

@@ -22,7 +22,8 @@ int onnxfuse_triton_int4_linear(int dtype, const void* x, const uint8_t* wq, con
 // Int4SwiGLU: Y [m, n] = act(X @ W_gate^T) * (X @ W_up^T), both W as Int4Linear's (zp_gate and zp_up both given or
 // both null), act an onnxfuse_gate_act code
 // (common/gate_act.h). Up to ONNXFUSE_INT4_GEMV_MAX_M rows: the GEMV with a warp per output column reading its gate
-// and up rows together, act(g) * u in its epilogue; more rows: both weights dequantized into scratch as [2n, k],
+// and up rows together (fp16 and bf16 from kMmaMinRows rows: Int4Mma with a column's gate and up rows in one A
+// operand), act(g) * u in its epilogue; more rows: both weights dequantized into scratch as [2n, k],
 // one cuBLASLt GEMM into [m, 2n] scratch, then one elementwise pass.
 int64_t onnxfuse_cuda_int4_swiglu_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n);
 int onnxfuse_cuda_int4_swiglu(int dtype, int act, const void* x, const uint8_t* wq_gate, const void* scales_gate,
@@ -349,28 +350,39 @@ __global__ void __launch_bounds__(kWarps * 32,
   }
 }
 
-// The tensor-core path from kMmaMinRows to 16 rows (fp16, bf16; fp32 stays on the GEMV): mma.sync m16n8k16 with X as
-// the A operand (rows g and g + 8 of a lane's quad; rows past M zero) and the dequantized weights as B. A warp takes
-// two n8 tiles (16 columns of Int4Linear, or 8 columns' gate and up rows for Int4SwiGLU) over a slice of K: the four
-// lanes of quad g load 16 different 16-value chunks of column g a step (8 packed bytes and the scale each), and for
-// each chunk a lane takes bytes t and t + 4 (k = 2t, 2t + 1 and 2t + 8, 2t + 9: its B fragment) from the lane that
-// loaded it. A block's kWarps warps split K, and their partial tiles are summed through shared memory. The GEMV's cost
-// grows with the rows (each row's products on CUDA cores, each row's X in registers); the mma's does not until 16.
-constexpr int kMmaMinRows = 5;  // below, the GEMV measured faster (7B layer: 108 against 158 us at 4 rows)
-constexpr int kMmaChunks = 4;   // 16-value chunks a lane loads per step (a quad's lanes: 16 different ones)
+// The tensor-core path from kMmaMinRows to 16 rows (fp16, bf16; fp32 stays on the GEMV): mma.sync m16n8k16 with the
+// dequantized weights as the A operand (its 16 rows: columns g and g + 8 of W for lane (g, t) = (lane / 4, lane % 4);
+// Int4SwiGLU: column g's gate and up rows) and X as B (its 8 columns: X's rows; 9-16 rows take a second mma on the same
+// A). K is permuted: the sum does not care in which order its terms come, so an mma's 16 "k" need not be 16
+// consecutive ones. A lane takes 16 packed bytes (32 consecutive values) of each of its two weight rows a step (the
+// quad: 64 contiguous bytes), and X's same 32 values of its row(s) in four 16-byte loads; a packed word's 8 nibbles
+// dequantize (FasterTransformer's trick) into the pairs (q_i, q_{i+4}), i = 0..3, pairs 0 and 1 one mma's A fragment
+// (its k = 2t, 2t + 1 and 2t + 8, 2t + 9 standing for nibbles 0, 4 and 1, 5), pairs 2 and 3 the next one's, and X's 8
+// values of the word are byte-permuted into the same pairs: no shuffles, every weight byte loaded once. The weights
+// stream through shared memory: each lane copies its own chunks kMmaStages - 1 steps ahead with cp.async and reads
+// them back itself (no registers held for them, no barrier); the scales a step ahead in registers. A block's warps
+// split K and sum their tiles through shared memory. (The kernel before it, X as A with 8 columns an mma and each
+// lane shuffling the bytes of its B fragment out of its quad's loads: a Llama-2-7B layer 159 against 73 us at 8 rows
+// on an H100, 98 (the GEMV) against 68 at 4; an intermediate with the weights double-buffered in registers instead of
+// shared memory: 92 at 8 rows. scripts/int4_decode_probe.cu, benchmarks/results/h100-2026-11-27/int4/decode-probe.txt.)
+constexpr int kMmaMinRows = 3;  // below, the GEMV measured faster (7B layer: 56 and 64 against 75 and 77 us)
+constexpr int kMmaStages = 2;   // 3 and 6 measured slower (the layer at 8 rows: 84.0, 88.8, 102.5 us)
 
 template <typename T>
 struct MmaOps;
 
 template <>
 struct MmaOps<__half> {
-  // A packed byte (q0 in the low nibble, q1 in the high) as the pair (q0 - z, q1 - z) times s: 0x6400 | q is the
-  // half 1024 + q.
-  __device__ static uint32_t Weights(uint32_t byte, __half s, int z) {
-    const uint32_t h = 0x64006400u | (byte & 0xFu) | ((byte & 0xF0u) << 12);
-    const __half2 w =
-        __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&h), __float2half2_rn(1024.f + float(z))), __half2half2(s));
-    return *reinterpret_cast<const uint32_t*>(&w);
+  // (q_i - z, q_{i+4} - z) * s for i = 0..3, each pair rounded once as the dequantized weights are
+  __device__ static void Dequant(uint32_t word, __half s, int z, uint32_t (&d)[4]) {
+    __half2 h[4];
+    CentredHalf2(word, h, z);
+    const __half2 s2 = __half2half2(s);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const __half2 v = __hmul2(h[j], s2);
+      d[j] = *reinterpret_cast<const uint32_t*>(&v);
+    }
   }
   __device__ static void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile(
@@ -383,13 +395,15 @@ struct MmaOps<__half> {
 
 template <>
 struct MmaOps<__nv_bfloat16> {
-  // 0x4300 | q is the bfloat16 128 + q (exact: the mantissa's unit at 128 is 1; so is 128 + z).
-  __device__ static uint32_t Weights(uint32_t byte, __nv_bfloat16 s, int z) {
-    const uint32_t h = 0x43004300u | (byte & 0xFu) | ((byte & 0xF0u) << 12);
-    const __nv_bfloat162 w =
-        __hmul2(__hsub2(*reinterpret_cast<const __nv_bfloat162*>(&h), __float2bfloat162_rn(128.f + float(z))),
-                __bfloat162bfloat162(s));
-    return *reinterpret_cast<const uint32_t*>(&w);
+  // 0x4300 | q is the bfloat16 128 + q, exact (a nibble must sit in bits 0-3: bits 4-7 would reach the exponent)
+  __device__ static void Dequant(uint32_t word, __nv_bfloat16 s, int z, uint32_t (&d)[4]) {
+    const __nv_bfloat162 bias = __float2bfloat162_rn(128.f + float(z)), s2 = __bfloat162bfloat162(s);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t h = ((word >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
+      const __nv_bfloat162 v = __hmul2(__hsub2(*reinterpret_cast<const __nv_bfloat162*>(&h), bias), s2);
+      d[j] = *reinterpret_cast<const uint32_t*>(&v);
+    }
   }
   __device__ static void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile(
@@ -400,103 +414,171 @@ struct MmaOps<__nv_bfloat16> {
   }
 };
 
-// X[row][k], X[row][k + 1] as one A-fragment register (zero past K; rows past M are never read).
+// X[row][k .. k + 8) (zeros past K) as the pairs (x_i, x_{i+4}), i = 0..3: the order Dequant gives the weights in.
 template <typename T>
-__device__ __forceinline__ uint32_t XPair(const T* __restrict__ row, int k, int K, bool xvec) {
-  if (xvec && k + 1 < K) return __ldg(reinterpret_cast<const uint32_t*>(row + k));
-  T pair[2] = {k < K ? row[k] : ock::from_f<T>(0.f), k + 1 < K ? row[k + 1] : ock::from_f<T>(0.f)};
-  return *reinterpret_cast<const uint32_t*>(pair);
+__device__ __forceinline__ void XPairs(const T* __restrict__ row, int k, int K, bool xvec, uint32_t (&p)[4]) {
+  uint4 u;
+  if (xvec && k + 8 <= K) {
+    u = __ldg(reinterpret_cast<const uint4*>(row + k));
+  } else {
+    T v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = k + j < K ? row[k + j] : ock::from_f<T>(0.f);
+    u = *reinterpret_cast<const uint4*>(v);
+  }
+  p[0] = __byte_perm(u.x, u.z, 0x5410);
+  p[1] = __byte_perm(u.x, u.z, 0x7632);
+  p[2] = __byte_perm(u.y, u.w, 0x5410);
+  p[3] = __byte_perm(u.y, u.w, 0x7632);
 }
 
-template <typename T, bool GATED, bool ZP>
-__global__ void __launch_bounds__(kWarps * 32)
-    Int4Mma(const T* __restrict__ x, const uint2* __restrict__ wq, const T* __restrict__ scales,
-            const uint2* __restrict__ wq_up, const T* __restrict__ scales_up, const uint8_t* __restrict__ zp,
+// cp.async: 16 (or 8) bytes from global into shared memory without passing through registers; pred false zero-fills.
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool pred) {
+  const unsigned s = unsigned(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void CpAsync8(void* dst, const void* src, bool pred) {
+  const unsigned s = unsigned(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(src), "r"(pred ? 8 : 0));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// wide: 16-byte copies (the packed rows 16-byte aligned), else two 8-byte ones.
+template <typename T, int WARPS, bool GATED, bool ZP, bool ROWS16>
+__global__ void __launch_bounds__(WARPS * 32)
+    Int4Mma(const T* __restrict__ x, const uint8_t* __restrict__ wq, const T* __restrict__ scales,
+            const uint8_t* __restrict__ wq_up, const T* __restrict__ scales_up, const uint8_t* __restrict__ zp,
             const uint8_t* __restrict__ zp_up, int zb, int act, T* __restrict__ y, int m, int K, int N, int nb, int lb,
-            int row_groups, bool xvec) {
-  __shared__ float partial[kWarps][2][4][32];  // [warp][tile][c fragment][lane]
+            int row_bytes, bool xvec, bool wide) {
+  constexpr int RS = ROWS16 ? 2 : 1;   // X's row sets of 8
+  extern __shared__ uint4 mma_smem[];  // per warp [kMmaStages][2][32] chunks, then its partial tiles [RS][4][32]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  uint4* buf = mma_smem + warp * kMmaStages * 64;
   const int n0 = blockIdx.x * (GATED ? 8 : 16);
-  const uint2* wrow[2];
+  const uint8_t* wrow[2];
   const T* srow[2];
   const uint8_t* zrow[2];
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
+  for (int j = 0; j < 2; ++j) {  // A rows g (j = 0) and g + 8 (j = 1)
     int col = GATED ? n0 + g : n0 + 8 * j + g;
     col = col < N ? col : N - 1;  // a column past N computes what is never stored
-    wrow[j] = (GATED && j == 1 ? wq_up : wq) + int64_t(col) * row_groups;
+    wrow[j] = (GATED && j == 1 ? wq_up : wq) + int64_t(col) * row_bytes;
     srow[j] = (GATED && j == 1 ? scales_up : scales) + int64_t(col) * nb;
     zrow[j] = ZP ? (GATED && j == 1 ? zp_up : zp) + int64_t(col) * zb : nullptr;
   }
-  const int chunks = (K + 15) / 16;  // 16-value chunks holding a k < K
-  const int per = (chunks + kWarps - 1) / kWarps;
-  const int c_begin = warp * per, c_end = min(chunks, c_begin + per);
-  const bool row0 = g < m, row1 = g + 8 < m;
+  const int steps = (row_bytes + 63) / 64;  // a step: 64 bytes (128 values) of a column, 16 a lane
+  const int per = (steps + WARPS - 1) / WARPS;
+  const int s_begin = warp * per, s_end = min(steps, s_begin + per);
+  auto issue = [&](int step) {  // this lane's chunks of `step` into its slot (zeros past the warp's steps or the row)
+    const int byte = (4 * step + t) * 16;
+    const bool lo = step < s_end && byte < row_bytes, hi = lo && byte + 8 < row_bytes;
+    uint4* slot = buf + (step % kMmaStages) * 64 + lane;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const uint8_t* src = lo ? wrow[j] + byte : wrow[j];
+      if (wide) {
+        CpAsync16(slot + 32 * j, src, lo);
+      } else {
+        CpAsync8(slot + 32 * j, src, lo);
+        CpAsync8(reinterpret_cast<uint2*>(slot + 32 * j) + 1, hi ? src + 8 : wrow[j], hi);
+      }
+    }
+    CpAsyncCommit();
+  };
+  // the scales (and zero points: bits 8 j + 4 h) of a chunk's two 16-value halves, one block from 32 values
+  auto scales_of = [&](int step, T(&s)[2][2], uint32_t& z) {
+    const int byte = (4 * step + t) * 16;
+    const bool lo = step < s_end && byte < row_bytes, hi = lo && byte + 8 < row_bytes;
+    z = 0u;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int b = (byte * 2) >> lb;
+      s[j][0] = lo ? srow[j][b] : ock::from_f<T>(0.f);
+      if constexpr (ZP) z |= uint32_t(lo ? ZeroPoint(zrow[j], b) : 8) << (8 * j);
+      if (lb >= 5) {
+        s[j][1] = s[j][0];
+        if constexpr (ZP) z |= ((z >> (8 * j)) & 15u) << (8 * j + 4);
+      } else {
+        s[j][1] = hi ? srow[j][b + 1] : ock::from_f<T>(0.f);
+        if constexpr (ZP) z |= uint32_t(hi ? ZeroPoint(zrow[j], b + 1) : 8) << (8 * j + 4);
+      }
+    }
+  };
+  // the first weights are requested before X may be read (a programmatic dependent: the weights are constants)
+#pragma unroll
+  for (int i = 0; i < kMmaStages - 1; ++i) issue(s_begin + i);
+  T s_next[2][2];
+  uint32_t z_next;
+  scales_of(s_begin, s_next, z_next);
+  ock::PdlWait();
+  ock::PdlTrigger();
+  const bool row0 = g < m, row1 = ROWS16 && g + 8 < m;
   const T* x0 = x + int64_t(row0 ? g : 0) * K;
   const T* x1 = x + int64_t(row1 ? g + 8 : 0) * K;
-  float acc[2][4] = {};
-  const int quad = lane & ~3;
-  ock::PdlWait();  // a programmatic dependent (LaunchMma): X may still be being written until here
-  ock::PdlTrigger();
-  for (int c = c_begin; c < c_end; c += 4 * kMmaChunks) {  // c_end is the warp's: every lane takes the same steps
-    // lane t of the quad loads chunks c + 4t .. c + 4t + 3 of its column (the quad's 16 chunks, no two lanes the same)
-    uint2 q[kMmaChunks][2];
-    T sc[kMmaChunks][2];
-    [[maybe_unused]] int zq[kMmaChunks][2];
+  float acc[RS][4] = {};
+  for (int step = s_begin; step < s_end; ++step) {  // s_end is the warp's: every lane takes the same steps
+    CpAsyncWait<kMmaStages - 2>();                  // this lane's copies of `step` have landed
+    const uint4* slot = buf + (step % kMmaStages) * 64 + lane;
+    const uint4 w0 = slot[0], w1 = slot[32];
+    T s[2][2];
+    const uint32_t z = z_next;
 #pragma unroll
-    for (int u = 0; u < kMmaChunks; ++u)
+    for (int j = 0; j < 2; ++j) s[j][0] = s_next[j][0], s[j][1] = s_next[j][1];
+    issue(step + kMmaStages - 1);  // into the slot this lane read a step before
+    if (step + 1 < s_end) scales_of(step + 1, s_next, z_next);
+    const int k0 = (4 * step + t) * 32;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // the chunk's word i: values k0 + 8 i .. + 7
+      uint32_t p0[4] = {0u, 0u, 0u, 0u}, p1[4] = {0u, 0u, 0u, 0u};
+      if (row0) XPairs(x0, k0 + 8 * i, K, xvec, p0);
+      if (ROWS16 && row1) XPairs(x1, k0 + 8 * i, K, xvec, p1);
+      uint32_t d[2][4];
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const int chunk = c + kMmaChunks * t + u;
-        const bool ok = chunk < c_end;
-        q[u][j] = ok ? __ldg(wrow[j] + chunk) : make_uint2(0u, 0u);
-        sc[u][j] = ok ? srow[j][(chunk * 16) >> lb] : ock::from_f<T>(0.f);
-        if constexpr (ZP) zq[u][j] = ok ? ZeroPoint(zrow[j], (chunk * 16) >> lb) : 8;
+        const uint4& w4 = j == 0 ? w0 : w1;
+        const uint32_t word = i == 0 ? w4.x : i == 1 ? w4.y : i == 2 ? w4.z : w4.w;
+        int zz = 8;
+        if constexpr (ZP) zz = int((z >> (8 * j + 4 * (i >> 1))) & 15u);
+        MmaOps<T>::Dequant(word, s[j][i >> 1], zz, d[j]);
       }
-#pragma unroll
-    for (int src = 0; src < 4; ++src)
-#pragma unroll
-      for (int u = 0; u < kMmaChunks; ++u) {
-        const int chunk = c + kMmaChunks * src + u;
-        if (chunk >= c_end) break;
-        const int k0 = chunk * 16 + 2 * t;
-        uint32_t a[4];
-        a[0] = row0 ? XPair(x0, k0, K, xvec) : 0u;
-        a[1] = row1 ? XPair(x1, k0, K, xvec) : 0u;
-        a[2] = row0 ? XPair(x0, k0 + 8, K, xvec) : 0u;
-        a[3] = row1 ? XPair(x1, k0 + 8, K, xvec) : 0u;
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          // the chunk's 8 bytes and scale from the quad's lane that loaded them; this lane keeps bytes t and t + 4
-          const uint32_t lo = __shfl_sync(0xffffffffu, q[u][j].x, quad | src);
-          const uint32_t hi = __shfl_sync(0xffffffffu, q[u][j].y, quad | src);
-          const T scale = __shfl_sync(0xffffffffu, sc[u][j], quad | src);
-          int zero = 8;
-          if constexpr (ZP) zero = __shfl_sync(0xffffffffu, zq[u][j], quad | src);
-          MmaOps<T>::Mma(acc[j], a, MmaOps<T>::Weights((lo >> (8 * t)) & 0xFFu, scale, zero),
-                         MmaOps<T>::Weights((hi >> (8 * t)) & 0xFFu, scale, zero));
-        }
+      MmaOps<T>::Mma(acc[0], {d[0][0], d[1][0], d[0][1], d[1][1]}, p0[0], p0[1]);
+      MmaOps<T>::Mma(acc[0], {d[0][2], d[1][2], d[0][3], d[1][3]}, p0[2], p0[3]);
+      if constexpr (ROWS16) {
+        MmaOps<T>::Mma(acc[RS - 1], {d[0][0], d[1][0], d[0][1], d[1][1]}, p1[0], p1[1]);
+        MmaOps<T>::Mma(acc[RS - 1], {d[0][2], d[1][2], d[0][3], d[1][3]}, p1[2], p1[3]);
       }
+    }
   }
+  CpAsyncWait<0>();  // the copies past the warp's steps (zero-fills) land before their slots are reused
+  // warp w's partial tiles in its own slots (another warp may still be reading its own)
+  auto partial = [&](int w, int r, int e) {
+    return reinterpret_cast<float*>(mma_smem + w * kMmaStages * 64) + (r * 4 + e) * 32;
+  };
 #pragma unroll
-  for (int j = 0; j < 2; ++j)
+  for (int r = 0; r < RS; ++r)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) partial[warp][j][e][lane] = acc[j][e];
+    for (int e = 0; e < 4; ++e) partial(warp, r, e)[lane] = acc[r][e];
   __syncthreads();
-  // One output value a thread: tile j (Int4Linear; Int4SwiGLU: the gate's and the up tile together), fragment e, lane l
-  // (row (l >> 2) + 8 (e >= 2), column 2 (l & 3) + (e & 1) of the tile).
-  const int j = GATED ? 0 : threadIdx.x >> 7, e = (threadIdx.x >> 5) & 3, l = lane;
-  if (GATED && threadIdx.x >= 128) return;
-  const int row = (l >> 2) + (e >= 2 ? 8 : 0), col = n0 + 8 * j + 2 * (l & 3) + (e & 1);
-  if (row >= m || col >= N) return;
-  float v = 0.f, u = 0.f;
+  // One output a thread: c fragment e of lane l is A row (l >> 2) + 8 (e >= 2), X row 2 (l & 3) + (e & 1) (+ 8 in row
+  // set 1); GATED: fragments e and e + 2 are one column's gate and up.
+  for (int o = threadIdx.x; o < RS * (GATED ? 64 : 128); o += WARPS * 32) {
+    const int r = GATED ? o >> 6 : o >> 7, e = GATED ? (o >> 5) & 1 : (o >> 5) & 3, l = o & 31;
+    const int row = 8 * r + 2 * (l & 3) + (e & 1), col = n0 + (l >> 2) + (!GATED && e >= 2 ? 8 : 0);
+    if (row >= m || col >= N) continue;
+    float v = 0.f, u = 0.f;
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    v += partial[w][j][e][l];
-    if (GATED) u += partial[w][1][e][l];
+    for (int w = 0; w < WARPS; ++w) {
+      v += partial(w, r, e)[l];
+      if (GATED) u += partial(w, r, e + 2)[l];
+    }
+    y[int64_t(row) * N + col] = ock::from_f<T>(GATED ? onnxfuse::GateActivation(act, v) * u : v);
   }
-  y[int64_t(row) * N + col] = ock::from_f<T>(GATED ? onnxfuse::GateActivation(act, v) * u : v);
 }
+static_assert(kMmaStages * 64 * sizeof(uint4) >= 2 * 4 * 32 * sizeof(float), "a warp's partial tiles fit its slots");
 
 // Packed weights not 8-byte aligned (a view into a larger buffer): one thread per output, byte loads (wq_up non-null:
 // Int4SwiGLU, act(gate) * up; zp non-null: zero points, zb bytes a column).
@@ -644,15 +726,27 @@ int LaunchGemv(const void* x, const Int4Weights& wt, int act, void* y, int64_t m
                               int(row_bytes / 8), xvec);
 }
 
+// WARPS: 16 a block where the grid is at most kMmaWideGrid blocks (a 7B model's o and down projections, 256 blocks:
+// 6.2 and 14.2 against 7.1 and 16.0 us with 8 at 8 rows), else 8 (qkv, gate and up, lm_head: 8 measured faster).
+constexpr unsigned kMmaWideGrid = 512;
+
 template <typename T, bool GATED, bool ZP>
-int LaunchMma(const void* x, const Int4Weights& wt, int act, void* y, int64_t m, int64_t k, int64_t n, cudaStream_t s) {
-  const bool xvec = Aligned16(x) && k % 2 == 0;  // 4-byte pairs of X from every row
+int LaunchMma(const void* x, const Int4Weights& wt, int act, void* y, int64_t m, int64_t k, int64_t n, cudaStream_t s,
+              int warps = 0) {  // 8 or 16 (scripts/int4_decode_probe.cu); 0: by the grid
+
+  const bool xvec = Aligned16(x) && k % 8 == 0;
+  const bool wide = Aligned16(wt.wq) && (!GATED || Aligned16(wt.wq_up)) && wt.row_bytes % 16 == 0;
   const unsigned blocks = unsigned((n + (GATED ? 8 : 16) - 1) / (GATED ? 8 : 16));
-  return ock::LaunchDependent(Int4Mma<T, GATED, ZP>, dim3(blocks), dim3(kWarps * 32), 0, s, static_cast<const T*>(x),
-                              reinterpret_cast<const uint2*>(wt.wq), static_cast<const T*>(wt.scales),
-                              reinterpret_cast<const uint2*>(wt.wq_up), static_cast<const T*>(wt.scales_up), wt.zp,
-                              wt.zp_up, int(wt.zb), act, static_cast<T*>(y), int(m), int(k), int(n), int(wt.nb), wt.lb,
-                              int(wt.row_bytes / 8), xvec);
+  auto launch = [&](auto kernel, int warps) {
+    const size_t smem = size_t(warps) * kMmaStages * 64 * sizeof(uint4);
+    return ock::LaunchDependent(kernel, dim3(blocks), dim3(warps * 32), smem, s, static_cast<const T*>(x), wt.wq,
+                                static_cast<const T*>(wt.scales), wt.wq_up, static_cast<const T*>(wt.scales_up), wt.zp,
+                                wt.zp_up, int(wt.zb), act, static_cast<T*>(y), int(m), int(k), int(n), int(wt.nb),
+                                wt.lb, int(wt.row_bytes), xvec, wide);
+  };
+  if (warps == 16 || (warps == 0 && blocks <= kMmaWideGrid))
+    return m > 8 ? launch(Int4Mma<T, 16, GATED, ZP, true>, 16) : launch(Int4Mma<T, 16, GATED, ZP, false>, 16);
+  return m > 8 ? launch(Int4Mma<T, 8, GATED, ZP, true>, 8) : launch(Int4Mma<T, 8, GATED, ZP, false>, 8);
 }
 
 // Up to ONNXFUSE_INT4_GEMV_MAX_M rows, both ops: the GEMV by rows, or the byte-loading kernel for packed weights that
@@ -682,20 +776,20 @@ int GemvPath(int dtype, int act, const void* x, const Int4Weights& wt, void* y, 
       return zp ? LaunchGemv<T, MR, false, true>(x, wt, act, y, m, k, n, s)
                 : LaunchGemv<T, MR, false, false>(x, wt, act, y, m, k, n, s);
     };
+    static_assert(kMmaMinRows == 3, "the GEMV serves fp16 and bf16 at 1 and 2 rows");
     if (m == 1) return launch(std::integral_constant<int, 1>{});
     if (m == 2) return launch(std::integral_constant<int, 2>{});
     if constexpr (!std::is_same_v<T, float>) {
-      if (m >= kMmaMinRows) {
-        if (gated)
-          return zp ? LaunchMma<T, true, true>(x, wt, act, y, m, k, n, s)
-                    : LaunchMma<T, true, false>(x, wt, act, y, m, k, n, s);
-        return zp ? LaunchMma<T, false, true>(x, wt, act, y, m, k, n, s)
-                  : LaunchMma<T, false, false>(x, wt, act, y, m, k, n, s);
-      }
+      if (gated)
+        return zp ? LaunchMma<T, true, true>(x, wt, act, y, m, k, n, s)
+                  : LaunchMma<T, true, false>(x, wt, act, y, m, k, n, s);
+      return zp ? LaunchMma<T, false, true>(x, wt, act, y, m, k, n, s)
+                : LaunchMma<T, false, false>(x, wt, act, y, m, k, n, s);
+    } else {
+      if (m <= 4) return launch(std::integral_constant<int, 4>{});
+      if (m <= 8) return launch(std::integral_constant<int, 8>{});
+      return launch(std::integral_constant<int, 16>{});
     }
-    if (m <= 4) return launch(std::integral_constant<int, 4>{});
-    if (m <= 8) return launch(std::integral_constant<int, 8>{});
-    return launch(std::integral_constant<int, 16>{});
   });
 }
 

@@ -145,26 +145,24 @@ EMBEDDING_AUTO_TRITON = 1
 #   llama-mlp / geglu-mlp / phi3-mlp, 2048 tokens     881 / 900, 860 / 922, 901 / 887 (with the down GEMM)
 #   seed Llama layer, 2048 tokens (K 1024)            393 / 379 -> stays on Triton
 # Int4Linear (H100, fp16, a Llama-2-7B layer's five int4 projections, block 32, GPU kernel time per run in us;
-# scripts/int4_probe.py, benchmarks/results/h100-2026-11-26/int4/): the CUDA backend (its GEMV to 4 rows, its
-# tensor-core kernel from 5 to 16, its dequantized cuBLASLt GEMM above) to 12 rows and above 16, the Triton kernel
-# (dequantizing into the dot's tile) from 13 to 16:
-#   rows                  1      2      4      6      8     12     16     32    128   2048
-#   CUDA                 58     70    109    163    165    189    204    363    366   1277
-#   Triton              233    223    214    203    196    191    190    493    557   2983
-#   onnxruntime          65    131     90    151    176    330    352    346    352   1262
+# scripts/int4_probe.py, benchmarks/results/h100-2026-11-27/int4/int4-probe-mma.json): the CUDA backend (its GEMV to 2
+# rows, its tensor-core kernel from 3 to 16, its dequantized cuBLASLt GEMM above) at every row count measured:
+#   rows                  1      2      3      4      6      8     12     16     32
+#   CUDA                 58     82     93     98    101    107    137    147    353
+#   Triton              241    231    225    219    205    198    192    191    495
+#   onnxruntime          64    134     86     90    152    174    329    351    344
 # Int4SwiGLU the same way (the layer's MLP as genai writes it, gate/up/act/product/down, fused to Int4SwiGLU and
 # Int4Linear, both on the backend named; the same run):
-#   CUDA                 37     42     70    104    104    124    136    245    258    988
-#   Triton              132    129    125    122    121    119    119    328    372   2134
-#   onnxruntime          47     83     64    101    112    206    223    237    249    959
-# (lm_head, 4096 -> 49152, differs: Triton 137 against the tensor-core kernel's 156 at 12 rows, and 171 against
-# cuBLAS's 340 at 32, but one (kernel, rows, K) rule serves both shapes.)
+#   CUDA                 37     43     45     45     46     48     77     88    238
+#   Triton              134    130    128    126    123    121    120    120    330
+#   onnxruntime          47     84     61     64    101    113    207    223    238
+# (lm_head, 4096 -> 49152, differs at 32 rows: Triton 171 against cuBLAS's 332 on the dequantized weights, but one
+# (kernel, rows, K) rule serves both shapes; up to 16 rows CUDA is faster there too, 100 against 138 at 16.)
 # LoRASwiGLU (H100, fp16, the lora-mlp case: h4096/i11008, rank 16 on gate/up/down; ms with CUDA graphs,
 # benchmarks/results/h100-2026-11-27/lora/bench-lora-2048.json and bench-lora-small.json): Triton (cuBLASLt's base GEMMs
 # and lora_gate at 2048, SwiGLU's loop and both rank-r dots at 16) 0.907 at 2048 tokens against the CUDA backend's five
 # cuBLASLt GEMMs and pass 1.026, and 0.128 against 0.162 at 16: no CUDA rule, auto runs Triton.
 AUTO_CUDA = (("mlp_stack", STACK_GRID_MAX_M + 1, STACK_ROWS_MIN_SM_MULT * 128 - 1, 0),
              ("swiglu", 2048, 1 << 40, 2048),
-             ("int4_linear", 0, 12, 0), ("int4_linear", 17, 1 << 40, 0),
-             ("int4_swiglu", 0, 12, 0), ("int4_swiglu", 17, 1 << 40, 0))
+             ("int4_linear", 0, 1 << 40, 0), ("int4_swiglu", 0, 1 << 40, 0))
 

@@ -1,0 +1,337 @@
+// Issue 28, int4 decode at 1-16 rows: the CUDA backend's kernels below the dequantization path (cuda/int4_linear.cu
+// GemvPath: the library's choice by rows; the GEMV and the tensor-core kernel Int4Mma with 8 and 16 warps a block, each
+// at every row count), on a Llama-2-7B layer as genai's int4 model runs it (qkv, o and down Int4Linear, gate and up one
+// Int4SwiGLU; block 32, fp16, symmetric) and on lm_head (4096 -> 49152). cudaEvent time per layer (median of 7 rounds
+// of 20, the variants round-robin in each round), against the limit (the packed weights' and scales' bytes at the read
+// rate measured in the same run), and each variant's largest error against Int4Naive (fp32 sums) over the whole output;
+// then each projection alone at 1, 4, 8 and 16 rows. Then the tensor-core kernel's numerics on the forms the layer does
+// not reach: bf16, zero points, blocks of 16 (two scales a lane's chunk) with an odd number of blocks (8-byte copies),
+// blocks of 256, K not a multiple of 8 (X loaded by elements), 9-16 rows. The kernel it replaced (X as the A operand, B
+// fragments shuffled out of a quad's loads) and the forms tried on the way are in
+// benchmarks/results/h100-2026-11-27/int4/decode-probe.txt. A program, not the CLI: it times kernels of the CUDA
+// backend without onnxruntime. Build (from the repository root) and run on the GPU machine:
+//   python -m onnxfuse.kernels.ops_header > /tmp/onnxfuse_ops.h
+//   nvcc -std=c++17 -O3 -gencode=arch=compute_90,code=sm_90 -I onnxfuse/kernels -I onnxfuse/kernels/cuda -I /tmp \
+//        scripts/int4_decode_probe.cu onnxfuse/kernels/cuda/gemm.cu -o /tmp/int4_decode_probe -ldl
+//   LD_LIBRARY_PATH=<libcublasLt's folder> /tmp/int4_decode_probe
+#include "cuda/int4_linear.cu"
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "int4_probe_fill.cuh"
+
+template <typename T>
+__global__ void FillT(T* p, int64_t n, float scale, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = ock::from_f<T>(scale * (float(((i * 2654435761u + seed) >> 9) & 1023) / 512.f - 1.f));
+}
+
+__global__ void ReadAll(const uint4* __restrict__ p, int64_t n, uint32_t* out) {
+  uint32_t a = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldg(p + i);
+    a ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (a == 0x12345678u) *out = a;
+}
+
+// One projection's weights (gate and up: two), filled.
+template <typename T>
+struct Proj {
+  int K, N, block;
+  bool gated, zp;
+  uint8_t *wq[2] = {}, *z[2] = {};
+  T* s[2] = {};
+  Int4Weights wt;
+  Proj(int K_, int N_, bool gated_, int block_ = 32, bool zp_ = false, uint32_t seed = 1)
+      : K(K_), N(N_), block(block_), gated(gated_), zp(zp_) {
+    Int4Weights g = Geometry(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, K, block);
+    for (int i = 0; i < (gated ? 2 : 1); ++i) {
+      cudaMalloc(&wq[i], int64_t(N) * g.row_bytes);
+      cudaMalloc(&s[i], int64_t(N) * g.nb * sizeof(T));
+      Fill<<<1024, 256>>>(wq[i], int64_t(N) * g.row_bytes, seed + 7 * i);
+      FillT<T><<<1024, 256>>>(s[i], int64_t(N) * g.nb, 0.02f, seed + 7 * i + 1);
+      if (zp) {
+        cudaMalloc(&z[i], int64_t(N) * g.zb);
+        Fill<<<1024, 256>>>(z[i], int64_t(N) * g.zb, seed + 7 * i + 2);
+      }
+    }
+    wt = Geometry(wq[0], s[0], z[0], wq[1], s[1], z[1], K, block);
+  }
+  double bytes() const {
+    return (gated ? 2.0 : 1.0) *
+           (double(N) * wt.row_bytes + double(N) * wt.nb * sizeof(T) + (zp ? double(N) * wt.zb : 0));
+  }
+};
+
+using Fn =
+    std::function<int(const void* x, const Int4Weights& wt, void* y, int64_t m, int64_t k, int64_t n, cudaStream_t s)>;
+
+template <typename T, int WARPS>
+Fn Mma() {  // the tensor-core kernel at every row count, WARPS warps a block
+  return [](const void* x, const Int4Weights& wt, void* y, int64_t m, int64_t k, int64_t n, cudaStream_t s) {
+    const bool gated = wt.wq_up != nullptr, zp = wt.zp != nullptr;
+    if (gated)
+      return zp ? LaunchMma<T, true, true>(x, wt, 0, y, m, k, n, s, WARPS)
+                : LaunchMma<T, true, false>(x, wt, 0, y, m, k, n, s, WARPS);
+    return zp ? LaunchMma<T, false, true>(x, wt, 0, y, m, k, n, s, WARPS)
+              : LaunchMma<T, false, false>(x, wt, 0, y, m, k, n, s, WARPS);
+  };
+}
+
+template <typename T>
+Fn Gemv() {  // the GEMV at every row count
+  return [](const void* x, const Int4Weights& wt, void* y, int64_t m, int64_t k, int64_t n, cudaStream_t s) {
+    const bool gated = wt.wq_up != nullptr, zp = wt.zp != nullptr;
+    auto launch = [&](auto rows) {
+      constexpr int MR = decltype(rows)::value;
+      if (gated)
+        return zp ? LaunchGemv<T, MR, true, true>(x, wt, 0, y, m, k, n, s)
+                  : LaunchGemv<T, MR, true, false>(x, wt, 0, y, m, k, n, s);
+      return zp ? LaunchGemv<T, MR, false, true>(x, wt, 0, y, m, k, n, s)
+                : LaunchGemv<T, MR, false, false>(x, wt, 0, y, m, k, n, s);
+    };
+    if (m == 1) return launch(std::integral_constant<int, 1>{});
+    if (m == 2) return launch(std::integral_constant<int, 2>{});
+    if (m <= 4) return launch(std::integral_constant<int, 4>{});
+    if (m <= 8) return launch(std::integral_constant<int, 8>{});
+    return launch(std::integral_constant<int, 16>{});
+  };
+}
+
+template <typename T>
+Fn Current() {
+  return [](const void* x, const Int4Weights& wt, void* y, int64_t m, int64_t k, int64_t n, cudaStream_t s) {
+    return GemvPath(std::is_same_v<T, __half> ? ONNXFUSE_FP16 : ONNXFUSE_BF16, 0, x, wt, y, m, k, n, s);
+  };
+}
+
+template <typename T>
+int Naive(const void* x, const Int4Weights& wt, void* y, int64_t m, int64_t k, int64_t n, cudaStream_t s) {
+  Int4Naive<T><<<unsigned(Blocks(m * n, 256)), 256, 0, s>>>(
+      static_cast<const T*>(x), wt.wq, static_cast<const T*>(wt.scales), wt.wq_up, static_cast<const T*>(wt.scales_up),
+      wt.zp, wt.zp_up, wt.zb, 0, static_cast<T*>(y), m, k, n, wt.nb, wt.lb, wt.row_bytes);
+  return int(cudaGetLastError());
+}
+
+// the largest |a - ref| over the largest |ref| (NaN: a NaN where ref has none, or the other way)
+template <typename T>
+double RelErr(const T* a, const T* ref, int64_t n) {
+  std::vector<T> ha(n), hr(n);
+  cudaMemcpy(ha.data(), a, n * sizeof(T), cudaMemcpyDeviceToHost);
+  cudaMemcpy(hr.data(), ref, n * sizeof(T), cudaMemcpyDeviceToHost);
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double r = double(float(hr[i])), v = double(float(ha[i]));
+    if (std::isnan(r) != std::isnan(v)) return NAN;
+    num = std::max(num, std::fabs(v - r));
+    den = std::max(den, std::fabs(r));
+  }
+  return num / (den > 0 ? den : 1);
+}
+
+template <typename T>
+double CheckOne(const char* what, Fn fn, Proj<T>& p, int m, T* x, T* y, T* ref, cudaStream_t s) {
+  cudaMemsetAsync(y, 0xFF, size_t(m) * p.N * sizeof(T), s);  // NaN-filled: an output never written shows
+  Naive<T>(x, p.wt, ref, m, p.K, p.N, s);
+  const int rc = fn(x, p.wt, y, m, p.K, p.N, s);
+  cudaStreamSynchronize(s);
+  const double e = rc ? NAN : RelErr(y, ref, int64_t(m) * p.N);
+  if (what) printf("  %-44s rows %2d K %5d N %5d block %3d: rc %d, rel err %.2e\n", what, m, p.K, p.N, p.block, rc, e);
+  return e;
+}
+
+int main(int argc, char** argv) {
+  cudaStream_t s;
+  cudaStreamCreate(&s);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  cudaDeviceProp prop;
+  cudaGetDeviceProperties(&prop, 0);
+  printf("device %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  // the read rate: one pass over 2 GiB, 16-byte loads
+  double first_tbs = 0;
+  {
+    const int64_t n = (int64_t(2) << 30) / 16;
+    uint4* buf;
+    uint32_t* out;
+    cudaMalloc(&buf, n * 16);
+    cudaMalloc(&out, 4);
+    cudaMemset(buf, 1, n * 16);
+    std::vector<float> t;
+    for (int r = 0; r < 7; ++r) {
+      cudaEventRecord(e0, s);
+      ReadAll<<<prop.multiProcessorCount * 8, 512, 0, s>>>(buf, n, out);
+      cudaEventRecord(e1, s);
+      cudaEventSynchronize(e1);
+      float ms;
+      cudaEventElapsedTime(&ms, e0, e1);
+      t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    first_tbs = n * 16 / (t[3] * 1e-3) / 1e12;
+    printf("read rate %.3f TB/s (2 GiB, median of 7)\n", first_tbs);
+    cudaFree(buf);
+    cudaFree(out);
+  }
+  using T = __half;
+  const double read_tbs = [&] {  // again, kept for the limit (the larger of the two is used)
+    const int64_t n = (int64_t(2) << 30) / 16;
+    uint4* buf;
+    uint32_t* out;
+    cudaMalloc(&buf, n * 16);
+    cudaMalloc(&out, 4);
+    cudaMemset(buf, 1, n * 16);
+    std::vector<float> t;
+    for (int r = 0; r < 7; ++r) {
+      cudaEventRecord(e0, s);
+      ReadAll<<<prop.multiProcessorCount * 8, 512, 0, s>>>(buf, n, out);
+      cudaEventRecord(e1, s);
+      cudaEventSynchronize(e1);
+      float ms;
+      cudaEventElapsedTime(&ms, e0, e1);
+      t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    cudaFree(buf);
+    cudaFree(out);
+    return std::max(first_tbs, n * 16 / (t[3] * 1e-3) / 1e12);
+  }();
+  Proj<T> qkv(4096, 12288, false, 32, false, 11), o(4096, 4096, false, 32, false, 21),
+      gu(4096, 11008, true, 32, false, 31), down(11008, 4096, false, 32, false, 41),
+      lm(4096, 49152, false, 32, false, 51);
+  std::vector<Proj<T>*> layer = {&qkv, &o, &gu, &down};
+  T *x, *y, *ref;
+  cudaMalloc(&x, 16 * 11008 * sizeof(T));
+  cudaMalloc(&y, 16 * 49152 * sizeof(T));
+  cudaMalloc(&ref, 16 * 49152 * sizeof(T));
+  FillT<T><<<256, 256>>>(x, 16 * 11008, 1.f, 5);
+  struct V {
+    std::string name;
+    Fn fn;
+  };
+  std::vector<V> vs = {{"library (GEMV; mma from 3 rows)", Current<T>()},
+                       {"GEMV", Gemv<T>()},
+                       {"mma warps 8", Mma<T, 8>()},
+                       {"mma warps 16", Mma<T, 16>()}};
+  if (argc > 3 && std::string(argv[1]) == "ncu") {  // ncu: variant argv[2] at argv[3] rows, the layer twice
+    const int v = atoi(argv[2]), m = atoi(argv[3]);
+    for (int i = 0; i < 2; ++i)
+      for (auto* p : layer) vs[v].fn(x, p->wt, y, m, p->K, p->N, s);
+    cudaStreamSynchronize(s);
+    printf("ncu run: %s, %d rows\n", vs[v].name.c_str(), m);
+    return 0;
+  }
+  double layer_bytes = 0;
+  for (auto* p : layer) layer_bytes += p->bytes();
+  printf("layer: %.1f MB, limit %.1f us; lm_head %.1f MB, limit %.1f us (at %.3f TB/s)\n", layer_bytes / 1e6,
+         layer_bytes / read_tbs / 1e6, lm.bytes() / 1e6, lm.bytes() / read_tbs / 1e6, read_tbs);
+  const int rows[] = {1, 2, 3, 4, 5, 6, 8, 12, 16};
+  for (const char* what : {"layer", "lm_head"}) {
+    const bool is_layer = std::string(what) == "layer";
+    std::vector<Proj<T>*> ps = is_layer ? layer : std::vector<Proj<T>*>{&lm};
+    const double limit = (is_layer ? layer_bytes : lm.bytes()) / read_tbs / 1e6;
+    printf("\n%s, us per call (median of 7 rounds of 20), %% of the limit, largest rel err against fp32 sums:\n", what);
+    printf("%-34s", "rows");
+    for (int m : rows) printf(" %16d", m);
+    printf("\n");
+    std::vector<std::vector<float>> res(vs.size(), std::vector<float>(9));
+    std::vector<std::vector<double>> err(vs.size(), std::vector<double>(9));
+    for (int ri = 0; ri < 9; ++ri) {
+      const int m = rows[ri];
+      for (size_t v = 0; v < vs.size(); ++v) {
+        double e = 0;
+        for (auto* p : ps) e = std::max(e, CheckOne<T>(nullptr, vs[v].fn, *p, m, x, y, ref, s));
+        err[v][ri] = e;
+      }
+      std::vector<std::vector<float>> t(vs.size());
+      auto run = [&](size_t v) {
+        for (auto* p : ps) vs[v].fn(x, p->wt, y, m, p->K, p->N, s);
+      };
+      for (size_t v = 0; v < vs.size(); ++v)
+        for (int i = 0; i < 3; ++i) run(v);
+      for (int r = 0; r < 7; ++r)
+        for (size_t v = 0; v < vs.size(); ++v) {
+          cudaEventRecord(e0, s);
+          for (int i = 0; i < 20; ++i) run(v);
+          cudaEventRecord(e1, s);
+          cudaEventSynchronize(e1);
+          float ms;
+          cudaEventElapsedTime(&ms, e0, e1);
+          t[v].push_back(ms * 1000.f / 20.f);
+        }
+      for (size_t v = 0; v < vs.size(); ++v) {
+        std::sort(t[v].begin(), t[v].end());
+        res[v][ri] = t[v][3];
+      }
+    }
+    for (size_t v = 0; v < vs.size(); ++v) {
+      printf("%-34s", vs[v].name.c_str());
+      for (int ri = 0; ri < 9; ++ri) printf(" %6.1f (%3.0f%%) %s", res[v][ri], 100 * limit / res[v][ri], "");
+      printf("\n%-34s", "  rel err");
+      for (int ri = 0; ri < 9; ++ri) printf(" %16.1e", err[v][ri]);
+      printf("\n");
+    }
+  }
+  printf("\nper projection, us (median of 7 rounds of 20):\n");
+  const char* pname[] = {"qkv", "o", "gate+up", "down", "lm_head"};
+  std::vector<Proj<T>*> all = {&qkv, &o, &gu, &down, &lm};
+  for (int m : {1, 4, 8, 16}) {
+    for (size_t v = 0; v < vs.size(); ++v) {
+      printf("  rows %2d %-34s", m, vs[v].name.c_str());
+      for (size_t pi = 0; pi < all.size(); ++pi) {
+        Proj<T>& p = *all[pi];
+        for (int i = 0; i < 3; ++i) vs[v].fn(x, p.wt, y, m, p.K, p.N, s);
+        std::vector<float> t;
+        for (int r = 0; r < 7; ++r) {
+          cudaEventRecord(e0, s);
+          for (int i = 0; i < 20; ++i) vs[v].fn(x, p.wt, y, m, p.K, p.N, s);
+          cudaEventRecord(e1, s);
+          cudaEventSynchronize(e1);
+          float ms;
+          cudaEventElapsedTime(&ms, e0, e1);
+          t.push_back(ms * 1000.f / 20.f);
+        }
+        std::sort(t.begin(), t.end());
+        printf(" %s %6.1f (%3.0f%%)", pname[pi], t[3], 100 * p.bytes() / read_tbs / 1e6 / t[3]);
+      }
+      printf("\n");
+    }
+  }
+  printf(
+      "\nthe tensor-core kernel's numerics on the other forms (the library's dispatch from 3 rows; 8 and 16 warps):\n");
+  {
+    Proj<T> zp(4096, 1000, false, 64, true, 61), zpg(4096, 1000, true, 128, true, 62),
+        b16(4112, 520, false, 16, false, 63), k8(4100, 777, true, 32, false, 64),
+        b256(4096, 300, false, 256, false, 65), b16z(4112, 8200, true, 16, true, 66);
+    for (int m : {3, 8, 9, 16}) {
+      CheckOne<T>("fp16 zero points, block 64", Mma<T, 8>(), zp, m, x, y, ref, s);
+      CheckOne<T>("fp16 gated, zero points, block 128", Mma<T, 16>(), zpg, m, x, y, ref, s);
+      CheckOne<T>("fp16 block 16, 257 blocks (8-byte copies)", Mma<T, 8>(), b16, m, x, y, ref, s);
+      CheckOne<T>("fp16 gated, zero points, block 16", Current<T>(), b16z, m, x, y, ref, s);
+      CheckOne<T>("fp16 gated, K % 8 != 0 (X by elements)", Mma<T, 16>(), k8, m, x, y, ref, s);
+      CheckOne<T>("fp16 block 256", Current<T>(), b256, m, x, y, ref, s);
+    }
+    using B = __nv_bfloat16;
+    B *xb, *yb, *rb;
+    cudaMalloc(&xb, 16 * 11008 * sizeof(B));
+    cudaMalloc(&yb, 16 * 49152 * sizeof(B));
+    cudaMalloc(&rb, 16 * 49152 * sizeof(B));
+    FillT<B><<<256, 256>>>(xb, 16 * 11008, 1.f, 6);
+    Proj<B> bl(4096, 4096, false, 32, false, 71), bg(11008, 1000, true, 32, true, 72),
+        bk(4100, 333, false, 16, false, 73);
+    for (int m : {3, 8, 13, 16}) {
+      CheckOne<B>("bf16", Current<B>(), bl, m, xb, yb, rb, s);
+      CheckOne<B>("bf16 gated, zero points", Mma<B, 8>(), bg, m, xb, yb, rb, s);
+      CheckOne<B>("bf16 K % 8 != 0, block 16", Mma<B, 16>(), bk, m, xb, yb, rb, s);
+      CheckOne<B>("bf16, the GEMV", Gemv<B>(), bl, m, xb, yb, rb, s);
+    }
+  }
+  printf("done: %s\n", cudaGetErrorString(cudaDeviceSynchronize()));
+  return 0;
+}
