@@ -9,11 +9,13 @@ same file, run with each backend. Each variant's time is the sum of its GPU kern
 runs), so onnxruntime's host overhead is out of the comparison; the limit is the packed weights' and scales' bytes at
 the same run's read rate.
 
-    python scripts/int4_probe.py OUT_DIR [--rows 1,2,4,8,16,32,128,2048] [--zero-points]
+    python scripts/int4_probe.py OUT_DIR [--rows 1,2,4,8,16,32,128,2048] [--zero-points] [--models layer,lm_head,mlp]
+        [--vocab 49152,32000]
 
 --zero-points quantizes every projection asymmetrically (MatMulNBits' packed uint8 zero points, as the builder writes
 with int4_is_symmetric=false and AWQ/GPTQ checkpoints give) and writes int4-probe-zp.json; the limit then counts the
-zero points' bytes too.
+zero points' bytes too. --models picks the models; --vocab gives lm_head's output widths (one lm_head model each,
+labelled lm_head-N past the first; the JSON is int4-probe-<models>.json when --models or --vocab is given).
 """
 from __future__ import annotations
 
@@ -120,7 +122,15 @@ def main(argv=None) -> int:
     ap.add_argument("out", type=pathlib.Path)
     ap.add_argument("--rows", default="1,2,4,8,16,32,128,2048")
     ap.add_argument("--zero-points", action="store_true", help="asymmetric weights with MatMulNBits' zero points")
+    ap.add_argument("--models", default="layer,lm_head,mlp", help="of layer, lm_head, mlp")
+    ap.add_argument("--vocab", default="49152", help="lm_head's output widths")
     args = ap.parse_args(argv)
+    models = args.models.split(",")
+    if not set(models) <= {"layer", "lm_head", "mlp"}:
+        ap.error(f"--models: {args.models}: use layer, lm_head, mlp")
+    vocab = [int(v) for v in args.vocab.split(",")]
+    heads = [("lm_head" if i == 0 else f"lm_head-{n}", {"lm_head": (LM_HEAD["lm_head"][0], n)})
+             for i, n in enumerate(vocab)]
     import onnx
     import onnxruntime as ort
 
@@ -130,7 +140,9 @@ def main(argv=None) -> int:
     print(f"read rate {rate / 1e12:.3f} TB/s", flush=True)
     result = {"read_tbs": rate / 1e12, "block": BLOCK, "dtype": "float16", "ort": ort.__version__,
               "zero_points": args.zero_points, "rows": {}}
-    for label, projections in (("layer", LAYER), ("lm_head", LM_HEAD), ("mlp", MLP)):
+    todo = ([("layer", LAYER)] if "layer" in models else []) + (heads if "lm_head" in models else []) + (
+        [("mlp", MLP)] if "mlp" in models else [])
+    for label, projections in todo:
         src = args.out / f"int4-{label}.onnx"
         gated = label == "mlp"
         nbytes = nbits_model(src, projections, gated=gated, zero_points=args.zero_points)
@@ -158,8 +170,10 @@ def main(argv=None) -> int:
             line = "  ".join(f"{n} {row[n]['us']:.1f}us ({row[n]['pct_limit']:.0f}%)" for n in sessions)
             print(f"{label} M={m}: limit {row['limit_us']:.1f}us  {line}", flush=True)
             result["rows"][f"{label}/{m}"] = row
-    (args.out / ("int4-probe-zp.json" if args.zero_points else "int4-probe.json")).write_text(
-        json.dumps(result, indent=1) + "\n")
+    name = "int4-probe-zp" if args.zero_points else "int4-probe"
+    if args.models != "layer,lm_head,mlp" or args.vocab != "49152":
+        name += "-" + "-".join(models) + ("-" + "-".join(map(str, vocab)) if "lm_head" in models else "")
+    (args.out / (name + ".json")).write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
 

@@ -421,6 +421,43 @@ def test_int4_linear_matches_matmulnbits_on_the_cuda_ep(tmp_path, block, zp, bac
         assert np.abs(got - ort_y).max() <= 8e-3 * scale, (m, np.abs(got - ort_y).max())
 
 
+def test_int4_linear_auto_picks_its_kernel_by_rows_and_width(tmp_path):
+    """backend=auto on an Int4Linear (triton/table.py AUTO_CUDA): the tensor-core kernel at 8 rows, Triton's GEMM at 32
+    rows where N is 16384 (an lm_head), the dequantization + cuBLASLt GEMM at 32 rows where N is 4096; each output
+    equal to the PyTorch dequantize-then-matmul."""
+    import onnx
+    import torch
+    from onnx import TensorProto, helper, numpy_helper
+    from torch.profiler import ProfilerActivity, profile
+
+    from onnxfuse import fuse, runtime
+    from onnxfuse.ops.int4_linear import dequantize, quantize
+    k, block = 256, 32
+    rng = np.random.default_rng(3)
+    for n, m, want in ((16384, 8, "Int4Mma"), (16384, 32, "_int4_linear_kernel"), (4096, 32, "Int4Dequantize")):
+        wq, s = quantize(rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k), block, symmetric=True)[:2]
+        node = helper.make_node("MatMulNBits", ["X", "B", "S"], ["Y"], domain="com.microsoft", K=k, N=n, bits=4,
+                                block_size=block, accuracy_level=4)
+        g = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT16, ["m", k])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT16, ["m", n])],
+                              [numpy_helper.from_array(wq, "B"), numpy_helper.from_array(s.astype(np.float16), "S")])
+        src, dst = tmp_path / f"m{n}.onnx", tmp_path / f"f{n}.onnx"
+        opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+        onnx.save(helper.make_model(g, opset_imports=opsets, ir_version=10), str(src))
+        fuse.fuse(src, dst, ort=False, provider="cuda", backend="auto", force=True)
+        sess = runtime.session(str(dst), "cuda", library=True, cpu_fallback=False)
+        x = rng.standard_normal((m, k)).astype(np.float16)
+        sess.run(None, {"X": x})
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            got = sess.run(None, {"X": x})[0].astype(np.float32)
+            torch.cuda.synchronize()
+        names = " ".join(e.name for e in prof.events() if e.device_type.name == "CUDA")
+        assert want in names, (n, m, names)
+        w = dequantize(torch.from_numpy(wq), torch.from_numpy(s.astype(np.float16)), k)
+        ref = (torch.from_numpy(x).float() @ w.T).numpy()
+        assert np.abs(got - ref).max() <= 4e-3 * max(1.0, float(np.abs(ref).max())), (n, m)
+
+
 @pytest.mark.parametrize("zp", [False, True])
 @pytest.mark.parametrize("backend", ["cuda", "triton", "auto"])
 def test_int4_swiglu_matches_the_unfused_int4_mlp_on_the_cuda_ep(tmp_path, backend, zp):

@@ -938,7 +938,7 @@ struct Int4LinearCuda {
                                });
           },
           [&] { return onnxfuse_triton_int4_linear(DtypeCode<T>(), x, wq, scales, zp, y, d.M, d.K, d.N, d.r, stream); },
-          AutoPrefersCuda(triton::kInt4Linear, d.M, d.K) || zp != nullptr);  // zero points: CUDA (Results)
+          AutoPrefersCuda(triton::kInt4Linear, d.M, d.K, d.N) || zp != nullptr);  // zero points: CUDA (Results)
     });
   }
   OpAttrs attrs;

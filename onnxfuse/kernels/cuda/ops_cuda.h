@@ -19,8 +19,8 @@
 //   cuda   -> the CUDA kernels: cuBLASLt GEMMs with fused epilogues (cuda/gemm.cu) and hand-written CUDA for the
 //             rest (rotary, embeddings);
 //   triton -> Triton AOT kernels (a clear error if the library was built without them or has no cubin for the GPU);
-//   auto   -> Triton when built with a cubin for this GPU's arch, else CUDA; but CUDA for the op, M and K rules of
-//             triton/table.py's AUTO_CUDA (measured faster there);
+//   auto   -> Triton when built with a cubin for this GPU's arch, else CUDA; but CUDA for the op, M, K (and N) rules
+//             of triton/table.py's AUTO_CUDA (measured faster there);
 //   cpu    -> treated as auto: the node was placed on the CUDA EP, whose inputs live in device memory, so a CPU
 //             kernel cannot serve it here; the CPU kernels run when the node is placed on the CPU EP.
 #pragma once
@@ -42,10 +42,11 @@ constexpr int DtypeCode() {
   return DTypeOf<T>::code;
 }
 
-// Whether backend=auto runs the CUDA backend for this Triton kernel id, M and K (triton/table.py AUTO_CUDA).
-inline bool AutoPrefersCuda(int kernel, int64_t m, int64_t k) {
+// Whether backend=auto runs the CUDA backend for this Triton kernel id, M, K and N (triton/table.py AUTO_CUDA; N
+// only where a rule names its largest).
+inline bool AutoPrefersCuda(int kernel, int64_t m, int64_t k, int64_t n = 0) {
   for (const triton::AutoRule& r : triton::kAutoCuda)
-    if (r.kernel == kernel && m >= r.m_first && m <= r.m_last && k >= r.k_min) return true;
+    if (r.kernel == kernel && m >= r.m_first && m <= r.m_last && k >= r.k_min && n <= r.n_max) return true;
   return false;
 }
 

@@ -127,8 +127,9 @@ EMBED_DPS = (16, 32, 64, 128)
 EMBEDDING_AUTO_TRITON = 1
 
 # ------------------------------------------------------------------------------------------------ backend=auto
-# On the CUDA EP, backend=auto runs the Triton kernels except for an op's main kernel, rows M and inner size K in one
-# of these (kernel, first M, last M, least K) rules, where the CUDA backend (cuBLASLt GEMMs, cuda/gemm.cu) measured
+# On the CUDA EP, backend=auto runs the Triton kernels except for an op's main kernel, rows M and inner size K (and
+# output width N, for a rule with a fifth field: its largest N) in one of these (kernel, first M, last M, least K[,
+# largest N]) rules, where the CUDA backend (cuBLASLt GEMMs, cuda/gemm.cu) measured
 # faster in the same run (H100, fp16, CUDA graphs, ms; benchmarks/results/h100-2026-11-23/ab-cublaslt-tuned/, Triton
 # with tuned.json):
 #                                   Triton    CUDA
@@ -156,13 +157,20 @@ EMBEDDING_AUTO_TRITON = 1
 #   CUDA                 37     43     45     45     46     48     77     88    238
 #   Triton              134    130    128    126    123    121    120    120    330
 #   onnxruntime          47     84     61     64    101    113    207    223    238
-# (lm_head, 4096 -> 49152, differs at 32 rows: Triton 171 against cuBLAS's 332 on the dequantized weights, but one
-# (kernel, rows, K) rule serves both shapes; up to 16 rows CUDA is faster there too, 100 against 138 at 16.)
+# An lm_head (K 4096) differs past 16 rows: Triton's GEMM beats dequantization + cuBLAS from 17 to 64 rows where N is
+# 16384 or more (the same probe, --models lm_head --vocab 16384,32000,49152, int4-probe-lm_head-*.json; us):
+#   rows                       16     17     32     64     96    128
+#   N 16384  CUDA / Triton     35 /   60  114 /  101  114 /   83  117 /   73  115 /  105  116 /  103
+#   N 32000                    74 /   99  223 /  152  221 /  128  224 /  103  223 /  212  228 /  235
+#   N 49152                    99 /  137  330 /  198  331 /  171  332 /  144  334 /  281  337 /  279
+# so the 17-64 row rule keeps the CUDA backend only up to N 16383 (the layer's projections, N <= 12288, where Triton's
+# sum was slower: 495 against 353 us at 32 rows); past 64 rows the margins are mixed and it stays CUDA.
 # LoRASwiGLU (H100, fp16, the lora-mlp case: h4096/i11008, rank 16 on gate/up/down; ms with CUDA graphs,
 # benchmarks/results/h100-2026-11-27/lora/bench-lora-2048.json and bench-lora-small.json): Triton (cuBLASLt's base GEMMs
 # and lora_gate at 2048, SwiGLU's loop and both rank-r dots at 16) 0.907 at 2048 tokens against the CUDA backend's five
 # cuBLASLt GEMMs and pass 1.026, and 0.128 against 0.162 at 16: no CUDA rule, auto runs Triton.
 AUTO_CUDA = (("mlp_stack", STACK_GRID_MAX_M + 1, STACK_ROWS_MIN_SM_MULT * 128 - 1, 0),
              ("swiglu", 2048, 1 << 40, 2048),
-             ("int4_linear", 0, 1 << 40, 0), ("int4_swiglu", 0, 1 << 40, 0))
+             ("int4_linear", 0, 16, 0), ("int4_linear", 17, 64, 0, 16383), ("int4_linear", 65, 1 << 40, 0),
+             ("int4_swiglu", 0, 1 << 40, 0))
 
