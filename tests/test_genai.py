@@ -140,6 +140,25 @@ def test_int4_folder_is_judged_by_its_perplexity(checkpoints, tmp_path, monkeypa
     assert "perplexity on the Zen of Python" in capsys.readouterr().out
 
 
+def test_a_pruned_lm_head_folder_verifies(checkpoints, tmp_path):
+    """The builder's prune_lm_head (logits of the last position only in a prefill, `--extra-options
+    prune_lm_head=true`): verify compares that position and the decode steps, and an int4 folder's perplexity (one
+    token a step there) equals the unpruned int4 folder's."""
+    ckpt = checkpoints("llama")
+    src = resolve(str(ckpt), tmp_path)
+    pruned = genai.export_hf(str(ckpt), tmp_path / "p32", extra_options=["prune_lm_head=true"]).folder
+    res = genai.verify_folder(pruned, source=src, prompt_ids=PROMPT)
+    assert res.passed, res.to_dict()
+    assert "the last of 7 positions" in res.outputs[0].name and res.outputs[0].shape[0] == 1
+    assert res.tokens.first_divergence is None
+    q = {name: genai.export_hf(str(ckpt), tmp_path / name, precision="int4", extra_options=opts).folder
+         for name, opts in (("q4", None), ("q4p", ["prune_lm_head=true"]))}
+    ppl = {name: genai.verify_folder(folder, source=src, prompt_ids=PROMPT).perplexity for name, folder in q.items()}
+    assert ppl["q4p"].tokens == ppl["q4"].tokens > 100
+    assert abs(ppl["q4p"].onnx - ppl["q4"].onnx) <= 1e-3 * ppl["q4"].onnx, ppl
+    assert ppl["q4p"].reference == ppl["q4"].reference
+
+
 # ------------------------------------------------------------------------------------------------ the CLI
 def test_cli_checkpoint_to_text(checkpoints, tmp_path, capsys):
     ckpt = checkpoints("llama")

@@ -134,11 +134,15 @@ def verify_folder(folder: pathlib.Path, *, source: Source, provider: str | None 
     params.set_search_options(max_length=kv_length(config, len(ids) + LOGIT_STEPS + 1), do_sample=False)
     gen = og.Generator(model, params)
     gen.append_tokens(ids)
-    got = np.asarray(gen.get_output("logits"), np.float32).reshape(len(ids), -1)[:, :vocab]
+    got = prefill_logits(gen, len(ids), vocab)
     with torch.no_grad():
         out = ref_model(torch.tensor([ids], device=device), use_cache=True)
     ref = out.logits[0].float().cpu().numpy()[:, :vocab]
-    outputs.append(compare(f"prefill logits ({len(ids)} positions)", got, ref, tol))
+    if len(got) == len(ids):
+        outputs.append(compare(f"prefill logits ({len(ids)} positions)", got, ref, tol))
+    else:
+        outputs.append(compare(f"prefill logits (the last of {len(ids)} positions: the folder's lm_head is pruned)",
+                               got, ref[-1:], tol))
     past = out.past_key_values
     for step in range(1, LOGIT_STEPS + 1):
         if gen.is_done():
@@ -187,9 +191,21 @@ def _mean_nll(logits: np.ndarray, ids: list[int]) -> float:
     return float(-logp[np.arange(len(ids) - 1), ids[1:]].mean())
 
 
+def prefill_logits(gen, n: int, vocab: int) -> np.ndarray:
+    """The logits after a prefill of n tokens as [rows, vocab]: n rows, or 1 (the last position's) where the folder's
+    lm_head is pruned (the builder's prune_lm_head, which genai serves: a prefill needs only the last position)."""
+    a = np.asarray(gen.get_output("logits"), np.float32)
+    a = a.reshape(-1, a.shape[-1])[:, :vocab]
+    if len(a) not in (n, 1):
+        raise OnnxfuseError(f"the folder's decoder gave {len(a)} rows of logits for a prefill of {n} tokens; "
+                            f"verify takes {n} (every position) or 1 (a pruned lm_head)")
+    return a
+
+
 def perplexity(og, model, config: dict, tokenizer, ref_model, device: str) -> Perplexity:
-    """Perplexity of the folder's model (one genai prefill over the text: the logits of every position) and of the
-    reference (one forward pass) on perplexity_text(), cut to the model's context."""
+    """Perplexity of the folder's model (one genai prefill over the text: the logits of every position; with a pruned
+    lm_head, one token a step) and of the reference (one forward pass) on perplexity_text(), cut to the model's
+    context."""
     import torch
 
     from .generate import context_length, kv_length
@@ -199,7 +215,14 @@ def perplexity(og, model, config: dict, tokenizer, ref_model, device: str) -> Pe
     params.set_search_options(max_length=kv_length(config, len(ids) + 1), do_sample=False)
     gen = og.Generator(model, params)
     gen.append_tokens(ids)
-    got = np.asarray(gen.get_output("logits"), np.float32).reshape(len(ids), -1)[:, :vocab]
+    got = prefill_logits(gen, len(ids), vocab)
+    if len(got) != len(ids):  # a pruned lm_head: each position's logits from a step of its own
+        gen = og.Generator(model, params)
+        rows = []
+        for t in ids:
+            gen.append_tokens([t])
+            rows.append(prefill_logits(gen, 1, vocab)[-1])
+        got = np.stack(rows)
     with torch.no_grad():
         ref = ref_model(torch.tensor([ids], device=device)).logits[0].float().cpu().numpy()[:, :vocab]
     return Perplexity("the Zen of Python (import this)", len(ids), round(float(np.exp(_mean_nll(got, ids))), 4),
