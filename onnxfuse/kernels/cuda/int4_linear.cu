@@ -733,13 +733,12 @@ constexpr unsigned kMmaWideGrid = 512;
 template <typename T, bool GATED, bool ZP>
 int LaunchMma(const void* x, const Int4Weights& wt, int act, void* y, int64_t m, int64_t k, int64_t n, cudaStream_t s,
               int warps = 0) {  // 8 or 16 (scripts/int4_decode_probe.cu); 0: by the grid
-
   const bool xvec = Aligned16(x) && k % 8 == 0;
   const bool wide = Aligned16(wt.wq) && (!GATED || Aligned16(wt.wq_up)) && wt.row_bytes % 16 == 0;
   const unsigned blocks = unsigned((n + (GATED ? 8 : 16) - 1) / (GATED ? 8 : 16));
-  auto launch = [&](auto kernel, int warps) {
-    const size_t smem = size_t(warps) * kMmaStages * 64 * sizeof(uint4);
-    return ock::LaunchDependent(kernel, dim3(blocks), dim3(warps * 32), smem, s, static_cast<const T*>(x), wt.wq,
+  auto launch = [&](auto kernel, int block_warps) {
+    const size_t smem = size_t(block_warps) * kMmaStages * 64 * sizeof(uint4);
+    return ock::LaunchDependent(kernel, dim3(blocks), dim3(block_warps * 32), smem, s, static_cast<const T*>(x), wt.wq,
                                 static_cast<const T*>(wt.scales), wt.wq_up, static_cast<const T*>(wt.scales_up), wt.zp,
                                 wt.zp_up, int(wt.zb), act, static_cast<T*>(y), int(m), int(k), int(n), int(wt.nb),
                                 wt.lb, int(wt.row_bytes), xvec, wide);
