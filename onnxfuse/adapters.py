@@ -133,8 +133,9 @@ def scales_name(a_input: str) -> str:
 def to_multi_adapter(model: onnx.ModelProto, n: int) -> int:
     """Make `model` (exported with --lora-as-inputs: each LoRA layer's A and B graph inputs) serve a batch that mixes
     up to `n` adapters, in place: fuse its LoRA layers (the lora_linear and swiglu rules: a gated MLP's gate and up
-    with their adapters become one LoRASwiGLU), then turn each LoRALinear / LoRASwiGLU whose adapters are graph
-    inputs into a MultiLoRALinear / MultiLoRASwiGLU over stacks of n adapters: the same input names with a leading
+    with their adapters become one LoRASwiGLU, with down's adapter too one LoRAGatedMLP), then turn each LoRALinear /
+    LoRASwiGLU / LoRAGatedMLP whose adapters are graph inputs into a MultiLoRALinear / MultiLoRASwiGLU /
+    MultiLoRAGatedMLP over stacks of n adapters: the same input names with a leading
     [n] axis (zero defaults), `<layer>.lora_scales` [n] (default: the exported scale), and one `adapter_index` [batch]
     input (int64, no default: -1 for a row without an adapter) that every layer shares. A projection of a gated MLP
     without an adapter keeps a zero one, stacked as a constant. Returns the number of nodes converted; raises
@@ -143,7 +144,7 @@ def to_multi_adapter(model: onnx.ModelProto, n: int) -> int:
 
     from . import functions, fuse
     from .ops.lora_linear import LORA_LINEAR, MULTI_LORA_LINEAR
-    from .ops.swiglu import LORA_SWIGLU, MULTI_LORA_SWIGLU
+    from .ops.swiglu import LORA_GATED_MLP, LORA_SWIGLU, MULTI_LORA_GATED_MLP, MULTI_LORA_SWIGLU
     from .schema import DOMAIN
 
     if n < 1:
@@ -155,7 +156,9 @@ def to_multi_adapter(model: onnx.ModelProto, n: int) -> int:
     inputs = {i.name: i for i in graph.input}
     # op -> (its multi-adapter op, [(A, B, scale attribute)] by input position)
     plans = {LORA_LINEAR.name: (MULTI_LORA_LINEAR.name, [(2, 3, "scale")]),
-             LORA_SWIGLU.name: (MULTI_LORA_SWIGLU.name, [(3, 4, "scale_gate"), (5, 6, "scale_up")])}
+             LORA_SWIGLU.name: (MULTI_LORA_SWIGLU.name, [(3, 4, "scale_gate"), (5, 6, "scale_up")]),
+             LORA_GATED_MLP.name: (MULTI_LORA_GATED_MLP.name,
+                                   [(3, 4, "scale_gate"), (5, 6, "scale_up"), (8, 9, "scale_down")])}
     nodes = [nd for nd in graph.node if nd.domain == DOMAIN and nd.op_type in plans
              and any(nd.input[a] in inputs for a, _, _ in plans[nd.op_type][1])]
     if not nodes:

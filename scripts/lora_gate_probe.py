@@ -114,11 +114,13 @@ def main(argv=None) -> int:
                      ("fma over the rank", _gate_fma)):
         for bm, bn, warps in ((64, 128, 4), (64, 128, 8), (32, 128, 4), (32, 256, 8), (16, 256, 4), (128, 64, 8)):
             grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-            extra = dict(DOT_PRECISION="tf32") if fn is sw._lora_gate_kernel else {}
+            lib = fn is sw._lora_gate_kernel
+            extra = dict(DOT_PRECISION="tf32") if lib else {}
+            down = (bg, tg, 0) if lib else ()  # the library kernel's down-projection arguments (none: RD 0)
 
             def launch():
-                fn[grid](g0, u, tg, bg, tu, bu, y, m, n, r, r, split, sg, su, 0, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8,
-                         R_PAD=rp, num_warps=warps, num_stages=1, **extra)
+                fn[grid](g0, u, tg, bg, tu, bu, y, m, n, r, r, split, sg, su, 0, *down, BLOCK_M=bm, BLOCK_N=bn,
+                         GROUP_M=8, R_PAD=rp, num_warps=warps, num_stages=1, **extra)
             try:
                 launch()
                 torch.cuda.synchronize()

@@ -78,8 +78,9 @@ def main() -> int:
         s = triton.cdiv(k_blocks, kb)
 
         def xa(kb=kb, s=s):
-            LO._lora_xa_kernel[(triton.cdiv(m, bm) * s,)](x, ag, au, tg, tu, m, h, r, r, 2, kb, BLOCK_M=bm, BLOCK_K=bk,
-                                                          R_PAD=16, DOT_PRECISION="tf32", num_warps=4, num_stages=4)
+            LO._lora_xa_kernel[(triton.cdiv(m, bm) * s,)](x, ag, au, tg, tu, m, h, r, r, 2, kb, tg, 0, BLOCK_M=bm,
+                                                          BLOCK_K=bk, R_PAD=16, DOT_PRECISION="tf32", num_warps=4,
+                                                          num_stages=4)
         for form in ("loop", "at once"):
             for bmg, bng in ((16, 256), (16, 128), (32, 128)):
                 grid = (triton.cdiv(m, bmg) * triton.cdiv(i, bng),)
@@ -87,8 +88,8 @@ def main() -> int:
 
                 def gate(grid=grid, tile=tile, s=s, form=form):
                     if form == "loop":
-                        SW._lora_gate_kernel[grid](g, u, tg, bg, tu, bu, y, m, i, r, r, s, 0.5, 0.5, 0,
-                                                   DOT_PRECISION="tf32", **tile)
+                        SW._lora_gate_kernel[grid](g, u, tg, bg, tu, bu, y, m, i, r, r, s, 0.5, 0.5, 0, ag, tg,
+                                                   0, DOT_PRECISION="tf32", **tile)
                     else:
                         _gate_at_once[grid](g, u, tg, bg, tu, bu, y, m, i, r, r, s, 0.5, 0.5, 0,
                                             S_PAD=triton.next_power_of_2(s), **tile)

@@ -123,11 +123,11 @@ def main(argv=None) -> int:
 
     def multi():
         def run():
-            LO._multi_lora_xa_kernel[(g1,)](x, ag, au, idx, tg, tu, m, H, R, R, 2, na, 1, kb1, R_PAD=16,
+            LO._multi_lora_xa_kernel[(g1,)](x, ag, au, idx, tg, tu, m, H, R, R, 2, na, 1, kb1, tg, 0, R_PAD=16,
                                             DOT_PRECISION="tf32", **cx)
             SW._multi_lora_swiglu_kernel[gsw](x, wg, wu, tg, bg, sg, tu, bu, su, idx, h, m, I, H, R, R, na, 1, s1, 0,
-                                              R_PAD=16, DOT_PRECISION="tf32", **csw)
-            LO._multi_lora_xa_kernel[(g2,)](h, ad, ad, idx, td, td, m, I, R, R, 1, na, 1, kb2, R_PAD=16,
+                                              ad, td, 0, R_PAD=16, DOT_PRECISION="tf32", **csw)
+            LO._multi_lora_xa_kernel[(g2,)](h, ad, ad, idx, td, td, m, I, R, R, 1, na, 1, kb2, td, 0, R_PAD=16,
                                             DOT_PRECISION="tf32", **cx)
             LO._multi_lora_main_kernel[gmain](h, wd, td, bd, zb, sd, idx, y, m, H, I, R, na, 1, s2, R_PAD=16,
                                               DOT_PRECISION="tf32", **cmain)
@@ -183,12 +183,12 @@ def main(argv=None) -> int:
 
     def lora16(pdl):
         def run():
-            LO._lora_xa_kernel[(g1,)](x16, a1g, a1u, t1g, t1u, m, H, R, R, 2, kb1, R_PAD=16, DOT_PRECISION="tf32",
-                                      PDL=pdl, **cx)
-            SW._lora_swiglu_kernel[gsw](x16, wg, wu, t1g, b1g, t1u, b1u, h16, m, I, H, R, R, s1, 0.5, 0.5, 0,
-                                        R_PAD=16, DOT_PRECISION="tf32", PDL=pdl, launch_pdl=pdl, **csw)
-            LO._lora_xa_kernel[(g2,)](h16, a1d, a1d, t1d, t1d, m, I, R, R, 1, kb2, R_PAD=16, DOT_PRECISION="tf32",
-                                      PDL=pdl, **cx)
+            LO._lora_xa_kernel[(g1,)](x16, a1g, a1u, t1g, t1u, m, H, R, R, 2, kb1, t1g, 0, R_PAD=16,
+                                      DOT_PRECISION="tf32", PDL=pdl, **cx)
+            SW._lora_swiglu_kernel[gsw](x16, wg, wu, t1g, b1g, t1u, b1u, h16, m, I, H, R, R, s1, 0.5, 0.5, 0, a1d,
+                                        t1d, 0, R_PAD=16, DOT_PRECISION="tf32", PDL=pdl, launch_pdl=pdl, **csw)
+            LO._lora_xa_kernel[(g2,)](h16, a1d, a1d, t1d, t1d, m, I, R, R, 1, kb2, t1d, 0, R_PAD=16,
+                                      DOT_PRECISION="tf32", PDL=pdl, **cx)
             LO._lora_main_kernel[(gmain,)](h16, wd, t1d, b1d, zb, y16, m, H, I, R, s2, 0.5, 0, gmain, R_PAD=16,
                                            DOT_PRECISION="tf32", TMA=False, PDL=pdl, launch_pdl=pdl, **cmain)
             return y16
@@ -221,16 +221,17 @@ def main(argv=None) -> int:
 
         def run():
             if merged:
-                LO._lora_xa_kernel[(grid,)](xl, a1g, a1u, tlg, tlu, m, H, R, R, 2, kb, R_PAD=16, DOT_PRECISION="tf32",
-                                            **cx)
+                LO._lora_xa_kernel[(grid,)](xl, a1g, a1u, tlg, tlu, m, H, R, R, 2, kb, tlg, 0, R_PAD=16,
+                                            DOT_PRECISION="tf32", **cx)
             else:  # each stack its own programs (X read once per stack)
-                LO._lora_xa_kernel[(grid // 2,)](xl, a1g, a1g, tlg, tlg, m, H, R, R, 1, kb, R_PAD=16,
+                LO._lora_xa_kernel[(grid // 2,)](xl, a1g, a1g, tlg, tlg, m, H, R, R, 1, kb, tlg, 0, R_PAD=16,
                                                  DOT_PRECISION="tf32", **cx)
-                LO._lora_xa_kernel[(grid // 2,)](xl, a1u, a1u, tlu, tlu, m, H, R, R, 1, kb, R_PAD=16,
+                LO._lora_xa_kernel[(grid // 2,)](xl, a1u, a1u, tlu, tlu, m, H, R, R, 1, kb, tlu, 0, R_PAD=16,
                                                  DOT_PRECISION="tf32", **cx)
             torch.mm(xl, wg, out=gl)
             torch.mm(xl, wu, out=ul)
-            SW._lora_gate_kernel[ggate](gl, ul, tlg, b1g, tlu, b1u, gl, m, I, R, R, split, 0.5, 0.5, 0, R_PAD=16,
+            SW._lora_gate_kernel[ggate](gl, ul, tlg, b1g, tlu, b1u, gl, m, I, R, R, split, 0.5, 0.5, 0, a1g, tlg, 0,
+                                        R_PAD=16,
                                         DOT_PRECISION="tf32", **cg)
             return gl
         return run

@@ -12,8 +12,8 @@ DATA = pathlib.Path(__file__).parent / "data"
 # model -> (spec overrides, expected onnxfuse op counts, nodes each match removes by op type)
 CASES = {
     "llama2": (dict(kind="llama", num_hidden_layers=2), {"SwiGLU": 2, "RotaryEmbedding": 4}),
-    # gate and up with their adapters and act * up: one LoRASwiGLU; down one LoRALinear
-    "llama-lora": (dict(kind="llama", lora_rank=8), {"LoRASwiGLU": 1, "LoRALinear": 1, "RotaryEmbedding": 2}),
+    # gate, up and down with their adapters and act * up: one LoRAGatedMLP
+    "llama-lora": (dict(kind="llama", lora_rank=8), {"LoRAGatedMLP": 1, "RotaryEmbedding": 2}),
     # bottom 13-512-256-64-16 (4 x relu) and top 367-512-256-1 (relu, relu, sigmoid): one MLPStack each; the hash,
     # the 26 lookups and the dot interaction between them: one EmbeddingInteraction
     "dlrm": (dict(kind="dlrm"), {"MLPStack": 2, "EmbeddingInteraction": 1}),

@@ -61,15 +61,14 @@ def test_export_lifts_the_adapter_to_inputs_with_zero_defaults(exported):
 
 
 def test_fused_model_keeps_the_adapter_inputs(exported):
-    """gate and up with their adapters and act * up are one LoRASwiGLU, down one LoRALinear: every adapter input
-    stays an op input under its name."""
+    """gate, up and down with their adapters and act * up are one LoRAGatedMLP: every adapter input stays an op
+    input under its name."""
     _, _, fused, d = exported
-    assert sorted(m.op for m in fused.matches) == ["LoRALinear", "LoRASwiGLU"]
+    assert [m.op for m in fused.matches] == ["LoRAGatedMLP"]
     model = onnx.load(str(d / "f.onnx"))
-    lora = next(n for n in model.graph.node if n.op_type == "LoRALinear")
-    gated = next(n for n in model.graph.node if n.op_type == "LoRASwiGLU")
-    assert list(lora.input[2:4]) == ["down_proj.lora_A", "down_proj.lora_B"]
+    gated = next(n for n in model.graph.node if n.op_type == "LoRAGatedMLP")
     assert list(gated.input[3:7]) == ["gate_proj.lora_A", "gate_proj.lora_B", "up_proj.lora_A", "up_proj.lora_B"]
+    assert list(gated.input[8:10]) == ["down_proj.lora_A", "down_proj.lora_B"]
 
 
 @pytest.mark.parametrize("which", ["m.onnx", "f.onnx"])
@@ -184,7 +183,7 @@ N_ADAPTERS = 3
 
 @pytest.fixture(scope="module")
 def multi(tmp_path_factory):
-    """The tiny Llama MLP exported with --adapters 3: every LoRA layer a MultiLoRALinear over stacked adapters."""
+    """The tiny Llama MLP exported with --adapters 3: the LoRA MLP one MultiLoRAGatedMLP over stacked adapters."""
     d = tmp_path_factory.mktemp("multi")
     spec = zoo.LlamaSpec.from_preset("tiny", mlp_only=True, lora_rank=RANK)
     res = export.export("llama", spec, d / "m.onnx", lora_as_inputs=True, multi_adapters=N_ADAPTERS)
@@ -205,7 +204,7 @@ def test_multi_adapter_export_writes_stacked_inputs_and_one_index(multi):
     spec, res, _ = multi
     model = onnx.load(str(res.path))
     ops = [n.op_type for n in model.graph.node if n.domain == "onnxfuse"]
-    assert sorted(ops) == ["MultiLoRALinear", "MultiLoRASwiGLU"]  # the gated MLP one op, down its own
+    assert ops == ["MultiLoRAGatedMLP"]  # the gated MLP and down in one op
     shapes = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
     assert shapes["gate_proj.lora_A"] == [N_ADAPTERS, spec.hidden_size, RANK]
     assert shapes["down_proj.lora_B"] == [N_ADAPTERS, RANK, spec.hidden_size]
@@ -260,13 +259,12 @@ def test_multi_adapter_bad_index_and_stacks_are_errors(multi):
 
 
 def test_multi_adapter_gated_mlp_with_one_projection_adapted(tmp_path):
-    """Adapters on gate and down only: the gated MLP is still one MultiLoRASwiGLU (up's zero adapter stacked as a
+    """Adapters on gate and down only: the MLP is still one MultiLoRAGatedMLP (up's zero adapter stacked as a
     constant), and mixed rows equal each row's module."""
     spec = zoo.LlamaSpec.from_preset("tiny", mlp_only=True, lora_rank=RANK, lora_targets=("gate_proj", "down_proj"))
     res = export.export("llama", spec, tmp_path / "m.onnx", lora_as_inputs=True, multi_adapters=2)
     model = onnx.load(str(res.path))
-    assert sorted(n.op_type for n in model.graph.node if n.domain == "onnxfuse") == ["MultiLoRALinear",
-                                                                                        "MultiLoRASwiGLU"]
+    assert [n.op_type for n in model.graph.node if n.domain == "onnxfuse"] == ["MultiLoRAGatedMLP"]
     assert not any(i.name.startswith("up_proj") for i in model.graph.input)
     x = zoo.make_inputs("llama", spec, 0, "fp32")["x"].numpy()
     exported = adapters.read_adapter(res.adapter_path)

@@ -41,7 +41,7 @@ def test_doctor_special_values_on_cuda():
 @pytest.mark.parametrize("kind,overrides,dtype", [
     ("llama", dict(num_hidden_layers=2), "fp16"),
     ("llama", dict(lora_rank=8), "fp32"),
-    ("llama", dict(lora_rank=16, mlp_only=True), "fp16"),  # LoRASwiGLU + LoRALinear
+    ("llama", dict(lora_rank=16, mlp_only=True), "fp16"),  # LoRAGatedMLP
     ("llama", dict(num_hidden_layers=1), "bf16"),
     ("dlrm", dict(), "fp16"),
     ("dlrm", dict(lora_rank=4), "fp32"),

@@ -40,8 +40,8 @@ def expected_ops(kind: str, spec) -> dict[str, int]:
     if kind == "llama":
         layers = 1 if spec.mlp_only else spec.num_hidden_layers
         rotary = {} if spec.mlp_only else {"RotaryEmbedding": 2 * spec.num_hidden_layers}  # q and k per layer
-        if spec.lora_rank:  # gate/up with their adapters and act * up: LoRASwiGLU; down: LoRALinear
-            return {"LoRASwiGLU": layers, "LoRALinear": layers, **rotary}
+        if spec.lora_rank:  # gate/up/down with their adapters and act * up: one LoRAGatedMLP
+            return {"LoRAGatedMLP": layers, **rotary}
         return {"SwiGLU": layers, **rotary}
     relu_layers = len(spec.bottom_mlp) + len(spec.top_mlp) - 1
     # the hash, the lookups and the interaction (dot or cat) between the MLPs: one EmbeddingInteraction

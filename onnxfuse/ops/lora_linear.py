@@ -91,10 +91,11 @@ def multi_reference(inputs, attrs):
     return (x.float() @ w.float() + b.float() + multi_delta(x, a, bm, scales, index)).to(x.dtype)
 
 
-def multi_branch_nodes(a: str, b: str, scales: str, base: str, out: str, p: str) -> list:
-    """Standard-ONNX nodes of a mixed batch's adapter term (names prefixed `p`), X and adapter_index the function's
-    inputs: each batch row's adapter gathered (the index clamped at 0), batched MatMuls over X as [b, s, K], the rows
-    whose index is < 0 zeroed by a Where, then reshaped to `base`'s shape as `out`."""
+def multi_branch_nodes(a: str, b: str, scales: str, base: str, out: str, p: str, x: str = "X") -> list:
+    """Standard-ONNX nodes of a mixed batch's adapter term (names prefixed `p`) over the value `x` (default the
+    function's input X; adapter_index the function's input): each batch row's adapter gathered (the index clamped at
+    0), batched MatMuls over x as [b, s, K], the rows whose index is < 0 zeroed by a Where, then reshaped to `base`'s
+    shape as `out`."""
     from onnx import TensorProto, helper
 
     mk = helper.make_node
@@ -107,13 +108,13 @@ def multi_branch_nodes(a: str, b: str, scales: str, base: str, out: str, p: str)
             mk("Gather", [a, p + "pick"], [p + "A_rows"], axis=0),
             mk("Gather", [b, p + "pick"], [p + "B_rows"], axis=0),
             mk("Gather", [scales, p + "pick"], [p + "s_rows"], axis=0),
-            ints(p + "lead", 0, -1), mk("Shape", ["X"], [p + "k"], start=-1),
+            ints(p + "lead", 0, -1), mk("Shape", [x], [p + "k"], start=-1),
             mk("Concat", [p + "lead", p + "k"], [p + "x3_shape"], axis=0),
-            mk("Reshape", ["X", p + "x3_shape"], [p + "x3"]), mk("MatMul", [p + "x3", p + "A_rows"], [p + "xa"]),
+            mk("Reshape", [x, p + "x3_shape"], [p + "x3"]), mk("MatMul", [p + "x3", p + "A_rows"], [p + "xa"]),
             mk("MatMul", [p + "xa", p + "B_rows"], [p + "xab"]), ints(p + "axes", 1, 2),
             mk("Unsqueeze", [p + "s_rows", p + "axes"], [p + "s3"]), mk("Mul", [p + "xab", p + "s3"], [p + "scaled"]),
             mk("Unsqueeze", [p + "none", p + "axes"], [p + "none3"]), mk("Constant", [], [p + "zf"], value_float=0.0),
-            mk("CastLike", [p + "zf", "X"], [p + "zt"]), mk("Where", [p + "none3", p + "zt", p + "scaled"], [p + "b3"]),
+            mk("CastLike", [p + "zf", x], [p + "zt"]), mk("Where", [p + "none3", p + "zt", p + "scaled"], [p + "b3"]),
             mk("Shape", [base], [p + "y_shape"]), mk("Reshape", [p + "b3", p + "y_shape"], [out])]
 
 

@@ -1,13 +1,17 @@
 """SwiGLU: the gate and up projections of a gated MLP with act(gate) * up, and LoRASwiGLU: the same with a LoRA adapter
 on each projection (rules: onnxfuse/rewrites/swiglu.py); MultiLoRASwiGLU: the same with a stack of adapters per
-projection and one adapter per batch row (a mixed batch, written by `export --adapters N`: onnxfuse/adapters.py)."""
+projection and one adapter per batch row (a mixed batch, written by `export --adapters N`: onnxfuse/adapters.py);
+LoRAGatedMLP and MultiLoRAGatedMLP: the whole gated MLP with its adapters, LoRASwiGLU (MultiLoRASwiGLU) and the down
+projection's LoRALinear (MultiLoRALinear) in one op, so the down adapter's X @ A comes out of the gated kernel's
+epilogue instead of a pass of its own over the MLP activation."""
 from __future__ import annotations
 
 import math
 
 from ._family import (BACKEND, DOCTOR_LARGE, DOCTOR_MEDIUM, Attr, OpDef, OpFamily, OpSchema, gemm_input_shapes,
                       matmul_out_shape)
-from .lora_linear import multi_branch_nodes, multi_delta, multi_doctor_inputs
+from .lora_linear import MIN_OPSET as LORA_MIN_OPSET
+from .lora_linear import multi_branch_nodes, multi_delta, multi_doctor_inputs, multi_reference
 
 # SwiGLU's gate activations (its `activation` attribute), each as PyTorch defines it and computed in fp32 by every
 # kernel: silu x*sigmoid(x); gelu 0.5*x*(1+erf(x/sqrt(2))) (torch's gelu, approximate='none'); gelu_tanh
@@ -49,6 +53,30 @@ MULTI_LORA_SWIGLU = OpSchema(
     "LoRASwiGLU over a stack of n adapters per projection (A [n, K, r], B [n, r, N], scales [n]; the two ranks may "
     "differ, up to 64) with each batch row of X using the one adapter_index [b] names, -1 for none: a gated MLP in a "
     "batch that mixes adapters (MultiLoRALinear's contract). The overload names the activation, as SwiGLU's.")
+
+
+_GATED_DOC = ("The down projection's adapter's X @ A is summed in the gated kernel's epilogue from each finished tile "
+              "of the activation (fp32 atomics on the GPU: its last bits may vary from run to run), and the activation "
+              "[M, N] lives in the op's scratch. The overload names the activation, as SwiGLU's.")
+LORA_GATED_MLP = OpSchema(
+    "LoRAGatedMLP", ("X", "W_gate", "W_up", "A_gate", "B_gate", "A_up", "B_up", "W_down", "A_down", "B_down",
+                     "bias_down"), ("Y",),
+    "H = LoRASwiGLU(X, W_gate, W_up, A_gate, B_gate, A_up, B_up) (in T); Y = H @ W_down + bias_down + scale_down * "
+    "(H @ A_down) @ B_down",
+    (_ACT, Attr("scale_gate", "float", 1.0, "the gate adapter's scaling (alpha / r)"),
+     Attr("scale_up", "float", 1.0, "the up adapter's scaling (alpha / r)"),
+     Attr("scale_down", "float", 1.0, "the down adapter's scaling (alpha / r)"), BACKEND),
+    "A gated MLP with LoRA adapters on gate, up and down (peft's, constants or graph inputs; ranks up to 64, each its "
+    "own): LoRASwiGLU followed by the down projection's LoRALinear, fused where the activation feeds only that "
+    "projection. " + _GATED_DOC)
+MULTI_LORA_GATED_MLP = OpSchema(
+    "MultiLoRAGatedMLP", ("X", "W_gate", "W_up", "A_gate", "B_gate", "A_up", "B_up", "W_down", "A_down", "B_down",
+                          "bias_down", "scales_gate", "scales_up", "scales_down", "adapter_index"), ("Y",),
+    "H = MultiLoRASwiGLU(X, W_gate, W_up, A_gate, B_gate, A_up, B_up, scales_gate, scales_up, adapter_index) (in T); "
+    "Y = MultiLoRALinear(H, W_down, A_down, B_down, bias_down, scales_down, adapter_index)",
+    (_ACT, BACKEND),
+    "LoRAGatedMLP over stacks of n adapters per projection with each batch row of X using the one adapter_index [b] "
+    "names, -1 for none (MultiLoRASwiGLU's and MultiLoRALinear's contract). " + _GATED_DOC)
 
 
 def swiglu_overload(activation: str) -> str:
@@ -153,15 +181,15 @@ def lora_reference(inputs, attrs: dict):
     return (gate_activation(str(attrs.get("activation", "silu") or "silu"), g) * u).to(inputs[0].dtype)
 
 
-def _scaled_branch(a: str, b: str, scale_attr: str, out: str) -> list:
-    """out = (X @ a) @ b * @scale_attr (the node attribute, in T)."""
+def _scaled_branch(a: str, b: str, scale_attr: str, out: str, x: str = "X") -> list:
+    """out = (x @ a) @ b * @scale_attr (the node attribute, in T)."""
     from onnx import AttributeProto, helper
 
     mk = helper.make_node
     const = mk("Constant", [], [out + "_s32"])
     const.attribute.append(AttributeProto(name="value_float", ref_attr_name=scale_attr, type=AttributeProto.FLOAT))
-    return [mk("MatMul", ["X", a], [out + "_xa"]), mk("MatMul", [out + "_xa", b], [out + "_xab"]), const,
-            mk("CastLike", [out + "_s32", "X"], [out + "_s"]), mk("Mul", [out + "_xab", out + "_s"], [out])]
+    return [mk("MatMul", [x, a], [out + "_xa"]), mk("MatMul", [out + "_xa", b], [out + "_xab"]), const,
+            mk("CastLike", [out + "_s32", x], [out + "_s"]), mk("Mul", [out + "_xab", out + "_s"], [out])]
 
 
 def lora_body(overload: str):
@@ -198,6 +226,89 @@ def multi_lora_body(overload: str):
     nodes += multi_branch_nodes("A_up", "B_up", "scales_up", "u0", "du", "u_")
     nodes += [mk("Add", ["g0", "dg"], ["g"]), mk("Add", ["u0", "du"], ["u"])] + rest[2:]
     return list(MULTI_LORA_SWIGLU.inputs), nodes
+
+
+def _lora_down(h, inputs, scale: float):
+    """The down projection's LoRALinear on the activation h (in T): h @ W_down + bias_down + scale (h @ A_down) @
+    B_down, in fp32."""
+    hf = h.float()
+    wd, ad, bd, bias = (t.float() for t in inputs)
+    return hf @ wd + bias + scale * ((hf @ ad) @ bd)
+
+
+def gated_reference(inputs, attrs: dict):
+    """LoRAGatedMLP: LoRASwiGLU's reference (rounded to T, as the activation is stored), then LoRALinear's."""
+    h = lora_reference(inputs[:7], attrs)
+    return _lora_down(h, inputs[7:11], float(attrs.get("scale_down", 1.0))).to(inputs[0].dtype)
+
+
+def multi_gated_reference(inputs, attrs: dict):
+    """MultiLoRAGatedMLP: MultiLoRASwiGLU's reference (in T), then MultiLoRALinear's on it."""
+    x, wg, wu, ag, bg, au, bu, wd, ad, bd, bias, sg, su, sd, index = inputs
+    h = multi_lora_reference([x, wg, wu, ag, bg, au, bu, sg, su, index], attrs)
+    return multi_reference([h, wd, ad, bd, bias, sd, index], {})
+
+
+def _down_nodes(scale_attr: str) -> list:
+    """The down projection's LoRALinear on H (names prefixed d_): H @ W_down + bias_down + (H @ A_down) @ B_down *
+    @scale_attr, as Y."""
+    from onnx import helper
+
+    mk = helper.make_node
+    return [mk("MatMul", ["H", "W_down"], ["d_xw"]), mk("Add", ["d_xw", "bias_down"], ["d_base"]),
+            *_scaled_branch("A_down", "B_down", scale_attr, "d_branch", x="H"),
+            mk("Add", ["d_base", "d_branch"], ["Y"])]
+
+
+def _as_h(nodes: list) -> list:
+    """A gated body's nodes with its output Y renamed H (the down projection's input)."""
+    for nd in nodes:
+        for i, o in enumerate(nd.output):
+            if o == "Y":
+                nd.output[i] = "H"
+    return nodes
+
+
+def gated_body(overload: str):
+    """LoRAGatedMLP's function: LoRASwiGLU's body into H, then the down projection's LoRALinear (opset 15)."""
+    return list(LORA_GATED_MLP.inputs), _as_h(lora_body(overload)[1]) + _down_nodes("scale_down")
+
+
+def multi_gated_body(overload: str):
+    """MultiLoRAGatedMLP's function: MultiLoRASwiGLU's body into H, then MultiLoRALinear's term on H (opset 15)."""
+    from onnx import helper
+
+    mk = helper.make_node
+    nodes = _as_h(multi_lora_body(overload)[1])
+    nodes += [mk("MatMul", ["H", "W_down"], ["d_xw"]), mk("Add", ["d_xw", "bias_down"], ["d_base"])]
+    nodes += multi_branch_nodes("A_down", "B_down", "scales_down", "d_base", "d_branch", "d_", x="H")
+    return list(MULTI_LORA_GATED_MLP.inputs), nodes + [mk("Add", ["d_base", "d_branch"], ["Y"])]
+
+
+def gated_doctor_entry(entry) -> tuple[dict, dict, tuple]:
+    """(M, K, N, r_gate, r_up, r_down, activation): X [M, K], the gated MLP's [K, N] weights with their adapters,
+    W_down [N, K], A_down [N, r_down], B_down [r_down, K], bias_down [K]; scales 0.5, 2 and 0.75."""
+    m, k, n, rg, ru, rd, act = entry
+    shapes = {"X": [m, k], "W_gate": [k, n], "W_up": [k, n], "A_gate": [k, rg], "B_gate": [rg, n], "A_up": [k, ru],
+              "B_up": [ru, n], "W_down": [n, k], "A_down": [n, rd], "B_down": [rd, k], "bias_down": [k]}
+    attrs = {"activation": act, "scale_gate": 0.5, "scale_up": 2.0, "scale_down": 0.75}
+    return shapes, attrs, (m, k, n, max(rg, ru, rd), f"{act} r{rg}/{ru}/{rd}")
+
+
+def multi_gated_doctor_entry(entry) -> tuple[dict, dict, tuple]:
+    """(b, s, K, N, r_gate, r_up, r_down, n, activation): MultiLoRASwiGLU's shapes, then the down projection's W_down
+    [N, K], A_down [n, N, r_down], B_down [n, r_down, K], bias_down [K], scales_down [n]."""
+    b, s, k, n, rg, ru, rd, na, act = entry
+    shapes = {"X": [b, k] if s == 1 else [b, s, k], "W_gate": [k, n], "W_up": [k, n], "A_gate": [na, k, rg],
+              "B_gate": [na, rg, n], "A_up": [na, k, ru], "B_up": [na, ru, n], "W_down": [n, k],
+              "A_down": [na, n, rd], "B_down": [na, rd, k], "bias_down": [k], "scales_gate": [na], "scales_up": [na],
+              "scales_down": [na], "adapter_index": [b]}
+    return shapes, {"activation": act}, (b * s, k, n, max(rg, ru, rd), f"{act} r{rg}/{ru}/{rd} {na} adapters, {b}x{s}")
+
+
+def gated_doctor_inputs(op, dtype, shapes: dict, seed: int, device: str = "cpu") -> list:
+    """lora_doctor_inputs' scaling (W and A by 1/sqrt(rows), B by 0.5/sqrt(r)), bias_down by 1/sqrt(K)."""
+    return lora_doctor_inputs(op, dtype, shapes, seed, device)
 
 
 def multi_lora_doctor_entry(entry) -> tuple[dict, dict, tuple]:
@@ -271,4 +382,23 @@ FAMILY = OpFamily("swiglu", (
                 + [(4, 1, 96, 40, 8, 8, 3, act) for act in GATE_ACTIVATIONS[2:]]),
           multi_lora_doctor_entry, overload_attr="activation", min_opset=15, int_inputs=("adapter_index",),
           doctor_inputs=multi_doctor_inputs, special_type_max=False),
+    # LoRAGatedMLP (M, K, N, r_gate, r_up, r_down, activation): decode rows, 16 tokens (the PDL launch), odd shapes and
+    # three ranks, rank 64, the cuBLASLt path's rows and K (lora_gate's epilogue; one ragged), every activation once.
+    # Special rows as LoRASwiGLU's.
+    OpDef(15, LORA_GATED_MLP, gated_reference, gated_body, matmul_out_shape,
+          tuple([(1, 256, 688, 16, 16, 16, "silu"), (16, 256, 688, 8, 16, 16, "silu"), (37, 129, 67, 7, 5, 3, "gelu"),
+                 (200, 512, 512, 16, 64, 32, "silu"), (*DOCTOR_MEDIUM, 16, 16, 16, "silu"),
+                 (2048, 2048, 256, 16, 8, 16, "silu"), (2055, 2048, 200, 7, 16, 5, "gelu_tanh")]
+                + [(5, 96, 40, 8, 8, 8, act) for act in GATE_ACTIVATIONS[2:]]),
+          gated_doctor_entry, overload_attr="activation", min_opset=LORA_MIN_OPSET, doctor_inputs=gated_doctor_inputs,
+          special_type_max=False),
+    # MultiLoRAGatedMLP (b, s, K, N, r_gate, r_up, r_down, n, activation): 8 decode rows with 8 adapters (and one
+    # without), one row, ragged shapes with three ranks, prefill sequences, rank 64, every activation once.
+    OpDef(16, MULTI_LORA_GATED_MLP, multi_gated_reference, multi_gated_body, matmul_out_shape,
+          tuple([(8, 1, 256, 688, 16, 16, 16, 8, "silu"), (1, 1, 256, 320, 16, 16, 16, 4, "silu"),
+                 (5, 1, 129, 67, 7, 5, 3, 3, "gelu"), (3, 40, 256, 384, 16, 16, 16, 2, "silu"),
+                 (4, 100, 520, 264, 16, 64, 32, 3, "silu")]
+                + [(4, 1, 96, 40, 8, 8, 8, 3, act) for act in GATE_ACTIVATIONS[2:]]),
+          multi_gated_doctor_entry, overload_attr="activation", min_opset=LORA_MIN_OPSET,
+          int_inputs=("adapter_index",), doctor_inputs=multi_doctor_inputs, special_type_max=False),
 ), cpp_name="SwiGLU")

@@ -1,6 +1,7 @@
 """swiglu: the gate and up projections of a gated MLP with act(gate) * up -> `SwiGLU` (attribute `activation`).
 
     Y = act(X @ W_gate) * (X @ W_up)        (then down_proj stays a plain MatMul/Gemm on Y)
+    with LoRA adapters: LoRASwiGLU, and with one on down_proj too the whole MLP one LoRAGatedMLP (_lora_mlp.py)
     act: silu (Llama, Mistral, Qwen2/3, Phi-3), gelu_tanh (Gemma, Gemma2: GeGLU), gelu (erf), quick_gelu, relu
          (ReGLU), sigmoid (GLU)
 
@@ -46,11 +47,12 @@ from onnxscript import ir
 from onnxscript.rewriter import MatchResult
 
 from .. import functions
-from ..ops.lora_linear import LORA_LINEAR
 from ..ops.swiglu import LORA_SWIGLU, SWIGLU
 from ..schema import DOMAIN, GATE_ACTIVATIONS, swiglu_overload
 from . import _base, _explain
 from ._activation_forms import BUDGET, DEFAULT_DOMAINS, Expressions, Miss, Prod, Var, classify, free_variables
+from ._lora_mlp import _Shim, gated_mlps, replace_lora
+from ._lora_mlp import is_lora as _lora
 
 PATTERN = "swiglu"
 OP = SWIGLU.name
@@ -78,12 +80,6 @@ class Projection:
 def _gemm(node: ir.Node | None) -> bool:
     return node is not None and node.domain in DEFAULT_DOMAINS and node.op_type in LINEARS and len(node.inputs) >= 2 \
         and node.inputs[0] is not None and node.inputs[1] is not None
-
-
-def _lora(node: ir.Node | None) -> bool:
-    """A LoRA-adapted projection the lora_linear rule fused before this pass (LoRALinear: X, W [K, N], A, B, bias,
-    attribute scale): with a zero bias it is a gated MLP's projection with its adapter (LoRASwiGLU)."""
-    return node is not None and node.domain == DOMAIN and node.op_type == LORA_LINEAR.name
 
 
 def projection(value: ir.Value, graph: ir.Graph) -> Projection | None:
@@ -199,18 +195,6 @@ class Candidate:
     lora: bool = False            # a projection carries its LoRA adapter (a LoRALinear): LoRASwiGLU
 
 
-@dataclasses.dataclass
-class _Shim:
-    """The `op.initializer` the rules get from the pattern rewriter, for this graph pass."""
-    graph: ir.Graph
-
-    def initializer(self, tensor, name: str) -> ir.Value:
-        value = ir.Value(name=name, shape=ir.Shape(tensor.shape), type=ir.TensorType(tensor.dtype),
-                         const_value=tensor)
-        self.graph.register_initializer(value)
-        return value
-
-
 class SwiGLUPass(_base.GraphPass):
     """Finds gated MLPs and replaces each with one SwiGLU node. Its refusals: why gated MLPs were not fused, from
     the last real pass (a later rule may take part of a refused candidate: linear_act fuses a ReLU gate's
@@ -259,6 +243,8 @@ class SwiGLUPass(_base.GraphPass):
             for cand in reversed(matches):
                 self._replace(graph, cand)
                 count += 1
+            if self.takes_lora:  # a LoRASwiGLU and the LoRALinear on its activation: one LoRAGatedMLP
+                count += gated_mlps(self, graph, tracer)
         return count
 
     def trace_function(self, model: ir.Model, function: ir.Function, tracer) -> None:
@@ -489,7 +475,7 @@ class SwiGLUPass(_base.GraphPass):
 
     def _replace(self, graph: ir.Graph, cand: Candidate) -> None:
         if cand.lora:
-            return self._replace_lora(graph, cand)
+            return replace_lora(self, graph, cand)
         gate, up, rec = cand.gate, cand.up, self.recorder
         shim = _Shim(graph)
         x = gate.x
@@ -537,59 +523,6 @@ class SwiGLUPass(_base.GraphPass):
         transpose, made once per graph."""
         w = p.gemm.inputs[1]
         return w if not trans else self.recorder.derived(shim, graph, w, "_KxN", lambda: w_kn)
-
-    def _replace_lora(self, graph: ir.Graph, cand: Candidate) -> None:
-        """One LoRASwiGLU for a gated MLP whose gate and/or up projection is a LoRALinear (zero bias): its W, A, B and
-        scale; a projection without an adapter gets a zero one of the other's rank (constants: what it adds is 0)."""
-        gate, up, rec = cand.gate, cand.up, self.recorder
-        shim = _Shim(graph)
-        x = gate.x
-        k, n = cand.wg.shape
-        rank = next(int(p.gemm.inputs[2].shape[1]) for p in (gate, up) if _lora(p.gemm))
-        parts = {}
-        for side, p, w_kn, trans in (("gate", gate, cand.wg, cand.trans[0]), ("up", up, cand.wu, cand.trans[1])):
-            if _lora(p.gemm):
-                parts[side] = (p.gemm.inputs[1], p.gemm.inputs[2], p.gemm.inputs[3],
-                               float(p.gemm.attributes.get_float("scale", 1.0)))
-                continue
-            w = self._weight_kn(shim, graph, p, w_kn, trans)
-            za = rec.derived(shim, graph, p.gemm.inputs[1], f"_zero_A{rank}",
-                             lambda: np.zeros((k, rank), dtype=w_kn.dtype))
-            zb = rec.derived(shim, graph, p.gemm.inputs[1], f"_zero_B{rank}",
-                             lambda: np.zeros((rank, n), dtype=w_kn.dtype))
-            parts[side] = (w, za, zb, 1.0)
-        act = cand.activation
-        (wg, ag, bg, sg), (wu, au, bu, su) = parts["gate"], parts["up"]
-        node = ir.Node(DOMAIN, LORA_SWIGLU.name, [x, wg, wu, ag, bg, au, bu],
-                       [ir.AttrString("activation", act), ir.AttrFloat32("scale_gate", sg),
-                        ir.AttrFloat32("scale_up", su), ir.AttrString("backend", "auto")],
-                       overload=swiglu_overload(act), num_outputs=1)
-        old_out = cand.mul.outputs[0]
-        node.outputs[0].dtype = old_out.dtype
-        node.outputs[0].shape = old_out.shape
-        rg, ru = int(ag.shape[1]), int(au.shape[1])
-        base = _base.gemm_flops(x, k, n)
-        flops = None if base is None else 2 * base + base // n * (rg + ru) + base // k * (rg + ru)
-        shapes = {"X": _base.dims(x), "W_gate": [k, n], "W_up": [k, n], "A_gate": [k, rg], "B_gate": [rg, n],
-                  "A_up": [k, ru], "B_up": [ru, n]}
-        fed = any(v.is_graph_input() for v in (ag, bg, au, bu))
-        extra = [f"activation: {act}", f"  spelled: {cand.spelling}"[:64], f"LoRA ranks {rg} / {ru}",
-                 "adapters: " + ("graph inputs" if fed else "constants")]
-        # the LoRALinear matches this one absorbs leave the report: their original nodes are this match's
-        replaced = []
-        for m in cand.nodes:
-            prior = next((mt for mt in rec.matches if mt.node == m.name), None) if _lora(m) else None
-            if prior is not None:
-                rec.matches.remove(prior)
-                replaced += prior.replaced
-            else:
-                replaced.append((m.name or "?", m.op_type))
-        _base.annotate(node, rec, PATTERN, f"{PATTERN}/lora/{act}", LORA_SWIGLU.name,
-                       _base.module_path([gate.gemm, up.gemm]), replaced, shapes, x.dtype or wg.dtype, flops,
-                       extra_doc=tuple(extra), detail=act)
-        node.metadata_props["onnxfuse.activation"] = act
-        ir.convenience.replace_nodes_and_values(graph, cand.mul, cand.nodes, [node], [old_out], [node.outputs[0]])
-
 
 def _is_mul(node: ir.Node) -> bool:
     return node.op_type == "Mul" and node.domain in DEFAULT_DOMAINS and len(node.inputs) == 2 \

@@ -59,6 +59,8 @@ def op_attrs(op: str, scale: float = 0.5) -> dict:
         attrs["activations"] = STACK_ACTS
     if "scale_gate" in names:  # LoRASwiGLU: a scale per adapter, the up one different
         attrs.update(scale_gate=float(scale), scale_up=0.5 * float(scale) + 1.0)
+    if "scale_down" in names:  # LoRAGatedMLP: the down adapter's, different again
+        attrs["scale_down"] = 0.75 - float(scale)
     return attrs
 
 
@@ -70,8 +72,9 @@ WEIGHTED_OPS = [op for op in OPS_UNDER_TEST if op not in ("RotaryEmbedding", "Em
 # both swiglu and lora_linear, which no measured host's does: cpu_policy.py).
 INT4_OPS = ("Int4Linear", "Int4SwiGLU")
 # The mixed-adapter ops gather each row's adapter per call (nothing to prepack).
-MULTI_OPS = ("MultiLoRALinear", "MultiLoRASwiGLU")
-PREPACKED_OPS = [op for op in WEIGHTED_OPS if op not in INT4_OPS + MULTI_OPS + ("LoRASwiGLU",)]
+MULTI_OPS = ("MultiLoRALinear", "MultiLoRASwiGLU", "MultiLoRAGatedMLP")
+# LoRAGatedMLP's CPU kernel is LoRASwiGLU's pass and LoRALinear's built-in GEMM on the activation, per call.
+PREPACKED_OPS = [op for op in WEIGHTED_OPS if op not in INT4_OPS + MULTI_OPS + ("LoRASwiGLU", "LoRAGatedMLP")]
 
 
 def run_op(lib, op: str, inputs: list[torch.Tensor], attrs: dict | None = None) -> torch.Tensor:
@@ -96,8 +99,14 @@ def random_inputs(op: str, lead: tuple[int, ...], K: int, N: int, r: int, dtype:
     if op in MULTI_OPS:  # a stack of 3 adapters (up's rank r + 3), an index per row of X's first axis in [-1, 3)
         definition = schema.op_def(op)
         b, s = lead[0], math.prod(lead[1:])
-        entry = (b, s, K, N, r, 3) if op == "MultiLoRALinear" else (b, s, K, N, r, r + 3, 3, "silu")
+        entry = {"MultiLoRALinear": (b, s, K, N, r, 3), "MultiLoRASwiGLU": (b, s, K, N, r, r + 3, 3, "silu"),
+                 "MultiLoRAGatedMLP": (b, s, K, N, r, r + 3, r + 1, 3, "silu")}[op]
         shapes = definition.doctor_entry(entry)[0]
+        shapes["X"] = [*lead, K]
+        return definition.make_doctor_inputs(TORCH_TYPE[dtype], shapes, seed)
+    if op == "LoRAGatedMLP":  # three ranks (gate r, up r + 3, down r + 1), the down projection back to K
+        definition = schema.op_def(op)
+        shapes = definition.doctor_entry((1, K, N, r, r + 3, r + 1, "silu"))[0]
         shapes["X"] = [*lead, K]
         return definition.make_doctor_inputs(TORCH_TYPE[dtype], shapes, seed)
     if op == "RotaryEmbedding":  # X [*lead, D] (D even), cos/sin broadcast over every leading dim but the last

@@ -186,7 +186,7 @@ for dtype in ("float", "float16"):
             bm = (torch.randn(r, n, generator=g) / r ** 0.5).to(t)
             kb_per_split = triton.cdiv(triton.cdiv(k, 16), split)
             ts = torch.full((split, m, 16), float("nan"))
-            lora._lora_xa_kernel[(triton.cdiv(m, 16) * split,)](x, a, a, ts, ts, m, k, r, r, 1, kb_per_split,
+            lora._lora_xa_kernel[(triton.cdiv(m, 16) * split,)](x, a, a, ts, ts, m, k, r, r, 1, kb_per_split, ts, 0,
                                                                 BLOCK_M=16, BLOCK_K=16, R_PAD=16, DOT_PRECISION=prec)
             for relu, op in ((0, "LoRALinear"), (1, "LoRALinearRelu")):
                 y = torch.full((m, n), float("nan")).to(t)
@@ -209,12 +209,12 @@ for dtype in ("float", "float16"):
         bg, bu = (torch.randn(4, n, generator=g) / 2).to(t), (torch.randn(7, n, generator=g) / 7 ** 0.5).to(t)
         kb = triton.cdiv(triton.cdiv(k, 16), 2)
         tg, tu = torch.full((2, m, 16), float("nan")), torch.full((2, m, 16), float("nan"))
-        lora._lora_xa_kernel[(triton.cdiv(m, 16) * 2,)](x, ag, au, tg, tu, m, k, 4, 7, 2, kb, BLOCK_M=16,
+        lora._lora_xa_kernel[(triton.cdiv(m, 16) * 2,)](x, ag, au, tg, tu, m, k, 4, 7, 2, kb, tg, 0, BLOCK_M=16,
                                                             BLOCK_K=16, R_PAD=16, DOT_PRECISION=prec)
         for code, name in ((0, "silu"), (2, "gelu_tanh")):
             y = torch.full((m, n), float("nan")).to(t)
             sl._lora_swiglu_kernel[grid(m, n)](x, w, w2, tg, bg, tu, bu, y, m, n, k, 4, 7, 2, 0.5, 2.0, code,
-                                               R_PAD=16, DOT_PRECISION=prec, **cfg)
+                                               ag, tg, 0, R_PAD=16, DOT_PRECISION=prec, **cfg)
             attrs = {"activation": name, "scale_gate": 0.5, "scale_up": 2.0}
             ref = schema.reference("LoRASwiGLU", [x, w, w2, ag, bg, au, bu], attrs)
             testing.assert_close(y, ref, t, str(("LoRASwiGLU", name, dtype, m, k, n)), kind="interpreter")
@@ -223,7 +223,8 @@ for dtype in ("float", "float16"):
             # place on the gate product
             y = (x.float() @ w.float()).to(t)
             u = (x.float() @ w2.float()).to(t)
-            sl._lora_gate_kernel[grid(m, n)](y, u, tg, bg, tu, bu, y, m, n, 4, 7, 2, 0.5, 2.0, code, BLOCK_M=16,
+            sl._lora_gate_kernel[grid(m, n)](y, u, tg, bg, tu, bu, y, m, n, 4, 7, 2, 0.5, 2.0, code, ag, tg, 0,
+                                             BLOCK_M=16,
                                              BLOCK_N=32, GROUP_M=2, R_PAD=16, DOT_PRECISION=prec)
             testing.assert_close(y, ref, t, str(("LoRASwiGLU gate pass", name, dtype, m, k, n)), kind="interpreter")
             checks += 1
@@ -238,7 +239,7 @@ x[3, 5] = float("inf")
 w, b = torch.randn(k, n, generator=g) / k ** 0.5, torch.randn(n, generator=g)
 a, bm = torch.randn(k, r, generator=g) / k ** 0.5, torch.randn(r, n, generator=g) / r ** 0.5
 ts = torch.full((1, m, 16), float("nan"))
-lora._lora_xa_kernel[(1,)](x, a, a, ts, ts, m, k, r, r, 1, triton.cdiv(k, 16), BLOCK_M=16, BLOCK_K=16, R_PAD=16,
+lora._lora_xa_kernel[(1,)](x, a, a, ts, ts, m, k, r, r, 1, triton.cdiv(k, 16), ts, 0, BLOCK_M=16, BLOCK_K=16, R_PAD=16,
                            DOT_PRECISION="ieee")
 y = torch.full((m, n), float("nan"))
 lora._lora_main_kernel[grid(m, n)](x, w, ts, bm, b, y, m, n, k, r, 1, 0.5, 0, grid(m, n)[0], R_PAD=16,
@@ -319,7 +320,7 @@ for dtype in ("float", "float16"):
         kb = triton.cdiv(triton.cdiv(k, 16), split)
         ts = torch.full((split, m, 16), float("nan"))
         lora._multi_lora_xa_kernel[(triton.cdiv(m, 16) * split * na,)](x2, a, a, idx, ts, ts, m, k, r, r, 1, na,
-                                                                       rpi, kb, BLOCK_M=16, BLOCK_K=16, R_PAD=16,
+                                                                       rpi, kb, ts, 0, BLOCK_M=16, BLOCK_K=16, R_PAD=16,
                                                                        DOT_PRECISION=prec)
         y = torch.full((m, n), float("nan")).to(t)
         grid = (triton.cdiv(m, 16) * triton.cdiv(n, 32),)
@@ -333,8 +334,8 @@ for dtype in ("float", "float16"):
             bad[1] = na
             y = torch.zeros((m, n))
             lora._multi_lora_xa_kernel[(triton.cdiv(m, 16) * split * na,)](x2, a, a, bad, ts, ts, m, k, r, r, 1, na,
-                                                                           rpi, kb, BLOCK_M=16, BLOCK_K=16, R_PAD=16,
-                                                                           DOT_PRECISION=prec)
+                                                                           rpi, kb, ts, 0, BLOCK_M=16, BLOCK_K=16,
+                                                                           R_PAD=16, DOT_PRECISION=prec)
             lora._multi_lora_main_kernel[grid](x2, w, ts, bm, b, sc, bad, y, m, n, k, r, na, rpi, split, R_PAD=16,
                                                DOT_PRECISION=prec, **cfg)
             y3 = y.reshape(x.shape[0], rpi, n)
@@ -359,17 +360,102 @@ for dtype in ("float", "float16"):
         tg, tu = torch.full((split, m, 16), float("nan")), torch.full((split, m, 16), float("nan"))
         # both stacks in one launch (NS 2), each program both from one X tile
         lora._multi_lora_xa_kernel[(triton.cdiv(m, 16) * split * na,)](x2, ag, au, idx, tg, tu, m, k, entry[4],
-                                                                           entry[5], 2, na, rpi, kb, BLOCK_M=16,
+                                                                           entry[5], 2, na, rpi, kb, tg, 0, BLOCK_M=16,
                                                                            BLOCK_K=16, R_PAD=16, DOT_PRECISION=prec)
         y = torch.full((m, n), float("nan")).to(t)
         code = schema.GATE_ACTIVATIONS.index(entry[7])
         sw._multi_lora_swiglu_kernel[(triton.cdiv(m, 16) * triton.cdiv(n, 32),)](
-            x2, wg, wu, tg, bg, sg, tu, bu, su, idx, y, m, n, k, entry[4], entry[5], na, rpi, split, code, R_PAD=16,
-            DOT_PRECISION=prec, **cfg)
+            x2, wg, wu, tg, bg, sg, tu, bu, su, idx, y, m, n, k, entry[4], entry[5], na, rpi, split, code, ag, tg, 0,
+            R_PAD=16, DOT_PRECISION=prec, **cfg)
         ref = schema.reference("MultiLoRASwiGLU", [x, wg, wu, ag, bg, au, bu, sg, su, idx], attrs).reshape(m, n)
         testing.assert_close(y, ref, t, str(("MultiLoRASwiGLU", dtype, entry)), kind="interpreter")
         checks += 1
 assert checks == 8 + 3 + 4, checks
+print("ok")
+"""
+
+
+_GATED_MLP = _PRELUDE + r"""
+# LoRAGatedMLP's and MultiLoRAGatedMLP's kernels: phase 1 zeroes the down adapter's X @ A accumulator (ZERO3), the
+# gated kernels (lora_swiglu, lora_gate, multi_lora_swiglu) add each finished tile's h @ A_down to it (fp32 atomics),
+# and the down projection's main kernel reads it as one partial (SPLIT 1); the whole MLP against the op's reference.
+sw, lora = load("swiglu"), load("lora_linear")
+cfg = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=2)
+op, mop = schema.op_def("LoRAGatedMLP"), schema.op_def("MultiLoRAGatedMLP")
+checks = 0
+for dtype in ("float", "float16"):
+    t = TT[dtype]
+    prec = "ieee" if dtype == "float" else "tf32"
+    for entry in ((37, 48, 70, 4, 7, 5, "silu"), (5, 33, 40, 16, 16, 16, "gelu_tanh")):
+        shapes, attrs, _ = op.doctor_entry(entry)
+        ins = op.make_doctor_inputs(t, shapes, seed=sum(entry[:6]))
+        x, wg, wu, ag, bg, au, bu, wd, ad, bd, bias = ins
+        m, k, n = x.shape[0], x.shape[1], wg.shape[1]
+        rg, ru, rd = entry[3:6]
+        split = 2
+        kb = triton.cdiv(triton.cdiv(k, 16), split)
+        tg, tu = torch.full((split, m, 16), float("nan")), torch.full((split, m, 16), float("nan"))
+        ref = schema.reference("LoRAGatedMLP", ins, attrs)
+        code = schema.GATE_ACTIVATIONS.index(entry[6])
+        for form in ("lora_swiglu", "lora_gate"):
+            td = torch.full((m, 16), float("nan"))
+            lora._lora_xa_kernel[(triton.cdiv(m, 16) * split,)](x, ag, au, tg, tu, m, k, rg, ru, 2, kb, td, 1,
+                                                                BLOCK_M=16, BLOCK_K=16, R_PAD=16, DOT_PRECISION=prec)
+            assert torch.equal(td, torch.zeros_like(td)), "phase 1 did not zero the down accumulator"
+            h = torch.full((m, n), float("nan")).to(t)
+            if form == "lora_swiglu":
+                sw._lora_swiglu_kernel[(triton.cdiv(m, 16) * triton.cdiv(n, 32),)](
+                    x, wg, wu, tg, bg, tu, bu, h, m, n, k, rg, ru, split, attrs["scale_gate"], attrs["scale_up"], code,
+                    ad, td, rd, R_PAD=16, DOT_PRECISION=prec, **cfg)
+            else:
+                h.copy_((x.float() @ wg.float()).to(t))
+                u = (x.float() @ wu.float()).to(t)
+                sw._lora_gate_kernel[(triton.cdiv(m, 16) * triton.cdiv(n, 32),)](
+                    h, u, tg, bg, tu, bu, h, m, n, rg, ru, split, attrs["scale_gate"], attrs["scale_up"], code, ad, td,
+                    rd, BLOCK_M=16, BLOCK_N=32, GROUP_M=2, R_PAD=16, DOT_PRECISION=prec)
+            xa = h.float() @ ad.float()
+            assert torch.allclose(td[:, :rd], xa, rtol=1e-4, atol=1e-4 * float(xa.abs().max())), (form, dtype, entry)
+            assert torch.equal(td[:, rd:], torch.zeros_like(td[:, rd:])), (form, "padded columns")
+            y = torch.full((m, wd.shape[1]), float("nan")).to(t)
+            nd = wd.shape[1]
+            nprog = triton.cdiv(m, 16) * triton.cdiv(nd, 32)
+            lora._lora_main_kernel[(nprog,)](h, wd, td, bd, bias, y, m, nd, n, rd, 1, attrs["scale_down"], 0, nprog,
+                                             R_PAD=16, DOT_PRECISION=prec, TMA=False, **cfg)
+            testing.assert_close(y, ref, t, str(("LoRAGatedMLP", form, dtype, entry)), kind="interpreter")
+            checks += 1
+    # the mixed batch: decode rows (one without an adapter) and prefill sequences
+    for entry in ((6, 1, 48, 80, 16, 7, 5, 4, "silu"), (3, 9, 40, 33, 4, 16, 16, 2, "gelu_tanh")):
+        shapes, attrs, _ = mop.doctor_entry(entry)
+        ins = mop.make_doctor_inputs(t, shapes, seed=len(entry))
+        x, wg, wu, ag, bg, au, bu, wd, ad, bd, bias, sg, su, sd, idx = ins
+        na, rg, ru, rd = entry[7], entry[4], entry[5], entry[6]
+        m, k, n = x.numel() // x.shape[-1], x.shape[-1], wg.shape[1]
+        rpi, split = m // x.shape[0], 2
+        x2 = x.reshape(m, k)
+        kb = triton.cdiv(triton.cdiv(k, 16), split)
+        tg, tu = torch.full((split, m, 16), float("nan")), torch.full((split, m, 16), float("nan"))
+        td = torch.full((m, 16), float("nan"))
+        lora._multi_lora_xa_kernel[(triton.cdiv(m, 16) * split * na,)](x2, ag, au, idx, tg, tu, m, k, rg, ru, 2, na,
+                                                                       rpi, kb, td, 1, BLOCK_M=16, BLOCK_K=16,
+                                                                       R_PAD=16, DOT_PRECISION=prec)
+        assert torch.equal(td, torch.zeros_like(td)), "multi phase 1 did not zero the down accumulator"
+        h = torch.full((m, n), float("nan")).to(t)
+        code = schema.GATE_ACTIVATIONS.index(entry[8])
+        sw._multi_lora_swiglu_kernel[(triton.cdiv(m, 16) * triton.cdiv(n, 32),)](
+            x2, wg, wu, tg, bg, sg, tu, bu, su, idx, h, m, n, k, rg, ru, na, rpi, split, code, ad, td, rd, R_PAD=16,
+            DOT_PRECISION=prec, **cfg)
+        rows = idx.repeat_interleave(rpi)
+        xa = torch.stack([h[i].float() @ ad[j].float() if j >= 0 else torch.zeros(rd)
+                          for i, j in enumerate(rows.tolist())])
+        assert torch.allclose(td[:, :rd], xa, rtol=1e-4, atol=1e-4 * float(xa.abs().max())), ("multi", dtype, entry)
+        nd = wd.shape[1]
+        y = torch.full((m, nd), float("nan")).to(t)
+        lora._multi_lora_main_kernel[(triton.cdiv(m, 16) * triton.cdiv(nd, 32),)](
+            h, wd, td, bd, bias, sd, idx, y, m, nd, n, rd, na, rpi, 1, R_PAD=16, DOT_PRECISION=prec, **cfg)
+        ref = schema.reference("MultiLoRAGatedMLP", ins, attrs).reshape(m, nd)
+        testing.assert_close(y, ref, t, str(("MultiLoRAGatedMLP", dtype, entry)), kind="interpreter")
+        checks += 1
+assert checks == 2 * (2 * 2 + 2), checks
 print("ok")
 """
 
@@ -409,3 +495,10 @@ def test_multi_lora_kernels_in_the_interpreter():
     """MultiLoRALinear's phases (multi_lora_xa, multi_lora_main) against the reference, and the NaN row of an index
     past the stack."""
     _run(_MULTI_LORA)
+
+
+def test_gated_lora_mlp_kernels_in_the_interpreter():
+    """LoRAGatedMLP's kernel chain (phase 1 zeroing the down accumulator, the gated kernels' down X @ A epilogue, the
+    down main kernel reading it) and the mixed batch's, against the ops' references."""
+    pytest.importorskip("triton")
+    _run(_GATED_MLP)

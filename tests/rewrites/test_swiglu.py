@@ -746,25 +746,35 @@ def test_two_d_dynamo_mlp_gemm_transb(tmp_path):
 
 @pytest.mark.parametrize("targets,as_inputs", [
     (("gate_proj", "up_proj", "down_proj"), False),
-    (("gate_proj", "up_proj", "down_proj"), True),   # adapters as graph inputs: kept as LoRASwiGLU's inputs
+    (("gate_proj", "up_proj", "down_proj"), True),   # adapters as graph inputs: kept as the op's inputs
     (("gate_proj", "down_proj"), False),             # the up projection without one: a zero adapter
+    (("gate_proj", "up_proj"), False),               # no adapter on down: LoRASwiGLU, down a plain GEMM
 ])
 def test_a_gated_mlp_with_lora_is_one_op(tmp_path, targets, as_inputs):
     """Issue 30: a Llama MLP with peft adapters: gate and up with their adapters and act * mul become one LoRASwiGLU
-    (the lora_linear rule's LoRALinear nodes on gate/up absorbed, the report counting them once), down stays
-    LoRALinear; the fused model equals the unfused one through the CPU kernel and through the function body."""
+    (the lora_linear rule's LoRALinear nodes on gate/up absorbed, the report counting them once), and with an adapter
+    on down too the whole MLP is one LoRAGatedMLP (LoRASwiGLU and down's LoRALinear joined: the down adapter's X @ A
+    from the gated kernel's epilogue); the fused model equals the unfused one through the CPU kernel and through the
+    function body."""
     from onnxfuse import adapters, zoo
     spec = zoo.LlamaSpec.from_preset("tiny", mlp_only=True, lora_rank=4, lora_targets=targets)
     res_x = export.export("llama", spec, tmp_path / "m.onnx", lora_as_inputs=as_inputs)
     res = fuse.fuse(tmp_path / "m.onnx", tmp_path / "f.onnx", provider="cuda")  # every pattern, no CPU table
-    assert sorted(m.op for m in res.matches) == ["LoRALinear", "LoRASwiGLU"]
-    assert {(r["op"], r["matches"]) for r in res.table()} == {("LoRALinear", 1), ("LoRASwiGLU", 1)}
+    op = "LoRAGatedMLP" if "down_proj" in targets else "LoRASwiGLU"
+    assert [m.op for m in res.matches] == [op]
+    assert {(r["op"], r["matches"]) for r in res.table()} == {(op, 1)}
     fused = onnx.load(str(tmp_path / "f.onnx"))
     soundness.check_model(fused)
-    node = next(n for n in fused.graph.node if n.op_type == "LoRASwiGLU")
-    assert node.overload == "silu" and len(node.input) == 7
+    assert [n.op_type for n in fused.graph.node if n.domain == "onnxfuse"] == [op]
+    node = next(n for n in fused.graph.node if n.op_type == op)
+    assert node.overload == "silu" and len(node.input) == (11 if op == "LoRAGatedMLP" else 7)
     graph_inputs = {i.name for i in fused.graph.input}
     assert all((name in graph_inputs) == as_inputs for name in node.input[3:5])  # the gate's A and B
+    if op == "LoRAGatedMLP":
+        assert all((name in graph_inputs) == as_inputs for name in node.input[8:10])  # the down's A and B
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs["scale_down"] == pytest.approx((spec.lora_alpha or 2 * spec.lora_rank) / spec.lora_rank)
+        assert node.name.startswith("onnxfuse/swiglu/")
     if "up_proj" not in targets:
         zeros = {t.name: numpy_helper.to_array(t) for t in fused.graph.initializer}
         assert not zeros[node.input[5]].any() and not zeros[node.input[6]].any()
@@ -774,6 +784,23 @@ def test_a_gated_mlp_with_lora_is_one_op(tmp_path, targets, as_inputs):
     for library in (True, False):
         got = runtime.session(str(tmp_path / "f.onnx"), "cpu", library=library).run(None, feeds)[0]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_lora_mlp_whose_activation_has_another_use_is_explained(tmp_path):
+    """LoRASwiGLU joins its down projection's LoRALinear only where the activation feeds nothing else: with a second
+    use (here a graph output) the two ops stay, and --explain says why."""
+    from onnxfuse import zoo
+    spec = zoo.LlamaSpec.from_preset("tiny", mlp_only=True, lora_rank=4)
+    export.export("llama", spec, tmp_path / "m.onnx")
+    m = onnx.load(str(tmp_path / "m.onnx"))
+    mul = next(n for n in reversed(m.graph.node) if n.op_type == "Mul"
+               and any(c.op_type in ("MatMul", "Gemm") and n.output[0] in c.input for c in m.graph.node))
+    m.graph.output.append(onnx.helper.make_tensor_value_info(mul.output[0], onnx.TensorProto.FLOAT, None))
+    onnx.save(m, str(tmp_path / "m2.onnx"))
+    res = fuse.fuse(tmp_path / "m2.onnx", tmp_path / "f.onnx", explain=True, provider="cuda")
+    assert sorted(mm.op for mm in res.matches) == ["LoRALinear", "LoRASwiGLU"]
+    reasons = [r["reason"] for r in res.refusals if r["rule"] == "swiglu/lora_mlp"]
+    assert any("stays apart from its down projection" in r and "graph output" in r for r in reasons), res.refusals
 
 
 def test_a_gated_mlp_whose_lora_projection_has_a_bias_is_explained(tmp_path):

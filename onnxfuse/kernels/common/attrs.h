@@ -68,6 +68,7 @@ struct OpAttrs {
   const char* backend_source = "default";  // "attribute" or "default": for error messages
   float scale = schema::attr::kScaleDefault;
   float scale_gate = schema::attr::kScaleGateDefault, scale_up = schema::attr::kScaleUpDefault;  // LoRASwiGLU
+  float scale_down = schema::attr::kScaleDownDefault;                                            // LoRAGatedMLP
 };
 
 inline OpAttrs ReadOpAttrs(const OrtApi* api, const OrtKernelInfo* info, const char* op) {
@@ -80,6 +81,7 @@ inline OpAttrs ReadOpAttrs(const OrtApi* api, const OrtKernelInfo* info, const c
   detail::TryGetFloat(api, info, schema::attr::kScale, a.scale);
   detail::TryGetFloat(api, info, schema::attr::kScaleGate, a.scale_gate);
   detail::TryGetFloat(api, info, schema::attr::kScaleUp, a.scale_up);
+  detail::TryGetFloat(api, info, schema::attr::kScaleDown, a.scale_down);
   return a;
 }
 

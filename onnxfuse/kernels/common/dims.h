@@ -206,6 +206,48 @@ inline MultiLoRADims MultiLoRASwiGLUDims(const char* op, const std::vector<int64
   return d;
 }
 
+// LoRAGatedMLP: LoRASwiGLU's shapes (gated: M, K, N, r = the gate's rank; ru the up's), then the down projection's
+// on the activation [..., N]: W_down [N, K2], A_down [N, rd], B_down [rd, K2], bias_down [K2] (down: M, K = N, N = K2,
+// r = rd; its out_shape is Y's).
+struct GatedMLPDims {
+  LinearDims gated, down;
+  int64_t ru = 0;
+};
+inline GatedMLPDims LoRAGatedMLPDims(const char* op, const std::vector<int64_t>& x, const std::vector<int64_t>& wg,
+                                     const std::vector<int64_t>& wu, const std::vector<int64_t>& ag,
+                                     const std::vector<int64_t>& bg, const std::vector<int64_t>& au,
+                                     const std::vector<int64_t>& bu, const std::vector<int64_t>& wd,
+                                     const std::vector<int64_t>& ad, const std::vector<int64_t>& bd,
+                                     const std::vector<int64_t>& bias) {
+  GatedMLPDims d;
+  d.gated = LoRASwiGLUDims(op, x, wg, wu, ag, bg, au, bu, &d.ru);
+  d.down = LoRADims(op, d.gated.out_shape, wd, ad, bd, bias);  // its X is the activation, W W_down, A A_down, ...
+  return d;
+}
+
+// MultiLoRAGatedMLP: MultiLoRASwiGLU's shapes, then MultiLoRALinear's on the activation (W_down [N, K2], A_down
+// [n, N, rd], B_down [n, rd, K2], bias_down [K2], scales_down [n]; the same n as the gate's and up's stacks).
+struct MultiGatedMLPDims {
+  MultiLoRADims gated, down;
+  int64_t ru = 0;
+};
+inline MultiGatedMLPDims MultiLoRAGatedMLPDims(const char* op, const std::vector<int64_t>& x,
+                                               const std::vector<int64_t>& wg, const std::vector<int64_t>& wu,
+                                               const std::vector<int64_t>& ag, const std::vector<int64_t>& bg,
+                                               const std::vector<int64_t>& au, const std::vector<int64_t>& bu,
+                                               const std::vector<int64_t>& wd, const std::vector<int64_t>& ad,
+                                               const std::vector<int64_t>& bd, const std::vector<int64_t>& bias,
+                                               const std::vector<int64_t>& sg, const std::vector<int64_t>& su,
+                                               const std::vector<int64_t>& sd, const std::vector<int64_t>& index) {
+  MultiGatedMLPDims d;
+  d.gated = MultiLoRASwiGLUDims(op, x, wg, wu, ag, bg, au, bu, sg, su, index, &d.ru);
+  d.down = MultiLoRALinearDims(op, d.gated.out_shape, wd, ad, bd, bias, sd, index);
+  detail::Need(d.down.adapters == d.gated.adapters, op,
+               "A_down, B_down and scales_down must stack as many adapters as the gate's and up's (" +
+                   std::to_string(d.gated.adapters) + "); got A_down " + ShapeStr(ad));
+  return d;
+}
+
 // Shapes of a stack's inputs: X [..., K], W_i [n_{i-1}, n_i] with n_0 = K, bias_i [n_i]. widths = n_0..n_L.
 struct StackDims {
   int64_t M = 0;

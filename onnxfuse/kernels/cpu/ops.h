@@ -385,6 +385,29 @@ void AddRankTerm(float* z, float* br, const float* t, const T* b, int64_t j, int
   for (int64_t c = 0; c < nc; ++c) z[c] += s * br[c];
 }
 
+// Y = acc + bias + scales[j] * T[m] @ B[j] per row m (j = its adapter, none where < 0); T fp32 [M, r].
+template <typename T>
+struct MultiLoRAEpilogue final : Epilogue {
+  const float* bias;
+  const float* t;
+  const T* b;                  // [n, r, N]
+  const T* scales;             // [n]
+  const int64_t* row_adapter;  // [M]: the row's adapter, < 0 for none
+  T* y;
+  int64_t N, r;
+  void Apply(int64_t m0, int64_t mb, int64_t n0, int64_t nc, const float* const* acc, int64_t ld) const override {
+    std::vector<float> z(static_cast<size_t>(nc)), br(static_cast<size_t>(nc));
+    for (int64_t i = 0; i < mb; ++i) {
+      const int64_t m = m0 + i, j = row_adapter[m];
+      const float* a = acc[0] + i * ld;
+      for (int64_t c = 0; c < nc; ++c) z[c] = a[c] + bias[n0 + c];
+      if (j >= 0) AddRankTerm(z.data(), br.data(), t + m * r, b, j, r, N, n0, nc, ToF32<T>(scales[j]));
+      T* out = y + m * N + n0;
+      for (int64_t c = 0; c < nc; ++c) out[c] = FromF32<T>(z[c]);
+    }
+  }
+};
+
 // Register<Family>(domain), defined in cpu/<family>.cc, for every family of the generated ONNXFUSE_OP_FAMILIES.
 #define ONNXFUSE_DECLARE_CPU_REGISTER(Family) void Register##Family(Ort::CustomOpDomain& domain);
 ONNXFUSE_OP_FAMILIES(ONNXFUSE_DECLARE_CPU_REGISTER)

@@ -190,6 +190,29 @@ std::vector<float> ScaledXA(const T* x, const T* a, int64_t M, int64_t K, int64_
   return t;
 }
 
+// LoRASwiGLU's pass over raw buffers (d: LoRASwiGLUDims'; y [M, N]): what LoRASwiGLU and LoRAGatedMLP run.
+template <typename T>
+void RunLoRASwiGLU(const ParallelRunner& pool, int act, const LinearDims& d, int64_t ru, const T* x, const T* wg,
+                   const T* wu, const T* ag, const T* bg_t, const T* au, const T* bu_t, float scale_gate,
+                   float scale_up, T* y) {
+  const int64_t rg = d.r;
+  const std::vector<float> tg = ScaledXA(x, ag, d.M, d.K, rg, scale_gate);
+  const std::vector<float> tu = ScaledXA(x, au, d.M, d.K, ru, scale_up);
+  const std::vector<float> bg = ToF32Vector(bg_t, rg * d.N), bu = ToF32Vector(bu_t, ru * d.N);
+  GemmArgs g = GemmFor(d, x, nullptr);
+  g.pool = &pool;
+  g.num_b = 2;
+  g.b[0] = BOperand{wg, d.K, nullptr, nullptr};
+  g.b[1] = BOperand{wu, d.K, nullptr, nullptr};
+  WithGateAct(act, [&](auto code) {
+    LoRASwiGLUEpilogue<T, decltype(code)::value> epi;
+    epi.tg = tg.data(), epi.bg = bg.data(), epi.tu = tu.data(), epi.bu = bu.data();
+    epi.rg = rg, epi.ru = ru, epi.N = d.N, epi.y = y;
+    g.epilogue = &epi;
+    Gemm(g);
+  });
+}
+
 template <typename T>
 struct LoRASwiGLUCpu {
   using Op = schema::LoRASwiGLU;
@@ -205,24 +228,9 @@ struct LoRASwiGLUCpu {
                                           B_gate.Shape(), A_up.Shape(), B_up.Shape(), &ru);
       T* y = Y.Allocate(d.out_shape);
       if (d.M == 0 || d.N == 0) return;
-      const int64_t rg = d.r;
-      const std::vector<float> tg = ScaledXA(X.Data(), A_gate.Data(), d.M, d.K, rg, attrs.scale_gate);
-      const std::vector<float> tu = ScaledXA(X.Data(), A_up.Data(), d.M, d.K, ru, attrs.scale_up);
-      const std::vector<float> bg = ToF32Vector(B_gate.Data(), rg * d.N), bu = ToF32Vector(B_up.Data(), ru * d.N);
       const OrtPool pool(ctx);
-      GemmArgs g = GemmFor(d, X.Data(), nullptr);
-      g.pool = &pool;
-      g.num_b = 2;
-      g.b[0] = BOperand{W_gate.Data(), d.K, nullptr, nullptr};
-      g.b[1] = BOperand{W_up.Data(), d.K, nullptr, nullptr};
-      auto run = [&](auto code) {
-        LoRASwiGLUEpilogue<T, decltype(code)::value> epi;
-        epi.tg = tg.data(), epi.bg = bg.data(), epi.tu = tu.data(), epi.bu = bu.data();
-        epi.rg = rg, epi.ru = ru, epi.N = d.N, epi.y = y;
-        g.epilogue = &epi;
-        Gemm(g);
-      };
-      WithGateAct(act, run);
+      RunLoRASwiGLU(pool, act, d, ru, X.Data(), W_gate.Data(), W_up.Data(), A_gate.Data(), B_gate.Data(), A_up.Data(),
+                    B_up.Data(), attrs.scale_gate, attrs.scale_up, y);
     });
   }
   OpAttrs attrs;
@@ -253,6 +261,28 @@ struct MultiLoRASwiGLUEpilogue final : Epilogue {
   }
 };
 
+// MultiLoRASwiGLU's pass over raw buffers (d: MultiLoRASwiGLUDims'; rows: RowAdapters'; y [M, N]).
+template <typename T>
+void RunMultiLoRASwiGLU(const ParallelRunner& pool, int act, const MultiLoRADims& d, int64_t ru,
+                        const std::vector<int64_t>& rows, const T* x, const T* wg, const T* wu, const T* ag,
+                        const T* bg, const T* au, const T* bu, const T* sg, const T* su, T* y) {
+  const std::vector<float> tg = MultiXA(pool, x, ag, rows, d.M, d.K, d.r);
+  const std::vector<float> tu = MultiXA(pool, x, au, rows, d.M, d.K, ru);
+  GemmArgs g = GemmFor(d, x, nullptr);
+  g.pool = &pool;
+  g.num_b = 2;
+  g.b[0] = BOperand{wg, d.K, nullptr, nullptr};
+  g.b[1] = BOperand{wu, d.K, nullptr, nullptr};
+  WithGateAct(act, [&](auto code) {
+    MultiLoRASwiGLUEpilogue<T, decltype(code)::value> epi;
+    epi.tg = tg.data(), epi.tu = tu.data(), epi.bg = bg, epi.bu = bu;
+    epi.sg = sg, epi.su = su, epi.row_adapter = rows.data();
+    epi.rg = d.r, epi.ru = ru, epi.N = d.N, epi.y = y;
+    g.epilogue = &epi;
+    Gemm(g);
+  });
+}
+
 template <typename T>
 struct MultiLoRASwiGLUCpu {
   using Op = schema::MultiLoRASwiGLU;
@@ -273,21 +303,85 @@ struct MultiLoRASwiGLUCpu {
       if (d.M == 0 || d.N == 0) return;
       const std::vector<int64_t> rows = RowAdapters(Op::kName, Index.Data(), d);
       const OrtPool pool(ctx);
-      const std::vector<float> tg = MultiXA(pool, X.Data(), A_gate.Data(), rows, d.M, d.K, d.r);
-      const std::vector<float> tu = MultiXA(pool, X.Data(), A_up.Data(), rows, d.M, d.K, ru);
-      GemmArgs g = GemmFor(d, X.Data(), nullptr);
+      RunMultiLoRASwiGLU(pool, act, d, ru, rows, X.Data(), W_gate.Data(), W_up.Data(), A_gate.Data(), B_gate.Data(),
+                         A_up.Data(), B_up.Data(), S_gate.Data(), S_up.Data(), y);
+    });
+  }
+  OpAttrs attrs;
+  int act;  // onnxfuse_gate_act, checked when the kernel is created
+};
+
+// LoRAGatedMLP: LoRASwiGLU's pass into the activation H [M, N] (a buffer of the op), then the down projection as
+// LoRALinear's built-in GEMM on H: its adapter's scale * (H @ A_down) as rank-r extra reduction columns over [W_down ;
+// B_down], the bias in the epilogue.
+template <typename T>
+struct LoRAGatedMLPCpu {
+  using Op = schema::LoRAGatedMLP;
+  using In = Ort::Custom::Tensor<T>;
+  LoRAGatedMLPCpu(const OrtApi* api, const OrtKernelInfo* info)
+      : attrs(ReadOpAttrs(api, info, Op::kName)), act(ReadGateActivation(api, info, Op::kName)) {}
+  Ort::Status Compute(OrtKernelContext* ctx, const In& X, const In& W_gate, const In& W_up, const In& A_gate,
+                      const In& B_gate, const In& A_up, const In& B_up, const In& W_down, const In& A_down,
+                      const In& B_down, const In& bias_down, Ort::Custom::Tensor<T>& Y) {
+    return GuardCompute([&] {
+      const GatedMLPDims d = LoRAGatedMLPDims(Op::kName, X.Shape(), W_gate.Shape(), W_up.Shape(), A_gate.Shape(),
+                                              B_gate.Shape(), A_up.Shape(), B_up.Shape(), W_down.Shape(),
+                                              A_down.Shape(), B_down.Shape(), bias_down.Shape());
+      T* y = Y.Allocate(d.down.out_shape);
+      if (d.down.M == 0 || d.down.N == 0) return;
+      const OrtPool pool(ctx);
+      std::vector<T> h(static_cast<size_t>(d.gated.M * d.gated.N));
+      if (d.gated.N > 0)
+        RunLoRASwiGLU(pool, act, d.gated, d.ru, X.Data(), W_gate.Data(), W_up.Data(), A_gate.Data(), B_gate.Data(),
+                      A_up.Data(), B_up.Data(), attrs.scale_gate, attrs.scale_up, h.data());
+      const BiasAct<T, Act::None> epi(nullptr, bias_down.Data(), d.down.N, y);
+      GemmArgs g = GemmFor(d.down, h.data(), &epi.epilogue);
       g.pool = &pool;
-      g.num_b = 2;
-      g.b[0] = BOperand{W_gate.Data(), d.K, nullptr, nullptr};
-      g.b[1] = BOperand{W_up.Data(), d.K, nullptr, nullptr};
-      WithGateAct(act, [&](auto code) {
-        MultiLoRASwiGLUEpilogue<T, decltype(code)::value> epi;
-        epi.tg = tg.data(), epi.tu = tu.data(), epi.bg = B_gate.Data(), epi.bu = B_up.Data();
-        epi.sg = S_gate.Data(), epi.su = S_up.Data(), epi.row_adapter = rows.data();
-        epi.rg = d.r, epi.ru = ru, epi.N = d.N, epi.y = y;
-        g.epilogue = &epi;
-        Gemm(g);
-      });
+      g.r = d.down.r;
+      g.lora_a = A_down.Data();
+      g.lora_scale = attrs.scale_down;
+      g.b[0] = BOperand{W_down.Data(), d.down.K, B_down.Data(), nullptr};
+      Gemm(g);
+    });
+  }
+  OpAttrs attrs;
+  int act;  // onnxfuse_gate_act, checked when the kernel is created
+};
+
+// MultiLoRAGatedMLP: MultiLoRASwiGLU's pass into H, then MultiLoRALinear's (each row's T = H @ A_down[j], the base
+// GEMM with MultiLoRAEpilogue).
+template <typename T>
+struct MultiLoRAGatedMLPCpu {
+  using Op = schema::MultiLoRAGatedMLP;
+  using In = Ort::Custom::Tensor<T>;
+  MultiLoRAGatedMLPCpu(const OrtApi* api, const OrtKernelInfo* info)
+      : attrs(ReadOpAttrs(api, info, Op::kName)), act(ReadGateActivation(api, info, Op::kName)) {}
+  Ort::Status Compute(OrtKernelContext* ctx, const In& X, const In& W_gate, const In& W_up, const In& A_gate,
+                      const In& B_gate, const In& A_up, const In& B_up, const In& W_down, const In& A_down,
+                      const In& B_down, const In& bias_down, const In& S_gate, const In& S_up, const In& S_down,
+                      const Ort::Custom::Tensor<int64_t>& Index, Ort::Custom::Tensor<T>& Y) {
+    return GuardCompute([&] {
+      const MultiGatedMLPDims d =
+          MultiLoRAGatedMLPDims(Op::kName, X.Shape(), W_gate.Shape(), W_up.Shape(), A_gate.Shape(), B_gate.Shape(),
+                                A_up.Shape(), B_up.Shape(), W_down.Shape(), A_down.Shape(), B_down.Shape(),
+                                bias_down.Shape(), S_gate.Shape(), S_up.Shape(), S_down.Shape(), Index.Shape());
+      T* y = Y.Allocate(d.down.out_shape);
+      if (d.down.M == 0 || d.down.N == 0) return;
+      const std::vector<int64_t> rows = RowAdapters(Op::kName, Index.Data(), d.gated);
+      const OrtPool pool(ctx);
+      std::vector<T> h(static_cast<size_t>(d.gated.M * d.gated.N));
+      if (d.gated.N > 0)
+        RunMultiLoRASwiGLU(pool, act, d.gated, d.ru, rows, X.Data(), W_gate.Data(), W_up.Data(), A_gate.Data(),
+                           B_gate.Data(), A_up.Data(), B_up.Data(), S_gate.Data(), S_up.Data(), h.data());
+      const std::vector<float> t = MultiXA(pool, h.data(), A_down.Data(), rows, d.down.M, d.down.K, d.down.r);
+      const std::vector<float> bias = ToF32Vector(bias_down.Data(), d.down.N);
+      MultiLoRAEpilogue<T> epi;
+      epi.bias = bias.data(), epi.t = t.data(), epi.b = B_down.Data(), epi.scales = S_down.Data();
+      epi.row_adapter = rows.data(), epi.y = y, epi.N = d.down.N, epi.r = d.down.r;
+      GemmArgs g = GemmFor(d.down, h.data(), &epi);
+      g.pool = &pool;
+      g.b[0] = BOperand{W_down.Data(), d.down.K, nullptr, nullptr};
+      Gemm(g);
     });
   }
   OpAttrs attrs;
@@ -300,6 +394,8 @@ void RegisterSwiGLU(Ort::CustomOpDomain& domain) {
   AddOpAllTypes<SwiGLUCpu>(domain, schema::SwiGLU::kName, kCpuEp);
   AddOpAllTypes<LoRASwiGLUCpu>(domain, schema::LoRASwiGLU::kName, kCpuEp);
   AddOpAllTypes<MultiLoRASwiGLUCpu>(domain, schema::MultiLoRASwiGLU::kName, kCpuEp);
+  AddOpAllTypes<LoRAGatedMLPCpu>(domain, schema::LoRAGatedMLP::kName, kCpuEp);
+  AddOpAllTypes<MultiLoRAGatedMLPCpu>(domain, schema::MultiLoRAGatedMLP::kName, kCpuEp);
 }
 
 }  // namespace cpu

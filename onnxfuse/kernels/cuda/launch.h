@@ -76,6 +76,33 @@ int64_t onnxfuse_triton_linear_act_scratch_bytes(int dtype, int64_t m, int64_t k
 int onnxfuse_triton_linear_act(int dtype, int act, const void* x, const void* w, const void* bias, void* y, int64_t m,
                                int64_t k, int64_t n, void* scratch, int64_t scratch_bytes, void* stream);
 
+// LoRALinear's and MultiLoRALinear's launchers (cuda/lora_linear.cu), which LoRAGatedMLP's and MultiLoRAGatedMLP's
+// (cuda/swiglu.cu) run for the down projection.
+// LoRALinear (relu = 0) and LoRALinearRelu (relu = 1): Y = [relu](X @ W + bias + scale * ((X @ A) @ B)): three GEMMs,
+// T = scale * X @ A into scratch, Y = T @ B, then Y = [relu](X @ W + Y + bias) in the big GEMM's epilogue.
+int64_t onnxfuse_cuda_lora_scratch_bytes(int dtype, int64_t m, int64_t r);
+int onnxfuse_cuda_lora_linear(int dtype, int relu, const void* x, const void* w, const void* a, const void* b,
+                              const void* bias, float scale, void* y, int64_t m, int64_t k, int64_t n, int64_t r,
+                              void* scratch, int64_t scratch_bytes, void* stream);
+// MultiLoRALinear (CUDA backend): the cuBLASLt GEMM with its bias, then each row's adapter term (shrink and expand
+// kernels); A [adapters, K, r], B [adapters, r, N], index per row / rows_per_index.
+int64_t onnxfuse_cuda_multi_lora_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t r);
+int onnxfuse_cuda_multi_lora_linear(int dtype, const void* x, const void* w, const void* a, const void* b,
+                                    const void* bias, const void* scales, const int64_t* index, void* y, int64_t m,
+                                    int64_t k, int64_t n, int64_t r, int64_t adapters, int64_t rows_per_index,
+                                    void* scratch, int64_t scratch_bytes, void* stream);
+// Their second phase alone, on partials of X @ A the caller made (t [split, m, r_pad] fp32, r_pad RPad of a rank >= r;
+// LoRAGatedMLP: its gated kernel's down-projection X @ A, split 1): lora_main / multi_lora_main as their
+// launchers run them. lora_main's scratch: the TMA descriptors of its persistent build (0 where it cannot run).
+int64_t onnxfuse_triton_lora_main_scratch_bytes(int dtype, int64_t m, int64_t k);
+int onnxfuse_triton_lora_main(int dtype, int relu, const void* x, const void* w, const void* t, int64_t split,
+                              int64_t r_pad, const void* b, const void* bias, float scale, void* y, int64_t m,
+                              int64_t k, int64_t n, int64_t r, void* scratch, int64_t scratch_bytes, void* stream);
+int onnxfuse_triton_multi_lora_main(int dtype, const void* x, const void* w, const void* t, int64_t split,
+                                    int64_t r_pad, const void* b, const void* bias, const void* scales,
+                                    const int64_t* index, void* y, int64_t m, int64_t k, int64_t n, int64_t r,
+                                    int64_t adapters, int64_t rows_per_index, void* stream);
+
 // Human-readable text for any code the launchers return (static storage, never null).
 const char* onnxfuse_cuda_error_string(int code);
 

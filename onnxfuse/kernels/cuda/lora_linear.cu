@@ -6,12 +6,8 @@
 #include "cuda/launch.h"
 
 extern "C" {
-// LoRALinear (relu = 0) and LoRALinearRelu (relu = 1): Y = [relu](X @ W + bias + scale * ((X @ A) @ B)): three GEMMs,
-// T = scale * X @ A into scratch, Y = T @ B, then Y = [relu](X @ W + Y + bias) in the big GEMM's epilogue.
-int64_t onnxfuse_cuda_lora_scratch_bytes(int dtype, int64_t m, int64_t r);
-int onnxfuse_cuda_lora_linear(int dtype, int relu, const void* x, const void* w, const void* a, const void* b,
-                              const void* bias, float scale, void* y, int64_t m, int64_t k, int64_t n, int64_t r,
-                              void* scratch, int64_t scratch_bytes, void* stream);
+// LoRALinear's CUDA launcher and phase 2 of its Triton one, and MultiLoRALinear's: declared in cuda/launch.h
+// (LoRAGatedMLP, cuda/swiglu.cu, runs them too).
 // The Triton launcher (the host half, Triton builds only: cuda/ops_cuda.h's Dispatch calls it only there).
 // Device scratch (bytes) the Triton LoRA launcher needs for these sizes on the current device: the fp32 partial
 // sums of X @ A ([SPLIT, M, r_pad]) and, where the persistent TMA lora_main may run, its descriptors after them
@@ -28,11 +24,6 @@ int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, const void* 
 // with its bias, then a shrink kernel (each row's X @ A[j], fp32 partials over slices of K) and an expand kernel
 // adding scales[j] * T @ B[j] to Y. Triton: multi_lora_xa, then multi_lora_main (the GEMM loop and the adapters'
 // dots in its epilogue). Scratch as the LoRALinear launchers'.
-int64_t onnxfuse_cuda_multi_lora_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t r);
-int onnxfuse_cuda_multi_lora_linear(int dtype, const void* x, const void* w, const void* a, const void* b,
-                                    const void* bias, const void* scales, const int64_t* index, void* y, int64_t m,
-                                    int64_t k, int64_t n, int64_t r, int64_t adapters, int64_t rows_per_index,
-                                    void* scratch, int64_t scratch_bytes, void* stream);
 int64_t onnxfuse_triton_multi_lora_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t r);
 int onnxfuse_triton_multi_lora_linear(int dtype, const void* x, const void* w, const void* a, const void* b,
                                       const void* bias, const void* scales, const int64_t* index, void* y, int64_t m,
@@ -206,6 +197,50 @@ void RegisterLoRALinearCuda(Ort::CustomOpDomain& domain) {
 using namespace onnxfuse::triton_runtime;  // NOLINT: the launchers below are the runtime's users
 
 namespace {
+// Phase 2 of LoRALinear: Y = [relu](X @ W + bias + (scale * sum_s T[s]) @ B), T [split, M, r_pad] fp32; the persistent
+// TMA build where `scratch` holds its descriptors. `dependent`: launched as the previous kernel's programmatic
+// dependent (its epilogue waits for the partials).
+int LoRAMain(int dtype, int relu, const void* x, const void* w, const void* t, int64_t split, int64_t r_pad,
+             const void* b, const void* bias, float scale, void* y, int64_t m, int64_t k, int64_t n, int64_t r,
+             bool aligned, void* scratch, int64_t scratch_bytes, void* stream, bool dependent) {
+  int device = 0;
+  const int arch = CurrentArch(&device);
+  if (arch < 0) return -arch;
+  int index = -1;
+  const TritonSpec* spec = FindForShape(ids::kLoraMain, dtype, m, n, aligned, int(r_pad), arch, device, &index);
+  if (spec == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
+  int64_t grid = 0;
+  spec = WithTma(spec, &index, m, k, n, arch, device, scratch, scratch_bytes, &grid);
+  int32_t M = int32_t(m), N = int32_t(n), K = int32_t(k), R = int32_t(r), SPLIT = int32_t(split), RELU = relu ? 1 : 0,
+          NPROG = int32_t(grid);
+  float SCALE = scale;
+  void* scratch_profile = nullptr;
+  void* main_global = spec->tma ? scratch : nullptr;
+  void* args[] = {&x, &w, &t,     &b,     &bias, &y,     &M,           &N,
+                  &K, &R, &SPLIT, &SCALE, &RELU, &NPROG, &main_global, &scratch_profile};
+  return LaunchSpec(spec, index, device, grid, args, stream, false, dependent);
+}
+
+// Phase 2 of MultiLoRALinear on partials T [split, M, r_pad] fp32.
+int MultiLoRAMain(int dtype, const void* x, const void* w, const void* t, int64_t split, int64_t r_pad, const void* b,
+                  const void* bias, const void* scales, const int64_t* index, void* y, int64_t m, int64_t k, int64_t n,
+                  int64_t r, int64_t adapters, int64_t rows_per_index, bool aligned, void* stream) {
+  int device = 0;
+  const int arch = CurrentArch(&device);
+  if (arch < 0) return -arch;
+  int spec_index = -1;
+  const TritonSpec* spec =
+      FindForShape(ids::kMultiLoraMain, dtype, m, n, aligned, int(r_pad), arch, device, &spec_index);
+  if (spec == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
+  int32_t M = int32_t(m), N = int32_t(n), K = int32_t(k), R = int32_t(r), NA = int32_t(adapters),
+          RPI = int32_t(rows_per_index), SPLIT = int32_t(split);
+  void* scratch_global = nullptr;
+  void* scratch_profile = nullptr;
+  void* args[] = {&x, &w, &t,  &b,   &bias,  &scales,         &index,          &y, &M, &N,
+                  &K, &R, &NA, &RPI, &SPLIT, &scratch_global, &scratch_profile};
+  return LaunchSpec(spec, spec_index, device, Tiles(m, n, spec), args, stream);
+}
+
 bool LoRAAligned(const void* x, const void* w, const void* a, const void* b, const void* bias, const void* y, int64_t k,
                  int64_t n, int64_t r) {
   // r % 8: 16-byte rows of A (fp16/bf16), so its tiles load with cp.async and the phase-1 loop pipelines.
@@ -229,39 +264,62 @@ extern "C" int onnxfuse_triton_lora_linear(int dtype, int relu, const void* x, c
   if (r > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
   if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
   if (m == 0 || n == 0) return 0;
-  int32_t M = int32_t(m), N = int32_t(n), K = int32_t(k), R = int32_t(r), RELU = relu ? 1 : 0;
-  float SCALE = scale;
+  int32_t M = int32_t(m), K = int32_t(k), R = int32_t(r);
   void* scratch_global = nullptr;
   void* scratch_profile = nullptr;
-  const int r_pad = RPad(r);
   const bool aligned = LoRAAligned(x, w, a, b, bias, y, k, n, r);
   LoRAPlan plan;
   int err = PlanLoRA(dtype, m, k, r, aligned, &plan);
   if (err != 0) return err;
   if (scratch == nullptr || !Aligned16(scratch) || scratch_bytes < LoRAScratchBytes(m, r, plan))
     return ONNXFUSE_ERR_BAD_ARGUMENT;
-  int index = -1;
-  const TritonSpec* main_spec =
-      FindForShape(ids::kLoraMain, dtype, m, n, aligned, r_pad, plan.arch, plan.device, &index);
-  if (main_spec == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
+  int main_index = -1;  // checked before phase 1 runs
+  if (FindForShape(ids::kLoraMain, dtype, m, n, aligned, RPad(r), plan.arch, plan.device, &main_index) == nullptr)
+    return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
   // Phase 1: T partials = X @ A per K slice, fp32, into scratch [SPLIT, M, r_pad].
-  int32_t KB_PER_SPLIT = int32_t(plan.kb_per_split), SPLIT = int32_t(plan.split), NS = 1;
-  void* xa_args[] = {
-      &x, &a, &a, &scratch, &scratch, &M, &K, &R, &R, &NS, &KB_PER_SPLIT, &scratch_global, &scratch_profile};
+  int32_t KB_PER_SPLIT = int32_t(plan.kb_per_split), NS = 1, ZERO3 = 0;
+  void* xa_args[] = {&x,
+                     &a,
+                     &a,
+                     &scratch,
+                     &scratch,
+                     &M,
+                     &K,
+                     &R,
+                     &R,
+                     &NS,
+                     &KB_PER_SPLIT,
+                     &scratch,
+                     &ZERO3,
+                     &scratch_global,
+                     &scratch_profile};
   const int64_t grid_xa = ((m + plan.xa->block_m - 1) / plan.xa->block_m) * plan.split;
   if ((err = LaunchSpec(plan.xa, plan.xa_index, plan.device, grid_xa, xa_args, stream)) != 0) return err;
-  // Phase 2: Y = X @ W + (scale * sum T) @ B + bias [relu]; the TMA descriptors after the partials. To
-  // LORA_PDL_MAX_M rows a programmatic dependent of phase 1: its K loop runs beside it, its epilogue waits for the
-  // partials.
+  // Phase 2 on them; the TMA descriptors after the partials. To LORA_PDL_MAX_M rows a programmatic dependent of
+  // phase 1: its K loop runs beside it, its epilogue waits for the partials.
   const int64_t partials = RoundUp128(LoRAScratchBytes(m, r, plan));
-  int64_t grid = 0;
-  main_spec = WithTma(main_spec, &index, m, k, n, plan.arch, plan.device, static_cast<char*>(scratch) + partials,
-                      scratch_bytes - partials, &grid);
-  int32_t NPROG = int32_t(grid);
-  void* main_global = main_spec->tma ? static_cast<char*>(scratch) + partials : nullptr;
-  void* main_args[] = {&x, &w, &scratch, &b,     &bias, &y,     &M,           &N,
-                       &K, &R, &SPLIT,   &SCALE, &RELU, &NPROG, &main_global, &scratch_profile};
-  return LaunchSpec(main_spec, index, plan.device, grid, main_args, stream, false, m <= ids::kLoraPdlMaxM);
+  return LoRAMain(dtype, relu, x, w, scratch, plan.split, RPad(r), b, bias, scale, y, m, k, n, r, aligned,
+                  static_cast<char*>(scratch) + partials, scratch_bytes - partials, stream, m <= ids::kLoraPdlMaxM);
+}
+
+extern "C" int64_t onnxfuse_triton_lora_main_scratch_bytes(int dtype, int64_t m, int64_t k) {
+  const int64_t tma = TmaScratchBytes(dtype, m, k);
+  return tma > 0 ? tma : 0;
+}
+
+extern "C" int onnxfuse_triton_lora_main(int dtype, int relu, const void* x, const void* w, const void* t,
+                                         int64_t split, int64_t r_pad, const void* b, const void* bias, float scale,
+                                         void* y, int64_t m, int64_t k, int64_t n, int64_t r, void* scratch,
+                                         int64_t scratch_bytes, void* stream) {
+  if (BadCommon(dtype, m, k, n) || r < 0 || split < 1 || r_pad < RPad(r) || t == nullptr)
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (r > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
+  if (TooLarge(m, k, n) || split > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;
+  if (m == 0 || n == 0) return 0;
+  const bool aligned = Aligned16(x) && Aligned16(w) && Aligned16(t) && Aligned16(b) && Aligned16(bias) &&
+                       Aligned16(y) && k % 16 == 0 && n % 16 == 0;
+  return LoRAMain(dtype, relu, x, w, t, split, r_pad, b, bias, scale, y, m, k, n, r, aligned, scratch, scratch_bytes,
+                  stream, false);
 }
 
 // MultiLoRALinear: multi_lora_xa (each row's X @ A[j] partials, [SPLIT, M, r_pad] fp32), then multi_lora_main.
@@ -288,20 +346,50 @@ extern "C" int onnxfuse_triton_multi_lora_linear(int dtype, const void* x, const
   if (err != 0) return err;
   if (scratch == nullptr || !Aligned16(scratch) || scratch_bytes < LoRAScratchBytes(m, r, plan))
     return ONNXFUSE_ERR_BAD_ARGUMENT;
-  int main_index = -1;
-  const TritonSpec* main_spec =
-      FindForShape(ids::kMultiLoraMain, dtype, m, n, aligned, RPad(r), plan.arch, plan.device, &main_index);
-  if (main_spec == nullptr) return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
-  int32_t KB_PER_SPLIT = int32_t(plan.kb_per_split), SPLIT = int32_t(plan.split), NS = 1;
-  void* xa_args[] = {&x,  &a,  &a,   &index,        &scratch,        &scratch,        &M, &K, &R, &R,
-                     &NS, &NA, &RPI, &KB_PER_SPLIT, &scratch_global, &scratch_profile};
+  int main_index = -1;  // checked before phase 1 runs
+  if (FindForShape(ids::kMultiLoraMain, dtype, m, n, aligned, RPad(r), plan.arch, plan.device, &main_index) == nullptr)
+    return ONNXFUSE_ERR_NO_KERNEL_FOR_ARCH;
+  int32_t KB_PER_SPLIT = int32_t(plan.kb_per_split), NS = 1, ZERO3 = 0;
+  void* xa_args[] = {&x,
+                     &a,
+                     &a,
+                     &index,
+                     &scratch,
+                     &scratch,
+                     &M,
+                     &K,
+                     &R,
+                     &R,
+                     &NS,
+                     &NA,
+                     &RPI,
+                     &KB_PER_SPLIT,
+                     &scratch,
+                     &ZERO3,
+                     &scratch_global,
+                     &scratch_profile};
   // one program per row tile, K slice and adapter (a program whose adapter no row of its tile uses returns early)
   const int64_t grid_xa = ((m + plan.xa->block_m - 1) / plan.xa->block_m) * plan.split * (adapters > 0 ? adapters : 1);
   if ((err = LaunchSpec(plan.xa, plan.xa_index, plan.device, grid_xa, xa_args, stream)) != 0) return err;
-  const int64_t grid = Tiles(m, n, main_spec);
-  void* main_args[] = {&x, &w, &scratch, &b,   &bias,  &scales,         &index,          &y, &M, &N,
-                       &K, &R, &NA,      &RPI, &SPLIT, &scratch_global, &scratch_profile};
-  return LaunchSpec(main_spec, main_index, plan.device, grid, main_args, stream);
+  return MultiLoRAMain(dtype, x, w, scratch, plan.split, RPad(r), b, bias, scales, index, y, m, k, n, r, adapters,
+                       rows_per_index, aligned, stream);
+}
+
+extern "C" int onnxfuse_triton_multi_lora_main(int dtype, const void* x, const void* w, const void* t, int64_t split,
+                                               int64_t r_pad, const void* b, const void* bias, const void* scales,
+                                               const int64_t* index, void* y, int64_t m, int64_t k, int64_t n,
+                                               int64_t r, int64_t adapters, int64_t rows_per_index, void* stream) {
+  if (BadCommon(dtype, m, k, n) || r < 0 || adapters < 0 || rows_per_index <= 0 || split < 1 || r_pad < RPad(r) ||
+      t == nullptr)
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (r > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
+  if (TooLarge(m, k, n) || adapters > 0x7fffffffLL || rows_per_index > 0x7fffffffLL || split > 0x7fffffffLL)
+    return ONNXFUSE_ERR_TOO_LARGE;
+  if (m == 0 || n == 0) return 0;
+  const bool aligned = Aligned16(x) && Aligned16(w) && Aligned16(t) && Aligned16(b) && Aligned16(bias) &&
+                       Aligned16(y) && Aligned16(scales) && Aligned16(index) && k % 16 == 0 && n % 16 == 0;
+  return MultiLoRAMain(dtype, x, w, t, split, r_pad, b, bias, scales, index, y, m, k, n, r, adapters, rows_per_index,
+                       aligned, stream);
 }
 #endif  // ONNXFUSE_WITH_TRITON
 #endif  // __CUDACC__

@@ -54,6 +54,48 @@ int onnxfuse_triton_multi_lora_swiglu(int dtype, int act, const void* x, const v
                                       const void* scales_gate, const void* scales_up, const int64_t* index, void* y,
                                       int64_t m, int64_t k, int64_t n, int64_t rg, int64_t ru, int64_t adapters,
                                       int64_t rows_per_index, void* scratch, int64_t scratch_bytes, void* stream);
+// LoRAGatedMLP: Y [m, k2] = LoRALinear(H, W_down [n, k2], A_down [n, rd], B_down [rd, k2], bias_down, scale_down) of
+// H = LoRASwiGLU(X, ...) [m, n], which lives in the scratch (first, 256-byte aligned). CUDA backend: LoRASwiGLU's
+// CUDA launcher into H, then LoRALinear's. Triton: phase 1 of the gate and up adapters, whose programs also zero the
+// down adapter's X @ A sum ([m, r_pad] fp32, r_pad of the largest of the three ranks, after H in the scratch); the
+// gated kernel (lora_swiglu, or from LORA_SWIGLU_CUBLAS's shapes cuBLASLt's GEMMs and lora_gate) adds each finished
+// tile's H @ A_down to it; then lora_main on it (one partial).
+int64_t onnxfuse_cuda_lora_gated_mlp_scratch_bytes(int dtype, int64_t m, int64_t n, int64_t rg, int64_t ru, int64_t rd);
+int onnxfuse_cuda_lora_gated_mlp(int dtype, int act, const void* x, const void* w_gate, const void* w_up,
+                                 const void* a_gate, const void* b_gate, const void* a_up, const void* b_up,
+                                 const void* w_down, const void* a_down, const void* b_down, const void* bias_down,
+                                 float scale_gate, float scale_up, float scale_down, void* y, int64_t m, int64_t k,
+                                 int64_t n, int64_t k2, int64_t rg, int64_t ru, int64_t rd, void* scratch,
+                                 int64_t scratch_bytes, void* stream);
+int64_t onnxfuse_triton_lora_gated_mlp_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t k2, int64_t rg,
+                                                     int64_t ru, int64_t rd);
+int onnxfuse_triton_lora_gated_mlp(int dtype, int act, const void* x, const void* w_gate, const void* w_up,
+                                   const void* a_gate, const void* b_gate, const void* a_up, const void* b_up,
+                                   const void* w_down, const void* a_down, const void* b_down, const void* bias_down,
+                                   float scale_gate, float scale_up, float scale_down, void* y, int64_t m, int64_t k,
+                                   int64_t n, int64_t k2, int64_t rg, int64_t ru, int64_t rd, void* scratch,
+                                   int64_t scratch_bytes, void* stream);
+// MultiLoRAGatedMLP: the same over stacks of adapters (A_down [adapters, n, rd], B_down [adapters, rd, k2],
+// scales_down [adapters]) with each row's adapter index[row / rows_per_index]: MultiLoRASwiGLU's launchers and
+// MultiLoRALinear's, the Triton one with multi_lora_swiglu's epilogue adding each row's H @ A_down[j].
+int64_t onnxfuse_cuda_multi_lora_gated_mlp_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t rg,
+                                                         int64_t ru, int64_t rd);
+int onnxfuse_cuda_multi_lora_gated_mlp(int dtype, int act, const void* x, const void* w_gate, const void* w_up,
+                                       const void* a_gate, const void* b_gate, const void* a_up, const void* b_up,
+                                       const void* w_down, const void* a_down, const void* b_down,
+                                       const void* bias_down, const void* scales_gate, const void* scales_up,
+                                       const void* scales_down, const int64_t* index, void* y, int64_t m, int64_t k,
+                                       int64_t n, int64_t k2, int64_t rg, int64_t ru, int64_t rd, int64_t adapters,
+                                       int64_t rows_per_index, void* scratch, int64_t scratch_bytes, void* stream);
+int64_t onnxfuse_triton_multi_lora_gated_mlp_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t rg,
+                                                           int64_t ru, int64_t rd);
+int onnxfuse_triton_multi_lora_gated_mlp(int dtype, int act, const void* x, const void* w_gate, const void* w_up,
+                                         const void* a_gate, const void* b_gate, const void* a_up, const void* b_up,
+                                         const void* w_down, const void* a_down, const void* b_down,
+                                         const void* bias_down, const void* scales_gate, const void* scales_up,
+                                         const void* scales_down, const int64_t* index, void* y, int64_t m, int64_t k,
+                                         int64_t n, int64_t k2, int64_t rg, int64_t ru, int64_t rd, int64_t adapters,
+                                         int64_t rows_per_index, void* scratch, int64_t scratch_bytes, void* stream);
 }
 
 #ifdef __CUDACC__
@@ -208,6 +250,70 @@ extern "C" int onnxfuse_cuda_multi_lora_swiglu(int dtype, int act, const void* x
   });
 }
 
+// LoRAGatedMLP's CUDA backend: H (the scratch's first part) = LoRASwiGLU, then Y = LoRALinear(H); the two launchers
+// share the rest of the scratch one after the other.
+extern "C" int64_t onnxfuse_cuda_lora_gated_mlp_scratch_bytes(int dtype, int64_t m, int64_t n, int64_t rg, int64_t ru,
+                                                              int64_t rd) {
+  const int64_t gated = onnxfuse_cuda_lora_swiglu_scratch_bytes(dtype, m, n, rg, ru);
+  const int64_t down = onnxfuse_cuda_lora_scratch_bytes(dtype, m, rd);
+  if (gated < 0 || down < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  return ock::Align256(m * n * ock::ElemBytes(dtype)) + std::max(gated, down);
+}
+
+extern "C" int onnxfuse_cuda_lora_gated_mlp(int dtype, int act, const void* x, const void* w_gate, const void* w_up,
+                                            const void* a_gate, const void* b_gate, const void* a_up, const void* b_up,
+                                            const void* w_down, const void* a_down, const void* b_down,
+                                            const void* bias_down, float scale_gate, float scale_up, float scale_down,
+                                            void* y, int64_t m, int64_t k, int64_t n, int64_t k2, int64_t rg,
+                                            int64_t ru, int64_t rd, void* scratch, int64_t scratch_bytes,
+                                            void* stream) {
+  if (!ock::CheckCommon(dtype, x, y, m, k, k2) || n < 0 || rd < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (rd > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
+  if (m == 0 || k2 == 0) return 0;
+  const int64_t need = onnxfuse_cuda_lora_gated_mlp_scratch_bytes(dtype, m, n, rg, ru, rd);
+  if (need < 0) return int(need);
+  if (scratch == nullptr || scratch_bytes < need) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  const int64_t h_bytes = ock::Align256(m * n * ock::ElemBytes(dtype));
+  void* h = scratch;
+  void* rest = static_cast<char*>(scratch) + h_bytes;
+  if (int err = onnxfuse_cuda_lora_swiglu(dtype, act, x, w_gate, w_up, a_gate, b_gate, a_up, b_up, scale_gate, scale_up,
+                                          h, m, k, n, rg, ru, rest, scratch_bytes - h_bytes, stream))
+    return err;
+  return onnxfuse_cuda_lora_linear(dtype, 0, h, w_down, a_down, b_down, bias_down, scale_down, y, m, n, k2, rd, rest,
+                                   scratch_bytes - h_bytes, stream);
+}
+
+extern "C" int64_t onnxfuse_cuda_multi_lora_gated_mlp_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n,
+                                                                    int64_t rg, int64_t ru, int64_t rd) {
+  const int64_t gated = onnxfuse_cuda_multi_lora_swiglu_scratch_bytes(dtype, m, k, n, rg, ru);
+  const int64_t down = onnxfuse_cuda_multi_lora_scratch_bytes(dtype, m, n, rd);
+  if (gated < 0 || down < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  return ock::Align256(m * n * ock::ElemBytes(dtype)) + std::max(gated, down);
+}
+
+extern "C" int onnxfuse_cuda_multi_lora_gated_mlp(
+    int dtype, int act, const void* x, const void* w_gate, const void* w_up, const void* a_gate, const void* b_gate,
+    const void* a_up, const void* b_up, const void* w_down, const void* a_down, const void* b_down,
+    const void* bias_down, const void* scales_gate, const void* scales_up, const void* scales_down,
+    const int64_t* index, void* y, int64_t m, int64_t k, int64_t n, int64_t k2, int64_t rg, int64_t ru, int64_t rd,
+    int64_t adapters, int64_t rows_per_index, void* scratch, int64_t scratch_bytes, void* stream) {
+  if (!ock::CheckCommon(dtype, x, y, m, k, k2) || n < 0 || rd < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (rd > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
+  if (m == 0 || k2 == 0) return 0;
+  const int64_t need = onnxfuse_cuda_multi_lora_gated_mlp_scratch_bytes(dtype, m, k, n, rg, ru, rd);
+  if (need < 0) return int(need);
+  if (scratch == nullptr || scratch_bytes < need) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  const int64_t h_bytes = ock::Align256(m * n * ock::ElemBytes(dtype));
+  void* h = scratch;
+  void* rest = static_cast<char*>(scratch) + h_bytes;
+  if (int err = onnxfuse_cuda_multi_lora_swiglu(dtype, act, x, w_gate, w_up, a_gate, b_gate, a_up, b_up, scales_gate,
+                                                scales_up, index, h, m, k, n, rg, ru, adapters, rows_per_index, rest,
+                                                scratch_bytes - h_bytes, stream))
+    return err;
+  return onnxfuse_cuda_multi_lora_linear(dtype, h, w_down, a_down, b_down, bias_down, scales_down, index, y, m, n, k2,
+                                         rd, adapters, rows_per_index, rest, scratch_bytes - h_bytes, stream);
+}
+
 #else  // the host half: the CUDA EP glue and the Triton launcher
 // SwiGLU on the CUDA EP: the kernel struct calling the nvcc half's launcher or the Triton one
 // (at the end of this file) through Dispatch (cuda/ops_cuda.h), and its registration.
@@ -345,12 +451,112 @@ struct MultiLoRASwiGLUCuda {
   int act;  // onnxfuse_gate_act of the node's activation attribute
 };
 
+// LoRAGatedMLP: Dispatch between the CUDA backend's launcher (LoRASwiGLU's and LoRALinear's CUDA ones) and the Triton
+// one (the down adapter's X @ A in the gated kernel's epilogue); auto as LoRASwiGLU's.
+template <typename T>
+struct LoRAGatedMLPCuda {
+  using Op = schema::LoRAGatedMLP;
+  using In = Ort::Custom::Tensor<T>;
+  static constexpr const char* kName = Op::kName;
+  LoRAGatedMLPCuda(const OrtApi* api, const OrtKernelInfo* info)
+      : attrs(ReadOpAttrs(api, info, kName)), act(ReadGateActivation(api, info, kName)) {}
+  Ort::Status Compute(OrtKernelContext* ctx, const In& X, const In& Wg, const In& Wu, const In& Ag, const In& Bg,
+                      const In& Au, const In& Bu, const In& Wd, const In& Ad, const In& Bd, const In& bias,
+                      Ort::Custom::Tensor<T>& Y) {
+    return GuardCompute([&] {
+      const GatedMLPDims d = LoRAGatedMLPDims(kName, X.Shape(), Wg.Shape(), Wu.Shape(), Ag.Shape(), Bg.Shape(),
+                                              Au.Shape(), Bu.Shape(), Wd.Shape(), Ad.Shape(), Bd.Shape(), bias.Shape());
+      T* y = Y.Allocate(d.down.out_shape);
+      if (d.down.M == 0 || d.down.N == 0) return;
+      void* stream = StreamOf(ctx);
+      const void *x = X.Data(), *wg = Wg.Data(), *wu = Wu.Data(), *ag = Ag.Data(), *bg = Bg.Data(), *au = Au.Data(),
+                 *bu = Bu.Data(), *wd = Wd.Data(), *ad = Ad.Data(), *bd = Bd.Data(), *bi = bias.Data();
+      const float sg = attrs.scale_gate, su = attrs.scale_up, sd = attrs.scale_down;
+      const int64_t m = d.gated.M, k = d.gated.K, n = d.gated.N, k2 = d.down.N, rg = d.gated.r, ru = d.ru,
+                    rd = d.down.r;
+      Dispatch(
+          kName, attrs,
+          [&] {
+            return WithScratch(
+                ctx, Op::kX, onnxfuse_cuda_lora_gated_mlp_scratch_bytes(DtypeCode<T>(), m, n, rg, ru, rd),
+                [&](void* sp, int64_t bytes) {
+                  return onnxfuse_cuda_lora_gated_mlp(DtypeCode<T>(), act, x, wg, wu, ag, bg, au, bu, wd, ad, bd, bi,
+                                                      sg, su, sd, y, m, k, n, k2, rg, ru, rd, sp, bytes, stream);
+                });
+          },
+          [&] {
+            return WithScratch(
+                ctx, Op::kX, onnxfuse_triton_lora_gated_mlp_scratch_bytes(DtypeCode<T>(), m, k, n, k2, rg, ru, rd),
+                [&](void* sp, int64_t bytes) {
+                  return onnxfuse_triton_lora_gated_mlp(DtypeCode<T>(), act, x, wg, wu, ag, bg, au, bu, wd, ad, bd, bi,
+                                                        sg, su, sd, y, m, k, n, k2, rg, ru, rd, sp, bytes, stream);
+                });
+          },
+          AutoPrefersCuda(triton::kLoraSwiglu, m, k));
+    });
+  }
+  OpAttrs attrs;
+  int act;  // onnxfuse_gate_act of the node's activation attribute
+};
+
+template <typename T>
+struct MultiLoRAGatedMLPCuda {
+  using Op = schema::MultiLoRAGatedMLP;
+  using In = Ort::Custom::Tensor<T>;
+  static constexpr const char* kName = Op::kName;
+  MultiLoRAGatedMLPCuda(const OrtApi* api, const OrtKernelInfo* info)
+      : attrs(ReadOpAttrs(api, info, kName)), act(ReadGateActivation(api, info, kName)) {}
+  Ort::Status Compute(OrtKernelContext* ctx, const In& X, const In& Wg, const In& Wu, const In& Ag, const In& Bg,
+                      const In& Au, const In& Bu, const In& Wd, const In& Ad, const In& Bd, const In& bias,
+                      const In& Sg, const In& Su, const In& Sd, const Ort::Custom::Tensor<int64_t>& index,
+                      Ort::Custom::Tensor<T>& Y) {
+    return GuardCompute([&] {
+      const MultiGatedMLPDims d = MultiLoRAGatedMLPDims(
+          kName, X.Shape(), Wg.Shape(), Wu.Shape(), Ag.Shape(), Bg.Shape(), Au.Shape(), Bu.Shape(), Wd.Shape(),
+          Ad.Shape(), Bd.Shape(), bias.Shape(), Sg.Shape(), Su.Shape(), Sd.Shape(), index.Shape());
+      T* y = Y.Allocate(d.down.out_shape);
+      if (d.down.M == 0 || d.down.N == 0) return;
+      void* stream = StreamOf(ctx);
+      const void *x = X.Data(), *wg = Wg.Data(), *wu = Wu.Data(), *ag = Ag.Data(), *bg = Bg.Data(), *au = Au.Data(),
+                 *bu = Bu.Data(), *wd = Wd.Data(), *ad = Ad.Data(), *bd = Bd.Data(), *bi = bias.Data(), *sg = Sg.Data(),
+                 *su = Su.Data(), *sd = Sd.Data();
+      const int64_t* idx = index.Data();
+      const int64_t m = d.gated.M, k = d.gated.K, n = d.gated.N, k2 = d.down.N, rg = d.gated.r, ru = d.ru,
+                    rd = d.down.r, na = d.gated.adapters, rpi = d.gated.rows_per_index;
+      Dispatch(
+          kName, attrs,
+          [&] {
+            return WithScratch(ctx, Op::kX,
+                               onnxfuse_cuda_multi_lora_gated_mlp_scratch_bytes(DtypeCode<T>(), m, k, n, rg, ru, rd),
+                               [&](void* sp, int64_t bytes) {
+                                 return onnxfuse_cuda_multi_lora_gated_mlp(
+                                     DtypeCode<T>(), act, x, wg, wu, ag, bg, au, bu, wd, ad, bd, bi, sg, su, sd, idx, y,
+                                     m, k, n, k2, rg, ru, rd, na, rpi, sp, bytes, stream);
+                               });
+          },
+          [&] {
+            return WithScratch(ctx, Op::kX,
+                               onnxfuse_triton_multi_lora_gated_mlp_scratch_bytes(DtypeCode<T>(), m, k, n, rg, ru, rd),
+                               [&](void* sp, int64_t bytes) {
+                                 return onnxfuse_triton_multi_lora_gated_mlp(
+                                     DtypeCode<T>(), act, x, wg, wu, ag, bg, au, bu, wd, ad, bd, bi, sg, su, sd, idx, y,
+                                     m, k, n, k2, rg, ru, rd, na, rpi, sp, bytes, stream);
+                               });
+          });
+    });
+  }
+  OpAttrs attrs;
+  int act;  // onnxfuse_gate_act of the node's activation attribute
+};
+
 }  // namespace
 
 void RegisterSwiGLUCuda(Ort::CustomOpDomain& domain) {
   AddOpAllTypes<SwiGLUCuda>(domain, schema::SwiGLU::kName, kCudaEp);
   AddOpAllTypes<LoRASwiGLUCuda>(domain, schema::LoRASwiGLU::kName, kCudaEp);
   AddOpAllTypes<MultiLoRASwiGLUCuda>(domain, schema::MultiLoRASwiGLU::kName, kCudaEp);
+  AddOpAllTypes<LoRAGatedMLPCuda>(domain, schema::LoRAGatedMLP::kName, kCudaEp);
+  AddOpAllTypes<MultiLoRAGatedMLPCuda>(domain, schema::MultiLoRAGatedMLP::kName, kCudaEp);
 }
 
 }  // namespace cuda
@@ -399,27 +605,24 @@ int64_t LoRASwiGLUCublasBytes(int dtype, int64_t m, int64_t n) {
 int64_t RoundUp256(int64_t v) { return (v + 255) / 256 * 256; }
 }  // namespace
 
-extern "C" int64_t onnxfuse_triton_lora_swiglu_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t rg,
-                                                             int64_t ru) {
-  if (rg < 0 || ru < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
-  const int64_t part = LoRAPartialsBytes(dtype, m, k, n, std::max(rg, ru));  // one plan, r_pad for both adapters
-  if (part <= 0) return part;
-  const int64_t partials = 2 * RoundUp256(part);
-  if (!LoRASwiGLUOnCublas(m, k)) return partials;
-  return partials + LoRASwiGLUCublasBytes(dtype, m, n);
-}
+namespace {
+// The down projection's share of a gated launch: its adapter's A [n, rd] and the fp32 sum [m, RPad(r)] the gated
+// kernel adds H @ A to (LoRAGatedMLP); rd 0: none (LoRASwiGLU alone; the kernels skip the epilogue).
+struct DownXA {
+  const void* a = nullptr;
+  void* t = nullptr;
+  int64_t r = 0;
+};
 
-extern "C" int onnxfuse_triton_lora_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up,
-                                           const void* a_gate, const void* b_gate, const void* a_up, const void* b_up,
-                                           float scale_gate, float scale_up, void* y, int64_t m, int64_t k, int64_t n,
-                                           int64_t rg, int64_t ru, void* scratch, int64_t scratch_bytes, void* stream) {
-  if (BadCommon(dtype, m, k, n) || rg < 0 || ru < 0 || act < 0 || act >= ONNXFUSE_NUM_GATE_ACTIVATIONS)
-    return ONNXFUSE_ERR_BAD_ARGUMENT;
-  if (rg > ONNXFUSE_MAX_LORA_RANK || ru > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
-  if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
-  if (m == 0 || n == 0) return 0;
-  const int64_t r = std::max(rg, ru);
-  const bool aligned = LoRASwiGLUAligned({x, w_gate, w_up, a_gate, b_gate, a_up, b_up}, y, k, n, rg, ru);
+// LoRASwiGLU's Triton launch with the down projection's share `down`: phase 1 of both adapters (zeroing down.t when
+// down.r > 0), then lora_swiglu or (LORA_SWIGLU_CUBLAS) cuBLASLt's GEMMs and lora_gate. r_pad covers all three ranks.
+int LoRASwiGLUTriton(int dtype, int act, const void* x, const void* w_gate, const void* w_up, const void* a_gate,
+                     const void* b_gate, const void* a_up, const void* b_up, float scale_gate, float scale_up, void* y,
+                     int64_t m, int64_t k, int64_t n, int64_t rg, int64_t ru, DownXA down, void* scratch,
+                     int64_t scratch_bytes, void* stream) {
+  const int64_t r = std::max({rg, ru, down.r});
+  const bool aligned = LoRASwiGLUAligned({x, w_gate, w_up, a_gate, b_gate, a_up, b_up}, y, k, n, rg, ru) &&
+                       (down.r == 0 || (Aligned16(down.a) && down.r % 8 == 0));
   const bool on_cublas = LoRASwiGLUOnCublas(m, k);
   LoRAPlan plan;  // on the cuBLASLt path at most LORA_GATE_MAX_SPLIT slices of K: lora_gate sums them in one load
   int err =
@@ -430,17 +633,20 @@ extern "C" int onnxfuse_triton_lora_swiglu(int dtype, int act, const void* x, co
   if (scratch == nullptr || !Aligned16(scratch) || scratch_bytes < need) return ONNXFUSE_ERR_BAD_ARGUMENT;
   void* tg = scratch;
   void* tu = static_cast<char*>(scratch) + part;
-  int32_t M = int32_t(m), N = int32_t(n), K = int32_t(k), RG = int32_t(rg), RU = int32_t(ru), ACT = act;
+  void* td = down.r > 0 ? down.t : tg;  // never written with ZERO3 0, never read with RD 0
+  const void* ad = down.r > 0 ? down.a : b_gate;
+  int32_t M = int32_t(m), N = int32_t(n), K = int32_t(k), RG = int32_t(rg), RU = int32_t(ru), ACT = act,
+          RD = int32_t(down.r), ZERO3 = down.r > 0 ? 1 : 0;
   int32_t KB_PER_SPLIT = int32_t(plan.kb_per_split), SPLIT = int32_t(plan.split);
   float SG = scale_gate, SU = scale_up;
   void* scratch_global = nullptr;
   void* scratch_profile = nullptr;
   // Phase 1, both adapters in one launch (NS 2), each program both from one X tile: T partials = X @ A per K slice
-  // (fp32), zero past each rank up to r_pad.
+  // (fp32), zero past each rank up to r_pad; the first slice's programs zero the down sum.
   int32_t NS = 2;
   const int64_t grid_xa = ((m + plan.xa->block_m - 1) / plan.xa->block_m) * plan.split;
-  void* xa_args[] = {
-      &x, &a_gate, &a_up, &tg, &tu, &M, &K, &RG, &RU, &NS, &KB_PER_SPLIT, &scratch_global, &scratch_profile};
+  void* xa_args[] = {&x,     &a_gate,         &a_up,           &tg, &tu, &M, &K, &RG, &RU, &NS, &KB_PER_SPLIT, &td,
+                     &ZERO3, &scratch_global, &scratch_profile};
   if ((err = LaunchSpec(plan.xa, plan.xa_index, plan.device, grid_xa, xa_args, stream)) != 0) return err;
   if (on_cublas) {
     // The base GEMMs on cuBLASLt (gate into Y, up into the scratch after the workspace), then lora_gate: Y = act(Y +
@@ -464,25 +670,201 @@ extern "C" int onnxfuse_triton_lora_swiglu(int dtype, int act, const void* x, co
                          &SG,
                          &SU,
                          &ACT,
+                         &ad,
+                         &td,
+                         &RD,
                          &scratch_global,
                          &scratch_profile};
     return Launch(ids::kLoraGate, dtype, m, n, aligned, RPad(r), gate_args, stream);
   }
-  // Phase 2: SwiGLU's main loop, both rank-r terms, the activation and the product; to LORA_PDL_MAX_M rows phase 1's
-  // programmatic dependent (its K loop beside phase 1, the rank-r terms after it).
-  void* args[] = {
-      &x,   &w_gate,         &w_up,           &tg, &b_gate, &tu, &b_up, &y, &M, &N, &K, &RG, &RU, &SPLIT, &SG, &SU,
-      &ACT, &scratch_global, &scratch_profile};
+  // Phase 2: SwiGLU's main loop, both rank-r terms, the activation and the product (and the down sum); to
+  // LORA_PDL_MAX_M rows phase 1's programmatic dependent (its K loop beside phase 1, the rank-r terms after it).
+  void* args[] = {&x,
+                  &w_gate,
+                  &w_up,
+                  &tg,
+                  &b_gate,
+                  &tu,
+                  &b_up,
+                  &y,
+                  &M,
+                  &N,
+                  &K,
+                  &RG,
+                  &RU,
+                  &SPLIT,
+                  &SG,
+                  &SU,
+                  &ACT,
+                  &ad,
+                  &td,
+                  &RD,
+                  &scratch_global,
+                  &scratch_profile};
   return Launch(ids::kLoraSwiglu, dtype, m, n, aligned, RPad(r), args, stream, m <= ids::kLoraPdlMaxM);
+}
+
+// LoRASwiGLUTriton's scratch for ranks up to r (from phase 1's plan): the two partials, then on the cuBLASLt path
+// LoRASwiGLUCublasBytes.
+int64_t LoRASwiGLUTritonBytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t r) {
+  const int64_t part = LoRAPartialsBytes(dtype, m, k, n, r);  // one plan, r_pad for every adapter
+  if (part <= 0) return part;
+  const int64_t partials = 2 * RoundUp256(part);
+  if (!LoRASwiGLUOnCublas(m, k)) return partials;
+  return partials + LoRASwiGLUCublasBytes(dtype, m, n);
+}
+}  // namespace
+
+extern "C" int64_t onnxfuse_triton_lora_swiglu_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t rg,
+                                                             int64_t ru) {
+  if (rg < 0 || ru < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  return LoRASwiGLUTritonBytes(dtype, m, k, n, std::max(rg, ru));
+}
+
+extern "C" int onnxfuse_triton_lora_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up,
+                                           const void* a_gate, const void* b_gate, const void* a_up, const void* b_up,
+                                           float scale_gate, float scale_up, void* y, int64_t m, int64_t k, int64_t n,
+                                           int64_t rg, int64_t ru, void* scratch, int64_t scratch_bytes, void* stream) {
+  if (BadCommon(dtype, m, k, n) || rg < 0 || ru < 0 || act < 0 || act >= ONNXFUSE_NUM_GATE_ACTIVATIONS)
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (rg > ONNXFUSE_MAX_LORA_RANK || ru > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
+  if (TooLarge(m, k, n)) return ONNXFUSE_ERR_TOO_LARGE;
+  if (m == 0 || n == 0) return 0;
+  return LoRASwiGLUTriton(dtype, act, x, w_gate, w_up, a_gate, b_gate, a_up, b_up, scale_gate, scale_up, y, m, k, n, rg,
+                          ru, DownXA{}, scratch, scratch_bytes, stream);
+}
+
+// LoRAGatedMLP's scratch: H [m, n], the down sum [m, r_pad] fp32, then the larger of LoRASwiGLUTriton's scratch and
+// lora_main's TMA descriptors (one after the other on the stream), each part 256-byte aligned.
+namespace {
+struct GatedLayout {
+  int64_t h = 0, td = 0, rest = 0;
+  int64_t total() const { return h + td + rest; }
+};
+int64_t GatedLayoutOf(int dtype, int64_t m, int64_t k, int64_t n, int64_t k2, int64_t r, int64_t gated_bytes,
+                      GatedLayout* l) {
+  if (gated_bytes < 0) return gated_bytes;
+  l->h = RoundUp256(m * n * (dtype == ONNXFUSE_FP32 ? 4 : 2));
+  l->td = RoundUp256(m * RPad(r) * int64_t(sizeof(float)));
+  l->rest = RoundUp256(std::max(gated_bytes, onnxfuse_triton_lora_main_scratch_bytes(dtype, m, n)));
+  return l->total();
+}
+bool BadGated(int dtype, int act, int64_t m, int64_t k, int64_t n, int64_t k2, int64_t rg, int64_t ru, int64_t rd) {
+  return BadCommon(dtype, m, k, n) || BadCommon(dtype, m, n, k2) || rg < 0 || ru < 0 || rd < 0 || act < 0 ||
+         act >= ONNXFUSE_NUM_GATE_ACTIVATIONS;
+}
+}  // namespace
+
+extern "C" int64_t onnxfuse_triton_lora_gated_mlp_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t k2,
+                                                                int64_t rg, int64_t ru, int64_t rd) {
+  if (BadGated(dtype, 0, m, k, n, k2, rg, ru, rd)) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  const int64_t r = std::max({rg, ru, rd});
+  if (m == 0 || n == 0 || k2 == 0) return 0;
+  GatedLayout l;
+  return GatedLayoutOf(dtype, m, k, n, k2, r, LoRASwiGLUTritonBytes(dtype, m, k, n, r), &l);
+}
+
+extern "C" int onnxfuse_triton_lora_gated_mlp(int dtype, int act, const void* x, const void* w_gate, const void* w_up,
+                                              const void* a_gate, const void* b_gate, const void* a_up,
+                                              const void* b_up, const void* w_down, const void* a_down,
+                                              const void* b_down, const void* bias_down, float scale_gate,
+                                              float scale_up, float scale_down, void* y, int64_t m, int64_t k,
+                                              int64_t n, int64_t k2, int64_t rg, int64_t ru, int64_t rd, void* scratch,
+                                              int64_t scratch_bytes, void* stream) {
+  if (BadGated(dtype, act, m, k, n, k2, rg, ru, rd) || rd < 1) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (rg > ONNXFUSE_MAX_LORA_RANK || ru > ONNXFUSE_MAX_LORA_RANK || rd > ONNXFUSE_MAX_LORA_RANK)
+    return ONNXFUSE_ERR_RANK_TOO_LARGE;
+  if (TooLarge(m, k, n) || TooLarge(m, n, k2)) return ONNXFUSE_ERR_TOO_LARGE;
+  if (m == 0 || k2 == 0 || n == 0) return ONNXFUSE_ERR_BAD_ARGUMENT;  // the EP glue runs the CUDA backend there
+  const int64_t r = std::max({rg, ru, rd});
+  GatedLayout l;
+  const int64_t need = GatedLayoutOf(dtype, m, k, n, k2, r, LoRASwiGLUTritonBytes(dtype, m, k, n, r), &l);
+  if (need < 0) return int(need);
+  if (scratch == nullptr || !Aligned16(scratch) || scratch_bytes < need) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  char* h = static_cast<char*>(scratch);
+  void* td = h + l.h;
+  void* rest = h + l.h + l.td;
+  int err = LoRASwiGLUTriton(dtype, act, x, w_gate, w_up, a_gate, b_gate, a_up, b_up, scale_gate, scale_up, h, m, k, n,
+                             rg, ru, DownXA{a_down, td, rd}, rest, l.rest, stream);
+  if (err != 0) return err;
+  return onnxfuse_triton_lora_main(dtype, 0, h, w_down, td, 1, RPad(r), b_down, bias_down, scale_down, y, m, n, k2, rd,
+                                   rest, l.rest, stream);
 }
 
 // MultiLoRASwiGLU: multi_lora_xa (lora_linear.py), one launch for both stacks, into their fp32 partials (one plan,
 // r_pad of the larger rank), then multi_lora_swiglu (swiglu.py). Scratch as LoRASwiGLU's.
+namespace {
+// MultiLoRASwiGLU's Triton launch with the down projection's share (MultiLoRAGatedMLP: down.a [adapters, n, rd]; its
+// phase 1 zeroes down.t, multi_lora_swiglu adds each row's H @ A_down[j] to it).
+int MultiLoRASwiGLUTriton(int dtype, int act, const void* x, const void* w_gate, const void* w_up, const void* a_gate,
+                          const void* b_gate, const void* a_up, const void* b_up, const void* scales_gate,
+                          const void* scales_up, const int64_t* index, void* y, int64_t m, int64_t k, int64_t n,
+                          int64_t rg, int64_t ru, int64_t adapters, int64_t rows_per_index, DownXA down, void* scratch,
+                          int64_t scratch_bytes, void* stream) {
+  const int64_t r = std::max({rg, ru, down.r});
+  const bool aligned = LoRASwiGLUAligned({x, w_gate, w_up, a_gate, b_gate, a_up, b_up}, y, k, n, rg, ru) &&
+                       Aligned16(scales_gate) && Aligned16(scales_up) && Aligned16(index) &&
+                       (down.r == 0 || (Aligned16(down.a) && down.r % 8 == 0));
+  LoRAPlan plan;
+  int err = PlanLoRA(dtype, m, k, r, aligned, &plan, ids::kMultiLoraXa, std::max<int64_t>(adapters, 1));
+  if (err != 0) return err;
+  const int64_t part = RoundUp128(LoRAScratchBytes(m, r, plan));
+  if (scratch == nullptr || !Aligned16(scratch) || scratch_bytes < 2 * part) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  void* tg = scratch;
+  void* tu = static_cast<char*>(scratch) + part;
+  void* td = down.r > 0 ? down.t : tg;  // never written with ZERO3 0, never read with RD 0
+  const void* ad = down.r > 0 ? down.a : b_gate;
+  int32_t M = int32_t(m), N = int32_t(n), K = int32_t(k), RG = int32_t(rg), RU = int32_t(ru), ACT = act,
+          NA = int32_t(adapters), RPI = int32_t(rows_per_index), RD = int32_t(down.r), ZERO3 = down.r > 0 ? 1 : 0;
+  int32_t KB_PER_SPLIT = int32_t(plan.kb_per_split), SPLIT = int32_t(plan.split);
+  void* scratch_global = nullptr;
+  void* scratch_profile = nullptr;
+  // one program per row tile, K slice and adapter, both stacks from each X tile (NS 2; a program whose adapter no
+  // row of its tile uses does nothing)
+  int32_t NS = 2;
+  const int64_t grid_xa = ((m + plan.xa->block_m - 1) / plan.xa->block_m) * plan.split * (adapters > 0 ? adapters : 1);
+  void* xa_args[] = {
+      &x,  &a_gate, &a_up,           &index,          &tg, &tu, &M, &K, &RG, &RU, &NS, &NA, &RPI, &KB_PER_SPLIT,
+      &td, &ZERO3,  &scratch_global, &scratch_profile};
+  if ((err = LaunchSpec(plan.xa, plan.xa_index, plan.device, grid_xa, xa_args, stream)) != 0) return err;
+  void* args[] = {&x,
+                  &w_gate,
+                  &w_up,
+                  &tg,
+                  &b_gate,
+                  &scales_gate,
+                  &tu,
+                  &b_up,
+                  &scales_up,
+                  &index,
+                  &y,
+                  &M,
+                  &N,
+                  &K,
+                  &RG,
+                  &RU,
+                  &NA,
+                  &RPI,
+                  &SPLIT,
+                  &ACT,
+                  &ad,
+                  &td,
+                  &RD,
+                  &scratch_global,
+                  &scratch_profile};
+  return Launch(ids::kMultiLoraSwiglu, dtype, m, n, aligned, RPad(r), args, stream);
+}
+
+int64_t MultiLoRASwiGLUTritonBytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t r) {
+  const int64_t part = LoRAPartialsBytes(dtype, m, k, n, r, ids::kMultiLoraXa);
+  return part <= 0 ? part : 2 * RoundUp128(part);
+}
+}  // namespace
+
 extern "C" int64_t onnxfuse_triton_multi_lora_swiglu_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n,
                                                                    int64_t rg, int64_t ru) {
   if (rg < 0 || ru < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
-  const int64_t part = LoRAPartialsBytes(dtype, m, k, n, std::max(rg, ru), ids::kMultiLoraXa);
-  return part <= 0 ? part : 2 * RoundUp128(part);
+  return MultiLoRASwiGLUTritonBytes(dtype, m, k, n, std::max(rg, ru));
 }
 
 extern "C" int onnxfuse_triton_multi_lora_swiglu(int dtype, int act, const void* x, const void* w_gate,
@@ -498,32 +880,46 @@ extern "C" int onnxfuse_triton_multi_lora_swiglu(int dtype, int act, const void*
   if (rg > ONNXFUSE_MAX_LORA_RANK || ru > ONNXFUSE_MAX_LORA_RANK) return ONNXFUSE_ERR_RANK_TOO_LARGE;
   if (TooLarge(m, k, n) || adapters > 0x7fffffffLL || rows_per_index > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;
   if (m == 0 || n == 0) return 0;
-  const int64_t r = std::max(rg, ru);
-  const bool aligned = LoRASwiGLUAligned({x, w_gate, w_up, a_gate, b_gate, a_up, b_up}, y, k, n, rg, ru) &&
-                       Aligned16(scales_gate) && Aligned16(scales_up) && Aligned16(index);
-  LoRAPlan plan;
-  int err = PlanLoRA(dtype, m, k, r, aligned, &plan, ids::kMultiLoraXa, std::max<int64_t>(adapters, 1));
+  return MultiLoRASwiGLUTriton(dtype, act, x, w_gate, w_up, a_gate, b_gate, a_up, b_up, scales_gate, scales_up, index,
+                               y, m, k, n, rg, ru, adapters, rows_per_index, DownXA{}, scratch, scratch_bytes, stream);
+}
+
+// MultiLoRAGatedMLP: H, the down sum, then MultiLoRASwiGLUTriton's scratch (multi_lora_main needs none).
+extern "C" int64_t onnxfuse_triton_multi_lora_gated_mlp_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n,
+                                                                      int64_t rg, int64_t ru, int64_t rd) {
+  if (BadGated(dtype, 0, m, k, n, 1, rg, ru, rd)) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (m == 0 || n == 0) return 0;
+  const int64_t r = std::max({rg, ru, rd});
+  GatedLayout l;
+  return GatedLayoutOf(dtype, m, k, n, 0, r, MultiLoRASwiGLUTritonBytes(dtype, m, k, n, r), &l);
+}
+
+extern "C" int onnxfuse_triton_multi_lora_gated_mlp(
+    int dtype, int act, const void* x, const void* w_gate, const void* w_up, const void* a_gate, const void* b_gate,
+    const void* a_up, const void* b_up, const void* w_down, const void* a_down, const void* b_down,
+    const void* bias_down, const void* scales_gate, const void* scales_up, const void* scales_down,
+    const int64_t* index, void* y, int64_t m, int64_t k, int64_t n, int64_t k2, int64_t rg, int64_t ru, int64_t rd,
+    int64_t adapters, int64_t rows_per_index, void* scratch, int64_t scratch_bytes, void* stream) {
+  if (BadGated(dtype, act, m, k, n, k2, rg, ru, rd) || rd < 1 || adapters < 0 || rows_per_index <= 0)
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (rg > ONNXFUSE_MAX_LORA_RANK || ru > ONNXFUSE_MAX_LORA_RANK || rd > ONNXFUSE_MAX_LORA_RANK)
+    return ONNXFUSE_ERR_RANK_TOO_LARGE;
+  if (TooLarge(m, k, n) || TooLarge(m, n, k2) || adapters > 0x7fffffffLL || rows_per_index > 0x7fffffffLL)
+    return ONNXFUSE_ERR_TOO_LARGE;
+  if (m == 0 || k2 == 0 || n == 0) return ONNXFUSE_ERR_BAD_ARGUMENT;  // the EP glue runs the CUDA backend there
+  const int64_t r = std::max({rg, ru, rd});
+  GatedLayout l;
+  const int64_t need = GatedLayoutOf(dtype, m, k, n, k2, r, MultiLoRASwiGLUTritonBytes(dtype, m, k, n, r), &l);
+  if (need < 0) return int(need);
+  if (scratch == nullptr || !Aligned16(scratch) || scratch_bytes < need) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  char* h = static_cast<char*>(scratch);
+  void* td = h + l.h;
+  int err = MultiLoRASwiGLUTriton(dtype, act, x, w_gate, w_up, a_gate, b_gate, a_up, b_up, scales_gate, scales_up,
+                                  index, h, m, k, n, rg, ru, adapters, rows_per_index, DownXA{a_down, td, rd},
+                                  h + l.h + l.td, l.rest, stream);
   if (err != 0) return err;
-  const int64_t part = RoundUp128(LoRAScratchBytes(m, r, plan));
-  if (scratch == nullptr || !Aligned16(scratch) || scratch_bytes < 2 * part) return ONNXFUSE_ERR_BAD_ARGUMENT;
-  void* tg = scratch;
-  void* tu = static_cast<char*>(scratch) + part;
-  int32_t M = int32_t(m), N = int32_t(n), K = int32_t(k), RG = int32_t(rg), RU = int32_t(ru), ACT = act,
-          NA = int32_t(adapters), RPI = int32_t(rows_per_index);
-  int32_t KB_PER_SPLIT = int32_t(plan.kb_per_split), SPLIT = int32_t(plan.split);
-  void* scratch_global = nullptr;
-  void* scratch_profile = nullptr;
-  // one program per row tile, K slice and adapter, both stacks from each X tile (NS 2; a program whose adapter no
-  // row of its tile uses does nothing)
-  int32_t NS = 2;
-  const int64_t grid_xa = ((m + plan.xa->block_m - 1) / plan.xa->block_m) * plan.split * (adapters > 0 ? adapters : 1);
-  void* xa_args[] = {&x,   &a_gate,       &a_up,           &index,          &tg, &tu, &M, &K, &RG, &RU, &NS, &NA,
-                     &RPI, &KB_PER_SPLIT, &scratch_global, &scratch_profile};
-  if ((err = LaunchSpec(plan.xa, plan.xa_index, plan.device, grid_xa, xa_args, stream)) != 0) return err;
-  void* args[] = {
-      &x, &w_gate, &w_up, &tg, &b_gate, &scales_gate, &tu,  &b_up,  &scales_up, &index,          &y,
-      &M, &N,      &K,    &RG, &RU,     &NA,          &RPI, &SPLIT, &ACT,       &scratch_global, &scratch_profile};
-  return Launch(ids::kMultiLoraSwiglu, dtype, m, n, aligned, RPad(r), args, stream);
+  return onnxfuse_triton_multi_lora_main(dtype, h, w_down, td, 1, RPad(r), b_down, bias_down, scales_down, index, y, m,
+                                         n, k2, rd, adapters, rows_per_index, stream);
 }
 #endif  // ONNXFUSE_WITH_TRITON
 #endif  // __CUDACC__

@@ -180,7 +180,7 @@ def compile_one(spec: dict) -> dict:
         # Alignment hints: every pointer and the K, N sizes (row strides) divisible by 16.
         if spec["aligned"] and (ptype.startswith("*") or pname in ("K", "N") or hinted):
             attrs[(i,)] = [["tt.divisibility", 16]]
-        elif spec["aligned"] and pname in ("R", "R2", "RG", "RU"):  # LoRA ranks: multiples of 8 (16-byte rows of A)
+        elif spec["aligned"] and pname in ("R", "R2", "RG", "RU", "RD"):  # LoRA ranks: multiples of 8 (16-byte A rows)
             attrs[(i,)] = [["tt.divisibility", 8]]
     constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m,
                   "DOT_PRECISION": "ieee" if spec["dtype"] == "fp32" else "tf32"}

@@ -294,3 +294,57 @@ def _multi_rank_term(acc, aid, rows, offs_n, n_ok, t_ptr, b_ptr, scales_ptr, M, 
             b = _multi_rank_b(b_ptr, j0, offs_n, n_ok, N, R, NA, R_PAD)
             acc = _multi_chunk(acc, aid, t, b, scales_ptr, j0, NA, BLOCK_M, R_PAD, DOT_PRECISION)
     return acc
+
+
+@triton.jit
+def _zero_rank_rows(t_ptr, offs_m, M, BLOCK_M: tl.constexpr, R_PAD: tl.constexpr):
+    """``t[offs_m, :] = 0`` for the rows below M, t fp32 [M, R_PAD]: a gated LoRA MLP's phase 1 clears the down
+    projection's X @ A accumulator (_down_xa's) before the gated kernel adds to it."""
+    offs = offs_m.to(tl.int64)[:, None] * R_PAD + tl.arange(0, R_PAD)[None, :]
+    tl.store(t_ptr + offs, tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32), mask=(offs_m < M)[:, None])
+
+
+@triton.jit
+def _down_xa(y, offs_m, offs_n, n_ok, ad_ptr, td_ptr, M, RD, R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """A gated LoRA MLP's down-projection phase 1 in the gated kernel's epilogue: ``td[rows, :RD] += y.to(T) @
+    ad[cols, :RD]``, y the finished [BLOCK_M, BLOCK_N] tile of the MLP activation (rounded to the input type, as it is
+    stored), ad the down adapter's A [N, RD], td fp32 [M, R_PAD] (zeroed by phase 1: _zero_rank_rows); one thin dot
+    and fp32 atomics, one contribution per column tile (their order varies from run to run: the sum's last bits may
+    too). RD = 0: nothing (LoRASwiGLU alone)."""
+    if RD > 0:
+        offs_r = tl.arange(0, R_PAD)
+        r_ok = offs_r < RD
+        a = tl.load(ad_ptr + offs_n.to(tl.int64)[:, None] * RD + offs_r[None, :], mask=n_ok[:, None] & r_ok[None, :],
+                    other=0.0)
+        t = tl.dot(y.to(a.dtype), a, input_precision=DOT_PRECISION)
+        # padded rank columns hold y @ 0, NaN in a row with an infinite y: never added
+        tl.atomic_add(td_ptr + offs_m.to(tl.int64)[:, None] * R_PAD + offs_r[None, :], t,
+                      mask=(offs_m < M)[:, None] & r_ok[None, :], sem="relaxed")
+
+
+@triton.jit
+def _multi_down_xa(y, aid, offs_m, offs_n, n_ok, ad_ptr, td_ptr, M, N, RD, NA, BLOCK_M: tl.constexpr,
+                   R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """_down_xa for a mixed batch: ``td[m, :RD] += y[m].to(T) @ ad[j_m][cols, :RD]``, j_m the row's adapter (`aid`;
+    rows without one, or past NA, add nothing), ad [NA, N, RD]. The adapters go CH = 128 / R_PAD at a time: their A
+    tiles side by side ([BLOCK_N, CH * R_PAD], one load), one dot, then each row keeps the block of its own adapter;
+    a chunk no row of the tile uses is skipped (as _multi_rank_term's)."""
+    if RD > 0:
+        CH: tl.constexpr = 128 // R_PAD
+        offs_r = tl.arange(0, R_PAD)
+        offs_c = tl.arange(0, CH * R_PAD)
+        c_rank = offs_c % R_PAD
+        yq = y.to(ad_ptr.dtype.element_ty)
+        t = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
+        for j0 in range(0, NA, CH):
+            if tl.max(((aid >= j0) & (aid < j0 + CH)).to(tl.int32), axis=0) > 0:
+                c_adapter = j0 + offs_c // R_PAD
+                col = (c_adapter.to(tl.int64) * N)[None, :] * RD + c_rank[None, :]
+                a = tl.load(ad_ptr + offs_n.to(tl.int64)[:, None] * RD + col,
+                            mask=n_ok[:, None] & ((c_adapter < NA) & (c_rank < RD))[None, :], other=0.0)
+                p = tl.reshape(tl.dot(yq, a, input_precision=DOT_PRECISION), (BLOCK_M, CH, R_PAD))
+                js = j0 + tl.arange(0, CH)
+                t += tl.sum(tl.where((aid[:, None] == js[None, :])[:, :, None], p, 0.0), axis=1)
+        ok = (offs_m < M) & (aid >= 0) & (aid < NA)
+        tl.atomic_add(td_ptr + offs_m.to(tl.int64)[:, None] * R_PAD + offs_r[None, :], t,
+                      mask=ok[:, None] & (offs_r < RD)[None, :], sem="relaxed")

@@ -14,6 +14,10 @@ Computing X @ A inside the main kernels' K loop instead (one thin dot more per K
 slower on an H100 at 16 rows: lora_main 60 against 35 us, lora_swiglu 75.5 against 64 (255 registers, spilling), so
 phase 1 stays a launch.
 
+LoRAGatedMLP's down projection runs ``_lora_main_kernel`` alone on partials the gated kernel made (SPLIT 1: the fp32 sum
+of H @ A_down that its epilogue adds up, gemm_loop._down_xa), which phase 1 of the gate and up adapters zeroes first
+(ZERO3).
+
 MultiLoRALinear (a stack of NA adapters, one per batch row: ``adapter_index[row // RPI]``) runs the same two phases:
 ``_multi_lora_xa_kernel`` writes the partials of each row's ``X @ A[j]``, ``_multi_lora_main_kernel`` adds each
 row's ``scales[j] * T @ B[j]`` after the main loop. Both walk the adapters and do the dots only for those that rows
@@ -25,7 +29,7 @@ import triton
 import triton.language as tl
 
 from .gemm_loop import (GEMM_TILES_F, GEMM_TILES_H, _gemm_main, _gemm_tile_tma, _multi_rank_term, _pdl_trigger,
-                        _pdl_wait, _rank_t, _rank_term, _relu, _row_adapters, _store_tile, _tma_descs)
+                        _pdl_wait, _rank_t, _rank_term, _relu, _row_adapters, _store_tile, _tma_descs, _zero_rank_rows)
 
 
 @triton.jit
@@ -80,14 +84,16 @@ def _xa_program(pid, M, K, KB_PER_SPLIT, BLOCK_M: tl.constexpr, BLOCK_K: tl.cons
 
 
 @triton.jit
-def _lora_xa_kernel(x_ptr, a_ptr, a2_ptr, t_ptr, t2_ptr, M, K, R, R2, NS, KB_PER_SPLIT,
+def _lora_xa_kernel(x_ptr, a_ptr, a2_ptr, t_ptr, t2_ptr, M, K, R, R2, NS, KB_PER_SPLIT, t3_ptr, ZERO3,
                     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
                     PDL: tl.constexpr = False):
     """Phase 1: ``t[s, m, :R] = x[m, ks] @ a[ks, :]`` in fp32 over the K slice ``ks`` of split s (KB_PER_SPLIT blocks
     of BLOCK_K), zeros in columns R..R_PAD; with NS = 2 also ``t2 = x @ a2`` (rank R2) from the same X tiles
     (LoRASwiGLU's gate and up adapters: X is read once for both). Grid: (cdiv(M, BLOCK_M) * SPLIT,), program id =
     split * num_m + m tile. t and t2 are [SPLIT, M, R_PAD] fp32, row-major. With PDL the main kernel launched after
-    it as its programmatic dependent may start at once (gemm_loop._pdl_trigger)."""
+    it as its programmatic dependent may start at once (gemm_loop._pdl_trigger). ZERO3 != 0 (LoRAGatedMLP): the
+    programs of the first K slice also zero their rows of t3 ([M, R_PAD] fp32, the down adapter's X @ A, which the
+    gated kernel adds to)."""
     _pdl_trigger(PDL)
     offs_m, rows, t_offs, k_begin, n_blocks = _xa_program(tl.program_id(0), M, K, KB_PER_SPLIT, BLOCK_M, BLOCK_K,
                                                           R_PAD)
@@ -96,6 +102,9 @@ def _lora_xa_kernel(x_ptr, a_ptr, a2_ptr, t_ptr, t2_ptr, M, K, R, R2, NS, KB_PER
     tl.store(t_ptr + t_offs, t, mask=(offs_m < M)[:, None])
     if NS > 1:
         tl.store(t2_ptr + t_offs, t2, mask=(offs_m < M)[:, None])
+    if ZERO3 != 0:
+        if k_begin == 0:
+            _zero_rank_rows(t3_ptr, offs_m, M, BLOCK_M, R_PAD)
 
 
 @triton.jit
@@ -139,6 +148,7 @@ def _lora_epilogue(acc, rows, offs_m, offs_n, n_ok, t_ptr, b_ptr, bias_ptr, y_pt
 
 @triton.jit
 def _multi_lora_xa_kernel(x_ptr, a_ptr, a2_ptr, index_ptr, t_ptr, t2_ptr, M, K, R, R2, NS, NA, RPI, KB_PER_SPLIT,
+                          t3_ptr, ZERO3,
                           BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, R_PAD: tl.constexpr,
                           DOT_PRECISION: tl.constexpr):
     """Phase 1 of MultiLoRALinear: ``t[s, m, :R] = x[m, ks] @ a[j_m, ks, :]`` (fp32, j_m the row's adapter; zeros for
@@ -146,7 +156,8 @@ def _multi_lora_xa_kernel(x_ptr, a_ptr, a2_ptr, index_ptr, t_ptr, t2_ptr, M, K, 
     stacks). Layout as _lora_xa_kernel's (a is [NA, K, R], a2 [NA, K, R2]); grid: row tiles x SPLIT x NA, one
     program per row tile, K slice and adapter j (j fastest), which stores the rows of adapter j (program j = 0 also
     the rows without a valid adapter, as zeros) and does nothing when no row of its tile uses j: a decode batch of 8
-    rows with 8 adapters runs 8 programs per K slice instead of one doing the 8 one after another."""
+    rows with 8 adapters runs 8 programs per K slice instead of one doing the 8 one after another. ZERO3 != 0: the
+    programs of adapter 0 and the first K slice zero their rows of t3, as _lora_xa_kernel's."""
     pid = tl.program_id(0)
     n_adapters = tl.maximum(NA, 1)  # an empty stack (NA 0): one program per tile and slice, storing the zeros
     j = pid % n_adapters
@@ -160,6 +171,9 @@ def _multi_lora_xa_kernel(x_ptr, a_ptr, a2_ptr, index_ptr, t_ptr, t2_ptr, M, K, 
         tl.store(t_ptr + t_offs, zeros, mask=none[:, None])
         if NS > 1:
             tl.store(t2_ptr + t_offs, zeros, mask=none[:, None])
+        if ZERO3 != 0:
+            if k_begin == 0:
+                _zero_rank_rows(t3_ptr, offs_m, M, BLOCK_M, R_PAD)
     if tl.max(sel.to(tl.int32), axis=0) > 0:
         r2 = tl.where(NS > 1, R2, 0)
         t, t2 = _xa_slice(x_ptr, a_ptr + j * K.to(tl.int64) * R, a2_ptr + j * K.to(tl.int64) * r2, rows, sel, K, R,
@@ -189,7 +203,7 @@ KERNELS = {
     # t_ptr is fp32 scratch whatever T is: "*fp32".
     "lora_xa": (_lora_xa_kernel, [("x_ptr", "*T"), ("a_ptr", "*T"), ("a2_ptr", "*T"), ("t_ptr", "*fp32"),
                                   ("t2_ptr", "*fp32"), ("M", "i32"), ("K", "i32"), ("R", "i32"), ("R2", "i32"),
-                                  ("NS", "i32"), ("KB_PER_SPLIT", "i32")]),
+                                  ("NS", "i32"), ("KB_PER_SPLIT", "i32"), ("t3_ptr", "*fp32"), ("ZERO3", "i32")]),
     "lora_main": (_lora_main_kernel, [("x_ptr", "*T"), ("w_ptr", "*T"), ("t_ptr", "*fp32"), ("b_ptr", "*T"),
                                       ("bias_ptr", "*T"), ("y_ptr", "*T"), ("M", "i32"), ("N", "i32"), ("K", "i32"),
                                       ("R", "i32"), ("SPLIT", "i32"), ("scale", "fp32"), ("RELU", "i32"),
@@ -197,7 +211,8 @@ KERNELS = {
     "multi_lora_xa": (_multi_lora_xa_kernel, [("x_ptr", "*T"), ("a_ptr", "*T"), ("a2_ptr", "*T"),
                                               ("index_ptr", "*i64"), ("t_ptr", "*fp32"), ("t2_ptr", "*fp32"),
                                               ("M", "i32"), ("K", "i32"), ("R", "i32"), ("R2", "i32"), ("NS", "i32"),
-                                              ("NA", "i32"), ("RPI", "i32"), ("KB_PER_SPLIT", "i32")]),
+                                              ("NA", "i32"), ("RPI", "i32"), ("KB_PER_SPLIT", "i32"),
+                                              ("t3_ptr", "*fp32"), ("ZERO3", "i32")]),
     "multi_lora_main": (_multi_lora_main_kernel, [("x_ptr", "*T"), ("w_ptr", "*T"), ("t_ptr", "*fp32"),
                                                   ("b_ptr", "*T"), ("bias_ptr", "*T"), ("scales_ptr", "*T"),
                                                   ("index_ptr", "*i64"), ("y_ptr", "*T"), ("M", "i32"), ("N", "i32"),

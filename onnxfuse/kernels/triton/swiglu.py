@@ -12,8 +12,8 @@ arguments in this order.
 import triton
 import triton.language as tl
 
-from .gemm_loop import (GEMM_TILES_F, GEMM_TILES_H, _gemm_main, _multi_rank_term, _pdl_wait, _rank_t, _rank_t_chunked,
-                        _rank_term, _row_adapters, _store_tile, _tile_ids)
+from .gemm_loop import (GEMM_TILES_F, GEMM_TILES_H, _down_xa, _gemm_main, _multi_down_xa, _multi_rank_term, _pdl_wait,
+                        _rank_t, _rank_t_chunked, _rank_term, _row_adapters, _store_tile, _tile_ids)
 from .table import LORA_GATE_MAX_SPLIT
 
 # (Triton kernels read module globals only as constexpr.)
@@ -58,7 +58,7 @@ def _swiglu_kernel(x_ptr, wg_ptr, wu_ptr, y_ptr, M, N, K, ACT,
 
 @triton.jit
 def _lora_swiglu_kernel(x_ptr, wg_ptr, wu_ptr, tg_ptr, bg_ptr, tu_ptr, bu_ptr, y_ptr, M, N, K, RG, RU, SPLIT,
-                        scale_gate, scale_up, ACT,
+                        scale_gate, scale_up, ACT, ad_ptr, td_ptr, RD,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                         R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = False):
     """LoRASwiGLU's second phase: ``g = x @ wg + (sg * tg) @ bg; u = x @ wu + (su * tu) @ bu; y = act(g) * u``.
@@ -66,7 +66,8 @@ def _lora_swiglu_kernel(x_ptr, wg_ptr, wu_ptr, tg_ptr, bg_ptr, tu_ptr, bu_ptr, y
     SwiGLU's main loop (both products sharing each X tile), then each accumulator's rank-r term (_rank_term) before
     the activation. tg and tu: the gate's and the up adapter's X @ A partials from _lora_xa_kernel (one launch for
     both, each [SPLIT, M, R_PAD] with R_PAD for the larger rank). With PDL (launched as lora_xa's programmatic
-    dependent) the K loop runs beside phase 1 and the epilogue waits for its partials.
+    dependent) the K loop runs beside phase 1 and the epilogue waits for its partials. RD > 0 (LoRAGatedMLP): the
+    down adapter's X @ A from the finished tile into td (gemm_loop._down_xa; ad [N, RD], td zeroed by phase 1).
     """
     gate, up, offs_m, offs_n, rows, n_ok = _gemm_main(x_ptr, wg_ptr, wu_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
                                                       GROUP_M, True, DOT_PRECISION)
@@ -77,12 +78,13 @@ def _lora_swiglu_kernel(x_ptr, wg_ptr, wu_ptr, tg_ptr, bg_ptr, tu_ptr, bu_ptr, y
                     DOT_PRECISION)
     y = _gate_activation(gate, ACT) * up
     _store_tile(y_ptr, N, y, offs_m, offs_m < M, offs_n, n_ok)
+    _down_xa(y, offs_m, offs_n, n_ok, ad_ptr, td_ptr, M, RD, R_PAD, DOT_PRECISION)
 
 
 @triton.jit
 def _lora_gate_kernel(g_ptr, u_ptr, tg_ptr, bg_ptr, tu_ptr, bu_ptr, y_ptr, M, N, RG, RU, SPLIT, scale_gate, scale_up,
-                      ACT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, R_PAD: tl.constexpr,
-                      DOT_PRECISION: tl.constexpr):
+                      ACT, ad_ptr, td_ptr, RD, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
+                      R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """LoRASwiGLU's epilogue pass where the base GEMMs ran on cuBLASLt (triton/table.py LORA_SWIGLU_CUBLAS): ``y =
     act(g + (sg * tg) @ bg) * (u + (su * tu) @ bu)``, g and u the two [M, N] base products (g may be y itself: each
     element is read before it is written, by the same program), tg and tu the X @ A partials of _lora_xa_kernel.
@@ -91,7 +93,8 @@ def _lora_gate_kernel(g_ptr, u_ptr, tg_ptr, bg_ptr, tu_ptr, bu_ptr, y_ptr, M, N,
     us on the 16 x 256 tile, against 96.0 with the loaded tile as the dots' accumulator (64 x 128; 79.0 at its best
     tile) and 209-329 us with FMAs over the rank instead of the dots; PyTorch's silu(g) * u alone 84.3. The partials
     summed 4 at a time (gemm_loop._rank_t_chunked; the launcher splits K in at most table.LORA_GATE_MAX_SPLIT) on the
-    16 x 128 tile: 54.3 us at 4 partials, against 68.5 for _rank_t's loop over 5 on the 16 x 256 one."""
+    16 x 128 tile: 54.3 us at 4 partials, against 68.5 for _rank_t's loop over 5 on the 16 x 256 one. RD > 0: the
+    down adapter's X @ A from each finished tile, as _lora_swiglu_kernel's."""
     pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -105,17 +108,20 @@ def _lora_gate_kernel(g_ptr, u_ptr, tg_ptr, bg_ptr, tu_ptr, bu_ptr, y_ptr, M, N,
     offs = rows[:, None] * N + offs_n[None, :]
     gate = tl.load(g_ptr + offs, mask=n_ok[None, :], other=0.0).to(tl.float32) + dg
     up = tl.load(u_ptr + offs, mask=n_ok[None, :], other=0.0).to(tl.float32) + du
-    _store_tile(y_ptr, N, _gate_activation(gate, ACT) * up, offs_m, offs_m < M, offs_n, n_ok)
+    y = _gate_activation(gate, ACT) * up
+    _store_tile(y_ptr, N, y, offs_m, offs_m < M, offs_n, n_ok)
+    _down_xa(y, offs_m, offs_n, n_ok, ad_ptr, td_ptr, M, RD, R_PAD, DOT_PRECISION)
 
 
 @triton.jit
 def _multi_lora_swiglu_kernel(x_ptr, wg_ptr, wu_ptr, tg_ptr, bg_ptr, sg_ptr, tu_ptr, bu_ptr, su_ptr, index_ptr, y_ptr,
-                              M, N, K, RG, RU, NA, RPI, SPLIT, ACT,
+                              M, N, K, RG, RU, NA, RPI, SPLIT, ACT, ad_ptr, td_ptr, RD,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                               GROUP_M: tl.constexpr, R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """MultiLoRASwiGLU's second phase: SwiGLU's main loop, then each projection's rank-r terms of every row's adapter
     (gemm_loop._multi_rank_term: bg, bu [NA, R, N], scales [NA]) before the activation; NaN in rows whose index is
-    >= NA. tg and tu: lora_linear.py's _multi_lora_xa_kernel partials of each stack."""
+    >= NA. tg and tu: lora_linear.py's _multi_lora_xa_kernel partials of each stack. RD > 0 (MultiLoRAGatedMLP): each
+    row's down adapter's X @ A from the finished tile into td (gemm_loop._multi_down_xa; ad [NA, N, RD])."""
     gate, up, offs_m, offs_n, rows, n_ok = _gemm_main(x_ptr, wg_ptr, wu_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
                                                       GROUP_M, True, DOT_PRECISION)
     aid = _row_adapters(index_ptr, offs_m, M, RPI)
@@ -126,8 +132,12 @@ def _multi_lora_swiglu_kernel(x_ptr, wg_ptr, wu_ptr, tg_ptr, bg_ptr, sg_ptr, tu_
     y = _gate_activation(gate, ACT) * up
     y = tl.where((aid >= NA)[:, None], float("nan"), y)
     _store_tile(y_ptr, N, y, offs_m, offs_m < M, offs_n, n_ok)
+    _multi_down_xa(y, aid, offs_m, offs_n, n_ok, ad_ptr, td_ptr, M, N, RD, NA, BLOCK_M, R_PAD, DOT_PRECISION)
 
 
+# The gated LoRA kernels' last arguments: the down adapter's A, the fp32 [M, R_PAD] sum its X @ A goes into, and its
+# rank (0: none, LoRASwiGLU alone).
+_DOWN = [("ad_ptr", "*T"), ("td_ptr", "*fp32"), ("RD", "i32")]
 KERNELS = {
     "swiglu": (_swiglu_kernel, [("x_ptr", "*T"), ("wg_ptr", "*T"), ("wu_ptr", "*T"), ("y_ptr", "*T"),
                                 ("M", "i32"), ("N", "i32"), ("K", "i32"), ("ACT", "i32")]),
@@ -136,17 +146,17 @@ KERNELS = {
                                           ("bg_ptr", "*T"), ("tu_ptr", "*fp32"), ("bu_ptr", "*T"), ("y_ptr", "*T"),
                                           ("M", "i32"), ("N", "i32"), ("K", "i32"), ("RG", "i32"), ("RU", "i32"),
                                           ("SPLIT", "i32"), ("scale_gate", "fp32"), ("scale_up", "fp32"),
-                                          ("ACT", "i32")]),
+                                          ("ACT", "i32")] + _DOWN),
     # g_ptr may equal y_ptr (in place); tg_ptr / tu_ptr fp32 scratch
     "lora_gate": (_lora_gate_kernel, [("g_ptr", "*T"), ("u_ptr", "*T"), ("tg_ptr", "*fp32"), ("bg_ptr", "*T"),
                                       ("tu_ptr", "*fp32"), ("bu_ptr", "*T"), ("y_ptr", "*T"), ("M", "i32"),
                                       ("N", "i32"), ("RG", "i32"), ("RU", "i32"), ("SPLIT", "i32"),
-                                      ("scale_gate", "fp32"), ("scale_up", "fp32"), ("ACT", "i32")]),
+                                      ("scale_gate", "fp32"), ("scale_up", "fp32"), ("ACT", "i32")] + _DOWN),
     "multi_lora_swiglu": (_multi_lora_swiglu_kernel, [
         ("x_ptr", "*T"), ("wg_ptr", "*T"), ("wu_ptr", "*T"), ("tg_ptr", "*fp32"), ("bg_ptr", "*T"), ("sg_ptr", "*T"),
         ("tu_ptr", "*fp32"), ("bu_ptr", "*T"), ("su_ptr", "*T"), ("index_ptr", "*i64"), ("y_ptr", "*T"),
         ("M", "i32"), ("N", "i32"), ("K", "i32"), ("RG", "i32"), ("RU", "i32"), ("NA", "i32"), ("RPI", "i32"),
-        ("SPLIT", "i32"), ("ACT", "i32")]),
+        ("SPLIT", "i32"), ("ACT", "i32")] + _DOWN),
 }
 
 # Tile configs per arch (gemm_loop.GEMM_TILES_*). "small" (decode), N=11008: BLOCK_N=64, BLOCK_K=128, 4 stages ->

@@ -91,6 +91,8 @@ LORA_GATE_MAX_SPLIT = 4
 #   their dependent and lora_gate as its 643.8 (666.1 in that order without PDL): not kept
 # and earlier (tma-probe above) lora_main at 2048 tokens 105.6 -> 107.7 us. Phase 1 itself does both of a gated MLP's
 # stacks from each X tile: at 2048 rows 642.2 us with one program per stack (X read twice) -> 633.1.
+# LoRAGatedMLP's down-projection lora_main runs after the gated kernel, whose activation it reads in its K loop: it
+# launches the usual way (the gated kernel is the one that waits on phase 1).
 LORA_PDL_MAX_M = 16
 PDL_DEPENDENTS = ("lora_main", "lora_swiglu")
 

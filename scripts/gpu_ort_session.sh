@@ -1,0 +1,67 @@
+#!/bin/bash
+# One device call of a GPU sitting with onnxruntime-gpu (../shared/GPU.md): assembles onnxruntime-gpu 1.31.1 from the
+# parts the earlier calls left in /root/ort plus the last one, carried now (.gpu/ort.part04), installs the carried test
+# wheels (.gpu/wheels: hypothesis and its dependencies, which the GPU machine lacks), unpacks the library built here
+# (.gpu/lib.so.xz) and its oneDNN (.gpu/dnnl.so.3.xz) and runs MODE. Prepare here (once per checkout; .gpu/ is git-ignored):
+#
+#   split the onnxruntime-gpu wheel as GPU.md says but in 45 MB parts (`split -b 45M`: a carry holds 64 MiB with the
+#   working tree, about 14 MB), .gpu/ort.part00..04; pip download hypothesis,
+#   sortedcontainers and attrs (--python-version 3.12) into .gpu/wheels; xz the built library into .gpu/lib.so.xz
+#
+# then four calls back to back carrying .gpu/ort.part00 .. 03 with `mkdir -p /root/ort && cp .gpu/ort.part0N
+# /root/ort/`, and this one carrying .gpu/ort.part04 .gpu/wheels .gpu/lib.so.xz:
+#   OUT=$OUT bash scripts/gpu_ort_session.sh MODE
+# (a later call on the still-warm machine finds everything in place and carries only what changed).
+#
+# MODE: check (providers), lora-doctor (doctor and the GPU tests of the LoRA ops), lora-bench (the LoRA MLP cases at 16
+# and 2048 tokens and the mixed batch beside their base MLPs, then each pair round-robin by scripts/ab_models.py).
+set -u
+MODE=${1:-check}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+if [ ! -f /root/ortsite/.done ]; then
+  cat /root/ort/ort.part* .gpu/ort.part* | xz -d -T0 | (mkdir -p /root/ortsite && tar -xf - -C /root/ortsite) || exit 1
+  python3 -m pip install -q --no-deps --target /root/ortsite .gpu/wheels/*.whl
+  touch /root/ortsite/.done
+fi
+export PYTHONPATH=/root/ortsite:$PWD PATH=/opt/torch/.venv/bin:$PATH
+if [ -f .gpu/lib.so.xz ]; then
+  # the library's oneDNN (its RUNPATH has $ORIGIN): .gpu/dnnl.so.3.xz, from the build's .venv/lib/libdnnl.so.3
+  [ -f .gpu/dnnl.so.3.xz ] && xz -dc .gpu/dnnl.so.3.xz > /root/libdnnl.so.3
+  xz -dc .gpu/lib.so.xz > /root/libonnxfuse_ops.so
+  export ONNXFUSE_LIBRARY=/root/libonnxfuse_ops.so
+fi
+python3 -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+
+LORA_OPS=LoRAGatedMLP,MultiLoRAGatedMLP,LoRASwiGLU,MultiLoRASwiGLU,LoRALinear,LoRALinearRelu,MultiLoRALinear
+case "$MODE" in
+  check) ;;
+  lora-doctor)
+    python3 -m onnxfuse doctor --providers cuda --ops "$LORA_OPS" > "$OUT/doctor-lora.log" 2>&1
+    echo "doctor rc $?"; tail -5 "$OUT/doctor-lora.log"
+    python3 -m onnxfuse doctor --providers cuda --ops LoRAGatedMLP,MultiLoRAGatedMLP --special-values \
+      > "$OUT/doctor-gated-special.log" 2>&1
+    echo "doctor special rc $?"; tail -3 "$OUT/doctor-gated-special.log"
+    python3 -m pytest -q -p no:cacheprovider -m gpu -k "lora or adapter or multi" tests/test_gpu.py \
+      > "$OUT/pytest-gpu-lora.log" 2>&1
+    echo "pytest rc $?"; tail -3 "$OUT/pytest-gpu-lora.log"
+    ;;
+  lora-bench)
+    python3 -m onnxfuse bench llama-mlp lora-mlp --sizes 16,2048 --variants fused-auto+graph,fused-triton+graph \
+      -o "$OUT/bench-lora-mlp.json" --no-plot > "$OUT/bench-lora-mlp.log" 2>&1
+    echo "bench rc $?"; grep -E "fused-auto\+graph|MISS|PASS" "$OUT/bench-lora-mlp.log" | head -20
+    python3 -m onnxfuse bench llama-mlp multi-lora-mlp --sizes 8 --variants fused-auto+graph \
+      -o "$OUT/bench-multi-lora-mlp.json" --no-plot > "$OUT/bench-multi-lora-mlp.log" 2>&1
+    echo "bench multi rc $?"; grep -E "fused-auto\+graph|MISS|PASS" "$OUT/bench-multi-lora-mlp.log" | head -10
+    for pair in "llama-mlp-16 lora-mlp-16 0" "llama-mlp-2048 lora-mlp-2048 0" "llama-mlp-8 multi-lora-mlp-8 8"; do
+      set -- $pair
+      a=$(ls models/bench/$1-fp16-s0-*.fused.onnx | head -1)
+      b=$(ls models/bench/$2-fp16-s0-*.fused.onnx | head -1)
+      python3 scripts/ab_models.py "$a" "$b" --rounds 9 --reps 300 --adapters "$3" --out "$OUT/ab-$2.json" \
+        > "$OUT/ab-$2.log" 2>&1
+      echo "ab $2 rc $?"; grep -E "median_b_over_a|min_b|max_b" "$OUT/ab-$2.log"
+    done
+    ;;
+  *) echo "unknown mode $MODE"; exit 2 ;;
+esac

@@ -1,0 +1,181 @@
+"""A gated LoRA MLP with the down projection's X @ A folded into the gated kernel's epilogue, timed on the GPU.
+
+The LoRA MLP as LoRASwiGLU + LoRALinear runs the down adapter's phase 1 (X @ A_down over the MLP activation h) as a
+launch of its own; LoRAGatedMLP (and MultiLoRAGatedMLP) add each finished tile's h @ A_down to an fp32 [M, r]
+accumulator in the gated kernel's epilogue (gemm_loop._down_xa, fp32 atomics; phase 1 of the gate and up adapters
+zeroes it), and the down's main kernel reads it as one partial. This probe runs the library's Triton kernels (JIT,
+the AOT tile configs of sm_90) as the launchers do, for a Llama-2-7B MLP (hidden 4096, MLP 11008, rank 16): the
+mixed batch (8 decode rows, 8 adapters), the LoRA MLP at 16 tokens (PDL as the launchers) and at 2048 (cuBLAS's
+base GEMMs, lora_gate), each chain beside the base MLP (SwiGLU's kernel or cuBLAS's GEMMs, and cuBLAS's down GEMM).
+Time: one CUDA graph of the chain replayed back to back (the GPU's own time per run), best of rounds; outputs checked
+against PyTorch. Needs a CUDA GPU (sm_90), torch and triton; nothing of onnxruntime.
+
+    python scripts/lora_mlp_fold_probe.py [--reps 200] [--rounds 5]
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+import torch
+import triton
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from lora_pdl_probe import LO, SW, cfg, plan, steady, xa_cfg  # noqa: E402
+
+H, I, R = 4096, 11008, 16
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args(argv)
+    torch.manual_seed(0)
+    dev, dt = "cuda", torch.float16
+    F = torch.nn.functional
+    wg = torch.randn(H, I, device=dev, dtype=dt) / H ** 0.5
+    wu = torch.randn(H, I, device=dev, dtype=dt) / H ** 0.5
+    wd = torch.randn(I, H, device=dev, dtype=dt) / I ** 0.5
+    zb = torch.zeros(H, device=dev, dtype=dt)
+    print(f"gated LoRA MLP fold probe on {torch.cuda.get_device_name()}, fp16, h{H} i{I} r{R}; us per run (CUDA "
+          f"graph, {args.reps} replays, best of {args.rounds})")
+
+    def report(name, runs, ref):
+        for label, fn in runs:
+            out = fn().clone()
+            torch.cuda.synchronize()
+            err = float((out.float() - ref).abs().max() / ref.abs().max()) if ref is not None else float("nan")
+            us = steady(fn, args.reps, args.rounds)
+            print(f"  {name:26s} {label:44s} {us:8.1f} us   rel err {err:.1e}", flush=True)
+
+    def base(m, x):
+        h = torch.empty(m, I, device=dev, dtype=dt)
+        g = torch.empty(m, I, device=dev, dtype=dt)
+        u = torch.empty(m, I, device=dev, dtype=dt)
+        c = cfg("swiglu", m)
+        grid = (triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(I, c["BLOCK_N"]),)
+
+        def run():
+            if m >= 2048:  # the CUDA backend's form there: cuBLAS's two GEMMs and the pass
+                torch.mm(x, wg, out=g)
+                torch.mm(x, wu, out=u)
+                torch.mul(F.silu(g), u, out=h)
+            else:
+                SW._swiglu_kernel[grid](x, wg, wu, h, m, I, H, 0, DOT_PRECISION="tf32", **c)
+            return torch.mm(h, wd)
+        return run
+
+    # ---- the mixed batch: 8 rows, 8 adapters
+    m, na = 8, 8
+    x = torch.randn(m, H, device=dev, dtype=dt)
+    ag, au = (torch.randn(na, H, R, device=dev, dtype=dt) / H ** 0.5 for _ in range(2))
+    bg, bu = (torch.randn(na, R, I, device=dev, dtype=dt) / 4 for _ in range(2))
+    ad = torch.randn(na, I, R, device=dev, dtype=dt) / I ** 0.5
+    bd = torch.randn(na, R, H, device=dev, dtype=dt) / 4
+    sg, su, sd = (torch.full((na,), 0.5, device=dev, dtype=dt) for _ in range(3))
+    idx = torch.arange(m, device=dev, dtype=torch.int64) % na
+    h = torch.empty(m, I, device=dev, dtype=dt)
+    y = torch.empty(m, H, device=dev, dtype=dt)
+    cx = xa_cfg("multi_lora_xa", m)
+    s1, kb1, g1 = plan(m, H, na, cx)
+    s2, kb2, g2 = plan(m, I, na, cx)
+    tg, tu = torch.empty(s1, m, 16, device=dev), torch.empty(s1, m, 16, device=dev)
+    td = torch.empty(s2, m, 16, device=dev)
+    csw, cmain = cfg("multi_lora_swiglu", m), cfg("multi_lora_main", m)
+    gsw = (triton.cdiv(m, csw["BLOCK_M"]) * triton.cdiv(I, csw["BLOCK_N"]),)
+    gmain = (triton.cdiv(m, cmain["BLOCK_M"]) * triton.cdiv(H, cmain["BLOCK_N"]),)
+
+    def multi(fold):
+        def run():
+            LO._multi_lora_xa_kernel[(g1,)](x, ag, au, idx, tg, tu, m, H, R, R, 2, na, 1, kb1, td, int(fold),
+                                            R_PAD=16, DOT_PRECISION="tf32", **cx)
+            SW._multi_lora_swiglu_kernel[gsw](x, wg, wu, tg, bg, sg, tu, bu, su, idx, h, m, I, H, R, R, na, 1, s1, 0,
+                                              ad, td, R if fold else 0, R_PAD=16, DOT_PRECISION="tf32", **csw)
+            if not fold:
+                LO._multi_lora_xa_kernel[(g2,)](h, ad, ad, idx, td, td, m, I, R, R, 1, na, 1, kb2, td, 0, R_PAD=16,
+                                                DOT_PRECISION="tf32", **cx)
+            LO._multi_lora_main_kernel[gmain](h, wd, td, bd, zb, sd, idx, y, m, H, I, R, na, 1, 1 if fold else s2,
+                                              R_PAD=16, DOT_PRECISION="tf32", **cmain)
+            return y
+        return run
+
+    xf = x.float()
+    gate = xf @ wg.float() + ((torch.einsum("mk,mkr->mr", xf, ag[idx].float()) * 0.5).half().float().unsqueeze(1)
+                              @ bg[idx].float()).squeeze(1)
+    up = xf @ wu.float() + ((torch.einsum("mk,mkr->mr", xf, au[idx].float()) * 0.5).half().float().unsqueeze(1)
+                            @ bu[idx].float()).squeeze(1)
+    hh = (F.silu(gate) * up).half().float()
+    ref = hh @ wd.float() + ((torch.einsum("mk,mkr->mr", hh, ad[idx].float()) * 0.5).half().float().unsqueeze(1)
+                             @ bd[idx].float()).squeeze(1)
+    report("base MLP, 8 rows", [("swiglu + cuBLAS down", base(8, x))], None)
+    report("mixed batch, 8 rows", [("MultiLoRASwiGLU + MultiLoRALinear", multi(False)),
+                                   ("MultiLoRAGatedMLP (down X @ A folded)", multi(True))], ref)
+
+    # ---- the LoRA MLP at 16 and 2048 tokens
+    a1g, a1u = (torch.randn(H, R, device=dev, dtype=dt) / H ** 0.5 for _ in range(2))
+    b1g, b1u = (torch.randn(R, I, device=dev, dtype=dt) / 4 for _ in range(2))
+    a1d, b1d = torch.randn(I, R, device=dev, dtype=dt) / I ** 0.5, torch.randn(R, H, device=dev, dtype=dt) / 4
+    for m in (16, 2048):
+        xm = torch.randn(m, H, device=dev, dtype=dt)
+        hm = torch.empty(m, I, device=dev, dtype=dt)
+        um = torch.empty(m, I, device=dev, dtype=dt)
+        ym = torch.empty(m, H, device=dev, dtype=dt)
+        cx = xa_cfg("lora_xa", m)
+        large = m >= 2048
+        s1, kb1, g1 = plan(m, H, 1, cx)
+        if large:  # the cuBLASLt path's phase 1: at most LORA_GATE_MAX_SPLIT slices
+            kblocks = triton.cdiv(H, cx["BLOCK_K"])
+            kb1 = triton.cdiv(kblocks, min(s1, 4))
+            s1 = triton.cdiv(kblocks, kb1)
+            g1 = triton.cdiv(m, cx["BLOCK_M"]) * s1
+        s2, kb2, g2 = plan(m, I, 1, cx)
+        t1g, t1u = torch.empty(s1, m, 16, device=dev), torch.empty(s1, m, 16, device=dev)
+        t1d = torch.empty(max(s2, 1), m, 16, device=dev)
+        csw, cmain, cgate = cfg("lora_swiglu", m), cfg("lora_main", m), cfg("lora_gate", m)
+        gsw = (triton.cdiv(m, csw["BLOCK_M"]) * triton.cdiv(I, csw["BLOCK_N"]),)
+        ggate = (triton.cdiv(m, cgate["BLOCK_M"]) * triton.cdiv(I, cgate["BLOCK_N"]),)
+        cgate = {k: v for k, v in cgate.items() if k != "BLOCK_K"}
+        gmain = triton.cdiv(m, cmain["BLOCK_M"]) * triton.cdiv(H, cmain["BLOCK_N"])
+        pdl = m <= 16
+
+        def lora(fold, m=m, xm=xm, hm=hm, um=um, ym=ym, s1=s1, kb1=kb1, g1=g1, s2=s2, kb2=kb2, g2=g2, t1g=t1g,
+                 t1u=t1u, t1d=t1d, csw=csw, cmain=cmain, cgate=cgate, gsw=gsw, ggate=ggate, gmain=gmain, cx=cx,
+                 large=large, pdl=pdl):
+            def run():
+                LO._lora_xa_kernel[(g1,)](xm, a1g, a1u, t1g, t1u, m, H, R, R, 2, kb1, t1d, int(fold), R_PAD=16,
+                                          DOT_PRECISION="tf32", PDL=pdl, **cx)
+                rd = R if fold else 0
+                if large:
+                    torch.mm(xm, wg, out=hm)
+                    torch.mm(xm, wu, out=um)
+                    SW._lora_gate_kernel[ggate](hm, um, t1g, b1g, t1u, b1u, hm, m, I, R, R, s1, 0.5, 0.5, 0, a1d, t1d,
+                                                rd, R_PAD=16, DOT_PRECISION="tf32", **cgate)
+                else:
+                    SW._lora_swiglu_kernel[gsw](xm, wg, wu, t1g, b1g, t1u, b1u, hm, m, I, H, R, R, s1, 0.5, 0.5, 0, a1d,
+                                                t1d, rd, R_PAD=16, DOT_PRECISION="tf32", PDL=pdl, launch_pdl=pdl,
+                                                **csw)
+                down_pdl = pdl and not fold  # the down main may overlap its own phase 1, not the gated kernel
+                if not fold:
+                    LO._lora_xa_kernel[(g2,)](hm, a1d, a1d, t1d, t1d, m, I, R, R, 1, kb2, t1d, 0, R_PAD=16,
+                                              DOT_PRECISION="tf32", PDL=pdl, **cx)
+                LO._lora_main_kernel[(gmain,)](hm, wd, t1d, b1d, zb, ym, m, H, I, R, 1 if fold else s2, 0.5, 0, gmain,
+                                               R_PAD=16, DOT_PRECISION="tf32", TMA=False, PDL=down_pdl,
+                                               launch_pdl=down_pdl, **cmain)
+                return ym
+            return run
+
+        xf = xm.float()
+        gate = xf @ wg.float() + ((xf @ a1g.float()) * 0.5).half().float() @ b1g.float()
+        up = xf @ wu.float() + ((xf @ a1u.float()) * 0.5).half().float() @ b1u.float()
+        hh = (F.silu(gate) * up).half().float()
+        ref = hh @ wd.float() + ((hh @ a1d.float()) * 0.5).half().float() @ b1d.float()
+        report(f"base MLP, {m} tokens", [("SwiGLU + cuBLAS down", base(m, xm))], None)
+        report(f"LoRA MLP, {m} tokens", [("LoRASwiGLU + LoRALinear", lora(False)),
+                                         ("LoRAGatedMLP (down X @ A folded)", lora(True))], ref)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
