@@ -14,7 +14,8 @@
 # (a later call on the still-warm machine finds everything in place and carries only what changed).
 #
 # MODE: check (providers), lora-doctor (doctor and the GPU tests of the LoRA ops), lora-bench (the LoRA MLP cases at 16
-# and 2048 tokens and the mixed batch beside their base MLPs, then each pair round-robin by scripts/ab_models.py).
+# and 2048 tokens and the mixed batch beside their base MLPs, then each pair round-robin by scripts/ab_models.py,
+# ROUNDS rounds, default 9).
 set -u
 MODE=${1:-check}
 OUT=${OUT:-/tmp/out}
@@ -58,7 +59,7 @@ case "$MODE" in
       set -- $pair
       a=$(ls models/bench/$1-fp16-s0-*.fused.onnx | head -1)
       b=$(ls models/bench/$2-fp16-s0-*.fused.onnx | head -1)
-      python3 scripts/ab_models.py "$a" "$b" --rounds 9 --reps 300 --adapters "$3" --out "$OUT/ab-$2.json" \
+      python3 scripts/ab_models.py "$a" "$b" --rounds "${ROUNDS:-9}" --reps 300 --adapters "$3" --out "$OUT/ab-$2.json" \
         > "$OUT/ab-$2.log" 2>&1
       echo "ab $2 rc $?"; grep -E "median_b_over_a|min_b|max_b" "$OUT/ab-$2.log"
     done

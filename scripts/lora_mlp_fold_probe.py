@@ -10,13 +10,19 @@ base GEMMs, lora_gate), each chain beside the base MLP (SwiGLU's kernel or cuBLA
 Time: one CUDA graph of the chain replayed back to back (the GPU's own time per run), best of rounds; outputs checked
 against PyTorch. Needs a CUDA GPU (sm_90), torch and triton; nothing of onnxruntime.
 
-    python scripts/lora_mlp_fold_probe.py [--reps 200] [--rounds 5]
+    python scripts/lora_mlp_fold_probe.py [--reps 200] [--rounds 5] [--gate-tiles 16x128x4,32x128x4]
+
+--gate-tiles: the 2048-token folded chain again with lora_gate on each BLOCK_M x BLOCK_N x warps tile (the library's
+is swiglu.py's _GATE), the base MLP and every tile round-robin (their CUDA graphs replayed in turn, `--rounds` rounds,
+medians): at 2048 tokens the GPU's clocks drift by more than the tiles differ.
 """
 from __future__ import annotations
 
 import argparse
 import pathlib
+import statistics
 import sys
+import time
 
 import torch
 import triton
@@ -27,10 +33,34 @@ from lora_pdl_probe import LO, SW, cfg, plan, steady, xa_cfg  # noqa: E402
 H, I, R = 4096, 11008, 16
 
 
+def round_robin(fns: dict, reps: int, rounds: int) -> dict:
+    """us per replay of each fn's CUDA graph, the fns replayed in turn `rounds` times (reps each): {name: median}."""
+    graphs = {}
+    for name, fn in fns.items():
+        fn()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        graphs[name] = g
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, g in graphs.items():
+            g.replay()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                g.replay()
+            torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - t0) / reps * 1e6)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--gate-tiles", default="", help="BMxBNxWARPS,... for lora_gate in the 2048-token folded chain")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     dev, dt = "cuda", torch.float16
@@ -142,7 +172,11 @@ def main(argv=None) -> int:
 
         def lora(fold, m=m, xm=xm, hm=hm, um=um, ym=ym, s1=s1, kb1=kb1, g1=g1, s2=s2, kb2=kb2, g2=g2, t1g=t1g,
                  t1u=t1u, t1d=t1d, csw=csw, cmain=cmain, cgate=cgate, gsw=gsw, ggate=ggate, gmain=gmain, cx=cx,
-                 large=large, pdl=pdl):
+                 large=large, pdl=pdl, tile=None):
+            if tile is not None:  # lora_gate on another tile
+                bm, bn, warps = tile
+                cgate = dict(cgate, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
+                ggate = (triton.cdiv(m, bm) * triton.cdiv(I, bn),)
             def run():
                 LO._lora_xa_kernel[(g1,)](xm, a1g, a1u, t1g, t1u, m, H, R, R, 2, kb1, t1d, int(fold), R_PAD=16,
                                           DOT_PRECISION="tf32", PDL=pdl, **cx)
@@ -174,6 +208,19 @@ def main(argv=None) -> int:
         report(f"base MLP, {m} tokens", [("SwiGLU + cuBLAS down", base(m, xm))], None)
         report(f"LoRA MLP, {m} tokens", [("LoRASwiGLU + LoRALinear", lora(False)),
                                          ("LoRAGatedMLP (down X @ A folded)", lora(True))], ref)
+        if large and args.gate_tiles:
+            tiles = [tuple(int(v) for v in t.split("x")) for t in args.gate_tiles.split(",")]
+            fns = {"base MLP": base(m, xm), "unfolded": lora(False)}
+            fns.update({f"folded, lora_gate {t[0]}x{t[1]} {t[2]} warps": lora(True, tile=t) for t in tiles})
+            for name, fn in fns.items():  # each form's output against PyTorch once
+                if name != "base MLP":
+                    out = fn().float()
+                    err = float((out - ref).abs().max() / ref.abs().max())
+                    assert err < 2e-3, (name, err)
+            med = round_robin(fns, args.reps, max(args.rounds, 9))
+            print(f"  round-robin at {m} tokens, {max(args.rounds, 9)} rounds of {args.reps} replays, medians:")
+            for name, us in med.items():
+                print(f"    {name:44s} {us:8.1f} us   {us / med['base MLP']:.4f}x the base")
     return 0
 
 
