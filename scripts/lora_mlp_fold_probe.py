@@ -10,11 +10,12 @@ base GEMMs, lora_gate), each chain beside the base MLP (SwiGLU's kernel or cuBLA
 Time: one CUDA graph of the chain replayed back to back (the GPU's own time per run), best of rounds; outputs checked
 against PyTorch. Needs a CUDA GPU (sm_90), torch and triton; nothing of onnxruntime.
 
-    python scripts/lora_mlp_fold_probe.py [--reps 200] [--rounds 5] [--gate-tiles 16x128x4,32x128x4]
+    python scripts/lora_mlp_fold_probe.py [--reps 200] [--rounds 5] [--gate-tiles 16x128x4,32x128x4] [--profile]
 
---gate-tiles: the 2048-token folded chain again with lora_gate on each BLOCK_M x BLOCK_N x warps tile (the library's
-is swiglu.py's _GATE), the base MLP and every tile round-robin (their CUDA graphs replayed in turn, `--rounds` rounds,
-medians): at 2048 tokens the GPU's clocks drift by more than the tiles differ.
+--gate-tiles: the 2048-token folded chain again with lora_gate on each BLOCK_M x BLOCK_N x warps tile (the library's:
+swiglu.py's _GATE), the base MLP and every tile round-robin (their CUDA graphs replayed in turn, `--rounds` rounds,
+medians): at 2048 tokens the GPU's clocks drift by more than the tiles differ. --profile: each chain's kernels by GPU
+time (torch.profiler over 20 replays of its graph, us per replay).
 """
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--gate-tiles", default="", help="BMxBNxWARPS,... for lora_gate in the 2048-token folded chain")
+    ap.add_argument("--profile", action="store_true", help="each chain's kernels by GPU time")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     dev, dt = "cuda", torch.float16
@@ -79,6 +81,24 @@ def main(argv=None) -> int:
             err = float((out.float() - ref).abs().max() / ref.abs().max()) if ref is not None else float("nan")
             us = steady(fn, args.reps, args.rounds)
             print(f"  {name:26s} {label:44s} {us:8.1f} us   rel err {err:.1e}", flush=True)
+            if args.profile:
+                kernels(fn)
+
+    def kernels(fn, replays=20):
+        """The chain's kernels by GPU time per replay of its CUDA graph (torch.profiler)."""
+        from torch.profiler import ProfilerActivity, profile
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        g.replay()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(replays):
+                g.replay()
+            torch.cuda.synchronize()
+        rows = [(e.key, e.device_time_total / replays) for e in prof.key_averages() if e.device_time_total > 0]
+        for key, us in sorted(rows, key=lambda r: -r[1])[:8]:
+            print(f"      {us:8.1f} us  {key[:90]}")
 
     def base(m, x):
         h = torch.empty(m, I, device=dev, dtype=dt)
@@ -211,7 +231,7 @@ def main(argv=None) -> int:
         if large and args.gate_tiles:
             tiles = [tuple(int(v) for v in t.split("x")) for t in args.gate_tiles.split(",")]
             fns = {"base MLP": base(m, xm), "unfolded": lora(False)}
-            fns.update({f"folded, lora_gate {t[0]}x{t[1]} {t[2]} warps": lora(True, tile=t) for t in tiles})
+            fns.update({f"folded, lora_gate {'x'.join(map(str, t))}": lora(True, tile=t) for t in tiles})
             for name, fn in fns.items():  # each form's output against PyTorch once
                 if name != "base MLP":
                     out = fn().float()

@@ -2,8 +2,8 @@
 becomes one LoRASwiGLU (`replace_lora`), and a LoRASwiGLU whose activation feeds only the down projection's
 LoRALinear becomes one LoRAGatedMLP with it (`gated_mlps`): the down adapter's X @ A then comes out of the gated
 kernel's epilogue instead of a pass of its own over the [M, N] activation (issue 30; H100, the Llama-2-7B MLP with
-rank-16 adapters: the mixed batch of 8 rows 1.19x -> 1.15x the base MLP, 16 tokens 1.057x -> 1.044x, 2048 tokens
-1.067x -> 1.055x; README). The functions take the pass (`sw`) for its recorder, refusals and weight helper."""
+rank-16 adapters against the base MLP: the mixed batch of 8 rows 1.19x -> 1.15x, 16 tokens 1.057x -> 1.044x, 2048
+tokens neutral; README). The functions take the pass (`sw`) for its recorder, refusals and weight helper."""
 from __future__ import annotations
 
 import dataclasses
