@@ -29,9 +29,8 @@ import torch
 import triton
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from lora_pdl_probe import LO, SW, cfg, plan, steady, xa_cfg  # noqa: E402
+from lora_pdl_probe import LO, SW, H, I, R, cfg, mixed_batch, mlp_weights, plan, steady, xa_cfg  # noqa: E402
 
-H, I, R = 4096, 11008, 16
 
 
 def round_robin(fns: dict, reps: int, rounds: int) -> dict:
@@ -67,10 +66,7 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     dev, dt = "cuda", torch.float16
     F = torch.nn.functional
-    wg = torch.randn(H, I, device=dev, dtype=dt) / H ** 0.5
-    wu = torch.randn(H, I, device=dev, dtype=dt) / H ** 0.5
-    wd = torch.randn(I, H, device=dev, dtype=dt) / I ** 0.5
-    zb = torch.zeros(H, device=dev, dtype=dt)
+    wg, wu, wd, zb = mlp_weights(dev, dt)
     print(f"gated LoRA MLP fold probe on {torch.cuda.get_device_name()}, fp16, h{H} i{I} r{R}; us per run (CUDA "
           f"graph, {args.reps} replays, best of {args.rounds})")
 
@@ -118,24 +114,8 @@ def main(argv=None) -> int:
         return run
 
     # ---- the mixed batch: 8 rows, 8 adapters
-    m, na = 8, 8
-    x = torch.randn(m, H, device=dev, dtype=dt)
-    ag, au = (torch.randn(na, H, R, device=dev, dtype=dt) / H ** 0.5 for _ in range(2))
-    bg, bu = (torch.randn(na, R, I, device=dev, dtype=dt) / 4 for _ in range(2))
-    ad = torch.randn(na, I, R, device=dev, dtype=dt) / I ** 0.5
-    bd = torch.randn(na, R, H, device=dev, dtype=dt) / 4
-    sg, su, sd = (torch.full((na,), 0.5, device=dev, dtype=dt) for _ in range(3))
-    idx = torch.arange(m, device=dev, dtype=torch.int64) % na
-    h = torch.empty(m, I, device=dev, dtype=dt)
-    y = torch.empty(m, H, device=dev, dtype=dt)
-    cx = xa_cfg("multi_lora_xa", m)
-    s1, kb1, g1 = plan(m, H, na, cx)
-    s2, kb2, g2 = plan(m, I, na, cx)
-    tg, tu = torch.empty(s1, m, 16, device=dev), torch.empty(s1, m, 16, device=dev)
-    td = torch.empty(s2, m, 16, device=dev)
-    csw, cmain = cfg("multi_lora_swiglu", m), cfg("multi_lora_main", m)
-    gsw = (triton.cdiv(m, csw["BLOCK_M"]) * triton.cdiv(I, csw["BLOCK_N"]),)
-    gmain = (triton.cdiv(m, cmain["BLOCK_M"]) * triton.cdiv(H, cmain["BLOCK_N"]),)
+    (m, na, x, ag, au, bg, bu, ad, bd, sg, su, sd, idx, h, y, cx, s1, kb1, g1, s2, kb2, g2, tg, tu, td, csw, cmain, gsw,
+     gmain) = mixed_batch(dev, dt)
 
     def multi(fold):
         def run():
