@@ -62,6 +62,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--gate-tiles", default="", help="BMxBNxWARPS,... for lora_gate in the 2048-token folded chain")
     ap.add_argument("--profile", action="store_true", help="each chain's kernels by GPU time")
+    ap.add_argument("--xa-splits", default="", help="S1,S2,...: the folded 8- and 16-row chains with phase 1 split in "
+                    "at most S slices of K, round-robin with the base")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     dev, dt = "cuda", torch.float16
@@ -79,6 +81,17 @@ def main(argv=None) -> int:
             print(f"  {name:26s} {label:44s} {us:8.1f} us   rel err {err:.1e}", flush=True)
             if args.profile:
                 kernels(fn)
+
+    def split_rounds(name, fns, ref):
+        """fns (the base first) round-robin, each LoRA chain checked against PyTorch first."""
+        for label, fn in fns.items():
+            if label != "base MLP":
+                err = float((fn().float() - ref).abs().max() / ref.abs().max())
+                assert err < 2e-3, (label, err)
+        med = round_robin(fns, args.reps, max(args.rounds, 9))
+        print(f"  {name}: round-robin, {max(args.rounds, 9)} rounds of {args.reps} replays, medians:")
+        for label, us in med.items():
+            print(f"    {label:44s} {us:8.1f} us   {us / med['base MLP']:.4f}x the base")
 
     def kernels(fn, replays=20):
         """The chain's kernels by GPU time per replay of its CUDA graph (torch.profiler)."""
@@ -117,7 +130,9 @@ def main(argv=None) -> int:
     (m, na, x, ag, au, bg, bu, ad, bd, sg, su, sd, idx, h, y, cx, s1, kb1, g1, s2, kb2, g2, tg, tu, td, csw, cmain, gsw,
      gmain) = mixed_batch(dev, dt)
 
-    def multi(fold):
+    def multi(fold, max_split=16):
+        s1, kb1, g1 = plan(m, H, na, cx, max_split)
+
         def run():
             LO._multi_lora_xa_kernel[(g1,)](x, ag, au, idx, tg, tu, m, H, R, R, 2, na, 1, kb1, td, int(fold),
                                             R_PAD=16, DOT_PRECISION="tf32", **cx)
@@ -140,6 +155,10 @@ def main(argv=None) -> int:
     ref = hh @ wd.float() + ((torch.einsum("mk,mkr->mr", hh, ad[idx].float()) * 0.5).half().float().unsqueeze(1)
                              @ bd[idx].float()).squeeze(1)
     report("base MLP, 8 rows", [("swiglu + cuBLAS down", base(8, x))], None)
+    splits = [int(v) for v in args.xa_splits.split(",")] if args.xa_splits else []
+    if splits:
+        fns = {"base MLP": base(8, x), **{f"folded, phase 1 in <= {sp} slices": multi(True, sp) for sp in splits}}
+        split_rounds("mixed batch, 8 rows", fns, ref)
     report("mixed batch, 8 rows", [("MultiLoRASwiGLU + MultiLoRALinear", multi(False)),
                                    ("MultiLoRAGatedMLP (down X @ A folded)", multi(True))], ref)
 
@@ -172,7 +191,9 @@ def main(argv=None) -> int:
 
         def lora(fold, m=m, xm=xm, hm=hm, um=um, ym=ym, s1=s1, kb1=kb1, g1=g1, s2=s2, kb2=kb2, g2=g2, t1g=t1g,
                  t1u=t1u, t1d=t1d, csw=csw, cmain=cmain, cgate=cgate, gsw=gsw, ggate=ggate, gmain=gmain, cx=cx,
-                 large=large, pdl=pdl, tile=None):
+                 large=large, pdl=pdl, tile=None, max_split=None):
+            if max_split is not None:  # phase 1 in at most max_split slices of K
+                s1, kb1, g1 = plan(m, H, 1, cx, max_split)
             if tile is not None:  # lora_gate on another tile
                 bm, bn, warps = tile
                 cgate = dict(cgate, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
@@ -208,6 +229,10 @@ def main(argv=None) -> int:
         report(f"base MLP, {m} tokens", [("SwiGLU + cuBLAS down", base(m, xm))], None)
         report(f"LoRA MLP, {m} tokens", [("LoRASwiGLU + LoRALinear", lora(False)),
                                          ("LoRAGatedMLP (down X @ A folded)", lora(True))], ref)
+        if not large and splits:
+            fns = {"base MLP": base(m, xm), **{f"folded, phase 1 in <= {sp} slices": lora(True, max_split=sp)
+                                               for sp in splits}}
+            split_rounds(f"LoRA MLP, {m} tokens", fns, ref)
         if large and args.gate_tiles:
             tiles = [tuple(int(v) for v in t.split("x")) for t in args.gate_tiles.split(",")]
             fns = {"base MLP": base(m, xm), "unfolded": lora(False)}

@@ -45,11 +45,11 @@ def xa_cfg(kernel, m):
     return dict(BLOCK_M=c["BLOCK_M"], BLOCK_K=c["BLOCK_K"], num_warps=c["num_warps"], num_stages=c["num_stages"])
 
 
-def plan(m, k, fanout, c):
+def plan(m, k, fanout, c, max_split=16):
     """runtime.h PlanLoRA: (split, kb_per_split, grid) of phase 1."""
     grid_m = triton.cdiv(m, c["BLOCK_M"])
     k_blocks = triton.cdiv(k, c["BLOCK_K"])
-    split = max(1, min(16, k_blocks, triton.cdiv(SMS, grid_m * fanout)))
+    split = max(1, min(max_split, k_blocks, triton.cdiv(SMS, grid_m * fanout)))
     kb = triton.cdiv(k_blocks, split)
     split = triton.cdiv(k_blocks, kb)
     return split, kb, grid_m * split * fanout

@@ -624,9 +624,13 @@ int LoRASwiGLUTriton(int dtype, int act, const void* x, const void* w_gate, cons
   const bool aligned = LoRASwiGLUAligned({x, w_gate, w_up, a_gate, b_gate, a_up, b_up}, y, k, n, rg, ru) &&
                        (down.r == 0 || (Aligned16(down.a) && down.r % 8 == 0));
   const bool on_cublas = LoRASwiGLUOnCublas(m, k);
-  LoRAPlan plan;  // on the cuBLASLt path at most LORA_GATE_MAX_SPLIT slices of K: lora_gate sums them in one load
-  int err =
-      PlanLoRA(dtype, m, k, r, aligned, &plan, ids::kLoraXa, 1, on_cublas ? ids::kLoraGateMaxSplit : kMaxLoRASplit);
+  // On the cuBLASLt path at most LORA_GATE_MAX_SPLIT slices of K (lora_gate sums them in one load); to
+  // LORA_PDL_MAX_M rows, where phase 1 runs beside lora_swiglu's K loop, at most LORA_PDL_MAX_SPLIT.
+  const int64_t max_split = on_cublas                ? ids::kLoraGateMaxSplit
+                            : m <= ids::kLoraPdlMaxM ? ids::kLoraPdlMaxSplit
+                                                     : kMaxLoRASplit;
+  LoRAPlan plan;
+  int err = PlanLoRA(dtype, m, k, r, aligned, &plan, ids::kLoraXa, 1, max_split);
   if (err != 0) return err;
   const int64_t part = RoundUp256(LoRAScratchBytes(m, r, plan));
   const int64_t need = 2 * part + (on_cublas ? LoRASwiGLUCublasBytes(dtype, m, n) : 0);

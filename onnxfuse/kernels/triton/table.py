@@ -95,6 +95,13 @@ LORA_GATE_MAX_SPLIT = 4
 # launches the usual way (the gated kernel is the one that waits on phase 1).
 LORA_PDL_MAX_M = 16
 PDL_DEPENDENTS = ("lora_main", "lora_swiglu")
+# To those rows the gated kernels' phase 1 splits K in at most LORA_PDL_MAX_SPLIT slices (16 before): it runs beside
+# lora_swiglu's K loop, so fewer, longer programs cost nothing there, and the epilogue sums fewer partials. H100, the
+# LoRA MLP (LoRAGatedMLP) at 16 tokens against the base MLP, round-robin (scripts/lora_mlp_fold_probe.py --xa-splits,
+# benchmarks/results/h100-2026-11-27/lora/lora-mlp-fold-probe-xa-splits.txt): at most 1, 2, 4, 8, 16 slices 1.042x,
+# 1.044x, 1.042x, 1.042x, 1.057x. The mixed batch (no PDL: phase 1 runs alone) keeps 16: at most 8 or 16 slices
+# 1.161x, 4 1.171x, 1 1.282x.
+LORA_PDL_MAX_SPLIT = 4
 
 # ------------------------------------------------------------------------------------------------ MLPStack
 # stack_mode=auto on the Triton backend, by M (rows) and the widest layer, for the H100's 132 SMs (the launcher
