@@ -23,36 +23,24 @@ import argparse
 import pathlib
 import statistics
 import sys
-import time
 
 import torch
 import triton
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from lora_pdl_probe import LO, SW, H, I, R, cfg, mixed_batch, mlp_weights, plan, steady, xa_cfg  # noqa: E402
+from lora_pdl_probe import (LO, SW, H, I, R, cfg, graph_of, mixed_batch, mlp_weights, plan, replay_us,  # noqa: E402
+                            steady, xa_cfg)
 
 
 
 def round_robin(fns: dict, reps: int, rounds: int) -> dict:
     """us per replay of each fn's CUDA graph, the fns replayed in turn `rounds` times (reps each): {name: median}."""
-    graphs = {}
-    for name, fn in fns.items():
-        fn()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        graphs[name] = g
+    graphs = {name: graph_of(fn) for name, fn in fns.items()}
     times = {name: [] for name in fns}
     for _ in range(rounds):
         for name, g in graphs.items():
-            g.replay()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                g.replay()
-            torch.cuda.synchronize()
-            times[name].append((time.perf_counter() - t0) / reps * 1e6)
+            g.replay()  # one replay first: the previous graph's tail stays out of this one's time
+            times[name].append(replay_us(g, reps))
     return {name: statistics.median(v) for name, v in times.items()}
 
 
@@ -96,11 +84,7 @@ def main(argv=None) -> int:
     def kernels(fn, replays=20):
         """The chain's kernels by GPU time per replay of its CUDA graph (torch.profiler)."""
         from torch.profiler import ProfilerActivity, profile
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        g.replay()
-        torch.cuda.synchronize()
+        g = graph_of(fn)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(replays):
                 g.replay()

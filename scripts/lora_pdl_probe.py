@@ -93,8 +93,8 @@ def mixed_batch(dev, dt):
             cmain, gsw, gmain)
 
 
-def steady(fn, reps=200, rounds=5):
-    """us per replay of one CUDA graph of fn, replayed back to back, best of rounds."""
+def graph_of(fn):
+    """A CUDA graph of fn (run once first, so Triton's compilation stays out of the capture), replayed once."""
     fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
@@ -102,15 +102,23 @@ def steady(fn, reps=200, rounds=5):
         fn()
     g.replay()
     torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            g.replay()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) / reps * 1e6)
-    return best
+    return g
+
+
+def replay_us(g, reps):
+    """us per replay of graph g, `reps` replays back to back."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        g.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / reps * 1e6
+
+
+def steady(fn, reps=200, rounds=5):
+    """us per replay of one CUDA graph of fn, replayed back to back, best of rounds."""
+    g = graph_of(fn)
+    return min(replay_us(g, reps) for _ in range(rounds))
 
 
 def main(argv=None) -> int:

@@ -306,11 +306,6 @@ def multi_gated_doctor_entry(entry) -> tuple[dict, dict, tuple]:
     return shapes, {"activation": act}, (b * s, k, n, max(rg, ru, rd), f"{act} r{rg}/{ru}/{rd} {na} adapters, {b}x{s}")
 
 
-def gated_doctor_inputs(op, dtype, shapes: dict, seed: int, device: str = "cpu") -> list:
-    """lora_doctor_inputs' scaling (W and A by 1/sqrt(rows), B by 0.5/sqrt(r)), bias_down by 1/sqrt(K)."""
-    return lora_doctor_inputs(op, dtype, shapes, seed, device)
-
-
 def multi_lora_doctor_entry(entry) -> tuple[dict, dict, tuple]:
     """(b, s, K, N, r_gate, r_up, n, activation): X [b, K] (s = 1) or [b, s, K], n adapters per projection."""
     b, s, k, n, rg, ru, na, act = entry
@@ -390,7 +385,7 @@ FAMILY = OpFamily("swiglu", (
                  (200, 512, 512, 16, 64, 32, "silu"), (*DOCTOR_MEDIUM, 16, 16, 16, "silu"),
                  (2048, 2048, 256, 16, 8, 16, "silu"), (2055, 2048, 200, 7, 16, 5, "gelu_tanh")]
                 + [(5, 96, 40, 8, 8, 8, act) for act in GATE_ACTIVATIONS[2:]]),
-          gated_doctor_entry, overload_attr="activation", min_opset=LORA_MIN_OPSET, doctor_inputs=gated_doctor_inputs,
+          gated_doctor_entry, overload_attr="activation", min_opset=LORA_MIN_OPSET, doctor_inputs=lora_doctor_inputs,
           special_type_max=False),
     # MultiLoRAGatedMLP (b, s, K, N, r_gate, r_up, r_down, n, activation): 8 decode rows with 8 adapters (and one
     # without), one row, ragged shapes with three ranks, prefill sequences, rank 64, every activation once.

@@ -738,19 +738,20 @@ extern "C" int onnxfuse_triton_lora_swiglu(int dtype, int act, const void* x, co
                           ru, DownXA{}, scratch, scratch_bytes, stream);
 }
 
-// LoRAGatedMLP's scratch: H [m, n], the down sum [m, r_pad] fp32, then the larger of LoRASwiGLUTriton's scratch and
-// lora_main's TMA descriptors (one after the other on the stream), each part 256-byte aligned.
+// A gated LoRA MLP's scratch: H [m, n], the down sum [m, r_pad] fp32, then the larger of the gated launch's scratch
+// and the down projection's (LoRAGatedMLP: lora_main's TMA descriptors; MultiLoRAGatedMLP: none), which run one after
+// the other on the stream; each part 256-byte aligned.
 namespace {
 struct GatedLayout {
   int64_t h = 0, td = 0, rest = 0;
   int64_t total() const { return h + td + rest; }
 };
-int64_t GatedLayoutOf(int dtype, int64_t m, int64_t k, int64_t n, int64_t k2, int64_t r, int64_t gated_bytes,
+int64_t GatedLayoutOf(int dtype, int64_t m, int64_t n, int64_t r, int64_t gated_bytes, int64_t down_bytes,
                       GatedLayout* l) {
   if (gated_bytes < 0) return gated_bytes;
   l->h = RoundUp256(m * n * (dtype == ONNXFUSE_FP32 ? 4 : 2));
   l->td = RoundUp256(m * RPad(r) * int64_t(sizeof(float)));
-  l->rest = RoundUp256(std::max(gated_bytes, onnxfuse_triton_lora_main_scratch_bytes(dtype, m, n)));
+  l->rest = RoundUp256(std::max(gated_bytes, down_bytes));
   return l->total();
 }
 bool BadGated(int dtype, int act, int64_t m, int64_t k, int64_t n, int64_t k2, int64_t rg, int64_t ru, int64_t rd) {
@@ -765,7 +766,8 @@ extern "C" int64_t onnxfuse_triton_lora_gated_mlp_scratch_bytes(int dtype, int64
   const int64_t r = std::max({rg, ru, rd});
   if (m == 0 || n == 0 || k2 == 0) return 0;
   GatedLayout l;
-  return GatedLayoutOf(dtype, m, k, n, k2, r, LoRASwiGLUTritonBytes(dtype, m, k, n, r), &l);
+  return GatedLayoutOf(dtype, m, n, r, LoRASwiGLUTritonBytes(dtype, m, k, n, r),
+                       onnxfuse_triton_lora_main_scratch_bytes(dtype, m, n), &l);
 }
 
 extern "C" int onnxfuse_triton_lora_gated_mlp(int dtype, int act, const void* x, const void* w_gate, const void* w_up,
@@ -782,7 +784,8 @@ extern "C" int onnxfuse_triton_lora_gated_mlp(int dtype, int act, const void* x,
   if (m == 0 || k2 == 0 || n == 0) return ONNXFUSE_ERR_BAD_ARGUMENT;  // the EP glue runs the CUDA backend there
   const int64_t r = std::max({rg, ru, rd});
   GatedLayout l;
-  const int64_t need = GatedLayoutOf(dtype, m, k, n, k2, r, LoRASwiGLUTritonBytes(dtype, m, k, n, r), &l);
+  const int64_t need = GatedLayoutOf(dtype, m, n, r, LoRASwiGLUTritonBytes(dtype, m, k, n, r),
+                                     onnxfuse_triton_lora_main_scratch_bytes(dtype, m, n), &l);
   if (need < 0) return int(need);
   if (scratch == nullptr || !Aligned16(scratch) || scratch_bytes < need) return ONNXFUSE_ERR_BAD_ARGUMENT;
   char* h = static_cast<char*>(scratch);
@@ -895,7 +898,7 @@ extern "C" int64_t onnxfuse_triton_multi_lora_gated_mlp_scratch_bytes(int dtype,
   if (m == 0 || n == 0) return 0;
   const int64_t r = std::max({rg, ru, rd});
   GatedLayout l;
-  return GatedLayoutOf(dtype, m, k, n, 0, r, MultiLoRASwiGLUTritonBytes(dtype, m, k, n, r), &l);
+  return GatedLayoutOf(dtype, m, n, r, MultiLoRASwiGLUTritonBytes(dtype, m, k, n, r), 0, &l);
 }
 
 extern "C" int onnxfuse_triton_multi_lora_gated_mlp(
@@ -913,7 +916,7 @@ extern "C" int onnxfuse_triton_multi_lora_gated_mlp(
   if (m == 0 || k2 == 0 || n == 0) return ONNXFUSE_ERR_BAD_ARGUMENT;  // the EP glue runs the CUDA backend there
   const int64_t r = std::max({rg, ru, rd});
   GatedLayout l;
-  const int64_t need = GatedLayoutOf(dtype, m, k, n, k2, r, MultiLoRASwiGLUTritonBytes(dtype, m, k, n, r), &l);
+  const int64_t need = GatedLayoutOf(dtype, m, n, r, MultiLoRASwiGLUTritonBytes(dtype, m, k, n, r), 0, &l);
   if (need < 0) return int(need);
   if (scratch == nullptr || !Aligned16(scratch) || scratch_bytes < need) return ONNXFUSE_ERR_BAD_ARGUMENT;
   char* h = static_cast<char*>(scratch);
