@@ -15,7 +15,9 @@
 #
 # MODE: check (providers), lora-doctor (doctor and the GPU tests of the LoRA ops), lora-bench (the LoRA MLP cases at 16
 # and 2048 tokens and the mixed batch beside their base MLPs, then each pair round-robin by scripts/ab_models.py,
-# ROUNDS rounds, default 9).
+# ROUNDS rounds, default 9), lora-ab-libs (the same pairs by scripts/ab_models.py with two libraries in turn, twice:
+# .gpu/lib-before.so.xz, e.g. the last commit's build, and .gpu/lib.so.xz, TURNS times (default 2); the bench only
+# writes the models).
 set -u
 MODE=${1:-check}
 OUT=${OUT:-/tmp/out}
@@ -63,6 +65,29 @@ case "$MODE" in
         > "$OUT/ab-$2.log" 2>&1
       echo "ab $2 rc $?"; grep -E "median_b_over_a|min_b|max_b" "$OUT/ab-$2.log"
     done
+    ;;
+  lora-ab-libs)
+    xz -dc .gpu/lib-before.so.xz > /root/lib-before.so || exit 1
+    python3 -m onnxfuse bench llama-mlp lora-mlp --sizes 16,2048 --variants fused-auto+graph --warmup 1 --runs 3 \
+      -o "$OUT/bench-models.json" --no-plot > "$OUT/bench-models.log" 2>&1
+    python3 -m onnxfuse bench llama-mlp multi-lora-mlp --sizes 8 --variants fused-auto+graph --warmup 1 --runs 3 \
+      -o "$OUT/bench-models-multi.json" --no-plot >> "$OUT/bench-models.log" 2>&1
+    echo "bench rc $?"
+    for turn in $(seq "${TURNS:-2}"); do
+      for lib in before after; do
+        [ "$lib" = before ] && so=/root/lib-before.so || so=/root/libonnxfuse_ops.so
+        for pair in "llama-mlp-16 lora-mlp-16 0" "llama-mlp-2048 lora-mlp-2048 0" "llama-mlp-8 multi-lora-mlp-8 8"; do
+          set -- $pair
+          a=$(ls models/bench/$1-fp16-s0-*.fused.onnx | head -1)
+          b=$(ls models/bench/$2-fp16-s0-*.fused.onnx | head -1)
+          ONNXFUSE_LIBRARY=$so python3 scripts/ab_models.py "$a" "$b" --rounds "${ROUNDS:-9}" --reps 300 \
+            --adapters "$3" --out "$OUT/ab-$2-$lib-$turn.json" > "$OUT/ab-$2-$lib-$turn.log" 2>&1
+          echo "ab $2 $lib $turn rc $? $(grep -E "median_b_over_a" "$OUT/ab-$2-$lib-$turn.log")"
+        done
+      done
+    done
+    # one archive: a call returns a few files only
+    (cd "$OUT" && tar czf ab-libs.tgz ab-*.log ab-*.json && rm -f ab-*.log ab-*.json)
     ;;
   *) echo "unknown mode $MODE"; exit 2 ;;
 esac

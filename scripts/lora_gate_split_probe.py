@@ -2,8 +2,8 @@
 
 For 1, 2, 3, 4, 5 and 8 slices of K, lora_xa (both stacks, 64-row tiles) and a lora_gate pass that sums the
 partials in a loop (gemm_loop._rank_t, the library's before) or in one [S_PAD, BLOCK_M, R_PAD] load (as
-_rank_t_chunked; padded here to the next power of two), on three tiles: each alone and both in one CUDA graph
-replayed back to back (us per replay, best of 5), the output checked against the first form's. H100 results:
+_rank_t_chunked, now _rank_t2; padded here to the next power of two), on three tiles: each alone and both in one CUDA
+graph replayed back to back (us per replay, best of 5), the output checked against the first form's. H100 results:
 benchmarks/results/h100-2026-11-27/lora/lora-gate-split-probe.txt (triton/table.py LORA_GATE_MAX_SPLIT). Needs a
 CUDA GPU, torch and triton; nothing of onnxruntime.
 

@@ -11,11 +11,17 @@ Time: one CUDA graph of the chain replayed back to back (the GPU's own time per 
 against PyTorch. Needs a CUDA GPU (sm_90), torch and triton; nothing of onnxruntime.
 
     python scripts/lora_mlp_fold_probe.py [--reps 200] [--rounds 5] [--gate-tiles 16x128x4,32x128x4] [--profile]
+                                          [--before DIR]
 
 --gate-tiles: the 2048-token folded chain again with lora_gate on each BLOCK_M x BLOCK_N x warps tile (the library's:
 swiglu.py's _GATE), the base MLP and every tile round-robin (their CUDA graphs replayed in turn, `--rounds` rounds,
 medians): at 2048 tokens the GPU's clocks drift by more than the tiles differ. --profile: each chain's kernels by GPU
-time (torch.profiler over 20 replays of its graph, us per replay).
+time (torch.profiler over 20 replays of its graph, us per replay). --before DIR: the folded chains on the kernel files
+in DIR (an earlier commit's onnxfuse/kernels/triton, e.g. `git archive HEAD onnxfuse/kernels/triton`) and on the
+checkout's, round-robin with the base MLP (at 2048 tokens also the down projection as the CUDA backend runs it:
+cuBLAS's T @ B, then X @ W + that in the GEMM's epilogue). The base MLP at 2048 tokens: cuBLAS's gate and up GEMMs
+and one act(gate) * up pass (a Triton kernel here), as the CUDA backend runs it; the LoRA MLP's down projection there
+is the launcher's persistent TMA lora_main.
 """
 from __future__ import annotations
 
@@ -26,11 +32,23 @@ import sys
 
 import torch
 import triton
+import triton.language as tl
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from lora_pdl_probe import (LO, SW, H, I, R, cfg, graph_of, mixed_batch, mlp_weights, plan, replay_us,  # noqa: E402
-                            steady, xa_cfg)
+from lora_pdl_probe import (LO, SMS, SW, H, I, R, cfg, graph_of, kernel_modules, mixed_batch, mlp_weights, plan,  # noqa: E402
+                            replay_us, steady, xa_cfg)
 
+
+
+@triton.jit
+def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    """y = silu(g) * u over n elements in fp32: the base MLP's pass after cuBLAS's gate and up GEMMs at 2048 tokens,
+    one memory-bound kernel like the CUDA backend's (PyTorch's silu then mul is two)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    g = tl.load(g_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs, (g / (1.0 + tl.exp(-g)) * u).to(y_ptr.dtype.element_ty), mask=ok)
 
 
 def round_robin(fns: dict, reps: int, rounds: int) -> dict:
@@ -52,7 +70,13 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true", help="each chain's kernels by GPU time")
     ap.add_argument("--xa-splits", default="", help="S1,S2,...: the folded 8- and 16-row chains with phase 1 split in "
                     "at most S slices of K, round-robin with the base")
+    ap.add_argument("--before", default="", help="a folder of the kernel files (e.g. an earlier commit's "
+                    "onnxfuse/kernels/triton): the folded chains on its kernels and on the checkout's, round-robin "
+                    "with the base")
     args = ap.parse_args(argv)
+    # the persistent TMA lora_main builds its descriptors in Triton's global scratch (the library: its own scratch)
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    before = kernel_modules(args.before) if args.before else None
     torch.manual_seed(0)
     dev, dt = "cuda", torch.float16
     F = torch.nn.functional
@@ -104,7 +128,7 @@ def main(argv=None) -> int:
             if m >= 2048:  # the CUDA backend's form there: cuBLAS's two GEMMs and the pass
                 torch.mm(x, wg, out=g)
                 torch.mm(x, wu, out=u)
-                torch.mul(F.silu(g), u, out=h)
+                _silu_mul_kernel[(triton.cdiv(m * I, 4096),)](g, u, h, m * I, BLOCK=4096, num_warps=8)
             else:
                 SW._swiglu_kernel[grid](x, wg, wu, h, m, I, H, 0, DOT_PRECISION="tf32", **c)
             return torch.mm(h, wd)
@@ -114,18 +138,19 @@ def main(argv=None) -> int:
     (m, na, x, ag, au, bg, bu, ad, bd, sg, su, sd, idx, h, y, cx, s1, kb1, g1, s2, kb2, g2, tg, tu, td, csw, cmain, gsw,
      gmain) = mixed_batch(dev, dt)
 
-    def multi(fold, max_split=16):
+    def multi(fold, max_split=16, mods=(LO, SW)):
         s1, kb1, g1 = plan(m, H, na, cx, max_split)
+        lo, sw = mods
 
         def run():
-            LO._multi_lora_xa_kernel[(g1,)](x, ag, au, idx, tg, tu, m, H, R, R, 2, na, 1, kb1, td, int(fold),
+            lo._multi_lora_xa_kernel[(g1,)](x, ag, au, idx, tg, tu, m, H, R, R, 2, na, 1, kb1, td, int(fold),
                                             R_PAD=16, DOT_PRECISION="tf32", **cx)
-            SW._multi_lora_swiglu_kernel[gsw](x, wg, wu, tg, bg, sg, tu, bu, su, idx, h, m, I, H, R, R, na, 1, s1, 0,
+            sw._multi_lora_swiglu_kernel[gsw](x, wg, wu, tg, bg, sg, tu, bu, su, idx, h, m, I, H, R, R, na, 1, s1, 0,
                                               ad, td, R if fold else 0, R_PAD=16, DOT_PRECISION="tf32", **csw)
             if not fold:
-                LO._multi_lora_xa_kernel[(g2,)](h, ad, ad, idx, td, td, m, I, R, R, 1, na, 1, kb2, td, 0, R_PAD=16,
+                lo._multi_lora_xa_kernel[(g2,)](h, ad, ad, idx, td, td, m, I, R, R, 1, na, 1, kb2, td, 0, R_PAD=16,
                                                 DOT_PRECISION="tf32", **cx)
-            LO._multi_lora_main_kernel[gmain](h, wd, td, bd, zb, sd, idx, y, m, H, I, R, na, 1, 1 if fold else s2,
+            lo._multi_lora_main_kernel[gmain](h, wd, td, bd, zb, sd, idx, y, m, H, I, R, na, 1, 1 if fold else s2,
                                               R_PAD=16, DOT_PRECISION="tf32", **cmain)
             return y
         return run
@@ -145,6 +170,10 @@ def main(argv=None) -> int:
         split_rounds("mixed batch, 8 rows", fns, ref)
     report("mixed batch, 8 rows", [("MultiLoRASwiGLU + MultiLoRALinear", multi(False)),
                                    ("MultiLoRAGatedMLP (down X @ A folded)", multi(True))], ref)
+    if before:
+        split_rounds("mixed batch, 8 rows", {"base MLP": base(8, x),
+                                             "folded, --before kernels": multi(True, mods=before),
+                                             "folded, this checkout's kernels": multi(True)}, ref)
 
     # ---- the LoRA MLP at 16 and 2048 tokens
     a1g, a1u = (torch.randn(H, R, device=dev, dtype=dt) / H ** 0.5 for _ in range(2))
@@ -175,7 +204,10 @@ def main(argv=None) -> int:
 
         def lora(fold, m=m, xm=xm, hm=hm, um=um, ym=ym, s1=s1, kb1=kb1, g1=g1, s2=s2, kb2=kb2, g2=g2, t1g=t1g,
                  t1u=t1u, t1d=t1d, csw=csw, cmain=cmain, cgate=cgate, gsw=gsw, ggate=ggate, gmain=gmain, cx=cx,
-                 large=large, pdl=pdl, tile=None, max_split=None):
+                 large=large, pdl=pdl, tile=None, max_split=None, mods=(LO, SW), down="triton"):
+            lo, sw = mods
+            tma = large and down == "triton"  # the launcher's persistent TMA lora_main (K >= 1024, large class)
+            nprog = min(gmain, SMS) if tma else gmain
             if max_split is not None:  # phase 1 in at most max_split slices of K
                 s1, kb1, g1 = plan(m, H, 1, cx, max_split)
             if tile is not None:  # lora_gate on another tile
@@ -183,24 +215,27 @@ def main(argv=None) -> int:
                 cgate = dict(cgate, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
                 ggate = (triton.cdiv(m, bm) * triton.cdiv(I, bn),)
             def run():
-                LO._lora_xa_kernel[(g1,)](xm, a1g, a1u, t1g, t1u, m, H, R, R, 2, kb1, t1d, int(fold), R_PAD=16,
+                lo._lora_xa_kernel[(g1,)](xm, a1g, a1u, t1g, t1u, m, H, R, R, 2, kb1, t1d, int(fold), R_PAD=16,
                                           DOT_PRECISION="tf32", PDL=pdl, **cx)
                 rd = R if fold else 0
                 if large:
                     torch.mm(xm, wg, out=hm)
                     torch.mm(xm, wu, out=um)
-                    SW._lora_gate_kernel[ggate](hm, um, t1g, b1g, t1u, b1u, hm, m, I, R, R, s1, 0.5, 0.5, 0, a1d, t1d,
+                    sw._lora_gate_kernel[ggate](hm, um, t1g, b1g, t1u, b1u, hm, m, I, R, R, s1, 0.5, 0.5, 0, a1d, t1d,
                                                 rd, R_PAD=16, DOT_PRECISION="tf32", **cgate)
                 else:
-                    SW._lora_swiglu_kernel[gsw](xm, wg, wu, t1g, b1g, t1u, b1u, hm, m, I, H, R, R, s1, 0.5, 0.5, 0, a1d,
+                    sw._lora_swiglu_kernel[gsw](xm, wg, wu, t1g, b1g, t1u, b1u, hm, m, I, H, R, R, s1, 0.5, 0.5, 0, a1d,
                                                 t1d, rd, R_PAD=16, DOT_PRECISION="tf32", PDL=pdl, launch_pdl=pdl,
                                                 **csw)
                 down_pdl = pdl and not fold  # the down main may overlap its own phase 1, not the gated kernel
                 if not fold:
-                    LO._lora_xa_kernel[(g2,)](hm, a1d, a1d, t1d, t1d, m, I, R, R, 1, kb2, t1d, 0, R_PAD=16,
+                    lo._lora_xa_kernel[(g2,)](hm, a1d, a1d, t1d, t1d, m, I, R, R, 1, kb2, t1d, 0, R_PAD=16,
                                               DOT_PRECISION="tf32", PDL=pdl, **cx)
-                LO._lora_main_kernel[(gmain,)](hm, wd, t1d, b1d, zb, ym, m, H, I, R, 1 if fold else s2, 0.5, 0, gmain,
-                                               R_PAD=16, DOT_PRECISION="tf32", TMA=False, PDL=down_pdl,
+                if down == "cublas":  # the CUDA backend's form: T @ B, then X @ W + that in cuBLAS's epilogue (beta 1)
+                    yc = torch.mm((t1d[0] * 0.5).to(dt), b1d)
+                    return yc.addmm_(hm, wd)
+                lo._lora_main_kernel[(nprog,)](hm, wd, t1d, b1d, zb, ym, m, H, I, R, 1 if fold else s2, 0.5, 0, nprog,
+                                               R_PAD=16, DOT_PRECISION="tf32", TMA=tma, PDL=down_pdl,
                                                launch_pdl=down_pdl, **cmain)
                 return ym
             return run
@@ -213,6 +248,13 @@ def main(argv=None) -> int:
         report(f"base MLP, {m} tokens", [("SwiGLU + cuBLAS down", base(m, xm))], None)
         report(f"LoRA MLP, {m} tokens", [("LoRASwiGLU + LoRALinear", lora(False)),
                                          ("LoRAGatedMLP (down X @ A folded)", lora(True))], ref)
+        if before:  # the library's phase-1 slices: at most table.LORA_PDL_MAX_SPLIT to 16 rows
+            cap = 4 if m <= 16 else None
+            fns = {"base MLP": base(m, xm), "folded, --before kernels": lora(True, max_split=cap, mods=before),
+                   "folded, this checkout's kernels": lora(True, max_split=cap)}
+            if large:
+                fns["folded, the down on cuBLAS (T @ B, beta 1)"] = lora(True, down="cublas")
+            split_rounds(f"LoRA MLP, {m} tokens", fns, ref)
         if not large and splits:
             fns = {"base MLP": base(m, xm), **{f"folded, phase 1 in <= {sp} slices": lora(True, max_split=sp)
                                                for sp in splits}}

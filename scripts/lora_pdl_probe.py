@@ -30,6 +30,19 @@ AOT = aot_module()
 AOT._kernel_modules()
 LO = sys.modules["_onnxfuse_triton_kernels.lora_linear"]
 SW = sys.modules["_onnxfuse_triton_kernels.swiglu"]
+
+
+def kernel_modules(folder, name="_onnxfuse_triton_before"):
+    """(lora_linear, swiglu) of another copy of the kernel files (a folder like onnxfuse/kernels/triton, e.g. an
+    earlier commit's, `git archive`d), imported as a package of its own name: the probes time its kernels beside the
+    checkout's in one process."""
+    import importlib
+    import importlib.util
+    spec = importlib.util.spec_from_loader(name, loader=None, is_package=True)
+    pkg = importlib.util.module_from_spec(spec)
+    pkg.__path__ = [str(folder)]
+    sys.modules[name] = pkg
+    return importlib.import_module(f"{name}.lora_linear"), importlib.import_module(f"{name}.swiglu")
 CFG = AOT.configs_for("90", AOT.default_overrides())
 SMS = 132
 

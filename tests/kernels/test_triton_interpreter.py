@@ -386,27 +386,30 @@ checks = 0
 for dtype in ("float", "float16"):
     t = TT[dtype]
     prec = "ieee" if dtype == "float" else "tf32"
-    for entry in ((37, 48, 70, 4, 7, 5, "silu"), (5, 33, 40, 16, 16, 16, "gelu_tanh")):
+    # phase 1 in 2 slices of K, and in 7 (the epilogues sum the partials 4 at a time: a second, masked chunk); the
+    # gated kernel on 16-row tiles and on 32 (whose epilogue loads the partials one slice at a time)
+    for entry, split in (((37, 48, 70, 4, 7, 5, "silu"), 2), ((5, 33, 40, 16, 16, 16, "gelu_tanh"), 2),
+                         ((19, 100, 40, 16, 8, 4, "silu"), 7)):
         shapes, attrs, _ = op.doctor_entry(entry)
         ins = op.make_doctor_inputs(t, shapes, seed=sum(entry[:6]))
         x, wg, wu, ag, bg, au, bu, wd, ad, bd, bias = ins
         m, k, n = x.shape[0], x.shape[1], wg.shape[1]
         rg, ru, rd = entry[3:6]
-        split = 2
         kb = triton.cdiv(triton.cdiv(k, 16), split)
+        assert triton.cdiv(triton.cdiv(k, 16), kb) == split  # the slices phase 1 makes
         tg, tu = torch.full((split, m, 16), float("nan")), torch.full((split, m, 16), float("nan"))
         ref = schema.reference("LoRAGatedMLP", ins, attrs)
         code = schema.GATE_ACTIVATIONS.index(entry[6])
-        for form in ("lora_swiglu", "lora_gate"):
+        for form, bm in (("lora_swiglu", 16), ("lora_swiglu", 32), ("lora_gate", 16)):
             td = torch.full((m, 16), float("nan"))
             lora._lora_xa_kernel[(triton.cdiv(m, 16) * split,)](x, ag, au, tg, tu, m, k, rg, ru, 2, kb, td, 1,
                                                                 BLOCK_M=16, BLOCK_K=16, R_PAD=16, DOT_PRECISION=prec)
             assert torch.equal(td, torch.zeros_like(td)), "phase 1 did not zero the down accumulator"
             h = torch.full((m, n), float("nan")).to(t)
             if form == "lora_swiglu":
-                sw._lora_swiglu_kernel[(triton.cdiv(m, 16) * triton.cdiv(n, 32),)](
+                sw._lora_swiglu_kernel[(triton.cdiv(m, bm) * triton.cdiv(n, 32),)](
                     x, wg, wu, tg, bg, tu, bu, h, m, n, k, rg, ru, split, attrs["scale_gate"], attrs["scale_up"], code,
-                    ad, td, rd, R_PAD=16, DOT_PRECISION=prec, **cfg)
+                    ad, td, rd, R_PAD=16, DOT_PRECISION=prec, **dict(cfg, BLOCK_M=bm))
             else:
                 h.copy_((x.float() @ wg.float()).to(t))
                 u = (x.float() @ wu.float()).to(t)
@@ -414,14 +417,16 @@ for dtype in ("float", "float16"):
                     h, u, tg, bg, tu, bu, h, m, n, rg, ru, split, attrs["scale_gate"], attrs["scale_up"], code, ad, td,
                     rd, BLOCK_M=16, BLOCK_N=32, GROUP_M=2, R_PAD=16, DOT_PRECISION=prec)
             xa = h.float() @ ad.float()
-            assert torch.allclose(td[:, :rd], xa, rtol=1e-4, atol=1e-4 * float(xa.abs().max())), (form, dtype, entry)
+            assert torch.allclose(td[:, :rd], xa, rtol=1e-4, atol=1e-4 * float(xa.abs().max())), (form, bm, dtype,
+                                                                                                    entry)
             assert torch.equal(td[:, rd:], torch.zeros_like(td[:, rd:])), (form, "padded columns")
             y = torch.full((m, wd.shape[1]), float("nan")).to(t)
             nd = wd.shape[1]
             nprog = triton.cdiv(m, 16) * triton.cdiv(nd, 32)
             lora._lora_main_kernel[(nprog,)](h, wd, td, bd, bias, y, m, nd, n, rd, 1, attrs["scale_down"], 0, nprog,
                                              R_PAD=16, DOT_PRECISION=prec, TMA=False, **cfg)
-            testing.assert_close(y, ref, t, str(("LoRAGatedMLP", form, dtype, entry)), kind="interpreter")
+            testing.assert_close(y, ref, t, str(("LoRAGatedMLP", form, bm, split, dtype, entry)),
+                                 kind="interpreter")
             checks += 1
     # the mixed batch: decode rows (one without an adapter) and prefill sequences
     for entry in ((6, 1, 48, 80, 16, 7, 5, 4, "silu"), (3, 9, 40, 33, 4, 16, 16, 2, "gelu_tanh")):
@@ -455,7 +460,7 @@ for dtype in ("float", "float16"):
         ref = schema.reference("MultiLoRAGatedMLP", ins, attrs).reshape(m, nd)
         testing.assert_close(y, ref, t, str(("MultiLoRAGatedMLP", dtype, entry)), kind="interpreter")
         checks += 1
-assert checks == 2 * (2 * 2 + 2), checks
+assert checks == 2 * (3 * 3 + 2), checks
 print("ok")
 """
 

@@ -218,30 +218,41 @@ def _rank_t(rows, t_ptr, M, SPLIT, BLOCK_M: tl.constexpr, R_PAD: tl.constexpr):
 
 
 @triton.jit
-def _rank_t_chunked(rows, t_ptr, M, SPLIT, BLOCK_M: tl.constexpr, R_PAD: tl.constexpr, CHUNK: tl.constexpr):
-    """_rank_t with CHUNK partials loaded at once (one [CHUNK, BLOCK_M, R_PAD] load per chunk, summed): lora_gate,
-    whose many short programs would otherwise wait on each dependent load of _rank_t's loop. H100, LoRASwiGLU's pass
-    at 2048 x 11008 (scripts/lora_gate_split_probe.py, table.py LORA_GATE_MAX_SPLIT): 4 partials 63.5 -> 57.4 us
-    on the 16 x 256 tile."""
-    offs_s = tl.arange(0, CHUNK)
+def _rank_t2(rows, t_ptr, t2_ptr, M, SPLIT, BLOCK_M: tl.constexpr, R_PAD: tl.constexpr, CH: tl.constexpr):
+    """``(_rank_t(t_ptr), _rank_t(t2_ptr))``, LoRASwiGLU's two adapters, with CH slices of both buffers loaded at once
+    (one [CH, BLOCK_M, R_PAD] load per buffer per chunk; CH 4 in lora_gate and the 16-row tiles, 1 past them, whose
+    accumulators leave fewer registers). One loop over the slices, so the loads of both buffers are in flight
+    together: two _rank_t loops wait for the first one's loads before the second's. lora_gate before it, with one
+    chunked load per buffer (H100, LoRASwiGLU's pass at 2048 x 11008, scripts/lora_gate_split_probe.py, table.py
+    LORA_GATE_MAX_SPLIT): 4 partials 63.5 -> 57.4 us on the 16 x 256 tile against _rank_t's loop."""
+    offs_s = tl.arange(0, CH)
     offs = (offs_s.to(tl.int64)[:, None, None] * M + rows[None, :, None]) * R_PAD + tl.arange(0, R_PAD)[None, None, :]
     t = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
-    for s0 in range(0, SPLIT, CHUNK):
-        part = tl.load(t_ptr + s0 * M.to(tl.int64) * R_PAD + offs, mask=(s0 + offs_s < SPLIT)[:, None, None], other=0.0)
+    t2 = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
+    for s0 in range(0, SPLIT, CH):
+        mask = (s0 + offs_s < SPLIT)[:, None, None]
+        step = s0 * M.to(tl.int64) * R_PAD
+        part = tl.load(t_ptr + step + offs, mask=mask, other=0.0)
+        part2 = tl.load(t2_ptr + step + offs, mask=mask, other=0.0)
         t += tl.sum(part, axis=0)
-    return t
+        t2 += tl.sum(part2, axis=0)
+    return t, t2
+
+
+@triton.jit
+def _rank_dot(acc, t, b, scale, DOT_PRECISION: tl.constexpr):
+    """``acc + (scale * t).to(b.dtype) @ b``: a LoRA branch's rank-r term on the tile after the main loop, t the row
+    tile of X @ A in fp32 (padded columns zero: _rank_t's sum of phase 1's partials), b the B column tile
+    (_rank_b), the scaled T rounded to the input type (as a 16-bit PyTorch LoRA would), one tl.dot."""
+    return tl.dot((t * scale).to(b.dtype), b, acc, input_precision=DOT_PRECISION)
 
 
 @triton.jit
 def _rank_term(acc, t, offs_n, n_ok, b_ptr, N, R, scale, R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """``acc + (scale * t).to(b.dtype) @ b[:, cols]``: a LoRA branch's rank-r term on the tile after the main loop
-    (lora_main's and lora_swiglu's epilogues), t the row tile of X @ A in fp32 (padded columns zero: _rank_t's sum of
-    phase 1's partials), the scaled T rounded to the input type (as a 16-bit PyTorch LoRA
-    would), one tl.dot with the B tile. Loading the B tile before the main loop instead measured the same on an H100
-    (LoRASwiGLU at 16 rows 69.4 against 69.0 us; MultiLoRASwiGLU's first chunk the same way 77.2 against 74.7): not
-    kept."""
-    b = _rank_b(b_ptr, offs_n, n_ok, N, R, R_PAD)
-    return tl.dot((t * scale).to(b.dtype), b, acc, input_precision=DOT_PRECISION)
+    """_rank_dot with the B tile loaded here (lora_main's epilogue). Loading the B tile before the main loop instead
+    measured the same on an H100 (LoRASwiGLU at 16 rows 69.4 against 69.0 us; MultiLoRASwiGLU's first chunk the same
+    way 77.2 against 74.7): not kept."""
+    return _rank_dot(acc, t, _rank_b(b_ptr, offs_n, n_ok, N, R, R_PAD), scale, DOT_PRECISION)
 
 
 @triton.jit
@@ -305,21 +316,27 @@ def _zero_rank_rows(t_ptr, offs_m, M, BLOCK_M: tl.constexpr, R_PAD: tl.constexpr
 
 
 @triton.jit
-def _down_xa(y, offs_m, offs_n, n_ok, ad_ptr, td_ptr, M, RD, R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _down_a(ad_ptr, offs_n, n_ok, RD, R_PAD: tl.constexpr):
+    """The down adapter's A rows of this column tile, [BLOCK_N, R_PAD] (ad [N, RD]; zero past RD, and nothing read
+    when RD = 0): _down_xa's operand, loaded with the epilogue's other loads."""
+    offs_r = tl.arange(0, R_PAD)
+    return tl.load(ad_ptr + offs_n.to(tl.int64)[:, None] * RD + offs_r[None, :],
+                   mask=n_ok[:, None] & (offs_r < RD)[None, :], other=0.0)
+
+
+@triton.jit
+def _down_xa(y, a, offs_m, td_ptr, M, RD, R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """A gated LoRA MLP's down-projection phase 1 in the gated kernel's epilogue: ``td[rows, :RD] += y.to(T) @
-    ad[cols, :RD]``, y the finished [BLOCK_M, BLOCK_N] tile of the MLP activation (rounded to the input type, as it is
-    stored), ad the down adapter's A [N, RD], td fp32 [M, R_PAD] (zeroed by phase 1: _zero_rank_rows); one thin dot
-    and fp32 atomics, one contribution per column tile (their order varies from run to run: the sum's last bits may
-    too). RD = 0: nothing (LoRASwiGLU alone)."""
+    a``, y the finished [BLOCK_M, BLOCK_N] tile of the MLP activation (rounded to the input type, as it is
+    stored), a the down adapter's A rows of the tile's columns (_down_a), td fp32 [M, R_PAD] (zeroed by phase 1:
+    _zero_rank_rows); one thin dot and fp32 atomics, one contribution per column tile (their order varies from run
+    to run: the sum's last bits may too). RD = 0: nothing (LoRASwiGLU alone)."""
     if RD > 0:
         offs_r = tl.arange(0, R_PAD)
-        r_ok = offs_r < RD
-        a = tl.load(ad_ptr + offs_n.to(tl.int64)[:, None] * RD + offs_r[None, :], mask=n_ok[:, None] & r_ok[None, :],
-                    other=0.0)
         t = tl.dot(y.to(a.dtype), a, input_precision=DOT_PRECISION)
         # padded rank columns hold y @ 0, NaN in a row with an infinite y: never added
         tl.atomic_add(td_ptr + offs_m.to(tl.int64)[:, None] * R_PAD + offs_r[None, :], t,
-                      mask=(offs_m < M)[:, None] & r_ok[None, :], sem="relaxed")
+                      mask=(offs_m < M)[:, None] & (offs_r < RD)[None, :], sem="relaxed")
 
 
 @triton.jit

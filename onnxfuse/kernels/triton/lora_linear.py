@@ -29,7 +29,8 @@ import triton
 import triton.language as tl
 
 from .gemm_loop import (GEMM_TILES_F, GEMM_TILES_H, _gemm_main, _gemm_tile_tma, _multi_rank_term, _pdl_trigger,
-                        _pdl_wait, _rank_t, _rank_term, _relu, _row_adapters, _store_tile, _tma_descs, _zero_rank_rows)
+                        _pdl_wait, _rank_b, _rank_dot, _rank_t, _relu, _row_adapters, _store_tile, _tma_descs,
+                        _zero_rank_rows)
 
 
 @triton.jit
@@ -136,11 +137,13 @@ def _lora_main_kernel(x_ptr, w_ptr, t_ptr, b_ptr, bias_ptr, y_ptr, M, N, K, R, S
 def _lora_epilogue(acc, rows, offs_m, offs_n, n_ok, t_ptr, b_ptr, bias_ptr, y_ptr, M, N, R, SPLIT, scale, RELU,
                    BLOCK_M: tl.constexpr, R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr):
     """``y[tile] = [relu](acc + bias + (scale * sum_s t[s, rows]).to(b.dtype) @ b[:, cols])``."""
+    # The B tile and the bias before the wait (phase 1 does not write them): their loads and the partials' go out
+    # together. Rank-r term: T row tile (sum of the SPLIT fp32 partials; padded columns are zero) times the B tile.
+    b = _rank_b(b_ptr, offs_n, n_ok, N, R, R_PAD)
+    bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
     _pdl_wait(PDL)
-    # Rank-r term: T row tile (sum of the SPLIT fp32 partials; padded columns are zero) times the B column tile.
-    acc = _rank_term(acc, _rank_t(rows, t_ptr, M, SPLIT, BLOCK_M, R_PAD), offs_n, n_ok, b_ptr, N, R, scale, R_PAD,
-                     DOT_PRECISION)
-    acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    acc = _rank_dot(acc, _rank_t(rows, t_ptr, M, SPLIT, BLOCK_M, R_PAD), b, scale, DOT_PRECISION)
+    acc += bias[None, :]
     if RELU != 0:
         acc = _relu(acc)
     _store_tile(y_ptr, N, acc, offs_m, offs_m < M, offs_n, n_ok)

@@ -12,8 +12,8 @@ arguments in this order.
 import triton
 import triton.language as tl
 
-from .gemm_loop import (GEMM_TILES_F, GEMM_TILES_H, _down_xa, _gemm_main, _multi_down_xa, _multi_rank_term, _pdl_wait,
-                        _rank_t, _rank_t_chunked, _rank_term, _row_adapters, _store_tile, _tile_ids)
+from .gemm_loop import (GEMM_TILES_F, GEMM_TILES_H, _down_a, _down_xa, _gemm_main, _multi_down_xa, _multi_rank_term,
+                        _pdl_wait, _rank_b, _rank_dot, _rank_t2, _row_adapters, _store_tile, _tile_ids)
 from .table import LORA_GATE_MAX_SPLIT
 
 # (Triton kernels read module globals only as constexpr.)
@@ -71,14 +71,18 @@ def _lora_swiglu_kernel(x_ptr, wg_ptr, wu_ptr, tg_ptr, bg_ptr, tu_ptr, bu_ptr, y
     """
     gate, up, offs_m, offs_n, rows, n_ok = _gemm_main(x_ptr, wg_ptr, wu_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
                                                       GROUP_M, True, DOT_PRECISION)
+    # The epilogue's loads go out together (the adapters' tiles before the wait: phase 1 does not write them), so the
+    # tail after the K loop waits for one round trip, not one per load.
+    bg = _rank_b(bg_ptr, offs_n, n_ok, N, RG, R_PAD)
+    bu = _rank_b(bu_ptr, offs_n, n_ok, N, RU, R_PAD)
+    ad = _down_a(ad_ptr, offs_n, n_ok, RD, R_PAD)
     _pdl_wait(PDL)
-    gate = _rank_term(gate, _rank_t(rows, tg_ptr, M, SPLIT, BLOCK_M, R_PAD), offs_n, n_ok, bg_ptr, N, RG, scale_gate,
-                      R_PAD, DOT_PRECISION)
-    up = _rank_term(up, _rank_t(rows, tu_ptr, M, SPLIT, BLOCK_M, R_PAD), offs_n, n_ok, bu_ptr, N, RU, scale_up, R_PAD,
-                    DOT_PRECISION)
+    tg, tu = _rank_t2(rows, tg_ptr, tu_ptr, M, SPLIT, BLOCK_M, R_PAD, 4 if BLOCK_M <= 16 else 1)
+    gate = _rank_dot(gate, tg, bg, scale_gate, DOT_PRECISION)
+    up = _rank_dot(up, tu, bu, scale_up, DOT_PRECISION)
     y = _gate_activation(gate, ACT) * up
     _store_tile(y_ptr, N, y, offs_m, offs_m < M, offs_n, n_ok)
-    _down_xa(y, offs_m, offs_n, n_ok, ad_ptr, td_ptr, M, RD, R_PAD, DOT_PRECISION)
+    _down_xa(y, ad, offs_m, td_ptr, M, RD, R_PAD, DOT_PRECISION)
 
 
 @triton.jit
@@ -92,25 +96,28 @@ def _lora_gate_kernel(g_ptr, u_ptr, tg_ptr, bg_ptr, tu_ptr, bu_ptr, y_ptr, M, N,
     product added to its loaded tile. scripts/lora_gate_probe.py (H100, M 2048, N 11008, rank 16, 3 partials): 72.9
     us on the 16 x 256 tile, against 96.0 with the loaded tile as the dots' accumulator (64 x 128; 79.0 at its best
     tile) and 209-329 us with FMAs over the rank instead of the dots; PyTorch's silu(g) * u alone 84.3. The partials
-    summed 4 at a time (gemm_loop._rank_t_chunked; the launcher splits K in at most table.LORA_GATE_MAX_SPLIT) on the
-    16 x 128 tile: 54.3 us at 4 partials, against 68.5 for _rank_t's loop over 5 on the 16 x 256 one. RD > 0: the
-    down adapter's X @ A from each finished tile, as _lora_swiglu_kernel's."""
+    summed 4 at a time (gemm_loop._rank_t2; the launcher splits K in at most table.LORA_GATE_MAX_SPLIT) on the 16 x
+    128 tile: 54.3 us at 4 partials, against 68.5 for _rank_t's loop over 5 on the 16 x 256 one. RD > 0: the down
+    adapter's X @ A from each finished tile, as _lora_swiglu_kernel's. Every load of a tile goes out before the first
+    dot (whose layout conversions put barriers between the loads around them)."""
     pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
     n_ok = offs_n < N
-    zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    tg = _rank_t_chunked(rows, tg_ptr, M, SPLIT, BLOCK_M, R_PAD, _GATE_CHUNK)
-    dg = _rank_term(zero, tg, offs_n, n_ok, bg_ptr, N, RG, scale_gate, R_PAD, DOT_PRECISION)
-    tu = _rank_t_chunked(rows, tu_ptr, M, SPLIT, BLOCK_M, R_PAD, _GATE_CHUNK)
-    du = _rank_term(zero, tu, offs_n, n_ok, bu_ptr, N, RU, scale_up, R_PAD, DOT_PRECISION)
+    tg, tu = _rank_t2(rows, tg_ptr, tu_ptr, M, SPLIT, BLOCK_M, R_PAD, _GATE_CHUNK)
+    bg = _rank_b(bg_ptr, offs_n, n_ok, N, RG, R_PAD)
+    bu = _rank_b(bu_ptr, offs_n, n_ok, N, RU, R_PAD)
+    ad = _down_a(ad_ptr, offs_n, n_ok, RD, R_PAD)
     offs = rows[:, None] * N + offs_n[None, :]
-    gate = tl.load(g_ptr + offs, mask=n_ok[None, :], other=0.0).to(tl.float32) + dg
-    up = tl.load(u_ptr + offs, mask=n_ok[None, :], other=0.0).to(tl.float32) + du
+    g = tl.load(g_ptr + offs, mask=n_ok[None, :], other=0.0)
+    u = tl.load(u_ptr + offs, mask=n_ok[None, :], other=0.0)
+    zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    gate = g.to(tl.float32) + _rank_dot(zero, tg, bg, scale_gate, DOT_PRECISION)
+    up = u.to(tl.float32) + _rank_dot(zero, tu, bu, scale_up, DOT_PRECISION)
     y = _gate_activation(gate, ACT) * up
     _store_tile(y_ptr, N, y, offs_m, offs_m < M, offs_n, n_ok)
-    _down_xa(y, offs_m, offs_n, n_ok, ad_ptr, td_ptr, M, RD, R_PAD, DOT_PRECISION)
+    _down_xa(y, ad, offs_m, td_ptr, M, RD, R_PAD, DOT_PRECISION)
 
 
 @triton.jit
