@@ -1,0 +1,134 @@
+"""The gated LoRA pass at 2048 tokens in CUDA with its tiles in the mma fragments (scripts/lora_gate_mma.cu) against
+the library's Triton `lora_gate` (JIT, its sm_90 tile config) and a plain act(g) * u pass, timed on the GPU.
+
+A Llama-2-7B MLP's shapes (2048 rows, 11008 columns), rank-16 adapters on gate and up, phase 1's four fp32 partials
+(as the launcher splits K there) and the down adapter's X @ A summed in the pass (LoRAGatedMLP) or not (LoRASwiGLU).
+Outputs checked against PyTorch (y and the down sum) and between the two kernels. Time: each kernel's CUDA graph (20
+launches) replayed in turn, `--rounds` rounds of `--reps` replays, medians in us per launch. Needs a CUDA GPU (sm_90),
+torch and triton, and the .cu built as a shared library (nvcc, no onnxruntime):
+
+    nvcc -std=c++17 -O3 -shared -Xcompiler -fPIC -gencode=arch=compute_90,code=sm_90 scripts/lora_gate_mma.cu \\
+         -o /tmp/lora_gate_mma.so
+    python scripts/lora_gate_mma_probe.py /tmp/lora_gate_mma.so [--rounds 9] [--reps 20] [--chunks 1,2,4,8]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import pathlib
+import statistics
+import sys
+import time
+
+import torch
+import triton
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from lora_mlp_fold_probe import _silu_mul_kernel  # noqa: E402
+from lora_pdl_probe import SW, I, R, cfg  # noqa: E402
+
+M, S, SG, SU = 2048, 4, 0.5, 0.5
+
+
+def graph_of(fn, launches=20):
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(launches):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    return g
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("lib")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--chunks", default="1,2,4,8")
+    args = ap.parse_args(argv)
+    lib = ctypes.CDLL(args.lib)
+    lib.lora_gate_mma.restype = ctypes.c_int
+    lib.lora_gate_mma.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                  ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_float,
+                                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
+                                  ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
+    torch.manual_seed(0)
+    dev, dt = "cuda", torch.float16
+    print(f"lora_gate in CUDA (mma fragments) on {torch.cuda.get_device_name()}: {M} x {I}, rank {R}, {S} partials, "
+          f"fp16; us per launch (CUDA graph of 20, {args.reps} replays, median of {args.rounds} rounds)")
+    g, u = torch.randn(M, I, device=dev, dtype=dt), torch.randn(M, I, device=dev, dtype=dt)
+    tg, tu = torch.randn(S, M, 16, device=dev) / 4, torch.randn(S, M, 16, device=dev) / 4
+    bg, bu = torch.randn(R, I, device=dev, dtype=dt) / 4, torch.randn(R, I, device=dev, dtype=dt) / 4
+    ad = torch.randn(I, R, device=dev, dtype=dt) / I ** 0.5
+
+    tgr = (SG * tg.sum(0)).to(dt).float()
+    tur = (SU * tu.sum(0)).to(dt).float()
+    gate = g.float() + tgr @ bg.float()
+    up = u.float() + tur @ bu.float()
+    y_ref = (torch.nn.functional.silu(gate) * up).to(dt)
+    td_ref = y_ref.float() @ ad.float()
+
+    c = {k: v for k, v in cfg("lora_gate", M).items() if k != "BLOCK_K"}
+    grid = (triton.cdiv(M, c["BLOCK_M"]) * triton.cdiv(I, c["BLOCK_N"]),)
+
+    def triton_gate(y, td, rd):
+        return lambda: SW._lora_gate_kernel[grid](g, u, tg, bg, tu, bu, y, M, I, R, R, S, SG, SU, 0, ad, td, rd,
+                                                  R_PAD=16, DOT_PRECISION="tf32", **c)
+
+    def cuda_gate(y, td, rd, chunks):
+        def run():
+            err = lib.lora_gate_mma(1, g.data_ptr(), u.data_ptr(), tg.data_ptr(), tu.data_ptr(), S, bg.data_ptr(),
+                                    bu.data_ptr(), SG, SU, ad.data_ptr(), td.data_ptr(), rd, y.data_ptr(), M, I,
+                                    chunks, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+            assert err == 0, err
+        return run
+
+    def plain(y):
+        return lambda: _silu_mul_kernel[(triton.cdiv(M * I, 4096),)](g, u, y, M * I, BLOCK=4096, num_warps=8)
+
+    chunks = [int(v) for v in args.chunks.split(",")]
+    # numerics: one launch each on zeroed sums
+    outs = {}
+    for name, make in [("triton", lambda y, td: triton_gate(y, td, R))] + [
+            (f"cuda x{ch}", lambda y, td, ch=ch: cuda_gate(y, td, R, ch)) for ch in chunks]:
+        y, td = torch.empty(M, I, device=dev, dtype=dt), torch.zeros(M, 16, device=dev)
+        make(y, td)()
+        torch.cuda.synchronize()
+        ey = float((y.float() - y_ref.float()).abs().max() / y_ref.float().abs().max())
+        et = float((td - td_ref).abs().max() / td_ref.abs().max())
+        outs[name] = y
+        print(f"  {name:10s} y rel err {ey:.1e}, down sum rel err {et:.1e}")
+        assert ey < 1e-2 and et < 1e-2, (name, ey, et)
+    for name, y in outs.items():
+        d = int((y != outs["triton"]).sum())
+        print(f"  {name:10s} elements differing from triton's: {d} of {y.numel()}")
+
+    y, td = torch.empty(M, I, device=dev, dtype=dt), torch.zeros(M, 16, device=dev)
+    fns = {"plain act(g) * u (Triton)": plain(y),
+           "lora_gate Triton, folded": triton_gate(y, td, R), "lora_gate Triton, no down": triton_gate(y, td, 0)}
+    for ch in chunks:
+        fns[f"CUDA mma, {ch} chunks/block, folded"] = cuda_gate(y, td, R, ch)
+        fns[f"CUDA mma, {ch} chunks/block, no down"] = cuda_gate(y, td, 0, ch)
+    graphs = {name: graph_of(fn) for name, fn in fns.items()}
+    times = {name: [] for name in fns}
+    for _ in range(args.rounds):
+        for name, gr in graphs.items():
+            gr.replay()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(args.reps):
+                gr.replay()
+            torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - t0) / args.reps / 20 * 1e6)
+    base = statistics.median(times["plain act(g) * u (Triton)"])
+    for name, v in times.items():
+        med = statistics.median(v)
+        print(f"  {name:40s} {med:7.1f} us  ({med - base:+6.1f} over the plain pass)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
