@@ -29,6 +29,10 @@
 
 #include <cstdint>
 
+#include "../onnxfuse/kernels/cuda/mma.h"
+
+namespace ock = onnxfuse::cuda_kernels;
+
 namespace {
 
 constexpr int kWarps = 4, kRows = 16 * kWarps, kChunk = 64, kRank = 16;
@@ -44,13 +48,6 @@ struct Pack<__half> {
   static __device__ __forceinline__ float2 Unpack(uint32_t w) {
     return __half22float2(*reinterpret_cast<__half2*>(&w));
   }
-  static __device__ __forceinline__ void Mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
 };
 template <>
 struct Pack<__nv_bfloat16> {
@@ -60,13 +57,6 @@ struct Pack<__nv_bfloat16> {
   }
   static __device__ __forceinline__ float2 Unpack(uint32_t w) {
     return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&w));
-  }
-  static __device__ __forceinline__ void Mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 };
 
@@ -172,8 +162,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     uint32_t hw[2][2][4];  // y rounded, as stored: [row][half][word]: the 8 values of the lane's 16 bytes
     for (int j = 0; j < 8; ++j) {
       float dg[4] = {}, du[4] = {};
-      Pack<T>::Mma(dg, ag, sbg[(j * 2 + 0) * 32 + lane], sbg[(j * 2 + 1) * 32 + lane]);
-      Pack<T>::Mma(du, au, sbu[(j * 2 + 0) * 32 + lane], sbu[(j * 2 + 1) * 32 + lane]);
+      ock::MmaSync<T>(dg, ag, sbg[(j * 2 + 0) * 32 + lane], sbg[(j * 2 + 1) * 32 + lane]);
+      ock::MmaSync<T>(du, au, sbu[(j * 2 + 0) * 32 + lane], sbu[(j * 2 + 1) * 32 + lane]);
       const int h = j >> 2, word = j & 3;  // block j's pair (2t, 2t + 1) is word j % 4 of half j / 4
       for (int rr = 0; rr < 2; ++rr) {
         const float2 gg = Pack<T>::Unpack(reinterpret_cast<const uint32_t*>(&gv[rr][h])[word]);
@@ -196,7 +186,8 @@ __global__ void __launch_bounds__(kWarps * 32)
         const uint32_t a[4] = {hw[0][j0 >> 2][j0 & 3], hw[1][j0 >> 2][j0 & 3], hw[0][j1 >> 2][j1 & 3],
                                hw[1][j1 >> 2][j1 & 3]};
         for (int nb = 0; nb < 2; ++nb)
-          Pack<T>::Mma(dsum[nb], a, sad[((kk * 2 + nb) * 2 + 0) * 32 + lane], sad[((kk * 2 + nb) * 2 + 1) * 32 + lane]);
+          ock::MmaSync<T>(dsum[nb], a, sad[((kk * 2 + nb) * 2 + 0) * 32 + lane],
+                          sad[((kk * 2 + nb) * 2 + 1) * 32 + lane]);
       }
     if (c + 1 < chunks)
       for (int rr = 0; rr < 2; ++rr)

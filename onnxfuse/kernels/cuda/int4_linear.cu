@@ -51,6 +51,7 @@ static inline bool Int4BlockOk(int64_t block) { return block >= 16 && block <= 2
 
 #include "common/gate_act.h"
 #include "gemm.h"
+#include "mma.h"
 
 namespace ock = onnxfuse::cuda_kernels;
 
@@ -369,10 +370,10 @@ constexpr int kMmaMinRows = 3;  // below, the GEMV measured faster (7B layer: 56
 constexpr int kMmaStages = 2;   // 3 and 6 measured slower (the layer at 8 rows: 84.0, 88.8, 102.5 us)
 
 template <typename T>
-struct MmaOps;
+struct MmaDequant;
 
 template <>
-struct MmaOps<__half> {
+struct MmaDequant<__half> {
   // (q_i - z, q_{i+4} - z) * s for i = 0..3, each pair rounded once as the dequantized weights are
   __device__ static void Dequant(uint32_t word, __half s, int z, uint32_t (&d)[4]) {
     __half2 h[4];
@@ -384,17 +385,10 @@ struct MmaOps<__half> {
       d[j] = *reinterpret_cast<const uint32_t*>(&v);
     }
   }
-  __device__ static void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
 };
 
 template <>
-struct MmaOps<__nv_bfloat16> {
+struct MmaDequant<__nv_bfloat16> {
   // 0x4300 | q is the bfloat16 128 + q, exact (a nibble must sit in bits 0-3: bits 4-7 would reach the exponent)
   __device__ static void Dequant(uint32_t word, __nv_bfloat16 s, int z, uint32_t (&d)[4]) {
     const __nv_bfloat162 bias = __float2bfloat162_rn(128.f + float(z)), s2 = __bfloat162bfloat162(s);
@@ -404,13 +398,6 @@ struct MmaOps<__nv_bfloat16> {
       const __nv_bfloat162 v = __hmul2(__hsub2(*reinterpret_cast<const __nv_bfloat162*>(&h), bias), s2);
       d[j] = *reinterpret_cast<const uint32_t*>(&v);
     }
-  }
-  __device__ static void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 };
 
@@ -543,13 +530,13 @@ __global__ void __launch_bounds__(WARPS * 32)
         const uint32_t word = i == 0 ? w4.x : i == 1 ? w4.y : i == 2 ? w4.z : w4.w;
         int zz = 8;
         if constexpr (ZP) zz = int((z >> (8 * j + 4 * (i >> 1))) & 15u);
-        MmaOps<T>::Dequant(word, s[j][i >> 1], zz, d[j]);
+        MmaDequant<T>::Dequant(word, s[j][i >> 1], zz, d[j]);
       }
-      MmaOps<T>::Mma(acc[0], {d[0][0], d[1][0], d[0][1], d[1][1]}, p0[0], p0[1]);
-      MmaOps<T>::Mma(acc[0], {d[0][2], d[1][2], d[0][3], d[1][3]}, p0[2], p0[3]);
+      ock::MmaSync<T>(acc[0], {d[0][0], d[1][0], d[0][1], d[1][1]}, p0[0], p0[1]);
+      ock::MmaSync<T>(acc[0], {d[0][2], d[1][2], d[0][3], d[1][3]}, p0[2], p0[3]);
       if constexpr (ROWS16) {
-        MmaOps<T>::Mma(acc[RS - 1], {d[0][0], d[1][0], d[0][1], d[1][1]}, p1[0], p1[1]);
-        MmaOps<T>::Mma(acc[RS - 1], {d[0][2], d[1][2], d[0][3], d[1][3]}, p1[2], p1[3]);
+        ock::MmaSync<T>(acc[RS - 1], {d[0][0], d[1][0], d[0][1], d[1][1]}, p1[0], p1[1]);
+        ock::MmaSync<T>(acc[RS - 1], {d[0][2], d[1][2], d[0][3], d[1][3]}, p1[2], p1[3]);
       }
     }
   }
