@@ -28,8 +28,24 @@ from onnxfuse.kernels.build import aot_module  # noqa: E402
 
 AOT = aot_module()
 AOT._kernel_modules()
-LO = sys.modules["_onnxfuse_triton_kernels.lora_linear"]
-SW = sys.modules["_onnxfuse_triton_kernels.swiglu"]
+
+
+def aot_like(*modules):
+    """Have the modules' kernels specialise as aot.py compiles them: Triton's JIT turns an int argument equal to 1
+    into a constant and marks one divisible by 16 (native_specialize_impl: 1 -> ("constexpr", 1), 16 -> ("i32",
+    "D")), the AOT build neither but for K and N (divisibility 16 in its aligned build; the ranks 8). So a probe at
+    SPLIT 1 (a folded down projection) or RPI 1 (decode rows of a mixed batch) timed other code than the library
+    runs: every int parameter but K and N stays unspecialised. Returns the modules."""
+    for mod in modules:
+        for fn, params in mod.KERNELS.values():
+            ints = {name for name, ptype in params if ptype.startswith("i") and name not in ("K", "N")}
+            for kp in fn.params:
+                if kp.name in ints:
+                    kp.do_not_specialize = True
+    return modules
+
+
+LO, SW = aot_like(sys.modules["_onnxfuse_triton_kernels.lora_linear"], sys.modules["_onnxfuse_triton_kernels.swiglu"])
 
 
 def kernel_modules(folder, name="_onnxfuse_triton_before"):
@@ -42,7 +58,7 @@ def kernel_modules(folder, name="_onnxfuse_triton_before"):
     pkg = importlib.util.module_from_spec(spec)
     pkg.__path__ = [str(folder)]
     sys.modules[name] = pkg
-    return importlib.import_module(f"{name}.lora_linear"), importlib.import_module(f"{name}.swiglu")
+    return aot_like(importlib.import_module(f"{name}.lora_linear"), importlib.import_module(f"{name}.swiglu"))
 CFG = AOT.configs_for("90", AOT.default_overrides())
 SMS = 132
 
