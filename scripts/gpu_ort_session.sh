@@ -32,7 +32,14 @@ if [ -f .gpu/lib.so.xz ]; then
   # the library's oneDNN (its RUNPATH has $ORIGIN): .gpu/dnnl.so.3.xz, from the build's .venv/lib/libdnnl.so.3
   [ -f .gpu/dnnl.so.3.xz ] && xz -dc .gpu/dnnl.so.3.xz > /root/libdnnl.so.3
   xz -dc .gpu/lib.so.xz > /root/libonnxfuse_ops.so
+fi
+# a later call on the warm machine that carries no library keeps the one an earlier call unpacked (without one,
+# onnxfuse would try to build the library here, where onnxruntime's headers are missing)
+if [ -f /root/libonnxfuse_ops.so ]; then
   export ONNXFUSE_LIBRARY=/root/libonnxfuse_ops.so
+elif [ "$MODE" != check ]; then
+  echo "no library: carry .gpu/lib.so.xz (the library built here, xz'd)" >&2
+  exit 2
 fi
 python3 -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
