@@ -45,6 +45,20 @@ python3 -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_a
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 
 LORA_OPS=LoRAGatedMLP,MultiLoRAGatedMLP,LoRASwiGLU,MultiLoRASwiGLU,LoRALinear,LoRALinearRelu,MultiLoRALinear
+# The bench's base and LoRA models (16 and 2048 tokens, the mixed batch with 8 adapters) round-robin by
+# scripts/ab_models.py, ROUNDS rounds of 300 replays each; logs $OUT/ab-<LoRA model><$1>.{json,log}.
+ab_pairs() {
+  local suffix=$1 pair a b
+  for pair in "llama-mlp-16 lora-mlp-16 0" "llama-mlp-2048 lora-mlp-2048 0" "llama-mlp-8 multi-lora-mlp-8 8"; do
+    set -- $pair
+    a=$(ls models/bench/$1-fp16-s0-*.fused.onnx | head -1)
+    b=$(ls models/bench/$2-fp16-s0-*.fused.onnx | head -1)
+    python3 scripts/ab_models.py "$a" "$b" --rounds "${ROUNDS:-9}" --reps 300 --adapters "$3" \
+      --out "$OUT/ab-$2$suffix.json" > "$OUT/ab-$2$suffix.log" 2>&1
+    echo "ab $2$suffix rc $?"; grep -E "median_b_over_a|min_b|max_b" "$OUT/ab-$2$suffix.log"
+  done
+}
+
 case "$MODE" in
   check) ;;
   lora-doctor)
@@ -64,14 +78,7 @@ case "$MODE" in
     python3 -m onnxfuse bench llama-mlp multi-lora-mlp --sizes 8 --variants fused-auto+graph \
       -o "$OUT/bench-multi-lora-mlp.json" --no-plot > "$OUT/bench-multi-lora-mlp.log" 2>&1
     echo "bench multi rc $?"; grep -E "fused-auto\+graph|MISS|PASS" "$OUT/bench-multi-lora-mlp.log" | head -10
-    for pair in "llama-mlp-16 lora-mlp-16 0" "llama-mlp-2048 lora-mlp-2048 0" "llama-mlp-8 multi-lora-mlp-8 8"; do
-      set -- $pair
-      a=$(ls models/bench/$1-fp16-s0-*.fused.onnx | head -1)
-      b=$(ls models/bench/$2-fp16-s0-*.fused.onnx | head -1)
-      python3 scripts/ab_models.py "$a" "$b" --rounds "${ROUNDS:-9}" --reps 300 --adapters "$3" --out "$OUT/ab-$2.json" \
-        > "$OUT/ab-$2.log" 2>&1
-      echo "ab $2 rc $?"; grep -E "median_b_over_a|min_b|max_b" "$OUT/ab-$2.log"
-    done
+    ab_pairs ""
     ;;
   lora-ab-libs)
     xz -dc .gpu/lib-before.so.xz > /root/lib-before.so || exit 1
@@ -83,14 +90,7 @@ case "$MODE" in
     for turn in $(seq "${TURNS:-2}"); do
       for lib in before after; do
         [ "$lib" = before ] && so=/root/lib-before.so || so=/root/libonnxfuse_ops.so
-        for pair in "llama-mlp-16 lora-mlp-16 0" "llama-mlp-2048 lora-mlp-2048 0" "llama-mlp-8 multi-lora-mlp-8 8"; do
-          set -- $pair
-          a=$(ls models/bench/$1-fp16-s0-*.fused.onnx | head -1)
-          b=$(ls models/bench/$2-fp16-s0-*.fused.onnx | head -1)
-          ONNXFUSE_LIBRARY=$so python3 scripts/ab_models.py "$a" "$b" --rounds "${ROUNDS:-9}" --reps 300 \
-            --adapters "$3" --out "$OUT/ab-$2-$lib-$turn.json" > "$OUT/ab-$2-$lib-$turn.log" 2>&1
-          echo "ab $2 $lib $turn rc $? $(grep -E "median_b_over_a" "$OUT/ab-$2-$lib-$turn.log")"
-        done
+        ONNXFUSE_LIBRARY=$so ab_pairs "-$lib-$turn"
       done
     done
     # one archive: a call returns a few files only

@@ -16,30 +16,16 @@ from __future__ import annotations
 import argparse
 import ctypes
 import pathlib
-import statistics
 import sys
-import time
 
 import torch
 import triton
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from lora_mlp_fold_probe import _silu_mul_kernel  # noqa: E402
+from lora_mlp_fold_probe import _silu_mul_kernel, round_robin  # noqa: E402
 from lora_pdl_probe import SW, I, R, cfg  # noqa: E402
 
 M, S, SG, SU = 2048, 4, 0.5, 0.5
-
-
-def graph_of(fn, launches=20):
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(launches):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    return g
 
 
 def main(argv=None) -> int:
@@ -112,21 +98,10 @@ def main(argv=None) -> int:
     for ch in chunks:
         fns[f"CUDA mma, {ch} chunks/block, folded"] = cuda_gate(y, td, R, ch)
         fns[f"CUDA mma, {ch} chunks/block, no down"] = cuda_gate(y, td, 0, ch)
-    graphs = {name: graph_of(fn) for name, fn in fns.items()}
-    times = {name: [] for name in fns}
-    for _ in range(args.rounds):
-        for name, gr in graphs.items():
-            gr.replay()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(args.reps):
-                gr.replay()
-            torch.cuda.synchronize()
-            times[name].append((time.perf_counter() - t0) / args.reps / 20 * 1e6)
-    base = statistics.median(times["plain act(g) * u (Triton)"])
-    for name, v in times.items():
-        med = statistics.median(v)
-        print(f"  {name:40s} {med:7.1f} us  ({med - base:+6.1f} over the plain pass)")
+    med = {name: us / 20 for name, us in round_robin(fns, args.reps, args.rounds, launches=20).items()}
+    base = med["plain act(g) * u (Triton)"]
+    for name, us in med.items():
+        print(f"  {name:40s} {us:7.1f} us  ({us - base:+6.1f} over the plain pass)")
     return 0
 
 

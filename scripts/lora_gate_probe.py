@@ -40,15 +40,15 @@ def _tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.conste
 @triton.jit
 def _gate_dot_acc(g_ptr, u_ptr, tg_ptr, bg_ptr, tu_ptr, bu_ptr, y_ptr, M, N, RG, RU, SPLIT, scale_gate, scale_up, ACT,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, R_PAD: tl.constexpr):
-    """The loaded tiles as the rank-r dots' accumulators (gemm_loop._rank_term on them, as the GEMM kernels' epilogues
+    """The loaded tiles as the rank-r dots' accumulators (gemm_loop._rank_dot on them, as the GEMM kernels' epilogues
     do): the tiles move into the dot's layout."""
     offs_m, offs_n, rows, n_ok, offs = _tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     gate = tl.load(g_ptr + offs, mask=n_ok[None, :], other=0.0).to(tl.float32)
     up = tl.load(u_ptr + offs, mask=n_ok[None, :], other=0.0).to(tl.float32)
-    gate = gl._rank_term(gate, gl._rank_t(rows, tg_ptr, M, SPLIT, BLOCK_M, R_PAD), offs_n, n_ok, bg_ptr, N, RG,
-                         scale_gate, R_PAD, "tf32")
-    up = gl._rank_term(up, gl._rank_t(rows, tu_ptr, M, SPLIT, BLOCK_M, R_PAD), offs_n, n_ok, bu_ptr, N, RU, scale_up,
-                       R_PAD, "tf32")
+    gate = gl._rank_dot(gate, gl._rank_t(rows, tg_ptr, M, SPLIT, BLOCK_M, R_PAD),
+                        gl._rank_b(bg_ptr, offs_n, n_ok, N, RG, R_PAD), scale_gate, "tf32")
+    up = gl._rank_dot(up, gl._rank_t(rows, tu_ptr, M, SPLIT, BLOCK_M, R_PAD),
+                      gl._rank_b(bu_ptr, offs_n, n_ok, N, RU, R_PAD), scale_up, "tf32")
     gl._store_tile(y_ptr, N, sw._gate_activation(gate, ACT) * up, offs_m, offs_m < M, offs_n, n_ok)
 
 

@@ -50,10 +50,10 @@ def _gate_at_once(g_ptr, u_ptr, tg_ptr, bg_ptr, tu_ptr, bu_ptr, y_ptr, M, N, RG,
     rows = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
     n_ok = offs_n < N
     zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    dg = GL._rank_term(zero, _rank_t_at_once(rows, tg_ptr, M, SPLIT, BLOCK_M, R_PAD, S_PAD), offs_n, n_ok, bg_ptr, N,
-                       RG, scale_gate, R_PAD, "tf32")
-    du = GL._rank_term(zero, _rank_t_at_once(rows, tu_ptr, M, SPLIT, BLOCK_M, R_PAD, S_PAD), offs_n, n_ok, bu_ptr, N,
-                       RU, scale_up, R_PAD, "tf32")
+    dg = GL._rank_dot(zero, _rank_t_at_once(rows, tg_ptr, M, SPLIT, BLOCK_M, R_PAD, S_PAD),
+                      GL._rank_b(bg_ptr, offs_n, n_ok, N, RG, R_PAD), scale_gate, "tf32")
+    du = GL._rank_dot(zero, _rank_t_at_once(rows, tu_ptr, M, SPLIT, BLOCK_M, R_PAD, S_PAD),
+                      GL._rank_b(bu_ptr, offs_n, n_ok, N, RU, R_PAD), scale_up, "tf32")
     offs = rows[:, None] * N + offs_n[None, :]
     gate = tl.load(g_ptr + offs, mask=n_ok[None, :], other=0.0).to(tl.float32) + dg
     up = tl.load(u_ptr + offs, mask=n_ok[None, :], other=0.0).to(tl.float32) + du

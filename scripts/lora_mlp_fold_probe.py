@@ -51,9 +51,10 @@ def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, n, BLOCK: tl.constexpr):
     tl.store(y_ptr + offs, (g / (1.0 + tl.exp(-g)) * u).to(y_ptr.dtype.element_ty), mask=ok)
 
 
-def round_robin(fns: dict, reps: int, rounds: int) -> dict:
-    """us per replay of each fn's CUDA graph, the fns replayed in turn `rounds` times (reps each): {name: median}."""
-    graphs = {name: graph_of(fn) for name, fn in fns.items()}
+def round_robin(fns: dict, reps: int, rounds: int, launches: int = 1) -> dict:
+    """us per replay of each fn's CUDA graph (of `launches` calls), the fns replayed in turn `rounds` times (reps
+    each): {name: median}."""
+    graphs = {name: graph_of(fn, launches) for name, fn in fns.items()}
     times = {name: [] for name in fns}
     for _ in range(rounds):
         for name, g in graphs.items():

@@ -53,12 +53,10 @@ def kernel_modules(folder, name="_onnxfuse_triton_before"):
     earlier commit's, `git archive`d), imported as a package of its own name: the probes time its kernels beside the
     checkout's in one process."""
     import importlib
-    import importlib.util
-    spec = importlib.util.spec_from_loader(name, loader=None, is_package=True)
-    pkg = importlib.util.module_from_spec(spec)
-    pkg.__path__ = [str(folder)]
-    sys.modules[name] = pkg
+    AOT._kernel_package(folder, name)
     return aot_like(importlib.import_module(f"{name}.lora_linear"), importlib.import_module(f"{name}.swiglu"))
+
+
 CFG = AOT.configs_for("90", AOT.default_overrides())
 SMS = 132
 
@@ -122,13 +120,15 @@ def mixed_batch(dev, dt):
             cmain, gsw, gmain)
 
 
-def graph_of(fn):
-    """A CUDA graph of fn (run once first, so Triton's compilation stays out of the capture), replayed once."""
+def graph_of(fn, launches=1):
+    """A CUDA graph of `launches` calls of fn (run once first, so Triton's compilation stays out of the capture),
+    replayed once."""
     fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        fn()
+        for _ in range(launches):
+            fn()
     g.replay()
     torch.cuda.synchronize()
     return g

@@ -58,15 +58,21 @@ def _load_table():
 TABLE = _load_table()
 KERNEL_IDS, DTYPES, SIZE_CLASSES, R_PADS = TABLE.KERNEL_IDS, TABLE.DTYPES, TABLE.SIZE_CLASSES, TABLE.R_PADS
 
-def _kernel_modules():
-    """The kernel files (table.KERNEL_FILES), imported as a private package (not through onnxfuse.kernels, whose
-    __init__ may need more), so that they share gemm_loop.py through relative imports."""
-    name = "_onnxfuse_triton_kernels"
+def _kernel_package(folder: pathlib.Path, name: str) -> None:
+    """A folder of kernel files as the private package `name` (not through onnxfuse.kernels, whose __init__ may need
+    more), so that they share gemm_loop.py through relative imports; once per name. The probes load an earlier
+    commit's copy beside this one under another name."""
     if name not in sys.modules:
         spec = importlib.util.spec_from_loader(name, loader=None, is_package=True)
         pkg = importlib.util.module_from_spec(spec)
-        pkg.__path__ = [str(HERE)]
+        pkg.__path__ = [str(folder)]
         sys.modules[name] = pkg
+
+
+def _kernel_modules():
+    """The kernel files of this folder (table.KERNEL_FILES), imported as the package _onnxfuse_triton_kernels."""
+    name = "_onnxfuse_triton_kernels"
+    _kernel_package(HERE, name)
     return [importlib.import_module(f"{name}.{f}") for f in TABLE.KERNEL_FILES]
 
 

@@ -243,16 +243,11 @@ def _rank_t2(rows, t_ptr, t2_ptr, M, SPLIT, BLOCK_M: tl.constexpr, R_PAD: tl.con
 def _rank_dot(acc, t, b, scale, DOT_PRECISION: tl.constexpr):
     """``acc + (scale * t).to(b.dtype) @ b``: a LoRA branch's rank-r term on the tile after the main loop, t the row
     tile of X @ A in fp32 (padded columns zero: _rank_t's sum of phase 1's partials), b the B column tile
-    (_rank_b), the scaled T rounded to the input type (as a 16-bit PyTorch LoRA would), one tl.dot."""
+    (_rank_b), the scaled T rounded to the input type (as a 16-bit PyTorch LoRA would), one tl.dot. Loading the B
+    tile before the main loop measured the same as after it on an H100 (LoRASwiGLU at 16 rows 69.4 against 69.0 us;
+    MultiLoRASwiGLU's first chunk the same way 77.2 against 74.7); after the loop, with the tail's other loads
+    (lora_swiglu, lora_main), it is."""
     return tl.dot((t * scale).to(b.dtype), b, acc, input_precision=DOT_PRECISION)
-
-
-@triton.jit
-def _rank_term(acc, t, offs_n, n_ok, b_ptr, N, R, scale, R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """_rank_dot with the B tile loaded here (lora_main's epilogue). Loading the B tile before the main loop instead
-    measured the same on an H100 (LoRASwiGLU at 16 rows 69.4 against 69.0 us; MultiLoRASwiGLU's first chunk the same
-    way 77.2 against 74.7): not kept."""
-    return _rank_dot(acc, t, _rank_b(b_ptr, offs_n, n_ok, N, R, R_PAD), scale, DOT_PRECISION)
 
 
 @triton.jit

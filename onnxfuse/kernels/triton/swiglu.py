@@ -63,7 +63,7 @@ def _lora_swiglu_kernel(x_ptr, wg_ptr, wu_ptr, tg_ptr, bg_ptr, tu_ptr, bu_ptr, y
                         R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = False):
     """LoRASwiGLU's second phase: ``g = x @ wg + (sg * tg) @ bg; u = x @ wu + (su * tu) @ bu; y = act(g) * u``.
 
-    SwiGLU's main loop (both products sharing each X tile), then each accumulator's rank-r term (_rank_term) before
+    SwiGLU's main loop (both products sharing each X tile), then each accumulator's rank-r term (_rank_dot) before
     the activation. tg and tu: the gate's and the up adapter's X @ A partials from _lora_xa_kernel (one launch for
     both, each [SPLIT, M, R_PAD] with R_PAD for the larger rank). With PDL (launched as lora_xa's programmatic
     dependent) the K loop runs beside phase 1 and the epilogue waits for its partials. RD > 0 (LoRAGatedMLP): the
