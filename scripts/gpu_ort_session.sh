@@ -17,7 +17,7 @@
 # and 2048 tokens and the mixed batch beside their base MLPs, then each pair round-robin by scripts/ab_models.py,
 # ROUNDS rounds, default 9), lora-ab-libs (the same pairs by scripts/ab_models.py with two libraries in turn, twice:
 # .gpu/lib-before.so.xz, e.g. the last commit's build, and .gpu/lib.so.xz, TURNS times (default 2); the bench only
-# writes the models).
+# writes the models; PAIRS as ab_pairs').
 set -u
 MODE=${1:-check}
 OUT=${OUT:-/tmp/out}
@@ -45,12 +45,15 @@ python3 -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_a
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 
 LORA_OPS=LoRAGatedMLP,MultiLoRAGatedMLP,LoRASwiGLU,MultiLoRASwiGLU,LoRALinear,LoRALinearRelu,MultiLoRALinear
-# The bench's base and LoRA models (16 and 2048 tokens, the mixed batch with 8 adapters) round-robin by
-# scripts/ab_models.py, ROUNDS rounds of 300 replays each; logs $OUT/ab-<LoRA model><$1>.{json,log}.
+# The bench's base and LoRA models (16 and 2048 tokens, the mixed batch with 8 adapters; PAIRS=16,2048,multi or a
+# part of it) round-robin by scripts/ab_models.py, ROUNDS rounds of 300 replays each; logs
+# $OUT/ab-<LoRA model><$1>.{json,log}.
 ab_pairs() {
   local suffix=$1 pair a b
-  for pair in "llama-mlp-16 lora-mlp-16 0" "llama-mlp-2048 lora-mlp-2048 0" "llama-mlp-8 multi-lora-mlp-8 8"; do
+  for pair in "llama-mlp-16 lora-mlp-16 0 16" "llama-mlp-2048 lora-mlp-2048 0 2048" \
+              "llama-mlp-8 multi-lora-mlp-8 8 multi"; do
     set -- $pair
+    case ",${PAIRS:-16,2048,multi}," in *",$4,"*) ;; *) continue ;; esac  # PAIRS: which of the three
     a=$(ls models/bench/$1-fp16-s0-*.fused.onnx | head -1)
     b=$(ls models/bench/$2-fp16-s0-*.fused.onnx | head -1)
     python3 scripts/ab_models.py "$a" "$b" --rounds "${ROUNDS:-9}" --reps 300 --adapters "$3" \
@@ -82,10 +85,13 @@ case "$MODE" in
     ;;
   lora-ab-libs)
     xz -dc .gpu/lib-before.so.xz > /root/lib-before.so || exit 1
-    python3 -m onnxfuse bench llama-mlp lora-mlp --sizes 16,2048 --variants fused-auto+graph --warmup 1 --runs 3 \
-      -o "$OUT/bench-models.json" --no-plot > "$OUT/bench-models.log" 2>&1
-    python3 -m onnxfuse bench llama-mlp multi-lora-mlp --sizes 8 --variants fused-auto+graph --warmup 1 --runs 3 \
-      -o "$OUT/bench-models-multi.json" --no-plot >> "$OUT/bench-models.log" 2>&1
+    sizes=$(echo ",${PAIRS:-16,2048,multi}," | tr ',' '\n' | grep -E '^(16|2048)$' | paste -sd, -)
+    [ -n "$sizes" ] && python3 -m onnxfuse bench llama-mlp lora-mlp --sizes "$sizes" --variants fused-auto+graph \
+      --warmup 1 --runs 3 -o "$OUT/bench-models.json" --no-plot > "$OUT/bench-models.log" 2>&1
+    case ",${PAIRS:-16,2048,multi}," in *",multi,"*)
+      python3 -m onnxfuse bench llama-mlp multi-lora-mlp --sizes 8 --variants fused-auto+graph --warmup 1 --runs 3 \
+        -o "$OUT/bench-models-multi.json" --no-plot >> "$OUT/bench-models.log" 2>&1 ;;
+    esac
     echo "bench rc $?"
     for turn in $(seq "${TURNS:-2}"); do
       for lib in before after; do

@@ -17,12 +17,16 @@
 // fragment). A probe, not the library: fp16 and bf16, silu, rank 16 (r_pad 16), N a multiple of 64; rows past M
 // masked. Built with nvcc -shared and run from scripts/lora_gate_mma_probe.py through ctypes.
 //
-// Status (2026-11-27): its first form, which staged each chunk's B and A fragments with 2-byte loads between two
-// barriers a chunk, was right (y 2.5e-4 from PyTorch, the Triton pass 4.9e-4) and slow: 101 us against the Triton
+// Status (2026-11-27): not kept. Its first form, which staged each chunk's B and A fragments with 2-byte loads between
+// two barriers a chunk, was right (y 2.5e-4 from PyTorch, the Triton pass 4.9e-4) and slow: 101 us against the Triton
 // pass's 64 and the plain pass's 47 in a CUDA graph on an H100 (benchmarks/results/h100-2026-11-27/lora/
-// lora-gate-mma-probe-first-form.txt; the Triton pass costs +17.6 us there, not the +40 of one cold launch under
-// Nsight). This form, not yet run on a GPU (the session's device time was spent), stages every chunk's fragments once
-// a block with 16-byte loads and one barrier, and loads the next chunk's g and u before the current one's math.
+// lora-gate-mma-probe-first-form.txt). This form stages every chunk's fragments once a block with 16-byte loads and
+// one barrier, and loads the next chunk's g and u before the current one's math: 76.5 us at 4 chunks a block against
+// the Triton pass's 75.1 and the plain pass's 46.3 on another H100 (2, 1 and 8 chunks 82.8, 108.8, 88.6;
+// lora-gate-mma-probe-second-form.txt). `skip` (timing only, the probe's --skips) leaves parts out: with none of the
+// adapters' work (no partials, staging, rank mmas, down sum) it still takes 59.7 us, 13 more than the plain pass, so
+// this tiling of g and u (a warp's load 8 rows x 64 bytes) is itself slower than a flat pass; the B/A staging costs
+// about 12 us, the partials 4, the atomics 3, the mmas nothing measurable (lora-gate-mma-probe-parts-*.txt).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -127,7 +131,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     LoRAGateMma(const T* __restrict__ gp, const T* __restrict__ up, const float* __restrict__ tg,
                 const float* __restrict__ tu, int s_count, const T* __restrict__ bg, const T* __restrict__ bu, float sg,
                 float su, const T* __restrict__ ad, float* __restrict__ td, int rd, T* __restrict__ y, int64_t m,
-                int64_t n, int nb_chunks) {
+                int64_t n, int nb_chunks, int skip) {
   extern __shared__ uint32_t smem[];  // per chunk: bg's, bu's and ad's fragments, 512 words each
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int64_t row0 = int64_t(blockIdx.y) * kRows + warp * 16;
@@ -145,14 +149,17 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
   };
   load(first, gv, uv);
-  for (int c = 0; c < chunks; ++c) {
-    uint32_t* s = smem + c * 1536;
-    StageB2<T>(bg, bu, n, first + int64_t(c) * kChunk, s, s + 512);
-    if (rd > 0) StageA<T>(ad, first + int64_t(c) * kChunk, s + 1024);
+  if (!(skip & 2))
+    for (int c = 0; c < chunks; ++c) {
+      uint32_t* s = smem + c * 1536;
+      StageB2<T>(bg, bu, n, first + int64_t(c) * kChunk, s, s + 512);
+      if (rd > 0) StageA<T>(ad, first + int64_t(c) * kChunk, s + 1024);
+    }
+  uint32_t ag[4] = {}, au[4] = {};
+  if (!(skip & 1)) {
+    RankFragment<T>(tg, s_count, m, r0, r1, t, sg, ag);
+    RankFragment<T>(tu, s_count, m, r0, r1, t, su, au);
   }
-  uint32_t ag[4], au[4];
-  RankFragment<T>(tg, s_count, m, r0, r1, t, sg, ag);
-  RankFragment<T>(tu, s_count, m, r0, r1, t, su, au);
   __syncthreads();
   float dsum[2][4] = {};
   for (int c = 0; c < chunks; ++c) {
@@ -162,8 +169,10 @@ __global__ void __launch_bounds__(kWarps * 32)
     uint32_t hw[2][2][4];  // y rounded, as stored: [row][half][word]: the 8 values of the lane's 16 bytes
     for (int j = 0; j < 8; ++j) {
       float dg[4] = {}, du[4] = {};
-      ock::MmaSync<T>(dg, ag, sbg[(j * 2 + 0) * 32 + lane], sbg[(j * 2 + 1) * 32 + lane]);
-      ock::MmaSync<T>(du, au, sbu[(j * 2 + 0) * 32 + lane], sbu[(j * 2 + 1) * 32 + lane]);
+      if (!(skip & 8)) {
+        ock::MmaSync<T>(dg, ag, sbg[(j * 2 + 0) * 32 + lane], sbg[(j * 2 + 1) * 32 + lane]);
+        ock::MmaSync<T>(du, au, sbu[(j * 2 + 0) * 32 + lane], sbu[(j * 2 + 1) * 32 + lane]);
+      }
       const int h = j >> 2, word = j & 3;  // block j's pair (2t, 2t + 1) is word j % 4 of half j / 4
       for (int rr = 0; rr < 2; ++rr) {
         const float2 gg = Pack<T>::Unpack(reinterpret_cast<const uint32_t*>(&gv[rr][h])[word]);
@@ -179,7 +188,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         for (int h = 0; h < 2; ++h)
           *reinterpret_cast<uint4*>(y + row * n + c0 + 32 * h + 8 * t) = *reinterpret_cast<const uint4*>(hw[rr][h]);
     }
-    if (rd > 0)
+    if (rd > 0 && !(skip & 16))
       for (int kk = 0; kk < 4; ++kk) {
         // A fragment of k-step kk: blocks 2kk (k 0..7) and 2kk + 1 (k 8..15); rows g (a0, a2) and g + 8 (a1, a3)
         const int j0 = 2 * kk, j1 = 2 * kk + 1;
@@ -193,7 +202,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int rr = 0; rr < 2; ++rr)
         for (int h = 0; h < 2; ++h) gv[rr][h] = gn[rr][h], uv[rr][h] = un[rr][h];
   }
-  if (rd > 0)
+  if (rd > 0 && !(skip & 4))
     for (int nb = 0; nb < 2; ++nb)
       for (int rr = 0; rr < 2; ++rr) {
         const int64_t row = row0 + g + 8 * rr;
@@ -210,7 +219,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 // n a multiple of 64 and the pointers 16-byte aligned; returns a cudaError_t.
 extern "C" int lora_gate_mma(int dtype, const void* g, const void* u, const float* tg, const float* tu, int s_count,
                              const void* bg, const void* bu, float sg, float su, const void* ad, float* td, int rd,
-                             void* y, int64_t m, int64_t n, int nb_chunks, void* stream) {
+                             void* y, int64_t m, int64_t n, int nb_chunks, void* stream, int skip) {
   if (n % kChunk != 0 || m <= 0 || (rd != 0 && rd != kRank) || nb_chunks < 1 || nb_chunks > 8)
     return int(cudaErrorInvalidValue);
   const size_t smem = size_t(nb_chunks) * 1536 * sizeof(uint32_t);
@@ -220,11 +229,11 @@ extern "C" int lora_gate_mma(int dtype, const void* g, const void* u, const floa
     LoRAGateMma<__half><<<grid, kWarps * 32, smem, s>>>(
         static_cast<const __half*>(g), static_cast<const __half*>(u), tg, tu, s_count, static_cast<const __half*>(bg),
         static_cast<const __half*>(bu), sg, su, static_cast<const __half*>(ad), td, rd, static_cast<__half*>(y), m, n,
-        nb_chunks);
+        nb_chunks, skip);
   else
     LoRAGateMma<__nv_bfloat16><<<grid, kWarps * 32, smem, s>>>(
         static_cast<const __nv_bfloat16*>(g), static_cast<const __nv_bfloat16*>(u), tg, tu, s_count,
         static_cast<const __nv_bfloat16*>(bg), static_cast<const __nv_bfloat16*>(bu), sg, su,
-        static_cast<const __nv_bfloat16*>(ad), td, rd, static_cast<__nv_bfloat16*>(y), m, n, nb_chunks);
+        static_cast<const __nv_bfloat16*>(ad), td, rd, static_cast<__nv_bfloat16*>(y), m, n, nb_chunks, skip);
   return int(cudaGetLastError());
 }

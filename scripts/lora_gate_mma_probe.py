@@ -10,6 +10,10 @@ torch and triton, and the .cu built as a shared library (nvcc, no onnxruntime):
     nvcc -std=c++17 -O3 -shared -Xcompiler -fPIC -gencode=arch=compute_90,code=sm_90 scripts/lora_gate_mma.cu \\
          -o /tmp/lora_gate_mma.so
     python scripts/lora_gate_mma_probe.py /tmp/lora_gate_mma.so [--rounds 9] [--reps 20] [--chunks 1,2,4,8]
+                                          [--partials 4] [--skips 1,2,4,8,16,31]
+
+--skips: timing-only runs of the CUDA pass (first --chunks count, folded) with parts left out (the .cu's `skip` bits);
+--partials: phase 1's partials summed in the pass (the Triton pass's too).
 """
 from __future__ import annotations
 
@@ -34,13 +38,18 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--chunks", default="1,2,4,8")
+    ap.add_argument("--partials", type=int, default=4, help="phase 1's fp32 partials summed in the pass")
+    ap.add_argument("--skips", default="", help="SKIP,...: timing-only runs at the first --chunks count leaving parts "
+                    "out (bits: 1 the partials' loads, 2 the B/A staging, 4 the down sum's atomics, 8 the rank "
+                    "mmas, 16 the down sum's mmas)")
     args = ap.parse_args(argv)
     lib = ctypes.CDLL(args.lib)
+    S = args.partials
     lib.lora_gate_mma.restype = ctypes.c_int
     lib.lora_gate_mma.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                   ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_float,
                                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
-                                  ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
+                                  ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
     torch.manual_seed(0)
     dev, dt = "cuda", torch.float16
     print(f"lora_gate in CUDA (mma fragments) on {torch.cuda.get_device_name()}: {M} x {I}, rank {R}, {S} partials, "
@@ -64,11 +73,11 @@ def main(argv=None) -> int:
         return lambda: SW._lora_gate_kernel[grid](g, u, tg, bg, tu, bu, y, M, I, R, R, S, SG, SU, 0, ad, td, rd,
                                                   R_PAD=16, DOT_PRECISION="tf32", **c)
 
-    def cuda_gate(y, td, rd, chunks):
+    def cuda_gate(y, td, rd, chunks, skip=0):
         def run():
             err = lib.lora_gate_mma(1, g.data_ptr(), u.data_ptr(), tg.data_ptr(), tu.data_ptr(), S, bg.data_ptr(),
                                     bu.data_ptr(), SG, SU, ad.data_ptr(), td.data_ptr(), rd, y.data_ptr(), M, I,
-                                    chunks, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+                                    chunks, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), skip)
             assert err == 0, err
         return run
 
@@ -98,6 +107,8 @@ def main(argv=None) -> int:
     for ch in chunks:
         fns[f"CUDA mma, {ch} chunks/block, folded"] = cuda_gate(y, td, R, ch)
         fns[f"CUDA mma, {ch} chunks/block, no down"] = cuda_gate(y, td, 0, ch)
+    for skip in [int(v) for v in args.skips.split(",") if v]:
+        fns[f"CUDA mma, {chunks[0]} chunks/block, folded, skip {skip}"] = cuda_gate(y, td, R, chunks[0], skip)
     med = {name: us / 20 for name, us in round_robin(fns, args.reps, args.rounds, launches=20).items()}
     base = med["plain act(g) * u (Triton)"]
     for name, us in med.items():

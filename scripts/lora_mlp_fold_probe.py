@@ -71,6 +71,10 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true", help="each chain's kernels by GPU time")
     ap.add_argument("--xa-splits", default="", help="S1,S2,...: the folded 8- and 16-row chains with phase 1 split in "
                     "at most S slices of K, round-robin with the base")
+    ap.add_argument("--multi-pdl", default="", help="S1,S2,...: the folded mixed batch with multi_lora_swiglu as "
+                    "a programmatic dependent of phase 1 (in at most S slices), round-robin with the base and the "
+                    "library's form")
+    ap.add_argument("--mixed-only", action="store_true", help="the mixed batch's runs only")
     ap.add_argument("--before", default="", help="a folder of the kernel files (e.g. an earlier commit's "
                     "onnxfuse/kernels/triton): the folded chains on its kernels and on the checkout's, round-robin "
                     "with the base")
@@ -139,15 +143,17 @@ def main(argv=None) -> int:
     (m, na, x, ag, au, bg, bu, ad, bd, sg, su, sd, idx, h, y, cx, s1, kb1, g1, s2, kb2, g2, tg, tu, td, csw, cmain, gsw,
      gmain) = mixed_batch(dev, dt)
 
-    def multi(fold, max_split=16, mods=(LO, SW)):
+    def multi(fold, max_split=16, mods=(LO, SW), pdl=False):
         s1, kb1, g1 = plan(m, H, na, cx, max_split)
         lo, sw = mods
+        pdl_args = dict(PDL=True) if pdl else {}
 
         def run():
             lo._multi_lora_xa_kernel[(g1,)](x, ag, au, idx, tg, tu, m, H, R, R, 2, na, 1, kb1, td, int(fold),
-                                            R_PAD=16, DOT_PRECISION="tf32", **cx)
+                                            R_PAD=16, DOT_PRECISION="tf32", **pdl_args, **cx)
             sw._multi_lora_swiglu_kernel[gsw](x, wg, wu, tg, bg, sg, tu, bu, su, idx, h, m, I, H, R, R, na, 1, s1, 0,
-                                              ad, td, R if fold else 0, R_PAD=16, DOT_PRECISION="tf32", **csw)
+                                              ad, td, R if fold else 0, R_PAD=16, DOT_PRECISION="tf32",
+                                              **({"PDL": True, "launch_pdl": True} if pdl else {}), **csw)
             if not fold:
                 lo._multi_lora_xa_kernel[(g2,)](h, ad, ad, idx, td, td, m, I, R, R, 1, na, 1, kb2, td, 0, R_PAD=16,
                                                 DOT_PRECISION="tf32", **cx)
@@ -169,6 +175,13 @@ def main(argv=None) -> int:
     if splits:
         fns = {"base MLP": base(8, x), **{f"folded, phase 1 in <= {sp} slices": multi(True, sp) for sp in splits}}
         split_rounds("mixed batch, 8 rows", fns, ref)
+    pdl_splits = [int(v) for v in args.multi_pdl.split(",")] if args.multi_pdl else []
+    if pdl_splits:
+        fns = {"base MLP": base(8, x), "folded, phase 1 in <= 16 slices": multi(True, 16),
+               **{f"folded, PDL, phase 1 in <= {sp} slices": multi(True, sp, pdl=True) for sp in pdl_splits}}
+        split_rounds("mixed batch, 8 rows", fns, ref)
+    if args.mixed_only:
+        return 0
     report("mixed batch, 8 rows", [("MultiLoRASwiGLU + MultiLoRALinear", multi(False)),
                                    ("MultiLoRAGatedMLP (down X @ A folded)", multi(True))], ref)
     if before:

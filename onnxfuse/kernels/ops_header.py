@@ -241,6 +241,8 @@ def render() -> str:
     add("// LoRALinear's and LoRASwiGLU's main kernels are phase 1's programmatic dependents to these rows (table.py).")
     add(f"inline constexpr int64_t kLoraPdlMaxM = {int(table.LORA_PDL_MAX_M)};")
     add(f"inline constexpr int64_t kLoraPdlMaxSplit = {int(table.LORA_PDL_MAX_SPLIT)};  // LoRASwiGLU's phase 1 there")
+    add(f"inline constexpr int64_t kMultiLoraPdlMaxSplit = {int(table.MULTI_LORA_PDL_MAX_SPLIT)};"
+        "  // MultiLoRASwiGLU's")
     add("// LoRA rank padding: rank r runs on the kernel of the smallest entry >= r.")
     add(f"inline constexpr int kNumRPads = {len(table.R_PADS)};")
     add("inline constexpr int kRPads[] = {" + ", ".join(str(int(r)) for r in table.R_PADS) + "};")

@@ -812,8 +812,12 @@ int MultiLoRASwiGLUTriton(int dtype, int act, const void* x, const void* w_gate,
   const bool aligned = LoRASwiGLUAligned({x, w_gate, w_up, a_gate, b_gate, a_up, b_up}, y, k, n, rg, ru) &&
                        Aligned16(scales_gate) && Aligned16(scales_up) && Aligned16(index) &&
                        (down.r == 0 || (Aligned16(down.a) && down.r % 8 == 0));
+  // To LORA_PDL_MAX_M rows multi_lora_swiglu starts as phase 1's programmatic dependent, phase 1 in at most
+  // MULTI_LORA_PDL_MAX_SPLIT slices so that the gated kernel's programs find room beside it (triton/table.py).
+  const bool dependent = m <= ids::kLoraPdlMaxM;
   LoRAPlan plan;
-  int err = PlanLoRA(dtype, m, k, r, aligned, &plan, ids::kMultiLoraXa, std::max<int64_t>(adapters, 1));
+  int err = PlanLoRA(dtype, m, k, r, aligned, &plan, ids::kMultiLoraXa, std::max<int64_t>(adapters, 1),
+                     dependent ? ids::kMultiLoraPdlMaxSplit : kMaxLoRASplit);
   if (err != 0) return err;
   const int64_t part = RoundUp128(LoRAScratchBytes(m, r, plan));
   if (scratch == nullptr || !Aligned16(scratch) || scratch_bytes < 2 * part) return ONNXFUSE_ERR_BAD_ARGUMENT;
@@ -859,7 +863,7 @@ int MultiLoRASwiGLUTriton(int dtype, int act, const void* x, const void* w_gate,
                   &RD,
                   &scratch_global,
                   &scratch_profile};
-  return Launch(ids::kMultiLoraSwiglu, dtype, m, n, aligned, RPad(r), args, stream);
+  return Launch(ids::kMultiLoraSwiglu, dtype, m, n, aligned, RPad(r), args, stream, dependent);
 }
 
 int64_t MultiLoRASwiGLUTritonBytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t r) {

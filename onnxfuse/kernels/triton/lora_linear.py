@@ -153,7 +153,7 @@ def _lora_epilogue(acc, rows, offs_m, offs_n, n_ok, t_ptr, b_ptr, bias_ptr, y_pt
 def _multi_lora_xa_kernel(x_ptr, a_ptr, a2_ptr, index_ptr, t_ptr, t2_ptr, M, K, R, R2, NS, NA, RPI, KB_PER_SPLIT,
                           t3_ptr, ZERO3,
                           BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, R_PAD: tl.constexpr,
-                          DOT_PRECISION: tl.constexpr):
+                          DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = False):
     """Phase 1 of MultiLoRALinear: ``t[s, m, :R] = x[m, ks] @ a[j_m, ks, :]`` (fp32, j_m the row's adapter; zeros for
     rows without one); with NS = 2 also a2's partials into t2 from the same X tiles (MultiLoRASwiGLU's gate and up
     stacks). Layout as _lora_xa_kernel's (a is [NA, K, R], a2 [NA, K, R2]); grid: row tiles x SPLIT x NA, one
@@ -161,6 +161,7 @@ def _multi_lora_xa_kernel(x_ptr, a_ptr, a2_ptr, index_ptr, t_ptr, t2_ptr, M, K, 
     the rows without a valid adapter, as zeros) and does nothing when no row of its tile uses j: a decode batch of 8
     rows with 8 adapters runs 8 programs per K slice instead of one doing the 8 one after another. ZERO3 != 0: the
     programs of adapter 0 and the first K slice zero their rows of t3, as _lora_xa_kernel's."""
+    _pdl_trigger(PDL)
     pid = tl.program_id(0)
     n_adapters = tl.maximum(NA, 1)  # an empty stack (NA 0): one program per tile and slice, storing the zeros
     j = pid % n_adapters

@@ -124,7 +124,8 @@ def _lora_gate_kernel(g_ptr, u_ptr, tg_ptr, bg_ptr, tu_ptr, bu_ptr, y_ptr, M, N,
 def _multi_lora_swiglu_kernel(x_ptr, wg_ptr, wu_ptr, tg_ptr, bg_ptr, sg_ptr, tu_ptr, bu_ptr, su_ptr, index_ptr, y_ptr,
                               M, N, K, RG, RU, NA, RPI, SPLIT, ACT, ad_ptr, td_ptr, RD,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                              GROUP_M: tl.constexpr, R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                              GROUP_M: tl.constexpr, R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                              PDL: tl.constexpr = False):
     """MultiLoRASwiGLU's second phase: SwiGLU's main loop, then each projection's rank-r terms of every row's adapter
     (gemm_loop._multi_rank_term: bg, bu [NA, R, N], scales [NA]) before the activation; NaN in rows whose index is
     >= NA. tg and tu: lora_linear.py's _multi_lora_xa_kernel partials of each stack. RD > 0 (MultiLoRAGatedMLP): each
@@ -132,6 +133,7 @@ def _multi_lora_swiglu_kernel(x_ptr, wg_ptr, wu_ptr, tg_ptr, bg_ptr, sg_ptr, tu_
     gate, up, offs_m, offs_n, rows, n_ok = _gemm_main(x_ptr, wg_ptr, wu_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
                                                       GROUP_M, True, DOT_PRECISION)
     aid = _row_adapters(index_ptr, offs_m, M, RPI)
+    _pdl_wait(PDL)
     gate = _multi_rank_term(gate, aid, rows, offs_n, n_ok, tg_ptr, bg_ptr, sg_ptr, M, N, RG, NA, SPLIT, BLOCK_M,
                             R_PAD, DOT_PRECISION)
     up = _multi_rank_term(up, aid, rows, offs_n, n_ok, tu_ptr, bu_ptr, su_ptr, M, N, RU, NA, SPLIT, BLOCK_M, R_PAD,

@@ -86,7 +86,8 @@ LORA_GATE_MAX_SPLIT = 4
 # MLP with rank-16 adapters, one CUDA graph replayed back to back (scripts/lora_pdl_probe.py,
 # benchmarks/results/h100-2026-11-27/lora/lora-pdl-probe.txt; us per run):
 #   LoRA MLP, 16 tokens: 108.5 -> 101.8 (base MLP 96.7)
-#   mixed batch, 8 rows and 8 adapters: 118.7 -> 120.3 (base 96.0): the multi ops launch the usual way
+#   mixed batch, 8 rows and 8 adapters: 118.7 -> 120.3 (base 96.0) with phase 1 in 16 slices (its 128 programs
+#   fill the GPU before multi_lora_swiglu's may start); in at most MULTI_LORA_PDL_MAX_SPLIT slices, below
 #   LoRASwiGLU at 2048 rows on cuBLASLt: lora_gate as phase 1's dependent 633.1 -> 637.1; phase 1 after the GEMMs as
 #   their dependent and lora_gate as its 643.8 (666.1 in that order without PDL): not kept
 # and earlier (tma-probe above) lora_main at 2048 tokens 105.6 -> 107.7 us. Phase 1 itself does both of a gated MLP's
@@ -94,14 +95,22 @@ LORA_GATE_MAX_SPLIT = 4
 # LoRAGatedMLP's down-projection lora_main runs after the gated kernel, whose activation it reads in its K loop: it
 # launches the usual way (the gated kernel is the one that waits on phase 1).
 LORA_PDL_MAX_M = 16
-PDL_DEPENDENTS = ("lora_main", "lora_swiglu")
+PDL_DEPENDENTS = ("lora_main", "lora_swiglu", "multi_lora_swiglu")
 # To those rows the gated kernels' phase 1 splits K in at most LORA_PDL_MAX_SPLIT slices (16 before): it runs beside
 # lora_swiglu's K loop, so fewer, longer programs cost nothing there, and the epilogue sums fewer partials. H100, the
 # LoRA MLP (LoRAGatedMLP) at 16 tokens against the base MLP, round-robin (scripts/lora_mlp_fold_probe.py --xa-splits,
 # benchmarks/results/h100-2026-11-27/lora/lora-mlp-fold-probe-xa-splits.txt): at most 1, 2, 4, 8, 16 slices 1.042x,
-# 1.044x, 1.042x, 1.042x, 1.057x. The mixed batch (no PDL: phase 1 runs alone) keeps 16: at most 8 or 16 slices
-# 1.161x, 4 1.171x, 1 1.282x.
+# 1.044x, 1.042x, 1.042x, 1.057x. The mixed batch without PDL (phase 1 alone) measured at most 8 or 16 slices
+# 1.161x, 4 1.171x, 1 1.282x; with PDL it takes MULTI_LORA_PDL_MAX_SPLIT.
 LORA_PDL_MAX_SPLIT = 4
+# The mixed batch's phase 1 (multi_lora_xa: a program per K slice and adapter) to those rows in at most
+# MULTI_LORA_PDL_MAX_SPLIT slices, multi_lora_swiglu its programmatic dependent: 16 programs for 8 adapters, so the
+# gated kernel's 86 start beside them at once. H100, MultiLoRAGatedMLP at 8 rows with 8 adapters against the base MLP,
+# round-robin, 9 rounds (scripts/lora_mlp_fold_probe.py --multi-pdl 1,2,4,8,16 --mixed-only,
+# benchmarks/results/h100-2026-11-27/lora/multi-pdl-probe.txt; us per run): without PDL (16 slices) 113.4 us,
+# 1.184x the base's 95.8; with PDL in at most 1, 2, 4, 8, 16 slices 119.5, 108.7, 109.5, 115.6, 121.2 (1.135x at 2;
+# a second run 113.7 -> 109.0).
+MULTI_LORA_PDL_MAX_SPLIT = 2
 
 # ------------------------------------------------------------------------------------------------ MLPStack
 # stack_mode=auto on the Triton backend, by M (rows) and the widest layer, for the H100's 132 SMs (the launcher
