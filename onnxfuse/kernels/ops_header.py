@@ -243,6 +243,7 @@ def render() -> str:
     add(f"inline constexpr int64_t kLoraPdlMaxSplit = {int(table.LORA_PDL_MAX_SPLIT)};  // LoRASwiGLU's phase 1 there")
     add(f"inline constexpr int64_t kMultiLoraPdlMaxSplit = {int(table.MULTI_LORA_PDL_MAX_SPLIT)};"
         "  // MultiLoRASwiGLU's")
+    add(f"inline constexpr int64_t kMultiLoraLinearPdlMaxSplit = {int(table.MULTI_LORA_LINEAR_PDL_MAX_SPLIT)};")
     add("// LoRA rank padding: rank r runs on the kernel of the smallest entry >= r.")
     add(f"inline constexpr int kNumRPads = {len(table.R_PADS)};")
     add("inline constexpr int kRPads[] = {" + ", ".join(str(int(r)) for r in table.R_PADS) + "};")

@@ -495,10 +495,10 @@ def test_aot_pdl_dependents():
     1 (it only signals) and every sm_80 build (no griddepcontrol there) stay plain launches."""
     pytest.importorskip("triton")
     aot = kbuild.aot_module()
-    assert aot.TABLE.PDL_DEPENDENTS == ("lora_main", "lora_swiglu", "multi_lora_swiglu")
+    assert aot.TABLE.PDL_DEPENDENTS == ("lora_main", "lora_swiglu", "multi_lora_swiglu", "multi_lora_main")
     assert aot.TABLE.LORA_PDL_MAX_M == 16
     want = {("lora_swiglu", "90"): 1, ("lora_main", "90"): 1, ("lora_xa", "90"): 0, ("lora_swiglu", "80"): 0,
-            ("multi_lora_swiglu", "90"): 1, ("multi_lora_xa", "90"): 0, ("multi_lora_main", "90"): 0,
+            ("multi_lora_swiglu", "90"): 1, ("multi_lora_xa", "90"): 0, ("multi_lora_main", "90"): 1,
             ("multi_lora_swiglu", "80"): 0}
     got = {}
     for spec in aot.specialisations(["90", "80"]):

@@ -221,10 +221,11 @@ int LoRAMain(int dtype, int relu, const void* x, const void* w, const void* t, i
   return LaunchSpec(spec, index, device, grid, args, stream, false, dependent);
 }
 
-// Phase 2 of MultiLoRALinear on partials T [split, M, r_pad] fp32.
+// Phase 2 of MultiLoRALinear on partials T [split, M, r_pad] fp32; `dependent` as LoRAMain's.
 int MultiLoRAMain(int dtype, const void* x, const void* w, const void* t, int64_t split, int64_t r_pad, const void* b,
                   const void* bias, const void* scales, const int64_t* index, void* y, int64_t m, int64_t k, int64_t n,
-                  int64_t r, int64_t adapters, int64_t rows_per_index, bool aligned, void* stream) {
+                  int64_t r, int64_t adapters, int64_t rows_per_index, bool aligned, void* stream,
+                  bool dependent = false) {
   int device = 0;
   const int arch = CurrentArch(&device);
   if (arch < 0) return -arch;
@@ -238,7 +239,7 @@ int MultiLoRAMain(int dtype, const void* x, const void* w, const void* t, int64_
   void* scratch_profile = nullptr;
   void* args[] = {&x, &w, &t,  &b,   &bias,  &scales,         &index,          &y, &M, &N,
                   &K, &R, &NA, &RPI, &SPLIT, &scratch_global, &scratch_profile};
-  return LaunchSpec(spec, spec_index, device, Tiles(m, n, spec), args, stream);
+  return LaunchSpec(spec, spec_index, device, Tiles(m, n, spec), args, stream, false, dependent);
 }
 
 bool LoRAAligned(const void* x, const void* w, const void* a, const void* b, const void* bias, const void* y, int64_t k,
@@ -341,8 +342,12 @@ extern "C" int onnxfuse_triton_multi_lora_linear(int dtype, const void* x, const
   void* scratch_global = nullptr;
   void* scratch_profile = nullptr;
   const bool aligned = LoRAAligned(x, w, a, b, bias, y, k, n, r) && Aligned16(scales) && Aligned16(index);
+  // To LORA_PDL_MAX_M rows multi_lora_main starts as phase 1's programmatic dependent, phase 1 in at most
+  // MULTI_LORA_LINEAR_PDL_MAX_SPLIT slices (triton/table.py).
+  const bool dependent = m <= ids::kLoraPdlMaxM;
   LoRAPlan plan;
-  int err = PlanLoRA(dtype, m, k, r, aligned, &plan, ids::kMultiLoraXa, std::max<int64_t>(adapters, 1));
+  int err = PlanLoRA(dtype, m, k, r, aligned, &plan, ids::kMultiLoraXa, std::max<int64_t>(adapters, 1),
+                     dependent ? ids::kMultiLoraLinearPdlMaxSplit : kMaxLoRASplit);
   if (err != 0) return err;
   if (scratch == nullptr || !Aligned16(scratch) || scratch_bytes < LoRAScratchBytes(m, r, plan))
     return ONNXFUSE_ERR_BAD_ARGUMENT;
@@ -372,7 +377,7 @@ extern "C" int onnxfuse_triton_multi_lora_linear(int dtype, const void* x, const
   const int64_t grid_xa = ((m + plan.xa->block_m - 1) / plan.xa->block_m) * plan.split * (adapters > 0 ? adapters : 1);
   if ((err = LaunchSpec(plan.xa, plan.xa_index, plan.device, grid_xa, xa_args, stream)) != 0) return err;
   return MultiLoRAMain(dtype, x, w, scratch, plan.split, RPad(r), b, bias, scales, index, y, m, k, n, r, adapters,
-                       rows_per_index, aligned, stream);
+                       rows_per_index, aligned, stream, dependent);
 }
 
 extern "C" int onnxfuse_triton_multi_lora_main(int dtype, const void* x, const void* w, const void* t, int64_t split,

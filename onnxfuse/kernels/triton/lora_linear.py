@@ -190,12 +190,15 @@ def _multi_lora_xa_kernel(x_ptr, a_ptr, a2_ptr, index_ptr, t_ptr, t2_ptr, M, K, 
 @triton.jit
 def _multi_lora_main_kernel(x_ptr, w_ptr, t_ptr, b_ptr, bias_ptr, scales_ptr, index_ptr, y_ptr, M, N, K, R, NA, RPI,
                             SPLIT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            GROUP_M: tl.constexpr, R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                            GROUP_M: tl.constexpr, R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                            PDL: tl.constexpr = False):
     """Phase 2 of MultiLoRALinear: ``y = x @ w + bias + (scales[j] * sum_s t[s]).to(x.dtype) @ b[j]`` per row (j its
-    adapter; NaN where j >= NA); b is [NA, R, N] (gemm_loop._multi_rank_term)."""
+    adapter; NaN where j >= NA); b is [NA, R, N] (gemm_loop._multi_rank_term). With PDL (launched as multi_lora_xa's
+    programmatic dependent) the K loop runs beside phase 1 and the rank-r terms wait for its partials."""
     acc, _, offs_m, offs_n, rows, n_ok = _gemm_main(x_ptr, w_ptr, w_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
                                                     False, DOT_PRECISION)
     aid = _row_adapters(index_ptr, offs_m, M, RPI)
+    _pdl_wait(PDL)
     acc = _multi_rank_term(acc, aid, rows, offs_n, n_ok, t_ptr, b_ptr, scales_ptr, M, N, R, NA, SPLIT, BLOCK_M, R_PAD,
                            DOT_PRECISION)
     acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]

@@ -95,7 +95,7 @@ LORA_GATE_MAX_SPLIT = 4
 # LoRAGatedMLP's down-projection lora_main runs after the gated kernel, whose activation it reads in its K loop: it
 # launches the usual way (the gated kernel is the one that waits on phase 1).
 LORA_PDL_MAX_M = 16
-PDL_DEPENDENTS = ("lora_main", "lora_swiglu", "multi_lora_swiglu")
+PDL_DEPENDENTS = ("lora_main", "lora_swiglu", "multi_lora_swiglu", "multi_lora_main")
 # To those rows the gated kernels' phase 1 splits K in at most LORA_PDL_MAX_SPLIT slices (16 before): it runs beside
 # lora_swiglu's K loop, so fewer, longer programs cost nothing there, and the epilogue sums fewer partials. H100, the
 # LoRA MLP (LoRAGatedMLP) at 16 tokens against the base MLP, round-robin (scripts/lora_mlp_fold_probe.py --xa-splits,
@@ -111,6 +111,14 @@ LORA_PDL_MAX_SPLIT = 4
 # 1.184x the base's 95.8; with PDL in at most 1, 2, 4, 8, 16 slices 119.5, 108.7, 109.5, 115.6, 121.2 (1.135x at 2;
 # a second run 113.7 -> 109.0).
 MULTI_LORA_PDL_MAX_SPLIT = 2
+# MultiLoRALinear alone (a mixed batch's q/k/v and o projections) starts multi_lora_main as phase 1's dependent too,
+# phase 1 in at most MULTI_LORA_LINEAR_PDL_MAX_SPLIT slices: its main kernel is shorter than the gated one, so phase
+# 1 must be too. H100, 8 rows, 8 rank-16 adapters, round-robin with cuBLAS's GEMM, two runs
+# (scripts/multi_lora_linear_pdl_probe.py, benchmarks/results/h100-2026-11-27/lora/multi-lora-linear-pdl-probe*.txt;
+# us): q/k/v 4096 -> 12288 without PDL (16 slices) 50.4 / 51.1 (cuBLAS 37.3 / 36.3), with PDL in at most 1, 2, 4, 8,
+# 16 slices 71.2, 57.2 / 56.3, 47.9 / 46.9, - / 43.8, 49.6 / 49.9; o 4096 -> 4096 19.9 / 19.8 (cuBLAS 9.0 / 8.7), with
+# PDL 37.4, 22.9 / 22.7, 16.4 / 16.1, - / 16.4, 19.8 / 19.5.
+MULTI_LORA_LINEAR_PDL_MAX_SPLIT = 8
 
 # ------------------------------------------------------------------------------------------------ MLPStack
 # stack_mode=auto on the Triton backend, by M (rows) and the widest layer, for the H100's 132 SMs (the launcher
