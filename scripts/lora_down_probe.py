@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from lora_mlp_fold_probe import round_robin  # noqa: E402
+from lora_mlp_fold_probe import report_over, round_robin  # noqa: E402
 from lora_pdl_probe import LO, SMS, H, I, R, cfg  # noqa: E402
 
 M, SCALE = 2048, 0.5
@@ -106,10 +106,7 @@ def main(argv=None) -> int:
         err = float((out - ref).abs().max() / ref.abs().max())
         print(f"  {name:32s} rel err {err:.1e}")
         assert err < 5e-3, (name, err)
-    med = round_robin(fns, args.reps, args.rounds)
-    base = med["cuBLAS (no adapter)"]
-    for name, us in med.items():
-        print(f"  {name:32s} {us:8.1f} us  ({us - base:+6.1f} over cuBLAS)")
+    report_over(round_robin(fns, args.reps, args.rounds), "cuBLAS (no adapter)", "cuBLAS")
     return 0
 
 

@@ -26,10 +26,35 @@ import torch
 import triton
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from lora_mlp_fold_probe import _silu_mul_kernel, round_robin  # noqa: E402
+from lora_mlp_fold_probe import _silu_mul_kernel, report_over, round_robin  # noqa: E402
 from lora_pdl_probe import SW, I, R, cfg  # noqa: E402
 
 M, S, SG, SU = 2048, 4, 0.5, 0.5
+
+
+def gate_inputs(s: int, dev: str, dt):
+    """The pass's inputs (seeded): g and u [M, I], phase 1's s fp32 partials of each adapter [s, M, 16], the B tiles
+    [R, I], the down adapter's A [I, R]; and PyTorch's y and down sum (T summed, scaled and rounded as the kernels
+    do). Returns (g, u, tg, tu, bg, bu, ad, y_ref, td_ref)."""
+    torch.manual_seed(0)
+    g, u = torch.randn(M, I, device=dev, dtype=dt), torch.randn(M, I, device=dev, dtype=dt)
+    tg, tu = torch.randn(s, M, 16, device=dev) / 4, torch.randn(s, M, 16, device=dev) / 4
+    bg, bu = torch.randn(R, I, device=dev, dtype=dt) / 4, torch.randn(R, I, device=dev, dtype=dt) / 4
+    ad = torch.randn(I, R, device=dev, dtype=dt) / I ** 0.5
+    tgr = (SG * tg.sum(0)).to(dt).float()
+    tur = (SU * tu.sum(0)).to(dt).float()
+    y_ref = (torch.nn.functional.silu(g.float() + tgr @ bg.float()) * (u.float() + tur @ bu.float())).to(dt)
+    return g, u, tg, tu, bg, bu, ad, y_ref, y_ref.float() @ ad.float()
+
+
+def library_gate(ins, s: int, y, td, rd: int):
+    """The library's Triton lora_gate on gate_inputs' tensors `ins` (s partials) into y and td (rd: the down
+    adapter's rank, 0 for none), its sm_90 tile config: a launch to time or run."""
+    g, u, tg, tu, bg, bu, ad = ins[:7]
+    c = {k: v for k, v in cfg("lora_gate", M).items() if k != "BLOCK_K"}
+    grid = (triton.cdiv(M, c["BLOCK_M"]) * triton.cdiv(I, c["BLOCK_N"]),)
+    return lambda: SW._lora_gate_kernel[grid](g, u, tg, bg, tu, bu, y, M, I, R, R, s, SG, SU, 0, ad, td, rd,
+                                              R_PAD=16, DOT_PRECISION="tf32", **c)
 
 
 def main(argv=None) -> int:
@@ -50,28 +75,14 @@ def main(argv=None) -> int:
                                   ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_float,
                                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
                                   ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
-    torch.manual_seed(0)
     dev, dt = "cuda", torch.float16
     print(f"lora_gate in CUDA (mma fragments) on {torch.cuda.get_device_name()}: {M} x {I}, rank {R}, {S} partials, "
           f"fp16; us per launch (CUDA graph of 20, {args.reps} replays, median of {args.rounds} rounds)")
-    g, u = torch.randn(M, I, device=dev, dtype=dt), torch.randn(M, I, device=dev, dtype=dt)
-    tg, tu = torch.randn(S, M, 16, device=dev) / 4, torch.randn(S, M, 16, device=dev) / 4
-    bg, bu = torch.randn(R, I, device=dev, dtype=dt) / 4, torch.randn(R, I, device=dev, dtype=dt) / 4
-    ad = torch.randn(I, R, device=dev, dtype=dt) / I ** 0.5
-
-    tgr = (SG * tg.sum(0)).to(dt).float()
-    tur = (SU * tu.sum(0)).to(dt).float()
-    gate = g.float() + tgr @ bg.float()
-    up = u.float() + tur @ bu.float()
-    y_ref = (torch.nn.functional.silu(gate) * up).to(dt)
-    td_ref = y_ref.float() @ ad.float()
-
-    c = {k: v for k, v in cfg("lora_gate", M).items() if k != "BLOCK_K"}
-    grid = (triton.cdiv(M, c["BLOCK_M"]) * triton.cdiv(I, c["BLOCK_N"]),)
+    ins = gate_inputs(S, dev, dt)
+    g, u, tg, tu, bg, bu, ad, y_ref, td_ref = ins
 
     def triton_gate(y, td, rd):
-        return lambda: SW._lora_gate_kernel[grid](g, u, tg, bg, tu, bu, y, M, I, R, R, S, SG, SU, 0, ad, td, rd,
-                                                  R_PAD=16, DOT_PRECISION="tf32", **c)
+        return library_gate(ins, S, y, td, rd)
 
     def cuda_gate(y, td, rd, chunks, skip=0):
         def run():
@@ -109,10 +120,8 @@ def main(argv=None) -> int:
         fns[f"CUDA mma, {ch} chunks/block, no down"] = cuda_gate(y, td, 0, ch)
     for skip in [int(v) for v in args.skips.split(",") if v]:
         fns[f"CUDA mma, {chunks[0]} chunks/block, folded, skip {skip}"] = cuda_gate(y, td, R, chunks[0], skip)
-    med = {name: us / 20 for name, us in round_robin(fns, args.reps, args.rounds, launches=20).items()}
-    base = med["plain act(g) * u (Triton)"]
-    for name, us in med.items():
-        print(f"  {name:40s} {us:7.1f} us  ({us - base:+6.1f} over the plain pass)")
+    report_over(round_robin(fns, args.reps, args.rounds, launches=20), "plain act(g) * u (Triton)", "the plain pass",
+                per=20)
     return 0
 
 

@@ -25,14 +25,13 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from lora_mlp_fold_probe import _silu_mul_kernel, round_robin  # noqa: E402
+from lora_gate_mma_probe import M, SG, SU, gate_inputs, library_gate  # noqa: E402
+from lora_mlp_fold_probe import _silu_mul_kernel, report_over, round_robin  # noqa: E402
 from lora_pdl_probe import SW, I, R, cfg  # noqa: E402
 
 GL = sys.modules["_onnxfuse_triton_kernels.gemm_loop"]
 _rank_t2, _rank_b, _down_a, _down_xa, _rank_dot = GL._rank_t2, GL._rank_b, GL._down_a, GL._down_xa, GL._rank_dot
 _gate_activation, _store_tile = SW._gate_activation, SW._store_tile
-
-M, SG, SU = 2048, 0.5, 0.5
 
 
 @triton.jit
@@ -75,25 +74,15 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="4x128x4x1,8x128x4x1,16x128x4x1,8x128x4x2,8x256x8x1,16x64x4x1")
     args = ap.parse_args(argv)
     S = args.partials
-    torch.manual_seed(0)
     dev, dt = "cuda", torch.float16
     print(f"lora_gate walking row tiles on {torch.cuda.get_device_name()}: {M} x {I}, rank {R}, {S} partials, fp16; "
           f"us per launch (CUDA graph of 20, {args.reps} replays, median of {args.rounds} rounds)")
-    g, u = torch.randn(M, I, device=dev, dtype=dt), torch.randn(M, I, device=dev, dtype=dt)
-    tg, tu = torch.randn(S, M, 16, device=dev) / 4, torch.randn(S, M, 16, device=dev) / 4
-    bg, bu = torch.randn(R, I, device=dev, dtype=dt) / 4, torch.randn(R, I, device=dev, dtype=dt) / 4
-    ad = torch.randn(I, R, device=dev, dtype=dt) / I ** 0.5
-    tgr = (SG * tg.sum(0)).to(dt).float()
-    tur = (SU * tu.sum(0)).to(dt).float()
-    y_ref = (torch.nn.functional.silu(g.float() + tgr @ bg.float()) * (u.float() + tur @ bu.float())).to(dt)
-    td_ref = y_ref.float() @ ad.float()
-
-    c = {k: v for k, v in cfg("lora_gate", M).items() if k != "BLOCK_K"}
-    grid = (triton.cdiv(M, c["BLOCK_M"]) * triton.cdiv(I, c["BLOCK_N"]),)
+    ins = gate_inputs(S, dev, dt)
+    g, u, tg, tu, bg, bu, ad, y_ref, td_ref = ins
+    c = cfg("lora_gate", M)
 
     def library(y, td, rd):
-        return lambda: SW._lora_gate_kernel[grid](g, u, tg, bg, tu, bu, y, M, I, R, R, S, SG, SU, 0, ad, td, rd,
-                                                  R_PAD=16, DOT_PRECISION="tf32", **c)
+        return library_gate(ins, S, y, td, rd)
 
     def rows(y, td, rd, progs, bn, warps, stages):
         grid_r = (triton.cdiv(I, bn) * progs,)
@@ -120,10 +109,8 @@ def main(argv=None) -> int:
     for name, make in makers.items():
         fns[f"{name}, folded"] = make(y, td, R)
         fns[f"{name}, no down"] = make(y, td, 0)
-    med = {name: us / 20 for name, us in round_robin(fns, args.reps, args.rounds, launches=20).items()}
-    base = med["plain act(g) * u (Triton)"]
-    for name, us in med.items():
-        print(f"  {name:40s} {us:7.1f} us  ({us - base:+6.1f} over the plain pass)")
+    report_over(round_robin(fns, args.reps, args.rounds, launches=20), "plain act(g) * u (Triton)", "the plain pass",
+                per=20)
     return 0
 
 

@@ -63,6 +63,27 @@ def round_robin(fns: dict, reps: int, rounds: int, launches: int = 1) -> dict:
     return {name: statistics.median(v) for name, v in times.items()}
 
 
+def report_over(med: dict, base: str, against: str, per: int = 1) -> None:
+    """Print each median (us, divided by `per` launches) and its excess over `base`'s, `against` naming it."""
+    b = med[base] / per
+    for label, us in med.items():
+        print(f"  {label:40s} {us / per:8.1f} us  ({us / per - b:+6.1f} over {against})")
+
+
+def checked_rounds(title: str, fns: dict, ref, base: str, reps: int, rounds: int, tol: float = 2e-3) -> dict:
+    """Every fn but `base` checked against the PyTorch reference `ref` (largest error relative to its largest value
+    under `tol`), then all round-robin (round_robin) and printed against `base`'s median. Returns the medians."""
+    for label, fn in fns.items():
+        if label != base:
+            err = float((fn().float() - ref).abs().max() / ref.abs().max())
+            assert err < tol, (label, err)
+    med = round_robin(fns, reps, rounds)
+    print(f"  {title}: round-robin, {rounds} rounds of {reps} replays, medians:")
+    for label, us in med.items():
+        print(f"    {label:44s} {us:8.1f} us   {us / med[base]:.4f}x the base")
+    return med
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=200)
@@ -101,14 +122,7 @@ def main(argv=None) -> int:
 
     def split_rounds(name, fns, ref):
         """fns (the base first) round-robin, each LoRA chain checked against PyTorch first."""
-        for label, fn in fns.items():
-            if label != "base MLP":
-                err = float((fn().float() - ref).abs().max() / ref.abs().max())
-                assert err < 2e-3, (label, err)
-        med = round_robin(fns, args.reps, max(args.rounds, 9))
-        print(f"  {name}: round-robin, {max(args.rounds, 9)} rounds of {args.reps} replays, medians:")
-        for label, us in med.items():
-            print(f"    {label:44s} {us:8.1f} us   {us / med['base MLP']:.4f}x the base")
+        checked_rounds(name, fns, ref, "base MLP", args.reps, max(args.rounds, 9))
 
     def kernels(fn, replays=20):
         """The chain's kernels by GPU time per replay of its CUDA graph (torch.profiler)."""
@@ -277,15 +291,7 @@ def main(argv=None) -> int:
             tiles = [tuple(int(v) for v in t.split("x")) for t in args.gate_tiles.split(",")]
             fns = {"base MLP": base(m, xm), "unfolded": lora(False)}
             fns.update({f"folded, lora_gate {'x'.join(map(str, t))}": lora(True, tile=t) for t in tiles})
-            for name, fn in fns.items():  # each form's output against PyTorch once
-                if name != "base MLP":
-                    out = fn().float()
-                    err = float((out - ref).abs().max() / ref.abs().max())
-                    assert err < 2e-3, (name, err)
-            med = round_robin(fns, args.reps, max(args.rounds, 9))
-            print(f"  round-robin at {m} tokens, {max(args.rounds, 9)} rounds of {args.reps} replays, medians:")
-            for name, us in med.items():
-                print(f"    {name:44s} {us:8.1f} us   {us / med['base MLP']:.4f}x the base")
+            split_rounds(f"LoRA MLP, {m} tokens", fns, ref)
     return 0
 
 

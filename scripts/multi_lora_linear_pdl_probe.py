@@ -22,7 +22,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from lora_mlp_fold_probe import round_robin  # noqa: E402
+from lora_mlp_fold_probe import checked_rounds  # noqa: E402
 from lora_pdl_probe import LO, H, R, cfg, plan, xa_cfg  # noqa: E402
 
 
@@ -70,14 +70,7 @@ def main(argv=None) -> int:
         fns = {"cuBLAS (no adapter)": lambda x=x, w=w, y=y: torch.mm(x, w, out=y),
                "multi, phase 1 <= 16 slices (before)": multi(16, False)}
         fns.update({f"multi, PDL, phase 1 <= {s} slices": multi(s, True) for s in splits})
-        for label, fn in fns.items():
-            if label.startswith("multi"):
-                err = float((fn().float() - ref).abs().max() / ref.abs().max())
-                assert err < 2e-3, (label, err)
-        med = round_robin(fns, args.reps, args.rounds)
-        print(f"  {name}:")
-        for label, us in med.items():
-            print(f"    {label:40s} {us:7.1f} us  {us / med['cuBLAS (no adapter)']:.4f}x the base")
+        checked_rounds(name, fns, ref, "cuBLAS (no adapter)", args.reps, args.rounds)
     return 0
 
 
