@@ -63,6 +63,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--chunks", default="1,2,4,8")
+    ap.add_argument("--entry", default="lora_gate_mma", help="the library's function: lora_gate_mma (the mma "
+                    "fragments form; --chunks: chunks a block) or lora_gate_ldm (scripts/lora_gate_ldm.cu; --chunks: "
+                    "blocks across the columns)")
     ap.add_argument("--partials", type=int, default=4, help="phase 1's fp32 partials summed in the pass")
     ap.add_argument("--skips", default="", help="SKIP,...: timing-only runs at the first --chunks count leaving parts "
                     "out (bits: 1 the partials' loads, 2 the B/A staging, 4 the down sum's atomics, 8 the rank "
@@ -70,8 +73,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     lib = ctypes.CDLL(args.lib)
     S = args.partials
-    lib.lora_gate_mma.restype = ctypes.c_int
-    lib.lora_gate_mma.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+    entry = getattr(lib, args.entry)
+    entry.restype = ctypes.c_int
+    entry.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                   ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_float,
                                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
                                   ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
@@ -86,7 +90,7 @@ def main(argv=None) -> int:
 
     def cuda_gate(y, td, rd, chunks, skip=0):
         def run():
-            err = lib.lora_gate_mma(1, g.data_ptr(), u.data_ptr(), tg.data_ptr(), tu.data_ptr(), S, bg.data_ptr(),
+            err = entry(1, g.data_ptr(), u.data_ptr(), tg.data_ptr(), tu.data_ptr(), S, bg.data_ptr(),
                                     bu.data_ptr(), SG, SU, ad.data_ptr(), td.data_ptr(), rd, y.data_ptr(), M, I,
                                     chunks, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), skip)
             assert err == 0, err
@@ -116,10 +120,10 @@ def main(argv=None) -> int:
     fns = {"plain act(g) * u (Triton)": plain(y),
            "lora_gate Triton, folded": triton_gate(y, td, R), "lora_gate Triton, no down": triton_gate(y, td, 0)}
     for ch in chunks:
-        fns[f"CUDA mma, {ch} chunks/block, folded"] = cuda_gate(y, td, R, ch)
-        fns[f"CUDA mma, {ch} chunks/block, no down"] = cuda_gate(y, td, 0, ch)
+        fns[f"{args.entry} x{ch}, folded"] = cuda_gate(y, td, R, ch)
+        fns[f"{args.entry} x{ch}, no down"] = cuda_gate(y, td, 0, ch)
     for skip in [int(v) for v in args.skips.split(",") if v]:
-        fns[f"CUDA mma, {chunks[0]} chunks/block, folded, skip {skip}"] = cuda_gate(y, td, R, chunks[0], skip)
+        fns[f"{args.entry} x{chunks[0]}, folded, skip {skip}"] = cuda_gate(y, td, R, chunks[0], skip)
     report_over(round_robin(fns, args.reps, args.rounds, launches=20), "plain act(g) * u (Triton)", "the plain pass",
                 per=20)
     return 0
