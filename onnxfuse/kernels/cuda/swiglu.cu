@@ -14,14 +14,6 @@ int onnxfuse_cuda_swiglu(int dtype, int act, const void* x, const void* w_gate, 
 // SwiGLU's two base GEMMs alone (G = X @ W_gate into g, U = X @ W_up into u, both [m, n]; cuBLASLt with `workspace`
 // of ONNXFUSE_CUBLASLT_WORKSPACE_BYTES): what the CUDA backend runs before its pass, and what LoRASwiGLU's Triton
 // launcher runs before its lora_gate pass from triton/table.py LORA_SWIGLU_CUBLAS's shapes.
-// LoRASwiGLU's cuBLASLt path (the Triton launcher below, from triton/table.py LORA_SWIGLU_CUBLAS's shapes): its gate
-// pass in CUDA for 16-bit types, ranks to 16 and N a multiple of 64 (`_takes`: whether it takes a dtype, N and the
-// largest of the ranks), else Triton's lora_gate. Defined in the nvcc half (gate_pass).
-int onnxfuse_cuda_lora_gate_pass_takes(int dtype, int64_t n, int64_t r);
-int onnxfuse_cuda_lora_gate_pass(int dtype, int act, const void* g, const void* u, const float* tg, const float* tu,
-                                 int64_t split, const void* bg, const void* bu, int64_t rg, int64_t ru, float sg,
-                                 float su, const void* ad, float* td, int64_t rd, void* y, int64_t m, int64_t n,
-                                 int sms, void* stream);
 int onnxfuse_cuda_swiglu_gemms(int dtype, const void* x, const void* w_gate, const void* w_up, void* g, void* u,
                                int64_t m, int64_t k, int64_t n, void* workspace, void* stream);
 // The Triton launcher (the host half, Triton builds only: cuda/ops_cuda.h's Dispatch calls it only there).
@@ -112,11 +104,8 @@ int onnxfuse_triton_multi_lora_gated_mlp(int dtype, int act, const void* x, cons
 // scratch after the cuBLASLt workspace, then one elementwise pass Y = act(Y) * U in fp32, 16 bytes per load and
 // store where the buffers allow (M x N a multiple of the vector, 16-byte aligned): memory bound, it reads two
 // [M, N] and writes one.
-#include <type_traits>
-
 #include "common/gate_act.h"
 #include "gemm.h"
-#include "mma.h"
 
 namespace ock = onnxfuse::cuda_kernels;
 
@@ -151,237 +140,7 @@ int GatePass(T* y, const T* up, int64_t count, int act, cudaStream_t s) {
   if (vec) return ock::LaunchElementwise(count / kVec, GateTimesUp<T, kVec>{y, up, act}, s);
   return ock::LaunchElementwise(count, GateTimesUp<T, 1>{y, up, act}, s);
 }
-// ---- lora_gate in CUDA (fp16/bf16, ranks to 16): the cuBLASLt path's pass, Y = act(G + sg Tg @ Bg) * (U + su Tu @
-// Bu) in place over G, plus the down adapter's Y @ A_down into its fp32 sum (LoRAGatedMLP). Triton's lora_gate took
-// 73 us at 2048 x 11008 (rank 16, H100) against a plain act(g) * u pass's 47: its rank-r dots' layout conversions. Here
-// g and u go through shared memory as a GEMM's operands do: cp.async in whole rows (a 2-stage pipeline of 64-column
-// chunks), ldmatrix into the mma fragments (16-byte chunks XOR-swizzled by row), so the rank-r products add to them
-// in registers; y is written back over g's tile and stored from there in whole rows, and is the down sum's A operand
-// as it is. 55 us (scripts/lora_gate_ldm.cu, the probe of this kernel; scripts/lora_gate_mma_probe.py).
-namespace gate_pass {
-constexpr int kWarps = 4, kRows = 16 * kWarps, kChunk = 64, kRank = 16, kCpr = kChunk / 8;  // 16-byte chunks a row
-// a stage: g, u (64 rows x 128 B), bg, bu (16 x 128 B), the down adapter's A rows (64 x 32 B); two stages
-constexpr int kTileBytes = kRows * kChunk * 2, kBBytes = kRank * kChunk * 2, kABytes = kChunk * kRank * 2;
-constexpr int kStageBytes = 2 * kTileBytes + 2 * kBBytes + kABytes, kSmem = 2 * kStageBytes;
-
-template <typename T>
-__device__ __forceinline__ uint32_t Two(float a, float b) {
-  if constexpr (std::is_same_v<T, __half>) {
-    __half2 h = __floats2half2_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&h);
-  } else {
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-}
-template <typename T>
-__device__ __forceinline__ float2 Unpack(uint32_t w) {
-  if constexpr (std::is_same_v<T, __half>)
-    return __half22float2(*reinterpret_cast<__half2*>(&w));
-  else
-    return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&w));
-}
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-// 16 bytes from src, or zeros where `valid` is false (src then only has to be a mapped address)
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid = true) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void Ldm4(uint32_t addr, uint32_t (&d)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void Ldm4T(uint32_t addr, uint32_t (&d)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-               : "r"(addr));
-}
-// byte offset of 16-byte chunk c of row r: g, u, bg, bu tiles (kChunk columns a row, chunk c ^ (r % 8)) and the A
-// rows' tile (32-byte rows, chunk c ^ (r / 4 % 2): rows r and r + 4 in other banks)
-__device__ __forceinline__ int Wide(int r, int c) { return r * (kChunk * 2) + ((c ^ (r & 7)) << 4); }
-__device__ __forceinline__ int Narrow(int r, int c) { return r * 32 + ((c ^ ((r >> 2) & 1)) << 4); }
-
-// T's A fragment for rows r0 (lane row g) and r1 (g + 8): the SPLIT partials [SPLIT, M, 16] summed, scaled, rounded
-// to T (as the Triton kernels round it).
-template <typename T>
-__device__ __forceinline__ void RankFragment(const float* __restrict__ tp, int split, int64_t m, int64_t r0, int64_t r1,
-                                             int t, float scale, uint32_t (&a)[4]) {
-  float v[8] = {};
-  for (int s = 0; s < split; ++s) {
-    const float* p = tp + int64_t(s) * m * kRank;
-    const float2 x0 = *reinterpret_cast<const float2*>(p + r0 * kRank + 2 * t);
-    const float2 x1 = *reinterpret_cast<const float2*>(p + r1 * kRank + 2 * t);
-    const float2 x2 = *reinterpret_cast<const float2*>(p + r0 * kRank + 2 * t + 8);
-    const float2 x3 = *reinterpret_cast<const float2*>(p + r1 * kRank + 2 * t + 8);
-    v[0] += x0.x, v[1] += x0.y, v[2] += x1.x, v[3] += x1.y, v[4] += x2.x, v[5] += x2.y, v[6] += x3.x, v[7] += x3.y;
-  }
-  for (int i = 0; i < 4; ++i) a[i] = Two<T>(scale * v[2 * i], scale * v[2 * i + 1]);
-}
-
-struct Args {
-  const void* g;    // the gate product [m, n] (Y itself)
-  const void* u;    // the up product [m, n]
-  const float* tg;  // partials [split, m, 16]
-  const float* tu;
-  const void* bg;  // [rg, n]
-  const void* bu;  // [ru, n]
-  const void* ad;  // the down adapter's A [n, rd] (rd 0: none)
-  float* td;       // its fp32 sum [m, 16], added to
-  void* y;         // [m, n]
-  int64_t m, n;
-  int split, rg, ru, rd, act;
-  float sg, su;
-};
-
-// One chunk's loads into a stage: 4 + 4 pieces of g and u a thread, 1 + 1 of bg and bu (zeros past the ranks), 1 of
-// the A rows (zeros past rd).
-template <typename T>
-__device__ __forceinline__ void Issue(char* stage, const Args& p, int64_t row0, int64_t c0) {
-  const uint32_t base = SmemAddr(stage);
-  const T* g = static_cast<const T*>(p.g);
-  const T* u = static_cast<const T*>(p.u);
-  for (int i = 0; i < kRows * kCpr / 128; ++i) {
-    const int q = threadIdx.x + i * 128, r = q / kCpr, c = q % kCpr;
-    const int64_t row = row0 + r < p.m ? row0 + r : p.m - 1;  // rows past m: loaded, never stored
-    const int64_t off = row * p.n + c0 + 8 * c;
-    CpAsync16(base + Wide(r, c), g + off);
-    CpAsync16(base + kTileBytes + Wide(r, c), u + off);
-  }
-  for (int i = 0; i < kRank * kCpr / 128; ++i) {
-    const int q = threadIdx.x + i * 128, r = q / kCpr, c = q % kCpr;
-    const T* bg = static_cast<const T*>(p.bg);
-    const T* bu = static_cast<const T*>(p.bu);
-    CpAsync16(base + 2 * kTileBytes + Wide(r, c), r < p.rg ? bg + int64_t(r) * p.n + c0 + 8 * c : bg, r < p.rg);
-    CpAsync16(base + 2 * kTileBytes + kBBytes + Wide(r, c), r < p.ru ? bu + int64_t(r) * p.n + c0 + 8 * c : bu,
-              r < p.ru);
-  }
-  if (p.rd > 0)
-    for (int i = 0; i < kChunk * 2 / 128; ++i) {
-      const int q = threadIdx.x + i * 128, ra = q >> 1, ca = q & 1;
-      const T* ad = static_cast<const T*>(p.ad);
-      const bool ok = 8 * ca < p.rd;
-      CpAsync16(base + 2 * kTileBytes + 2 * kBBytes + Narrow(ra, ca), ok ? ad + (c0 + ra) * p.rd + 8 * ca : ad, ok);
-    }
-}
-
-template <typename T>
-__global__ void __launch_bounds__(kWarps * 32) LoRAGatePass(Args p) {
-  extern __shared__ __align__(128) char smem[];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int64_t row0 = int64_t(blockIdx.y) * kRows, wrow = row0 + warp * 16;
-  const int64_t r0 = wrow + g < p.m ? wrow + g : p.m - 1, r1 = wrow + g + 8 < p.m ? wrow + g + 8 : p.m - 1;
-  const int total = int(p.n / kChunk);
-  const int first = int(int64_t(blockIdx.x) * total / gridDim.x);
-  const int count = int(int64_t(blockIdx.x + 1) * total / gridDim.x) - first;
-  if (count <= 0) return;
-  Issue<T>(smem, p, row0, int64_t(first) * kChunk);
-  asm volatile("cp.async.commit_group;\n" ::);
-  uint32_t ag[4], au[4];
-  RankFragment<T>(p.tg, p.split, p.m, r0, r1, t, p.sg, ag);
-  RankFragment<T>(p.tu, p.split, p.m, r0, r1, t, p.su, au);
-  float dsum[2][4] = {};
-  const int mi = lane >> 3, mr = lane & 7;  // this lane's ldmatrix row: matrix lane / 8, its row lane % 8
-  T* y = static_cast<T*>(p.y);
-  for (int i = 0; i < count; ++i) {
-    char* stage = smem + (i & 1) * kStageBytes;
-    const uint32_t gs = SmemAddr(stage), us = gs + kTileBytes, bgs = gs + 2 * kTileBytes, bus = bgs + kBBytes,
-                   ads = bus + kBBytes;
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");  // chunk i has landed ...
-    __syncthreads();  // ... for every thread, and chunk i - 1's stage has been stored from
-    if (i + 1 < count) Issue<T>(smem + ((i + 1) & 1) * kStageBytes, p, row0, int64_t(first + i + 1) * kChunk);
-    asm volatile("cp.async.commit_group;\n" ::);
-    for (int q2 = 0; q2 < kChunk / 16; ++q2) {  // 16 columns: mma n-blocks 2 q2 and 2 q2 + 1
-      uint32_t gd[4], ud[4], bgf[4], buf[4];
-      const int tr = warp * 16 + (mi & 1) * 8 + mr, tc = 2 * q2 + (mi >> 1);
-      Ldm4(gs + Wide(tr, tc), gd);  // the accumulators' layout: n-block, rows g / g + 8
-      Ldm4(us + Wide(tr, tc), ud);
-      const int br = (mi & 1) * 8 + mr;  // B fragments: ranks 0-7 / 8-15, n-block by mi / 2
-      Ldm4T(bgs + Wide(br, tc), bgf);
-      Ldm4T(bus + Wide(br, tc), buf);
-      uint32_t yw[2][2];
-      for (int q = 0; q < 2; ++q) {
-        float dg[4] = {}, du[4] = {};
-        ock::MmaSync<T>(dg, ag, bgf[2 * q], bgf[2 * q + 1]);
-        ock::MmaSync<T>(du, au, buf[2 * q], buf[2 * q + 1]);
-        for (int h = 0; h < 2; ++h) {  // rows g, g + 8
-          const float2 gg = Unpack<T>(gd[2 * q + h]), uu = Unpack<T>(ud[2 * q + h]);
-          const float g0 = gg.x + dg[2 * h], g1 = gg.y + dg[2 * h + 1];
-          const float u0 = uu.x + du[2 * h], u1 = uu.y + du[2 * h + 1];
-          yw[q][h] = Two<T>(onnxfuse::GateActivation(p.act, g0) * u0, onnxfuse::GateActivation(p.act, g1) * u1);
-          const int r = warp * 16 + g + 8 * h;  // y over g's tile: row r, chunk 2 q2 + q, bytes 4t
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(gs + Wide(r, 2 * q2 + q) + 4 * t), "r"(yw[q][h]));
-        }
-      }
-      if (p.rd > 0) {  // k-step q2 of y @ A_down: A = y's two n-blocks as they are
-        const uint32_t a[4] = {yw[0][0], yw[0][1], yw[1][0], yw[1][1]};
-        uint32_t af[4];
-        Ldm4T(ads + Narrow(16 * q2 + (mi & 1) * 8 + mr, mi >> 1), af);
-        ock::MmaSync<T>(dsum[0], a, af[0], af[1]);
-        ock::MmaSync<T>(dsum[1], a, af[2], af[3]);
-      }
-    }
-    __syncthreads();
-    const int64_t c0 = int64_t(first + i) * kChunk;
-    for (int k = 0; k < kRows * kCpr / 128; ++k) {  // y's tile out in whole rows
-      const int q = threadIdx.x + k * 128, r = q / kCpr, c = q % kCpr;
-      if (row0 + r < p.m)
-        *reinterpret_cast<uint4*>(y + (row0 + r) * p.n + c0 + 8 * c) =
-            *reinterpret_cast<const uint4*>(stage + Wide(r, c));
-    }
-  }
-  if (p.rd > 0)
-    for (int nb = 0; nb < 2; ++nb)
-      for (int h = 0; h < 2; ++h) {
-        const int64_t row = wrow + g + 8 * h;
-        const int rank = nb * 8 + 2 * t;
-        if (row >= p.m) continue;
-        if (rank < p.rd) atomicAdd(p.td + row * kRank + rank, dsum[nb][2 * h]);
-        if (rank + 1 < p.rd) atomicAdd(p.td + row * kRank + rank + 1, dsum[nb][2 * h + 1]);
-      }
-}
-
-// Blocks: 64-row tiles x column ranges, about 2.5 blocks an SM (5 fit by registers and shared memory; at 2048 x 11008
-// 10 ranges, 320 blocks, 55.0 us against 56.5 for 512 and 56.3 for 640, the probe).
-template <typename T>
-int Run(const Args& p, int sms, cudaStream_t s) {
-  int device = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  if (e != cudaSuccess) return int(e);
-  static bool sized[64] = {};  // the shared-memory attribute once per device (not under every launch)
-  if (device < 0 || device >= 64 || !sized[device]) {
-    e = cudaFuncSetAttribute(LoRAGatePass<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (e != cudaSuccess) return int(e);
-    if (device >= 0 && device < 64) sized[device] = true;
-  }
-  const int64_t row_tiles = (p.m + kRows - 1) / kRows, chunks = p.n / kChunk;
-  const int64_t want = (5 * int64_t(sms) / 2 + row_tiles - 1) / row_tiles;
-  const int64_t splits = std::max<int64_t>(1, std::min(chunks, want));
-  LoRAGatePass<T><<<dim3(unsigned(splits), unsigned(row_tiles)), kWarps * 32, kSmem, s>>>(p);
-  return int(cudaGetLastError());
-}
-}  // namespace gate_pass
 }  // namespace
-
-extern "C" int onnxfuse_cuda_lora_gate_pass_takes(int dtype, int64_t n, int64_t r) {
-  return (dtype == ONNXFUSE_FP16 || dtype == ONNXFUSE_BF16) && r >= 0 && r <= gate_pass::kRank && n > 0 &&
-         n % gate_pass::kChunk == 0;
-}
-
-// The CUDA gate pass of LoRASwiGLU's cuBLASLt path (Triton builds; gate_pass above): y = act(g + sg Tg @ Bg) * (u + su
-// Tu @ Bu) over [m, n], fp16 or bf16 (dtype), every rank to 16, n a multiple of 64, 16-byte aligned buffers (the
-// caller checks them: onnxfuse_cuda_lora_gate_pass_takes), tg/tu [split, m, 16] fp32, A_down [n, rd] and its fp32 sum
-// td [m, 16] (rd 0: none); sms: the device's SM count.
-extern "C" int onnxfuse_cuda_lora_gate_pass(int dtype, int act, const void* g, const void* u, const float* tg,
-                                            const float* tu, int64_t split, const void* bg, const void* bu, int64_t rg,
-                                            int64_t ru, float sg, float su, const void* ad, float* td, int64_t rd,
-                                            void* y, int64_t m, int64_t n, int sms, void* stream) {
-  if (!onnxfuse_cuda_lora_gate_pass_takes(dtype, n, std::max({rg, ru, rd})) || m <= 0 || split < 1 ||
-      !onnxfuse::ValidGateActivation(act))
-    return ONNXFUSE_ERR_BAD_ARGUMENT;
-  const gate_pass::Args a{g, u, tg, tu, bg, bu, ad, td, y, m, n, int(split), int(rg), int(ru), int(rd), act, sg, su};
-  const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  return dtype == ONNXFUSE_FP16 ? gate_pass::Run<__half>(a, sms, s) : gate_pass::Run<__nv_bfloat16>(a, sms, s);
-}
 
 extern "C" int64_t onnxfuse_cuda_swiglu_scratch_bytes(int dtype, int64_t m, int64_t n) {
   if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || m < 0 || n < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
@@ -844,7 +603,6 @@ int64_t LoRASwiGLUCublasBytes(int dtype, int64_t m, int64_t n) {
   return ONNXFUSE_CUBLASLT_WORKSPACE_BYTES + m * n * (dtype == ONNXFUSE_FP32 ? 4 : 2);
 }
 int64_t RoundUp256(int64_t v) { return (v + 255) / 256 * 256; }
-
 }  // namespace
 
 namespace {
@@ -901,10 +659,6 @@ int LoRASwiGLUTriton(int dtype, int act, const void* x, const void* w_gate, cons
     void* workspace = static_cast<char*>(scratch) + 2 * part;
     void* up = static_cast<char*>(workspace) + ONNXFUSE_CUBLASLT_WORKSPACE_BYTES;
     if ((err = onnxfuse_cuda_swiglu_gemms(dtype, x, w_gate, w_up, y, up, m, k, n, workspace, stream)) != 0) return err;
-    if (aligned && onnxfuse_cuda_lora_gate_pass_takes(dtype, n, r))  // 16-bit, ranks to 16: the CUDA pass
-      return onnxfuse_cuda_lora_gate_pass(
-          dtype, act, y, up, static_cast<const float*>(tg), static_cast<const float*>(tu), plan.split, b_gate, b_up, rg,
-          ru, scale_gate, scale_up, ad, static_cast<float*>(td), down.r, y, m, n, NumSMs(plan.device), stream);
     void* gate_args[] = {&y,
                          &up,
                          &tg,
