@@ -28,8 +28,10 @@
 #include <cstdint>
 
 #include "../onnxfuse/kernels/cuda/mma.h"
+#include "lora_gate_probe.cuh"
 
 namespace ock = onnxfuse::cuda_kernels;
+using lora_gate_probe::RankFragment, lora_gate_probe::Two, lora_gate_probe::Unpack;
 
 namespace {
 
@@ -38,28 +40,6 @@ constexpr int kWarps = 4, kRows = 16 * kWarps, kChunk = 64, kRank = 16, kCpr = k
 constexpr int kTileBytes = kRows * kChunk * 2, kBBytes = kRank * kChunk * 2, kABytes = kChunk * kRank * 2;
 constexpr int kStageBytes = 2 * kTileBytes + 2 * kBBytes + kABytes;
 
-template <typename T>
-struct Pack;
-template <>
-struct Pack<__half> {
-  static __device__ __forceinline__ uint32_t Two(float a, float b) {
-    __half2 h = __floats2half2_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-  static __device__ __forceinline__ float2 Unpack(uint32_t w) {
-    return __half22float2(*reinterpret_cast<__half2*>(&w));
-  }
-};
-template <>
-struct Pack<__nv_bfloat16> {
-  static __device__ __forceinline__ uint32_t Two(float a, float b) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-  static __device__ __forceinline__ float2 Unpack(uint32_t w) {
-    return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&w));
-  }
-};
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
 __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src) {
@@ -84,22 +64,6 @@ __device__ __forceinline__ int Wide(int r, int c) { return r * (kChunk * 2) + ((
 // ... in ad's tile of 32-byte rows (2 chunks): chunk c ^ (r / 4 % 2), so rows r and r + 4 use other banks.
 __device__ __forceinline__ int Narrow(int r, int c) { return r * 32 + ((c ^ ((r >> 2) & 1)) << 4); }
 
-// T's A fragment for the warp's rows r0 (= row g) and r1 (= row g + 8): the S partials [S, M, 16] summed, scaled,
-// rounded (lora_gate_mma.cu's RankFragment).
-template <typename T>
-__device__ __forceinline__ void RankFragment(const float* __restrict__ tp, int s_count, int64_t m, int64_t r0,
-                                             int64_t r1, int t, float scale, uint32_t (&a)[4]) {
-  float v[8] = {};
-  for (int s = 0; s < s_count; ++s) {
-    const float* p = tp + int64_t(s) * m * kRank;
-    const float2 x0 = *reinterpret_cast<const float2*>(p + r0 * kRank + 2 * t);
-    const float2 x1 = *reinterpret_cast<const float2*>(p + r1 * kRank + 2 * t);
-    const float2 x2 = *reinterpret_cast<const float2*>(p + r0 * kRank + 2 * t + 8);
-    const float2 x3 = *reinterpret_cast<const float2*>(p + r1 * kRank + 2 * t + 8);
-    v[0] += x0.x, v[1] += x0.y, v[2] += x1.x, v[3] += x1.y, v[4] += x2.x, v[5] += x2.y, v[6] += x3.x, v[7] += x3.y;
-  }
-  for (int i = 0; i < 4; ++i) a[i] = Pack<T>::Two(scale * v[2 * i], scale * v[2 * i + 1]);
-}
 
 // One chunk's loads into a stage (every thread: 8 + 8 pieces of g and u, 2 + 2 of bg and bu, 2 of ad's rows).
 template <typename T>
@@ -180,10 +144,10 @@ __global__ void __launch_bounds__(kWarps * 32)
         ock::MmaSync<T>(dg, ag, bgf[2 * q], bgf[2 * q + 1]);
         ock::MmaSync<T>(du, au, buf[2 * q], buf[2 * q + 1]);
         for (int h = 0; h < 2; ++h) {  // rows g, g + 8
-          const float2 gg = Pack<T>::Unpack(gd[2 * q + h]), uu = Pack<T>::Unpack(ud[2 * q + h]);
+          const float2 gg = Unpack<T>(gd[2 * q + h]), uu = Unpack<T>(ud[2 * q + h]);
           const float g0 = gg.x + dg[2 * h], g1 = gg.y + dg[2 * h + 1];
           const float u0 = uu.x + du[2 * h], u1 = uu.y + du[2 * h + 1];
-          yw[q][h] = Pack<T>::Two(__fdividef(g0, 1.f + __expf(-g0)) * u0, __fdividef(g1, 1.f + __expf(-g1)) * u1);
+          yw[q][h] = Two<T>(__fdividef(g0, 1.f + __expf(-g0)) * u0, __fdividef(g1, 1.f + __expf(-g1)) * u1);
           const int r = warp * 16 + g + 8 * h;  // y over g's tile: row r, chunk 2p + q, bytes 4t
           asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(gs + Wide(r, 2 * p + q) + 4 * t), "r"(yw[q][h]));
         }

@@ -34,54 +34,18 @@
 #include <cstdint>
 
 #include "../onnxfuse/kernels/cuda/mma.h"
+#include "lora_gate_probe.cuh"
 
 namespace ock = onnxfuse::cuda_kernels;
+using lora_gate_probe::RankFragment, lora_gate_probe::Two, lora_gate_probe::Unpack;
 
 namespace {
 
 constexpr int kWarps = 4, kRows = 16 * kWarps, kChunk = 64, kRank = 16;
 
-template <typename T>
-struct Pack;
-template <>
-struct Pack<__half> {
-  static __device__ __forceinline__ uint32_t Two(float a, float b) {
-    __half2 h = __floats2half2_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-  static __device__ __forceinline__ float2 Unpack(uint32_t w) {
-    return __half22float2(*reinterpret_cast<__half2*>(&w));
-  }
-};
-template <>
-struct Pack<__nv_bfloat16> {
-  static __device__ __forceinline__ uint32_t Two(float a, float b) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-  static __device__ __forceinline__ float2 Unpack(uint32_t w) {
-    return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&w));
-  }
-};
 
 // ColOf(j, t, q) = 32 (j / 4) + 8t + 2 (j % 4) + q: the chunk's column of mma block j's local column 2t + q.
 
-// T's A fragment for the warp's rows r0 (= row g) and r1 (= row g + 8): sum of the S partials [S, M, 16], scaled,
-// rounded.
-template <typename T>
-__device__ __forceinline__ void RankFragment(const float* __restrict__ tp, int s_count, int64_t m, int64_t r0,
-                                             int64_t r1, int t, float scale, uint32_t* a) {
-  float v[8] = {};
-  for (int s = 0; s < s_count; ++s) {
-    const float* p = tp + int64_t(s) * m * kRank;
-    const float2 x0 = *reinterpret_cast<const float2*>(p + r0 * kRank + 2 * t);
-    const float2 x1 = *reinterpret_cast<const float2*>(p + r1 * kRank + 2 * t);
-    const float2 x2 = *reinterpret_cast<const float2*>(p + r0 * kRank + 2 * t + 8);
-    const float2 x3 = *reinterpret_cast<const float2*>(p + r1 * kRank + 2 * t + 8);
-    v[0] += x0.x, v[1] += x0.y, v[2] += x1.x, v[3] += x1.y, v[4] += x2.x, v[5] += x2.y, v[6] += x3.x, v[7] += x3.y;
-  }
-  for (int i = 0; i < 4; ++i) a[i] = Pack<T>::Two(scale * v[2 * i], scale * v[2 * i + 1]);
-}
 
 // Stage the chunk's [16, 64] tiles of bg and bu (rows: rank, row-major, ld n) as B fragments: word [j][half][g][t] =
 // (b[2t + 8 half][col], b[2t + 1 + 8 half][col]), col = ColOf(j, g >> 1, g & 1). One task a thread: a row pair and
@@ -100,8 +64,8 @@ __device__ __forceinline__ void StageB2(const T* __restrict__ bg, const T* __res
     const int t = kp & 3, half = kp >> 2;
     for (int e = 0; e < 8; ++e) {
       const int j = 4 * (cg >> 2) + (e >> 1), g = 2 * (cg & 3) + (e & 1);
-      const float2 lo = Pack<T>::Unpack(w0[e >> 1]), hi = Pack<T>::Unpack(w1[e >> 1]);
-      s[((j * 2 + half) * 8 + g) * 4 + t] = Pack<T>::Two((e & 1) ? lo.y : lo.x, (e & 1) ? hi.y : hi.x);
+      const float2 lo = Unpack<T>(w0[e >> 1]), hi = Unpack<T>(w1[e >> 1]);
+      s[((j * 2 + half) * 8 + g) * 4 + t] = Two<T>((e & 1) ? lo.y : lo.x, (e & 1) ? hi.y : hi.x);
     }
   }
 }
@@ -121,7 +85,7 @@ __device__ __forceinline__ void StageA(const T* __restrict__ ad, int64_t c0, uin
     const int j = 4 * (c >> 5) + ((c & 7) >> 1), t = (c & 31) >> 3, kk = j >> 1, half = j & 1;
     for (int rank = 0; rank < kRank; ++rank) {
       const int nb = rank >> 3, g = rank & 7;
-      s[(((kk * 2 + nb) * 2 + half) * 8 + g) * 4 + t] = Pack<T>::Two(float(a0[rank]), float(a1[rank]));
+      s[(((kk * 2 + nb) * 2 + half) * 8 + g) * 4 + t] = Two<T>(float(a0[rank]), float(a1[rank]));
     }
   }
 }
@@ -175,11 +139,11 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
       const int h = j >> 2, word = j & 3;  // block j's pair (2t, 2t + 1) is word j % 4 of half j / 4
       for (int rr = 0; rr < 2; ++rr) {
-        const float2 gg = Pack<T>::Unpack(reinterpret_cast<const uint32_t*>(&gv[rr][h])[word]);
-        const float2 uu = Pack<T>::Unpack(reinterpret_cast<const uint32_t*>(&uv[rr][h])[word]);
+        const float2 gg = Unpack<T>(reinterpret_cast<const uint32_t*>(&gv[rr][h])[word]);
+        const float2 uu = Unpack<T>(reinterpret_cast<const uint32_t*>(&uv[rr][h])[word]);
         const float g0 = gg.x + dg[2 * rr], g1 = gg.y + dg[2 * rr + 1];
         const float u0 = uu.x + du[2 * rr], u1 = uu.y + du[2 * rr + 1];
-        hw[rr][h][word] = Pack<T>::Two(g0 / (1.f + __expf(-g0)) * u0, g1 / (1.f + __expf(-g1)) * u1);
+        hw[rr][h][word] = Two<T>(g0 / (1.f + __expf(-g0)) * u0, g1 / (1.f + __expf(-g1)) * u1);
       }
     }
     for (int rr = 0; rr < 2; ++rr) {
