@@ -31,7 +31,7 @@
 #include "lora_gate_probe.cuh"
 
 namespace ock = onnxfuse::cuda_kernels;
-using lora_gate_probe::RankFragment, lora_gate_probe::Two, lora_gate_probe::Unpack;
+using lora_gate_probe::AddDownSum, lora_gate_probe::RankFragment, lora_gate_probe::Two, lora_gate_probe::Unpack;
 
 namespace {
 
@@ -169,15 +169,7 @@ __global__ void __launch_bounds__(kWarps * 32)
             *reinterpret_cast<const uint4*>(stage + Wide(r, c));
     }
   }
-  if (rd > 0)
-    for (int nb = 0; nb < 2; ++nb)
-      for (int h = 0; h < 2; ++h) {
-        const int64_t row = wrow + g + 8 * h;
-        const int rank = nb * 8 + 2 * t;
-        if (row >= m) continue;
-        if (rank < rd) atomicAdd(td + row * kRank + rank, dsum[nb][2 * h]);
-        if (rank + 1 < rd) atomicAdd(td + row * kRank + rank + 1, dsum[nb][2 * h + 1]);
-      }
+  if (rd > 0) AddDownSum(td, dsum, wrow, g, t, m, rd);
 }
 
 

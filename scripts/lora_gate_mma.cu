@@ -37,7 +37,7 @@
 #include "lora_gate_probe.cuh"
 
 namespace ock = onnxfuse::cuda_kernels;
-using lora_gate_probe::RankFragment, lora_gate_probe::Two, lora_gate_probe::Unpack;
+using lora_gate_probe::AddDownSum, lora_gate_probe::RankFragment, lora_gate_probe::Two, lora_gate_probe::Unpack;
 
 namespace {
 
@@ -166,15 +166,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int rr = 0; rr < 2; ++rr)
         for (int h = 0; h < 2; ++h) gv[rr][h] = gn[rr][h], uv[rr][h] = un[rr][h];
   }
-  if (rd > 0 && !(skip & 4))
-    for (int nb = 0; nb < 2; ++nb)
-      for (int rr = 0; rr < 2; ++rr) {
-        const int64_t row = row0 + g + 8 * rr;
-        const int rank = nb * 8 + 2 * t;
-        if (row >= m) continue;
-        if (rank < rd) atomicAdd(td + row * kRank + rank, dsum[nb][2 * rr]);
-        if (rank + 1 < rd) atomicAdd(td + row * kRank + rank + 1, dsum[nb][2 * rr + 1]);
-      }
+  if (rd > 0 && !(skip & 4)) AddDownSum(td, dsum, row0, g, t, m, rd);
 }
 
 }  // namespace

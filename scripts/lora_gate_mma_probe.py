@@ -75,12 +75,12 @@ def main(argv=None) -> int:
     S = args.partials
     entry = getattr(lib, args.entry)
     entry.restype = ctypes.c_int
-    entry.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                  ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_float,
-                                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
-                                  ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    entry.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                      ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_float, ctypes.c_void_p,
+                      ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
+                      ctypes.c_void_p, ctypes.c_int]
     dev, dt = "cuda", torch.float16
-    print(f"lora_gate in CUDA (mma fragments) on {torch.cuda.get_device_name()}: {M} x {I}, rank {R}, {S} partials, "
+    print(f"lora_gate in CUDA ({args.entry}) on {torch.cuda.get_device_name()}: {M} x {I}, rank {R}, {S} partials, "
           f"fp16; us per launch (CUDA graph of 20, {args.reps} replays, median of {args.rounds} rounds)")
     ins = gate_inputs(S, dev, dt)
     g, u, tg, tu, bg, bu, ad, y_ref, td_ref = ins
@@ -90,9 +90,9 @@ def main(argv=None) -> int:
 
     def cuda_gate(y, td, rd, chunks, skip=0):
         def run():
-            err = entry(1, g.data_ptr(), u.data_ptr(), tg.data_ptr(), tu.data_ptr(), S, bg.data_ptr(),
-                                    bu.data_ptr(), SG, SU, ad.data_ptr(), td.data_ptr(), rd, y.data_ptr(), M, I,
-                                    chunks, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), skip)
+            err = entry(1, g.data_ptr(), u.data_ptr(), tg.data_ptr(), tu.data_ptr(), S, bg.data_ptr(), bu.data_ptr(),
+                        SG, SU, ad.data_ptr(), td.data_ptr(), rd, y.data_ptr(), M, I, chunks,
+                        ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), skip)
             assert err == 0, err
         return run
 

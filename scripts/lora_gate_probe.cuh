@@ -1,5 +1,6 @@
 // What the CUDA lora_gate probes (scripts/lora_gate_mma.cu, scripts/lora_gate_ldm.cu) share: packing two fp32 values
-// into the 32-bit word of a 16-bit pair and back, and T's mma A fragment from phase 1's fp32 partials.
+// into the 32-bit word of a 16-bit pair and back, T's mma A fragment from phase 1's fp32 partials, and the down sum's
+// atomics.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -45,6 +46,20 @@ __device__ __forceinline__ void RankFragment(const float* __restrict__ tp, int s
     v[0] += x0.x, v[1] += x0.y, v[2] += x1.x, v[3] += x1.y, v[4] += x2.x, v[5] += x2.y, v[6] += x3.x, v[7] += x3.y;
   }
   for (int i = 0; i < 4; ++i) a[i] = Two<T>(scale * v[2 * i], scale * v[2 * i + 1]);
+}
+
+// The warp's down sum (the C fragments dsum[rank block][4] of y @ A_down, rows row0 + g and row0 + g + 8) added to
+// td [m, 16] fp32 with atomics, ranks past rd and rows past m left out.
+__device__ __forceinline__ void AddDownSum(float* __restrict__ td, const float (&dsum)[2][4], int64_t row0, int g,
+                                           int t, int64_t m, int rd) {
+  for (int nb = 0; nb < 2; ++nb)
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = row0 + g + 8 * h;
+      const int rank = nb * 8 + 2 * t;
+      if (row >= m) continue;
+      if (rank < rd) atomicAdd(td + row * 16 + rank, dsum[nb][2 * h]);
+      if (rank + 1 < rd) atomicAdd(td + row * 16 + rank + 1, dsum[nb][2 * h + 1]);
+    }
 }
 
 }  // namespace lora_gate_probe
