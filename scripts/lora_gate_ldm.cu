@@ -19,8 +19,9 @@
 //
 // Measured (H100, 2048 x 11008, rank 16, 4 partials; benchmarks/results/h100-2026-11-27/lora/lora-gate-ldm-probe.txt):
 // with 128-column chunks (44 KB stages, 8 warps an SM) 72.3-78.0 us, bound by its instructions' latency; with 64-column
-// chunks (up to 5 blocks an SM) 55.0 us at 10 column ranges (320 blocks) against Triton's lora_gate's 73.0 and the plain
-// pass's 46.6 (+8.4 instead of +26.4), the down sum costing 0.7. The library's form: cuda/swiglu.cu gate_pass.
+// chunks (up to 5 blocks an SM) 55.0 us at 10 column ranges (320 blocks) against Triton's lora_gate's 73.0 and the
+// plain pass's 46.6 (+8.4 instead of +26.4), the down sum costing 0.7. The library's form: cuda/lora_gate_pass.h (its
+// pieces in lora_gate_frag.h, which this probe includes).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -28,49 +29,34 @@
 #include <cstdint>
 
 #include "../onnxfuse/kernels/cuda/mma.h"
-#include "lora_gate_probe.cuh"
+#include "../onnxfuse/kernels/cuda/lora_gate_frag.h"
 
 namespace ock = onnxfuse::cuda_kernels;
-using lora_gate_probe::AddDownSum, lora_gate_probe::RankFragment, lora_gate_probe::Two, lora_gate_probe::Unpack;
+using onnxfuse::cuda_kernels::gate_pass::AddDownSum, onnxfuse::cuda_kernels::gate_pass::RankFragment,
+    onnxfuse::cuda_kernels::gate_pass::Two, onnxfuse::cuda_kernels::gate_pass::Unpack;
+using onnxfuse::cuda_kernels::gate_pass::CpAsync16, onnxfuse::cuda_kernels::gate_pass::Ldm4,
+    onnxfuse::cuda_kernels::gate_pass::Ldm4T, onnxfuse::cuda_kernels::gate_pass::SmemAddr;
+// the library pass's geometry (64-row blocks of 4 warps, 64-column chunks) and swizzled tile offsets
+using onnxfuse::cuda_kernels::gate_pass::kABytes, onnxfuse::cuda_kernels::gate_pass::kBBytes,
+    onnxfuse::cuda_kernels::gate_pass::kChunk, onnxfuse::cuda_kernels::gate_pass::kCpr,
+    onnxfuse::cuda_kernels::gate_pass::kRank, onnxfuse::cuda_kernels::gate_pass::kRows,
+    onnxfuse::cuda_kernels::gate_pass::kStageBytes, onnxfuse::cuda_kernels::gate_pass::kTileBytes,
+    onnxfuse::cuda_kernels::gate_pass::kWarps, onnxfuse::cuda_kernels::gate_pass::Narrow,
+    onnxfuse::cuda_kernels::gate_pass::Wide;
 
 namespace {
 
-constexpr int kWarps = 4, kRows = 16 * kWarps, kChunk = 64, kRank = 16, kCpr = kChunk / 8;  // kCpr: 16-byte chunks a row
-// one stage, bytes: g, u (64 rows x 128 B), bg, bu (16 x 128 B), ad's rows (64 x 32 B)
-constexpr int kTileBytes = kRows * kChunk * 2, kBBytes = kRank * kChunk * 2, kABytes = kChunk * kRank * 2;
-constexpr int kStageBytes = 2 * kTileBytes + 2 * kBBytes + kABytes;
-
-
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
-__device__ __forceinline__ void CpAsyncWait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-__device__ __forceinline__ void Ldm4(uint32_t addr, uint32_t (&d)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-               : "r"(addr));
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
-__device__ __forceinline__ void Ldm4T(uint32_t addr, uint32_t (&d)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-               : "r"(addr));
-}
-
-// Byte offset of 16-byte chunk c of row r in a tile of kChunk-column rows (g, u, bg, bu), swizzled: c ^ (r % 8).
-__device__ __forceinline__ int Wide(int r, int c) { return r * (kChunk * 2) + ((c ^ (r & 7)) << 4); }
-// ... in ad's tile of 32-byte rows (2 chunks): chunk c ^ (r / 4 % 2), so rows r and r + 4 use other banks.
-__device__ __forceinline__ int Narrow(int r, int c) { return r * 32 + ((c ^ ((r >> 2) & 1)) << 4); }
-
 
 // One chunk's loads into a stage (every thread: 8 + 8 pieces of g and u, 2 + 2 of bg and bu, 2 of ad's rows).
 template <typename T>
 __device__ __forceinline__ void IssueChunk(char* stage, const T* __restrict__ gp, const T* __restrict__ up,
-                                           const T* __restrict__ bg, const T* __restrict__ bu,
-                                           const T* __restrict__ ad, int rd, int64_t row0, int64_t m, int64_t n,
-                                           int64_t c0) {
+                                           const T* __restrict__ bg, const T* __restrict__ bu, const T* __restrict__ ad,
+                                           int rd, int64_t row0, int64_t m, int64_t n, int64_t c0) {
   const uint32_t base = SmemAddr(stage);
   for (int i = 0; i < kRows * kCpr / 128; ++i) {
     const int p = threadIdx.x + i * 128, r = p / kCpr, c = p % kCpr;
@@ -108,7 +94,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int count = int(int64_t(blockIdx.x + 1) * total / gridDim.x) - first;
   if (count <= 0) return;
   for (int c = 0; c < STAGES - 1; ++c) {  // chunks 0 .. STAGES - 2 in flight
-    if (c < count) IssueChunk<T>(smem + c * kStageBytes, gp, up, bg, bu, ad, rd, row0, m, n, int64_t(first + c) * kChunk);
+    if (c < count)
+      IssueChunk<T>(smem + c * kStageBytes, gp, up, bg, bu, ad, rd, row0, m, n, int64_t(first + c) * kChunk);
     CpAsyncCommit();
   }
   uint32_t ag[4], au[4];
@@ -172,7 +159,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (rd > 0) AddDownSum(td, dsum, wrow, g, t, m, rd);
 }
 
-
 template <typename T, int STAGES>
 int Launch(const void* g, const void* u, const float* tg, const float* tu, int s_count, const void* bg, const void* bu,
            float sg, float su, const void* ad, float* td, int rd, void* y, int64_t m, int64_t n, int splits,
@@ -193,10 +179,14 @@ int LaunchStages(int stages, const void* g, const void* u, const float* tg, cons
                  const void* bg, const void* bu, float sg, float su, const void* ad, float* td, int rd, void* y,
                  int64_t m, int64_t n, int splits, cudaStream_t s) {
   switch (stages) {
-    case 2: return Launch<T, 2>(g, u, tg, tu, s_count, bg, bu, sg, su, ad, td, rd, y, m, n, splits, s);
-    case 3: return Launch<T, 3>(g, u, tg, tu, s_count, bg, bu, sg, su, ad, td, rd, y, m, n, splits, s);
-    case 4: return Launch<T, 4>(g, u, tg, tu, s_count, bg, bu, sg, su, ad, td, rd, y, m, n, splits, s);
-    default: return int(cudaErrorInvalidValue);
+    case 2:
+      return Launch<T, 2>(g, u, tg, tu, s_count, bg, bu, sg, su, ad, td, rd, y, m, n, splits, s);
+    case 3:
+      return Launch<T, 3>(g, u, tg, tu, s_count, bg, bu, sg, su, ad, td, rd, y, m, n, splits, s);
+    case 4:
+      return Launch<T, 4>(g, u, tg, tu, s_count, bg, bu, sg, su, ad, td, rd, y, m, n, splits, s);
+    default:
+      return int(cudaErrorInvalidValue);
   }
 }
 
@@ -213,7 +203,8 @@ extern "C" int lora_gate_ldm(int dtype, const void* g, const void* u, const floa
     return int(cudaErrorInvalidValue);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (stages == 0) stages = 2;
-  return dtype == 1 ? LaunchStages<__half>(stages, g, u, tg, tu, s_count, bg, bu, sg, su, ad, td, rd, y, m, n, splits, s)
-                    : LaunchStages<__nv_bfloat16>(stages, g, u, tg, tu, s_count, bg, bu, sg, su, ad, td, rd, y, m, n,
-                                                  splits, s);
+  return dtype == 1
+             ? LaunchStages<__half>(stages, g, u, tg, tu, s_count, bg, bu, sg, su, ad, td, rd, y, m, n, splits, s)
+             : LaunchStages<__nv_bfloat16>(stages, g, u, tg, tu, s_count, bg, bu, sg, su, ad, td, rd, y, m, n, splits,
+                                           s);
 }

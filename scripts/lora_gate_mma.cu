@@ -34,18 +34,18 @@
 #include <cstdint>
 
 #include "../onnxfuse/kernels/cuda/mma.h"
-#include "lora_gate_probe.cuh"
+#include "../onnxfuse/kernels/cuda/lora_gate_frag.h"
 
 namespace ock = onnxfuse::cuda_kernels;
-using lora_gate_probe::AddDownSum, lora_gate_probe::RankFragment, lora_gate_probe::Two, lora_gate_probe::Unpack;
+using onnxfuse::cuda_kernels::gate_pass::AddDownSum, onnxfuse::cuda_kernels::gate_pass::RankFragment,
+    onnxfuse::cuda_kernels::gate_pass::Two, onnxfuse::cuda_kernels::gate_pass::Unpack;
 
 namespace {
 
-constexpr int kWarps = 4, kRows = 16 * kWarps, kChunk = 64, kRank = 16;
-
+using onnxfuse::cuda_kernels::gate_pass::kRank;
+constexpr int kWarps = 4, kRows = 16 * kWarps, kChunk = 64;
 
 // ColOf(j, t, q) = 32 (j / 4) + 8t + 2 (j % 4) + q: the chunk's column of mma block j's local column 2t + q.
-
 
 // Stage the chunk's [16, 64] tiles of bg and bu (rows: rank, row-major, ld n) as B fragments: word [j][half][g][t] =
 // (b[2t + 8 half][col], b[2t + 1 + 8 half][col]), col = ColOf(j, g >> 1, g & 1). One task a thread: a row pair and

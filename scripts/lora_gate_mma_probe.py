@@ -12,8 +12,10 @@ torch and triton, and the .cu built as a shared library (nvcc, no onnxruntime):
     python scripts/lora_gate_mma_probe.py /tmp/lora_gate_mma.so [--rounds 9] [--reps 20] [--chunks 1,2,4,8]
                                           [--partials 4] [--skips 1,2,4,8,16,31]
 
---skips: timing-only runs of the CUDA pass (first --chunks count, folded) with parts left out (the .cu's `skip` bits);
---partials: phase 1's partials summed in the pass (the Triton pass's too).
+--skips: timing-only runs of the CUDA pass (first --chunks count, folded) with parts left out (the .cu's `skip` bits;
+lora_gate_ldm: its pipeline's stages; lora_gate_lib: the activation's code); --partials: phase 1's partials summed in
+the pass (the Triton pass's too). The library's own pass (scripts/lora_gate_lib.cu, nvcc with -I for the generated
+onnxfuse_ops.h, onnxfuse/kernels and onnxfuse/kernels/cuda) times with --entry lora_gate_lib.
 """
 from __future__ import annotations
 
@@ -64,8 +66,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--chunks", default="1,2,4,8")
     ap.add_argument("--entry", default="lora_gate_mma", help="the library's function: lora_gate_mma (the mma "
-                    "fragments form; --chunks: chunks a block) or lora_gate_ldm (scripts/lora_gate_ldm.cu; --chunks: "
-                    "blocks across the columns)")
+                    "fragments form; --chunks: chunks a block), lora_gate_ldm (scripts/lora_gate_ldm.cu; --chunks: "
+                    "blocks across the columns) or lora_gate_lib (scripts/lora_gate_lib.cu: onnxfuse's own gate pass, "
+                    "cuda/lora_gate_pass.h; --chunks as lora_gate_ldm's, 0 the library's choice)")
     ap.add_argument("--partials", type=int, default=4, help="phase 1's fp32 partials summed in the pass")
     ap.add_argument("--skips", default="", help="SKIP,...: timing-only runs at the first --chunks count leaving parts "
                     "out (bits: 1 the partials' loads, 2 the B/A staging, 4 the down sum's atomics, 8 the rank "

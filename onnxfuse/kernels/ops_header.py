@@ -238,7 +238,8 @@ def render() -> str:
     add(f"inline constexpr int64_t kLoraSwigluCublasMinM = {int(table.LORA_SWIGLU_CUBLAS[0])};")
     add(f"inline constexpr int64_t kLoraSwigluCublasMinK = {int(table.LORA_SWIGLU_CUBLAS[1])};")
     add(f"inline constexpr int64_t kLoraGateMaxSplit = {int(table.LORA_GATE_MAX_SPLIT)};  // phase 1's K slices there")
-    add("// LoRALinear's and LoRASwiGLU's main kernels are phase 1's programmatic dependents to these rows (table.py).")
+    add("// To these rows the LoRA ops' main kernels (table.py PDL_DEPENDENTS: LoRALinear's, LoRASwiGLU's and their")
+    add("// mixed-adapter forms') are phase 1's programmatic dependents.")
     add(f"inline constexpr int64_t kLoraPdlMaxM = {int(table.LORA_PDL_MAX_M)};")
     add(f"inline constexpr int64_t kLoraPdlMaxSplit = {int(table.LORA_PDL_MAX_SPLIT)};  // LoRASwiGLU's phase 1 there")
     add(f"inline constexpr int64_t kMultiLoraPdlMaxSplit = {int(table.MULTI_LORA_PDL_MAX_SPLIT)};"

@@ -348,12 +348,14 @@ def doctor_entry(entry) -> tuple[dict, dict, tuple]:
 # Doctor shapes: every gate activation on each of these, silu on the size classes' shapes (_family.py).
 _SHAPES = [(1, 256, 688, 0), (37, 129, 67, 0), (200, 1024, 512, 0)]
 # LoRASwiGLU (M, K, N, r_gate, r_up, activation): decode and prefill rows, odd shapes and ranks (7, 5), two ranks,
-# rank 64 (the largest), every activation once; the size classes' shapes at rank 16; and two shapes from
-# triton/table.py LORA_SWIGLU_CUBLAS's rows and K up (the Triton launcher's cuBLASLt GEMMs and lora_gate pass), one
-# aligned, one with ragged rows and N.
+# rank 64 (the largest), every activation once; the size classes' shapes at rank 16; and three shapes from
+# triton/table.py LORA_SWIGLU_CUBLAS's rows and K up (the Triton launcher's cuBLASLt GEMMs, then the CUDA gate pass
+# for 16-bit types, ranks to 16 and N a multiple of 64, else Triton's lora_gate): two aligned (one with ragged rows,
+# rank 8 on the gate and another activation), one with ragged rows and N.
 _LORA_SHAPES = ([(1, 256, 688, 16, 16, "silu"), (37, 129, 67, 7, 5, "gelu"), (200, 512, 512, 16, 64, "silu"),
                  (*DOCTOR_MEDIUM, 16, 16, "silu"), (*DOCTOR_LARGE, 16, 16, "silu"), (16, 256, 688, 8, 16, "silu"),
-                 (2048, 2048, 256, 16, 8, "silu"), (2055, 2048, 200, 7, 16, "gelu_tanh")]
+                 (2048, 2048, 256, 16, 8, "silu"), (2050, 2048, 320, 8, 16, "gelu"),
+                 (2055, 2048, 200, 7, 16, "gelu_tanh")]
                 + [(5, 96, 40, 8, 8, act) for act in GATE_ACTIVATIONS[2:]])
 FAMILY = OpFamily("swiglu", (
     OpDef(2, SWIGLU, reference, body, matmul_out_shape,
@@ -378,12 +380,14 @@ FAMILY = OpFamily("swiglu", (
           multi_lora_doctor_entry, overload_attr="activation", min_opset=15, int_inputs=("adapter_index",),
           doctor_inputs=multi_doctor_inputs, special_type_max=False),
     # LoRAGatedMLP (M, K, N, r_gate, r_up, r_down, activation): decode rows, 16 tokens (the PDL launch), odd shapes and
-    # three ranks, rank 64, the cuBLASLt path's rows and K (lora_gate's epilogue; one ragged), every activation once.
-    # Special rows as LoRASwiGLU's.
+    # three ranks, rank 64, the cuBLASLt path's rows and K (the gate pass's down sum: rank 16 and 8, one with ragged
+    # rows and another activation; and Triton's lora_gate on a ragged N), every activation once. Special rows as
+    # LoRASwiGLU's.
     OpDef(15, LORA_GATED_MLP, gated_reference, gated_body, matmul_out_shape,
           tuple([(1, 256, 688, 16, 16, 16, "silu"), (16, 256, 688, 8, 16, 16, "silu"), (37, 129, 67, 7, 5, 3, "gelu"),
                  (200, 512, 512, 16, 64, 32, "silu"), (*DOCTOR_MEDIUM, 16, 16, 16, "silu"),
-                 (2048, 2048, 256, 16, 8, 16, "silu"), (2055, 2048, 200, 7, 16, 5, "gelu_tanh")]
+                 (2048, 2048, 256, 16, 8, 16, "silu"), (2050, 2048, 320, 8, 16, 8, "gelu"),
+                 (2055, 2048, 200, 7, 16, 5, "gelu_tanh")]
                 + [(5, 96, 40, 8, 8, 8, act) for act in GATE_ACTIVATIONS[2:]]),
           gated_doctor_entry, overload_attr="activation", min_opset=LORA_MIN_OPSET, doctor_inputs=lora_doctor_inputs,
           special_type_max=False),

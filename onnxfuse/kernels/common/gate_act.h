@@ -62,6 +62,39 @@ ONNXFUSE_HOST_DEVICE float GateActivation(int act, float g) {
   }
 }
 
+#ifdef __CUDACC__
+// The activations as Triton's gated kernels compute them (triton/swiglu.py _gate_activation; their PTX): exp as
+// ex2.approx.f32 of g * log2(e), division as div.full.f32 (2 ulp, full range), gelu_tanh through
+// 0.5 (1 + tanh(u)) = sigmoid(2u), gelu by the accurate erff (libdevice's erf there). For a CUDA kernel that stands in
+// for one of them (cuda/lora_gate_pass.h) and must cost what it does: the accurate forms above take an expf's range
+// reduction and an IEEE division per element, which a pass bound by its instructions' latency pays for.
+__device__ __forceinline__ float GateExpFast(float z) {
+  float r;
+  asm("ex2.approx.f32 %0, %1;" : "=f"(r) : "f"(z * 1.4426950408889634f));
+  return r;
+}
+__device__ __forceinline__ float GateDivFast(float a, float b) {
+  float r;
+  asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+template <int A>
+__device__ __forceinline__ float GateActFast(float g) {
+  if constexpr (A == ONNXFUSE_GATE_SILU) {
+    return GateDivFast(g, 1.0f + GateExpFast(-g));
+  } else if constexpr (A == ONNXFUSE_GATE_GELU_TANH) {
+    const float beta = 0.79788456080286535588f;  // sqrt(2 / pi)
+    return GateDivFast(g, 1.0f + GateExpFast(-2.0f * beta * (g + ONNXFUSE_GELU_TANH_COEFF * g * g * g)));
+  } else if constexpr (A == ONNXFUSE_GATE_QUICK_GELU) {
+    return GateDivFast(g, 1.0f + GateExpFast(-ONNXFUSE_QUICK_GELU_ALPHA * g));
+  } else if constexpr (A == ONNXFUSE_GATE_SIGMOID) {
+    return GateDivFast(1.0f, 1.0f + GateExpFast(-g));
+  } else {
+    return GateAct<A>(g);  // gelu (erff), relu
+  }
+}
+#endif
+
 inline bool ValidGateActivation(int act) { return act >= 0 && act < ONNXFUSE_NUM_GATE_ACTIVATIONS; }
 
 }  // namespace onnxfuse

@@ -16,6 +16,16 @@ int onnxfuse_cuda_swiglu(int dtype, int act, const void* x, const void* w_gate, 
 // launcher runs before its lora_gate pass from triton/table.py LORA_SWIGLU_CUBLAS's shapes.
 int onnxfuse_cuda_swiglu_gemms(int dtype, const void* x, const void* w_gate, const void* w_up, void* g, void* u,
                                int64_t m, int64_t k, int64_t n, void* workspace, void* stream);
+// LoRASwiGLU's cuBLASLt path (the Triton launcher below, from triton/table.py LORA_SWIGLU_CUBLAS's shapes): its gate
+// pass in CUDA (cuda/lora_gate_pass.h) for fp16/bf16, ranks to 16 and N a multiple of 64 (`_takes`: whether it
+// takes a dtype, N and the largest of the ranks), else Triton's lora_gate. y = act(g + sg Tg @ Bg) * (u + su Tu @ Bu)
+// over [m, n] (y may be g), tg/tu phase 1's partials [split, m, 16] fp32, A_down [n, rd] and its fp32 sum td [m, 16]
+// added to (rd 0: none); 16-byte aligned buffers; sms: the device's SM count.
+int onnxfuse_cuda_lora_gate_pass_takes(int dtype, int64_t n, int64_t r);
+int onnxfuse_cuda_lora_gate_pass(int dtype, int act, const void* g, const void* u, const float* tg, const float* tu,
+                                 int64_t split, const void* bg, const void* bu, int64_t rg, int64_t ru, float sg,
+                                 float su, const void* ad, float* td, int64_t rd, void* y, int64_t m, int64_t n,
+                                 int sms, void* stream);
 // The Triton launcher (the host half, Triton builds only: cuda/ops_cuda.h's Dispatch calls it only there).
 int onnxfuse_triton_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up, void* y, int64_t m,
                            int64_t k, int64_t n, void* stream);
@@ -29,7 +39,8 @@ int onnxfuse_cuda_lora_swiglu(int dtype, int act, const void* x, const void* w_g
                               int64_t ru, void* scratch, int64_t scratch_bytes, void* stream);
 // Its Triton launcher: lora_linear.py's X @ A phase for both adapters (one launch) into fp32 partials, then one kernel
 // with SwiGLU's main loop and both rank-r terms before the activation (triton/swiglu.py); from triton/table.py
-// LORA_SWIGLU_CUBLAS's rows and K, the two base GEMMs on cuBLASLt and one lora_gate pass instead of that kernel.
+// LORA_SWIGLU_CUBLAS's rows and K, the two base GEMMs on cuBLASLt and one gate pass instead of that kernel (the CUDA
+// one where it takes the shape, else Triton's lora_gate).
 int64_t onnxfuse_triton_lora_swiglu_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t rg, int64_t ru);
 int onnxfuse_triton_lora_swiglu(int dtype, int act, const void* x, const void* w_gate, const void* w_up,
                                 const void* a_gate, const void* b_gate, const void* a_up, const void* b_up,
@@ -106,6 +117,7 @@ int onnxfuse_triton_multi_lora_gated_mlp(int dtype, int act, const void* x, cons
 // [M, N] and writes one.
 #include "common/gate_act.h"
 #include "gemm.h"
+#include "lora_gate_pass.h"
 
 namespace ock = onnxfuse::cuda_kernels;
 
@@ -141,6 +153,19 @@ int GatePass(T* y, const T* up, int64_t count, int act, cudaStream_t s) {
   return ock::LaunchElementwise(count, GateTimesUp<T, 1>{y, up, act}, s);
 }
 }  // namespace
+
+extern "C" int onnxfuse_cuda_lora_gate_pass_takes(int dtype, int64_t n, int64_t r) {
+  return ock::gate_pass::Takes(dtype, n, r);
+}
+
+extern "C" int onnxfuse_cuda_lora_gate_pass(int dtype, int act, const void* g, const void* u, const float* tg,
+                                            const float* tu, int64_t split, const void* bg, const void* bu, int64_t rg,
+                                            int64_t ru, float sg, float su, const void* ad, float* td, int64_t rd,
+                                            void* y, int64_t m, int64_t n, int sms, void* stream) {
+  if (split < 1 || split > (int64_t(1) << 30)) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  const ock::gate_pass::Args a{g, u, tg, tu, bg, bu, ad, td, y, m, n, int(split), int(rg), int(ru), int(rd), sg, su};
+  return ock::gate_pass::Run(dtype, act, a, sms, 0, static_cast<cudaStream_t>(stream));
+}
 
 extern "C" int64_t onnxfuse_cuda_swiglu_scratch_bytes(int dtype, int64_t m, int64_t n) {
   if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || m < 0 || n < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
@@ -653,12 +678,17 @@ int LoRASwiGLUTriton(int dtype, int act, const void* x, const void* w_gate, cons
                      &ZERO3, &scratch_global, &scratch_profile};
   if ((err = LaunchSpec(plan.xa, plan.xa_index, plan.device, grid_xa, xa_args, stream)) != 0) return err;
   if (on_cublas) {
-    // The base GEMMs on cuBLASLt (gate into Y, up into the scratch after the workspace), then lora_gate: Y = act(Y +
-    // sg Tg @ Bg) * (U + su Tu @ Bu), in place. (Phase 1 after the GEMMs as their programmatic dependent, and
-    // lora_gate as its, measured slower: triton/table.py LORA_PDL_MAX_M.)
+    // The base GEMMs on cuBLASLt (gate into Y, up into the scratch after the workspace), then the gate pass: Y =
+    // act(Y + sg Tg @ Bg) * (U + su Tu @ Bu), in place; in CUDA where it takes the shape, else Triton's lora_gate.
+    // (Phase 1 after the GEMMs as their programmatic dependent, and lora_gate as its, measured slower: triton/table.py
+    // LORA_PDL_MAX_M.)
     void* workspace = static_cast<char*>(scratch) + 2 * part;
     void* up = static_cast<char*>(workspace) + ONNXFUSE_CUBLASLT_WORKSPACE_BYTES;
     if ((err = onnxfuse_cuda_swiglu_gemms(dtype, x, w_gate, w_up, y, up, m, k, n, workspace, stream)) != 0) return err;
+    if (aligned && onnxfuse_cuda_lora_gate_pass_takes(dtype, n, r))  // 16-bit, ranks to 16: the CUDA pass
+      return onnxfuse_cuda_lora_gate_pass(
+          dtype, act, y, up, static_cast<const float*>(tg), static_cast<const float*>(tu), plan.split, b_gate, b_up, rg,
+          ru, scale_gate, scale_up, ad, static_cast<float*>(td), down.r, y, m, n, NumSMs(plan.device), stream);
     void* gate_args[] = {&y,
                          &up,
                          &tg,
