@@ -4,10 +4,12 @@ against its base MLP, say, where a bench run's variants, timed one after another
 more than the ratio's goal leaves. Each round times A then B; prints every round and the median of B / A.
 
     python3 scripts/ab_models.py A.fused.onnx B.fused.onnx [--backend auto] [--rounds 9] [--reps 300] [--out F.json]
-                                 [--adapters N]
+                                 [--adapters N] [--profile RUNS]
 
 --adapters N fills the int64 inputs (a mixed batch's adapter index per row) with 0, 1, ..., N-1, 0, ... (row i uses
-adapter i mod N, as the bench's multi-lora-mlp case does); without it they are zeros.
+adapter i mod N, as the bench's multi-lora-mlp case does); without it they are zeros. --profile RUNS: after the rounds,
+each model's RUNS replays back to back under torch.profiler: the window's wall time per run beside the GPU's busy time
+(any kernel running), its kernels' summed time and its top kernels, so idle gaps and slower kernels show apart.
 """
 from __future__ import annotations
 
@@ -47,6 +49,37 @@ def _bound(path: str, backend: str, adapters: int = 0):
     return sess, io, keep
 
 
+def _profiled(run, runs: int) -> dict:
+    """`runs` runs back to back under torch.profiler (CUPTI sees onnxruntime's and the library's kernels): per run, the
+    wall time of that window, the GPU's span from the first kernel's start to the last one's end, the time some kernel
+    ran (the union of their intervals: idle gaps excluded, overlaps counted once), the kernels' summed time, and the
+    kernels by summed time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(runs):
+            run()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                   if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA)
+    busy, end, by_name = 0.0, float("-inf"), {}
+    for start, stop, name in spans:
+        busy += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+        by_name[name] = by_name.get(name, 0.0) + (stop - start)
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
+    return {"runs": runs, "wall_us": round(wall / runs * 1e6, 2),
+            "gpu_span_us": round((spans[-1][1] - spans[0][0]) / runs, 2) if spans else None,
+            "busy_us": round(busy / runs, 2), "kernel_sum_us": round(sum(by_name.values()) / runs, 2),
+            "kernels_per_run": round(len(spans) / runs, 2),
+            "top_kernels": [{"name": n[:100], "us_per_run": round(t / runs, 2)} for n, t in top]}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("a")
@@ -56,6 +89,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=300)
     ap.add_argument("--out")
     ap.add_argument("--adapters", type=int, default=0, help="int64 inputs = row index mod N (a mixed batch)")
+    ap.add_argument("--profile", type=int, default=0, metavar="RUNS",
+                    help="then each model's kernels over RUNS replays (torch.profiler)")
     args = ap.parse_args(argv)
     import torch
 
@@ -89,6 +124,10 @@ def main(argv=None) -> int:
                "median_b_us": statistics.median(r["b"] for r in rows),
                "median_b_over_a": statistics.median(r["b_over_a"] for r in rows),
                "min_b_over_a": min(r["b_over_a"] for r in rows), "max_b_over_a": max(r["b_over_a"] for r in rows)}
+    if args.profile:
+        for k, (sess, io, _) in models.items():
+            summary[f"profile_{k}"] = _profiled(lambda sess=sess, io=io: sess.run_with_iobinding(io, opts),
+                                                args.profile)
     print(json.dumps(summary, indent=1))
     if args.out:
         with open(args.out, "w") as f:

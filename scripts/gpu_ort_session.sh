@@ -47,7 +47,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 LORA_OPS=LoRAGatedMLP,MultiLoRAGatedMLP,LoRASwiGLU,MultiLoRASwiGLU,LoRALinear,LoRALinearRelu,MultiLoRALinear
 # The bench's base and LoRA models (16 and 2048 tokens, the mixed batch with 8 adapters; PAIRS=16,2048,multi or a
 # part of it) round-robin by scripts/ab_models.py, ROUNDS rounds of 300 replays each; logs
-# $OUT/ab-<LoRA model><$1>.{json,log}.
+# $OUT/ab-<LoRA model><$1>.{json,log}. PROFILE=RUNS: each model's kernels over RUNS replays too (ab_models --profile).
 ab_pairs() {
   local suffix=$1 pair a b
   for pair in "llama-mlp-16 lora-mlp-16 0 16" "llama-mlp-2048 lora-mlp-2048 0 2048" \
@@ -56,7 +56,7 @@ ab_pairs() {
     case ",${PAIRS:-16,2048,multi}," in *",$4,"*) ;; *) continue ;; esac  # PAIRS: which of the three
     a=$(ls models/bench/$1-fp16-s0-*.fused.onnx | head -1)
     b=$(ls models/bench/$2-fp16-s0-*.fused.onnx | head -1)
-    python3 scripts/ab_models.py "$a" "$b" --rounds "${ROUNDS:-9}" --reps 300 --adapters "$3" \
+    python3 scripts/ab_models.py "$a" "$b" --rounds "${ROUNDS:-9}" --reps 300 --adapters "$3" ${PROFILE:+--profile "$PROFILE"} \
       --out "$OUT/ab-$2$suffix.json" > "$OUT/ab-$2$suffix.log" 2>&1
     echo "ab $2$suffix rc $?"; grep -E "median_b_over_a|min_b|max_b" "$OUT/ab-$2$suffix.log"
   done
