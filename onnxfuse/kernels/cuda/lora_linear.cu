@@ -83,6 +83,79 @@ extern "C" int onnxfuse_cuda_multi_lora_linear(int dtype, const void* x, const v
                             static_cast<cudaStream_t>(stream));
 }
 
+namespace {
+constexpr int kExpandThreads = 128, kExpandCols = 4, kExpandRows = 32, kExpandRank = 16;
+
+// Y[row, col..col+3] += sum_q Ts[row][q] * B[q, col..col+3] for kExpandRows rows a block: T's rows summed over the
+// partials, scaled and rounded to T into shared memory, this thread's four columns of B in fp32 registers (loaded once
+// a block), Y read and written 8 bytes a thread (a warp's 256 contiguous bytes). Memory bound: it reads and writes Y.
+template <typename T>
+__global__ void __launch_bounds__(kExpandThreads)
+    LoRAExpandKernel(const float* __restrict__ t, int64_t split, int64_t r_pad, int r, float scale,
+                     const T* __restrict__ b, T* __restrict__ y, int64_t m, int64_t n) {
+  __shared__ float ts[kExpandRows][kExpandRank];
+  const int64_t row0 = int64_t(blockIdx.y) * kExpandRows;
+  const int rows = int(m - row0 < kExpandRows ? m - row0 : kExpandRows);
+  for (int e = threadIdx.x; e < kExpandRows * kExpandRank; e += kExpandThreads) {
+    const int i = e / kExpandRank, q = e % kExpandRank;
+    float s = 0.f;
+    if (i < rows && q < r)
+      for (int64_t p = 0; p < split; ++p) s += t[(p * m + row0 + i) * r_pad + q];
+    ts[i][q] = ock::to_f(ock::from_f<T>(scale * s));
+  }
+  __syncthreads();
+  const int64_t col = (int64_t(blockIdx.x) * kExpandThreads + threadIdx.x) * kExpandCols;
+  if (col >= n) return;
+  using V = ock::Vec<T, kExpandCols>;
+  float bf[kExpandRank][kExpandCols];
+#pragma unroll
+  for (int q = 0; q < kExpandRank; ++q) {
+    const V v = q < r ? *reinterpret_cast<const V*>(b + q * n + col) : V{};
+#pragma unroll
+    for (int c = 0; c < kExpandCols; ++c) bf[q][c] = q < r ? ock::to_f(v.v[c]) : 0.f;
+  }
+  for (int i = 0; i < rows; ++i) {
+    V* yp = reinterpret_cast<V*>(y + (row0 + i) * n + col);
+    V v = *yp;
+    float acc[kExpandCols] = {};
+#pragma unroll
+    for (int q = 0; q < kExpandRank; ++q)
+#pragma unroll
+      for (int c = 0; c < kExpandCols; ++c) acc[c] += ts[i][q] * bf[q][c];
+#pragma unroll
+    for (int c = 0; c < kExpandCols; ++c) v.v[c] = ock::from_f<T>(ock::to_f(v.v[c]) + acc[c]);
+    *yp = v;
+  }
+}
+}  // namespace
+
+extern "C" int onnxfuse_cuda_lora_expand_takes(int dtype, int64_t n, int64_t r, const void* y, const void* b) {
+  return (dtype == ONNXFUSE_FP16 || dtype == ONNXFUSE_BF16) && r >= 1 && r <= kExpandRank && n > 0 &&
+         n % kExpandCols == 0 && reinterpret_cast<uintptr_t>(y) % 8 == 0 && reinterpret_cast<uintptr_t>(b) % 8 == 0;
+}
+
+extern "C" int onnxfuse_cuda_lora_main_expand(int dtype, const void* x, const void* w, const float* t, int64_t split,
+                                              int64_t r_pad, const void* b, const void* bias, float scale, void* y,
+                                              int64_t m, int64_t k, int64_t n, int64_t r, void* workspace,
+                                              void* stream) {
+  if (!ock::CheckCommon(dtype, x, y, m, k, n) || !onnxfuse_cuda_lora_expand_takes(dtype, n, r, y, b) || split < 1 ||
+      r_pad < r || t == nullptr || workspace == nullptr)
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (m == 0) return 0;
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  ock::GemmArgs g;  // Y = X @ W + bias
+  g.dtype = dtype, g.x = x, g.w = w, g.bias = bias, g.y = y, g.m = m, g.k = k, g.n = n;
+  if (int err = ock::Gemm(g, workspace, ONNXFUSE_CUBLASLT_WORKSPACE_BYTES, s)) return err;
+  const dim3 grid(unsigned((n + kExpandThreads * kExpandCols - 1) / (kExpandThreads * kExpandCols)),
+                  unsigned((m + kExpandRows - 1) / kExpandRows));
+  return ock::ByDtype(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    LoRAExpandKernel<T><<<grid, kExpandThreads, 0, s>>>(t, split, r_pad, int(r), scale, static_cast<const T*>(b),
+                                                        static_cast<T*>(y), m, n);
+    return int(cudaGetLastError());
+  });
+}
+
 #else  // the host half: the CUDA EP glue and the Triton launcher
 // LoRALinear and LoRALinearRelu on the CUDA EP: the kernel structs calling the nvcc half's
 // launcher or the Triton one (at the end of this file) through Dispatch (cuda/ops_cuda.h), and their registration.
