@@ -54,12 +54,6 @@ int64_t ElemBytes(int dtype);
 // Bytes rounded up to 256, so a buffer placed after it in one scratch block keeps cuBLASLt's preferred alignment.
 inline int64_t Align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// VEC elements of T as one aligned load or store (16 bytes: 8 fp16 / bf16 or 4 fp32).
-template <typename T, int VEC>
-struct alignas(sizeof(T) * VEC) Vec {
-  T v[VEC];
-};
-
 inline bool CheckCommon(int dtype, const void* x, const void* y, int64_t m, int64_t k, int64_t n) {
   if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || m < 0 || k < 0 || n < 0) return false;
   if (m > 0 && n > 0 && (y == nullptr || (k > 0 && x == nullptr))) return false;

@@ -102,14 +102,6 @@ int onnxfuse_triton_multi_lora_main(int dtype, const void* x, const void* w, con
                                     int64_t r_pad, const void* b, const void* bias, const void* scales,
                                     const int64_t* index, void* y, int64_t m, int64_t k, int64_t n, int64_t r,
                                     int64_t adapters, int64_t rows_per_index, void* stream);
-// LoRALinear's second phase as cuBLASLt's GEMM and a pass: Y = X @ W + bias on cuBLASLt (the workspace: `workspace`,
-// ONNXFUSE_CUBLASLT_WORKSPACE_BYTES), then Y += (scale * sum_s T[s]) @ B over Y in place, T [split, m, r_pad] fp32
-// (rounded to the element type after scaling, as lora_main rounds it). 16-bit types, r <= 16, n a multiple of 4, y and
-// b 8-byte aligned (`_takes`). LoRAGatedMLP's down projection on its cuBLASLt path (cuda/swiglu.cu).
-int onnxfuse_cuda_lora_expand_takes(int dtype, int64_t n, int64_t r, const void* y, const void* b);
-int onnxfuse_cuda_lora_main_expand(int dtype, const void* x, const void* w, const float* t, int64_t split,
-                                   int64_t r_pad, const void* b, const void* bias, float scale, void* y, int64_t m,
-                                   int64_t k, int64_t n, int64_t r, void* workspace, void* stream);
 
 // Human-readable text for any code the launchers return (static storage, never null).
 const char* onnxfuse_cuda_error_string(int code);

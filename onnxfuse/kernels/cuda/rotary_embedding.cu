@@ -41,17 +41,21 @@ int onnxfuse_triton_rotary_embedding(int dtype, const void* x, const void* cos, 
 
 #include <cstdint>
 
-#include "gemm.h"  // to_f / from_f, Vec
+#include "gemm.h"  // to_f / from_f
 
 namespace {
 
 using onnxfuse::cuda_kernels::from_f;
 using onnxfuse::cuda_kernels::to_f;
-using onnxfuse::cuda_kernels::Vec;
 
 struct RotaryArgs {
   int64_t rows, half, d1, d2;
   int64_t cs0, cs1, cs2, ss0, ss1, ss2;
+};
+
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Vec {
+  T v[VEC];
 };
 
 template <typename T, int VEC>

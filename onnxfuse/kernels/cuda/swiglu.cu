@@ -122,6 +122,11 @@ int onnxfuse_triton_multi_lora_gated_mlp(int dtype, int act, const void* x, cons
 namespace ock = onnxfuse::cuda_kernels;
 
 namespace {
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Vec {
+  T v[VEC];
+};
+
 // Element block i (VEC elements): y = act(y) * up.
 template <typename T, int VEC>
 struct GateTimesUp {
@@ -129,7 +134,7 @@ struct GateTimesUp {
   const T* up;
   int act;
   __device__ void operator()(int64_t i) const {
-    using V = ock::Vec<T, VEC>;
+    using V = Vec<T, VEC>;
     V g = reinterpret_cast<const V*>(y)[i];
     const V u = reinterpret_cast<const V*>(up)[i];
 #pragma unroll
@@ -819,11 +824,6 @@ extern "C" int onnxfuse_triton_lora_gated_mlp(int dtype, int act, const void* x,
   int err = LoRASwiGLUTriton(dtype, act, x, w_gate, w_up, a_gate, b_gate, a_up, b_up, scale_gate, scale_up, h, m, k, n,
                              rg, ru, DownXA{a_down, td, rd}, rest, l.rest, stream);
   if (err != 0) return err;
-  // On the gated kernels' cuBLASLt path the down projection too: cuBLASLt's GEMM, then the rank-r term as a pass over
-  // Y (the scratch after H and the sum, which the gated launch has finished with, holds its workspace).
-  if (LoRASwiGLUOnCublas(m, k) && onnxfuse_cuda_lora_expand_takes(dtype, k2, rd, y, b_down))
-    return onnxfuse_cuda_lora_main_expand(dtype, h, w_down, static_cast<const float*>(td), 1, RPad(r), b_down,
-                                          bias_down, scale_down, y, m, n, k2, rd, rest, stream);
   return onnxfuse_triton_lora_main(dtype, 0, h, w_down, td, 1, RPad(r), b_down, bias_down, scale_down, y, m, n, k2, rd,
                                    rest, l.rest, stream);
 }
