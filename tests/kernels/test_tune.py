@@ -108,6 +108,22 @@ def test_the_doctor_runs_every_tuned_config():
     assert set(tune.doctor_coverage(short_k)) == {"linear_act/large/tma", "lora_main/large/tma"}
 
 
+def test_the_doctor_reaches_both_gate_passes_of_the_cublas_path():
+    """From triton/table.py LORA_SWIGLU_CUBLAS's rows and K, LoRASwiGLU and LoRAGatedMLP run the CUDA gate pass where
+    it takes the shape (cuda/swiglu.cu: 16-byte rows, N a multiple of 64, every rank a multiple of 8 to 16) and
+    Triton's lora_gate elsewhere: the doctor's rows must reach both passes in both ops."""
+    from onnxfuse.kernels.build import aot_module
+    min_m, min_k = aot_module().TABLE.LORA_SWIGLU_CUBLAS
+
+    def cuda_pass(shape):
+        m, k, n, *ranks = [v for v in shape if isinstance(v, int)]
+        return k % 16 == 0 and n % 64 == 0 and all(r % 8 == 0 and r <= 16 for r in ranks)
+
+    for op in ("LoRASwiGLU", "LoRAGatedMLP"):
+        on_cublas = [s for s in doctor.DEFAULT_SHAPES[op] if s[0] >= min_m and s[1] >= min_k]
+        assert any(map(cuda_pass, on_cublas)) and not all(map(cuda_pass, on_cublas)), (op, on_cublas)
+
+
 def test_tune_cli_needs_an_output_and_a_gpu(tmp_path, capsys, monkeypatch):
     assert cli.main(["tune"]) == 2
     assert "-o FILE.json, or --into-package" in capsys.readouterr().err

@@ -617,9 +617,10 @@ bool LoRASwiGLUAligned(const void* const (&p)[7], const void* y, int64_t k, int6
   return Aligned16(y) && k % 16 == 0 && n % 16 == 0 && rg % 8 == 0 && ru % 8 == 0;  // 16-byte rows of A
 }
 
-// From triton/table.py LORA_SWIGLU_CUBLAS's rows and K up, the base GEMMs run on cuBLASLt and lora_gate adds the rank-r
-// terms and the activation; the scratch then also holds the cuBLASLt workspace and the up product [M, N], after the
-// two partials (each part 256-byte aligned).
+// From triton/table.py LORA_SWIGLU_CUBLAS's rows and K up, the base GEMMs run on cuBLASLt and the gate pass (CUDA's,
+// cuda/lora_gate_pass.h, where it takes the shape, else Triton's lora_gate) adds the rank-r terms and the activation;
+// the scratch then also holds the cuBLASLt workspace and the up product [M, N], after the two partials (each part
+// 256-byte aligned).
 bool LoRASwiGLUOnCublas(int64_t m, int64_t k) {
   return m >= ids::kLoraSwigluCublasMinM && k >= ids::kLoraSwigluCublasMinK;
 }
