@@ -1,10 +1,11 @@
 """Per-kernel GPU time of one onnxruntime-genai decode step, by kernel name, for each folder given (issues 27 and 28).
 
-A prompt of PROMPT tokens, then STEPS decode steps timed on the wall clock and STEPS more under torch.profiler
-(bench.harness.profile_kernels: CUDA activity, CUPTI sees onnxruntime's kernels in the same process), per step.
-No CUDA graph (genai's graph would hide the kernels from the profiler's names).
+A prompt of PROMPT tokens for each of BATCH sequences, then STEPS decode steps (a token for every sequence) timed on
+the wall clock and STEPS more under torch.profiler (bench.harness.profile_kernels: CUDA activity, CUPTI sees
+onnxruntime's kernels in the same process), per step. No CUDA graph (genai's graph would hide the kernels from the
+profiler's names; genai 0.18's graph mode refuses a batched prompt anyway).
 
-    python scripts/genai_decode_profile.py OUT.txt DIR [DIR ...] [--prompt 128] [--steps 16]
+    python scripts/genai_decode_profile.py OUT.txt DIR [DIR ...] [--prompt 128] [--steps 16] [--batch 1]
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 
-def profile_folder(folder: pathlib.Path, prompt: int, steps: int) -> tuple[float, dict]:
+def profile_folder(folder: pathlib.Path, prompt: int, steps: int, batch: int = 1) -> tuple[float, dict]:
     """(wall ms per decode step, bench.harness.profile_kernels' table of one step's kernels)."""
     from onnxfuse.bench.harness import Device, profile_kernels
     from onnxfuse.genai import folder as gf
@@ -26,11 +27,13 @@ def profile_folder(folder: pathlib.Path, prompt: int, steps: int) -> tuple[float
     og, model = load_model(folder, "cuda", False)
     config = gf.read_config(folder)
     vocab = int(config["model"]["vocab_size"])
-    ids = np.random.default_rng(0).integers(min(100, vocab // 2), vocab - 1, prompt).tolist()
+    rng = np.random.default_rng(0)
+    ids = rng.integers(min(100, vocab // 2), vocab - 1, prompt).tolist() if batch == 1 else \
+        rng.integers(min(100, vocab // 2), vocab - 1, (batch, prompt)).astype(np.int32)  # as genai/timing.py
     new_tokens = 2 * steps + 8  # the timed steps, profile_kernels' 3 warm-up steps and its profiled ones
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=kv_length(config, prompt + new_tokens), do_sample=False,
-                              min_length=prompt + new_tokens)
+                              min_length=prompt + new_tokens, batch_size=batch)
     gen = og.Generator(model, params)
     gen.append_tokens(ids)
     gen.get_logits()
@@ -54,10 +57,12 @@ def main(argv=None) -> int:
     ap.add_argument("folders", nargs="+", type=pathlib.Path)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=1, help="sequences decoded together (a decode step: one token each)")
     args = ap.parse_args(argv)
-    lines = [f"# {__doc__.splitlines()[0]}", f"# prompt {args.prompt} tokens, {args.steps} decode steps profiled"]
+    lines = [f"# {__doc__.splitlines()[0]}",
+             f"# batch {args.batch}, prompt {args.prompt} tokens, {args.steps} decode steps profiled"]
     for folder in args.folders:
-        wall, table = profile_folder(folder, args.prompt, args.steps)
+        wall, table = profile_folder(folder, args.prompt, args.steps, args.batch)
         total = table["gpu_kernel_us"]
         lines += ["", f"## {folder}: wall {wall:.3f} ms per step, GPU kernels {total / 1e3:.3f} ms per step",
                   f"{'us/step':>9} {'share':>6} {'calls':>5}  kernel"]

@@ -17,7 +17,8 @@
 # and 2048 tokens and the mixed batch beside their base MLPs, then each pair round-robin by scripts/ab_models.py,
 # ROUNDS rounds, default 9), lora-ab-libs (the same pairs by scripts/ab_models.py with two libraries in turn, twice:
 # .gpu/lib-before.so.xz, e.g. the last commit's build, and .gpu/lib.so.xz, TURNS times (default 2); the bench only
-# writes the models; PAIRS as ab_pairs').
+# writes the models; PAIRS as ab_pairs'), int4-folders then int4-profile (genai's int4 7B-shape model and its fused
+# folder, then each one's decode step kernel by kernel: scripts/genai_decode_profile.py).
 set -u
 MODE=${1:-check}
 OUT=${OUT:-/tmp/out}
@@ -101,6 +102,39 @@ case "$MODE" in
     done
     # one archive: a call returns a few files only
     (cd "$OUT" && tar czf ab-libs.tgz ab-*.log ab-*.json && rm -f ab-*.log ab-*.json)
+    ;;
+  int4-folders)
+    # genai's int4 model of a Llama-2-7B-shape checkpoint with random fp16 weights (vocabulary 49,152, SmolLM2's
+    # tokenizer beside it: .gpu/tok, saved here from the GGUF with transformers), its builder through `onnxfuse export
+    # hf --dtype int4 --no-fuse`, and the fused folder (`onnxfuse fuse`): /root/int4, /root/int4-fused. Carries the
+    # genai CUDA wheel (.gpu/genai/*.whl, pip download onnxruntime-genai-cuda==0.18.0 for cp312 manylinux_2_28).
+    python3 -m pip install -q --no-deps --target /root/genai .gpu/genai/*.whl || exit 1
+    export PYTHONPATH=/root/ortsite:/root/genai:$PWD
+    python3 - <<'PY' || exit 1
+import torch, transformers
+cfg = transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                               num_key_value_heads=32, vocab_size=49152, max_position_embeddings=4096)
+torch.manual_seed(0)
+with torch.device("cuda"):
+    model = transformers.LlamaForCausalLM(cfg).half()
+model.save_pretrained("/root/ckpt7b")
+transformers.AutoTokenizer.from_pretrained(".gpu/tok").save_pretrained("/root/ckpt7b")
+PY
+    python3 -m onnxfuse export hf /root/ckpt7b -o /root/int4 --dtype int4 --provider cuda --no-fuse \
+      > "$OUT/int4-export.log" 2>&1; echo "export rc $?"; tail -3 "$OUT/int4-export.log"
+    python3 -m onnxfuse fuse /root/int4 --provider cuda > "$OUT/int4-fuse.log" 2>&1; echo "fuse rc $?"
+    tail -3 "$OUT/int4-fuse.log"
+    # the library copied into the folder finds its oneDNN by $ORIGIN (the carried library's RUNPATH)
+    [ -f /root/libdnnl.so.3 ] && cp /root/libdnnl.so.3 /root/int4-fused/
+    ;;
+  int4-profile)
+    # genai_decode_profile.py on int4-folders' two folders, batch 8 and 1 (BATCHES), prompt 128
+    export PYTHONPATH=/root/ortsite:/root/genai:$PWD
+    for b in ${BATCHES:-8 1}; do
+      python3 scripts/genai_decode_profile.py "$OUT/int4-decode-profile-b$b.txt" /root/int4 /root/int4-fused \
+        --batch "$b" > "$OUT/int4-decode-profile-b$b.log" 2>&1; echo "profile batch $b rc $?"
+      grep -E "^## " "$OUT/int4-decode-profile-b$b.txt"
+    done
     ;;
   *) echo "unknown mode $MODE"; exit 2 ;;
 esac
