@@ -157,15 +157,9 @@ inline bool Takes(int dtype, int64_t n, int64_t r) {
 
 template <typename T, int A>
 int Launch(const Args& p, int64_t splits, cudaStream_t s) {
-  int device = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  if (e != cudaSuccess) return int(e);
-  static bool sized[64] = {};  // the shared-memory attribute once per device (not under every launch)
-  if (device < 0 || device >= 64 || !sized[device]) {
-    e = cudaFuncSetAttribute(LoRAGatePass<T, A>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (e != cudaSuccess) return int(e);
-    if (device >= 0 && device < 64) sized[device] = true;
-  }
+  // past 48 KB of dynamic shared memory, opted in per launch (as Int4Gemv and the embedding interaction do)
+  if (cudaError_t e = cudaFuncSetAttribute(LoRAGatePass<T, A>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem))
+    return int(e);
   LoRAGatePass<T, A><<<dim3(unsigned(splits), unsigned((p.m + kRows - 1) / kRows)), kWarps * 32, kSmem, s>>>(p);
   return int(cudaGetLastError());
 }
