@@ -81,48 +81,6 @@ __device__ __forceinline__ int ZeroPoint(const uint8_t* __restrict__ zrow, int b
 constexpr int kUnroll = 4;
 constexpr int kCols = 2;
 
-// L2 prefetch of what a later kernel reads (the next projection's packed weights and scales), issued in this kernel's
-// tail: up to four byte ranges, split over the grid's last `blocks` blocks (0: none), each block prefetching its share
-// once its own work is done. mode 1: prefetch.global.L2 a 128-byte line a thread; 2: one bulk prefetch a block and
-// range (cp.async.bulk.prefetch.L2, sm_90); 3: as 1 with evict_last.
-struct Int4Prefetch {
-  const uint8_t* p[4];
-  int64_t bytes[4];
-  int blocks, mode;
-};
-
-__device__ __forceinline__ void PrefetchTail(const Int4Prefetch& pf) {
-  if (pf.blocks <= 0) return;
-  const int first = int(gridDim.x) - pf.blocks;
-  if (int(blockIdx.x) < first) return;
-  const int64_t i = int64_t(blockIdx.x) - (first > 0 ? first : 0);
-  const int64_t nblk = first > 0 ? pf.blocks : int64_t(gridDim.x);
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int64_t bytes = pf.bytes[r];
-    if (bytes <= 0) continue;
-    const int64_t per = ((bytes + nblk - 1) / nblk + 127) & ~int64_t(127);
-    const int64_t b0 = i * per, b1 = b0 + per < bytes ? b0 + per : bytes;
-    if (b0 >= b1) continue;
-    const uint8_t* base = pf.p[r];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (pf.mode == 2) {
-      if (threadIdx.x == 0) {
-        const uint32_t n = uint32_t((b1 - b0) & ~int64_t(15));
-        if (n) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + b0), "r"(n) : "memory");
-      }
-      continue;
-    }
-#endif
-    for (int64_t o = b0 + int64_t(threadIdx.x) * 128; o < b1; o += int64_t(blockDim.x) * 128) {
-      if (pf.mode == 3)
-        asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(base + o));
-      else
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(base + o));
-    }
-  }
-}
-
 // The 8 nibbles of a word as half2 (q - z) pairs (q_i, q_{i+4}), exactly, with one shift: FasterTransformer's trick
 // (0x6400 | q is the half 1024 + q; a nibble in bits 4-7 gives 1024 + 16 q, scaled back by an fma with 1/16). z the
 // zero point (8: symmetric), exact in fp16 as 1024 + z and 64 + z.
@@ -272,7 +230,7 @@ __global__ void __launch_bounds__(kWarps * 32,
     Int4Gemv(const T* __restrict__ x, const uint2* __restrict__ wq, const T* __restrict__ scales,
              const uint2* __restrict__ wq_up, const T* __restrict__ scales_up, const uint8_t* __restrict__ zp,
              const uint8_t* __restrict__ zp_up, int zb, int act, T* __restrict__ y, int m, int K, int N, int nb, int lb,
-             int row_groups, bool xvec, Int4Prefetch pf) {
+             int row_groups, bool xvec) {
   using XG = typename XGroup<T>::type;
   extern __shared__ uint4 staged_x[];  // STAGED: [m][groups] XG
   XG* xs = reinterpret_cast<XG*>(staged_x);
@@ -312,10 +270,7 @@ __global__ void __launch_bounds__(kWarps * 32,
     }
     __syncthreads();
   }
-  if (!active) {
-    PrefetchTail(pf);
-    return;
-  }
+  if (!active) return;
   float acc[MR][kCols];
 #pragma unroll
   for (int r = 0; r < MR; ++r)
@@ -394,7 +349,6 @@ __global__ void __launch_bounds__(kWarps * 32,
         if (lane == 0 && r < m && c < ncols) y[int64_t(r) * N + col0 + c] = ock::from_f<T>(v);
       }
   }
-  PrefetchTail(pf);
 }
 
 // The tensor-core path from kMmaMinRows to 16 rows (fp16, bf16; fp32 stays on the GEMV): mma.sync m16n8k16 with the
@@ -486,7 +440,7 @@ __global__ void __launch_bounds__(WARPS * 32)
     Int4Mma(const T* __restrict__ x, const uint8_t* __restrict__ wq, const T* __restrict__ scales,
             const uint8_t* __restrict__ wq_up, const T* __restrict__ scales_up, const uint8_t* __restrict__ zp,
             const uint8_t* __restrict__ zp_up, int zb, int act, T* __restrict__ y, int m, int K, int N, int nb, int lb,
-            int row_bytes, bool xvec, bool wide, Int4Prefetch pf) {
+            int row_bytes, bool xvec, bool wide) {
   constexpr int RS = ROWS16 ? 2 : 1;   // X's row sets of 8
   extern __shared__ uint4 mma_smem[];  // per warp [kMmaStages][2][32] chunks, then its partial tiles [RS][4][32]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -610,7 +564,6 @@ __global__ void __launch_bounds__(WARPS * 32)
     }
     y[int64_t(row) * N + col] = ock::from_f<T>(GATED ? onnxfuse::GateActivation(act, v) * u : v);
   }
-  PrefetchTail(pf);
 }
 static_assert(kMmaStages * 64 * sizeof(uint4) >= 2 * 4 * 32 * sizeof(float), "a warp's partial tiles fit its slots");
 
@@ -729,7 +682,6 @@ struct Int4Weights {
   const uint8_t* zp_up;
   int64_t nb, row_bytes, zb;  // blocks, packed bytes and zero-point bytes a column
   int lb;                     // log2 of the block size
-  Int4Prefetch pf;            // what the kernel's tail prefetches into L2 (none by default)
 };
 
 template <typename T, int MR, bool GATED, bool ZP>
@@ -754,11 +706,11 @@ int LaunchGemv(const void* x, const Int4Weights& wt, int act, void* y, int64_t m
     }
     return ock::LaunchDependent(Int4Gemv<T, MR, true, GATED, ZP>, dim3(unsigned(blocks)), dim3(kWarps * 32),
                                 size_t(staged), s, xt, w, st, wu, su, zp, zp_up, zb, act, yt, int(m), int(k), int(n),
-                                int(nb), lb, int(row_bytes / 8), xvec, wt.pf);
+                                int(nb), lb, int(row_bytes / 8), xvec);
   }
   return ock::LaunchDependent(Int4Gemv<T, MR, false, GATED, ZP>, dim3(unsigned(blocks)), dim3(kWarps * 32), 0, s, xt, w,
                               st, wu, su, zp, zp_up, zb, act, yt, int(m), int(k), int(n), int(nb), lb,
-                              int(row_bytes / 8), xvec, wt.pf);
+                              int(row_bytes / 8), xvec);
 }
 
 // WARPS: 16 a block where the grid is at most kMmaWideGrid blocks (a 7B model's o and down projections, 256 blocks:
@@ -776,7 +728,7 @@ int LaunchMma(const void* x, const Int4Weights& wt, int act, void* y, int64_t m,
     return ock::LaunchDependent(kernel, dim3(blocks), dim3(block_warps * 32), smem, s, static_cast<const T*>(x), wt.wq,
                                 static_cast<const T*>(wt.scales), wt.wq_up, static_cast<const T*>(wt.scales_up), wt.zp,
                                 wt.zp_up, int(wt.zb), act, static_cast<T*>(y), int(m), int(k), int(n), int(wt.nb),
-                                wt.lb, int(wt.row_bytes), xvec, wide, wt.pf);
+                                wt.lb, int(wt.row_bytes), xvec, wide);
   };
   if (warps == 16 || (warps == 0 && blocks <= kMmaWideGrid))
     return m > 8 ? launch(Int4Mma<T, 16, GATED, ZP, true>, 16) : launch(Int4Mma<T, 16, GATED, ZP, false>, 16);
@@ -846,7 +798,7 @@ int Dequantize(int dtype, const uint8_t* wq, const void* scales, const uint8_t* 
 
 Int4Weights Geometry(const uint8_t* wq, const void* scales, const uint8_t* zp, const uint8_t* wq_up,
                      const void* scales_up, const uint8_t* zp_up, int64_t k, int64_t block) {
-  Int4Weights wt{wq, scales, zp, wq_up, scales_up, zp_up, 0, 0, 0, 0, {}};
+  Int4Weights wt{wq, scales, zp, wq_up, scales_up, zp_up, 0, 0, 0, 0};
   wt.nb = (k + block - 1) / block;
   wt.row_bytes = wt.nb * block / 2;
   wt.zb = (wt.nb + 1) / 2;
