@@ -146,14 +146,18 @@ def _apply_peft_lora(module: nn.Module, spec: LlamaSpec, seed: int) -> nn.Module
     return inject_adapter_in_model(cfg, module)
 
 
-def llama_inputs(spec: LlamaSpec, seed: int, dtype: str) -> dict[str, torch.Tensor]:
+def llama_inputs(spec: LlamaSpec, seed: int, dtype: str, padding: bool = True) -> dict[str, torch.Tensor]:
+    """Random ids and the attention mask: the notebook's (padding=True: tril(ones(batch, seq)), which for batch 1
+    keeps key 0 alone), or every key valid (a prompt without padding)."""
     g = torch.Generator().manual_seed(seed)
     if spec.mlp_only:
         x = torch.randn(spec.batch, spec.seq, spec.hidden_size, generator=g)
         return {"x": x.to(DTYPES[dtype])}
     ids = torch.randint(0, spec.vocab_size, (spec.batch, spec.seq), generator=g, dtype=torch.int64)
     # The notebook's float mask: tril(ones(batch, seq)); HF combines it with the causal mask.
-    mask = torch.tril(torch.ones(spec.batch, spec.seq, dtype=torch.float32))
+    mask = torch.ones(spec.batch, spec.seq, dtype=torch.float32)
+    if padding:
+        mask = torch.tril(mask)
     return {"input_ids": ids, "attention_mask": mask}
 
 

@@ -18,7 +18,8 @@
 # ROUNDS rounds, default 9), lora-ab-libs (the same pairs by scripts/ab_models.py with two libraries in turn, twice:
 # .gpu/lib-before.so.xz, e.g. the last commit's build, and .gpu/lib.so.xz, TURNS times (default 2); the bench only
 # writes the models; PAIRS as ab_pairs'), int4-folders then int4-profile (genai's int4 7B-shape model and its fused
-# folder, then each one's decode step kernel by kernel: scripts/genai_decode_profile.py).
+# folder, then each one's decode step kernel by kernel: scripts/genai_decode_profile.py), attention (FlashAttention's
+# doctor and GPU tests, then bench llama-7b at LAYERS depths).
 set -u
 MODE=${1:-check}
 OUT=${OUT:-/tmp/out}
@@ -134,6 +135,34 @@ PY
       python3 scripts/genai_decode_profile.py "$OUT/int4-decode-profile-b$b.txt" /root/int4 /root/int4-fused \
         --batch "$b" > "$OUT/int4-decode-profile-b$b.log" 2>&1; echo "profile batch $b rc $?"
       grep -E "^## " "$OUT/int4-decode-profile-b$b.txt"
+    done
+    ;;
+  attention)
+    # FlashAttention: doctor (every backend, type and mode; with special values), the GPU tests that run every op
+    # (PYTEST=0: not), and the llama-7b case at LAYERS depths (default 1 4 8; none: LAYERS=" ") against onnxruntime's
+    # own fusions, profiled; DOCTOR=0: no doctor; VSORT=0: not scripts/flash_attention_vs_ort.py (the op against
+    # onnxruntime's MultiHeadAttention by sequence length)
+    if [ "${DOCTOR:-1}" = 1 ]; then
+      python3 -m onnxfuse doctor --providers cuda --ops FlashAttention > "$OUT/doctor-attention.log" 2>&1
+      echo "doctor rc $?"; tail -3 "$OUT/doctor-attention.log"
+      python3 -m onnxfuse doctor --providers cuda --ops FlashAttention --special-values \
+        > "$OUT/doctor-attention-special.log" 2>&1
+      echo "doctor special rc $?"; tail -3 "$OUT/doctor-attention-special.log"
+    fi
+    if [ "${PYTEST:-1}" = 1 ]; then
+      python3 -m pytest -q -p no:cacheprovider -m gpu -k "doctor or fused_models_verify or cuda_graph_replays" \
+        tests/test_gpu.py > "$OUT/pytest-gpu-attention.log" 2>&1
+      echo "pytest rc $?"; tail -3 "$OUT/pytest-gpu-attention.log"
+    fi
+    if [ "${VSORT:-1}" = 1 ]; then
+      python3 scripts/flash_attention_vs_ort.py > "$OUT/flash-attention-vs-ort.txt" 2>&1
+      echo "vs ort rc $?"; cat "$OUT/flash-attention-vs-ort.txt" | tail -8
+    fi
+    for layers in ${LAYERS:-1 4 8}; do
+      python3 -m onnxfuse bench llama-7b --layers "$layers" --profile \
+        --variants torch-compile,ort-unfused+graph,ort-optimized,ort-optimized+graph,fused-auto,fused-auto+graph \
+        -o "$OUT/bench-llama-7b-L$layers.json" --no-plot > "$OUT/bench-llama-7b-L$layers.log" 2>&1
+      echo "bench llama-7b layers $layers rc $?"; grep -E "llama-7b|fused_ops|ratio" "$OUT/bench-llama-7b-L$layers.log" | head -8
     done
     ;;
   *) echo "unknown mode $MODE"; exit 2 ;;

@@ -385,7 +385,9 @@ def _make_rotary(size, dtype, seed, quick, layers):
 
 
 def _make_llama7b(size, dtype, seed, quick, layers):
-    """One decoder layer at Llama-2-7B shapes (h4096, i11008, 32 heads), one sequence of `size` tokens."""
+    """One decoder layer at Llama-2-7B shapes (h4096, i11008, 32 heads), one sequence of `size` tokens without
+    padding (every key valid: the attention bias is the causal mask alone; the notebook's mask, which keeps key 0
+    alone, would let FlashAttention skip all but one key tile a query block)."""
     from .. import zoo
     spec = zoo.LlamaSpec.from_preset("tiny" if quick else "llama2-7b", num_hidden_layers=layers, batch=1, seq=size)
     spec.max_position_embeddings = max(spec.max_position_embeddings, size)
@@ -394,7 +396,8 @@ def _make_llama7b(size, dtype, seed, quick, layers):
                                                  "intermediate": spec.intermediate_size,
                                                  "heads": spec.num_attention_heads, "layers": layers},
                     _key("llama-7b", size, dtype, seed, params), lambda: zoo.build_llama(spec, seed, dtype),
-                    lambda: zoo.llama_inputs(spec, seed, dtype), "llama", spec, None, quick, ("last_hidden_state",))
+                    lambda: zoo.llama_inputs(spec, seed, dtype, padding=False), "llama", spec, None, quick,
+                    ("last_hidden_state",))
 
 
 CASES: dict[str, CaseDef] = {c.name: c for c in (

@@ -61,12 +61,14 @@ def op_attrs(op: str, scale: float = 0.5) -> dict:
         attrs.update(scale_gate=float(scale), scale_up=0.5 * float(scale) + 1.0)
     if "scale_down" in names:  # LoRAGatedMLP: the down adapter's, different again
         attrs["scale_down"] = 0.75 - float(scale)
+    if "num_heads" in names:  # FlashAttention: two heads of K (random_inputs)
+        attrs["num_heads"] = 2
     return attrs
 
 
 # Ops with weights the CPU kernels prepack when they are constants (RotaryEmbedding has none: cos/sin are
-# activations; Embedding copies rows of its table as they are).
-WEIGHTED_OPS = [op for op in OPS_UNDER_TEST if op not in ("RotaryEmbedding", "Embedding")]
+# activations; Embedding copies rows of its table as they are; FlashAttention's inputs are all activations).
+WEIGHTED_OPS = [op for op in OPS_UNDER_TEST if op not in ("RotaryEmbedding", "Embedding", "FlashAttention")]
 # The int4 ops read their packed weights as they are (no prepacking): their constant weights are checked, not logged.
 # LoRASwiGLU's CPU kernel packs its operands per call (a fused model has it on the CPU only where a CPU table fuses
 # both swiglu and lora_linear, which no measured host's does: cpu_policy.py).
@@ -109,6 +111,10 @@ def random_inputs(op: str, lead: tuple[int, ...], K: int, N: int, r: int, dtype:
         shapes = definition.doctor_entry((1, K, N, r, r + 3, r + 1, "silu"))[0]
         shapes["X"] = [*lead, K]
         return definition.make_doctor_inputs(TORCH_TYPE[dtype], shapes, seed)
+    if op == "FlashAttention":  # B = lead[0] (1 for a 1-D lead) and S the rest, 2 heads of K, N keys, a causal bias
+        b, s = (1, lead[0]) if len(lead) == 1 else (lead[0], math.prod(lead[1:]))
+        shapes = {"Q": [b, s, 2 * K], "K": [b, N, 2 * K], "V": [b, N, 2 * K], "bias": [b, 1, s, N]}
+        return schema.op_def(op).make_doctor_inputs(TORCH_TYPE[dtype], shapes, seed)
     if op == "RotaryEmbedding":  # X [*lead, D] (D even), cos/sin broadcast over every leading dim but the last
         d = K + K % 2
         cs_shape = (1,) * (len(lead) - 1) + (lead[-1], d)

@@ -85,6 +85,20 @@ inline OpAttrs ReadOpAttrs(const OrtApi* api, const OrtKernelInfo* info, const c
   return a;
 }
 
+// FlashAttention's `num_heads` (> 0; absent: the schema default) and `qk_scale` (0: 1 / sqrt(D)).
+inline int64_t ReadNumHeads(const OrtApi* api, const OrtKernelInfo* info, const char* op) {
+  int64_t h = schema::attr::kNumHeadsDefault;
+  OrtStatus* st = api->KernelInfoGetAttribute_int64(info, schema::attr::kNumHeads, &h);
+  if (st != nullptr) api->ReleaseStatus(st);
+  if (h <= 0) Fail(std::string(op) + ": " + schema::attr::kNumHeads + " must be positive, got " + std::to_string(h));
+  return h;
+}
+inline float ReadQkScale(const OrtApi* api, const OrtKernelInfo* info) {
+  float s = schema::attr::kQkScaleDefault;
+  detail::TryGetFloat(api, info, schema::attr::kQkScale, s);
+  return s;
+}
+
 // MLPStack's `activations` ("relu.relu.sigmoid"): one activation code (onnxfuse_act) per layer.
 inline std::vector<int> ReadStackActivations(const OrtApi* api, const OrtKernelInfo* info, const char* op) {
   std::string s;

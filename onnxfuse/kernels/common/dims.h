@@ -329,6 +329,42 @@ inline RotaryDims RotaryEmbeddingDims(const char* op, const std::vector<int64_t>
   return d;
 }
 
+// FlashAttention: Q [B, S, H D], K and V [B, S_kv, H D], bias [B or 1, H or 1, S, S_kv]; Y like Q. bias_b and
+// bias_h are the bias's strides (elements) between batch and head planes, 0 where it broadcasts.
+struct AttentionDims {
+  int64_t B = 0, S = 0, Skv = 0, H = 0, D = 0;
+  int64_t bias_b = 0, bias_h = 0, bias_planes = 1;  // bias_planes: its B x H planes (1 to B H)
+  std::vector<int64_t> out_shape;                   // Q's
+};
+
+inline AttentionDims FlashAttentionDims(const char* op, const std::vector<int64_t>& q, const std::vector<int64_t>& k,
+                                        const std::vector<int64_t>& v, const std::vector<int64_t>& bias,
+                                        int64_t heads) {
+  detail::Need(q.size() == 3 && k.size() == 3 && v.size() == 3, op,
+               "Q, K and V must be [B, S, H D]; got Q " + ShapeStr(q) + ", K " + ShapeStr(k) + ", V " + ShapeStr(v));
+  detail::Need(heads > 0 && q[2] % heads == 0, op,
+               "Q's width must be num_heads x D; got Q " + ShapeStr(q) + " with num_heads " + std::to_string(heads));
+  detail::Need(k[0] == q[0] && v[0] == q[0] && k[2] == q[2] && v[2] == q[2] && v[1] == k[1], op,
+               "K and V must be [B, S_kv, H D] with Q's B and width; got Q " + ShapeStr(q) + ", K " + ShapeStr(k) +
+                   ", V " + ShapeStr(v));
+  AttentionDims d;
+  d.B = q[0];
+  d.S = q[1];
+  d.Skv = k[1];
+  d.H = heads;
+  d.D = q[2] / heads;
+  detail::Need(bias.size() == 4 && (bias[0] == 1 || bias[0] == d.B) && (bias[1] == 1 || bias[1] == d.H) &&
+                   bias[2] == d.S && bias[3] == d.Skv,
+               op,
+               "bias must be [B or 1, H or 1, S, S_kv]; got Q " + ShapeStr(q) + ", K " + ShapeStr(k) + ", bias " +
+                   ShapeStr(bias) + " with num_heads " + std::to_string(heads));
+  d.bias_h = bias[1] == 1 ? 0 : d.S * d.Skv;
+  d.bias_b = bias[0] == 1 ? 0 : bias[1] * d.S * d.Skv;
+  d.bias_planes = bias[0] * bias[1];
+  d.out_shape = q;
+  return d;
+}
+
 // Embedding: table [V, D], ids of any shape (n ids); Y = ids.shape + [D].
 struct LookupDims {
   int64_t V = 0, D = 0, n = 1;

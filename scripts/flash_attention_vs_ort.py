@@ -1,0 +1,84 @@
+"""FlashAttention (the fused op, this library) against onnxruntime's MultiHeadAttention with the same bias, one node
+each, fp16, one sequence of S tokens, Llama-2-7B heads (32 x 128), a causal bias without padding (0 / -65504);
+IOBinding and CUDA graphs, round-robin, medians of rounds. Where the op is faster is where the rule fuses it
+(rewrites/flash_attention.py MIN_TOKENS). On the GPU machine with onnxruntime-gpu first on PYTHONPATH and
+ONNXFUSE_LIBRARY set:
+    python3 scripts/flash_attention_vs_ort.py [--seqs 128,256,512,1024,2048,4096] [--rounds 5] [--reps 100]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+
+def mha_model(seq: int, hidden: int, heads: int) -> onnx.ModelProto:
+    f16 = TensorProto.FLOAT16
+    node = helper.make_node("MultiHeadAttention", ["Q", "K", "V", "", "", "bias"], ["Y"], domain="com.microsoft",
+                            num_heads=heads)
+    g = helper.make_graph([node], "mha", [helper.make_tensor_value_info(n, f16, [1, seq, hidden]) for n in "QKV"]
+                          + [helper.make_tensor_value_info("bias", f16, [1, 1, seq, seq])],
+                          [helper.make_tensor_value_info("Y", f16, [1, seq, hidden])])
+    return helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 18),
+                                                              helper.make_opsetid("com.microsoft", 1)])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seqs", default="128,256,512,1024,2048,4096")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=100)
+    a = ap.parse_args()
+    import torch
+
+    from onnxfuse import fuse, runtime
+    hidden, heads = 4096, 32
+    print(f"{torch.cuda.get_device_name()}, fp16, {heads} heads x {hidden // heads}, causal bias without padding")
+    print("   S   onnxruntime MHA us   FlashAttention us   MHA / FlashAttention   max |d| / max |y|")
+    for seq in (int(s) for s in a.seqs.split(",")):
+        with tempfile.TemporaryDirectory() as tmp:
+            src, dst = Path(tmp) / "mha.onnx", Path(tmp) / "fa.onnx"
+            onnx.save(mha_model(seq, hidden, heads), str(src))
+            res = fuse.fuse(src, dst, force=True, write_unchanged=True)
+            if not res.matches:
+                print(f"{seq:5d}   not fused: {[r['reason'] for r in res.refusals][:1]}")
+                continue
+            g = torch.Generator().manual_seed(seq)
+            feeds = {n: torch.randn(1, seq, hidden, generator=g).half().cuda() for n in "QKV"}
+            i = torch.arange(seq)[:, None]
+            feeds["bias"] = torch.where(torch.arange(seq)[None, :] > i, -65504.0, 0.0).half().reshape(
+                1, 1, seq, seq).cuda()
+            runs, outs = {}, {}
+            for name, path, lib in (("mha", src, False), ("fa", dst, True)):
+                s = runtime.session(str(path), "cuda", library=lib, cuda_graph=True)
+                y = torch.empty(1, seq, hidden, dtype=torch.float16, device="cuda")
+                b = s.io_binding()
+                for n, t in feeds.items():
+                    b.bind_input(n, "cuda", 0, np.float16, list(t.shape), t.data_ptr())
+                b.bind_output("Y", "cuda", 0, np.float16, list(y.shape), y.data_ptr())
+                for _ in range(3):
+                    s.run_with_iobinding(b)
+                runs[name], outs[name] = (s, b), y
+            ts = {n: [] for n in runs}
+            for _ in range(a.rounds):
+                for n, (s, b) in runs.items():
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    for _ in range(a.reps):
+                        s.run_with_iobinding(b)
+                    torch.cuda.synchronize()
+                    ts[n].append((time.perf_counter() - t0) / a.reps * 1e6)
+            m, f = float(np.median(ts["mha"])), float(np.median(ts["fa"]))
+            d = ((outs["fa"].float() - outs["mha"].float()).abs().max() / outs["mha"].float().abs().max()).item()
+            print(f"{seq:5d}   {m:18.1f}   {f:17.1f}   {m / f:20.2f}   {d:.1e}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
