@@ -291,22 +291,11 @@ def flash(q, k, v, bias, heads, causal, block_m=128, block_n=64, warps=8, stages
 
 
 def mha_session(seq, hidden, heads, uni):
+    """onnxruntime's MultiHeadAttention (scripts/mha_causal_probe.py's one-node model) under its CUDA graph."""
     import onnxruntime as ort
-    from onnx import TensorProto, helper
-    f16 = TensorProto.FLOAT16
-    attrs = {"num_heads": heads}
-    if uni:
-        attrs["unidirectional"] = 1
-    node = helper.make_node("MultiHeadAttention", ["q", "k", "v", "", "", "bias"], ["y"], domain="com.microsoft",
-                            **attrs)
-    g = helper.make_graph([node], "mha", [helper.make_tensor_value_info(n, f16, [1, seq, hidden]) for n in "qkv"]
-                          + [helper.make_tensor_value_info("bias", f16, [1, 1, seq, seq])],
-                          [helper.make_tensor_value_info("y", f16, [1, seq, hidden])])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
-    m.ir_version = 10
-    return ort.InferenceSession(m.SerializeToString(),
+    from mha_causal_probe import mha_model
+    return ort.InferenceSession(mha_model(seq, hidden, heads, uni),
                                 providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"})])
-
 
 def main() -> None:
     ap = argparse.ArgumentParser()

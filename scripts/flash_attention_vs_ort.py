@@ -14,19 +14,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper
+from mha_causal_probe import mha_model  # the one-node model (inputs q, k, v, bias; output y)
 
-
-def mha_model(seq: int, hidden: int, heads: int) -> onnx.ModelProto:
-    f16 = TensorProto.FLOAT16
-    node = helper.make_node("MultiHeadAttention", ["Q", "K", "V", "", "", "bias"], ["Y"], domain="com.microsoft",
-                            num_heads=heads)
-    g = helper.make_graph([node], "mha", [helper.make_tensor_value_info(n, f16, [1, seq, hidden]) for n in "QKV"]
-                          + [helper.make_tensor_value_info("bias", f16, [1, 1, seq, seq])],
-                          [helper.make_tensor_value_info("Y", f16, [1, seq, hidden])])
-    return helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 18),
-                                                              helper.make_opsetid("com.microsoft", 1)])
 
 
 def main() -> None:
@@ -44,13 +33,13 @@ def main() -> None:
     for seq in (int(s) for s in a.seqs.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             src, dst = Path(tmp) / "mha.onnx", Path(tmp) / "fa.onnx"
-            onnx.save(mha_model(seq, hidden, heads), str(src))
+            src.write_bytes(mha_model(seq, hidden, heads, 0))
             res = fuse.fuse(src, dst, force=True, write_unchanged=True)
             if not res.matches:
                 print(f"{seq:5d}   not fused: {[r['reason'] for r in res.refusals][:1]}")
                 continue
             g = torch.Generator().manual_seed(seq)
-            feeds = {n: torch.randn(1, seq, hidden, generator=g).half().cuda() for n in "QKV"}
+            feeds = {n: torch.randn(1, seq, hidden, generator=g).half().cuda() for n in "qkv"}
             i = torch.arange(seq)[:, None]
             feeds["bias"] = torch.where(torch.arange(seq)[None, :] > i, -65504.0, 0.0).half().reshape(
                 1, 1, seq, seq).cuda()
@@ -61,7 +50,7 @@ def main() -> None:
                 b = s.io_binding()
                 for n, t in feeds.items():
                     b.bind_input(n, "cuda", 0, np.float16, list(t.shape), t.data_ptr())
-                b.bind_output("Y", "cuda", 0, np.float16, list(y.shape), y.data_ptr())
+                b.bind_output("y", "cuda", 0, np.float16, list(y.shape), y.data_ptr())
                 for _ in range(3):
                     s.run_with_iobinding(b)
                 runs[name], outs[name] = (s, b), y
