@@ -10,11 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
-from mha_causal_probe import mha_model  # the one-node model (inputs q, k, v, bias; output y)
+from mha_causal_probe import mha_model, round_robin_us  # the one-node model (q, k, v, bias -> y), its timing
 
 
 
@@ -54,15 +53,7 @@ def main() -> None:
                 for _ in range(3):
                     s.run_with_iobinding(b)
                 runs[name], outs[name] = (s, b), y
-            ts = {n: [] for n in runs}
-            for _ in range(a.rounds):
-                for n, (s, b) in runs.items():
-                    torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    for _ in range(a.reps):
-                        s.run_with_iobinding(b)
-                    torch.cuda.synchronize()
-                    ts[n].append((time.perf_counter() - t0) / a.reps * 1e6)
+            ts = round_robin_us(runs, a.rounds, a.reps)
             m, f = float(np.median(ts["mha"])), float(np.median(ts["fa"]))
             d = ((outs["fa"].float() - outs["mha"].float()).abs().max() / outs["mha"].float().abs().max()).item()
             print(f"{seq:5d}   {m:18.1f}   {f:17.1f}   {m / f:20.2f}   {d:.1e}")

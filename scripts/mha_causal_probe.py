@@ -32,6 +32,21 @@ def mha_model(seq: int, hidden: int, heads: int, unidirectional: int) -> bytes:
     return m.SerializeToString()
 
 
+def round_robin_us(runs: dict, rounds: int, reps: int) -> dict[str, list[float]]:
+    """us a run of each bound session, {name: (session, binding)}, `rounds` rounds of `reps` runs round-robin."""
+    import torch
+    ts = {n: [] for n in runs}
+    for _ in range(rounds):
+        for n, (s, b) in runs.items():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                s.run_with_iobinding(b)
+            torch.cuda.synchronize()
+            ts[n].append((time.perf_counter() - t0) / reps * 1e6)
+    return ts
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq", type=int, default=2048)
@@ -71,15 +86,7 @@ def main() -> None:
                 name = f"unidirectional={uni}{' +graph' if graph else ''}"
                 runs[name] = (s, b)
                 outs[name] = y
-        ts = {n: [] for n in runs}
-        for _ in range(a.rounds):
-            for n, (s, b) in runs.items():
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(a.reps):
-                    s.run_with_iobinding(b)
-                torch.cuda.synchronize()
-                ts[n].append((time.perf_counter() - t0) / a.reps * 1e6)
+        ts = round_robin_us(runs, a.rounds, a.reps)
         ref = outs["unidirectional=0"].float()
         # torch's SDPA with the boolean mask, fp32 math, as the reference
         qh, kh, vh = (t.float().reshape(1, seq, heads, -1).transpose(1, 2) for t in (q, k, v))

@@ -88,7 +88,7 @@ class FlashAttention(FusionRule):
             return result.fail(f"{kd[1]} keys: the op is faster than onnxruntime's MultiHeadAttention from "
                                f"{MIN_TOKENS} keys, measured (a sequence length known at fuse time)", k)
         if bd is None or len(bd) != 4 or not _dim_ok(bd[0], qd[0]) or not _dim_ok(bd[1], h) or \
-                not _same(bd[2], qd[1]) or not _same(bd[3], kd[1]):
+                bd[2] != qd[1] or bd[3] != kd[1]:
             return result.fail(f"the bias {bias.name} {bd} does not broadcast as [B|1, H|1, S, S_kv] over Q {qd} and "
                                f"K {kd} with {h} heads", bias)
         if not self.guard_output(context, result, q, hd):
@@ -110,12 +110,7 @@ class FlashAttention(FusionRule):
 
 def _dim_ok(dim, full) -> bool:
     """A bias dim that broadcasts: 1, or the full one (a symbolic dim only where it has the same name)."""
-    return dim == 1 or _same(dim, full)
-
-
-def _same(a, b) -> bool:
-    """Two dims known equal: the same size, or the same symbolic name."""
-    return a == b
+    return dim == 1 or dim == full
 
 
 def rules(recorder):
