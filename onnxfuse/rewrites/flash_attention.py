@@ -7,18 +7,18 @@ com.microsoft MultiHeadAttention with query, key, value and attention_bias (the 
 causal mask and the attention_mask input: 0 where a key counts, finfo.min where not). onnxruntime runs it with
 cuDNN's flash kernel over every key (on an H100, a Llama-2-7B layer at 2048 tokens: 223-229 us), since a bias
 tensor says nothing it can skip on. The fused op's kernel skips the key tiles the bias masks and checks that doing
-so changed nothing (onnxfuse/ops/flash_attention.py): on an H200, 189 against onnxruntime's 217 us there, 575
-against 849 at 4096 (benchmarks/results/h200-2026-11-27/attention/). The bias stays an input: the rule needs no
+so changed nothing (onnxfuse/ops/flash_attention.py): on an H100, 151 against onnxruntime's 227 us there, 476
+against 886 at 4096 (benchmarks/results/h100-2026-11-28/attention/). The bias stays an input: the rule needs no
 proof about how it was built. (Telling onnxruntime's node that it is causal instead, unidirectional=1, would be
 faster too but wrong where a query row has every key masked: left padding, error 1.0 in
 benchmarks/results/h100-2026-11-27/attention/.)
 
 Refused: a node with any other input (a projection bias, a key padding mask, past keys and values, a packed or 4-D
-key or value) or a second output, unidirectional=1 (onnxruntime's causal masking, not the bias's), float32 (the
-GPU kernel is for 16-bit types; float32 stays onnxruntime's), a head size other than the Triton kernel's 64 and 128
-(onnxruntime's is as good elsewhere), fewer keys than MIN_TOKENS or a number unknown at fuse time (where the op
-measured slower than onnxruntime's), V's width other than Q's, a bias that does not broadcast as [B|1, H|1, S,
-S_kv].
+key or value) or a second output, a negative scale, unidirectional=1 (onnxruntime's causal masking, not the bias's),
+float32 (the GPU kernel is for 16-bit types; float32 stays onnxruntime's), a head size other than the Triton kernel's
+64 and 128 (onnxruntime's is as good elsewhere), fewer keys than MIN_TOKENS or a number unknown at fuse time (where
+the op measured slower than onnxruntime's), V's width other than Q's, a bias that does not broadcast as [B|1, H|1,
+S, S_kv].
 """
 from __future__ import annotations
 
@@ -30,10 +30,10 @@ from ._base import FusionRule, check_float_dtypes, dims, rule_set
 
 HEAD_SIZES = (64, 128)  # the Triton kernel's (triton/flash_attention.py CONFIGS, cuda/flash_attention.cu)
 # The fewest keys (S_kv, known at fuse time) from which the op is faster than onnxruntime's MultiHeadAttention: one
-# node, fp16, 32 heads of 128, a causal bias, H200 (scripts/flash_attention_vs_ort.py,
-# benchmarks/results/h200-2026-11-27/attention/): 0.81-0.91x at 128-1024 keys (the bias and key passes cost about
-# 25 us of fixed time there), 1.14x at 2048, 1.48x at 4096.
-MIN_TOKENS = 2048
+# node, fp16, 32 heads of 128, a causal bias, H100 (scripts/flash_attention_vs_ort.py,
+# benchmarks/results/h100-2026-11-28/attention/): 0.84-0.93x at 128-512 keys (the bias and key passes cost about
+# 25 us of fixed time there), 1.25x at 1024, 1.50x at 2048, 1.86x at 4096.
+MIN_TOKENS = 1024
 _KNOWN_ATTRS = {"num_heads", "scale", "unidirectional", "mask_filter_value"}
 
 
@@ -68,6 +68,9 @@ class FlashAttention(FusionRule):
         if node.attributes.get_int("unidirectional", 0):
             return result.fail(f"{node.name} is unidirectional (onnxruntime's own causal mask): only a bias masks "
                                "keys in the fused op", y)
+        if node.attributes.get_float("scale", 0.0) < 0:
+            return result.fail(f"{node.name} has a negative scale: the op's kernels take a positive one "
+                               "(0: 1 / sqrt(D))", y)
         if not self.guard(context, result, q, runtime=(k, v, bias)):
             return result
         dtype = check_float_dtypes(result, Q=q, K=k, V=v, bias=bias)

@@ -18,7 +18,7 @@ OP = FLASH_ATTENTION.name
 
 @pytest.fixture(autouse=True)
 def short_sequences_fuse(request, monkeypatch):
-    """The rule fuses from rule.MIN_TOKENS keys (2048, where the GPU kernel wins); these graphs are short, so the CPU
+    """The rule fuses from rule.MIN_TOKENS keys (1024, where the GPU kernel wins); these graphs are short, so the CPU
     runs them quickly: the threshold is lowered here, except in the test of the threshold itself."""
     if "threshold" not in request.node.name:
         monkeypatch.setattr(rule, "MIN_TOKENS", 1)
@@ -108,6 +108,7 @@ def test_the_scale_attribute_is_kept(tmp_path):
 
 @pytest.mark.parametrize("knob,reason", [
     (dict(attrs={"unidirectional": 1}), "unidirectional"),
+    (dict(attrs={"scale": -0.125}), "negative scale"),
     (dict(key_padding=True), "inputs"),
     (dict(dtype=TensorProto.FLOAT), "float32"),
     (dict(d=32), "head size 32"),
@@ -129,16 +130,18 @@ def test_near_misses_stay_onnxruntimes_with_a_reason(tmp_path, knob, reason):
 
 
 def test_the_threshold_leaves_short_or_unknown_sequences_to_onnxruntime(tmp_path):
-    assert rule.MIN_TOKENS == 2048
+    assert rule.MIN_TOKENS == 1024
     _, dst, res = _fuse(tmp_path, _mha_graph(), explain=True)
     assert OP not in _ops(dst)
     assert any("40 keys" in r["reason"] for r in res.refusals if r["rule"].startswith("flash_attention")), res.refusals
-    model = _mha_graph(s=2048, skv=2048, b=1)
+    model = _mha_graph(s=1024, skv=1024, b=1, h=1)
     model.graph.input[1].type.tensor_type.shape.dim[1].dim_param = "kv_len"  # K's length unknown at fuse time
     model.graph.input[2].type.tensor_type.shape.dim[1].dim_param = "kv_len"
     _, dst, res = _fuse(tmp_path, model, name="dyn", explain=True)
     assert OP not in _ops(dst)
-    _, dst, res = _fuse(tmp_path, _mha_graph(s=2048, skv=2048, b=1), name="long")
+    _, dst, res = _fuse(tmp_path, _mha_graph(s=1023, skv=1023, b=1, h=1), name="short")
+    assert OP not in _ops(dst)
+    _, dst, res = _fuse(tmp_path, _mha_graph(s=1024, skv=1024, b=1, h=1), name="long")
     assert _ops(dst) == [OP]
 
 

@@ -333,8 +333,9 @@ inline RotaryDims RotaryEmbeddingDims(const char* op, const std::vector<int64_t>
 // bias_h are the bias's strides (elements) between batch and head planes, 0 where it broadcasts.
 struct AttentionDims {
   int64_t B = 0, S = 0, Skv = 0, H = 0, D = 0;
-  int64_t bias_b = 0, bias_h = 0, bias_planes = 1;  // bias_planes: its B x H planes (1 to B H)
-  std::vector<int64_t> out_shape;                   // Q's
+  int64_t bias_b = 0, bias_h = 0;
+  int64_t bias_batches = 1, bias_heads = 1;  // the bias's first two dims (1 or B, 1 or H)
+  std::vector<int64_t> out_shape;            // Q's
 };
 
 inline AttentionDims FlashAttentionDims(const char* op, const std::vector<int64_t>& q, const std::vector<int64_t>& k,
@@ -360,7 +361,8 @@ inline AttentionDims FlashAttentionDims(const char* op, const std::vector<int64_
                    ShapeStr(bias) + " with num_heads " + std::to_string(heads));
   d.bias_h = bias[1] == 1 ? 0 : d.S * d.Skv;
   d.bias_b = bias[0] == 1 ? 0 : bias[1] * d.S * d.Skv;
-  d.bias_planes = bias[0] * bias[1];
+  d.bias_batches = bias[0];
+  d.bias_heads = bias[1];
   d.out_shape = q;
   return d;
 }

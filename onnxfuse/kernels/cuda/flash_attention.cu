@@ -22,13 +22,18 @@ int64_t onnxfuse_triton_flash_attention_scratch_bytes(int dtype, const onnxfuse_
 int onnxfuse_triton_flash_attention(int dtype, const void* q, const void* k, const void* v, const void* bias, void* y,
                                     const onnxfuse_attention_dims* d, void* scratch, int64_t scratch_bytes,
                                     void* stream);
-// The launchers' shared argument check: ONNXFUSE_ERR_BAD_ARGUMENT, 1 for "nothing to do", or 0.
-static inline int onnxfuse_attention_check(int dtype, const void* q, const void* k, const void* v, const void* bias,
-                                           const void* y, const onnxfuse_attention_dims* d) {
+// The launchers' shared checks: ONNXFUSE_ERR_BAD_ARGUMENT, 1 for "nothing to do", or 0. The sizes alone:
+static inline int onnxfuse_attention_check_dims(int dtype, const onnxfuse_attention_dims* d) {
   if (d == 0 || dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || d->B < 0 || d->S < 0 || d->Skv < 0 || d->H <= 0 ||
       d->D <= 0 || !(d->scale > 0.f) || d->bias_b < 0 || d->bias_h < 0 || d->bias_batches <= 0 || d->bias_heads <= 0)
     return ONNXFUSE_ERR_BAD_ARGUMENT;
-  if (d->B == 0 || d->S == 0) return 1;
+  return (d->B == 0 || d->S == 0) ? 1 : 0;
+}
+// and with the tensors:
+static inline int onnxfuse_attention_check(int dtype, const void* q, const void* k, const void* v, const void* bias,
+                                           const void* y, const onnxfuse_attention_dims* d) {
+  const int check = onnxfuse_attention_check_dims(dtype, d);
+  if (check != 0) return check;
   return (q == 0 || k == 0 || v == 0 || bias == 0 || y == 0) ? ONNXFUSE_ERR_BAD_ARGUMENT : 0;
 }
 }
@@ -161,10 +166,9 @@ struct FlashAttentionCuda {
       const AttentionDims d = FlashAttentionDims(kName, Q.Shape(), K.Shape(), V.Shape(), Bias.Shape(), heads);
       T* y = Y.Allocate(d.out_shape);
       if (d.B == 0 || d.S == 0) return;
-      const int64_t bias_shape_b = Bias.Shape()[0], bias_shape_h = Bias.Shape()[1];
       const onnxfuse_attention_dims a{
-          d.B,      d.S,      d.Skv,        d.H,          d.D,
-          d.bias_b, d.bias_h, bias_shape_b, bias_shape_h, qk_scale != 0.f ? qk_scale : 1.f / std::sqrt(float(d.D))};
+          d.B,      d.S,      d.Skv,          d.H,          d.D,
+          d.bias_b, d.bias_h, d.bias_batches, d.bias_heads, qk_scale != 0.f ? qk_scale : 1.f / std::sqrt(float(d.D))};
       void* stream = StreamOf(ctx);
       const void *q = Q.Data(), *k = K.Data(), *v = V.Data(), *b = Bias.Data();
       Dispatch(
@@ -245,7 +249,7 @@ int64_t AttentionScratch(int dtype, const AttentionPlan& p) {
 }  // namespace
 
 extern "C" int64_t onnxfuse_triton_flash_attention_scratch_bytes(int dtype, const onnxfuse_attention_dims* d) {
-  const int check = onnxfuse_attention_check(dtype, d, d, d, d, d, d);  // the sizes only (pointers not yet known)
+  const int check = onnxfuse_attention_check_dims(dtype, d);  // the pointers are not yet known
   if (check != 0) return check > 0 ? 0 : check;
   AttentionPlan p;
   if (const int err = PlanAttention(dtype, *d, true, &p)) return err;  // the unaligned build has the same tiles

@@ -92,6 +92,18 @@ def _attend(acc, l_i, m_i, q, k_ptr, v_ptr, b_row_ptr, offs_m, row_ok, start, SK
 
 
 @triton.jit
+def _attend_full(acc, l_i, m_i, q, k, v, bias, qk_scale, DOT_PRECISION: tl.constexpr):
+    """_attend on a tile wholly inside S_kv, its K, V and bias loaded by the caller (no masks)."""
+    s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale + bias.to(tl.float32)
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2((m_i - m_safe) * LOG2E)
+    p = tl.math.exp2((s - m_safe[:, None]) * LOG2E)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc, l_i * alpha + tl.sum(p, 1), m_new
+
+
+@triton.jit
 def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, b_ptr, y_ptr, kinfo_ptr, bmax_ptr, S, SKV, H, HD, SQB, SKB, SBB,
                             SBH, SBS, BPB, BPH, TILES_M, TILES_N, qk_scale, BLOCK_M: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
@@ -102,9 +114,12 @@ def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, b_ptr, y_ptr, kinfo_ptr, bmax_p
     broadcasts), rows of SBS = TILES_N BLOCK_N; its tiles' maxima at plane b BPB + h BPH of bmax [planes, TILES_M,
     TILES_N], the key tiles' |k| bounds at kinfo [B H, TILES_N]. Offsets are 64-bit.
     """
+    # the query blocks with the most key tiles first (a causal bias's last blocks): the grid's last wave then holds
+    # short blocks (H100, causal, 2048 tokens: 111 against 131 us in the order of the blocks)
     pid = tl.program_id(0)
-    pid_m = pid % TILES_M
-    bh = pid // TILES_M
+    programs_bh = tl.num_programs(0) // TILES_M
+    pid_m = TILES_M - 1 - pid // programs_bh
+    bh = pid % programs_bh
     b = bh // H
     h = bh % H
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -130,9 +145,24 @@ def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, b_ptr, y_ptr, kinfo_ptr, bmax_p
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
-    for start in range(lo * BLOCK_N, hi * BLOCK_N, BLOCK_N):
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, b_row, offs_m, row_ok, start, SKV, HD, SBS, qk_scale,
-                                BLOCK_N, BLOCK_K, DOT_PRECISION)
+    # the tiles wholly inside S_kv with pointers advanced a tile a step (32-bit offsets inside the (b, h) slice: the
+    # launcher keeps S_kv H D and the padded plane below 2^31), then the last one, masked, where S_kv ends inside it
+    # (H100, causal, 2048 tokens: 131 against 142 us with every element's 64-bit address computed each tile)
+    full_hi = tl.minimum(hi, SKV // BLOCK_N)
+    offs_n = lo * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_ptrs = k_base + offs_n[None, :] * HD + offs_d[:, None]
+    v_ptrs = v_base + offs_n[:, None] * HD + offs_d[None, :]
+    b_ptrs = b_row + offs_m[:, None] * SBS + offs_n[None, :]
+    for _ in range(lo, full_hi):
+        acc, l_i, m_i = _attend_full(acc, l_i, m_i, q, tl.load(k_ptrs), tl.load(v_ptrs), tl.load(b_ptrs), qk_scale,
+                                     DOT_PRECISION)
+        k_ptrs += BLOCK_N * HD
+        v_ptrs += BLOCK_N * HD
+        b_ptrs += BLOCK_N
+    if hi > full_hi:
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, b_row, offs_m, row_ok,
+                                tl.maximum(full_hi, lo) * BLOCK_N, SKV, HD, SBS, qk_scale, BLOCK_N, BLOCK_K,
+                                DOT_PRECISION)
     if (lo > 0) | (hi < TILES_N):
         # the skipped tiles: each is taken unless its terms underflow to exactly 0 in every row of the block, i.e.
         # max |q| x max |k| x scale + the tile's largest bias - the block's smallest row maximum < UNDERFLOW
