@@ -157,6 +157,25 @@ def test_a_pruned_lm_head_folder_verifies(checkpoints, tmp_path):
     assert ppl["q4p"].tokens == ppl["q4"].tokens > 100
     assert abs(ppl["q4p"].onnx - ppl["q4"].onnx) <= 1e-3 * ppl["q4"].onnx, ppl
     assert ppl["q4p"].reference == ppl["q4"].reference
+    # bench genai's limits read the same linear layers from the fp32 and the int4 (MatMulNBits) decoders, and see
+    # the pruned lm_head: a prefill's logits at the last position only
+    from onnxfuse.genai import timing
+    macs, lm_head = _linear_macs(ckpt)
+    for folder, is_pruned in ((pruned, True), (q["q4"], False), (q["q4p"], True)):
+        shape = timing.decoder_shape(gf.graph(gf.decoder_path(folder)), gf.read_config(folder))
+        assert (shape["macs"], shape["lm_head_macs"], shape["lm_head_pruned"]) == (macs, lm_head, is_pruned), folder
+        assert shape["layers"] == 2 and shape["kv_bytes"] == 4
+    assert timing.prefill_flops(shape, 1, 10) == 2 * (macs - lm_head) * 10 + 2 * lm_head + 2 * 4 * 2 * 16 * 10 * 11
+
+
+def _linear_macs(ckpt: pathlib.Path) -> tuple[int, int]:
+    """Multiply-adds a token costs in a Llama checkpoint's linear layers (q, k, v, o, gate, up, down, lm_head), and
+    the lm_head's part, from its config.json."""
+    c = json.loads((ckpt / "config.json").read_text())
+    h, d = c["hidden_size"], c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    attn = h * d * (2 * c["num_attention_heads"] + 2 * c["num_key_value_heads"])
+    lm_head = h * c["vocab_size"]
+    return c["num_hidden_layers"] * (attn + 3 * h * c["intermediate_size"]) + lm_head, lm_head
 
 
 # ------------------------------------------------------------------------------------------------ the CLI
@@ -306,6 +325,19 @@ def test_bench_genai_times_folders_against_the_first(checkpoints, tmp_path, caps
     assert all(r["decode_pct_of_copy"] == pytest.approx(100 * r["decode_weight_gbs"] / result["read_peak_gbs"])
                for r in rows)
     assert "vs first" in capsys.readouterr().out
+    # the limits: the prefill's FLOPs (the same for the fused folder) at the run's GEMM peak, the decode step's
+    # weight and KV-cache bytes at the read rate, and each measured time's share of its limit
+    macs, lm_head = _linear_macs(ckpt)
+    assert result["peak_tflops"] > 0 and result["peak_gemm"]
+    for r in rows:
+        s_ = r["prompt_tokens"]
+        assert r["prefill_flops"] == 2 * macs * s_ + 2 * 4 * 2 * 16 * s_ * (s_ + 1)  # 2 layers, 4 heads of 16
+        assert r["prefill_limit_ms"] == pytest.approx(r["prefill_flops"] / (result["peak_tflops"] * 1e9))
+        assert r["prefill_pct_of_limit"] == pytest.approx(100 * r["prefill_limit_ms"] / r["prefill_ms"])
+        kv = 2 * 2 * 2 * 16 * (s_ + 63 / 2) * 4  # K and V, 2 layers, 2 KV heads of 16, mean context, fp32
+        assert r["decode_bytes"] == int(r["weight_bytes"] + kv)
+        assert r["decode_pct_of_limit"] == pytest.approx(
+            100 * r["decode_bytes"] / (result["read_peak_gbs"] * 1e6) / r["decode_ms_per_token"])
     # several sequences decoded together: a row per batch, each against the first folder's row of that batch
     assert cli.main(["bench", "genai", str(tmp_path / "plain"), str(tmp_path / "fused"), "--device", "cpu",
                      "--sizes", "8", "--batch", "1,3", "--runs", "1", "--warmup", "1", "-o", str(out)]) == 0

@@ -5,7 +5,10 @@ the prompt of each of the batch's sequences) and the decode (generate_next_token
 medians over the runs after warm-up. Decode is bound by
 reading the weights once per token, so each row carries the decoder's weight bytes over the decode time (GB/s) and
 that as a share of the memory rate measured in the same run (the practical limit): a device-to-device copy on the
-GPU, a read with torch's threads on the CPU (cpu_read_gbs). The first
+GPU, a read with torch's threads on the CPU (cpu_read_gbs). Each row also has its limits (decoder_shape gives what
+they need): the prefill's FLOPs (the linear layers' and the causal attention's) at the same run's GEMM peak, and the
+bytes a decode step reads (the weights and the batch's KV cache at the steps' mean context) at the memory rate, with
+the measured time's share of each (100 %: at the limit). The first
 folder is the baseline: every other row gets its time ratio against it (above 1: faster).
 """
 from __future__ import annotations
@@ -29,6 +32,95 @@ def weight_bytes(m) -> int:
         ext = {e.key: e.value for e in t.external_data}
         total += int(ext["length"]) if "length" in ext else len(t.raw_data)
     return total
+
+
+_GEMM_OPS = {("", "MatMul"), ("ai.onnx", "MatMul"), ("", "Gemm"), ("ai.onnx", "Gemm"),
+             ("com.microsoft", "MatMulNBits")}
+_ONNXFUSE_NOT_GEMM = {"RotaryEmbedding", "Embedding", "EmbeddingInteraction", "EmbeddingBagInteraction",
+                      "FlashAttention"}
+_NOT_WEIGHTS = ("scales", "zero_points")  # int4 ops' 2-D scales are not weights (biases and the rest: not 2-D)
+_FLOAT_TYPES = {1: 4, 10: 2, 16: 2}  # onnx float, float16, bfloat16: bytes
+_PRUNE_OPS = {"Gather", "Slice"}
+
+
+def _weight_macs(data_type: int, dims: list[int], bits: int) -> int:
+    """K x N of a GEMM weight initializer: a 2-D float matrix, or 4/8-bit blocks packed [N, blocks, bytes]; 0 for
+    anything else (scales, zero points, biases)."""
+    n = 1
+    for d in dims:
+        n *= d
+    if data_type in _FLOAT_TYPES and len(dims) == 2:
+        return n
+    if data_type == 2 and len(dims) == 3:  # uint8
+        return n * 8 // bits
+    return 0
+
+
+def decoder_shape(m, config: dict) -> dict:
+    """What the limits need from a genai decoder (`m`: its graph, folder.graph; `config`: genai_config.json): the
+    multiply-adds a token costs in the linear layers (`macs`: every GEMM's weight, K x N: ai.onnx MatMul and Gemm on a
+    2-D initializer, MatMulNBits and onnxfuse's int4 ops from their packed bytes, onnxfuse's other GEMM ops from
+    their weight initializers), the lm_head's part of it (the MatMul making `logits`) and whether the builder pruned
+    it (prune_lm_head: a Gather or Slice before it, so a prefill computes the last position's logits only), the
+    layers, heads, KV heads and head size (genai_config.json) and the KV cache's element bytes (its past_key_values
+    inputs)."""
+    from .. import schema
+    inits = {t.name: (t.data_type, list(t.dims)) for t in m.graph.initializer}
+    producer = {o: n for n in m.graph.node for o in n.output}
+    macs, lm_head, pruned = 0, 0, False
+    for node in m.graph.node:
+        bits = next((a.i for a in node.attribute if a.name == "bits"), 4)
+        if (node.domain, node.op_type) in _GEMM_OPS:
+            names = list(node.input[1:2])
+        elif node.domain == schema.DOMAIN and node.op_type not in _ONNXFUSE_NOT_GEMM:
+            spec = schema.OPS[node.op_type].inputs  # past its end: MLPStack's repeated W_i, bias_i
+            names = [x for i, x in enumerate(node.input)
+                     if i >= 1 and not (i < len(spec) and spec[i].startswith(_NOT_WEIGHTS))]
+        else:
+            continue
+        node_macs = sum(_weight_macs(*inits[x], bits) for x in names if x in inits)
+        macs += node_macs
+        if "logits" in node.output:
+            lm_head = node_macs
+            up = producer.get(node.input[0])
+            hops = [up, producer.get(up.input[0]) if up is not None and up.input else None]
+            pruned = any(h is not None and h.op_type in _PRUNE_OPS for h in hops)
+    dec = config["model"]["decoder"]
+    kv = next((i for i in m.graph.input if i.name.startswith("past_key_values.") and i.name.endswith(".key")), None)
+    return {"macs": macs, "lm_head_macs": lm_head, "lm_head_pruned": pruned,
+            "layers": int(dec["num_hidden_layers"]), "heads": int(dec["num_attention_heads"]),
+            "kv_heads": int(dec.get("num_key_value_heads", dec["num_attention_heads"])),
+            "head_size": int(dec["head_size"]),
+            "kv_bytes": None if kv is None else _FLOAT_TYPES.get(kv.type.tensor_type.elem_type)}
+
+
+def prefill_flops(shape: dict, batch: int, tokens: int) -> int:
+    """FLOPs of a prefill of `tokens` tokens for each of `batch` sequences: 2 per multiply-add of the linear layers at
+    every position (the lm_head at the last one where pruned), and the causal attention's Q K^T and P V (2 x 2 x
+    head size FLOPs for each of the S (S + 1) / 2 query-key pairs of every head and layer)."""
+    lm = shape["lm_head_macs"]
+    per_seq = 2 * (shape["macs"] - lm) * tokens + 2 * lm * (1 if shape["lm_head_pruned"] else tokens)
+    per_seq += shape["layers"] * shape["heads"] * 2 * shape["head_size"] * tokens * (tokens + 1)
+    return batch * per_seq
+
+
+def decode_bytes(shape: dict, weight_bytes: int, batch: int, prompt: int, new_tokens: int) -> int | None:
+    """Bytes a decode step reads at least: every weight once, and each sequence's K and V cache at the steps' mean
+    context (prompt + (new - 1) / 2 positions); None where the KV cache's type is unknown."""
+    if shape["kv_bytes"] is None:
+        return None
+    context = prompt + (new_tokens - 1) / 2
+    kv = 2 * shape["layers"] * shape["kv_heads"] * shape["head_size"] * context * shape["kv_bytes"]
+    return int(weight_bytes + batch * kv)
+
+
+def gemm_peak(provider: str, kv_bytes: int | None) -> dict:
+    """The GEMM peak of this run (bench.harness.measure_ceilings: torch's matmul, on the CPU also onnxruntime's) in
+    the decoder's activation type (the KV cache's: fp16 on GPU folders, fp32 on CPU ones)."""
+    from ..bench.harness import Device, measure_ceilings
+    dtype = "fp16" if (provider == "cuda" and kv_bytes == 2) else "fp32"
+    c = measure_ceilings(Device("cuda" if provider == "cuda" else "cpu"), dtype, quick=provider != "cuda")
+    return {"peak_tflops": c["peak_tflops"], "peak_gemm": c["peak_gemm"]}
 
 
 def copy_peak_gbs() -> float | None:
@@ -125,7 +217,7 @@ def bench(folders: list, *, provider: str = "cpu", sizes: list[int] | None = Non
     batches = batches or [1]
     modes = [False, True] if provider == "cuda" else [False]
     peak = copy_peak_gbs() if provider == "cuda" else cpu_read_gbs()
-    rows, skipped = [], []
+    rows, skipped, gemm = [], [], None
     if provider == "cuda" and any(b > 1 for b in batches):
         # genai 0.18's CUDA-graph mode (KV buffers shared between steps) refuses a batched prompt: onnxruntime's
         # GroupQueryAttention says "batch_size must be 1 when sequence_length > 1 and past context is given"
@@ -133,7 +225,10 @@ def bench(folders: list, *, provider: str = "cpu", sizes: list[int] | None = Non
     for folder in folders:
         decoder = gf.graph(gf.decoder_path(folder))
         nbytes, counts = weight_bytes(decoder), onnxio.op_counts(decoder)
+        shape = decoder_shape(decoder, gf.read_config(folder))
         del decoder
+        if gemm is None:
+            gemm = gemm_peak(provider, shape["kv_bytes"])
         recipe = gf.read_recipe(folder) or {}
         for cuda_graph in modes:
             for batch, size in ((b, z) for b in batches for z in sizes):
@@ -145,10 +240,19 @@ def bench(folders: list, *, provider: str = "cpu", sizes: list[int] | None = Non
                 row = time_folder(folder, provider=provider, cuda_graph=cuda_graph, prompt_tokens=size,
                                   new_tokens=new_tokens, runs=runs, warmup=warmup, batch=batch)
                 gbs = nbytes / (row["decode_ms_per_token"] / 1e3) / 1e9
+                flops = prefill_flops(shape, batch, size)
+                prefill_limit = flops / (gemm["peak_tflops"] * 1e12) * 1e3
+                step_bytes = decode_bytes(shape, nbytes, batch, size, new_tokens)
+                decode_limit = None if step_bytes is None or peak is None else step_bytes / (peak * 1e9) * 1e3
                 row.update(folder=str(folder), weight_bytes=nbytes, decode_weight_gbs=gbs,
                            decode_pct_of_copy=None if peak is None else 100 * gbs / peak,
+                           prefill_flops=flops, prefill_limit_ms=prefill_limit,
+                           prefill_pct_of_limit=100 * prefill_limit / row["prefill_ms"],
+                           decode_bytes=step_bytes, decode_limit_ms=decode_limit,
+                           decode_pct_of_limit=None if decode_limit is None
+                           else 100 * decode_limit / row["decode_ms_per_token"],
                            fused={k: v for k, v in counts.items() if k.startswith("onnxfuse::")},
-                           precision=recipe.get("precision"))
+                           precision=recipe.get("precision"), decoder_shape=shape)
                 rows.append(row)
     base = {(r["cuda_graph"], r["batch"], r["prompt_tokens"]): r for r in rows if r["folder"] == str(folders[0])}
     for r in rows:
@@ -160,12 +264,16 @@ def bench(folders: list, *, provider: str = "cpu", sizes: list[int] | None = Non
             "device": _device(provider), "versions": {"onnxruntime": onnxruntime.__version__,
                                                       "onnxruntime_genai": onnxruntime_genai.__version__},
             "copy_peak_gbs": peak if provider == "cuda" else None,
-            "read_peak_gbs": peak if provider != "cuda" else None, "runs": runs, "warmup": warmup, "rows": rows,
-            "skipped": skipped,
+            "read_peak_gbs": peak if provider != "cuda" else None, **(gemm or {}), "runs": runs, "warmup": warmup,
+            "rows": rows, "skipped": skipped,
             "note": "decode_weight_gbs: the decoder's weight bytes over the median decode time per token (each token "
                     "reads every weight once); decode_pct_of_copy: that over the same-run device-to-device copy "
                     "rate (its read plus write bytes: what the memory moves at most; on the CPU the same-run read "
-                    "rate with torch's threads, cpu_read_gbs)"}
+                    "rate with torch's threads, cpu_read_gbs). prefill_limit_ms: prefill_flops (the linear layers' "
+                    "and the causal attention's) at the same-run GEMM peak (peak_tflops); decode_limit_ms: "
+                    "decode_bytes (the weights and the batch's KV cache at the mean context) at that memory rate; "
+                    "*_pct_of_limit: the limit over the measured median (100: at the limit; above it where a tiny "
+                    "model's weights stay in cache)"}
 
 
 def _device(provider: str) -> str:
@@ -180,13 +288,18 @@ def _device(provider: str) -> str:
 
 
 def table(result: dict) -> str:
-    lines = [f"{'folder':40} {'graph':5} {'batch':>5} {'prompt':>6} {'prefill ms':>10} {'decode ms/tok':>13} "
-             f"{'tok/s':>7} {'GB/s':>7} {'%peak':>6} {'vs first':>9}"]
+    lines = [f"{'folder':40} {'graph':5} {'batch':>5} {'prompt':>6} {'prefill ms':>10} {'%limit':>6} "
+             f"{'decode ms/tok':>13} {'%limit':>6} {'tok/s':>7} {'GB/s':>7} {'%peak':>6} {'vs first':>9}"]
     for r in result["rows"]:
         pct = f"{r['decode_pct_of_copy']:.0f}" if r["decode_pct_of_copy"] is not None else "-"
+        pre = f"{r['prefill_pct_of_limit']:.0f}" if r.get("prefill_pct_of_limit") is not None else "-"
+        dec = f"{r['decode_pct_of_limit']:.0f}" if r.get("decode_pct_of_limit") is not None else "-"
         vs = f"{r.get('decode_speedup_vs_first', 1):.3f}x"
         lines.append(f"{r['folder'][-40:]:40} {'yes' if r['cuda_graph'] else 'no':5} {r.get('batch', 1):>5} "
-                     f"{r['prompt_tokens']:>6} "
-                     f"{r['prefill_ms']:>10.2f} {r['decode_ms_per_token']:>13.3f} {r['decode_tokens_per_s']:>7.1f} "
+                     f"{r['prompt_tokens']:>6} {r['prefill_ms']:>10.2f} {pre:>6} "
+                     f"{r['decode_ms_per_token']:>13.3f} {dec:>6} {r['decode_tokens_per_s']:>7.1f} "
                      f"{r['decode_weight_gbs']:>7.0f} {pct:>6} {vs:>9}")
-    return "\n".join(lines)
+    limits = [f"prefill limit: its FLOPs at the run's GEMM peak ({result['peak_tflops']} TFLOP/s, "
+              f"{result['peak_gemm']})" if result.get("peak_tflops") else None,
+              "decode limit: the step's weight and KV-cache bytes at the run's memory rate (%peak's)"]
+    return "\n".join(lines + [x for x in limits if x])

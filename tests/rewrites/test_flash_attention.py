@@ -169,3 +169,19 @@ def test_a_llama_export_with_64_wide_heads_fuses_its_attention(tmp_path):
     ref = runtime.session(str(src), "cpu", library=False).run(None, feeds)[0].astype(np.float32)
     out = runtime.session(str(dst), "cpu").run(None, feeds)[0].astype(np.float32)
     testing.assert_close(out, ref, torch.float16, "fused Llama against unfused", kind="graph")
+
+
+def test_doctor_inputs_recover_each_entrys_left_padding():
+    """doctor_inputs gets shapes only and finds an entry's padding by (S, S_kv): the entries must differ there, and
+    the bias it builds masks exactly the entry's first `pad` keys of every row beside the causal mask."""
+    from onnxfuse.ops import flash_attention as op_module
+    entries = op_module.DOCTOR_SHAPES
+    assert len({(e[1], e[2]) for e in entries}) == len(entries)
+    for entry in entries:
+        shapes, _, _ = op_module.doctor_entry(entry)
+        bias = op_module.doctor_inputs(None, torch.float32, shapes, seed=0)[3]
+        s, skv, pad = entry[1], entry[2], entry[6]
+        j = torch.arange(skv)[None, :]
+        i = torch.arange(s)[:, None]
+        expected = (j > i + (skv - s)) | (j < pad)
+        assert torch.equal((bias == -65504.0).any(dim=(0, 1)), expected), entry
