@@ -347,9 +347,21 @@ def test_bench_genai_times_folders_against_the_first(checkpoints, tmp_path, caps
     assert rows[1]["decode_tokens_per_s"] == pytest.approx(3e3 / rows[1]["decode_ms_per_token"])
     assert rows[3]["decode_speedup_vs_first"] == pytest.approx(rows[1]["decode_ms_per_token"] /
                                                                rows[3]["decode_ms_per_token"])
+    # the checkpoint through transformers on the same prompt, eager and static cache + torch.compile, beside them
+    assert cli.main(["bench", "genai", str(tmp_path / "plain"), "--device", "cpu", "--sizes", "8", "--runs", "1",
+                     "--warmup", "1", "--transformers", "eager,compile", "-o", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["folder"] for r in rows] == ["%s" % (tmp_path / "plain"), "transformers eager", "transformers compile"]
+    for r in rows[1:]:
+        assert r["kind"] == "transformers" and r["prefill_ms"] > 0 and r["decode_ms_per_token"] > 0
+        assert r["weight_bytes"] == 4 * (2 * (64 * 128 + 64 * 64 + 3 * 64 * 128) + 2 * 300 * 64 + 5 * 64)  # fp32
+        assert r["prefill_flops"] == rows[0]["prefill_flops"] and r["decode_pct_of_limit"] > 0
+        assert r["decode_speedup_vs_first"] == pytest.approx(rows[0]["decode_ms_per_token"] /
+                                                             r["decode_ms_per_token"])
     capsys.readouterr()
     _one_line_error(capsys, ["bench", "genai"], "bench genai takes genai model folders")
     _one_line_error(capsys, ["bench", "llama-mlp", "--batch", "2"], "--batch is for bench genai")
+    _one_line_error(capsys, ["bench", "llama-mlp", "--transformers", "eager"], "--transformers is for bench genai")
 
 
 # ------------------------------------------------------------------------------------------------ LoRA adapters

@@ -46,6 +46,15 @@ def _variant_list(text: str) -> list[str]:
     return vals
 
 
+def _transformers_modes(text: str) -> list[str]:
+    from ..genai.timing import TRANSFORMERS_MODES
+    vals = [v for v in re.split(r"[,\s]+", text.strip()) if v]
+    bad = [v for v in vals if v not in TRANSFORMERS_MODES]
+    if bad or not vals:
+        raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(TRANSFORMERS_MODES)}, e.g. eager,compile")
+    return vals
+
+
 def register(subparsers, parser_class=None) -> argparse.ArgumentParser:
     """Add the `bench` subcommand, with all its arguments, to the cli package's subparsers; its func(args)
     (cli_main) returns the exit code.
@@ -69,6 +78,9 @@ def register(subparsers, parser_class=None) -> argparse.ArgumentParser:
     p.add_argument("--sizes", type=_int_list, help="tokens / batch sizes to sweep, e.g. 16,128,2048 (default per case)")
     p.add_argument("--batch", type=_int_list, metavar="B1,B2",
                    help="bench genai: sequences decoded together, e.g. 1,8 (default 1; --sizes are the prompt lengths)")
+    p.add_argument("--transformers", type=_transformers_modes, metavar="eager,compile",
+                   help="bench genai: also the first folder's checkpoint (its onnxfuse.json source) through "
+                        "transformers, eager and/or with a static cache and torch.compile, on the same prompts")
     p.add_argument("--layers", type=_positive, default=1, help="decoder layers of the llama case (default 1)")
     p.add_argument("--runs", type=_positive, help="timed runs per variant (default 100 on cuda, 50 on cpu)")
     p.add_argument("--warmup", type=_nonneg, help="warm-up runs per variant (default 10 on cuda, 3 on cpu)")
@@ -130,6 +142,9 @@ def cli_main(args) -> int:
         return _genai(args)
     if args.batch:
         raise OnnxfuseError("--batch is for bench genai (sequences decoded together); the cases sweep --sizes")
+    if args.transformers:
+        raise OnnxfuseError("--transformers is for bench genai (a folder's checkpoint through transformers); the "
+                            "cases have their torch variants (--variants torch-eager,torch-compile)")
     quiet = args.quiet or args.json
     if args.noisy_spread < 1:
         raise OnnxfuseError(f"--noisy-spread {args.noisy_spread}: p90/p10 is at least 1; give a threshold like 1.25")
@@ -207,7 +222,8 @@ def _genai(args) -> int:
     say = None if (args.quiet or args.json) else (lambda text: print(f"onnxfuse bench genai: {text}",
                                                                       file=sys.stderr, flush=True))
     result = timing.bench(folders, provider=provider, sizes=args.sizes, runs=args.runs or 5,
-                          warmup=args.warmup if args.warmup is not None else 2, progress=say, batches=args.batch)
+                          warmup=args.warmup if args.warmup is not None else 2, progress=say, batches=args.batch,
+                          transformers_modes=args.transformers)
     result["target"] = "genai"
     out = write_json(result, pathlib.Path(args.output) if args.output else default_output(result, args.results_dir))
     if args.json:

@@ -14,6 +14,7 @@ folder is the baseline: every other row gets its time ratio against it (above 1:
 from __future__ import annotations
 
 import datetime
+import pathlib
 import platform
 import statistics
 import time
@@ -167,14 +168,19 @@ def cpu_read_gbs(nbytes: int = 1 << 29) -> float | None:
     return nbytes / statistics.median(times) / 1e9
 
 
+def _prompt(vocab: int, batch: int, prompt_tokens: int, seed: int):
+    """The run's prompt ids: the same for every folder and for transformers (a list at batch 1, else [batch, S])."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(min(100, vocab // 2), vocab - 1, prompt_tokens).tolist() if batch == 1 else \
+        rng.integers(min(100, vocab // 2), vocab - 1, (batch, prompt_tokens)).astype(np.int32)
+
+
 def time_folder(folder, *, provider: str, cuda_graph: bool, prompt_tokens: int, new_tokens: int, runs: int,
                 warmup: int, seed: int = 0, batch: int = 1) -> dict:
     og, model = load_model(folder, provider, cuda_graph)
     config = gf.read_config(folder)
     vocab = int(config["model"]["vocab_size"])
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(min(100, vocab // 2), vocab - 1, prompt_tokens).tolist() if batch == 1 else \
-        rng.integers(min(100, vocab // 2), vocab - 1, (batch, prompt_tokens)).astype(np.int32)
+    ids = _prompt(vocab, batch, prompt_tokens, seed)
     prefill, decode = [], []
     for r in range(warmup + runs):
         params = og.GeneratorParams(model)
@@ -202,15 +208,102 @@ def time_folder(folder, *, provider: str, cuda_graph: bool, prompt_tokens: int, 
             "decode_tokens_per_s": batch * 1e3 / statistics.median(decode)}
 
 
+TRANSFORMERS_MODES = ("eager", "compile")
+
+
+def time_transformers(model, *, mode: str, vocab: int, prompt_tokens: int, new_tokens: int, runs: int, warmup: int,
+                      seed: int = 0, batch: int = 1) -> dict:
+    """The same prompt through the checkpoint's transformers CausalLM (`model`, on its device), greedy, the way a
+    PyTorch user runs it: `eager` (its DynamicCache) or `compile` (a StaticCache of the prompt plus the new tokens and
+    the forward through torch.compile, CUDA graphs on the GPU: what transformers' static-cache generation does); the
+    prefill computes the last position's logits (logits_to_keep=1, as generate does). Medians like time_folder's."""
+    import torch
+    import transformers
+    device = next(model.parameters()).device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    x = torch.tensor(np.asarray(_prompt(vocab, batch, prompt_tokens, seed)).reshape(batch, prompt_tokens),
+                     dtype=torch.long, device=device)
+    forward = model.forward
+    if mode == "compile":
+        forward = torch.compile(model.forward, dynamic=False,
+                                mode="reduce-overhead" if device.type == "cuda" else None)
+        warmup = max(warmup, 2)  # the prefill's and the decode step's graphs compile in the first runs
+    prefill, decode = [], []
+    # one static cache, reset each run: its buffers keep their addresses, which the compiled graphs were captured on
+    static = transformers.StaticCache(config=model.config, max_cache_len=prompt_tokens + new_tokens) \
+        if mode == "compile" else None
+    with torch.inference_mode():
+        for r in range(warmup + runs):
+            if static is not None:
+                static.reset()
+            cache = static
+            sync()
+            t0 = time.perf_counter()
+            out = forward(input_ids=x, past_key_values=cache, use_cache=True, logits_to_keep=1,
+                          cache_position=torch.arange(prompt_tokens, device=device))
+            token = out.logits[:, -1:].argmax(-1)
+            sync()
+            t1 = time.perf_counter()
+            cache = out.past_key_values
+            for i in range(new_tokens):
+                out = forward(input_ids=token, past_key_values=cache, use_cache=True,
+                              cache_position=torch.tensor([prompt_tokens + i], device=device))
+                token = out.logits[:, -1:].argmax(-1)
+                cache = out.past_key_values
+            sync()
+            t2 = time.perf_counter()
+            if r >= warmup:
+                prefill.append((t1 - t0) * 1e3)
+                decode.append((t2 - t1) * 1e3 / new_tokens)
+    return {"batch": batch, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "cuda_graph": False,
+            "prefill_ms": statistics.median(prefill), "prefill_ms_p10_p90": _p10_p90(prefill),
+            "decode_ms_per_token": statistics.median(decode), "decode_ms_p10_p90": _p10_p90(decode),
+            "decode_tokens_per_s": batch * 1e3 / statistics.median(decode)}
+
+
+def _transformers_rows(folder, modes: list[str], *, provider: str, sizes, batches, new_tokens: int, runs: int,
+                       warmup: int, progress, limits) -> list[dict]:
+    """time_transformers for every mode, batch and prompt length, on the checkpoint `folder` was built from (its
+    recipe's source), in the folder's activation type (fp16 on the GPU, fp32 on the CPU)."""
+    import tempfile
+
+    import torch
+
+    from .check import source_of
+    from .source import load_causal_lm
+    vocab = int(gf.read_config(folder)["model"]["vocab_size"])
+    dtype = torch.float16 if provider == "cuda" else torch.float32
+    rows = []
+    with tempfile.TemporaryDirectory() as work:
+        model = load_causal_lm(source_of(folder, gf.read_recipe(folder), None, pathlib.Path(work)), dtype)
+        model.to("cuda" if provider == "cuda" else "cpu")
+        nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        for mode in modes:
+            for batch, size in ((b, z) for b in batches for z in sizes):
+                if progress:
+                    progress(f"transformers {mode}{f' batch {batch}' if batch > 1 else ''} prompt {size}")
+                row = time_transformers(model, mode=mode, vocab=vocab, prompt_tokens=size, new_tokens=new_tokens,
+                                        runs=runs, warmup=warmup, batch=batch)
+                row.update(folder=f"transformers {mode}", kind="transformers", weight_bytes=nbytes, fused={},
+                           precision="fp16" if provider == "cuda" else "fp32")
+                rows.append(limits(row, nbytes))
+                if provider == "cuda":
+                    torch.cuda.empty_cache()
+        del model
+    return rows
+
+
 def _p10_p90(v: list[float]) -> list[float]:
     return [float(np.percentile(v, 10)), float(np.percentile(v, 90))]
 
 
 def bench(folders: list, *, provider: str = "cpu", sizes: list[int] | None = None, new_tokens: int = 64,
-          runs: int = 5, warmup: int = 2, progress=None, batches: list[int] | None = None) -> dict:
-    """Time every folder at every batch and prompt length, plain and (on cuda) with CUDA graphs; the result as JSON
-    data. A decode step reads every weight once whatever the batch, so its weight rate is the weights over the
-    step's time at every batch."""
+          runs: int = 5, warmup: int = 2, progress=None, batches: list[int] | None = None,
+          transformers_modes: list[str] | None = None) -> dict:
+    """Time every folder at every batch and prompt length, plain and (on cuda) with CUDA graphs, and the first
+    folder's checkpoint through transformers in `transformers_modes` (TRANSFORMERS_MODES); the result as JSON data.
+    A decode step reads every weight once whatever the batch, so its weight rate is the weights over the step's time
+    at every batch."""
     import onnxruntime
     import onnxruntime_genai
     sizes = sizes or [128]
@@ -239,21 +332,15 @@ def bench(folders: list, *, provider: str = "cpu", sizes: list[int] | None = Non
                              f"{' cuda graph' if cuda_graph else ''}")
                 row = time_folder(folder, provider=provider, cuda_graph=cuda_graph, prompt_tokens=size,
                                   new_tokens=new_tokens, runs=runs, warmup=warmup, batch=batch)
-                gbs = nbytes / (row["decode_ms_per_token"] / 1e3) / 1e9
-                flops = prefill_flops(shape, batch, size)
-                prefill_limit = flops / (gemm["peak_tflops"] * 1e12) * 1e3
-                step_bytes = decode_bytes(shape, nbytes, batch, size, new_tokens)
-                decode_limit = None if step_bytes is None or peak is None else step_bytes / (peak * 1e9) * 1e3
-                row.update(folder=str(folder), weight_bytes=nbytes, decode_weight_gbs=gbs,
-                           decode_pct_of_copy=None if peak is None else 100 * gbs / peak,
-                           prefill_flops=flops, prefill_limit_ms=prefill_limit,
-                           prefill_pct_of_limit=100 * prefill_limit / row["prefill_ms"],
-                           decode_bytes=step_bytes, decode_limit_ms=decode_limit,
-                           decode_pct_of_limit=None if decode_limit is None
-                           else 100 * decode_limit / row["decode_ms_per_token"],
+                row.update(folder=str(folder), weight_bytes=nbytes,
                            fused={k: v for k, v in counts.items() if k.startswith("onnxfuse::")},
                            precision=recipe.get("precision"), decoder_shape=shape)
-                rows.append(row)
+                rows.append(_limits(row, nbytes, shape, gemm, peak))
+    if transformers_modes:
+        first = rows[0]["decoder_shape"]
+        rows += _transformers_rows(folders[0], transformers_modes, provider=provider, sizes=sizes, batches=batches,
+                                   new_tokens=new_tokens, runs=runs, warmup=warmup, progress=progress,
+                                   limits=lambda row, nbytes: _limits(row, nbytes, first, gemm, peak))
     base = {(r["cuda_graph"], r["batch"], r["prompt_tokens"]): r for r in rows if r["folder"] == str(folders[0])}
     for r in rows:
         b = base.get((r["cuda_graph"], r["batch"], r["prompt_tokens"]))
@@ -274,6 +361,22 @@ def bench(folders: list, *, provider: str = "cpu", sizes: list[int] | None = Non
                     "decode_bytes (the weights and the batch's KV cache at the mean context) at that memory rate; "
                     "*_pct_of_limit: the limit over the measured median (100: at the limit; above it where a tiny "
                     "model's weights stay in cache)"}
+
+
+def _limits(row: dict, nbytes: int, shape: dict, gemm: dict, peak: float | None) -> dict:
+    """A timed row with its weight rate and limits (the module's docstring)."""
+    gbs = nbytes / (row["decode_ms_per_token"] / 1e3) / 1e9
+    batch, size = row["batch"], row["prompt_tokens"]
+    flops = prefill_flops(shape, batch, size)
+    prefill_limit = flops / (gemm["peak_tflops"] * 1e12) * 1e3
+    step_bytes = decode_bytes(shape, nbytes, batch, size, row["new_tokens"])
+    decode_limit = None if step_bytes is None or peak is None else step_bytes / (peak * 1e9) * 1e3
+    row.update(decode_weight_gbs=gbs, decode_pct_of_copy=None if peak is None else 100 * gbs / peak,
+               prefill_flops=flops, prefill_limit_ms=prefill_limit,
+               prefill_pct_of_limit=100 * prefill_limit / row["prefill_ms"],
+               decode_bytes=step_bytes, decode_limit_ms=decode_limit,
+               decode_pct_of_limit=None if decode_limit is None else 100 * decode_limit / row["decode_ms_per_token"])
+    return row
 
 
 def _device(provider: str) -> str:
