@@ -19,7 +19,8 @@
 # .gpu/lib-before.so.xz, e.g. the last commit's build, and .gpu/lib.so.xz, TURNS times (default 2); the bench only
 # writes the models; PAIRS as ab_pairs'), int4-folders then int4-profile (genai's int4 7B-shape model and its fused
 # folder, then each one's decode step kernel by kernel: scripts/genai_decode_profile.py), attention (FlashAttention's
-# doctor and GPU tests, then bench llama-7b at LAYERS depths).
+# doctor and GPU tests, then bench llama-7b at LAYERS depths), generate (bench genai with its limits on a 7B-shape
+# checkpoint of LAYERS layers: genai's folder, the fused one, transformers eager and compiled).
 set -u
 MODE=${1:-check}
 OUT=${OUT:-/tmp/out}
@@ -127,6 +128,36 @@ PY
     tail -3 "$OUT/int4-fuse.log"
     # the library copied into the folder finds its oneDNN by $ORIGIN (the carried library's RUNPATH)
     [ -f /root/libdnnl.so.3 ] && cp /root/libdnnl.so.3 /root/int4-fused/
+    ;;
+  generate)
+    # bench genai with its limits on a Llama-2-7B-shape checkpoint of LAYERS layers (default 4; random fp16 weights,
+    # vocabulary 49,152, SmolLM2's tokenizer: .gpu/tok): genai's fp16 CUDA folder (`export hf --no-fuse`), the fused
+    # one (`fuse`), at prompts SIZES (default 128,2048); then the same against transformers eager and static cache +
+    # torch.compile (--transformers). Carries the genai CUDA wheel (.gpu/genai/*.whl) and .gpu/tok.
+    python3 -m pip install -q --no-deps --target /root/genai .gpu/genai/*.whl || exit 1
+    export PYTHONPATH=/root/ortsite:/root/genai:$PWD
+    L=${LAYERS:-4}
+    LAYERS_N=$L python3 - <<'PY' || exit 1
+import os, torch, transformers
+cfg = transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=int(os.environ["LAYERS_N"]),
+                               num_attention_heads=32, num_key_value_heads=32, vocab_size=49152,
+                               max_position_embeddings=4096)
+torch.manual_seed(0)
+with torch.device("cuda"):
+    model = transformers.LlamaForCausalLM(cfg).half()
+model.save_pretrained("/root/ckpt-gen")
+transformers.AutoTokenizer.from_pretrained(".gpu/tok").save_pretrained("/root/ckpt-gen")
+PY
+    python3 -m onnxfuse export hf /root/ckpt-gen -o /root/gen --dtype fp16 --provider cuda --no-fuse \
+      > "$OUT/generate-export.log" 2>&1; echo "export rc $?"; tail -2 "$OUT/generate-export.log"
+    python3 -m onnxfuse fuse /root/gen --provider cuda > "$OUT/generate-fuse.log" 2>&1; echo "fuse rc $?"
+    tail -2 "$OUT/generate-fuse.log"
+    [ -f /root/libdnnl.so.3 ] && cp /root/libdnnl.so.3 /root/gen-fused/
+    python3 -m onnxfuse bench genai /root/gen /root/gen-fused --device cuda --sizes "${SIZES:-128,2048}" --runs 3 \
+      -o "$OUT/genai-L$L.json" > "$OUT/genai-L$L.log" 2>&1; echo "bench genai rc $?"; tail -9 "$OUT/genai-L$L.log"
+    python3 -m onnxfuse bench genai /root/gen --device cuda --sizes "${SIZES:-128,2048}" --runs 3 \
+      --transformers eager,compile -o "$OUT/genai-transformers-L$L.json" > "$OUT/genai-transformers-L$L.log" 2>&1
+    echo "bench transformers rc $?"; tail -9 "$OUT/genai-transformers-L$L.log"
     ;;
   int4-profile)
     # genai_decode_profile.py on int4-folders' two folders, batch 8 and 1 (BATCHES), prompt 128

@@ -208,6 +208,13 @@ def _plot_only(args) -> int:
     return 0
 
 
+def _gemm_peak(provider: str, dtype: str) -> dict:
+    """bench genai's GEMM peak: harness.measure_ceilings' (torch's matmul, on the CPU also onnxruntime's)."""
+    from .harness import Device, measure_ceilings
+    c = measure_ceilings(Device("cuda" if provider == "cuda" else "cpu"), dtype, quick=provider != "cuda")
+    return {"peak_tflops": c["peak_tflops"], "peak_gemm": c["peak_gemm"]}
+
+
 def _genai(args) -> int:
     """`bench genai DIR [DIR ...]`: onnxruntime-genai folders timed in one run (prefill and decode; the first
     folder is the baseline), written as JSON to -o or the results folder."""
@@ -223,7 +230,7 @@ def _genai(args) -> int:
                                                                       file=sys.stderr, flush=True))
     result = timing.bench(folders, provider=provider, sizes=args.sizes, runs=args.runs or 5,
                           warmup=args.warmup if args.warmup is not None else 2, progress=say, batches=args.batch,
-                          transformers_modes=args.transformers)
+                          transformers_modes=args.transformers, gemm_peak=_gemm_peak)
     result["target"] = "genai"
     out = write_json(result, pathlib.Path(args.output) if args.output else default_output(result, args.results_dir))
     if args.json:

@@ -37,8 +37,6 @@ def weight_bytes(m) -> int:
 
 _GEMM_OPS = {("", "MatMul"), ("ai.onnx", "MatMul"), ("", "Gemm"), ("ai.onnx", "Gemm"),
              ("com.microsoft", "MatMulNBits")}
-_ONNXFUSE_NOT_GEMM = {"RotaryEmbedding", "Embedding", "EmbeddingInteraction", "EmbeddingBagInteraction",
-                      "FlashAttention"}
 _NOT_WEIGHTS = ("scales", "zero_points")  # int4 ops' 2-D scales are not weights (biases and the rest: not 2-D)
 _FLOAT_TYPES = {1: 4, 10: 2, 16: 2}  # onnx float, float16, bfloat16: bytes
 _PRUNE_OPS = {"Gather", "Slice"}
@@ -57,23 +55,52 @@ def _weight_macs(data_type: int, dims: list[int], bits: int) -> int:
     return 0
 
 
+_LOOKUPS = {("", "Gather"), ("ai.onnx", "Gather"), ("com.microsoft", "GatherBlockQuantized")}
+
+
+def _onnxfuse_role(op: str) -> str | None:
+    """"gemm" for an onnxfuse op with weights (an input W...: the GEMM families), "lookup" for one reading rows of a
+    table (an input `table`), else None (schema.py's input names)."""
+    from .. import schema
+    inputs = schema.OPS[op].inputs if op in schema.OPS else ()
+    return "gemm" if any(i.startswith("W") for i in inputs) else "lookup" if "table" in inputs else None
+
+
+def _is_lookup(domain: str, op: str) -> bool:
+    from .. import schema
+    return (domain, op) in _LOOKUPS or (domain == schema.DOMAIN and _onnxfuse_role(op) == "lookup")
+
+
+def _bytes(t) -> int:
+    """An initializer's bytes, external or inline."""
+    ext = {e.key: e.value for e in t.external_data}
+    return int(ext["length"]) if "length" in ext else len(t.raw_data)
+
+
 def decoder_shape(m, config: dict) -> dict:
     """What the limits need from a genai decoder (`m`: its graph, folder.graph; `config`: genai_config.json): the
     multiply-adds a token costs in the linear layers (`macs`: every GEMM's weight, K x N: ai.onnx MatMul and Gemm on a
     2-D initializer, MatMulNBits and onnxfuse's int4 ops from their packed bytes, onnxfuse's other GEMM ops from
     their weight initializers), the lm_head's part of it (the MatMul making `logits`) and whether the builder pruned
     it (prune_lm_head: a Gather or Slice before it, so a prefill computes the last position's logits only), the
+    bytes of the lookup tables (initializers only a Gather or Embedding reads: a step reads a row of them), the
     layers, heads, KV heads and head size (genai_config.json) and the KV cache's element bytes (its past_key_values
     inputs)."""
     from .. import schema
     inits = {t.name: (t.data_type, list(t.dims)) for t in m.graph.initializer}
     producer = {o: n for n in m.graph.node for o in n.output}
+    consumers: dict[str, set] = {}
+    for node in m.graph.node:
+        for x in node.input:
+            consumers.setdefault(x, set()).add((node.domain, node.op_type))
+    table_bytes = sum(_bytes(t) for t in m.graph.initializer
+                      if consumers.get(t.name) and all(_is_lookup(*c) for c in consumers[t.name]))
     macs, lm_head, pruned = 0, 0, False
     for node in m.graph.node:
         bits = next((a.i for a in node.attribute if a.name == "bits"), 4)
         if (node.domain, node.op_type) in _GEMM_OPS:
             names = list(node.input[1:2])
-        elif node.domain == schema.DOMAIN and node.op_type not in _ONNXFUSE_NOT_GEMM:
+        elif node.domain == schema.DOMAIN and _onnxfuse_role(node.op_type) == "gemm":
             spec = schema.OPS[node.op_type].inputs  # past its end: MLPStack's repeated W_i, bias_i
             names = [x for i, x in enumerate(node.input)
                      if i >= 1 and not (i < len(spec) and spec[i].startswith(_NOT_WEIGHTS))]
@@ -88,7 +115,7 @@ def decoder_shape(m, config: dict) -> dict:
             pruned = any(h is not None and h.op_type in _PRUNE_OPS for h in hops)
     dec = config["model"]["decoder"]
     kv = next((i for i in m.graph.input if i.name.startswith("past_key_values.") and i.name.endswith(".key")), None)
-    return {"macs": macs, "lm_head_macs": lm_head, "lm_head_pruned": pruned,
+    return {"macs": macs, "lm_head_macs": lm_head, "lm_head_pruned": pruned, "table_bytes": table_bytes,
             "layers": int(dec["num_hidden_layers"]), "heads": int(dec["num_attention_heads"]),
             "kv_heads": int(dec.get("num_key_value_heads", dec["num_attention_heads"])),
             "head_size": int(dec["head_size"]),
@@ -106,22 +133,14 @@ def prefill_flops(shape: dict, batch: int, tokens: int) -> int:
 
 
 def decode_bytes(shape: dict, weight_bytes: int, batch: int, prompt: int, new_tokens: int) -> int | None:
-    """Bytes a decode step reads at least: every weight once, and each sequence's K and V cache at the steps' mean
-    context (prompt + (new - 1) / 2 positions); None where the KV cache's type is unknown."""
+    """Bytes a decode step reads at least: every weight once but the lookup tables (a row of them), and each
+    sequence's K and V cache at the steps' mean context (prompt + (new - 1) / 2 positions); None where the KV cache's
+    type is unknown."""
     if shape["kv_bytes"] is None:
         return None
     context = prompt + (new_tokens - 1) / 2
     kv = 2 * shape["layers"] * shape["kv_heads"] * shape["head_size"] * context * shape["kv_bytes"]
-    return int(weight_bytes + batch * kv)
-
-
-def gemm_peak(provider: str, kv_bytes: int | None) -> dict:
-    """The GEMM peak of this run (bench.harness.measure_ceilings: torch's matmul, on the CPU also onnxruntime's) in
-    the decoder's activation type (the KV cache's: fp16 on GPU folders, fp32 on CPU ones)."""
-    from ..bench.harness import Device, measure_ceilings
-    dtype = "fp16" if (provider == "cuda" and kv_bytes == 2) else "fp32"
-    c = measure_ceilings(Device("cuda" if provider == "cuda" else "cpu"), dtype, quick=provider != "cuda")
-    return {"peak_tflops": c["peak_tflops"], "peak_gemm": c["peak_gemm"]}
+    return int(weight_bytes - shape.get("table_bytes", 0) + batch * kv)
 
 
 def copy_peak_gbs() -> float | None:
@@ -215,7 +234,7 @@ def time_transformers(model, *, mode: str, vocab: int, prompt_tokens: int, new_t
                       seed: int = 0, batch: int = 1) -> dict:
     """The same prompt through the checkpoint's transformers CausalLM (`model`, on its device), greedy, the way a
     PyTorch user runs it: `eager` (its DynamicCache) or `compile` (a StaticCache of the prompt plus the new tokens and
-    the forward through torch.compile, CUDA graphs on the GPU: what transformers' static-cache generation does); the
+    the forward through torch.compile, as transformers' static-cache generation does, without CUDA graphs); the
     prefill computes the last position's logits (logits_to_keep=1, as generate does). Medians like time_folder's."""
     import torch
     import transformers
@@ -225,14 +244,15 @@ def time_transformers(model, *, mode: str, vocab: int, prompt_tokens: int, new_t
                      dtype=torch.long, device=device)
     forward = model.forward
     if mode == "compile":
-        forward = torch.compile(model.forward, dynamic=False,
-                                mode="reduce-overhead" if device.type == "cuda" else None)
+        # inductor's default mode: its CUDA graphs (reduce-overhead) skip a static cache's mutated buffers and
+        # crashed (a segfault) beside onnxruntime's CUDA session in one process on an H100 (2026-11-28)
+        forward = torch.compile(model.forward, dynamic=False)
         warmup = max(warmup, 2)  # the prefill's and the decode step's graphs compile in the first runs
     prefill, decode = [], []
     # one static cache, reset each run: its buffers keep their addresses, which the compiled graphs were captured on
     static = transformers.StaticCache(config=model.config, max_cache_len=prompt_tokens + new_tokens) \
         if mode == "compile" else None
-    with torch.inference_mode():
+    with torch.no_grad():
         for r in range(warmup + runs):
             if static is not None:
                 static.reset()
@@ -278,6 +298,10 @@ def _transformers_rows(folder, modes: list[str], *, provider: str, sizes, batche
         model = load_causal_lm(source_of(folder, gf.read_recipe(folder), None, pathlib.Path(work)), dtype)
         model.to("cuda" if provider == "cuda" else "cpu")
         nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        table = model.get_input_embeddings().weight
+        out = model.get_output_embeddings()
+        # the input embedding is a lookup table (a row a step) unless the lm_head reads it (tied)
+        table_bytes = 0 if out is not None and out.weight is table else table.numel() * table.element_size()
         for mode in modes:
             for batch, size in ((b, z) for b in batches for z in sizes):
                 if progress:
@@ -286,7 +310,7 @@ def _transformers_rows(folder, modes: list[str], *, provider: str, sizes, batche
                                         runs=runs, warmup=warmup, batch=batch)
                 row.update(folder=f"transformers {mode}", kind="transformers", weight_bytes=nbytes, fused={},
                            precision="fp16" if provider == "cuda" else "fp32")
-                rows.append(limits(row, nbytes))
+                rows.append(limits(row, nbytes, table_bytes))
                 if provider == "cuda":
                     torch.cuda.empty_cache()
         del model
@@ -299,9 +323,11 @@ def _p10_p90(v: list[float]) -> list[float]:
 
 def bench(folders: list, *, provider: str = "cpu", sizes: list[int] | None = None, new_tokens: int = 64,
           runs: int = 5, warmup: int = 2, progress=None, batches: list[int] | None = None,
-          transformers_modes: list[str] | None = None) -> dict:
+          transformers_modes: list[str] | None = None, gemm_peak=None) -> dict:
     """Time every folder at every batch and prompt length, plain and (on cuda) with CUDA graphs, and the first
     folder's checkpoint through transformers in `transformers_modes` (TRANSFORMERS_MODES); the result as JSON data.
+    gemm_peak(provider, dtype) -> {"peak_tflops", "peak_gemm"}: the run's GEMM peak in the decoder's activation type
+    (the bench command passes bench.harness.measure_ceilings'); without it, no prefill limit.
     A decode step reads every weight once whatever the batch, so its weight rate is the weights over the step's time
     at every batch."""
     import onnxruntime
@@ -321,7 +347,8 @@ def bench(folders: list, *, provider: str = "cpu", sizes: list[int] | None = Non
         shape = decoder_shape(decoder, gf.read_config(folder))
         del decoder
         if gemm is None:
-            gemm = gemm_peak(provider, shape["kv_bytes"])
+            dtype = "fp16" if provider == "cuda" and shape["kv_bytes"] == 2 else "fp32"
+            gemm = gemm_peak(provider, dtype) if gemm_peak else {"peak_tflops": None, "peak_gemm": None}
         recipe = gf.read_recipe(folder) or {}
         for cuda_graph in modes:
             for batch, size in ((b, z) for b in batches for z in sizes):
@@ -337,10 +364,13 @@ def bench(folders: list, *, provider: str = "cpu", sizes: list[int] | None = Non
                            precision=recipe.get("precision"), decoder_shape=shape)
                 rows.append(_limits(row, nbytes, shape, gemm, peak))
     if transformers_modes:
-        first = rows[0]["decoder_shape"]
+        # its prefill computes the last position's logits only (logits_to_keep=1): the first folder's shape with the
+        # lm_head counted once, as in a folder whose lm_head the builder pruned
+        first = dict(rows[0]["decoder_shape"], lm_head_pruned=True)
         rows += _transformers_rows(folders[0], transformers_modes, provider=provider, sizes=sizes, batches=batches,
                                    new_tokens=new_tokens, runs=runs, warmup=warmup, progress=progress,
-                                   limits=lambda row, nbytes: _limits(row, nbytes, first, gemm, peak))
+                                   limits=lambda row, nbytes, table: _limits(
+                                       row, nbytes, dict(first, table_bytes=table), gemm, peak))
     base = {(r["cuda_graph"], r["batch"], r["prompt_tokens"]): r for r in rows if r["folder"] == str(folders[0])}
     for r in rows:
         b = base.get((r["cuda_graph"], r["batch"], r["prompt_tokens"]))
@@ -368,12 +398,12 @@ def _limits(row: dict, nbytes: int, shape: dict, gemm: dict, peak: float | None)
     gbs = nbytes / (row["decode_ms_per_token"] / 1e3) / 1e9
     batch, size = row["batch"], row["prompt_tokens"]
     flops = prefill_flops(shape, batch, size)
-    prefill_limit = flops / (gemm["peak_tflops"] * 1e12) * 1e3
+    prefill_limit = None if not gemm["peak_tflops"] else flops / (gemm["peak_tflops"] * 1e12) * 1e3
     step_bytes = decode_bytes(shape, nbytes, batch, size, row["new_tokens"])
     decode_limit = None if step_bytes is None or peak is None else step_bytes / (peak * 1e9) * 1e3
     row.update(decode_weight_gbs=gbs, decode_pct_of_copy=None if peak is None else 100 * gbs / peak,
                prefill_flops=flops, prefill_limit_ms=prefill_limit,
-               prefill_pct_of_limit=100 * prefill_limit / row["prefill_ms"],
+               prefill_pct_of_limit=None if prefill_limit is None else 100 * prefill_limit / row["prefill_ms"],
                decode_bytes=step_bytes, decode_limit_ms=decode_limit,
                decode_pct_of_limit=None if decode_limit is None else 100 * decode_limit / row["decode_ms_per_token"])
     return row

@@ -104,6 +104,21 @@ def _attend_full(acc, l_i, m_i, q, k, v, bias, qk_scale, DOT_PRECISION: tl.const
 
 
 @triton.jit
+def _live_tiles(bmax_row, TILES_N):
+    """The live key tiles of a query block, [lo, hi): from the first to the last whose largest bias is above MASKED
+    (none: [0, 0))."""
+    lo = TILES_N
+    hi = 0
+    for c in range(0, TILES_N, 64):
+        idx = c + tl.arange(0, 64)
+        f = tl.load(bmax_row + idx, mask=idx < TILES_N, other=float("-inf"))
+        live = f > MASKED
+        lo = tl.minimum(lo, tl.min(tl.where(live, idx, TILES_N), 0))
+        hi = tl.maximum(hi, tl.max(tl.where(live, idx + 1, 0), 0))
+    return tl.where(hi == 0, 0, lo), hi
+
+
+@triton.jit
 def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, b_ptr, y_ptr, kinfo_ptr, bmax_ptr, S, SKV, H, HD, SQB, SKB, SBB,
                             SBH, SBS, BPB, BPH, TILES_M, TILES_N, qk_scale, BLOCK_M: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
@@ -132,16 +147,7 @@ def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, b_ptr, y_ptr, kinfo_ptr, bmax_p
     q = tl.load(q_base + offs_m[:, None].to(tl.int64) * HD + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     bmax_row = bmax_ptr + ((b * BPB + h * BPH) * TILES_M + pid_m).to(tl.int64) * TILES_N
     kinfo_row = kinfo_ptr + bh.to(tl.int64) * TILES_N
-    # the live key tiles: from the first to the last whose largest bias is above MASKED
-    lo = TILES_N
-    hi = 0
-    for c in range(0, TILES_N, 64):
-        idx = c + tl.arange(0, 64)
-        f = tl.load(bmax_row + idx, mask=idx < TILES_N, other=float("-inf"))
-        live = f > MASKED
-        lo = tl.minimum(lo, tl.min(tl.where(live, idx, TILES_N), 0))
-        hi = tl.maximum(hi, tl.max(tl.where(live, idx + 1, 0), 0))
-    lo = tl.where(hi == 0, 0, lo)
+    lo, hi = _live_tiles(bmax_row, TILES_N)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
