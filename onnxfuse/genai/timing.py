@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import onnxio
 from . import folder as gf
-from .generate import kv_length, load_model
+from .generate import cpu_threads, kv_length, load_model
 
 
 def weight_bytes(m) -> int:
@@ -222,6 +222,7 @@ def time_folder(folder, *, provider: str, cuda_graph: bool, prompt_tokens: int, 
     del model
     # decode_ms_per_token is one step's time (a token for every sequence of the batch)
     return {"batch": batch, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "cuda_graph": cuda_graph,
+            "threads": cpu_threads(config) if provider == "cpu" else None,
             "prefill_ms": statistics.median(prefill), "prefill_ms_p10_p90": _p10_p90(prefill),
             "decode_ms_per_token": statistics.median(decode), "decode_ms_p10_p90": _p10_p90(decode),
             "decode_tokens_per_s": batch * 1e3 / statistics.median(decode)}
