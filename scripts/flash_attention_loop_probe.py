@@ -184,79 +184,15 @@ for S in [int(x) for x in args.seqs.split(",")]:
                 k, v, kinfo, S, H, H * D, S * H * D, tn, BLOCK_N=BN, BLOCK_K=D, num_warps=8
             )
             torch.cuda.synchronize()
-            variants = [
-                (
-                    "baseline",
-                    lambda: old._flash_attention_kernel[(tm * H,)](
-                        q,
-                        k,
-                        v,
-                        pb,
-                        y,
-                        kinfo,
-                        bmax,
-                        S,
-                        S,
-                        H,
-                        H * D,
-                        S * H * D,
-                        S * H * D,
-                        0,
-                        0,
-                        tn * BN,
-                        0,
-                        0,
-                        tm,
-                        tn,
-                        D**-0.5,
-                        BLOCK_M=BM,
-                        BLOCK_N=BN,
-                        BLOCK_K=D,
-                        DOT_PRECISION="tf32",
-                        num_warps=W,
-                        num_stages=ST,
-                    ),
-                )
-            ]
-            for name, tma, ws, rev in (
-                ("ptr", False, False, False),
-                ("ptr heavy-first", False, False, True),
-                ("tma", True, False, False),
-                ("ptr ws", False, True, False),
-                ("tma ws", True, True, False),
-            ):
-                variants.append(
-                    (
-                        name,
-                        lambda tma=tma, ws=ws, rev=rev: _fa_kernel[(tm * H,)](
-                            q,
-                            k,
-                            v,
-                            pb,
-                            y,
-                            bmax,
-                            S,
-                            S,
-                            H,
-                            H * D,
-                            S * H * D,
-                            S * H * D,
-                            tn * BN,
-                            tm,
-                            tn,
-                            D**-0.5,
-                            BLOCK_M=BM,
-                            BLOCK_N=BN,
-                            BLOCK_K=D,
-                            DOT_PRECISION="tf32",
-                            TMA=tma,
-                            WS=ws,
-                            REVERSE=rev,
-                            num_warps=W,
-                            num_stages=ST,
-                        ),
-                    )
-                )
+            sizes = (S, S, H, H * D, S * H * D, S * H * D)
+            cfg_kw = dict(BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=D, DOT_PRECISION="tf32", num_warps=W, num_stages=ST)
+            variants = [("baseline", lambda: old._flash_attention_kernel[(tm * H,)](
+                q, k, v, pb, y, kinfo, bmax, *sizes, 0, 0, tn * BN, 0, 0, tm, tn, D**-0.5, **cfg_kw))]
+            for name, tma, ws, rev in (("ptr", False, False, False), ("ptr heavy-first", False, False, True),
+                                       ("tma", True, False, False), ("ptr ws", False, True, False),
+                                       ("tma ws", True, True, False)):
+                variants.append((name, lambda tma=tma, ws=ws, rev=rev: _fa_kernel[(tm * H,)](
+                    q, k, v, pb, y, bmax, *sizes, tn * BN, tm, tn, D**-0.5, TMA=tma, WS=ws, REVERSE=rev, **cfg_kw)))
             for name, fn in variants:
                 try:
                     y.zero_()
