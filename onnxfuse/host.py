@@ -40,6 +40,21 @@ def _cpuinfo() -> dict[str, str]:
     return fields
 
 
+def physical_cores() -> int:
+    """The physical cores this process may run on (distinct core ids of its CPUs; their count where the topology
+    is unreadable)."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cores = set()
+    for c in cpus:
+        topo = pathlib.Path(f"/sys/devices/system/cpu/cpu{c}/topology")
+        try:
+            cores.add((topo.joinpath("physical_package_id").read_text().strip(),
+                       topo.joinpath("core_id").read_text().strip()))
+        except OSError:
+            return len(cpus)
+    return max(1, len(cores))
+
+
 def cpu_model() -> str:
     return _cpuinfo().get("model name") or platform.processor() or platform.machine()
 

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from mha_causal_probe import mha_model, round_robin_us  # the one-node model (q, k, v, bias -> y), its timing
+from mha_causal_probe import bound, mha_model, round_robin_us  # the one-node model, its binding and timing
 
 
 
@@ -47,13 +47,7 @@ def main() -> None:
             runs, outs = {}, {}
             for name, path, lib in (("mha", src, False), ("fa", dst, True)):
                 s = runtime.session(str(path), "cuda", library=lib, cuda_graph=True)
-                y = torch.empty(1, seq, hidden, dtype=torch.float16, device="cuda")
-                b = s.io_binding()
-                for n, t in feeds.items():
-                    b.bind_input(n, "cuda", 0, np.float16, list(t.shape), t.data_ptr())
-                b.bind_output("y", "cuda", 0, np.float16, list(y.shape), y.data_ptr())
-                for _ in range(3):
-                    s.run_with_iobinding(b)
+                b, y = bound(s, feeds, warmup=3)
                 runs[name], outs[name] = (s, b), y
             ts = round_robin_us(runs, a.rounds, a.reps)
             m, f = float(np.median(ts["mha"])), float(np.median(ts["fa"]))

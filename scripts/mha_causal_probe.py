@@ -32,6 +32,20 @@ def mha_model(seq: int, hidden: int, heads: int, unidirectional: int) -> bytes:
     return m.SerializeToString()
 
 
+def bound(session, feeds: dict, warmup: int):
+    """The one-node model's session bound by IOBinding to the fp16 CUDA tensors `feeds` and a new output y like q,
+    run `warmup` times: (binding, y)."""
+    import torch
+    y = torch.empty_like(feeds["q"])
+    b = session.io_binding()
+    for n, t in feeds.items():
+        b.bind_input(n, "cuda", 0, np.float16, list(t.shape), t.data_ptr())
+    b.bind_output("y", "cuda", 0, np.float16, list(y.shape), y.data_ptr())
+    for _ in range(warmup):
+        session.run_with_iobinding(b)
+    return b, y
+
+
 def round_robin_us(runs: dict, rounds: int, reps: int) -> dict[str, list[float]]:
     """us a run of each bound session, {name: (session, binding)}, `rounds` rounds of `reps` runs round-robin."""
     import torch
@@ -75,13 +89,7 @@ def main() -> None:
                 po = {"enable_cuda_graph": "1"} if graph else {}
                 s = ort.InferenceSession(mha_model(seq, hidden, heads, uni), so,
                                          providers=[("CUDAExecutionProvider", po)])
-                y = torch.empty(1, seq, hidden, dtype=torch.float16, device="cuda")
-                b = s.io_binding()
-                for n, t in feeds.items():
-                    b.bind_input(n, "cuda", 0, np.float16, list(t.shape), t.data_ptr())
-                b.bind_output("y", "cuda", 0, np.float16, list(y.shape), y.data_ptr())
-                for _ in range(5):
-                    s.run_with_iobinding(b)
+                b, y = bound(s, feeds, warmup=5)
                 torch.cuda.synchronize()
                 name = f"unidirectional={uni}{' +graph' if graph else ''}"
                 runs[name] = (s, b)

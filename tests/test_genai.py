@@ -327,8 +327,9 @@ def test_bench_genai_times_folders_against_the_first(checkpoints, tmp_path, caps
     assert "vs first" in capsys.readouterr().out
     # the CPU decoder runs with this host's physical cores as intra-op threads (genai's own default was one thread
     # on a 2-core VM), unless the folder's genai_config.json names a count
-    from onnxfuse.genai.generate import cpu_threads, physical_cores
-    assert all(r["threads"] == physical_cores() >= 1 for r in rows)
+    from onnxfuse import host
+    from onnxfuse.genai.generate import cpu_threads
+    assert all(r["threads"] == host.physical_cores() >= 1 for r in rows)
     assert cpu_threads({"model": {"decoder": {"session_options": {"intra_op_num_threads": 3}}}}) is None
     # the limits: the prefill's FLOPs (the same for the fused folder) at the run's GEMM peak, the decode step's
     # weight and KV-cache bytes at the read rate, and each measured time's share of its limit

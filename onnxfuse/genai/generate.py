@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import pathlib
 import time
 from typing import Callable
 
+from .. import host
 from ..errors import OnnxfuseError
 from . import folder as gf
 
@@ -50,28 +50,13 @@ def genai(provider: str = "cpu"):
     return og
 
 
-def physical_cores() -> int:
-    """The physical cores this process may run on (distinct core ids of its CPUs; their count where the topology
-    is unreadable)."""
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    cores = set()
-    for c in cpus:
-        topo = pathlib.Path(f"/sys/devices/system/cpu/cpu{c}/topology")
-        try:
-            cores.add((topo.joinpath("physical_package_id").read_text().strip(),
-                       topo.joinpath("core_id").read_text().strip()))
-        except OSError:
-            return len(cpus)
-    return max(1, len(cores))
-
-
 def cpu_threads(config: dict) -> int | None:
     """The intra-op threads onnxfuse runs a CPU folder's decoder with: its genai_config.json's own
     `intra_op_num_threads` if it sets one (None: left as it is), else this host's physical cores. genai's session
     otherwise takes onnxruntime's default, which was one thread on a 2-core VM (SmolLM2-135M fp32 decode 36.0 ms/token
     against 19.3 with two threads; benchmarks/results/cpu-avx512-2core-2026-11-28/genai-smollm2-threads.json)."""
     options = config["model"]["decoder"].get("session_options", {})
-    return None if "intra_op_num_threads" in options else physical_cores()
+    return None if "intra_op_num_threads" in options else host.physical_cores()
 
 
 def load_model(folder: pathlib.Path, provider: str | None = None, cuda_graph: bool = False):

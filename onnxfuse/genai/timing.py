@@ -26,13 +26,15 @@ from . import folder as gf
 from .generate import cpu_threads, kv_length, load_model
 
 
+def _bytes(t) -> int:
+    """An initializer's bytes, external or inline."""
+    ext = {e.key: e.value for e in t.external_data}
+    return int(ext["length"]) if "length" in ext else len(t.raw_data)
+
+
 def weight_bytes(m) -> int:
     """Bytes of the decoder's initializers, external and inline (`m`: its graph, folder.graph)."""
-    total = 0
-    for t in m.graph.initializer:
-        ext = {e.key: e.value for e in t.external_data}
-        total += int(ext["length"]) if "length" in ext else len(t.raw_data)
-    return total
+    return sum(_bytes(t) for t in m.graph.initializer)
 
 
 _GEMM_OPS = {("", "MatMul"), ("ai.onnx", "MatMul"), ("", "Gemm"), ("ai.onnx", "Gemm"),
@@ -69,12 +71,6 @@ def _onnxfuse_role(op: str) -> str | None:
 def _is_lookup(domain: str, op: str) -> bool:
     from .. import schema
     return (domain, op) in _LOOKUPS or (domain == schema.DOMAIN and _onnxfuse_role(op) == "lookup")
-
-
-def _bytes(t) -> int:
-    """An initializer's bytes, external or inline."""
-    ext = {e.key: e.value for e in t.external_data}
-    return int(ext["length"]) if "length" in ext else len(t.raw_data)
 
 
 def decoder_shape(m, config: dict) -> dict:
