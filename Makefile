@@ -12,10 +12,14 @@ MODEL := models/llama-seed-1l-fp32
 setup: $(VENV)/.installed
 
 # constraints.txt pins the tested versions (torch==2.13.0: on the CPU machines pip takes the local CPU build of it).
+# CUTLASS's headers (the sm_90a int4 GEMM of the CUDA build) come from PyPI's nvidia-cutlass, without its Python
+# dependencies (cuda-python, scipy, ...), which only its own Python interface needs.
+CUTLASS_PIN := nvidia-cutlass==4.2.0.0
 $(VENV)/.installed: pyproject.toml constraints.txt serve-requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[cpu,dev,genai]' -c constraints.txt
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -r serve-requirements.txt
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps '$(CUTLASS_PIN)'
 	touch $@
 
 demo: setup

@@ -18,9 +18,12 @@
 # ROUNDS rounds, default 9), lora-ab-libs (the same pairs by scripts/ab_models.py with two libraries in turn, twice:
 # .gpu/lib-before.so.xz, e.g. the last commit's build, and .gpu/lib.so.xz, TURNS times (default 2); the bench only
 # writes the models; PAIRS as ab_pairs'), int4-folders then int4-profile (genai's int4 7B-shape model and its fused
-# folder, then each one's decode step kernel by kernel: scripts/genai_decode_profile.py), attention (FlashAttention's
+# folder, BLOCK the builder's block size; then int4-bench: bench genai of both, or each one's decode step kernel by
+# kernel: scripts/genai_decode_profile.py), attention (FlashAttention's
 # doctor and GPU tests, then bench llama-7b at LAYERS depths), generate (bench genai with its limits on a 7B-shape
-# checkpoint of LAYERS layers: genai's folder, the fused one, transformers eager and compiled).
+# checkpoint of LAYERS layers: genai's folder, the fused one, transformers eager and compiled), int4-cutlass (the int4
+# ops' doctor and GPU tests, then scripts/int4_probe.py with the sm_90 CUTLASS GEMM on and off), int4-vs-fp16 (after
+# int4-folders: the same checkpoint as genai's fp16 model, fused, benched beside the int4 folders).
 set -u
 MODE=${1:-check}
 OUT=${OUT:-/tmp/out}
@@ -122,8 +125,8 @@ with torch.device("cuda"):
 model.save_pretrained("/root/ckpt7b")
 transformers.AutoTokenizer.from_pretrained(".gpu/tok").save_pretrained("/root/ckpt7b")
 PY
-    python3 -m onnxfuse export hf /root/ckpt7b -o /root/int4 --dtype int4 --provider cuda --no-fuse \
-      > "$OUT/int4-export.log" 2>&1; echo "export rc $?"; tail -3 "$OUT/int4-export.log"
+    python3 -m onnxfuse export hf /root/ckpt7b -o /root/int4 --dtype int4 ${BLOCK:+--block-size "$BLOCK"} \
+      --provider cuda --no-fuse > "$OUT/int4-export.log" 2>&1; echo "export rc $?"; tail -3 "$OUT/int4-export.log"
     python3 -m onnxfuse fuse /root/int4 --provider cuda > "$OUT/int4-fuse.log" 2>&1; echo "fuse rc $?"
     tail -3 "$OUT/int4-fuse.log"
     # the library copied into the folder finds its oneDNN by $ORIGIN (the carried library's RUNPATH)
@@ -158,6 +161,27 @@ PY
     python3 -m onnxfuse bench genai /root/gen --device cuda --sizes "${SIZES:-128,2048}" --runs 3 \
       --transformers eager,compile -o "$OUT/genai-transformers-L$L.json" > "$OUT/genai-transformers-L$L.log" 2>&1
     echo "bench transformers rc $?"; tail -9 "$OUT/genai-transformers-L$L.log"
+    ;;
+  int4-bench)
+    # bench genai on int4-folders' two folders: prompts SIZES (default 128,512,2048), batches BATCH (default 1)
+    export PYTHONPATH=/root/ortsite:/root/genai:$PWD
+    python3 -m onnxfuse bench genai /root/int4 /root/int4-fused --device cuda --sizes "${SIZES:-128,512,2048}" \
+      --batch "${BATCH:-1}" --runs 3 -o "$OUT/genai-int4${TAG:-}.json" > "$OUT/genai-int4${TAG:-}.log" 2>&1
+    echo "bench genai rc $?"; tail -12 "$OUT/genai-int4${TAG:-}.log"
+    ;;
+  int4-vs-fp16)
+    # the int4-folders checkpoint (/root/ckpt7b) as genai's fp16 model too, fused (/root/fp16-fused), then bench genai of
+    # genai's int4 folder, the fused int4 one and the fused fp16 one in one run: prompts SIZES (default 512,2048)
+    export PYTHONPATH=/root/ortsite:/root/genai:$PWD
+    python3 -m onnxfuse export hf /root/ckpt7b -o /root/fp16 --dtype fp16 --provider cuda --no-fuse \
+      > "$OUT/fp16-export.log" 2>&1; echo "export rc $?"; tail -2 "$OUT/fp16-export.log"
+    python3 -m onnxfuse fuse /root/fp16 --provider cuda > "$OUT/fp16-fuse.log" 2>&1; echo "fuse rc $?"
+    tail -2 "$OUT/fp16-fuse.log"
+    [ -f /root/libdnnl.so.3 ] && cp /root/libdnnl.so.3 /root/fp16-fused/
+    python3 -m onnxfuse bench genai /root/int4 /root/int4-fused /root/fp16-fused --device cuda \
+      --sizes "${SIZES:-512,2048}" --runs 3 -o "$OUT/genai-int4-vs-fp16${TAG:-}.json" \
+      > "$OUT/genai-int4-vs-fp16${TAG:-}.log" 2>&1
+    echo "bench genai rc $?"; tail -16 "$OUT/genai-int4-vs-fp16${TAG:-}.log"
     ;;
   int4-profile)
     # genai_decode_profile.py on int4-folders' two folders, batch 8 and 1 (BATCHES), prompt 128
@@ -195,6 +219,32 @@ PY
         -o "$OUT/bench-llama-7b-L$layers.json" --no-plot > "$OUT/bench-llama-7b-L$layers.log" 2>&1
       echo "bench llama-7b layers $layers rc $?"; grep -E "llama-7b|fused_ops|ratio" "$OUT/bench-llama-7b-L$layers.log" | head -8
     done
+    ;;
+  int4-cutlass)
+    # Int4Linear / Int4SwiGLU past 16 rows on CUTLASS's sm_90a mixed-input GEMM: doctor (and with special values),
+    # the int4 GPU tests (DOCTOR=0: not), then scripts/int4_probe.py at each block of BLOCKS (default 128) and ROWS with
+    # the library's CUTLASS path on and off (ONNXFUSE_INT4_CUTLASS=0), a process each (PROBE=0: not); the probe's
+    # models in /root/int4probe.
+    if [ "${DOCTOR:-1}" = 1 ]; then
+      python3 -m onnxfuse doctor --providers cuda --ops Int4Linear,Int4SwiGLU > "$OUT/doctor-int4.log" 2>&1
+      echo "doctor rc $?"; tail -3 "$OUT/doctor-int4.log"
+      python3 -m onnxfuse doctor --providers cuda --ops Int4Linear,Int4SwiGLU --special-values \
+        > "$OUT/doctor-int4-special.log" 2>&1
+      echo "doctor special rc $?"; tail -3 "$OUT/doctor-int4-special.log"
+      python3 -m pytest -q -p no:cacheprovider -m gpu -k int4 tests/test_gpu.py > "$OUT/pytest-gpu-int4.log" 2>&1
+      echo "pytest rc $?"; tail -3 "$OUT/pytest-gpu-int4.log"
+    fi
+    if [ "${PROBE:-1}" = 1 ]; then
+      for b in ${BLOCKS:-128}; do
+        for c in 1 0; do
+          ONNXFUSE_INT4_CUTLASS=$c python3 scripts/int4_probe.py /root/int4probe --block "$b" --tag "cutlass$c" \
+            --rows "${ROWS:-17,32,64,128,256,512,2048}" --models "${MODELS:-layer,lm_head,mlp}" \
+            > "$OUT/int4-probe-b$b-c$c.log" 2>&1
+          echo "probe block $b cutlass $c rc $?"; grep -E "M=" "$OUT/int4-probe-b$b-c$c.log" | cut -c1-150
+        done
+      done
+      cp /root/int4probe/*.json "$OUT/" 2>/dev/null
+    fi
     ;;
   *) echo "unknown mode $MODE"; exit 2 ;;
 esac

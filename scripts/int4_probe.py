@@ -10,12 +10,14 @@ runs), so onnxruntime's host overhead is out of the comparison; the limit is the
 the same run's read rate.
 
     python scripts/int4_probe.py OUT_DIR [--rows 1,2,4,8,16,32,128,2048] [--zero-points] [--models layer,lm_head,mlp]
-        [--vocab 49152,32000]
+        [--vocab 49152,32000] [--block 32] [--tag TAG]
 
 --zero-points quantizes every projection asymmetrically (MatMulNBits' packed uint8 zero points, as the builder writes
 with int4_is_symmetric=false and AWQ/GPTQ checkpoints give) and writes int4-probe-zp.json; the limit then counts the
 zero points' bytes too. --models picks the models; --vocab gives lm_head's output widths (one lm_head model each,
 labelled lm_head-N past the first; the JSON is int4-probe-<models>.json when --models or --vocab is given).
+--block quantizes with another block size (the builder's block_size; 32 is its default), named in the JSON's name
+when not 32; --tag is appended to the JSON's name (e.g. the library's ONNXFUSE_INT4_CUTLASS setting of the run).
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ RUNS = 20
 
 
 def nbits_model(path: pathlib.Path, projections: dict, seed: int = 0, gated: bool = False,
-                zero_points: bool = False) -> int:
+                zero_points: bool = False, block: int = BLOCK) -> int:
     """A model of MatMulNBits nodes (fp16) on inputs x<K>; gated: the MLP (down on act(gate) * up, the one output);
     zero_points: asymmetric, with MatMulNBits' packed zero points. Returns the bytes of its packed weights, scales and
     zero points."""
@@ -48,7 +50,7 @@ def nbits_model(path: pathlib.Path, projections: dict, seed: int = 0, gated: boo
     rng = np.random.default_rng(seed)
     nodes, inits, outputs, inputs, nbytes = [], [], [], {}, 0
     for name, (k, n) in projections.items():
-        wq, s, *z = quantize((rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k)), BLOCK,
+        wq, s, *z = quantize((rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k)), block,
                              symmetric=not zero_points)
         inits += [numpy_helper.from_array(wq, f"{name}.Wq"),
                   numpy_helper.from_array(s.astype(np.float16), f"{name}.s")]
@@ -63,7 +65,7 @@ def nbits_model(path: pathlib.Path, projections: dict, seed: int = 0, gated: boo
                       helper.make_node("Mul", ["act", "up"], ["h"])]
         nodes.append(helper.make_node("MatMulNBits", [x, f"{name}.Wq", f"{name}.s"] + [f"{name}.z"] * zero_points,
                                       [name],
-                                      domain="com.microsoft", K=k, N=n, bits=4, block_size=BLOCK, accuracy_level=4,
+                                      domain="com.microsoft", K=k, N=n, bits=4, block_size=block, accuracy_level=4,
                                       name=f"/model/{name}/MatMul_Q4"))
         if not gated or name == "down":
             outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT16, ["rows", n]))
@@ -124,6 +126,8 @@ def main(argv=None) -> int:
     ap.add_argument("--zero-points", action="store_true", help="asymmetric weights with MatMulNBits' zero points")
     ap.add_argument("--models", default="layer,lm_head,mlp", help="of layer, lm_head, mlp")
     ap.add_argument("--vocab", default="49152", help="lm_head's output widths")
+    ap.add_argument("--block", type=int, default=BLOCK, choices=[16, 32, 64, 128, 256])
+    ap.add_argument("--tag", default="", help="appended to the JSON's name")
     args = ap.parse_args(argv)
     models = args.models.split(",")
     if not set(models) <= {"layer", "lm_head", "mlp"}:
@@ -138,14 +142,14 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     rate = read_rate()
     print(f"read rate {rate / 1e12:.3f} TB/s", flush=True)
-    result = {"read_tbs": rate / 1e12, "block": BLOCK, "dtype": "float16", "ort": ort.__version__,
+    result = {"read_tbs": rate / 1e12, "block": args.block, "dtype": "float16", "ort": ort.__version__,
               "zero_points": args.zero_points, "rows": {}}
     todo = ([("layer", LAYER)] if "layer" in models else []) + (heads if "lm_head" in models else []) + (
         [("mlp", MLP)] if "mlp" in models else [])
     for label, projections in todo:
         src = args.out / f"int4-{label}.onnx"
         gated = label == "mlp"
-        nbytes = nbits_model(src, projections, gated=gated, zero_points=args.zero_points)
+        nbytes = nbits_model(src, projections, gated=gated, zero_points=args.zero_points, block=args.block)
         dst = args.out / f"int4-{label}.fused.onnx"
         res = fuse.fuse(src, dst, ort=False, provider="cuda", force=True)
         want = ["Int4SwiGLU", "Int4Linear"] if gated else ["Int4Linear"] * len(projections)
@@ -173,6 +177,10 @@ def main(argv=None) -> int:
     name = "int4-probe-zp" if args.zero_points else "int4-probe"
     if args.models != "layer,lm_head,mlp" or args.vocab != "49152":
         name += "-" + "-".join(models) + ("-" + "-".join(map(str, vocab)) if "lm_head" in models else "")
+    if args.block != BLOCK:
+        name += f"-block{args.block}"
+    if args.tag:
+        name += "-" + args.tag
     (args.out / (name + ".json")).write_text(json.dumps(result, indent=1) + "\n")
     return 0
 

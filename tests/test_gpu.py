@@ -459,6 +459,73 @@ def test_int4_linear_auto_picks_its_kernel_by_rows_and_width(tmp_path):
 
 
 @pytest.mark.parametrize("zp", [False, True])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_int4_past_16_rows_runs_cutlass_on_sm90(tmp_path, zp, dtype):
+    """On an sm_90 GPU, with a library built with CUTLASS: genai's int4 MLP (gate and up MatMulNBits, QuickGelu, the
+    product, down; block 128 dividing both K; fp32 in and out through Casts) fused to Int4SwiGLU + Int4Linear runs
+    CUTLASS's mixed-input GEMM from 128 rows (128, 300, 1000) and no dequantization kernel, in fp16 and bf16, the
+    output equal to the PyTorch dequantize-then-matmul; with zero points, or a block of 32 (below CUTLASS's K tile),
+    it still dequantizes."""
+    import onnx
+    import torch
+    from onnx import TensorProto, helper, numpy_helper
+    from torch.profiler import ProfilerActivity, profile
+
+    from onnxfuse import fuse, kernels, runtime
+    from onnxfuse.ops.int4_linear import dequantize, quantize
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("CUTLASS's sm_90a kernels run on compute capability 9.0 only")
+    if not kernels.build_info(kernels.library_path(provider="cuda")).get("cutlass"):
+        pytest.skip("this library was built without CUTLASS")
+    tt, td = (TensorProto.FLOAT16, torch.float16) if dtype == "float16" else (TensorProto.BFLOAT16, torch.bfloat16)
+    hidden, inter = 512, 1152
+    rng = np.random.default_rng(5)
+    cases = [(128, "cutlass", "Int4Dequantize"), (32, "Int4Dequantize", "cutlass")]
+    if zp:  # CUTLASS's q * s + z would not give 0 where q == zp (int4_linear.cu MixedPath): dequantized
+        cases[0] = (128, "Int4Dequantize", "cutlass")
+    for block, want, unwanted in cases:
+        inits, ws = [], {}
+        nodes = [helper.make_node("Cast", ["X32"], ["X"], to=tt)]
+        for name, (k, n) in (("gate", (hidden, inter)), ("up", (hidden, inter)), ("down", (inter, hidden))):
+            wq, s, *z = quantize(rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k) + 0.01, block,
+                                 symmetric=not zp)
+            st = torch.from_numpy(s).to(td)
+            inits += [numpy_helper.from_array(wq, f"{name}.B"),
+                      helper.make_tensor(f"{name}.S", tt, list(st.shape), st.view(torch.int16).numpy().tobytes(),
+                                         raw=True)]
+            if zp:
+                inits.append(numpy_helper.from_array(z[0].reshape(-1), f"{name}.Z"))
+            if name == "down":
+                nodes += [helper.make_node("QuickGelu", ["gate"], ["act"], domain="com.microsoft", alpha=1.0),
+                          helper.make_node("Mul", ["act", "up"], ["h"])]
+            nodes.append(helper.make_node("MatMulNBits", ["h" if name == "down" else "X", f"{name}.B", f"{name}.S"]
+                                          + [f"{name}.Z"] * zp, [name], domain="com.microsoft", K=k, N=n, bits=4,
+                                          block_size=block, accuracy_level=4))
+            ws[name] = dequantize(torch.from_numpy(wq), st, k, torch.from_numpy(z[0]) if zp else None).float()
+        nodes.append(helper.make_node("Cast", ["down"], ["Y"], to=TensorProto.FLOAT))
+        g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X32", TensorProto.FLOAT, ["m", hidden])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["m", hidden])], inits)
+        src, dst = tmp_path / f"m{block}.onnx", tmp_path / f"f{block}.onnx"
+        opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+        onnx.save(helper.make_model(g, opset_imports=opsets, ir_version=10), str(src))
+        res = fuse.fuse(src, dst, ort=False, provider="cuda", backend="cuda", force=True)
+        assert sorted(m.op for m in res.matches) == ["Int4Linear", "Int4SwiGLU"]
+        sess = runtime.session(str(dst), "cuda", library=True, cpu_fallback=False)
+        for m in (128, 300, 1000):
+            x = torch.from_numpy(rng.standard_normal((m, hidden)).astype(np.float32)).to(td).float()
+            sess.run(None, {"X32": x.numpy()})
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                got = torch.from_numpy(sess.run(None, {"X32": x.numpy()})[0])
+                torch.cuda.synchronize()
+            names = " ".join(e.name for e in prof.events() if e.device_type.name == "CUDA")
+            assert want in names and unwanted not in names, (block, m, names)
+            h = (torch.nn.functional.silu(x @ ws["gate"].T) * (x @ ws["up"].T)).to(td).float()
+            ref = h @ ws["down"].T
+            tol = (8e-3 if dtype == "float16" else 3e-2) * max(1.0, float(ref.abs().max()))
+            assert float((got - ref).abs().max()) <= tol, (block, m, float((got - ref).abs().max()))
+
+
+@pytest.mark.parametrize("zp", [False, True])
 @pytest.mark.parametrize("backend", ["cuda", "triton", "auto"])
 def test_int4_swiglu_matches_the_unfused_int4_mlp_on_the_cuda_ep(tmp_path, backend, zp):
     """genai's int4 gated MLP (gate and up MatMulNBits, SiLU as QuickGelu(alpha=1), the product; fp16; symmetric or

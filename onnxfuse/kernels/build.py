@@ -30,8 +30,9 @@ import time
 
 from . import cache
 from .cache import ALL_BACKENDS, LIB_NAME, build_dir, link_stable
-from .toolchain import (BuildError, OneDnn, available_backends, cxx, find_nvcc, find_onednn, find_ort_headers,
-                        first_line, headers_digest, headers_version, nvcc_version, parse_archs, triton_version)
+from .toolchain import (BuildError, OneDnn, available_backends, cxx, find_cutlass, find_nvcc, find_onednn,
+                        find_ort_headers, first_line, headers_digest, headers_version, nvcc_version, parse_archs,
+                        triton_version)
 # Re-exported: where callers (kernels/__init__.py, tests) have always found them.
 from .cache import clean, stable_links, stable_name, stable_path  # noqa: F401, E402
 from .toolchain import auto_backends, onnxruntime_has_cuda  # noqa: F401, E402
@@ -54,8 +55,8 @@ def aot_module():
     return sys.modules[name]
 # What the build reads from this folder. pyproject.toml's package-data must ship every one of these (a test checks).
 SOURCE_GLOBS = ("*.cc", "*.h", "cpu/*.cc", "cpu/*.h", "common/*.h", "cuda/*.cc", "cuda/*.h", "cuda/*.cu",
-                "cuda/triton/*.cc", "cuda/triton/*.h", "cuda/*.cmake", "CMakeLists.txt", "exports.map", "triton/*.py",
-                "triton/*.json", "ops_header.py")
+                "cuda/cutlass/*.cu", "cuda/triton/*.cc", "cuda/triton/*.h", "cuda/*.cmake", "CMakeLists.txt",
+                "exports.map", "triton/*.py", "triton/*.json", "ops_header.py")
 # Sources only the CUDA/Triton build compiles; a CPU-only build's key ignores them so edits there do not rebuild it.
 _GPU_ONLY = ("cuda/", "triton/")
 
@@ -119,6 +120,7 @@ class Plan:
     notes: list[str]
     onednn: OneDnn | None = None
     cpu_gemm: str = "builtin"  # what the CPU kernels' constant-weight GEMMs run on (build info "cpu_gemm")
+    cutlass: pathlib.Path | None = None  # CUTLASS's source folder: the sm_90a int4 GEMM is built (cuda/cuda.cmake)
 
     @property
     def dir(self) -> pathlib.Path:
@@ -176,8 +178,17 @@ def plan(arch=None, backends=None, fetch_headers: bool = True, header_log: list[
     onednn, why_not = find_onednn()
     if onednn is None:
         notes.append(f"oneDNN not found ({why_not}): the CPU kernels use the built-in GEMM (slower)")
+    cutlass = None
+    if "cuda" in chosen:
+        cutlass, cutlass_version, why_not = find_cutlass()
+        if cutlass is None:
+            notes.append(f"CUTLASS not found ({why_not}): Int4Linear/Int4SwiGLU past 16 rows dequantize, then cuBLAS")
+        elif "90" not in archs:
+            notes.append("no sm_90 among the archs: CUTLASS's sm_90a int4 GEMM is not built")
+            cutlass = None
     versions = {
         "onednn": None if onednn is None else f"{onednn.version} {onednn.lib}",
+        "cutlass": None if cutlass is None else f"{cutlass_version} {cutlass}",
         "ort_headers": headers_version(include_dir),
         "ort_headers_sha": headers_digest(include_dir),
         "cxx": first_line([cxx(), "--version"]),
@@ -189,7 +200,8 @@ def plan(arch=None, backends=None, fetch_headers: bool = True, header_log: list[
     header = ops_header_text()
     key = _cache_key(chosen, archs, versions, header)
     cpu_gemm = f"onednn {onednn.version}" if onednn is not None else f"builtin ({why_not})"
-    return Plan(chosen, archs, include_dir, header_source, versions, nvcc, key, header, notes, onednn, cpu_gemm)
+    return Plan(chosen, archs, include_dir, header_source, versions, nvcc, key, header, notes, onednn, cpu_gemm,
+                cutlass)
 
 
 # ------------------------------------------------------------------------------------------------ failures
@@ -342,6 +354,8 @@ def _compile(p: Plan, log, progress: _Progress) -> None:
                     f"-DONNXFUSE_ONEDNN_LIBRARY={p.onednn.lib}"]
         if p.nvcc:
             cfg += [f"-DCMAKE_CUDA_COMPILER={p.nvcc}", f"-DCUDAToolkit_ROOT={p.nvcc.parent.parent}"]
+        if p.cutlass is not None:
+            cfg.append(f"-DONNXFUSE_CUTLASS_DIR={p.cutlass}")
         run("configure", cfg)
         jobs = str(max(1, min(os.cpu_count() or 2, 16)))
         targets = {"cpu": ("onnxfuse_cpu", "C++ kernels (g++)"), "cuda": ("onnxfuse_cuda", "CUDA kernels (nvcc)"),

@@ -224,6 +224,45 @@ def find_onednn() -> tuple[OneDnn | None, str]:
     return found, ""
 
 
+CUTLASS_PACKAGE = "nvidia-cutlass"  # CUTLASS's Python package ships its C++ headers (cutlass_library/source)
+
+
+def find_cutlass() -> tuple[pathlib.Path | None, str, str]:
+    """CUTLASS's source folder (include/ and tools/util/include/ under it) for the sm_90a int4 GEMM: (found, its
+    version, why not). ONNXFUSE_CUTLASS_DIR=<folder> must hold include/cutlass/cutlass.h (BuildError if not);
+    ONNXFUSE_CUTLASS_DIR=off builds without it; else the nvidia-cutlass package (installed with --no-deps: only its
+    headers are read)."""
+    env = os.environ.get("ONNXFUSE_CUTLASS_DIR")
+    if env is not None and env.strip().lower() in ("off", "0", "no", "none", ""):
+        return None, "", "disabled by ONNXFUSE_CUTLASS_DIR=off"
+    if env:
+        root = pathlib.Path(env)
+        if not (root / "include/cutlass/cutlass.h").is_file():
+            raise BuildError(f"ONNXFUSE_CUTLASS_DIR={env} has no include/cutlass/cutlass.h; point it at a CUTLASS "
+                             f"checkout, pip install --no-deps {CUTLASS_PACKAGE}, or set ONNXFUSE_CUTLASS_DIR=off")
+        return root.resolve(), _cutlass_version(root), ""
+    import importlib.metadata as md  # noqa: PLC0415
+    try:
+        dist = md.distribution(CUTLASS_PACKAGE)
+    except md.PackageNotFoundError:
+        return None, "", f"{CUTLASS_PACKAGE} is not installed (pip install --no-deps {CUTLASS_PACKAGE})"
+    hit = [f for f in (dist.files or []) if str(f).replace("\\", "/").endswith("source/include/cutlass/cutlass.h")]
+    if not hit:
+        return None, "", f"{CUTLASS_PACKAGE} {dist.version} has no source/include/cutlass/cutlass.h"
+    root = pathlib.Path(dist.locate_file(hit[0])).resolve().parents[2]
+    return root, _cutlass_version(root) or dist.version, ""
+
+
+def _cutlass_version(root: pathlib.Path) -> str:
+    """CUTLASS's version from include/cutlass/version.h (major.minor.patch), or ""."""
+    try:
+        text = (root / "include/cutlass/version.h").read_text(errors="replace")
+    except OSError:
+        return ""
+    parts = [re.search(rf"#define CUTLASS_{p}\s+(\d+)", text) for p in ("MAJOR", "MINOR", "PATCH")]
+    return ".".join(m.group(1) for m in parts) if all(parts) else ""
+
+
 _probe_cache: dict[tuple, str] = {}
 
 

@@ -523,6 +523,12 @@ def test_cuda_and_triton_backends_compile(cache, capfd):
     info = json.loads((lib.parent / "build_info.json").read_text())
     assert info["backends"] == ["cpu", "cuda", "triton"]
     assert info["artifacts"]["triton_cubins"] == len(list(aot_specialisations(["90"])))
+    found, version, why = kbuild.find_cutlass()
+    if found is not None:  # CUTLASS's sm_90a int4 GEMM built: its folder and version in the build info
+        assert info["cutlass"] == f"{version} {found}", info
+        assert "CUTLASS kernels for sm_90a" in (lib.parent / "build.log").read_text()
+    else:
+        assert info["cutlass"] is None, (info, why)
     assert kernels.build_info(lib)["cache_key"] == lib.parent.name
     if shutil.which("nm"):
         out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
@@ -531,6 +537,22 @@ def test_cuda_and_triton_backends_compile(cache, capfd):
     if shutil.which("readelf"):  # cuBLASLt is dlopen'ed at run time, the driver API never linked
         needed = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True).stdout
         assert "NEEDED" in needed and not re.search(r"NEEDED.*(libcublas|libcuda\.so|libcudart\.so)", needed), needed
+
+
+def test_find_cutlass_by_env(tmp_path, monkeypatch):
+    """ONNXFUSE_CUTLASS_DIR: off builds without CUTLASS (with the reason); a folder without CUTLASS's headers is one
+    BuildError naming the fix; a folder with them is taken with the version its version.h says."""
+    from onnxfuse.kernels.toolchain import BuildError, find_cutlass
+    monkeypatch.setenv("ONNXFUSE_CUTLASS_DIR", "off")
+    assert find_cutlass() == (None, "", "disabled by ONNXFUSE_CUTLASS_DIR=off")
+    monkeypatch.setenv("ONNXFUSE_CUTLASS_DIR", str(tmp_path))
+    with pytest.raises(BuildError, match="has no include/cutlass/cutlass.h.*ONNXFUSE_CUTLASS_DIR=off"):
+        find_cutlass()
+    inc = tmp_path / "include" / "cutlass"
+    inc.mkdir(parents=True)
+    (inc / "cutlass.h").write_text("")
+    (inc / "version.h").write_text("#define CUTLASS_MAJOR 4\n#define CUTLASS_MINOR 2\n#define CUTLASS_PATCH 0\n")
+    assert find_cutlass() == (tmp_path.resolve(), "4.2.0", "")
 
 
 def test_a_copied_library_without_its_onednn_names_the_fix(tmp_path):

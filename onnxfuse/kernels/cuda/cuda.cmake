@@ -119,6 +119,32 @@ if(ONNXFUSE_WITH_TRITON)
   target_sources(onnxfuse_ops PRIVATE $<TARGET_OBJECTS:onnxfuse_triton>)
 endif()
 
+# CUTLASS's sm_90a kernels (cuda/cutlass/*.cu: Int4Linear's and Int4SwiGLU's mixed-input GEMM) where
+# ONNXFUSE_CUTLASS_DIR holds CUTLASS's include/ (kernels/toolchain.py find_cutlass: PyPI's nvidia-cutlass) and 90 is
+# among the archs: their own target, compiled for sm_90a alone (wgmma; no PTX, a 9.0 device only), with -DNDEBUG (an
+# assert left in the main loop makes ptxas serialise its wgmma). int4_linear.cu calls them under ONNXFUSE_WITH_CUTLASS.
+if(ONNXFUSE_CUTLASS_DIR AND "90" IN_LIST ONNXFUSE_CUDA_ARCHS)
+  message(STATUS "onnxfuse: CUTLASS kernels for sm_90a from ${ONNXFUSE_CUTLASS_DIR}")
+  file(GLOB _onnxfuse_cutlass_sources CONFIGURE_DEPENDS "${_onnxfuse_cuda_dir}/cutlass/*.cu")
+  add_library(onnxfuse_cutlass OBJECT ${_onnxfuse_cutlass_sources})
+  onnxfuse_kernel_target(onnxfuse_cutlass)
+  set_target_properties(onnxfuse_cutlass PROPERTIES
+    CUDA_ARCHITECTURES OFF
+    CUDA_STANDARD 17
+    CUDA_STANDARD_REQUIRED ON
+    CUDA_VISIBILITY_PRESET hidden)
+  target_compile_options(onnxfuse_cutlass PRIVATE
+    $<$<COMPILE_LANGUAGE:CUDA>:-O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -DNDEBUG
+    -Xcompiler=-fvisibility=hidden>)
+  target_include_directories(onnxfuse_cutlass SYSTEM PRIVATE "${ONNXFUSE_CUTLASS_DIR}/include"
+                             "${ONNXFUSE_CUTLASS_DIR}/tools/util/include")
+  target_include_directories(onnxfuse_cutlass PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+  target_compile_definitions(onnxfuse_cuda PRIVATE ONNXFUSE_WITH_CUTLASS)
+  target_sources(onnxfuse_ops PRIVATE $<TARGET_OBJECTS:onnxfuse_cutlass>)
+  # the cuda stage builds it (build.py builds stage targets, then the library)
+  add_dependencies(onnxfuse_cuda onnxfuse_cutlass)
+endif()
+
 target_sources(onnxfuse_ops PRIVATE $<TARGET_OBJECTS:onnxfuse_cuda>)
 # The link pulls in CUDA objects: no device link (no -rdc), the static runtime, and no arch probing.
 set_target_properties(onnxfuse_ops PROPERTIES CUDA_ARCHITECTURES OFF CUDA_RUNTIME_LIBRARY Static)

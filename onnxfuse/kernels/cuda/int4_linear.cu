@@ -9,9 +9,18 @@ extern "C" {
 // zero_points uint8 [n, ceil(nb / 2)] (two a byte, the even block in the low nibble), 8 where zero_points is null.
 // Up to ONNXFUSE_INT4_GEMV_MAX_M rows: a
 // GEMV that streams the packed weights once and dequantizes them in registers (Int4Gemv below; fp16 and bf16 from
-// kMmaMinRows rows: the same on tensor cores, Int4Mma); more rows: the weights dequantized into scratch as W^T [n, k],
-// then one cuBLASLt GEMM that transposes them.
-int64_t onnxfuse_cuda_int4_linear_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n);
+// kMmaMinRows rows: the same on tensor cores, Int4Mma); from 128 rows on an sm_90 GPU, without zero points, with a
+// block of 64 or more dividing K, fp16 or bf16 and N a multiple of 8 (MixedPath below): CUTLASS's mixed-input GEMM,
+// which dequantizes the weight tiles in registers inside its main loop (cuda/cutlass/int4_mixed_gemm.cu; the scales
+// transposed into scratch first); otherwise the weights dequantized into scratch as W^T [n, k], then one cuBLASLt
+// GEMM that transposes them.
+// `aligned`: X, Wq, the scales, the zero points and Y all 16-byte aligned; `zero_points`: the node has them (both
+// decide whether the sm_90 path below runs).
+int64_t onnxfuse_cuda_int4_linear_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t block, int aligned,
+                                                int zero_points);
+// Whether the CUDA backend runs these sizes on the sm_90 mixed-input GEMM (both ops; backend=auto then takes it).
+int onnxfuse_cuda_int4_mixed_path(int dtype, int64_t m, int64_t k, int64_t n, int64_t block, int aligned,
+                                  int zero_points);
 int onnxfuse_cuda_int4_linear(int dtype, const void* x, const uint8_t* wq, const void* scales,
                               const uint8_t* zero_points, void* y, int64_t m, int64_t k, int64_t n, int64_t block,
                               void* scratch, int64_t scratch_bytes, void* stream);
@@ -23,9 +32,10 @@ int onnxfuse_triton_int4_linear(int dtype, const void* x, const uint8_t* wq, con
 // both null), act an onnxfuse_gate_act code
 // (common/gate_act.h). Up to ONNXFUSE_INT4_GEMV_MAX_M rows: the GEMV with a warp per output column reading its gate
 // and up rows together (fp16 and bf16 from kMmaMinRows rows: Int4Mma with a column's gate and up rows in one A
-// operand), act(g) * u in its epilogue; more rows: both weights dequantized into scratch as [2n, k],
-// one cuBLASLt GEMM into [m, 2n] scratch, then one elementwise pass.
-int64_t onnxfuse_cuda_int4_swiglu_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n);
+// operand), act(g) * u in its epilogue; more rows: both projections into [m, 2n] scratch (Int4Linear's sm_90 GEMM
+// once each, or both weights dequantized into scratch as [2n, k] and one cuBLASLt GEMM), then one elementwise pass.
+int64_t onnxfuse_cuda_int4_swiglu_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t block, int aligned,
+                                                int zero_points);
 int onnxfuse_cuda_int4_swiglu(int dtype, int act, const void* x, const uint8_t* wq_gate, const void* scales_gate,
                               const uint8_t* zp_gate, const uint8_t* wq_up, const void* scales_up, const uint8_t* zp_up,
                               void* y, int64_t m, int64_t k, int64_t n, int64_t block, void* scratch,
@@ -34,6 +44,20 @@ int onnxfuse_triton_int4_swiglu(int dtype, int act, const void* x, const uint8_t
                                 const uint8_t* zp_gate, const uint8_t* wq_up, const void* scales_up,
                                 const uint8_t* zp_up, void* y, int64_t m, int64_t k, int64_t n, int64_t block,
                                 void* stream);
+#ifdef ONNXFUSE_WITH_CUTLASS
+// CUTLASS's sm_90a mixed-input GEMM (cuda/cutlass/int4_mixed_gemm.cu, in builds that found CUTLASS's headers):
+// whether it may run on the current device (compute capability 9.0, ONNXFUSE_INT4_CUTLASS not "0") and for these
+// sizes; the scales and zero points transposed (s^T, z^T = -zp * s^T, [n_blocks, n]); then Y [m, ldy] =
+// X @ W^T. Its workspace: onnxfuse_cutlass_int4_workspace_bytes.
+int onnxfuse_cutlass_int4_ready(void);
+int onnxfuse_cutlass_int4_shape_ok(int dtype, int64_t m, int64_t k, int64_t n, int64_t block);
+int64_t onnxfuse_cutlass_int4_workspace_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t block);
+int onnxfuse_cutlass_int4_scales_zeros(int dtype, const void* scales, const uint8_t* zero_points, void* st, void* zt,
+                                       int64_t n, int64_t nb, void* stream);
+int onnxfuse_cutlass_int4_gemm(int dtype, const void* x, const uint8_t* wq, const void* st, const void* zt, void* y,
+                               int64_t ldy, int64_t m, int64_t k, int64_t n, int64_t block, void* ws, int64_t ws_bytes,
+                               void* stream);
+#endif
 }
 
 // The rows up to which the CUDA backend runs the GEMV; past them, the dequantized weights and one cuBLASLt GEMM.
@@ -806,11 +830,68 @@ Int4Weights Geometry(const uint8_t* wq, const void* scales, const uint8_t* zp, c
   return wt;
 }
 
+// The rows from which the mixed-input GEMM runs. Below them it loses to the dequantization + cuBLAS GEMM: its main
+// loop dequantizes every weight once per row tile, bound by those instructions, not by the bytes (H200, block 128, a
+// Llama-2-7B layer's five projections: 356 against 284 us at 17 rows, 313 against 283 at 64; 232 against 296 at 128,
+// 238 against 325 at 256; scripts/int4_probe.py, benchmarks/results/h200-2026-11-29/int4/).
+constexpr int64_t kMixedMinRows = 128;
+
+// The sm_90 mixed-input path: whether it runs these sizes on this device (kMixedMinRows rows or more, `aligned`
+// pointers, no zero points: CUTLASS computes q * s + z with z = -zp * s rounded, and with the multiply and add fused a
+// weight with q == zp comes out as that rounding's residue instead of 0, so Inf in X gave Inf where the reference has
+// Inf * 0 = NaN; z = -8 * s is exact, and then q * s + z is (q - 8) * s rounded once, as the reference rounds it),
+// and its scratch: s^T and z^T of one weight matrix (Int4SwiGLU's two GEMMs take them in turn), then CUTLASS's
+// workspace.
+bool MixedPath(int dtype, int64_t m, int64_t k, int64_t n, int64_t block, int aligned, bool zero_points) {
+#ifdef ONNXFUSE_WITH_CUTLASS
+  return aligned && !zero_points && m >= kMixedMinRows && onnxfuse_cutlass_int4_shape_ok(dtype, m, k, n, block) &&
+         onnxfuse_cutlass_int4_ready();
+#else
+  return false;
+#endif
+}
+
+int64_t MixedScalesBytes(int dtype, int64_t k, int64_t n, int64_t block) {
+  return ock::Align256((k / block) * n * ock::ElemBytes(dtype));
+}
+
+int64_t MixedScratch(int dtype, int64_t m, int64_t k, int64_t n, int64_t block) {
+#ifdef ONNXFUSE_WITH_CUTLASS
+  const int64_t ws = onnxfuse_cutlass_int4_workspace_bytes(dtype, m, k, n, block);
+  return 2 * MixedScalesBytes(dtype, k, n, block) + ock::Align256(ws < 0 ? 0 : ws);
+#else
+  return 0;
+#endif
+}
+
+// Y [m, ldy] = X @ W^T on the mixed-input path: the transposed scales and zeros into `scratch`, then the GEMM with the
+// rest of it as CUTLASS's workspace.
+int MixedGemm(int dtype, const void* x, const uint8_t* wq, const void* scales, const uint8_t* zp, void* y, int64_t ldy,
+              int64_t m, int64_t k, int64_t n, int64_t block, char* scratch, int64_t scratch_bytes, cudaStream_t s) {
+#ifdef ONNXFUSE_WITH_CUTLASS
+  const int64_t sb = MixedScalesBytes(dtype, k, n, block);
+  if (scratch_bytes < 2 * sb) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (int err = onnxfuse_cutlass_int4_scales_zeros(dtype, scales, zp, scratch, scratch + sb, n, k / block, s))
+    return err;
+  return onnxfuse_cutlass_int4_gemm(dtype, x, wq, scratch, scratch + sb, y, ldy, m, k, n, block, scratch + 2 * sb,
+                                    scratch_bytes - 2 * sb, s);
+#else
+  return ONNXFUSE_ERR_BAD_ARGUMENT;
+#endif
+}
+
 }  // namespace
 
-extern "C" int64_t onnxfuse_cuda_int4_linear_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n) {
+extern "C" int onnxfuse_cuda_int4_mixed_path(int dtype, int64_t m, int64_t k, int64_t n, int64_t block, int aligned,
+                                             int zero_points) {
+  return MixedPath(dtype, m, k, n, block, aligned, zero_points != 0);
+}
+
+extern "C" int64_t onnxfuse_cuda_int4_linear_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t block,
+                                                           int aligned, int zero_points) {
   if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || m < 0 || k < 0 || n < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
   if (m <= ONNXFUSE_INT4_GEMV_MAX_M) return 0;
+  if (MixedPath(dtype, m, k, n, block, aligned, zero_points != 0)) return MixedScratch(dtype, m, k, n, block);
   return ock::Align256(k * n * ock::ElemBytes(dtype)) + ONNXFUSE_CUBLASLT_WORKSPACE_BYTES;
 }
 
@@ -824,6 +905,11 @@ extern "C" int onnxfuse_cuda_int4_linear(int dtype, const void* x, const uint8_t
   const Int4Weights wt = Geometry(wq, scales, zero_points, nullptr, nullptr, nullptr, k, block);
   if (k == 0) return int(cudaMemsetAsync(y, 0, size_t(m * n * ock::ElemBytes(dtype)), s));
   if (m <= ONNXFUSE_INT4_GEMV_MAX_M) return GemvPath(dtype, 0, x, wt, y, m, k, n, s);
+  const int aligned = Aligned16(x) && Aligned16(wq) && Aligned16(scales) && Aligned16(y) &&
+                      (zero_points == nullptr || Aligned16(zero_points));
+  if (MixedPath(dtype, m, k, n, block, aligned, zero_points != nullptr))
+    return MixedGemm(dtype, x, wq, scales, zero_points, y, n, m, k, n, block, static_cast<char*>(scratch),
+                     scratch_bytes, s);
   if (k > 0x7fffffffLL - 16 || n > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;  // the dequantization's indices
   const int64_t w_bytes = ock::Align256(k * n * ock::ElemBytes(dtype));
   if (scratch == nullptr || scratch_bytes < w_bytes) return ONNXFUSE_ERR_BAD_ARGUMENT;
@@ -834,12 +920,15 @@ extern "C" int onnxfuse_cuda_int4_linear(int dtype, const void* x, const uint8_t
   return ock::Gemm(g, static_cast<char*>(scratch) + w_bytes, scratch_bytes - w_bytes, s);
 }
 
-// Scratch past the GEMV's rows: [W_gate; W_up]^T [2n, k], the cuBLASLt workspace, z [m, 2n].
-extern "C" int64_t onnxfuse_cuda_int4_swiglu_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n) {
+// Scratch past the GEMV's rows: z [m, 2n], then either the mixed-input path's (s^T and z^T, CUTLASS's workspace) or
+// [W_gate; W_up]^T [2n, k] and the cuBLASLt workspace.
+extern "C" int64_t onnxfuse_cuda_int4_swiglu_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t block,
+                                                           int aligned, int zero_points) {
   if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || m < 0 || k < 0 || n < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
   if (m <= ONNXFUSE_INT4_GEMV_MAX_M) return 0;
-  return ock::Align256(2 * k * n * ock::ElemBytes(dtype)) + ONNXFUSE_CUBLASLT_WORKSPACE_BYTES +
-         ock::Align256(2 * m * n * ock::ElemBytes(dtype));
+  const int64_t z = ock::Align256(2 * m * n * ock::ElemBytes(dtype));
+  if (MixedPath(dtype, m, k, n, block, aligned, zero_points != 0)) return z + MixedScratch(dtype, m, k, n, block);
+  return z + ock::Align256(2 * k * n * ock::ElemBytes(dtype)) + ONNXFUSE_CUBLASLT_WORKSPACE_BYTES;
 }
 
 extern "C" int onnxfuse_cuda_int4_swiglu(int dtype, int act, const void* x, const uint8_t* wq_gate,
@@ -857,17 +946,32 @@ extern "C" int onnxfuse_cuda_int4_swiglu(int dtype, int act, const void* x, cons
   if (k == 0) return int(cudaMemsetAsync(y, 0, size_t(m * n * ock::ElemBytes(dtype)), s));  // act(0) * 0
   if (m <= ONNXFUSE_INT4_GEMV_MAX_M) return GemvPath(dtype, act, x, wt, y, m, k, n, s);
   if (k > 0x7fffffffLL - 16 || 2 * n > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;
-  const int64_t e = ock::ElemBytes(dtype), w_bytes = ock::Align256(2 * k * n * e);
-  if (scratch == nullptr || scratch_bytes < onnxfuse_cuda_int4_swiglu_scratch_bytes(dtype, m, k, n))
+  const int aligned = Aligned16(x) && Aligned16(wq_gate) && Aligned16(scales_gate) && Aligned16(wq_up) &&
+                      Aligned16(scales_up) && Aligned16(y) &&
+                      (zp_gate == nullptr || (Aligned16(zp_gate) && Aligned16(zp_up)));
+  const int64_t e = ock::ElemBytes(dtype), z_bytes = ock::Align256(2 * m * n * e);
+  const bool zp = zp_gate != nullptr;
+  if (scratch == nullptr || scratch_bytes < onnxfuse_cuda_int4_swiglu_scratch_bytes(dtype, m, k, n, block, aligned, zp))
     return ONNXFUSE_ERR_BAD_ARGUMENT;
-  char* w = static_cast<char*>(scratch);
-  char* z = w + w_bytes + ONNXFUSE_CUBLASLT_WORKSPACE_BYTES;
-  if (int err = Dequantize(dtype, wq_gate, scales_gate, zp_gate, w, k, n, wt, s)) return err;
-  if (int err = Dequantize(dtype, wq_up, scales_up, zp_up, w + k * n * e, k, n, wt, s)) return err;
-  ock::GemmArgs g;
-  g.dtype = dtype, g.x = x, g.w = w, g.y = z, g.m = m, g.k = k, g.n = 2 * n;
-  g.trans_w = true;
-  if (int err = ock::Gemm(g, w + w_bytes, ONNXFUSE_CUBLASLT_WORKSPACE_BYTES, s)) return err;
+  char* z = static_cast<char*>(scratch);
+  char* rest = z + z_bytes;
+  const int64_t rest_bytes = scratch_bytes - z_bytes;
+  if (MixedPath(dtype, m, k, n, block, aligned, zp)) {
+    // gate into z's first n columns, up into the last n (rows 2n apart), each with its own transposed scales
+    if (int err = MixedGemm(dtype, x, wq_gate, scales_gate, zp_gate, z, 2 * n, m, k, n, block, rest, rest_bytes, s))
+      return err;
+    if (int err = MixedGemm(dtype, x, wq_up, scales_up, zp_up, z + n * e, 2 * n, m, k, n, block, rest, rest_bytes, s))
+      return err;
+  } else {
+    const int64_t w_bytes = ock::Align256(2 * k * n * e);
+    char* w = rest;
+    if (int err = Dequantize(dtype, wq_gate, scales_gate, zp_gate, w, k, n, wt, s)) return err;
+    if (int err = Dequantize(dtype, wq_up, scales_up, zp_up, w + k * n * e, k, n, wt, s)) return err;
+    ock::GemmArgs g;
+    g.dtype = dtype, g.x = x, g.w = w, g.y = z, g.m = m, g.k = k, g.n = 2 * n;
+    g.trans_w = true;
+    if (int err = ock::Gemm(g, w + w_bytes, ONNXFUSE_CUBLASLT_WORKSPACE_BYTES, s)) return err;
+  }
   return ock::ByDtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     constexpr int kVec = 16 / sizeof(T);
@@ -886,7 +990,8 @@ extern "C" int onnxfuse_cuda_int4_swiglu(int dtype, int act, const void* x, cons
 // Int4Linear on the CUDA EP: the kernel struct calling the nvcc half's launcher or the Triton one (at the end of
 // this file) through Dispatch (cuda/ops_cuda.h), and its registration. backend=auto follows triton/table.py's
 // AUTO_CUDA rules for the int4_linear kernel, and runs the CUDA backend for every M with zero points (the Triton
-// build with them measured 1.2-1.5x slower at 16 rows on an H100: int4-probe-zp.json).
+// build with them measured 1.2-1.5x slower at 16 rows on an H100: int4-probe-zp.json) and wherever the CUDA backend
+// runs the sm_90 mixed-input GEMM (onnxfuse_cuda_int4_mixed_path).
 #include <optional>
 
 #include "cuda/ops_cuda.h"
@@ -897,6 +1002,9 @@ extern "C" int onnxfuse_cuda_int4_swiglu(int dtype, int act, const void* x, cons
 namespace onnxfuse {
 namespace cuda {
 namespace {
+
+// A pointer's 16-byte alignment (the scratch functions' `aligned` argument; null counts as aligned).
+bool Int4Aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 template <typename T>
 struct Int4LinearCuda {
@@ -914,17 +1022,22 @@ struct Int4LinearCuda {
       void* stream = StreamOf(ctx);
       const void *x = X.Data(), *scales = Scales.Data();
       const uint8_t* wq = Wq.Data();
+      const int aligned = Int4Aligned(x) && Int4Aligned(wq) && Int4Aligned(scales) && Int4Aligned(y) &&
+                          (zp == nullptr || Int4Aligned(zp));
       Dispatch(
           kName, attrs,
           [&] {
-            return WithScratch(ctx, Op::kX, onnxfuse_cuda_int4_linear_scratch_bytes(DtypeCode<T>(), d.M, d.K, d.N),
-                               [&](void* sp, int64_t bytes) {
-                                 return onnxfuse_cuda_int4_linear(DtypeCode<T>(), x, wq, scales, zp, y, d.M, d.K, d.N,
-                                                                  d.r, sp, bytes, stream);
-                               });
+            const int64_t need =
+                onnxfuse_cuda_int4_linear_scratch_bytes(DtypeCode<T>(), d.M, d.K, d.N, d.r, aligned, zp != nullptr);
+            return WithScratch(ctx, Op::kX, need, [&](void* sp, int64_t bytes) {
+              return onnxfuse_cuda_int4_linear(DtypeCode<T>(), x, wq, scales, zp, y, d.M, d.K, d.N, d.r, sp, bytes,
+                                               stream);
+            });
           },
           [&] { return onnxfuse_triton_int4_linear(DtypeCode<T>(), x, wq, scales, zp, y, d.M, d.K, d.N, d.r, stream); },
-          AutoPrefersCuda(triton::kInt4Linear, d.M, d.K, d.N) || zp != nullptr);  // zero points: CUDA (Results)
+          // zero points, or the sm_90 mixed-input GEMM: CUDA (Results)
+          AutoPrefersCuda(triton::kInt4Linear, d.M, d.K, d.N) || zp != nullptr ||
+              onnxfuse_cuda_int4_mixed_path(DtypeCode<T>(), d.M, d.K, d.N, d.r, aligned, 0));
     });
   }
   OpAttrs attrs;
@@ -950,20 +1063,24 @@ struct Int4SwiGLUCuda {
       void* stream = StreamOf(ctx);
       const void *x = X.Data(), *sg = Sg.Data(), *su = Su.Data();
       const uint8_t *wg = Wg.Data(), *wu = Wu.Data();
+      const int aligned = Int4Aligned(x) && Int4Aligned(wg) && Int4Aligned(sg) && Int4Aligned(wu) && Int4Aligned(su) &&
+                          Int4Aligned(y) && (zg == nullptr || (Int4Aligned(zg) && Int4Aligned(zu)));
       Dispatch(
           kName, attrs,
           [&] {
-            return WithScratch(ctx, Op::kX, onnxfuse_cuda_int4_swiglu_scratch_bytes(DtypeCode<T>(), d.M, d.K, d.N),
-                               [&](void* sp, int64_t bytes) {
-                                 return onnxfuse_cuda_int4_swiglu(DtypeCode<T>(), act, x, wg, sg, zg, wu, su, zu, y,
-                                                                  d.M, d.K, d.N, d.r, sp, bytes, stream);
-                               });
+            const int64_t need =
+                onnxfuse_cuda_int4_swiglu_scratch_bytes(DtypeCode<T>(), d.M, d.K, d.N, d.r, aligned, zg != nullptr);
+            return WithScratch(ctx, Op::kX, need, [&](void* sp, int64_t bytes) {
+              return onnxfuse_cuda_int4_swiglu(DtypeCode<T>(), act, x, wg, sg, zg, wu, su, zu, y, d.M, d.K, d.N, d.r,
+                                               sp, bytes, stream);
+            });
           },
           [&] {
             return onnxfuse_triton_int4_swiglu(DtypeCode<T>(), act, x, wg, sg, zg, wu, su, zu, y, d.M, d.K, d.N, d.r,
                                                stream);
           },
-          AutoPrefersCuda(triton::kInt4Swiglu, d.M, d.K) || zg != nullptr);
+          AutoPrefersCuda(triton::kInt4Swiglu, d.M, d.K) || zg != nullptr ||
+              onnxfuse_cuda_int4_mixed_path(DtypeCode<T>(), d.M, d.K, d.N, d.r, aligned, 0));
     });
   }
   OpAttrs attrs;
