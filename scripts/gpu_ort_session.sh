@@ -4,12 +4,15 @@
 # wheels (.gpu/wheels: hypothesis and its dependencies, which the GPU machine lacks), unpacks the library built here
 # (.gpu/lib.so.xz) and its oneDNN (.gpu/dnnl.so.3.xz) and runs MODE. Prepare here (once per checkout; .gpu/ is git-ignored):
 #
-#   split the onnxruntime-gpu wheel as GPU.md says but in 45 MB parts (`split -b 45M`: a carry holds 64 MiB with the
-#   working tree, about 14 MB), .gpu/ort.part00..04; pip download hypothesis,
+#   split the onnxruntime-gpu wheel as GPU.md says but in 30 MB parts (`split -b 30M`: a carry holds 64 MiB with the
+#   working tree, about 20 MB), .gpu/ort.part00..06; pip download hypothesis,
 #   sortedcontainers and attrs (--python-version 3.12) into .gpu/wheels; xz the built library into .gpu/lib.so.xz
 #
-# then four calls back to back carrying .gpu/ort.part00 .. 03 with `mkdir -p /root/ort && cp .gpu/ort.part0N
-# /root/ort/`, and this one carrying .gpu/ort.part04 .gpu/wheels .gpu/lib.so.xz:
+# then calls back to back carrying one part each with `mkdir -p /root/ort /root/extra && cp .gpu/ort.part0N
+# /root/ort/`, the first ones also carrying .gpu/lib.so.xz, .gpu/dnnl.so.3.xz and .gpu/wheels (and, for the genai
+# modes, .gpu/genai and .gpu/tok) with `cp -r .gpu/<it> /root/extra/` (what /root/extra holds is copied into .gpu/
+# below where .gpu/ lacks it: the device tool keeps a carried path only for its call), and this one carrying the last
+# part:
 #   OUT=$OUT bash scripts/gpu_ort_session.sh MODE
 # (a later call on the still-warm machine finds everything in place and carries only what changed).
 #
@@ -27,7 +30,8 @@
 set -u
 MODE=${1:-check}
 OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+mkdir -p "$OUT" .gpu
+[ -d /root/extra ] && cp -rn /root/extra/. .gpu/
 if [ ! -f /root/ortsite/.done ]; then
   cat /root/ort/ort.part* .gpu/ort.part* | xz -d -T0 | (mkdir -p /root/ortsite && tar -xf - -C /root/ortsite) || exit 1
   python3 -m pip install -q --no-deps --target /root/ortsite .gpu/wheels/*.whl
