@@ -34,7 +34,9 @@ def register_export(exsub) -> None:
                          "patterns measured slower there than onnxruntime's own are left to it")
     hf.add_argument("--block-size", type=int, choices=[16, 32, 64, 128, 256],
                     help="with --dtype int4: the quantization block along K (the builder's block_size; its default "
-                         "32); 'onnxfuse verify DIR' then reports the perplexity against fp32")
+                         "32); 'onnxfuse verify DIR' then reports the perplexity against fp32. On an H100/H200, "
+                         "blocks of 64 or more let prompts and batches of 128+ rows run CUTLASS's int4 GEMM "
+                         "(README, Kernels)")
     hf.add_argument("--extra-options", type=option_list, metavar="K=V,K2=V2", default=[],
                     help="passed to the builder's --extra_options (e.g. block_size=32,accuracy_level=4)")
     hf.add_argument("--trust-remote-code", action="store_true",

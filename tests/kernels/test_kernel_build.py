@@ -190,8 +190,8 @@ def _string_literals(path: pathlib.Path) -> list[str]:
 
 def test_cpp_sources_take_the_domain_from_the_generated_header():
     """No op name, domain, attribute name, backend, activation or stack-mode name is spelled as a string literal in
-    the C++/CUDA sources: they come from onnxfuse_ops.h. The library reads no environment but the two CPU knobs and
-    the GPU launchers' PDL switch, and prints nothing."""
+    the C++/CUDA sources: they come from onnxfuse_ops.h. The library reads no environment but the two CPU knobs, the
+    GPU launchers' PDL switch and the int4 ops' CUTLASS switch, and prints nothing."""
     forbidden = {schema.DOMAIN, *schema.OPS, *schema.BACKENDS, *schema.STACK_ACTIVATIONS, *schema.STACK_MODES,
                  *schema.INTERACTIONS, *schema.HASHES,
                  *(a.name for o in schema.OPS.values() for a in o.attrs)}
@@ -201,10 +201,12 @@ def test_cpp_sources_take_the_domain_from_the_generated_header():
     assert not found, sorted(found)
     env_reads = {(str(p.relative_to(KERNELS)), m) for p in sources
                  for m in re.findall(r'getenv\("([^"]*)"\)', p.read_text())}
-    # the CPU kernels' two knobs, and the GPU launchers' switch for programmatic dependent launches (read once for
-    # the CUDA kernels and the Triton runtime)
+    # the CPU kernels' two knobs, the GPU launchers' switch for programmatic dependent launches (read once for
+    # the CUDA kernels and the Triton runtime), and the int4 ops' switch for CUTLASS's sm_90 GEMM (read once; for A/B
+    # runs: neither switch picks a backend)
     assert env_reads == {("cpu/gemm.cc", "ONNXFUSE_CPU_THREADS"), ("cpu/gemm.cc", "ONNXFUSE_CPU_ISA"),
-                         ("cuda/gemm.cu", "ONNXFUSE_PDL")}, env_reads
+                         ("cuda/gemm.cu", "ONNXFUSE_PDL"),
+                         ("cuda/cutlass/int4_mixed_gemm.cu", "ONNXFUSE_INT4_CUTLASS")}, env_reads
     printing = [str(p.relative_to(KERNELS)) for p in sources
                 if re.search(r"\b(f?printf|puts|std::cout|std::cerr|std::clog)\b",
                              re.sub(r"//[^\n]*", "", p.read_text()))]
