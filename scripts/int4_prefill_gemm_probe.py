@@ -8,8 +8,8 @@ Forms:
   dequantized tile need not go through shared memory), scales per block (BS a constexpr);
 - ``split``: ``swap`` without the nibble interleave: each byte's low nibbles (even k) and high nibbles (odd k) as two
   [BLOCK_N, BLOCK_K/2] tiles, each dotted with X's even / odd columns (tl.split of the loaded X tile);
-- ``cutlass``: CUTLASS's sm90 mixed-input GEMM (scripts/int4_cutlass_probe.cu, built with nvcc here and carried as
-  a .so; blocks of 64 and more only);
+- ``cutlass``: the library's CUTLASS sm90 mixed-input GEMM in five tile configs (scripts/int4_cutlass_probe.cu, which
+  includes cuda/cutlass/int4_mixed_gemm.cu; built with nvcc here and carried as a .so; blocks of 64 and more only);
 - ``dq+cublas``: the library's path in torch terms (a dequantization kernel, then torch.matmul), and ``cublas``:
   torch.matmul on an already-dequantized W (the fp16 model's GEMM).
 
@@ -187,15 +187,14 @@ def main():
                     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
                     def prep():
-                        lib.probe_scale_zero(ctypes.c_void_p(s.data_ptr()), None, ctypes.c_void_p(st.data_ptr()),
-                                             ctypes.c_void_p(zt.data_ptr()), n, k // block, 0, stream)
-                    for cfg in range(5):  # 4: config 1 with stream-K (a probe built before it has 4 configs)
+                        lib.probe_scale_zero(ctypes.c_void_p(s.data_ptr()), ctypes.c_void_p(st.data_ptr()),
+                                             ctypes.c_void_p(zt.data_ptr()), n, k // block, stream)
+                    for cfg in range(5):
                         def run(cfg=cfg):
                             rc = lib.probe_gemm(cfg, ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(packed.data_ptr()),
                                                 ctypes.c_void_p(st.data_ptr()), ctypes.c_void_p(zt.data_ptr()),
                                                 ctypes.c_void_p(y.data_ptr()), m, n, k, block,
-                                                ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(ws.numel()), stream,
-                                                None)
+                                                ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(ws.numel()), stream)
                             if rc:
                                 raise RuntimeError(f"cutlass config {cfg}: {rc}")
                         try:

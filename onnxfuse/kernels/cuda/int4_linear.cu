@@ -47,13 +47,13 @@ int onnxfuse_triton_int4_swiglu(int dtype, int act, const void* x, const uint8_t
 #ifdef ONNXFUSE_WITH_CUTLASS
 // CUTLASS's sm_90a mixed-input GEMM (cuda/cutlass/int4_mixed_gemm.cu, in builds that found CUTLASS's headers):
 // whether it may run on the current device (compute capability 9.0, ONNXFUSE_INT4_CUTLASS not "0") and for these
-// sizes; the scales and zero points transposed (s^T, z^T = -zp * s^T, [n_blocks, n]); then Y [m, ldy] =
-// X @ W^T. Its workspace: onnxfuse_cutlass_int4_workspace_bytes.
+// sizes; the scales transposed with their zeros (s^T, z^T = -8 * s^T, [n_blocks, n]: symmetric weights); then
+// Y [m, ldy] = X @ W^T. Its workspace: onnxfuse_cutlass_int4_workspace_bytes.
 int onnxfuse_cutlass_int4_ready(void);
 int onnxfuse_cutlass_int4_shape_ok(int dtype, int64_t m, int64_t k, int64_t n, int64_t block);
 int64_t onnxfuse_cutlass_int4_workspace_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t block);
-int onnxfuse_cutlass_int4_scales_zeros(int dtype, const void* scales, const uint8_t* zero_points, void* st, void* zt,
-                                       int64_t n, int64_t nb, void* stream);
+int onnxfuse_cutlass_int4_scales_zeros(int dtype, const void* scales, void* st, void* zt, int64_t n, int64_t nb,
+                                       void* stream);
 int onnxfuse_cutlass_int4_gemm(int dtype, const void* x, const uint8_t* wq, const void* st, const void* zt, void* y,
                                int64_t ldy, int64_t m, int64_t k, int64_t n, int64_t block, void* ws, int64_t ws_bytes,
                                void* stream);
@@ -864,15 +864,14 @@ int64_t MixedScratch(int dtype, int64_t m, int64_t k, int64_t n, int64_t block) 
 #endif
 }
 
-// Y [m, ldy] = X @ W^T on the mixed-input path: the transposed scales and zeros into `scratch`, then the GEMM with the
-// rest of it as CUTLASS's workspace.
-int MixedGemm(int dtype, const void* x, const uint8_t* wq, const void* scales, const uint8_t* zp, void* y, int64_t ldy,
-              int64_t m, int64_t k, int64_t n, int64_t block, char* scratch, int64_t scratch_bytes, cudaStream_t s) {
+// Y [m, ldy] = X @ W^T on the mixed-input path (symmetric weights): the transposed scales and zeros into `scratch`,
+// then the GEMM with the rest of it as CUTLASS's workspace.
+int MixedGemm(int dtype, const void* x, const uint8_t* wq, const void* scales, void* y, int64_t ldy, int64_t m,
+              int64_t k, int64_t n, int64_t block, char* scratch, int64_t scratch_bytes, cudaStream_t s) {
 #ifdef ONNXFUSE_WITH_CUTLASS
   const int64_t sb = MixedScalesBytes(dtype, k, n, block);
   if (scratch_bytes < 2 * sb) return ONNXFUSE_ERR_BAD_ARGUMENT;
-  if (int err = onnxfuse_cutlass_int4_scales_zeros(dtype, scales, zp, scratch, scratch + sb, n, k / block, s))
-    return err;
+  if (int err = onnxfuse_cutlass_int4_scales_zeros(dtype, scales, scratch, scratch + sb, n, k / block, s)) return err;
   return onnxfuse_cutlass_int4_gemm(dtype, x, wq, scratch, scratch + sb, y, ldy, m, k, n, block, scratch + 2 * sb,
                                     scratch_bytes - 2 * sb, s);
 #else
@@ -908,8 +907,7 @@ extern "C" int onnxfuse_cuda_int4_linear(int dtype, const void* x, const uint8_t
   const int aligned = Aligned16(x) && Aligned16(wq) && Aligned16(scales) && Aligned16(y) &&
                       (zero_points == nullptr || Aligned16(zero_points));
   if (MixedPath(dtype, m, k, n, block, aligned, zero_points != nullptr))
-    return MixedGemm(dtype, x, wq, scales, zero_points, y, n, m, k, n, block, static_cast<char*>(scratch),
-                     scratch_bytes, s);
+    return MixedGemm(dtype, x, wq, scales, y, n, m, k, n, block, static_cast<char*>(scratch), scratch_bytes, s);
   if (k > 0x7fffffffLL - 16 || n > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;  // the dequantization's indices
   const int64_t w_bytes = ock::Align256(k * n * ock::ElemBytes(dtype));
   if (scratch == nullptr || scratch_bytes < w_bytes) return ONNXFUSE_ERR_BAD_ARGUMENT;
@@ -958,9 +956,8 @@ extern "C" int onnxfuse_cuda_int4_swiglu(int dtype, int act, const void* x, cons
   const int64_t rest_bytes = scratch_bytes - z_bytes;
   if (MixedPath(dtype, m, k, n, block, aligned, zp)) {
     // gate into z's first n columns, up into the last n (rows 2n apart), each with its own transposed scales
-    if (int err = MixedGemm(dtype, x, wq_gate, scales_gate, zp_gate, z, 2 * n, m, k, n, block, rest, rest_bytes, s))
-      return err;
-    if (int err = MixedGemm(dtype, x, wq_up, scales_up, zp_up, z + n * e, 2 * n, m, k, n, block, rest, rest_bytes, s))
+    if (int err = MixedGemm(dtype, x, wq_gate, scales_gate, z, 2 * n, m, k, n, block, rest, rest_bytes, s)) return err;
+    if (int err = MixedGemm(dtype, x, wq_up, scales_up, z + n * e, 2 * n, m, k, n, block, rest, rest_bytes, s))
       return err;
   } else {
     const int64_t w_bytes = ock::Align256(2 * k * n * e);

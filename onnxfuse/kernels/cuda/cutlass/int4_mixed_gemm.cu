@@ -8,10 +8,10 @@
 // (MatMulNBits' packed rows as they are, the lower k of a byte in its low nibble), X [M, K] row-major is the K-major
 // B operand, D^T column-major with leading dimension ldy is Y [M, ldy] row-major. CUTLASS dequantizes w = q * s + z
 // per block of K ("ConvertAndScaleWithZero", the multiply and add contracted into one FMA), its scales and zeros
-// MN-major ([K / block, N]): a first kernel writes s^T and z^T = -zp * s^T (zp 8 without zero points) into the
-// caller's scratch. With zp = 8, z is exact and fma(q, s, z) is (q - 8) * s rounded once, as the reference rounds it
-// (0 where q = 8, so Inf in X meets a true 0 and gives NaN); with other zero points z is rounded and a weight with
-// q = zp comes out as that rounding's residue, not 0, so int4_linear.cu runs only symmetric weights here.
+// MN-major ([K / block, N]): a first kernel writes s^T and z^T = -8 * s^T into the caller's scratch. z is exact, so
+// fma(q, s, z) is (q - 8) * s rounded once, as the reference rounds it (0 where q = 8, so Inf in X meets a true 0 and
+// gives NaN). Symmetric weights only: with a zero point zp, z = -zp * s would be rounded and a weight with q = zp
+// would come out as that rounding's residue, not 0 (int4_linear.cu keeps them on the dequantization).
 //
 // Limits (CUTLASS's): the block is a multiple of the K tile, 64 (its main loop needs four k-blocks of 16 a tile, so
 // blocks of 16 and 32 cannot take this path), K a multiple of the block, N and ldy multiples of 8, every pointer
@@ -34,33 +34,23 @@
 
 namespace onnxfuse::cutlass_int4 {
 
-// s^T, z^T [nb, N] from scales [N, nb] and zero points [N, ceil(nb / 2)] (null: 8), through a 32 x 32 tile of shared
-// memory so that both the reads (along nb) and the writes (along N) are coalesced.
+// s^T and z^T = -8 * s^T [nb, N] from scales [N, nb], through a 32 x 32 tile of shared memory so that both the reads
+// (along nb) and the writes (along N) are coalesced.
 template <typename T>
-__global__ void ScalesZerosT(const T* __restrict__ s, const uint8_t* __restrict__ zp, T* __restrict__ st,
-                             T* __restrict__ zt, int n, int nb, int zb) {
+__global__ void ScalesZerosT(const T* __restrict__ s, T* __restrict__ st, T* __restrict__ zt, int n, int nb) {
   __shared__ float ts[32][33];
-  __shared__ float tz[32][33];
   const int n0 = blockIdx.x * 32, b0 = blockIdx.y * 32;
   for (int r = threadIdx.y; r < 32; r += blockDim.y) {
     const int col = n0 + r, b = b0 + threadIdx.x;
-    if (col < n && b < nb) {
-      const float sc = float(s[int64_t(col) * nb + b]);
-      int z = 8;
-      if (zp != nullptr) {
-        const uint8_t byte = zp[int64_t(col) * zb + (b >> 1)];
-        z = (b & 1) ? (byte >> 4) : (byte & 15);
-      }
-      ts[r][threadIdx.x] = sc;
-      tz[r][threadIdx.x] = -float(z) * sc;
-    }
+    if (col < n && b < nb) ts[r][threadIdx.x] = float(s[int64_t(col) * nb + b]);
   }
   __syncthreads();
   for (int r = threadIdx.y; r < 32; r += blockDim.y) {
     const int b = b0 + r, col = n0 + threadIdx.x;
     if (col < n && b < nb) {
-      st[int64_t(b) * n + col] = T(ts[threadIdx.x][r]);
-      zt[int64_t(b) * n + col] = T(tz[threadIdx.x][r]);
+      const float sc = ts[threadIdx.x][r];
+      st[int64_t(b) * n + col] = T(sc);
+      zt[int64_t(b) * n + col] = T(-8.f * sc);
     }
   }
 }
@@ -200,19 +190,17 @@ extern "C" int64_t onnxfuse_cutlass_int4_workspace_bytes(int dtype, int64_t m, i
   });
 }
 
-extern "C" int onnxfuse_cutlass_int4_scales_zeros(int dtype, const void* scales, const uint8_t* zero_points, void* st,
-                                                  void* zt, int64_t n, int64_t nb, void* stream) {
+extern "C" int onnxfuse_cutlass_int4_scales_zeros(int dtype, const void* scales, void* st, void* zt, int64_t n,
+                                                  int64_t nb, void* stream) {
   const dim3 grid(unsigned((n + 31) / 32), unsigned((nb + 31) / 32)), block(32, 8);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const int zb = int((nb + 1) / 2);
   if (dtype == ONNXFUSE_FP16)
-    oci::ScalesZerosT<__half><<<grid, block, 0, s>>>(static_cast<const __half*>(scales), zero_points,
-                                                     static_cast<__half*>(st), static_cast<__half*>(zt), int(n),
-                                                     int(nb), zb);
+    oci::ScalesZerosT<__half><<<grid, block, 0, s>>>(static_cast<const __half*>(scales), static_cast<__half*>(st),
+                                                     static_cast<__half*>(zt), int(n), int(nb));
   else
-    oci::ScalesZerosT<__nv_bfloat16><<<grid, block, 0, s>>>(static_cast<const __nv_bfloat16*>(scales), zero_points,
+    oci::ScalesZerosT<__nv_bfloat16><<<grid, block, 0, s>>>(static_cast<const __nv_bfloat16*>(scales),
                                                             static_cast<__nv_bfloat16*>(st),
-                                                            static_cast<__nv_bfloat16*>(zt), int(n), int(nb), zb);
+                                                            static_cast<__nv_bfloat16*>(zt), int(n), int(nb));
   return int(cudaGetLastError());
 }
 
