@@ -139,12 +139,17 @@ PY
   generate)
     # bench genai with its limits on a Llama-2-7B-shape checkpoint of LAYERS layers (default 4; random fp16 weights,
     # vocabulary 49,152, SmolLM2's tokenizer: .gpu/tok): genai's fp16 CUDA folder (`export hf --no-fuse`), the fused
-    # one (`fuse`), at prompts SIZES (default 128,2048); then the same against transformers eager and static cache +
-    # torch.compile (--transformers). Carries the genai CUDA wheel (.gpu/genai/*.whl) and .gpu/tok.
-    python3 -m pip install -q --no-deps --target /root/genai .gpu/genai/*.whl || exit 1
+    # one (`fuse`), at prompts SIZES (default 128,2048) (ONNX=0: not); then the same against transformers eager and
+    # static cache + torch.compile (--transformers; TRANSFORMERS=0: not); then (PROFILE=1) one decode step of both
+    # folders kernel by kernel (scripts/genai_decode_profile.py) at prompts PROFILE_PROMPTS (default 128 2048). A later
+    # call on the warm machine reuses the checkpoint and folders. Carries the genai CUDA wheel (.gpu/genai/*.whl) and
+    # .gpu/tok.
+    [ -d /root/genai/onnxruntime_genai ] || python3 -m pip install -q --no-deps --target /root/genai .gpu/genai/*.whl \
+      || exit 1
     export PYTHONPATH=/root/ortsite:/root/genai:$PWD
     L=${LAYERS:-4}
-    LAYERS_N=$L python3 - <<'PY' || exit 1
+    if [ "${ONNX:-1}" = 1 ]; then
+      LAYERS_N=$L python3 - <<'PY' || exit 1
 import os, torch, transformers
 cfg = transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=int(os.environ["LAYERS_N"]),
                                num_attention_heads=32, num_key_value_heads=32, vocab_size=49152,
@@ -155,16 +160,26 @@ with torch.device("cuda"):
 model.save_pretrained("/root/ckpt-gen")
 transformers.AutoTokenizer.from_pretrained(".gpu/tok").save_pretrained("/root/ckpt-gen")
 PY
-    python3 -m onnxfuse export hf /root/ckpt-gen -o /root/gen --dtype fp16 --provider cuda --no-fuse \
-      > "$OUT/generate-export.log" 2>&1; echo "export rc $?"; tail -2 "$OUT/generate-export.log"
-    python3 -m onnxfuse fuse /root/gen --provider cuda > "$OUT/generate-fuse.log" 2>&1; echo "fuse rc $?"
-    tail -2 "$OUT/generate-fuse.log"
-    [ -f /root/libdnnl.so.3 ] && cp /root/libdnnl.so.3 /root/gen-fused/
-    python3 -m onnxfuse bench genai /root/gen /root/gen-fused --device cuda --sizes "${SIZES:-128,2048}" --runs 3 \
-      -o "$OUT/genai-L$L.json" > "$OUT/genai-L$L.log" 2>&1; echo "bench genai rc $?"; tail -9 "$OUT/genai-L$L.log"
-    python3 -m onnxfuse bench genai /root/gen --device cuda --sizes "${SIZES:-128,2048}" --runs 3 \
-      --transformers eager,compile -o "$OUT/genai-transformers-L$L.json" > "$OUT/genai-transformers-L$L.log" 2>&1
-    echo "bench transformers rc $?"; tail -9 "$OUT/genai-transformers-L$L.log"
+      python3 -m onnxfuse export hf /root/ckpt-gen -o /root/gen --dtype fp16 --provider cuda --no-fuse \
+        > "$OUT/generate-export.log" 2>&1; echo "export rc $?"; tail -2 "$OUT/generate-export.log"
+      python3 -m onnxfuse fuse /root/gen --provider cuda > "$OUT/generate-fuse.log" 2>&1; echo "fuse rc $?"
+      tail -2 "$OUT/generate-fuse.log"
+      [ -f /root/libdnnl.so.3 ] && cp /root/libdnnl.so.3 /root/gen-fused/
+      python3 -m onnxfuse bench genai /root/gen /root/gen-fused --device cuda --sizes "${SIZES:-128,2048}" --runs 3 \
+        -o "$OUT/genai-L$L.json" > "$OUT/genai-L$L.log" 2>&1; echo "bench genai rc $?"; tail -9 "$OUT/genai-L$L.log"
+    fi
+    if [ "${TRANSFORMERS:-1}" = 1 ]; then
+      python3 -m onnxfuse bench genai /root/gen --device cuda --sizes "${SIZES:-128,2048}" --runs 3 \
+        --transformers eager,compile -o "$OUT/genai-transformers-L$L.json" > "$OUT/genai-transformers-L$L.log" 2>&1
+      echo "bench transformers rc $?"; tail -9 "$OUT/genai-transformers-L$L.log"
+    fi
+    if [ "${PROFILE:-0}" = 1 ]; then
+      for p in ${PROFILE_PROMPTS:-128 2048}; do
+        python3 scripts/genai_decode_profile.py "$OUT/genai-L$L-decode-profile-p$p.txt" /root/gen /root/gen-fused \
+          --prompt "$p" > "$OUT/genai-L$L-decode-profile-p$p.log" 2>&1; echo "profile prompt $p rc $?"
+        grep -E "^## " "$OUT/genai-L$L-decode-profile-p$p.txt"
+      done
+    fi
     ;;
   int4-bench)
     # bench genai on int4-folders' two folders: prompts SIZES (default 128,512,2048), batches BATCH (default 1)

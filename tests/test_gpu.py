@@ -463,9 +463,9 @@ def test_int4_linear_auto_picks_its_kernel_by_rows_and_width(tmp_path):
 def test_int4_past_16_rows_runs_cutlass_on_sm90(tmp_path, zp, dtype):
     """On an sm_90 GPU, with a library built with CUTLASS: genai's int4 MLP (gate and up MatMulNBits, QuickGelu, the
     product, down; block 128 dividing both K; fp32 in and out through Casts) fused to Int4SwiGLU + Int4Linear runs
-    CUTLASS's mixed-input GEMM from 128 rows (128, 300, 1000) and no dequantization kernel, in fp16 and bf16, the
-    output equal to the PyTorch dequantize-then-matmul; with zero points, or a block of 32 (below CUTLASS's K tile),
-    it still dequantizes."""
+    CUTLASS's mixed-input GEMM past the GEMV's 16 rows (17, 64 and 128 rows: one row tile; 300, 1000) and no
+    dequantization kernel, in fp16 and bf16, the output equal to the PyTorch dequantize-then-matmul; with zero points,
+    or a block of 32 (below CUTLASS's K tile), it still dequantizes."""
     import onnx
     import torch
     from onnx import TensorProto, helper, numpy_helper
@@ -511,7 +511,7 @@ def test_int4_past_16_rows_runs_cutlass_on_sm90(tmp_path, zp, dtype):
         res = fuse.fuse(src, dst, ort=False, provider="cuda", backend="cuda", force=True)
         assert sorted(m.op for m in res.matches) == ["Int4Linear", "Int4SwiGLU"]
         sess = runtime.session(str(dst), "cuda", library=True, cpu_fallback=False)
-        for m in (128, 300, 1000):
+        for m in (17, 64, 128, 300, 1000):
             x = torch.from_numpy(rng.standard_normal((m, hidden)).astype(np.float32)).to(td).float()
             sess.run(None, {"X32": x.numpy()})
             with profile(activities=[ProfilerActivity.CUDA]) as prof:

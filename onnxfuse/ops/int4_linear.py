@@ -269,23 +269,26 @@ FAMILY = OpFamily("int4_linear", (
            (1, 256, 256, 32, "zp"), (2, 200, 67, 16, "zp"), (7, 1000, 130, 64, "zp"), (16, 160, 384, 32, "zp"),
            (64, 256, 520, 256, "zp"), (40, 520, 264, 128, "zp"),
            (20, 203, 67, 16), (20, 203, 67, 16, "zp"),  # past 16 rows, K % 8 != 0: the scalar dequantization
-           # from 128 rows, symmetric, a block of 64 or more dividing K and N % 8 == 0: CUTLASS's mixed-input GEMM on
-           # sm_90 (both of its tiles: the small one at 128 rows, the wide one at 512 x 8448); with zero points, or
-           # below 128 rows, the dequantization + GEMM
-           (128, 512, 264, 64), (512, 256, 8448, 128), (300, 1024, 1032, 128, "zp"), (24, 256, 136, 256, "zp")),
+           # past 16 rows, symmetric, a block of 64 or more dividing K and N % 8 == 0: CUTLASS's mixed-input GEMM on
+           # sm_90 (each of its tiles: the small one at 64 and 128 rows, the 128 x 128 one at 48 x 10496, whose N
+           # fills 0.6 of a wave of 132 SMs, the wide one at 512 x 8448); with zero points, the dequantization + GEMM
+           (128, 512, 264, 64), (48, 256, 10496, 64), (512, 256, 8448, 128), (300, 1024, 1032, 128, "zp"),
+           (24, 256, 136, 256, "zp")),
           doctor_entry, min_opset=MIN_OPSET, byte_inputs=("Wq", "zero_points"), doctor_inputs=doctor_inputs,
           optional_overload=ZP_OVERLOAD, special_type_max=False),
-    # Int4SwiGLU: decode rows (the GEMV), 5-16 (Triton), past 16 (dequantization + GEMMs, or CUTLASS's), ragged K and
-    # N; every activation at one and at 7 rows; zero points on each path. One-node models carry the empty overload (zp
-    # with zero points), as SwiGLU's do.
+    # Int4SwiGLU: decode rows (the GEMV), 5-16 (Triton), past 16 (CUTLASS's on sm_90, else dequantization + GEMMs),
+    # ragged K and N; every activation at one and at 7 rows; zero points on each path. One-node models carry the empty
+    # overload (zp with zero points), as SwiGLU's do.
     OpDef(11, INT4_SWIGLU, swiglu_reference, swiglu_body_nodes, out_shape,
           tuple([(1, 256, 256, 32, "silu"), (2, 200, 67, 16, "silu"), (12, 1000, 130, 64, "silu"),
                  (40, 520, 264, 128, "silu"), (1, 4096, 1024, 32, "silu")]
                 + [(m, 96, 40, 32, act) for act in GATE_ACTIVATIONS[1:] for m in (1, 7)]
                 + [(1, 256, 256, 32, "silu", "zp"), (9, 200, 67, 16, "silu", "zp"), (40, 520, 264, 128, "silu", "zp"),
                    (2, 96, 40, 32, "gelu", "zp"), (20, 203, 40, 16, "silu"), (20, 203, 40, 16, "silu", "zp"),
-                   # CUTLASS's GEMM on sm_90 (gate and up side by side in its output); with zero points not
-                   (160, 512, 264, 64, "silu"), (300, 1024, 520, 128, "gelu"), (300, 1024, 520, 128, "gelu", "zp")]),
+                   # CUTLASS's GEMM on sm_90 (gate and up side by side in its output; the 128 x 128 tile at 40 x
+                   # 10240); with zero points not
+                   (160, 512, 264, 64, "silu"), (40, 256, 10240, 64, "silu"), (300, 1024, 520, 128, "gelu"),
+                   (300, 1024, 520, 128, "gelu", "zp")]),
           swiglu_doctor_entry, overload_attr="activation", min_opset=MIN_OPSET,
           byte_inputs=("Wq_gate", "Wq_up", "zero_points_gate", "zero_points_up"), doctor_inputs=doctor_inputs,
           optional_overload=ZP_OVERLOAD, special_type_max=False),

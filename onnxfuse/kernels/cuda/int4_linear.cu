@@ -9,7 +9,7 @@ extern "C" {
 // zero_points uint8 [n, ceil(nb / 2)] (two a byte, the even block in the low nibble), 8 where zero_points is null.
 // Up to ONNXFUSE_INT4_GEMV_MAX_M rows: a
 // GEMV that streams the packed weights once and dequantizes them in registers (Int4Gemv below; fp16 and bf16 from
-// kMmaMinRows rows: the same on tensor cores, Int4Mma); from 128 rows on an sm_90 GPU, without zero points, with a
+// kMmaMinRows rows: the same on tensor cores, Int4Mma); past them on an sm_90 GPU, without zero points, with a
 // block of 64 or more dividing K, fp16 or bf16 and N a multiple of 8 (MixedPath below): CUTLASS's mixed-input GEMM,
 // which dequantizes the weight tiles in registers inside its main loop (cuda/cutlass/int4_mixed_gemm.cu; the scales
 // transposed into scratch first); otherwise the weights dequantized into scratch as W^T [n, k], then one cuBLASLt
@@ -830,11 +830,13 @@ Int4Weights Geometry(const uint8_t* wq, const void* scales, const uint8_t* zp, c
   return wt;
 }
 
-// The rows from which the mixed-input GEMM runs. Below them it loses to the dequantization + cuBLAS GEMM: its main
-// loop dequantizes every weight once per row tile, bound by those instructions, not by the bytes (H200, block 128, a
-// Llama-2-7B layer's five projections: 356 against 284 us at 17 rows, 313 against 283 at 64; 232 against 296 at 128,
-// 238 against 325 at 256; scripts/int4_probe.py, benchmarks/results/h200-2026-11-29/int4/).
-constexpr int64_t kMixedMinRows = 128;
+// The rows from which the mixed-input GEMM runs: every row count past the GEMV's. Its main loop dequantizes every
+// weight once per row tile, so up to 128 rows (one tile) it costs about what it costs at 128, on the tiles
+// TileFor picks there (cuda/cutlass/int4_mixed_gemm.cu): a Llama-2-7B layer's five projections in about 200 us from
+// 17 to 128 rows on an H200 (block 128; scripts/int4_prefill_gemm_probe.py, benchmarks/results/h200-2026-11-29/int4/
+// int4-prefill-gemm-probe-small-rows.json), against 283-296 for the dequantization + cuBLAS GEMM. (With the wide tile
+// alone at those rows it lost: 356 against 284 us at 17 rows, 313 against 283 at 64.)
+constexpr int64_t kMixedMinRows = ONNXFUSE_INT4_GEMV_MAX_M + 1;
 
 // The sm_90 mixed-input path: whether it runs these sizes on this device (kMixedMinRows rows or more, `aligned`
 // pointers, no zero points: CUTLASS computes q * s + z with z = -zp * s rounded, and with the multiply and add fused a

@@ -192,6 +192,9 @@ EMBEDDING_AUTO_TRITON = 1
 #   N 49152                    99 /  137  330 /  198  331 /  171  332 /  144  334 /  281  337 /  279
 # so the 17-64 row rule keeps the CUDA backend only up to N 16383 (the layer's projections, N <= 12288, where Triton's
 # sum was slower: 495 against 353 us at 32 rows); past 64 rows the margins are mixed and it stays CUDA.
+# Where the sm_90 CUTLASS path runs (cuda/int4_linear.cu MixedPath: symmetric weights in blocks of 64 or more, past
+# 16 rows) the glue takes the CUDA backend whatever this table says: on an H200 it ran the lm_head 1.19-1.44x
+# faster than Triton's GEMM at 17-64 rows (benchmarks/results/h200-2026-11-29/int4/int4-probe-block128-tile128-*).
 # LoRASwiGLU (H100, fp16, the lora-mlp case: h4096/i11008, rank 16 on gate/up/down; ms with CUDA graphs,
 # benchmarks/results/h100-2026-11-27/lora/bench-lora-2048.json and bench-lora-small.json): Triton (cuBLASLt's base GEMMs
 # and lora_gate at 2048, SwiGLU's loop and both rank-r dots at 16) 0.907 at 2048 tokens against the CUDA backend's five

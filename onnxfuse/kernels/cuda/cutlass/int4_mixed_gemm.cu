@@ -129,17 +129,24 @@ struct MixedGemm {
   }
 };
 
-// The tile config by waves: w = the wide tile's tiles (ceil(N / 128) x ceil(M / 256)) over the SMs. Two waves or
-// more, or 0.6 to 1 and 1.75 to 2: the wide tile, data-parallel; 1 to 1.75 (a last wave mostly idle) and below 0.6
-// (half the SMs idle): the wide tile with stream-K (the tiles' K split over the SMs), except a short K below 0.3
-// waves, where the small ping-pong tile fills more SMs. Measured on an H200 with a Llama-2-7B layer's projections at
-// 256-2048 rows (scripts/int4_prefill_gemm_probe.py, benchmarks/results/h200-2026-11-29/int4/
-// int4-prefill-gemm-probe-streamk.json): at 512 rows stream-K 87 / 39 / 80 / 77 us against data-parallel 98 / 51 /
-// 94 / 117 (qkv, o, gate, down); at 1024 and 2048 data-parallel at most 14 % and 22 % faster where w >= 0.6.
-enum class Tile { kWide, kWideStreamK, kSmall };
+// The tile config. Up to 128 rows X fits one row tile (the tile's second extent runs over X's rows): the wide tile
+// would leave half its tensor-core work on padding, so a 128 x 128 cooperative tile where ceil(N / 128) tiles fill
+// 0.6 of a wave or more (a 7B layer's qkv, gate, up), else the small ping-pong tile (o, down). Measured on an H200
+// with a Llama-2-7B layer's projections at 17-160 rows (scripts/int4_prefill_gemm_probe.py, benchmarks/results/
+// h200-2026-11-29/int4/int4-prefill-gemm-probe-small-rows.json, us with the scale transpose): qkv 37-42 against the
+// wide tile's 49-81, gate 37-41 against 49-83, o 27-31 and down 60-67 on the small tile (the wide one with stream-K:
+// 43-46 and 63-91). Past 128 rows by waves: w = the wide tile's tiles (ceil(N / 128) x ceil(M / 256)) over the SMs.
+// Two waves or more, or 0.6 to 1 and 1.75 to 2: the wide tile, data-parallel; 1 to 1.75 (a last wave mostly idle) and
+// below 0.6 (half the SMs idle): the wide tile with stream-K (the tiles' K split over the SMs), except a short K below
+// 0.3 waves, where the small ping-pong tile fills more SMs. Measured on an H200 with a Llama-2-7B layer's projections
+// at 256-2048 rows (int4-prefill-gemm-probe-streamk.json there): at 512 rows stream-K 87 / 39 / 80 / 77 us against
+// data-parallel 98 / 51 / 94 / 117 (qkv, o, gate, down); at 1024 and 2048 data-parallel at most 14 % and 22 % faster
+// where w >= 0.6.
+enum class Tile { kWide, kWideStreamK, kSquare, kSmall };
 
 Tile TileFor(int64_t m, int64_t n, int64_t k) {
   const double w = double(((n + 127) / 128) * ((m + 255) / 256)) / Hardware().sm_count;
+  if (m <= 128) return w >= 0.6 ? Tile::kSquare : Tile::kSmall;
   if (w >= 1.75 || (w >= 0.6 && w < 1)) return Tile::kWide;
   if (w >= 0.3 || k >= 8192) return Tile::kWideStreamK;
   return Tile::kSmall;
@@ -152,6 +159,8 @@ int ByTile(int64_t m, int64_t n, int64_t k, F&& f) {
       return f(MixedGemm<T, 128, 256, true>{});
     case Tile::kWideStreamK:
       return f(MixedGemm<T, 128, 256, true, cutlass::gemm::StreamKScheduler>{});
+    case Tile::kSquare:
+      return f(MixedGemm<T, 128, 128, true>{});
     default:
       return f(MixedGemm<T, 64, 128, false>{});
   }
