@@ -1,6 +1,6 @@
 """Where one decode step of an onnxruntime-genai decoder spends its time on the CPU, op type by op type (issue 27).
 
-    python scripts/decode_profile.py DIR [--context 128] [--runs 30]
+    python scripts/decode_profile.py DIR [--context 128] [--runs 30] [--threads N]
 
 Runs the folder's model.onnx alone in onnxruntime (CPU EP, its profiler on) with one new token after a KV cache of
 --context positions (random cache contents: the work does not depend on them), then sums the profiler's kernel
@@ -24,6 +24,7 @@ def main(argv=None) -> int:
     p.add_argument("folder")
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--runs", type=int, default=30)
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: onnxruntime's default)")
     args = p.parse_args(argv)
     import onnxruntime as ort
 
@@ -34,6 +35,7 @@ def main(argv=None) -> int:
     head = int(config["model"]["decoder"]["head_size"])
     so = ort.SessionOptions()
     so.enable_profiling = True
+    so.intra_op_num_threads = args.threads
     so.profile_file_prefix = str(pathlib.Path("/tmp") / "onnxfuse_decode_profile")
     sess = runtime.session(str(gf.decoder_path(pathlib.Path(args.folder), config)), "cpu", sess_options=so)
     ctx = args.context
