@@ -16,6 +16,7 @@ cos_cache and sin_cache [positions, rotary_dim / 2]):
     python scripts/gqa_cpu_probe.py check            # the reference against onnxruntime (several cases)
     python scripts/gqa_cpu_probe.py time [--threads 2] [--contexts 128,512,1024,2048] [--prompts 128,512,2048]
     python scripts/gqa_cpu_probe.py invoke --lib libgqa_invoke.so [--threads 2]   # scripts/gqa_invoke_probe.cc
+    python scripts/gqa_cpu_probe.py chain [--threads 2] [--contexts ...]   # 30 nodes, each its own cache, as a decoder
 
 SmolLM2-135M's shapes by default (9 heads, 3 KV heads, head size 64, rotary on all 64).
 """
@@ -260,15 +261,71 @@ def invoke(args) -> int:
     return 0 if worst == 0.0 else 1
 
 
+def chain(args) -> int:
+    """One decode step of 30 GroupQueryAttention nodes, each with its own KV cache (shared past and present, as genai
+    binds them), so that each node's cache comes from memory as in a decoder step: us a node, beside
+    scripts/cpu_decode_attention_probe.cc's kernel timed the same way."""
+    import onnxruntime as ort
+    from onnx import helper
+    h, hkv, d, buf, layers = 9, 3, 64, 4096, 30
+    m = gqa_model(h, hkv, d, 8192, d, False, d ** -0.5)
+    node = m.graph.node[0]
+    m.graph.ClearField("node")
+    outs = []
+    for i in range(layers):
+        m.graph.node.append(helper.make_node(node.op_type, ["q", "", "", f"pk{i}", f"pv{i}", "sl", "tl", "cos", "sin"],
+                                             [f"y{i}", f"ok{i}", f"ov{i}"], domain=node.domain,
+                                             **{a.name: helper.get_attribute_value(a) for a in node.attribute}))
+        outs += [f"y{i}", f"ok{i}", f"ov{i}"]
+    pk_info = next(i for i in m.graph.input if i.name == "pk")
+    for i in range(layers):
+        for n in ("pk", "pv"):
+            vi = m.graph.input.add()
+            vi.CopyFrom(pk_info)
+            vi.name = f"{n}{i}"
+    for n in ("pk", "pv"):
+        m.graph.input.remove(next(i for i in m.graph.input if i.name == n))
+    m.graph.ClearField("output")
+    for n in outs:
+        m.graph.output.append(helper.make_tensor_value_info(n, 1, None))
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = args.threads
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    cos = rng.standard_normal((8192, d // 2), dtype=np.float32)
+    sin = rng.standard_normal((8192, d // 2), dtype=np.float32)
+    caches = [[ort.OrtValue.ortvalue_from_numpy(rng.standard_normal((1, hkv, buf, d), dtype=np.float32))
+               for _ in range(2)] for _ in range(layers)]
+    print(f"onnxruntime {ort.__version__} GroupQueryAttention, {layers} nodes each with its own shared KV buffer of "
+          f"{buf}, {args.threads} threads: us a node at decode (median of rounds)")
+    for ctx in (int(c) for c in args.contexts.split(",")):
+        io = sess.io_binding()
+        io.bind_cpu_input("q", rng.standard_normal((1, 1, (h + 2 * hkv) * d), dtype=np.float32))
+        io.bind_cpu_input("sl", np.array([ctx], np.int32))
+        io.bind_cpu_input("tl", np.array(ctx + 1, np.int32))
+        io.bind_cpu_input("cos", cos)
+        io.bind_cpu_input("sin", sin)
+        for i, (k, v) in enumerate(caches):
+            io.bind_ortvalue_input(f"pk{i}", k)
+            io.bind_ortvalue_input(f"pv{i}", v)
+            io.bind_ortvalue_output(f"ok{i}", k)
+            io.bind_ortvalue_output(f"ov{i}", v)
+            io.bind_output(f"y{i}")
+        us = timed(lambda: sess.run_with_iobinding(io), 20, 7) / layers
+        mb = 2 * hkv * (ctx + 1) * d * 4 / 1e6
+        print(f"  context {ctx:5d}: {us:7.1f} us a node (KV {mb:.2f} MB, {mb / us * 1e3:.1f} GB/s)")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mode", choices=("check", "time", "invoke"))
+    ap.add_argument("mode", choices=("check", "time", "invoke", "chain"))
     ap.add_argument("--lib", help="invoke: scripts/gqa_invoke_probe.cc built as a shared library")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--contexts", default="128,512,1024,2048")
     ap.add_argument("--prompts", default="128,512,2048")
     args = ap.parse_args(argv)
-    return {"check": check, "time": timing, "invoke": invoke}[args.mode](args)
+    return {"check": check, "time": timing, "invoke": invoke, "chain": chain}[args.mode](args)
 
 
 if __name__ == "__main__":
