@@ -172,6 +172,20 @@ def check(args) -> int:
     return 0 if worst < 1e-4 else 1
 
 
+def threaded(threads: int):
+    """onnxruntime session options with `threads` intra-op threads."""
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    return so
+
+
+def timing_caches(rng, d: int):
+    """cos and sin caches [8192, d / 2] of random values (the timed work does not depend on them)."""
+    return (rng.standard_normal((8192, d // 2), dtype=np.float32),
+            rng.standard_normal((8192, d // 2), dtype=np.float32))
+
+
 def timed(sess_run, reps: int, rounds: int) -> float:
     for _ in range(3):
         sess_run()
@@ -187,11 +201,9 @@ def timed(sess_run, reps: int, rounds: int) -> float:
 def timing(args) -> int:
     import onnxruntime as ort
     h, hkv, d = 9, 3, 64
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = args.threads
+    so = threaded(args.threads)
     rng = np.random.default_rng(0)
-    cos = rng.standard_normal((8192, d // 2), dtype=np.float32)
-    sin = rng.standard_normal((8192, d // 2), dtype=np.float32)
+    cos, sin = timing_caches(rng, d)
     buf = 4096
     sess = ort.InferenceSession(gqa_model(h, hkv, d, 8192, d, False, d ** -0.5).SerializeToString(), so,
                                 providers=["CPUExecutionProvider"])
@@ -230,16 +242,14 @@ def invoke(args) -> int:
     equal, time per call at decode and prefill."""
     import onnxruntime as ort
     h, hkv, d, buf = 9, 3, 64, 4096
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = args.threads
+    so = threaded(args.threads)
     so.register_custom_ops_library(args.lib)
     own = ort.InferenceSession(gqa_model(h, hkv, d, 8192, d, False, d ** -0.5).SerializeToString(), so,
                                providers=["CPUExecutionProvider"])
     inv = ort.InferenceSession(invoke_model(h, hkv, d, 8192).SerializeToString(), so,
                                providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
-    cos = rng.standard_normal((8192, d // 2), dtype=np.float32)
-    sin = rng.standard_normal((8192, d // 2), dtype=np.float32)
+    cos, sin = timing_caches(rng, d)
     print(f"onnxruntime {ort.__version__}, {args.threads} threads: GroupQueryAttention through InvokeOp from a custom "
           f"op against the session's own node (shared KV buffer of {buf}; us per call, median of rounds)")
     worst = 0.0
@@ -266,7 +276,7 @@ def chain(args) -> int:
     binds them), so that each node's cache comes from memory as in a decoder step: us a node, beside
     scripts/cpu_decode_attention_probe.cc's kernel timed the same way."""
     import onnxruntime as ort
-    from onnx import helper
+    from onnx import TensorProto, helper
     h, hkv, d, buf, layers = 9, 3, 64, 4096, 30
     m = gqa_model(h, hkv, d, 8192, d, False, d ** -0.5)
     node = m.graph.node[0]
@@ -287,13 +297,11 @@ def chain(args) -> int:
         m.graph.input.remove(next(i for i in m.graph.input if i.name == n))
     m.graph.ClearField("output")
     for n in outs:
-        m.graph.output.append(helper.make_tensor_value_info(n, 1, None))
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = args.threads
+        m.graph.output.append(helper.make_tensor_value_info(n, TensorProto.FLOAT, None))
+    so = threaded(args.threads)
     sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
-    cos = rng.standard_normal((8192, d // 2), dtype=np.float32)
-    sin = rng.standard_normal((8192, d // 2), dtype=np.float32)
+    cos, sin = timing_caches(rng, d)
     caches = [[ort.OrtValue.ortvalue_from_numpy(rng.standard_normal((1, hkv, buf, d), dtype=np.float32))
                for _ in range(2)] for _ in range(layers)]
     print(f"onnxruntime {ort.__version__} GroupQueryAttention, {layers} nodes each with its own shared KV buffer of "
