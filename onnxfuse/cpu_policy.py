@@ -40,7 +40,10 @@ CPU_LEFT_TO_ORT: dict[str, dict[str, str]] = {
                        "2-core AMD EPYC (Zen 1), 1.43x on an earlier one (benchmarks/results/cpu-avx2-2026-11-25/): "
                        "left to onnxruntime where it can lose",
     },
-    "generic": {p: "not measured on a host without AVX2: left to onnxruntime's MLAS" for p in _CPU_GEMM_PATTERNS},
+    "generic": {**{p: "not measured on a host without AVX2: left to onnxruntime's MLAS" for p in _CPU_GEMM_PATTERNS},
+                "cached_attention": "CachedAttention's decode loop (8-wide vectors: one AVX2 or AVX-512 register, two "
+                                    "SSE ones here) was measured on AVX-512 hosts only: left to onnxruntime's "
+                                    "GroupQueryAttention on a host without AVX2"},
 }
 
 
@@ -55,6 +58,16 @@ CPU_ALWAYS_LEFT_TO_ORT: dict[str, str] = {
                    "5.6-7.7x faster than Int4SwiGLU's + Int4Linear's on its int4 MLP "
                    "(benchmarks/results/cpu-avx512-2core-2026-11-26/int4-linear-cpu.txt): the CPU kernels serve a "
                    "fused model placed on the CPU, the GPU kernels are where the ops win",
+}
+
+
+# Patterns left to onnxruntime where the target is not the CPU (fuse(provider="cuda"), or no provider named) unless
+# --patterns names them: ops whose CPU kernel is the reason they exist and whose GPU kernels have not been measured
+# faster than onnxruntime's.
+GPU_LEFT_TO_ORT: dict[str, str] = {
+    "cached_attention": "CachedAttention's gain is its CPU decode loop (fuse --provider cpu); on the CUDA provider "
+                        "onnxruntime's GroupQueryAttention runs flash kernels for prompts, where the op's CUDA kernel "
+                        "is a plain loop over the keys, so genai's node stays",
 }
 
 

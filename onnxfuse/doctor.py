@@ -166,32 +166,37 @@ class _Runner:
             self._stream = torch.cuda.Stream()
         return self._stream
 
-    def run(self, model, provider, mode, feeds, feeds2=None, out_shape=None):
-        """Returns (y, y2): y for `feeds`; y2 (cuda_graph only) after X is rewritten in place with feeds2['X']."""
+    def run(self, model, provider, mode, feeds, feeds2=None, out_shapes=None, cpu_inputs=()):
+        """Returns (ys, ys2), every output of the model: ys for `feeds`; ys2 (cuda_graph only) after X is rewritten in
+        place with feeds2['X']. `out_shapes`: every output's shape (cuda_graph binds them); `cpu_inputs`: inputs
+        bound in host memory there (what the op reads on the host: OpDef.cpu_inputs)."""
         import numpy as np
 
         if mode == "plain":
-            return self.session(model, provider).run(None, feeds)[0], None
+            return self.session(model, provider).run(None, feeds), None
         if mode == "user_stream":
             s = self.user_stream()
             opts = {"has_user_compute_stream": "1", "user_compute_stream": str(s.cuda_stream)}
-            return self.session(model, "cuda", opts).run(None, feeds)[0], None
+            return self.session(model, "cuda", opts).run(None, feeds), None
         if mode == "cuda_graph":
             sess = self.session(model, "cuda", {"enable_cuda_graph": "1"})
-            vals = {k: self.ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v), "cuda", 0)
-                    for k, v in feeds.items()}
-            yv = self.ort.OrtValue.ortvalue_from_shape_and_type(list(out_shape), np.float32, "cuda", 0)
+            vals = {k: self.ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v), *(
+                ("cpu", 0) if k in cpu_inputs else ("cuda", 0))) for k, v in feeds.items()}
+            names = [o.name for o in sess.get_outputs()]
+            outs = [self.ort.OrtValue.ortvalue_from_shape_and_type(list(shape), np.float32, "cuda", 0)
+                    for shape in out_shapes]
             io = sess.io_binding()
             for k, v in vals.items():
                 io.bind_ortvalue_input(k, v)
-            io.bind_ortvalue_output("Y", yv)
+            for name, v in zip(names, outs):
+                io.bind_ortvalue_output(name, v)
             for _ in range(3):  # warm-up, capture, replay
                 sess.run_with_iobinding(io)
-            y = yv.numpy().copy()
+            ys = [v.numpy().copy() for v in outs]
             for name, value in feeds2.items():  # the first float input, rewritten in place
                 vals[name].update_inplace(np.ascontiguousarray(value))
             sess.run_with_iobinding(io)
-            return y, yv.numpy().copy()
+            return ys, [v.numpy().copy() for v in outs]
         raise ValueError(f"unknown mode {mode!r}")
 
 
@@ -300,8 +305,8 @@ def _doctor_data(op, dtype, shp, attrs, seed, torch_device, special) -> dict:
         type_max = schema.op_def(op).special_type_max  # (see OpDef.special_type_max)
         ins[at] = testing.with_special_rows(ins[at], type_max=type_max)[0]
         x2 = testing.with_special_rows(x2, first=1, type_max=type_max)[0]  # other rows hold them after the rebind
-    ref = schema.reference(op, ins, attrs).float().cpu().numpy()
-    ref2 = schema.reference(op, [x2 if n == first else t for n, t in zip(shp, ins)], attrs).float().cpu().numpy()
+    ref = _outputs(schema.reference(op, ins, attrs))
+    ref2 = _outputs(schema.reference(op, [x2 if n == first else t for n, t in zip(shp, ins)], attrs))
     feeds = {name: (t if (op, name) in INT_INPUTS else t.float()).cpu().numpy() for name, t in zip(shp, ins)}
     out = dict(feeds=feeds, feeds2={first: x2.float().cpu().numpy()}, ref=ref, ref2=ref2,
                tensors={name: t.cpu() for name, t in zip(shp, ins)}, first=first)
@@ -309,6 +314,25 @@ def _doctor_data(op, dtype, shp, attrs, seed, torch_device, special) -> dict:
     if torch_device == "cuda":
         torch.cuda.empty_cache()
     return out
+
+
+def _outputs(ref) -> list:
+    """A reference's outputs as fp32 numpy arrays: [Y], or every output of a multi-output op (a tuple)."""
+    return [t.float().cpu().numpy() for t in (ref if isinstance(ref, (tuple, list)) else (ref,))]
+
+
+def _compare_all(ys, refs, dtype: str, special: bool):
+    """The worst of the outputs' comparisons (testing.check_close, or check_special), naming the output that failed
+    where there are several."""
+    check = testing.check_special if special else testing.check_close
+    worst = None
+    for i, (y, ref) in enumerate(zip(ys, refs)):
+        c = check(y, ref, dtype, "doctor")
+        if not c.ok and len(refs) > 1:
+            c.reason = f"output {i}: {c.reason}"
+        if worst is None or (worst.ok and not c.ok) or (worst.ok == c.ok and c.err > worst.err):
+            worst = c
+    return worst
 
 
 def _check(runner, d, op, dtype, shp, backend, scale, attrs, provider, mode, weights, special) -> dict:
@@ -319,13 +343,14 @@ def _check(runner, d, op, dtype, shp, backend, scale, attrs, provider, mode, wei
         constants = {n: t for n, t in d["tensors"].items() if n != d["first"] and (op, n) not in INT_INPUTS}
         feeds = {n: v for n, v in feeds.items() if n not in constants}
     model = make_model(op, dtype, shp, backend, scale, attrs, constants)
-    y, y2 = runner.run(model, provider, mode, feeds, d["feeds2"], out_shape(op, shp, attrs))
-    check = testing.check_special if special else testing.check_close
-    c = check(y, d["ref"], dtype, "doctor")
+    definition = schema.op_def(op)
+    ys, ys2 = runner.run(model, provider, mode, feeds, d["feeds2"], definition.all_out_shapes(shp, dict(attrs)),
+                         definition.cpu_inputs)
+    c = _compare_all(ys, d["ref"], dtype, special)
     ok, err, tol, detail = c.ok, c.err, c.bound, ""
     reasons = [] if c.ok else [c.reason]
-    if y2 is not None:
-        c2 = check(y2, d["ref2"], dtype, "doctor")
+    if ys2 is not None:
+        c2 = _compare_all(ys2, d["ref2"], dtype, special)
         detail = f"rebound X: max_err {c2.err:.3g} (tol {c2.bound:.3g})"
         ok, err, tol = ok and c2.ok, max(err, c2.err), max(tol, c2.bound)
         reasons += [] if c2.ok else [f"after the rebind: {c2.reason}"]

@@ -29,9 +29,11 @@ def function_proto(op: str, overload: str = "", opset: int = ONNX_OPSET) -> onnx
         default = base if a.name == definition.overload_attr and base else a.default
         defaults.append(helper.make_attribute(a.name, default))
     inputs, body = definition.body(overload)
+    # a body of onnxruntime's contrib ops (CachedAttention's GroupQueryAttention) imports their domain too
+    extra = sorted({n.domain for n in body if n.domain not in ("", "ai.onnx")})
     f = helper.make_function(
         DOMAIN, op, inputs, list(schema.outputs), body,
-        opset_imports=[helper.make_opsetid("", opset)],
+        opset_imports=[helper.make_opsetid("", opset), *(helper.make_opsetid(d, 1) for d in extra)],
         attributes=[], attribute_protos=defaults, doc_string=f"{schema.math}. {schema.doc}")
     f.overload = overload
     return f
@@ -60,3 +62,9 @@ def add_functions(model: onnx.ModelProto) -> None:
         model.functions.append(function_proto(op, overload, opset))
     if used and not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
+    imported = {o.domain for o in model.opset_import}
+    for f in model.functions:  # the domains the bodies use (com.microsoft), which the model must import as well
+        for o in f.opset_import:
+            if o.domain not in imported and o.domain not in ("", "ai.onnx"):
+                model.opset_import.append(helper.make_opsetid(o.domain, o.version))
+                imported.add(o.domain)

@@ -25,7 +25,8 @@ from onnxscript import ir
 
 from . import functions, host, onnxio, opset_upgrade, ort_fusions, soundness
 from .flops import model_flops
-from .cpu_policy import CPU_LEFT_TO_ORT, CPU_STAGE1_LEFT_OUT, cpu_left_to_ort  # noqa: F401  (public names)
+from .cpu_policy import (CPU_LEFT_TO_ORT, CPU_STAGE1_LEFT_OUT, GPU_LEFT_TO_ORT,  # noqa: F401  (public names)
+                         cpu_left_to_ort)
 from .errors import OnnxfuseError
 from .rewrites import _base, _explain
 from .ops import FAMILIES
@@ -391,11 +392,14 @@ def _stages(model: ir.Model, src: pathlib.Path, proto: onnx.ModelProto | None, s
 
 def _provider_patterns(provider: str | None, cpu_isa: str | None, patterns: list[str] | None):
     """(patterns to apply, the CPU family whose table applies or None, {pattern: why it is left to onnxruntime}):
-    provider="cpu" without an explicit --patterns list leaves the family's CPU_LEFT_TO_ORT patterns out."""
+    provider="cpu" without an explicit --patterns list leaves the family's CPU_LEFT_TO_ORT patterns out; any other
+    target (cuda, or none named) leaves GPU_LEFT_TO_ORT's out."""
     if cpu_isa is not None and provider != "cpu":
         raise OnnxfuseError("--cpu-isa goes with --provider cpu (it picks that provider's table of patterns)")
     if provider != "cpu":
-        return patterns, None, {}
+        if patterns is not None:  # an explicit --patterns list fuses what it names
+            return patterns, None, {}
+        return [p for p in PATTERNS if p not in GPU_LEFT_TO_ORT], None, dict(GPU_LEFT_TO_ORT)
     target = cpu_isa or host.kernel_family()
     left = cpu_left_to_ort(target)  # an unknown family is an error either way
     if patterns is not None:  # an explicit --patterns list fuses what it names

@@ -28,9 +28,11 @@ from . import schema
 ONNX_TYPE = {"float": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
 
 # Inputs of a fixed integer type (never cast to T), (op, input name) -> their ONNX type: each op's `int_inputs`, int64
-# (Embedding's ids and the embedding-interaction ops' ids, bags and table layout), and `byte_inputs`, uint8
+# (Embedding's ids and the embedding-interaction ops' ids, bags and table layout), `int32_inputs` (CachedAttention's
+# sequence lengths), and `byte_inputs`, uint8
 # (Int4Linear's packed weights). INT_INPUTS is the set of their keys.
 INPUT_TYPES = {**{(op, name): TensorProto.INT64 for op in schema.OPS for name in schema.op_def(op).int_inputs},
+               **{(op, name): TensorProto.INT32 for op in schema.OPS for name in schema.op_def(op).int32_inputs},
                **{(op, name): TensorProto.UINT8 for op in schema.OPS for name in schema.op_def(op).byte_inputs}}
 INT_INPUTS = set(INPUT_TYPES)
 
@@ -246,11 +248,11 @@ def op_model(op: str, dtype, inputs, attrs: dict | None = None, *, initializers:
     dims), or a list of shapes named by input_names. initializers: {name: torch tensor} stored as initializers of
     type T (a name also in `inputs` is an overridable initializer); the node takes them in the op's input order
     (a variadic op's: the inputs, then the initializers not among them). The integer inputs (INT_INPUTS) keep their
-    type (INPUT_TYPES: int64, uint8). cast=True: float graph inputs and the output are float32, with Casts to and
-    from T around the node (integer inputs pass through an Identity; initializers, stored in T, feed the node as
-    they are).
-    out_shape: Y's declared shape (None: unknown). functions=True adds the ops' ONNX function bodies, so the model
-    runs without the kernel library."""
+    type (INPUT_TYPES: int64, int32, uint8). cast=True: float graph inputs and the outputs are float32, with Casts to
+    and from T around the node (integer inputs pass through an Identity; initializers, stored in T, feed the node as
+    they are). Every output of the op is a graph output (CachedAttention's present_key and present_value too).
+    out_shape: Y's declared shape (None: unknown; the other outputs' are left unknown). functions=True adds the ops'
+    ONNX function bodies, so the model runs without the kernel library."""
     dtype = dtype_name(dtype)
     attrs = dict(attrs or {})
     if not isinstance(inputs, dict):
@@ -275,14 +277,15 @@ def op_model(op: str, dtype, inputs, attrs: dict | None = None, *, initializers:
             graph_inputs.append(helper.make_tensor_value_info(name, t, shape))
     # with cast=True the initializers are stored in T and feed the node directly; only graph inputs are cast
     node_inputs = [n + "_t" if n in inputs else n for n in names] if cast else names
-    y = s.outputs[0]
-    nodes.append(helper.make_node(op, node_inputs, [y + "_t" if cast else y], domain=schema.DOMAIN,
+    outs = list(s.outputs)  # Y, and the others of a multi-output op (CachedAttention's present_key/value)
+    nodes.append(helper.make_node(op, node_inputs, [y + "_t" if cast else y for y in outs], domain=schema.DOMAIN,
                                   overload=schema.op_def(op).node_overload(attrs, names), **attrs))
     if cast:
-        nodes.append(helper.make_node("Cast", [y + "_t"], [y], to=TensorProto.FLOAT))
-    out = helper.make_tensor_value_info(y, TensorProto.FLOAT if cast else t,
-                                        None if out_shape is None else list(out_shape))
-    graph = helper.make_graph(nodes, f"one_{op}", graph_inputs, [out],
+        nodes += [helper.make_node("Cast", [y + "_t"], [y], to=TensorProto.FLOAT) for y in outs]
+    graph_outputs = [helper.make_tensor_value_info(y, TensorProto.FLOAT if cast else t,
+                                                   None if out_shape is None or i else list(out_shape))
+                     for i, y in enumerate(outs)]
+    graph = helper.make_graph(nodes, f"one_{op}", graph_inputs, graph_outputs,
                               initializer=[_initializer(n, v, dtype) for n, v in inits.items()])
     model = helper.make_model(graph, ir_version=schema.IR_VERSION,
                               opset_imports=[helper.make_opsetid("", schema.ONNX_OPSET),
@@ -306,26 +309,30 @@ def ortvalue(t, dtype=None):
     return ort.OrtValue.ortvalue_from_numpy(t.contiguous().numpy())
 
 
-def run_session(sess, op: str, feeds: dict, out_shape) -> "torch.Tensor":  # noqa: F821
+def run_session(sess, op: str, feeds: dict, out_shape, out_shapes=None):
     """Run a one-node session on CPU torch tensors through IO binding; Y (of X's dtype) is written by onnxruntime
-    into a tensor of `out_shape`."""
+    into a tensor of `out_shape`. With `out_shapes` (every output's shape) all outputs are bound that way and returned
+    as a list."""
     import torch
     x = next(t for t in feeds.values() if t.is_floating_point())
-    y = torch.empty(tuple(out_shape), dtype=x.dtype)
+    shapes = list(out_shapes) if out_shapes is not None else [out_shape]
+    outs = [torch.empty(tuple(shape), dtype=x.dtype) for shape in shapes]
     binding = sess.io_binding()
     for name, t in feeds.items():
         binding.bind_ortvalue_input(name, ortvalue(t))
-    binding.bind_ortvalue_output(schema.OPS[op].outputs[0], ortvalue(y))  # ORT writes into y's memory
+    for name, y in zip(schema.OPS[op].outputs, outs):
+        binding.bind_ortvalue_output(name, ortvalue(y))  # ORT writes into y's memory
     sess.run_with_iobinding(binding)
-    return y
+    return outs if out_shapes is not None else outs[0]
 
 
 def run_op(op: str, inputs: list, attrs: dict | None = None, *, library: bool | str | os.PathLike | None = True,
-           out_shape=None, constants: bool = False) -> "torch.Tensor":  # noqa: F821
+           out_shape=None, constants: bool = False):
     """Run one onnxfuse node on the CPU EP on torch tensors (inputs in the node's order, X first) and return Y as a
     tensor of X's dtype. library: as runtime.session's (True: the cached build, or a path). out_shape: Y's shape
     (default: X's leading dims and the op's output width, ids.shape + [D] for Embedding). constants=True: every
-    input but X is an initializer (the kernels' prepacked path: oneDNN where the library and the CPU have it)."""
+    input but X is an initializer (the kernels' prepacked path: oneDNN where the library and the CPU have it).
+    An op with several outputs (CachedAttention) returns them all, a list in the schema's order."""
     from . import runtime
     dtype = dtype_name(inputs[0].dtype)
     names = input_names(op, len(inputs))
@@ -336,6 +343,9 @@ def run_op(op: str, inputs: list, attrs: dict | None = None, *, library: bool | 
         model = op_model(op, dtype, [tuple(t.shape) for t in inputs], attrs)
     sess = runtime.session(model, "cpu", library=library)
     feeds = dict(zip(names[:1] if constants else names, inputs))
+    if len(schema.OPS[op].outputs) > 1:
+        shapes = {name: list(t.shape) for name, t in zip(names, inputs)}
+        return run_session(sess, op, feeds, None, schema.op_def(op).all_out_shapes(shapes, dict(attrs or {})))
     return run_session(sess, op, feeds, out_shape or default_out_shape(op, inputs, attrs))
 
 

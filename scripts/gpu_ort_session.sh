@@ -26,7 +26,8 @@
 # doctor and GPU tests, then bench llama-7b at LAYERS depths), generate (bench genai with its limits on a 7B-shape
 # checkpoint of LAYERS layers: genai's folder, the fused one, transformers eager and compiled), int4-cutlass (the int4
 # ops' doctor and GPU tests, then scripts/int4_probe.py with the sm_90 CUTLASS GEMM on and off), int4-vs-fp16 (after
-# int4-folders: the same checkpoint as genai's fp16 model, fused, benched beside the int4 folders).
+# int4-folders: the same checkpoint as genai's fp16 model, fused, benched beside the int4 folders), cached-attention
+# (CachedAttention's doctor, then one node against onnxruntime's GroupQueryAttention).
 set -u
 MODE=${1:-check}
 OUT=${OUT:-/tmp/out}
@@ -263,6 +264,21 @@ PY
         done
       done
       cp /root/int4probe/*.json "$OUT/" 2>/dev/null
+    fi
+    ;;
+  cached-attention)
+    # CachedAttention: doctor (every backend, type and mode; with special values; DOCTOR=0: not), then one node
+    # against onnxruntime's CUDA GroupQueryAttention by scripts/cached_attention_vs_ort.py (VSORT=0: not)
+    if [ "${DOCTOR:-1}" = 1 ]; then
+      python3 -m onnxfuse doctor --providers cuda --ops CachedAttention > "$OUT/doctor-cached-attention.log" 2>&1
+      echo "doctor rc $?"; tail -3 "$OUT/doctor-cached-attention.log"
+      python3 -m onnxfuse doctor --providers cuda --ops CachedAttention --special-values \
+        > "$OUT/doctor-cached-attention-special.log" 2>&1
+      echo "doctor special rc $?"; tail -3 "$OUT/doctor-cached-attention-special.log"
+    fi
+    if [ "${VSORT:-1}" = 1 ]; then
+      python3 scripts/cached_attention_vs_ort.py > "$OUT/cached-attention-vs-ort.txt" 2>&1
+      echo "vs ort rc $?"; cat "$OUT/cached-attention-vs-ort.txt" | tail -24
     fi
     ;;
   *) echo "unknown mode $MODE"; exit 2 ;;

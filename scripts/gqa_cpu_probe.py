@@ -16,7 +16,8 @@ cos_cache and sin_cache [positions, rotary_dim / 2]):
     python scripts/gqa_cpu_probe.py check            # the reference against onnxruntime (several cases)
     python scripts/gqa_cpu_probe.py time [--threads 2] [--contexts 128,512,1024,2048] [--prompts 128,512,2048]
     python scripts/gqa_cpu_probe.py invoke --lib libgqa_invoke.so [--threads 2]   # scripts/gqa_invoke_probe.cc
-    python scripts/gqa_cpu_probe.py chain [--threads 2] [--contexts ...]   # 30 nodes, each its own cache, as a decoder
+    python scripts/gqa_cpu_probe.py chain [--threads 2] [--contexts ...] [--cached-attention]   # 30 nodes, each its
+                                                                     # own cache, as a decoder; and onnxfuse's op
 
 SmolLM2-135M's shapes by default (9 heads, 3 KV heads, head size 64, rotary on all 64).
 """
@@ -274,7 +275,9 @@ def invoke(args) -> int:
 def chain(args) -> int:
     """One decode step of 30 GroupQueryAttention nodes, each with its own KV cache (shared past and present, as genai
     binds them), so that each node's cache comes from memory as in a decoder step: us a node, beside
-    scripts/cpu_decode_attention_probe.cc's kernel timed the same way."""
+    scripts/cpu_decode_attention_probe.cc's kernel timed the same way. --cached-attention: the same chain fused by
+    `fuse --provider cpu` (onnxfuse's CachedAttention, the kernel library) timed round-robin with it, on the same
+    caches (median and fastest round of each)."""
     import onnxruntime as ort
     from onnx import TensorProto, helper
     h, hkv, d, buf, layers = 9, 3, 64, 4096, 30
@@ -297,32 +300,62 @@ def chain(args) -> int:
         m.graph.input.remove(next(i for i in m.graph.input if i.name == n))
     m.graph.ClearField("output")
     for n in outs:
-        m.graph.output.append(helper.make_tensor_value_info(n, TensorProto.FLOAT, None))
+        shape = ["b", "s", h * d] if n.startswith("y") else ["b", hkv, "p", d]
+        m.graph.output.append(helper.make_tensor_value_info(n, TensorProto.FLOAT, shape))
     so = threaded(args.threads)
-    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sessions = {"GroupQueryAttention": ort.InferenceSession(m.SerializeToString(), so,
+                                                            providers=["CPUExecutionProvider"])}
+    if args.cached_attention:
+        sessions["CachedAttention"] = _fused_chain(m, args.threads)
     rng = np.random.default_rng(0)
     cos, sin = timing_caches(rng, d)
     caches = [[ort.OrtValue.ortvalue_from_numpy(rng.standard_normal((1, hkv, buf, d), dtype=np.float32))
                for _ in range(2)] for _ in range(layers)]
-    print(f"onnxruntime {ort.__version__} GroupQueryAttention, {layers} nodes each with its own shared KV buffer of "
-          f"{buf}, {args.threads} threads: us a node at decode (median of rounds)")
+    print(f"onnxruntime {ort.__version__}: {', '.join(sessions)}, {layers} nodes each with its own shared KV buffer "
+          f"of {buf}, {args.threads} threads: us a node at decode (median of rounds, fastest round)")
+    q = rng.standard_normal((1, 1, (h + 2 * hkv) * d), dtype=np.float32)
     for ctx in (int(c) for c in args.contexts.split(",")):
-        io = sess.io_binding()
-        io.bind_cpu_input("q", rng.standard_normal((1, 1, (h + 2 * hkv) * d), dtype=np.float32))
-        io.bind_cpu_input("sl", np.array([ctx], np.int32))
-        io.bind_cpu_input("tl", np.array(ctx + 1, np.int32))
-        io.bind_cpu_input("cos", cos)
-        io.bind_cpu_input("sin", sin)
-        for i, (k, v) in enumerate(caches):
-            io.bind_ortvalue_input(f"pk{i}", k)
-            io.bind_ortvalue_input(f"pv{i}", v)
-            io.bind_ortvalue_output(f"ok{i}", k)
-            io.bind_ortvalue_output(f"ov{i}", v)
-            io.bind_output(f"y{i}")
-        us = timed(lambda: sess.run_with_iobinding(io), 20, 7) / layers
+        bound = {}
+        for name, sess in sessions.items():
+            io = sess.io_binding()
+            io.bind_cpu_input("q", q)
+            io.bind_cpu_input("sl", np.array([ctx], np.int32))
+            io.bind_cpu_input("tl", np.array(ctx + 1, np.int32))
+            io.bind_cpu_input("cos", cos)
+            io.bind_cpu_input("sin", sin)
+            for i, (k, v) in enumerate(caches):
+                io.bind_ortvalue_input(f"pk{i}", k)
+                io.bind_ortvalue_input(f"pv{i}", v)
+                io.bind_ortvalue_output(f"ok{i}", k)
+                io.bind_ortvalue_output(f"ov{i}", v)
+                io.bind_output(f"y{i}")
+            bound[name] = (sess, io)
+        rounds = {name: [] for name in bound}
+        for _ in range(args.rounds):  # round-robin: the host's drift moves every variant alike
+            for name, (sess, io) in bound.items():
+                rounds[name].append(timed(lambda: sess.run_with_iobinding(io), 20, 1) / layers)
         mb = 2 * hkv * (ctx + 1) * d * 4 / 1e6
-        print(f"  context {ctx:5d}: {us:7.1f} us a node (KV {mb:.2f} MB, {mb / us * 1e3:.1f} GB/s)")
+        for name, us in rounds.items():
+            med = statistics.median(us)
+            print(f"  context {ctx:5d} {name:20}: {med:7.1f} us a node, fastest round {min(us):7.1f} (KV {mb:.2f} "
+                  f"MB, {mb / med * 1e3:.1f} GB/s)")
     return 0
+
+
+def _fused_chain(model, threads: int):
+    """A session of `model` fused by onnxfuse for the CPU (CachedAttention nodes, the kernel library)."""
+    import pathlib
+    import tempfile
+
+    import onnx
+
+    from onnxfuse import fuse, runtime
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = pathlib.Path(tmp) / "chain.onnx", pathlib.Path(tmp) / "chain.fused.onnx"
+        onnx.save(model, str(src))
+        res = fuse.fuse(src, dst, provider="cpu", ort=False)
+        assert {m_.op for m_ in res.matches} == {"CachedAttention"}, res.matches
+        return runtime.session(str(dst), "cpu", sess_options=threaded(threads))
 
 
 def main(argv=None) -> int:
@@ -332,6 +365,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--contexts", default="128,512,1024,2048")
     ap.add_argument("--prompts", default="128,512,2048")
+    ap.add_argument("--cached-attention", action="store_true",
+                    help="chain: also the chain fused by onnxfuse (CachedAttention), timed round-robin with it")
+    ap.add_argument("--rounds", type=int, default=7, help="chain: rounds of 20 steps per variant")
     args = ap.parse_args(argv)
     return {"check": check, "time": timing, "invoke": invoke, "chain": chain}[args.mode](args)
 

@@ -33,10 +33,12 @@ PRECISIONS = ("fp32", "fp16", "bf16", "int4")
 # What the builder writes that onnxfuse must leave as it found it: onnxruntime's contrib ops (attention with the KV
 # cache, the norms, rotary, quantized GEMMs). fuse_folder fails rather than write a folder that lost one.
 KEPT_DOMAINS = ("com.microsoft",)
-# The one contrib op onnxfuse's rules replace, by the onnxfuse ops that take its place and how many of it each takes
-# (rewrites/int4_linear.py: Int4Linear one, Int4SwiGLU the gate's and the up projection's): its count may drop by
-# what those ops' counts say, and nothing else.
-REPLACED_BY = {"com.microsoft::MatMulNBits": {f"{DOMAIN}::Int4Linear": 1, f"{DOMAIN}::Int4SwiGLU": 2}}
+# The contrib ops onnxfuse's rules replace, by the onnxfuse ops that take their place and how many of one each takes
+# (rewrites/int4_linear.py: Int4Linear one MatMulNBits, Int4SwiGLU the gate's and the up projection's;
+# rewrites/cached_attention.py: CachedAttention one GroupQueryAttention): a count may drop by what those ops' counts
+# say, and nothing else.
+REPLACED_BY = {"com.microsoft::MatMulNBits": {f"{DOMAIN}::Int4Linear": 1, f"{DOMAIN}::Int4SwiGLU": 2},
+               "com.microsoft::GroupQueryAttention": {f"{DOMAIN}::CachedAttention": 1}}
 
 
 # ------------------------------------------------------------------------------------------------ reading

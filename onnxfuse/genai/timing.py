@@ -190,38 +190,42 @@ def _prompt(vocab: int, batch: int, prompt_tokens: int, seed: int):
         rng.integers(min(100, vocab // 2), vocab - 1, (batch, prompt_tokens)).astype(np.int32)
 
 
-def time_folder(folder, *, provider: str, cuda_graph: bool, prompt_tokens: int, new_tokens: int, runs: int,
-                warmup: int, seed: int = 0, batch: int = 1) -> dict:
-    og, model = load_model(folder, provider, cuda_graph)
-    config = gf.read_config(folder)
-    vocab = int(config["model"]["vocab_size"])
-    ids = _prompt(vocab, batch, prompt_tokens, seed)
-    prefill, decode = [], []
+def time_folders(folders, *, provider: str, cuda_graph: bool, prompt_tokens: int, new_tokens: int, runs: int,
+                 warmup: int, seed: int = 0, batch: int = 1) -> list[dict]:
+    """Each folder's prefill and decode times on the same prompt, the folders' runs taken in turn (run r of every
+    folder, then run r + 1), so that a host whose speed drifts (a shared CPU, a GPU's clocks) moves them alike: one
+    dict per folder, medians over `runs` after `warmup`."""
+    loaded = [load_model(folder, provider, cuda_graph) for folder in folders]
+    configs = [gf.read_config(folder) for folder in folders]
+    ids = _prompt(int(configs[0]["model"]["vocab_size"]), batch, prompt_tokens, seed)
+    prefill, decode = [[] for _ in folders], [[] for _ in folders]
     for r in range(warmup + runs):
-        params = og.GeneratorParams(model)
-        params.set_search_options(max_length=kv_length(config, prompt_tokens + new_tokens), do_sample=False,
-                                  min_length=prompt_tokens + new_tokens,  # no stop at EOS: the same work each run
-                                  batch_size=batch)
-        gen = og.Generator(model, params)
-        t0 = time.perf_counter()
-        gen.append_tokens(ids)
-        gen.get_logits()  # the prefill has finished
-        t1 = time.perf_counter()
-        for _ in range(new_tokens):
-            gen.generate_next_token()
-        gen.get_next_tokens()
-        t2 = time.perf_counter()
-        if r >= warmup:
-            prefill.append((t1 - t0) * 1e3)
-            decode.append((t2 - t1) * 1e3 / new_tokens)
-        del gen
-    del model
+        for i, ((og, model), config) in enumerate(zip(loaded, configs)):
+            params = og.GeneratorParams(model)
+            params.set_search_options(max_length=kv_length(config, prompt_tokens + new_tokens), do_sample=False,
+                                      min_length=prompt_tokens + new_tokens,  # no stop at EOS: the same work each run
+                                      batch_size=batch)
+            gen = og.Generator(model, params)
+            t0 = time.perf_counter()
+            gen.append_tokens(ids)
+            gen.get_logits()  # the prefill has finished
+            t1 = time.perf_counter()
+            for _ in range(new_tokens):
+                gen.generate_next_token()
+            gen.get_next_tokens()
+            t2 = time.perf_counter()
+            if r >= warmup:
+                prefill[i].append((t1 - t0) * 1e3)
+                decode[i].append((t2 - t1) * 1e3 / new_tokens)
+            del gen
+    del loaded
     # decode_ms_per_token is one step's time (a token for every sequence of the batch)
-    return {"batch": batch, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "cuda_graph": cuda_graph,
-            "threads": cpu_threads(config) if provider == "cpu" else None,
-            "prefill_ms": statistics.median(prefill), "prefill_ms_p10_p90": _p10_p90(prefill),
-            "decode_ms_per_token": statistics.median(decode), "decode_ms_p10_p90": _p10_p90(decode),
-            "decode_tokens_per_s": batch * 1e3 / statistics.median(decode)}
+    return [{"batch": batch, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "cuda_graph": cuda_graph,
+             "threads": cpu_threads(config) if provider == "cpu" else None,
+             "prefill_ms": statistics.median(p), "prefill_ms_p10_p90": _p10_p90(p),
+             "decode_ms_per_token": statistics.median(d), "decode_ms_p10_p90": _p10_p90(d),
+             "decode_tokens_per_s": batch * 1e3 / statistics.median(d)}
+            for config, p, d in zip(configs, prefill, decode)]
 
 
 TRANSFORMERS_MODES = ("eager", "compile")
@@ -232,7 +236,7 @@ def time_transformers(model, *, mode: str, vocab: int, prompt_tokens: int, new_t
     """The same prompt through the checkpoint's transformers CausalLM (`model`, on its device), greedy, the way a
     PyTorch user runs it: `eager` (its DynamicCache) or `compile` (a StaticCache of the prompt plus the new tokens and
     the forward through torch.compile, as transformers' static-cache generation does, without CUDA graphs); the
-    prefill computes the last position's logits (logits_to_keep=1, as generate does). Medians like time_folder's."""
+    prefill computes the last position's logits (logits_to_keep=1, as generate does). Medians like time_folders'."""
     import torch
     import transformers
     device = next(model.parameters()).device
@@ -338,6 +342,8 @@ def bench(folders: list, *, provider: str = "cpu", sizes: list[int] | None = Non
         # genai 0.18's CUDA-graph mode (KV buffers shared between steps) refuses a batched prompt: onnxruntime's
         # GroupQueryAttention says "batch_size must be 1 when sequence_length > 1 and past context is given"
         skipped.append("CUDA graph at batch > 1: genai 0.18 refuses a batched prompt there")
+    about = []  # per folder: its weight bytes, onnxfuse ops, shape and recipe
+    by_folder = [[] for _ in folders]
     for folder in folders:
         decoder = gf.graph(gf.decoder_path(folder))
         nbytes, counts = weight_bytes(decoder), onnxio.op_counts(decoder)
@@ -346,20 +352,22 @@ def bench(folders: list, *, provider: str = "cpu", sizes: list[int] | None = Non
         if gemm is None:
             dtype = "fp16" if provider == "cuda" and shape["kv_bytes"] == 2 else "fp32"
             gemm = gemm_peak(provider, dtype) if gemm_peak else {"peak_tflops": None, "peak_gemm": None}
-        recipe = gf.read_recipe(folder) or {}
-        for cuda_graph in modes:
-            for batch, size in ((b, z) for b in batches for z in sizes):
-                if cuda_graph and batch > 1:
-                    continue
-                if progress:
-                    progress(f"{folder}{f' batch {batch}' if batch > 1 else ''} prompt {size}"
-                             f"{' cuda graph' if cuda_graph else ''}")
-                row = time_folder(folder, provider=provider, cuda_graph=cuda_graph, prompt_tokens=size,
-                                  new_tokens=new_tokens, runs=runs, warmup=warmup, batch=batch)
+        about.append((nbytes, counts, shape, gf.read_recipe(folder) or {}))
+    for cuda_graph in modes:
+        for batch, size in ((b, z) for b in batches for z in sizes):
+            if cuda_graph and batch > 1:
+                continue
+            if progress:
+                progress(f"{len(folders)} folder(s){f' batch {batch}' if batch > 1 else ''} prompt {size}"
+                         f"{' cuda graph' if cuda_graph else ''}")
+            timed = time_folders(folders, provider=provider, cuda_graph=cuda_graph, prompt_tokens=size,
+                                 new_tokens=new_tokens, runs=runs, warmup=warmup, batch=batch)
+            for i, (folder, row, (nbytes, counts, shape, recipe)) in enumerate(zip(folders, timed, about)):
                 row.update(folder=str(folder), weight_bytes=nbytes,
                            fused={k: v for k, v in counts.items() if k.startswith("onnxfuse::")},
                            precision=recipe.get("precision"), decoder_shape=shape)
-                rows.append(_limits(row, nbytes, shape, gemm, peak))
+                by_folder[i].append(_limits(row, nbytes, shape, gemm, peak))
+    rows = [row for folder_rows in by_folder for row in folder_rows]  # a folder's rows together, in the run's order
     if transformers_modes:
         # its prefill computes the last position's logits only (logits_to_keep=1): the first folder's shape with the
         # lm_head counted once, as in a folder whose lm_head the builder pruned

@@ -144,6 +144,10 @@ class OpDef:
     out_shape(shapes, attrs): Y's shape from the inputs' shapes ({name: shape} in the node's order).
     min_opset: the lowest default-domain opset in which every body is valid (the rules fuse only from there).
     int_inputs: inputs fed as int64 (ids, bags, table layout), never cast to the op's type T.
+    int32_inputs: inputs fed as int32 (CachedAttention's sequence lengths), never cast to T.
+    cpu_inputs: inputs the CUDA kernels read in host memory (CachedAttention's total_sequence_length, which sizes an
+    output): the doctor binds them on the CPU in its CUDA-graph rows, as onnxruntime's own GroupQueryAttention wants.
+    out_shapes(shapes, attrs): every output's shape, for an op with more outputs than Y (None: Y's alone).
     byte_inputs: inputs fed as uint8 (Int4Linear's packed weights), never cast to T.
     doctor_shapes: `onnxfuse doctor`'s default entries; doctor_entry(entry): (input shapes, extra node attributes,
     the report's (M, K, N, r, label)); doctor_inputs(dtype, shapes, seed, device): inputs as torch tensors of the
@@ -168,6 +172,9 @@ class OpDef:
     overload_attr: str | None = None
     min_opset: int = DEFAULT_MIN_OPSET
     int_inputs: tuple[str, ...] = ()
+    int32_inputs: tuple[str, ...] = ()
+    cpu_inputs: tuple[str, ...] = ()
+    out_shapes: Callable | None = None
     byte_inputs: tuple[str, ...] = ()
     doctor_inputs: Callable | None = None
     weighted: bool = True
@@ -184,6 +191,12 @@ class OpDef:
         if self.schema.optional and any(n in self.schema.optional for n in input_names):
             return overload_with_optional(base, self.optional_overload)
         return base
+
+    def all_out_shapes(self, shapes: dict, attrs: dict) -> list:
+        """Every output's shape (out_shapes, or Y's alone)."""
+        if self.out_shapes is not None:
+            return self.out_shapes(shapes, attrs)
+        return [self.out_shape(shapes, attrs)]
 
     def make_doctor_inputs(self, dtype, shapes: dict, seed: int, device: str = "cpu") -> list:
         if self.doctor_inputs is not None:

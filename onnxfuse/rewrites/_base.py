@@ -242,9 +242,14 @@ class FusionRule(RewriteRuleClassBase):
         return guard_output_value(context.output_values[0], result, x, n)
 
     def emit(self, op, op_type: str, inputs: list, attrs: dict, shapes: dict, dtype: ir.DataType,
-             flops: int | None):
-        out = getattr(op, op_type)(*inputs, _domain=DOMAIN, **attrs)
-        node = out.producer()
+             flops: int | None, outputs: int = 1):
+        """The onnxfuse node (its output, or a tuple of `outputs` of them), named and annotated."""
+        if outputs > 1:
+            out = getattr(op, op_type)(*inputs, _domain=DOMAIN, _outputs=outputs, **attrs)
+            node = out[0].producer()
+        else:
+            out = getattr(op, op_type)(*inputs, _domain=DOMAIN, **attrs)
+            node = out.producer()
         matched = self._matched
         naming = [n for n in matched if n.op_type in self.naming_ops] or matched
         module = module_path(naming)

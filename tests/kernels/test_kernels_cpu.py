@@ -63,12 +63,16 @@ def op_attrs(op: str, scale: float = 0.5) -> dict:
         attrs["scale_down"] = 0.75 - float(scale)
     if "num_heads" in names:  # FlashAttention: two heads of K (random_inputs)
         attrs["num_heads"] = 2
+    if "kv_num_heads" in names:  # CachedAttention: four query heads on two KV heads (random_inputs)
+        attrs.update(num_heads=4, kv_num_heads=2)
     return attrs
 
 
 # Ops with weights the CPU kernels prepack when they are constants (RotaryEmbedding has none: cos/sin are
-# activations; Embedding copies rows of its table as they are; FlashAttention's inputs are all activations).
-WEIGHTED_OPS = [op for op in OPS_UNDER_TEST if op not in ("RotaryEmbedding", "Embedding", "FlashAttention")]
+# activations; Embedding copies rows of its table as they are; FlashAttention's and CachedAttention's inputs are all
+# activations).
+WEIGHTED_OPS = [op for op in OPS_UNDER_TEST if op not in ("RotaryEmbedding", "Embedding", "FlashAttention",
+                                                          "CachedAttention")]
 # The int4 ops read their packed weights as they are (no prepacking): their constant weights are checked, not logged.
 # LoRASwiGLU's CPU kernel packs its operands per call (a fused model has it on the CPU only where a CPU table fuses
 # both swiglu and lora_linear, which no measured host's does: cpu_policy.py).
@@ -115,6 +119,14 @@ def random_inputs(op: str, lead: tuple[int, ...], K: int, N: int, r: int, dtype:
         b, s = (1, lead[0]) if len(lead) == 1 else (lead[0], math.prod(lead[1:]))
         shapes = {"Q": [b, s, 2 * K], "K": [b, N, 2 * K], "V": [b, N, 2 * K], "bias": [b, 1, s, N]}
         return schema.op_def(op).make_doctor_inputs(TORCH_TYPE[dtype], shapes, seed)
+    if op == "CachedAttention":  # B = lead[0] (1 for a 1-D lead), S the rest; 4 heads on 2 of D = K rounded up to
+        # even (at most 256), N keys of past (a first prompt where N % 3 == 0), rotary on D or half of it by seed
+        b, s = (1, lead[0]) if len(lead) == 1 else (lead[0], math.prod(lead[1:]))
+        d = min(256, K + K % 2)
+        rdim = d if seed % 2 == 0 or d < 4 else 2 * (d // 4)
+        entry = (b, s, None if N % 3 == 0 else N, 4, 2, d, rdim, K % 2)
+        definition = schema.op_def(op)
+        return definition.make_doctor_inputs(TORCH_TYPE[dtype], definition.doctor_entry(entry)[0], seed)
     if op == "RotaryEmbedding":  # X [*lead, D] (D even), cos/sin broadcast over every leading dim but the last
         d = K + K % 2
         cs_shape = (1,) * (len(lead) - 1) + (lead[-1], d)
@@ -141,9 +153,13 @@ def random_inputs(op: str, lead: tuple[int, ...], K: int, N: int, r: int, dtype:
 def check(lib, op, lead, K, N, r, dtype, scale=1.0, seed=0):
     inputs = random_inputs(op, lead, K, N, r, dtype, seed)
     attrs = op_attrs(op, scale)
+    if op == "CachedAttention":
+        attrs["rotary_interleaved"] = K % 2
     out = run_op(lib, op, inputs, attrs)
     ref = schema.reference(op, inputs, attrs)
-    assert_close(out, ref, dtype, f"{op}[{dtype}] X{(*lead, K)} N={N} r={r} scale={scale}")
+    outs, refs = (out, ref) if isinstance(out, list) else ([out], [ref])  # every output of a multi-output op
+    for i, (o, want) in enumerate(zip(outs, refs)):
+        assert_close(o, want, dtype, f"{op}[{dtype}] X{(*lead, K)} N={N} r={r} scale={scale} output {i}")
 
 
 # ------------------------------------------------------------------------------------------------ correctness

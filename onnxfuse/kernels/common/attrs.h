@@ -93,6 +93,17 @@ inline int64_t ReadNumHeads(const OrtApi* api, const OrtKernelInfo* info, const 
   if (h <= 0) Fail(std::string(op) + ": " + schema::attr::kNumHeads + " must be positive, got " + std::to_string(h));
   return h;
 }
+// An int attribute, or `fallback` (the schema default) where the node has none (CachedAttention's kv_num_heads and
+// rotary_interleaved).
+inline int64_t ReadIntAttr(const OrtApi* api, const OrtKernelInfo* info, const char* name, int64_t fallback) {
+  int64_t v = fallback;
+  OrtStatus* st = api->KernelInfoGetAttribute_int64(info, name, &v);
+  if (st != nullptr) {
+    api->ReleaseStatus(st);
+    return fallback;
+  }
+  return v;
+}
 inline float ReadQkScale(const OrtApi* api, const OrtKernelInfo* info) {
   float s = schema::attr::kQkScaleDefault;
   detail::TryGetFloat(api, info, schema::attr::kQkScale, s);

@@ -433,4 +433,48 @@ inline EmbeddingDims EmbeddingOpDims(const char* op, int interaction, const std:
   return e;
 }
 
+// CachedAttention: query [B, S, (H + 2 Hkv) D] (packed), past_key and past_value [B, Hkv, P, D], seqlens_k [B],
+// total_sequence_length a scalar (its value `total`, read on the host), cos_cache and sin_cache [positions, R / 2]
+// with R <= D even. Y [B, S, H D]; present_key and present_value [B, Hkv, L, D], L = max(P, total). A first prompt is
+// S == total. Each sequence's lengths (seqlens_k, device data on the GPU) are the kernels' to check or clamp.
+struct CachedAttentionDims {
+  int64_t B = 0, S = 0, H = 0, Hkv = 0, D = 0, P = 0, L = 0, R = 0, positions = 0, total = 0;
+  bool first = false;
+  std::vector<int64_t> y_shape, present_shape;
+};
+
+inline CachedAttentionDims CachedAttentionDimsOf(const char* op, const std::vector<int64_t>& q,
+                                                 const std::vector<int64_t>& pk, const std::vector<int64_t>& pv,
+                                                 const std::vector<int64_t>& seqlens, int64_t total,
+                                                 const std::vector<int64_t>& cos, const std::vector<int64_t>& sin,
+                                                 int64_t heads, int64_t kv_heads) {
+  using detail::Need;
+  CachedAttentionDims d;
+  Need(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, op,
+       "num_heads must be a positive multiple of kv_num_heads; got " + std::to_string(heads) + " and " +
+           std::to_string(kv_heads));
+  Need(q.size() == 3 && q[2] % (heads + 2 * kv_heads) == 0, op,
+       "query must be [B, S, (H + 2 Hkv) D] (packed QKV); got " + ShapeStr(q));
+  d.B = q[0], d.S = q[1], d.H = heads, d.Hkv = kv_heads, d.D = q[2] / (heads + 2 * kv_heads);
+  Need(pk.size() == 4 && pk[0] == d.B && pk[1] == d.Hkv && pk[3] == d.D && pv == pk, op,
+       "past_key and past_value must both be [B, Hkv, P, D] = [" + std::to_string(d.B) + ", " + std::to_string(d.Hkv) +
+           ", P, " + std::to_string(d.D) + "]; got " + ShapeStr(pk) + " and " + ShapeStr(pv));
+  d.P = pk[2];
+  Need(seqlens.size() == 1 && seqlens[0] == d.B, op, "seqlens_k must be [B]; got " + ShapeStr(seqlens));
+  Need(cos.size() == 2 && cos == sin && 2 * cos[1] <= d.D && cos[1] > 0, op,
+       "cos_cache and sin_cache must both be [positions, R / 2] with 0 < R <= D = " + std::to_string(d.D) + "; got " +
+           ShapeStr(cos) + " and " + ShapeStr(sin));
+  Need(d.D % 2 == 0 && d.D <= 256, op, "the head size must be even and at most 256; got " + std::to_string(d.D));
+  d.R = 2 * cos[1];
+  d.positions = cos[0];
+  Need(total >= d.S, op,
+       "total_sequence_length " + std::to_string(total) + " is below the query's length " + std::to_string(d.S));
+  d.total = total;
+  d.first = d.S == total;
+  d.L = d.P > total ? d.P : total;
+  d.y_shape = {d.B, d.S, d.H * d.D};
+  d.present_shape = {d.B, d.Hkv, d.L, d.D};
+  return d;
+}
+
 }  // namespace onnxfuse
