@@ -90,8 +90,9 @@ def _fuse(args) -> int:
         con.print(res.upgrade.line(), soft_wrap=True)
     if res.ort is not None:
         _print_ort_stage(con, res)
+    target = f"--provider {args.provider}" if args.provider else "no --provider (a GPU target)"
     for pattern, why in res.left_to_ort.items():
-        con.print(f"{pattern}: left to onnxruntime for --provider {args.provider}: {why}", soft_wrap=True)
+        con.print(f"{pattern}: left to onnxruntime for {target}: {why}", soft_wrap=True)
     if not res.changed:
         if res.already_fused:
             con.print(f"{args.model} is already fused ({res.already_fused} onnxfuse nodes); nothing matched, "
