@@ -18,11 +18,10 @@ import numpy as np
 
 
 def model(fused: bool, h: int, hkv: int, d: int, backend: str = "auto"):
-    from onnx import TensorProto as TP
+    """One CachedAttention node (fused) or onnxruntime's GroupQueryAttention over the same inputs."""
     from onnx import helper
 
     from onnxfuse import schema
-    t = TP.FLOAT16
     ins = ["q", "pk", "pv", "sl", "tl", "cos", "sin"]
     if fused:
         node = helper.make_node("CachedAttention", ins, ["y", "ok", "ov"], domain=schema.DOMAIN, num_heads=h,
@@ -30,6 +29,16 @@ def model(fused: bool, h: int, hkv: int, d: int, backend: str = "auto"):
     else:
         node = helper.make_node("GroupQueryAttention", ["q", "", "", *ins[1:]], ["y", "ok", "ov"],
                                 domain="com.microsoft", num_heads=h, kv_num_heads=hkv, do_rotary=1)
+    return attention_model(node, h, hkv, d, (schema.DOMAIN, schema.DOMAIN_VERSION))
+
+
+def attention_model(node, h: int, hkv: int, d: int, domain: tuple[str, int]):
+    """A model of one attention `node` over genai's fp16 inputs (q packed [b, s, (H + 2 Hkv) D], the KV cache
+    [b, Hkv, p, D], seqlens and total length int32, cos/sin [8192, D / 2]) and its three outputs; `domain` (name,
+    version) is imported beside the default and com.microsoft ones (scripts/gqa_cuda_invoke_probe.py's too)."""
+    from onnx import TensorProto as TP
+    from onnx import helper
+    t = TP.FLOAT16
     inputs = [helper.make_tensor_value_info("q", t, ["b", "s", (h + 2 * hkv) * d]),
               helper.make_tensor_value_info("pk", t, ["b", hkv, "p", d]),
               helper.make_tensor_value_info("pv", t, ["b", hkv, "p", d]),
@@ -39,8 +48,7 @@ def model(fused: bool, h: int, hkv: int, d: int, backend: str = "auto"):
     outputs = [helper.make_tensor_value_info(n, t, None) for n in ("y", "ok", "ov")]
     graph = helper.make_graph([node], "attn", inputs, outputs)
     return helper.make_model(graph, ir_version=10, opset_imports=[
-        helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1),
-        helper.make_opsetid(schema.DOMAIN, schema.DOMAIN_VERSION)])
+        helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1), helper.make_opsetid(*domain)])
 
 
 def main(argv=None) -> int:

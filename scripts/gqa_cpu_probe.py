@@ -30,6 +30,8 @@ import time
 
 import numpy as np
 
+from onnxfuse.ops.cached_attention import rotate  # the op's own rotary: the reference below checks it too
+
 
 def gqa_model(h: int, hkv: int, d: int, max_pos: int, rotary_dim: int, interleaved: bool, scale: float):
     from onnx import TensorProto as TP
@@ -47,20 +49,6 @@ def gqa_model(h: int, hkv: int, d: int, max_pos: int, rotary_dim: int, interleav
     graph = helper.make_graph([node], "gqa", inputs, outputs)
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
     return helper.make_model(graph, opset_imports=opsets, ir_version=10)
-
-
-def rotate(x, cos, sin, interleaved: bool):
-    """x [..., S, D] rotated by cos/sin [..., S, rotary_dim / 2] (dims past rotary_dim unchanged)."""
-    import torch
-    r = cos.shape[-1] * 2
-    xr, rest = x[..., :r], x[..., r:]
-    if interleaved:
-        x1, x2 = xr[..., 0::2], xr[..., 1::2]
-        out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
-    else:
-        x1, x2 = xr[..., : r // 2], xr[..., r // 2:]
-        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return torch.cat((out, rest), dim=-1)
 
 
 def reference(q, past_k, past_v, seqlens, total: int, cos, sin, h: int, hkv: int, interleaved: bool, scale: float,

@@ -18,25 +18,18 @@ import numpy as np
 
 
 def model(custom: bool, h: int, hkv: int, d: int):
-    from onnx import TensorProto as TP
+    """One InvGQA node (custom) or onnxruntime's GroupQueryAttention, over the inputs of
+    scripts/cached_attention_vs_ort.py's models."""
     from onnx import helper
-    t = TP.FLOAT16
+
+    from cached_attention_vs_ort import attention_model  # scripts/ is this script's own folder on sys.path
     if custom:
         node = helper.make_node("InvGQA", ["q", "pk", "pv", "sl", "tl", "cos", "sin"], ["y", "ok", "ov"], domain="inv",
                                 num_heads=h, kv_num_heads=hkv)
     else:
         node = helper.make_node("GroupQueryAttention", ["q", "", "", "pk", "pv", "sl", "tl", "cos", "sin"],
                                 ["y", "ok", "ov"], domain="com.microsoft", num_heads=h, kv_num_heads=hkv, do_rotary=1)
-    inputs = [helper.make_tensor_value_info("q", t, ["b", "s", (h + 2 * hkv) * d]),
-              helper.make_tensor_value_info("pk", t, ["b", hkv, "p", d]),
-              helper.make_tensor_value_info("pv", t, ["b", hkv, "p", d]),
-              helper.make_tensor_value_info("sl", TP.INT32, ["b"]), helper.make_tensor_value_info("tl", TP.INT32, []),
-              helper.make_tensor_value_info("cos", t, [8192, d // 2]),
-              helper.make_tensor_value_info("sin", t, [8192, d // 2])]
-    outputs = [helper.make_tensor_value_info(n, t, None) for n in ("y", "ok", "ov")]
-    graph = helper.make_graph([node], "attn", inputs, outputs)
-    return helper.make_model(graph, ir_version=10, opset_imports=[
-        helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1), helper.make_opsetid("inv", 1)])
+    return attention_model(node, h, hkv, d, ("inv", 1))
 
 
 def session(lib: str | None, m, graph: bool):

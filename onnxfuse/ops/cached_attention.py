@@ -37,8 +37,9 @@ CACHED_ATTENTION = OpSchema(
     "one through its probabilities x V GEMM as 0 x NaN). Scores and softmax in fp32.")
 
 
-def _rotate(x, cos, sin, interleaved: bool):
-    """x [..., S, D] rotated by cos/sin [S, R / 2] on its first R dims (the rest unchanged)."""
+def rotate(x, cos, sin, interleaved: bool):
+    """x [..., S, D] rotated by cos/sin [..., S, R / 2] on its first R dims (the rest unchanged): pairs (i, i + R / 2),
+    or (2i, 2i + 1) when interleaved."""
     import torch
 
     r = cos.shape[-1] * 2
@@ -86,8 +87,8 @@ def reference(inputs, attrs: dict):
         rows = min(s_, tot - past)
         pos = torch.arange(past, past + rows, device=q.device)
         c, sn = cos.float()[pos], sin.float()[pos]
-        qi = _rotate(qh[i, :, :rows], c, sn, interleaved)
-        ki = _rotate(kh[i, :, :rows], c, sn, interleaved)
+        qi = rotate(qh[i, :, :rows], c, sn, interleaved)
+        ki = rotate(kh[i, :, :rows], c, sn, interleaved)
         # through the output type, as the kernels store the new rows before reading them back
         pk[i, :, past:past + rows] = ki.to(t).float()
         pv[i, :, past:past + rows] = vh[i, :, :rows].to(t).float()
