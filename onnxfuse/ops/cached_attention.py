@@ -145,7 +145,7 @@ def out_shapes(shapes: dict, attrs: dict) -> list:
 # context (SmolLM2's heads; a 7B layer's 32 heads of 128 at 1023 keys), a batch of 2 with interleaved pairs, GQA
 # groups of 4 with a partial rotary on a first prompt, a later prompt of 5 tokens.
 DOCTOR_SHAPES = ((1, 1, 100, 9, 3, 64, 64, 0), (2, 1, 300, 4, 2, 128, 128, 1), (2, 37, None, 8, 2, 64, 32, 0),
-                 (1, 5, 40, 4, 4, 32, 32, 0), (1, 1, 1023, 32, 32, 128, 128, 0))
+                 (1, 5, 40, 4, 4, 32, 32, 0), (1, 1, 1023, 32, 32, 128, 128, 0), (1, 1, 700, 16, 2, 64, 64, 0))
 
 
 def doctor_entry(entry) -> tuple[dict, dict, tuple]:

@@ -269,3 +269,49 @@ def test_lengths_that_do_not_fit_are_an_error_naming_them(seqlens, total, s, nee
     with pytest.raises(Exception, match=OP) as e:
         testing.run_op(OP, ins, {"num_heads": 4, "kv_num_heads": 2})
     assert needle in str(e.value)
+
+
+def _bound_run_cuda_shared(sess, ins):
+    """_bound_run(share=True) on the CUDA EP: past and present bound to the same device buffers (fp16), as genai binds
+    them; the other inputs and Y through host memory."""
+    dev = [t.clone().cuda() for t in ins[1:3]]
+    q = ins[0]
+    y = torch.empty(q.shape[0], q.shape[1], q.shape[2] - 2 * ins[1].shape[1] * ins[1].shape[3], dtype=q.dtype)
+    io = sess.io_binding()
+    for name, t in zip(CACHED_ATTENTION.inputs, ins):
+        if name in ("past_key", "past_value"):
+            continue
+        io.bind_ortvalue_input(name, testing.ortvalue(t))
+    for i, name in ((0, "past_key"), (1, "past_value")):
+        io.bind_input(name, "cuda", 0, np.float16, list(dev[i].shape), dev[i].data_ptr())
+    io.bind_ortvalue_output("Y", testing.ortvalue(y))
+    for i, name in ((0, "present_key"), (1, "present_value")):
+        io.bind_output(name, "cuda", 0, np.float16, list(dev[i].shape), dev[i].data_ptr())
+    sess.run_with_iobinding(io)
+    return [t.float().cpu().numpy() for t in (y, *dev)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["auto", "cuda"])
+@pytest.mark.parametrize("share,dtype", [(False, torch.float16), (False, torch.bfloat16), (True, torch.float16)])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"B{c[0]}S{c[1]}{'prompt' if c[2] is None else 'past'}H{c[4]}")
+def test_cuda_kernels_match_pytorch(case, dtype, share, backend):
+    """The CUDA EP's op: backend auto hands first prompts of 16-bit types to onnxruntime's GroupQueryAttention
+    (InvokeOp) and fixes the rows it leaves (a right-padded batch's Y and present rows); decode runs the split-KV
+    kernel; backend cuda runs the op's own kernels throughout."""
+    import onnxruntime
+    if share and case[2] is None:
+        pytest.skip("a first prompt has no past buffer to share")
+    onnxruntime.preload_dlls()
+    ins, attrs, model = _kernel_model(case, dtype)
+    sess = runtime.session(model, "cuda", backend=backend, cpu_fallback=False)
+    got = (_bound_run_cuda_shared(sess, ins) if share else
+           _bound_run(sess, list(CACHED_ATTENTION.inputs), list(CACHED_ATTENTION.outputs), ins, False))
+    ref = [t.float().numpy() for t in schema.reference(OP, ins, attrs)]
+    _compare(got, ref, case, dtype, f"CUDA EP, backend {backend}")
+    if not share:
+        for j in (1, 2):
+            testing.assert_close(got[j], ref[j], dtype, f"present {j}, every row")
+        if case[2] is None:  # a first prompt: Y's rows past each sequence's valid ones are 0
+            for i, (rows, _) in enumerate(_valid(case)):
+                assert not got[0][i, rows:].any(), f"Y rows past sequence {i}'s valid ones"

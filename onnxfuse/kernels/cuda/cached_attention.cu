@@ -36,21 +36,28 @@ int onnxfuse_cuda_cached_attention_prepare(int dtype, const struct OnnxfuseCache
 int onnxfuse_cuda_cached_attention_combine(int dtype, const struct OnnxfuseCachedAttentionArgs* a,
                                            const int32_t* seqlens, const float* partials, int64_t splits, void* y,
                                            void* stream);
+// After onnxruntime's GroupQueryAttention ran a call for the op (InvokeOp, the host half): the rows the op defines
+// and onnxruntime leaves as they come, Y's rows past each sequence's valid ones (0) and, where present is not
+// past's own buffer, present's rows past each sequence's end (past's rows, then 0).
+int onnxfuse_cuda_cached_attention_prompt_fixup(int dtype, const struct OnnxfuseCachedAttentionArgs* a,
+                                                const int32_t* seqlens, const void* past_key, const void* past_value,
+                                                void* y, void* present_key, void* present_value, void* stream);
 // How many key splits a call's partials take (the same for both launchers; the scratch is planned with it).
 int64_t onnxfuse_cached_attention_splits(const struct OnnxfuseCachedAttentionArgs* a);
 }
 
 #ifdef __CUDACC__
-// The CUDA backend, three kernels a call:
+// The CUDA backend. A decode step (S = 1) whose head size suits 16-byte row loads (D / E from 8 to 32 lanes, G <= 8;
+// fp16 / bf16 D 64 or 128, fp32 D 128) is one kernel, DecodeAttention (below: rotary, the new row stored, split-KV
+// attention and the splits' combine), after a copy of past into present where they are not one buffer. Any other
+// call, three steps:
 //   prepare: present = past's rows then zeros (skipped where present is past's own buffer), then each new row's key
 //            heads rotated and stored, value heads stored, query heads rotated into fp32 scratch;
-//   partial: per (sequence, KV head, query row, key split) a block whose warps each own query heads of the group: the
-//            split's keys one at a time, a lane holding D / 32 elements (element lane + 32 i: coalesced rows), the
-//            score by a warp reduction, the running max, sum and weighted values in fp32 (flash-decoding);
+//   partial: per (sequence, KV head, query row, key split) SplitPartial (the shapes above) or Partial (a warp per query
+//            head, a key at a time, a lane holding D / 32 elements), the running max, sum and weighted values in fp32;
 //   combine: per (sequence, row, head) the splits' partials into Y (rows past a sequence's valid ones: 0).
-// Correct for any S; at decode (S = 1) the splits spread a long context over the SMs. A prompt's S x S scores are
-// a key at a time here, far from onnxruntime's flash kernels: cpu_policy.GPU_LEFT_TO_ORT keeps genai's node on the
-// CUDA provider.
+// Correct for any S, but a prompt's S x S scores are a key at a time here: backend auto (the host half) hands first
+// prompts, and decode steps of grouped heads, to onnxruntime's own CUDA GroupQueryAttention (InvokeOp).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -97,32 +104,32 @@ __global__ void FillPresent(const T* __restrict__ past, T* __restrict__ present,
   }
 }
 
-// One block per (sequence, new row): rotary on its query and key heads, the key and value heads stored in present.
+// One block per (sequence, new row, head of the packed row), a thread per pair of its dims: rotary on query and key
+// heads, the key and value heads stored in present, the query heads in fp32 scratch.
 template <typename T>
 __global__ void RotateAppend(const T* __restrict__ query, const int32_t* __restrict__ seqlens, const T* __restrict__ cs,
                              const T* __restrict__ sn, T* __restrict__ pk, T* __restrict__ pv,
                              float* __restrict__ q_rot, Args a) {
-  const int64_t b = blockIdx.x / a.S, s = blockIdx.x % a.S;
+  const int64_t heads = a.H + 2 * a.Hkv, row = blockIdx.x / heads, head = blockIdx.x % heads;
+  const int64_t b = row / a.S, s = row % a.S;
   const Rows r = RowsOf(a, seqlens, b);
   if (!r.ok || s >= r.valid) return;
-  const int64_t pos = r.past + s, half = a.R / 2, width = (a.H + 2 * a.Hkv) * a.D;
-  const T* src = query + blockIdx.x * width;
+  const int64_t pos = r.past + s, half = a.R / 2;
+  const T* src = query + row * heads * a.D + head * a.D;
   // pairs (i, i + R / 2) (halves) or (2i, 2i + 1) (interleaved) of the first R dims, rotated by cos/sin row pos,
   // column i; the dims past R as pairs (R + 2j, R + 2j + 1), copied; value heads copied
-  const int64_t per_head = a.D / 2;
-  for (int64_t t = threadIdx.x; t < (a.H + 2 * a.Hkv) * per_head; t += blockDim.x) {
-    const int64_t head = t / per_head, i = t % per_head;
+  for (int64_t i = threadIdx.x; i < a.D / 2; i += blockDim.x) {
     const bool rotated = i < half;
-    int64_t i0 = a.interleaved ? 2 * i : (rotated ? i : a.R + 2 * (i - half));
-    int64_t i1 = a.interleaved || !rotated ? i0 + 1 : i + half;
-    float x0 = to_f(src[head * a.D + i0]), x1 = to_f(src[head * a.D + i1]);
+    const int64_t i0 = a.interleaved ? 2 * i : (rotated ? i : a.R + 2 * (i - half));
+    const int64_t i1 = a.interleaved || !rotated ? i0 + 1 : i + half;
+    float x0 = to_f(src[i0]), x1 = to_f(src[i1]);
     if (rotated && head < a.H + a.Hkv) {
       const float c = to_f(cs[pos * half + i]), sv = to_f(sn[pos * half + i]);
       const float y0 = x0 * c - x1 * sv, y1 = x1 * c + x0 * sv;
       x0 = y0, x1 = y1;
     }
     if (head < a.H) {
-      float* q = q_rot + (blockIdx.x * a.H + head) * a.D;
+      float* q = q_rot + (row * a.H + head) * a.D;
       q[i0] = x0, q[i1] = x1;
     } else {
       const bool is_key = head < a.H + a.Hkv;
@@ -194,27 +201,331 @@ __global__ void Partial(const float* __restrict__ q_rot, const int32_t* __restri
   }
 }
 
-// One block per (sequence, row, head), a thread per element of D.
+// The split-KV form of Partial for D / E a power of two from 8 to 32 (E = 16 bytes of T, 8 fp16 or 4 fp32 elements:
+// D 64 or 128 in fp16, 128 in fp32) and G <= GM query heads a KV head: a block of kSplitThreads per (sequence, KV
+// head, row, split) in groups of D / E lanes, a group per key at a time (SplitKeys): each lane one 16-byte load of the
+// key row and one of the value row (kUnroll keys a step, all issued before any is used: the loads stream the cache),
+// E multiply-adds a head, the group's dot by shuffles, then the group's own running max, sum and weighted values for
+// each of the G heads (flash-decoding inside the block, no barrier in the loop); the groups merged through shared
+// memory (MergeGroups). Every key row is read once for all G heads of its KV head. Same NaN and -Inf rules as Partial.
+//   SplitPartial: the queries rotated in fp32 scratch by RotateAppend, the partials out for Combine (any S).
+//   DecodeAttention (S == 1, the decode step): the whole node in one kernel: each block rotates its query heads from
+//     the packed input; the block whose split holds the new row rotates its key and stores it and the value in present
+//     (no other block reads that row); each block's partial out, then the last block of a (sequence, KV head) to finish
+//     (a counter per task, zeroed by the launcher) combines the splits into Y.
+constexpr int kSplitThreads = 128;
+constexpr int kCombineThreads = 128;  // == kSplitThreads: BlockReduce serves both
+constexpr int kMaxSplits = 1024;
+
+__device__ inline float BlockReduce(float v, float* red, bool is_max) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = is_max ? NanMax(v, w) : v + w;
+  }
+  __syncthreads();  // red may still be read by an earlier reduction
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  v = red[0];
+  for (int i = 1; i < kCombineThreads / 32; ++i) v = is_max ? NanMax(v, red[i]) : v + red[i];
+  return v;
+}
+
+constexpr int kUnroll = 4;
+constexpr int kMaxGroups = 16;  // D / E >= 8
+
 template <typename T>
-__global__ void Combine(const float* __restrict__ part, const int32_t* __restrict__ seqlens, int64_t splits,
-                        T* __restrict__ y, Args a) {
+__device__ inline void Load16(const T* p, float* f) {
+  constexpr int E = 16 / int(sizeof(T));
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < E; ++i) f[i] = to_f(e[i]);
+}
+
+template <typename T, int GM>
+struct SplitSmem {
+  static constexpr int E = 16 / int(sizeof(T));
+  float q[GM][256];  // the block's query heads (DecodeAttention), scaled
+  float m[kMaxGroups][GM], l[kMaxGroups][GM];
+  float acc[GM][kSplitThreads * E];  // each group's weighted values, [g][group * D + element]
+  float w[64];                       // the last block's split weights (DecodeAttention)
+  float red[kSplitThreads / 32];
+  int last;
+};
+
+// The keys j0..j1 of K / V (already offset to this lane's elements) for the G heads whose queries qf holds: each
+// group's max, sum and weighted values (m, l, acc; m -Inf and l 0 where no key counted).
+template <typename T, int GM>
+__device__ inline void SplitKeys(const float (&qf)[GM][16 / sizeof(T)], const T* K, const T* V, int64_t j0, int64_t j1,
+                                 int64_t D, int G, int lanes, int groups, int grp, float (&acc)[GM][16 / sizeof(T)],
+                                 float (&m)[GM], float (&l)[GM]) {
+  constexpr int E = 16 / int(sizeof(T));
+#pragma unroll
+  for (int g = 0; g < GM; ++g) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[g][e] = 0.f;
+    m[g] = -INFINITY, l[g] = 0.f;
+  }
+  // the same trips for every lane of a warp (a warp holds 32 / lanes groups): the shuffles stay converged
+  for (int64_t base = j0; base < j1; base += kUnroll * groups) {
+    float kf[kUnroll][E], vf[kUnroll][E];
+    bool live[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t k = base + grp + u * groups;
+      live[u] = k < j1;
+      if (live[u]) {
+        Load16(K + k * D, kf[u]);
+        Load16(V + k * D, vf[u]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < E; ++e) kf[u][e] = 0.f, vf[u][e] = 0.f;
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+      if (g >= G) break;
+      float sc[kUnroll];
+      float mx = m[g];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        float dot = 0.f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) dot += qf[g][e] * kf[u][e];
+        for (int o = lanes / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        sc[u] = dot;
+        if (live[u]) mx = NanMax(mx, dot);
+      }
+      if (mx == -INFINITY) continue;  // every key so far scores -Inf
+      const float corr = m[g] == -INFINITY ? 0.f : __expf(m[g] - mx);
+      float psum = 0.f;
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[g][e] *= corr;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const float p = live[u] ? __expf(sc[u] - mx) : 0.f;  // +Inf - +Inf: NaN, as softmax's
+        psum += p;
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[g][e] += p * vf[u][e];
+      }
+      m[g] = mx;
+      l[g] = l[g] * corr + psum;
+    }
+  }
+}
+
+// The groups' (m, l, acc) into the block's partial of each head at part + g * (2 + D): the block max, each group's
+// sums rescaled to it and added in shared memory (no atomics).
+template <typename T, int GM>
+__device__ inline void MergeGroups(SplitSmem<T, GM>& sm, const float (&acc)[GM][16 / sizeof(T)], const float (&m)[GM],
+                                   const float (&l)[GM], int G, int D, int groups, int grp, int sub, float* part) {
+  constexpr int E = 16 / int(sizeof(T));
+  if (sub == 0)
+#pragma unroll
+    for (int g = 0; g < GM; ++g) sm.m[grp][g] = m[g];
+  __syncthreads();
+#pragma unroll
+  for (int g = 0; g < GM; ++g) {
+    if (g >= G) break;
+    float mb = -INFINITY;
+    for (int i = 0; i < groups; ++i) mb = NanMax(mb, sm.m[i][g]);
+    const float w = m[g] == -INFINITY ? 0.f : __expf(m[g] - mb);
+#pragma unroll
+    for (int e = 0; e < E; ++e) sm.acc[g][grp * D + sub * E + e] = acc[g][e] * w;
+    if (sub == 0) sm.l[grp][g] = l[g] * w;
+  }
+  __syncthreads();
+  const int stride = 2 + D;
+  for (int i = threadIdx.x; i < G * D; i += kSplitThreads) {
+    const int g = i / D, e = i % D;
+    float o = 0.f;
+    for (int k = 0; k < groups; ++k) o += sm.acc[g][k * D + e];
+    part[g * stride + 2 + e] = o;
+    if (e == 0) {
+      float mb = -INFINITY, lb = 0.f;
+      for (int k = 0; k < groups; ++k) mb = NanMax(mb, sm.m[k][g]), lb += sm.l[k][g];
+      part[g * stride] = mb, part[g * stride + 1] = lb;
+    }
+  }
+}
+
+template <typename T, int GM>
+__global__ void __launch_bounds__(kSplitThreads)
+    SplitPartial(const float* __restrict__ q_rot, const int32_t* __restrict__ seqlens, const T* __restrict__ pk,
+                 const T* __restrict__ pv, float* __restrict__ part, int64_t splits, Args a, int lanes) {
+  constexpr int E = 16 / int(sizeof(T));
+  __shared__ SplitSmem<T, GM> sm;
+  const int64_t split = blockIdx.y, task = blockIdx.x;  // task = (b, kvh, s)
+  const int64_t s = task % a.S, kvh = (task / a.S) % a.Hkv, b = task / (a.S * a.Hkv);
+  const int G = int(a.H / a.Hkv), D = int(a.D);
+  const int groups = kSplitThreads / lanes, grp = threadIdx.x / lanes, sub = threadIdx.x % lanes;
+  const Rows r = RowsOf(a, seqlens, b);
+  const int64_t n = (r.ok && s < r.valid) ? r.past + s + 1 : 0;
+  const int64_t step = kUnroll * groups;  // a split's keys: whole steps of the key loop
+  const int64_t per = ((n + splits - 1) / splits + step - 1) / step * step, j0 = split * per;
+  const int64_t j1 = j0 + per < n ? j0 + per : n;
+  float qf[GM][E], acc[GM][E], m[GM], l[GM];
+#pragma unroll
+  for (int g = 0; g < GM; ++g) {
+    const float* q = q_rot + ((b * a.S + s) * a.H + kvh * G + (g < G ? g : 0)) * a.D + sub * E;
+#pragma unroll
+    for (int e = 0; e < E; ++e) qf[g][e] = g < G ? q[e] * a.scale : 0.f;
+  }
+  const int64_t plane = (b * a.Hkv + kvh) * a.L * a.D + sub * E;
+  SplitKeys<T, GM>(qf, pk + plane, pv + plane, j0, j1, a.D, G, lanes, groups, grp, acc, m, l);
+  MergeGroups<T, GM>(sm, acc, m, l, G, D, groups, grp, sub, part + (task * splits + split) * G * (2 + a.D));
+}
+
+template <typename T, int GM>
+__global__ void __launch_bounds__(kSplitThreads)
+    DecodeAttention(const T* __restrict__ query, const int32_t* __restrict__ seqlens, const T* __restrict__ cs,
+                    const T* __restrict__ sn, T* __restrict__ pk, T* __restrict__ pv, float* __restrict__ part,
+                    int* __restrict__ counters, T* __restrict__ y, int64_t splits, Args a, int lanes) {
+  constexpr int E = 16 / int(sizeof(T));
+  __shared__ SplitSmem<T, GM> sm;
+  const int64_t split = blockIdx.y, task = blockIdx.x;  // task = (b, kvh); S == 1
+  const int64_t kvh = task % a.Hkv, b = task / a.Hkv;
+  const int G = int(a.H / a.Hkv), D = int(a.D);
+  const int groups = kSplitThreads / lanes, grp = threadIdx.x / lanes, sub = threadIdx.x % lanes;
+  const Rows r = RowsOf(a, seqlens, b);
+  const int64_t n = (r.ok && r.valid >= 1) ? r.past + 1 : 0, pos = r.past;
+  const int64_t step = kUnroll * groups;  // a split's keys: whole steps of the key loop
+  const int64_t per = ((n + splits - 1) / splits + step - 1) / step * step, j0 = split * per;
+  const int64_t j1 = j0 + per < n ? j0 + per : n;
+  const int64_t plane = (b * a.Hkv + kvh) * a.L * a.D;
+  // the rotated query heads of the group (shared memory, scaled); the new key and value rows where this split holds
+  // them: pairs (i, i + R / 2) or (2i, 2i + 1) of the first R dims rotated by cos/sin row pos, the rest copied
+  const int64_t width = (a.H + 2 * a.Hkv) * a.D, half = a.R / 2;
+  const bool owner = n > 0 && pos >= j0 && pos < j1;
+  const int heads = G + (owner ? 2 : 0);
+  for (int64_t t = threadIdx.x; n > 0 && t < heads * (a.D / 2); t += kSplitThreads) {
+    const int64_t hh = t / (a.D / 2), i = t % (a.D / 2);
+    const int64_t head = hh < G ? kvh * G + hh : (hh == G ? a.H + kvh : a.H + a.Hkv + kvh);
+    const T* src = query + b * width + head * a.D;
+    const bool rotated = i < half && hh <= G;
+    const int64_t i0 = a.interleaved ? 2 * i : (i < half ? i : a.R + 2 * (i - half));
+    const int64_t i1 = a.interleaved || i >= half ? i0 + 1 : i + half;
+    float x0 = to_f(src[i0]), x1 = to_f(src[i1]);
+    if (rotated) {
+      const float c = to_f(cs[pos * half + i]), sv = to_f(sn[pos * half + i]);
+      const float y0 = x0 * c - x1 * sv, y1 = x1 * c + x0 * sv;
+      x0 = y0, x1 = y1;
+    }
+    if (hh < G) {
+      sm.q[hh][i0] = x0 * a.scale, sm.q[hh][i1] = x1 * a.scale;
+    } else {
+      T* dst = (hh == G ? pk : pv) + plane + pos * a.D;
+      dst[i0] = from_f<T>(x0), dst[i1] = from_f<T>(x1);
+    }
+  }
+  __syncthreads();  // the query in shared memory, the new row in present: both read below by this block
+  float qf[GM][E], acc[GM][E], m[GM], l[GM];
+#pragma unroll
+  for (int g = 0; g < GM; ++g)
+#pragma unroll
+    for (int e = 0; e < E; ++e) qf[g][e] = g < G ? sm.q[g][sub * E + e] : 0.f;
+  SplitKeys<T, GM>(qf, pk + plane + sub * E, pv + plane + sub * E, j0, j1, a.D, G, lanes, groups, grp, acc, m, l);
+  const int64_t stride = 2 + a.D;
+  float* mine = part + task * splits * G * stride;
+  MergeGroups<T, GM>(sm, acc, m, l, G, D, groups, grp, sub, mine + split * G * stride);
+  // the last block of the task to finish combines the splits
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) sm.last = atomicAdd(&counters[task], 1) == int(splits) - 1;
+  __syncthreads();
+  if (!sm.last) return;
+  __threadfence();
+  for (int g = 0; g < G; ++g) {
+    const float* pg = mine + g * stride;
+    const int64_t step = G * stride;
+    float mx = -INFINITY;
+    for (int64_t c = threadIdx.x; c < splits; c += kSplitThreads) mx = NanMax(mx, __ldcg(pg + c * step));
+    mx = BlockReduce(mx, sm.red, true);
+    float lsum = 0.f;
+    for (int64_t c = threadIdx.x; c < splits; c += kSplitThreads) {
+      const float mc = __ldcg(pg + c * step), lc = __ldcg(pg + c * step + 1);
+      const float w = mc == -INFINITY && lc == 0.f ? 0.f : __expf(mc - mx);  // no key of this split counts: 0
+      sm.w[c] = w;
+      lsum += lc * w;
+    }
+    lsum = BlockReduce(lsum, sm.red, false);
+    for (int64_t e = threadIdx.x; e < a.D; e += kSplitThreads) {
+      float o = 0.f;
+#pragma unroll 8
+      for (int64_t c = 0; c < splits; ++c) o += __ldcg(pg + c * step + 2 + e) * sm.w[c];
+      y[(b * a.H + kvh * G + g) * a.D + e] = from_f<T>(n > 0 ? o / lsum : 0.f);
+    }
+    __syncthreads();  // sm.w is rewritten for the next head
+  }
+}
+
+// Whether SplitPartial takes a call (its lanes a key row, or 0): D / E a power of two up to 32, G <= 8, 16-byte rows.
+template <typename T>
+int SplitLanes(const Args& a, const void* pk, const void* pv) {
+  constexpr int E = 16 / int(sizeof(T));
+  const int64_t lanes = a.D / E, G = a.H / a.Hkv;
+  const bool aligned = (reinterpret_cast<uintptr_t>(pk) | reinterpret_cast<uintptr_t>(pv)) % 16 == 0;
+  if (a.D % E || lanes > 32 || lanes < 128 / kMaxGroups || (lanes & (lanes - 1)) || G > 8 || !aligned) return 0;
+  return int(lanes);
+}
+
+// One block per (sequence, row, head) of kCombineThreads: the splits' maxima and sums reduced across the block (each
+// split's weight exp(max_c - max) in shared memory), then a thread per element of D sums the weighted partials, the
+// splits' loads independent of one another (a split whose keys all scored -Inf, or none, weighs 0).
+
+template <typename T>
+__global__ void __launch_bounds__(kCombineThreads)
+    Combine(const float* __restrict__ part, const int32_t* __restrict__ seqlens, int64_t splits, T* __restrict__ y,
+            Args a) {
+  __shared__ float s_w[kMaxSplits], red[kCombineThreads / 32];
   const int64_t h = blockIdx.x % a.H, s = (blockIdx.x / a.H) % a.S, b = blockIdx.x / (a.H * a.S);
-  const int64_t G = a.H / a.Hkv, kvh = h / G, g = h % G, stride = 2 + a.D;
+  const int64_t G = a.H / a.Hkv, kvh = h / G, g = h % G, stride = 2 + a.D, step = G * stride;
   const Rows r = RowsOf(a, seqlens, b);
   const bool valid = r.ok && s < r.valid;
   const float* base = part + (((b * a.Hkv + kvh) * a.S + s) * splits * G + g) * stride;
+  const int64_t n = valid ? splits : 0;
   float mx = -INFINITY;
-  for (int64_t c = 0; valid && c < splits; ++c) mx = NanMax(mx, base[c * G * stride]);
-  for (int64_t e = threadIdx.x; e < a.D; e += blockDim.x) {
-    float l = 0.f, o = 0.f;
-    for (int64_t c = 0; valid && c < splits; ++c) {
-      const float* pc = base + c * G * stride;
-      if (pc[0] == -INFINITY && pc[1] == 0.f) continue;  // no key of this split counts
-      const float w = __expf(pc[0] - mx);
-      l += pc[1] * w;
-      o += pc[2 + e] * w;
-    }
+  for (int64_t c = threadIdx.x; c < n; c += kCombineThreads) mx = NanMax(mx, base[c * step]);
+  mx = BlockReduce(mx, red, true);
+  float l = 0.f;
+  for (int64_t c = threadIdx.x; c < n; c += kCombineThreads) {
+    const float mc = base[c * step], lc = base[c * step + 1];
+    const float w = mc == -INFINITY && lc == 0.f ? 0.f : __expf(mc - mx);  // no key of this split counts: 0
+    s_w[c] = w;
+    l += lc * w;
+  }
+  l = BlockReduce(l, red, false);
+  for (int64_t e = threadIdx.x; e < a.D; e += kCombineThreads) {
+    float o = 0.f;
+#pragma unroll 8
+    for (int64_t c = 0; c < n; ++c) o += base[c * step + 2 + e] * s_w[c];
     y[((b * a.S + s) * a.H + h) * a.D + e] = from_f<T>(valid ? o / l : 0.f);
+  }
+}
+
+// One block per (sequence, row) of Y then per (sequence, KV head, present row): what PromptFixup's declaration says.
+template <typename T>
+__global__ void PromptFixup(const int32_t* __restrict__ seqlens, const T* __restrict__ past_k,
+                            const T* __restrict__ past_v, T* __restrict__ y, T* __restrict__ pk, T* __restrict__ pv,
+                            int fix_present, Args a) {
+  const int64_t y_rows = a.B * a.S;
+  if (blockIdx.x < y_rows) {
+    const int64_t b = blockIdx.x / a.S, s = blockIdx.x % a.S;
+    const Rows r = RowsOf(a, seqlens, b);
+    if (r.ok && s < r.valid) return;
+    T* dst = y + blockIdx.x * a.H * a.D;
+    for (int64_t i = threadIdx.x; i < a.H * a.D; i += blockDim.x) dst[i] = from_f<T>(0.f);
+    return;
+  }
+  if (!fix_present) return;
+  const int64_t i = blockIdx.x - y_rows, row = i % a.L, plane = i / a.L, b = plane / a.Hkv;
+  const Rows r = RowsOf(a, seqlens, b);
+  if (row < (r.ok ? r.past + r.valid : 0)) return;
+  for (int64_t e = threadIdx.x; e < a.D; e += blockDim.x) {
+    pk[(plane * a.L + row) * a.D + e] = row < a.P ? past_k[(plane * a.P + row) * a.D + e] : from_f<T>(0.f);
+    pv[(plane * a.L + row) * a.D + e] = row < a.P ? past_v[(plane * a.P + row) * a.D + e] : from_f<T>(0.f);
   }
 }
 
@@ -225,7 +536,8 @@ int64_t Blocks(int64_t n, int threads) {
 
 template <typename T>
 int Prepare(const Args& a, const void* query, const void* past_k, const void* past_v, const int32_t* seqlens,
-            const void* cos, const void* sin, void* pk, void* pv, float* q_rot, cudaStream_t stream) {
+            const void* cos, const void* sin, void* pk, void* pv, float* q_rot, cudaStream_t stream,
+            bool rotate = true) {
   const int64_t present = a.B * a.Hkv * a.L * a.D;
   if (past_k != pk && present > 0)
     FillPresent<T>
@@ -233,10 +545,11 @@ int Prepare(const Args& a, const void* query, const void* past_k, const void* pa
   if (past_v != pv && present > 0)
     FillPresent<T>
         <<<unsigned(Blocks(present, 256)), 256, 0, stream>>>(static_cast<const T*>(past_v), static_cast<T*>(pv), a);
-  if (a.B * a.S > 0)
-    RotateAppend<T><<<unsigned(a.B * a.S), 128, 0, stream>>>(static_cast<const T*>(query), seqlens,
-                                                             static_cast<const T*>(cos), static_cast<const T*>(sin),
-                                                             static_cast<T*>(pk), static_cast<T*>(pv), q_rot, a);
+  const int threads = a.D / 2 < 32 ? 32 : (a.D / 2 > 128 ? 128 : int(a.D / 2));
+  if (rotate && a.B * a.S > 0)
+    RotateAppend<T><<<unsigned(a.B * a.S * (a.H + 2 * a.Hkv)), threads, 0, stream>>>(
+        static_cast<const T*>(query), seqlens, static_cast<const T*>(cos), static_cast<const T*>(sin),
+        static_cast<T*>(pk), static_cast<T*>(pv), q_rot, a);
   return int(cudaGetLastError());
 }
 
@@ -245,7 +558,8 @@ int BadArgs(int dtype, const Args* a) {
   if (a->B < 0 || a->S < 0 || a->H <= 0 || a->Hkv <= 0 || a->H % a->Hkv || a->D <= 0 || a->D % 2 ||
       a->D > 32 * kMaxPerLane || a->R > a->D || a->R % 2 || a->P < 0 || a->L < a->P || !(a->scale > 0.f))
     return ONNXFUSE_ERR_BAD_ARGUMENT;
-  if (a->B * a->S > 0x7fffffffLL || a->B * a->Hkv * a->S > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;
+  if (a->B * a->S * (a->H + 2 * a->Hkv) > 0x7fffffffLL || a->B * a->Hkv * a->S > 0x7fffffffLL)
+    return ONNXFUSE_ERR_TOO_LARGE;
   return 0;
 }
 
@@ -255,11 +569,50 @@ int Run(int dtype, const Args& a, const void* query, const void* past_k, const v
   float* q_rot = static_cast<float*>(scratch);
   float* part = q_rot + a.B * a.S * a.H * a.D;
   const int64_t splits = onnxfuse_cached_attention_splits(&a);
+  int* counters = reinterpret_cast<int*>(part + a.B * a.Hkv * a.S * splits * a.H / a.Hkv * (2 + a.D));
+  const dim3 grid(unsigned(a.B * a.Hkv * a.S), unsigned(splits));
+  const int64_t G = a.H / a.Hkv;
+  const int lanes = SplitLanes<T>(a, pk, pv);
+  if (a.S == 1 && lanes && splits <= 64) {  // the decode step: one kernel (after present's copy of past, if any)
+    int err = Prepare<T>(a, query, past_k, past_v, seqlens, cos, sin, pk, pv, q_rot, stream, false);
+    if (err == 0) err = int(cudaMemsetAsync(counters, 0, size_t(a.B * a.Hkv) * sizeof(int), stream));
+    if (err != 0) return err;
+    const T* q = static_cast<const T*>(query);
+    const T* c = static_cast<const T*>(cos);
+    const T* sn = static_cast<const T*>(sin);
+    T* k = static_cast<T*>(pk);
+    T* v = static_cast<T*>(pv);
+    T* out = static_cast<T*>(y);
+    if (G == 1)
+      DecodeAttention<T, 1>
+          <<<grid, kSplitThreads, 0, stream>>>(q, seqlens, c, sn, k, v, part, counters, out, splits, a, lanes);
+    else if (G == 2)
+      DecodeAttention<T, 2>
+          <<<grid, kSplitThreads, 0, stream>>>(q, seqlens, c, sn, k, v, part, counters, out, splits, a, lanes);
+    else if (G <= 4)
+      DecodeAttention<T, 4>
+          <<<grid, kSplitThreads, 0, stream>>>(q, seqlens, c, sn, k, v, part, counters, out, splits, a, lanes);
+    else
+      DecodeAttention<T, 8>
+          <<<grid, kSplitThreads, 0, stream>>>(q, seqlens, c, sn, k, v, part, counters, out, splits, a, lanes);
+    return int(cudaGetLastError());
+  }
   int err = Prepare<T>(a, query, past_k, past_v, seqlens, cos, sin, pk, pv, q_rot, stream);
   if (err != 0) return err;
-  const dim3 grid(unsigned(a.B * a.Hkv * a.S), unsigned(splits));
-  Partial<T><<<grid, kWarps * 32, 0, stream>>>(q_rot, seqlens, static_cast<const T*>(pk), static_cast<const T*>(pv),
-                                               part, splits, a);
+  const T* k = static_cast<const T*>(pk);
+  const T* v = static_cast<const T*>(pv);
+  if (lanes) {
+    if (G == 1)
+      SplitPartial<T, 1><<<grid, kSplitThreads, 0, stream>>>(q_rot, seqlens, k, v, part, splits, a, lanes);
+    else if (G == 2)
+      SplitPartial<T, 2><<<grid, kSplitThreads, 0, stream>>>(q_rot, seqlens, k, v, part, splits, a, lanes);
+    else if (G <= 4)
+      SplitPartial<T, 4><<<grid, kSplitThreads, 0, stream>>>(q_rot, seqlens, k, v, part, splits, a, lanes);
+    else
+      SplitPartial<T, 8><<<grid, kSplitThreads, 0, stream>>>(q_rot, seqlens, k, v, part, splits, a, lanes);
+  } else {
+    Partial<T><<<grid, kWarps * 32, 0, stream>>>(q_rot, seqlens, k, v, part, splits, a);
+  }
   err = int(cudaGetLastError());
   if (err != 0) return err;
   return onnxfuse_cuda_cached_attention_combine(dtype, &a, seqlens, part, splits, y, stream);
@@ -268,12 +621,13 @@ int Run(int dtype, const Args& a, const void* query, const void* past_k, const v
 }  // namespace
 
 extern "C" int64_t onnxfuse_cached_attention_splits(const OnnxfuseCachedAttentionArgs* a) {
-  // decode: a long context over about two waves of a 132-SM GPU's blocks (at least 256 keys a split); prompts: the
-  // rows already make the blocks
+  // decode: a long context over about four waves of a 132-SM GPU's blocks (at least 32 keys a split); prompts: the
+  // rows already make the blocks. The keys are present's rows, L, not total_sequence_length: a CUDA graph captured at
+  // one step is replayed at later ones (genai), where the kernels split each row's keys as seqlens_k says on the device
   if (a->S != 1) return 1;
   const int64_t tasks = a->B * a->Hkv, keys = a->L;
-  int64_t splits = (264 + tasks - 1) / (tasks > 0 ? tasks : 1);
-  const int64_t most = (keys + 255) / 256;
+  int64_t splits = (528 + tasks - 1) / (tasks > 0 ? tasks : 1);
+  const int64_t most = (keys + 31) / 32;
   if (splits > most) splits = most;
   return splits < 1 ? 1 : (splits > 64 ? 64 : splits);
 }
@@ -284,7 +638,8 @@ extern "C" int64_t onnxfuse_cuda_cached_attention_scratch_bytes(const OnnxfuseCa
   const int64_t splits = onnxfuse_cached_attention_splits(a);
   const int64_t q = a->B * a->S * a->H * a->D;
   const int64_t part = a->B * a->Hkv * a->S * splits * (a->H / a->Hkv) * (2 + a->D);
-  return (q + part) * int64_t(sizeof(float));
+  const int64_t counters = a->B * a->Hkv * a->S;  // int32, the decode kernel's
+  return (q + part + counters) * int64_t(sizeof(float));
 }
 
 extern "C" int onnxfuse_cuda_cached_attention_prepare(int dtype, const OnnxfuseCachedAttentionArgs* a,
@@ -305,14 +660,46 @@ extern "C" int onnxfuse_cuda_cached_attention_prepare(int dtype, const OnnxfuseC
   }
 }
 
+extern "C" int onnxfuse_cuda_cached_attention_prompt_fixup(int dtype, const OnnxfuseCachedAttentionArgs* a,
+                                                           const int32_t* seqlens, const void* past_key,
+                                                           const void* past_value, void* y, void* present_key,
+                                                           void* present_value, void* stream) {
+  if (const int err = BadArgs(dtype, a)) return err;
+  const int fix_present = past_key != present_key || past_value != present_value;
+  const int64_t blocks = a->B * a->S + (fix_present ? a->B * a->Hkv * a->L : 0);
+  if (blocks == 0) return 0;
+  if (blocks > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case ONNXFUSE_FP32:
+      PromptFixup<float><<<unsigned(blocks), 128, 0, s>>>(
+          seqlens, static_cast<const float*>(past_key), static_cast<const float*>(past_value), static_cast<float*>(y),
+          static_cast<float*>(present_key), static_cast<float*>(present_value), fix_present, *a);
+      break;
+    case ONNXFUSE_FP16:
+      PromptFixup<__half><<<unsigned(blocks), 128, 0, s>>>(seqlens, static_cast<const __half*>(past_key),
+                                                           static_cast<const __half*>(past_value),
+                                                           static_cast<__half*>(y), static_cast<__half*>(present_key),
+                                                           static_cast<__half*>(present_value), fix_present, *a);
+      break;
+    default:
+      PromptFixup<__nv_bfloat16><<<unsigned(blocks), 128, 0, s>>>(
+          seqlens, static_cast<const __nv_bfloat16*>(past_key), static_cast<const __nv_bfloat16*>(past_value),
+          static_cast<__nv_bfloat16*>(y), static_cast<__nv_bfloat16*>(present_key),
+          static_cast<__nv_bfloat16*>(present_value), fix_present, *a);
+  }
+  return int(cudaGetLastError());
+}
+
 extern "C" int onnxfuse_cuda_cached_attention_combine(int dtype, const OnnxfuseCachedAttentionArgs* a,
                                                       const int32_t* seqlens, const float* partials, int64_t splits,
                                                       void* y, void* stream) {
   if (const int err = BadArgs(dtype, a)) return err;
   if (a->B * a->S * a->H == 0) return 0;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (splits > kMaxSplits) return ONNXFUSE_ERR_BAD_ARGUMENT;
   const unsigned blocks = unsigned(a->B * a->S * a->H);
-  const int threads = a->D < 128 ? int(a->D) : 128;
+  const int threads = kCombineThreads;
   switch (dtype) {
     case ONNXFUSE_FP32:
       Combine<float><<<blocks, threads, 0, s>>>(partials, seqlens, splits, static_cast<float*>(y), *a);
@@ -350,6 +737,10 @@ extern "C" int onnxfuse_cuda_cached_attention(int dtype, const OnnxfuseCachedAtt
 // sizes the present outputs, must be read on the host: the op declares it in CPU memory, as onnxruntime's own
 // GroupQueryAttention does, so neither a synchronisation nor a device read is needed and CUDA graphs capture it.
 #include <cmath>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
 
 #include "cuda/ops_cuda.h"
 #ifdef ONNXFUSE_WITH_TRITON
@@ -370,7 +761,63 @@ struct CachedAttentionCuda {
         kv_heads(ReadIntAttr(api, info, schema::attr::kKvNumHeads, schema::attr::kKvNumHeadsDefault)),
         qk_scale(ReadQkScale(api, info)),
         interleaved(ReadIntAttr(api, info, schema::attr::kRotaryInterleaved, schema::attr::kRotaryInterleavedDefault) !=
-                    0) {}
+                    0),
+        prompt_op(CreatePromptOp(info)) {}
+
+  // onnxruntime's CUDA GroupQueryAttention for first prompts (fp16 and bf16, its flash kernels: the op's own kernels
+  // take a key at a time), as the CPU kernel hands fp32 prompts to onnxruntime's CPU op; null where onnxruntime has
+  // no such op (every call runs this file's kernels then)
+  std::unique_ptr<Ort::Op> CreatePromptOp(const OrtKernelInfo* info) const {
+    if constexpr (std::is_same_v<T, float>) {
+      return nullptr;
+    } else {
+      try {
+        const char* names[] = {"T", "M"};
+        ONNXTensorElementDataType types[] = {DTypeOf<T>::onnx, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32};
+        int64_t h = heads, hkv = kv_heads, rotary = 1, inter = interleaved ? 1 : 0, window = -1;
+        float scale = qk_scale, softcap = 0.f;
+        // the attribute names as cpu/cached_attention.cc's CreatePromptOp spells them (the schema's where they match)
+        std::vector<Ort::OpAttr> at;
+        at.emplace_back(schema::attr::kNumHeads, &h, 1, OrtOpAttrType::ORT_OP_ATTR_INT);
+        at.emplace_back(schema::attr::kKvNumHeads, &hkv, 1, OrtOpAttrType::ORT_OP_ATTR_INT);
+        at.emplace_back("do_rotary", &rotary, 1, OrtOpAttrType::ORT_OP_ATTR_INT);
+        at.emplace_back(schema::attr::kRotaryInterleaved, &inter, 1, OrtOpAttrType::ORT_OP_ATTR_INT);
+        at.emplace_back("local_window_size", &window, 1, OrtOpAttrType::ORT_OP_ATTR_INT);
+        at.emplace_back(schema::attr::kScale, &scale, 1, OrtOpAttrType::ORT_OP_ATTR_FLOAT);
+        at.emplace_back("softcap", &softcap, 1, OrtOpAttrType::ORT_OP_ATTR_FLOAT);
+        return std::make_unique<Ort::Op>(Ort::Op::Create(info, "GroupQueryAttention", "com.microsoft", 1, names, types,
+                                                         2, at.data(), at.size(), 9, 3));
+      } catch (const std::exception&) {
+        return nullptr;
+      }
+    }
+  }
+
+  // backend auto (cuda and triton name the op's own kernels) hands onnxruntime's op first prompts (its flash
+  // kernels), and decode steps where query heads share a KV head (its decode kernel: the op's split-KV kernel was
+  // measured slower there on an H200, faster with one query head a KV head), then fixes the rows it leaves as they
+  // come; false where it does not take the call (then the op's kernels run).
+  bool RunPrompt(OrtKernelContext* context, const OnnxfuseCachedAttentionArgs& a, const int32_t* seqlens,
+                 const void* past_k, const void* past_v, Ort::UnownedValue& y, Ort::UnownedValue& pk,
+                 Ort::UnownedValue& pv, void* stream) const {
+    const bool grouped_decode = a.S == 1 && a.H != a.Hkv;
+    if (!prompt_op || !(a.first || grouped_decode) || a.D % 8 || attrs.backend == Backend::kCuda ||
+        attrs.backend == Backend::kTriton)
+      return false;
+    Ort::KernelContext kc(context);
+    const OrtValue* ins[] = {kc.GetInput(0), nullptr,        nullptr,        kc.GetInput(1), kc.GetInput(2),
+                             kc.GetInput(3), kc.GetInput(4), kc.GetInput(5), kc.GetInput(6)};
+    OrtValue* outs[] = {y, pk, pv};
+    prompt_op->Invoke(context, ins, 9, outs, 3);
+    const int err = onnxfuse_cuda_cached_attention_prompt_fixup(
+        DtypeCode<T>(), &a, seqlens, past_k, past_v, y.GetTensorMutableRawData(), pk.GetTensorMutableRawData(),
+        pv.GetTensorMutableRawData(), stream);
+    if (err != 0)
+      Fail(std::string(Op::kName) +
+               " (CUDA EP, onnxruntime's GroupQueryAttention for a first prompt): " + onnxfuse_cuda_error_string(err),
+           ORT_RUNTIME_EXCEPTION);
+    return true;
+  }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
     return GuardCompute([&] {
@@ -383,9 +830,12 @@ struct CachedAttentionCuda {
              const CachedAttentionDims d = CachedAttentionDimsOf(
                  Op::kName, shape(Op::kQuery), shape(Op::kPastKey), shape(Op::kPastValue), shape(Op::kSeqlensK),
                  int64_t(*total.GetTensorData<int32_t>()), shape(Op::kCosCache), shape(Op::kSinCache), heads, kv_heads);
-             void* y = ctx.GetOutput(Op::kY, d.y_shape).GetTensorMutableRawData();
-             void* pk = ctx.GetOutput(Op::kPresentKey, d.present_shape).GetTensorMutableRawData();
-             void* pv = ctx.GetOutput(Op::kPresentValue, d.present_shape).GetTensorMutableRawData();
+             Ort::UnownedValue y_out = ctx.GetOutput(Op::kY, d.y_shape);
+             Ort::UnownedValue pk_out = ctx.GetOutput(Op::kPresentKey, d.present_shape);
+             Ort::UnownedValue pv_out = ctx.GetOutput(Op::kPresentValue, d.present_shape);
+             void* y = y_out.GetTensorMutableRawData();
+             void* pk = pk_out.GetTensorMutableRawData();
+             void* pv = pv_out.GetTensorMutableRawData();
              OnnxfuseCachedAttentionArgs a{d.B,
                                            d.S,
                                            d.H,
@@ -405,15 +855,17 @@ struct CachedAttentionCuda {
              const void* cs = ctx.GetInput(Op::kCosCache).GetTensorRawData();
              const void* sn = ctx.GetInput(Op::kSinCache).GetTensorRawData();
              void* stream = StreamOf(context);
+             if (RunPrompt(context, a, seqlens, past_k, past_v, y_out, pk_out, pv_out, stream)) return;
              const int64_t bytes = onnxfuse_cuda_cached_attention_scratch_bytes(&a);
              auto launch = [&](auto fn) {
                return WithScratch(context, Op::kQuery, bytes, [&](void* scratch, int64_t) {
                  return fn(DtypeCode<T>(), &a, q, past_k, past_v, seqlens, cs, sn, y, pk, pv, scratch, stream);
                });
              };
+             // backend auto past RunPrompt: the CUDA kernels (the decode kernel measured ahead of the Triton one)
              Dispatch(
                  Op::kName, attrs, [&] { return launch(onnxfuse_cuda_cached_attention); },
-                 [&] { return launch(onnxfuse_triton_cached_attention); });
+                 [&] { return launch(onnxfuse_triton_cached_attention); }, true);
            })
         .release();
   }
@@ -422,6 +874,7 @@ struct CachedAttentionCuda {
   int64_t heads, kv_heads;
   float qk_scale;
   bool interleaved;
+  std::unique_ptr<Ort::Op> prompt_op;
 };
 
 template <typename T>
