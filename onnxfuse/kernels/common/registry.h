@@ -59,18 +59,25 @@ struct VariadicInputs {
   }
 };
 
+// A CustomOpBase op's CreateKernelV2: a new Kernel(&api, info), or its constructor's error as a status (the
+// attribute checks throw) instead of an exception through onnxruntime's C API.
+template <typename Kernel>
+OrtStatusPtr CreateKernelOrStatus(const OrtApi& api, const OrtKernelInfo* info, void** kernel) {
+  try {
+    *kernel = new Kernel(&api, info);
+    return nullptr;
+  } catch (const Ort::Exception& e) {
+    return api.CreateStatus(e.GetOrtErrorCode(), e.what());
+  } catch (const std::exception& e) {
+    return api.CreateStatus(ORT_FAIL, e.what());
+  }
+}
+
 template <template <typename> class Kernel, typename T>
 struct VariadicOp : Ort::CustomOpBase<VariadicOp<Kernel, T>, Kernel<T>, true> {
   VariadicOp(const char* name, const char* ep) : name_(name), ep_(ep) {}
   OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
-    try {
-      *kernel = new Kernel<T>(&api, info);
-      return nullptr;
-    } catch (const Ort::Exception& e) {
-      return api.CreateStatus(e.GetOrtErrorCode(), e.what());
-    } catch (const std::exception& e) {
-      return api.CreateStatus(ORT_FAIL, e.what());
-    }
+    return CreateKernelOrStatus<Kernel<T>>(api, info, kernel);
   }
   const char* GetName() const { return name_; }
   const char* GetExecutionProviderType() const { return ep_; }

@@ -880,14 +880,7 @@ struct CachedAttentionCuda {
 template <typename T>
 struct CachedAttentionCudaOp : Ort::CustomOpBase<CachedAttentionCudaOp<T>, CachedAttentionCuda<T>, true> {
   OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
-    try {
-      *kernel = new CachedAttentionCuda<T>(&api, info);
-      return nullptr;
-    } catch (const Ort::Exception& e) {
-      return api.CreateStatus(e.GetOrtErrorCode(), e.what());
-    } catch (const std::exception& e) {
-      return api.CreateStatus(ORT_FAIL, e.what());
-    }
+    return CreateKernelOrStatus<CachedAttentionCuda<T>>(api, info, kernel);
   }
   const char* GetName() const { return Op::kName; }
   const char* GetExecutionProviderType() const { return kCudaEp; }
