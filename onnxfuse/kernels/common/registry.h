@@ -73,6 +73,33 @@ OrtStatusPtr CreateKernelOrStatus(const OrtApi& api, const OrtKernelInfo* info, 
   }
 }
 
+// onnxruntime's com.microsoft GroupQueryAttention as an Ort::Op a kernel runs through InvokeOp (CachedAttention's
+// CPU and CUDA kernels hand it first prompts): element type `type`, rotary on, no local window or softcap; null
+// where this onnxruntime has no such op. The attributes keep the names of the op's schema where they match (the
+// op's qk_scale is GroupQueryAttention's scale: 0 means 1 / sqrt(D) in both), so no name is written twice.
+inline std::unique_ptr<Ort::Op> GroupQueryAttentionOp(const OrtKernelInfo* info, ONNXTensorElementDataType type,
+                                                      int64_t heads, int64_t kv_heads, bool interleaved, float scale) {
+  try {
+    const char* names[] = {"T", "M"};
+    ONNXTensorElementDataType types[] = {type, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32};
+    int64_t rotary = 1, inter = interleaved ? 1 : 0, window = -1;
+    float softcap = 0.f;
+    std::vector<Ort::OpAttr> a;
+    a.emplace_back(schema::attr::kNumHeads, &heads, 1, OrtOpAttrType::ORT_OP_ATTR_INT);
+    a.emplace_back(schema::attr::kKvNumHeads, &kv_heads, 1, OrtOpAttrType::ORT_OP_ATTR_INT);
+    a.emplace_back("do_rotary", &rotary, 1, OrtOpAttrType::ORT_OP_ATTR_INT);
+    a.emplace_back(schema::attr::kRotaryInterleaved, &inter, 1, OrtOpAttrType::ORT_OP_ATTR_INT);
+    a.emplace_back("local_window_size", &window, 1, OrtOpAttrType::ORT_OP_ATTR_INT);
+    a.emplace_back(schema::attr::kScale, &scale, 1, OrtOpAttrType::ORT_OP_ATTR_FLOAT);
+    a.emplace_back("softcap", &softcap, 1, OrtOpAttrType::ORT_OP_ATTR_FLOAT);
+    // 9 inputs (query .. sin_cache), 3 outputs (output, present_key, present_value)
+    return std::make_unique<Ort::Op>(
+        Ort::Op::Create(info, "GroupQueryAttention", "com.microsoft", 1, names, types, 2, a.data(), a.size(), 9, 3));
+  } catch (const std::exception&) {
+    return nullptr;
+  }
+}
+
 template <template <typename> class Kernel, typename T>
 struct VariadicOp : Ort::CustomOpBase<VariadicOp<Kernel, T>, Kernel<T>, true> {
   VariadicOp(const char* name, const char* ep) : name_(name), ep_(ep) {}

@@ -377,28 +377,9 @@ struct CachedAttentionCpu {
   }
 
   // ------------------------------------------------------------------ first prompts through onnxruntime's kernel
+  // null on an onnxruntime without the contrib op: every call runs this file's loop then
   std::unique_ptr<Ort::Op> CreatePromptOp(const OrtKernelInfo* info) const {
-    try {
-      const char* names[] = {"T", "M"};
-      ONNXTensorElementDataType types[] = {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32};
-      int64_t h = heads, hkv = kv_heads, rotary = 1, inter = interleaved ? 1 : 0, window = -1;
-      float scale = qk_scale, softcap = 0.f;
-      // onnxruntime's GroupQueryAttention spells num_heads, kv_num_heads and rotary_interleaved as the op's schema
-      // does, and its scale (the op's qk_scale: 0 means 1 / sqrt(D) in both) as the schema's LoRA attribute: the
-      // generated names, so that no attribute name is written twice in the library
-      std::vector<Ort::OpAttr> a;
-      a.emplace_back(schema::attr::kNumHeads, &h, 1, OrtOpAttrType::ORT_OP_ATTR_INT);
-      a.emplace_back(schema::attr::kKvNumHeads, &hkv, 1, OrtOpAttrType::ORT_OP_ATTR_INT);
-      a.emplace_back("do_rotary", &rotary, 1, OrtOpAttrType::ORT_OP_ATTR_INT);
-      a.emplace_back(schema::attr::kRotaryInterleaved, &inter, 1, OrtOpAttrType::ORT_OP_ATTR_INT);
-      a.emplace_back("local_window_size", &window, 1, OrtOpAttrType::ORT_OP_ATTR_INT);
-      a.emplace_back(schema::attr::kScale, &scale, 1, OrtOpAttrType::ORT_OP_ATTR_FLOAT);
-      a.emplace_back("softcap", &softcap, 1, OrtOpAttrType::ORT_OP_ATTR_FLOAT);
-      return std::make_unique<Ort::Op>(
-          Ort::Op::Create(info, "GroupQueryAttention", "com.microsoft", 1, names, types, 2, a.data(), a.size(), 9, 3));
-    } catch (const std::exception&) {
-      return nullptr;  // an onnxruntime without the contrib op: every call runs this file's loop
-    }
+    return GroupQueryAttentionOp(info, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, heads, kv_heads, interleaved, qk_scale);
   }
 
   void RunPrompt(OrtKernelContext* ctx, const CachedAttentionDims& d, const std::vector<SeqRows>& rows, T* y, T* ok,

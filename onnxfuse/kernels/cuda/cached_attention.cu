@@ -771,25 +771,7 @@ struct CachedAttentionCuda {
     if constexpr (std::is_same_v<T, float>) {
       return nullptr;
     } else {
-      try {
-        const char* names[] = {"T", "M"};
-        ONNXTensorElementDataType types[] = {DTypeOf<T>::onnx, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32};
-        int64_t h = heads, hkv = kv_heads, rotary = 1, inter = interleaved ? 1 : 0, window = -1;
-        float scale = qk_scale, softcap = 0.f;
-        // the attribute names as cpu/cached_attention.cc's CreatePromptOp spells them (the schema's where they match)
-        std::vector<Ort::OpAttr> at;
-        at.emplace_back(schema::attr::kNumHeads, &h, 1, OrtOpAttrType::ORT_OP_ATTR_INT);
-        at.emplace_back(schema::attr::kKvNumHeads, &hkv, 1, OrtOpAttrType::ORT_OP_ATTR_INT);
-        at.emplace_back("do_rotary", &rotary, 1, OrtOpAttrType::ORT_OP_ATTR_INT);
-        at.emplace_back(schema::attr::kRotaryInterleaved, &inter, 1, OrtOpAttrType::ORT_OP_ATTR_INT);
-        at.emplace_back("local_window_size", &window, 1, OrtOpAttrType::ORT_OP_ATTR_INT);
-        at.emplace_back(schema::attr::kScale, &scale, 1, OrtOpAttrType::ORT_OP_ATTR_FLOAT);
-        at.emplace_back("softcap", &softcap, 1, OrtOpAttrType::ORT_OP_ATTR_FLOAT);
-        return std::make_unique<Ort::Op>(Ort::Op::Create(info, "GroupQueryAttention", "com.microsoft", 1, names, types,
-                                                         2, at.data(), at.size(), 9, 3));
-      } catch (const std::exception&) {
-        return nullptr;
-      }
+      return GroupQueryAttentionOp(info, DTypeOf<T>::onnx, heads, kv_heads, interleaved, qk_scale);
     }
   }
 
