@@ -142,14 +142,16 @@ PY
     # vocabulary 49,152, SmolLM2's tokenizer: .gpu/tok): genai's fp16 CUDA folder (`export hf --no-fuse`), the fused
     # one (`fuse`), at prompts SIZES (default 128,2048) (ONNX=0: not); then the same against transformers eager and
     # static cache + torch.compile (--transformers; TRANSFORMERS=0: not); then (PROFILE=1) one decode step of both
-    # folders kernel by kernel (scripts/genai_decode_profile.py) at prompts PROFILE_PROMPTS (default 128 2048). A later
-    # call on the warm machine reuses the checkpoint and folders. Carries the genai CUDA wheel (.gpu/genai/*.whl) and
-    # .gpu/tok.
+    # folders (and the A/B one) kernel by kernel (scripts/genai_decode_profile.py) at prompts PROFILE_PROMPTS
+    # (default 128 2048). A later call on the warm machine reuses the checkpoint and folders. Carries the genai CUDA
+    # wheel (.gpu/genai/*.whl) and .gpu/tok.
     [ -d /root/genai/onnxruntime_genai ] || python3 -m pip install -q --no-deps --target /root/genai .gpu/genai/*.whl \
       || exit 1
     export PYTHONPATH=/root/ortsite:/root/genai:$PWD
     L=${LAYERS:-4}
-    if [ "${ONNX:-1}" = 1 ]; then
+    # folders an earlier call of this sitting wrote are kept (BENCH=0: only write them, so that a 32-layer sitting
+    # splits into calls under the device's limit)
+    if [ "${ONNX:-1}" = 1 ] && [ ! -f /root/gen/genai_config.json ]; then
       LAYERS_N=$L python3 - <<'PY' || exit 1
 import os, torch, transformers
 cfg = transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=int(os.environ["LAYERS_N"]),
@@ -163,20 +165,28 @@ transformers.AutoTokenizer.from_pretrained(".gpu/tok").save_pretrained("/root/ck
 PY
       python3 -m onnxfuse export hf /root/ckpt-gen -o /root/gen --dtype fp16 --provider cuda --no-fuse \
         > "$OUT/generate-export.log" 2>&1; echo "export rc $?"; tail -2 "$OUT/generate-export.log"
-      python3 -m onnxfuse fuse /root/gen --provider cuda > "$OUT/generate-fuse.log" 2>&1; echo "fuse rc $?"
-      tail -2 "$OUT/generate-fuse.log"
-      [ -f /root/libdnnl.so.3 ] && cp /root/libdnnl.so.3 /root/gen-fused/
+    fi
+    if [ "${ONNX:-1}" = 1 ]; then
+      if [ ! -f /root/gen-fused/genai_config.json ]; then
+        python3 -m onnxfuse fuse /root/gen --provider cuda > "$OUT/generate-fuse.log" 2>&1; echo "fuse rc $?"
+        tail -2 "$OUT/generate-fuse.log"
+        [ -f /root/libdnnl.so.3 ] && cp /root/libdnnl.so.3 /root/gen-fused/
+      fi
       FOLDERS="/root/gen /root/gen-fused"
       if [ -n "${AB_PATTERNS:-}" ]; then  # a third folder fused with --patterns AB_PATTERNS, benched beside them
-        python3 -m onnxfuse fuse /root/gen -o /root/gen-fused-ab --provider cuda --patterns "$AB_PATTERNS" \
-          > "$OUT/generate-fuse-ab.log" 2>&1; echo "fuse ab rc $?"; tail -2 "$OUT/generate-fuse-ab.log"
-        [ -f /root/libdnnl.so.3 ] && cp /root/libdnnl.so.3 /root/gen-fused-ab/
+        if [ ! -f /root/gen-fused-ab/genai_config.json ]; then
+          python3 -m onnxfuse fuse /root/gen -o /root/gen-fused-ab --provider cuda --patterns "$AB_PATTERNS" \
+            > "$OUT/generate-fuse-ab.log" 2>&1; echo "fuse ab rc $?"; tail -2 "$OUT/generate-fuse-ab.log"
+          [ -f /root/libdnnl.so.3 ] && cp /root/libdnnl.so.3 /root/gen-fused-ab/
+        fi
         FOLDERS="$FOLDERS /root/gen-fused-ab"
       fi
-      # shellcheck disable=SC2086  # FOLDERS: one word a folder
-      python3 -m onnxfuse bench genai $FOLDERS --device cuda --sizes "${SIZES:-128,2048}" --runs 3 \
-        -o "$OUT/genai-L$L${TAG:-}.json" > "$OUT/genai-L$L${TAG:-}.log" 2>&1; echo "bench genai rc $?"
-      tail -14 "$OUT/genai-L$L${TAG:-}.log"
+      if [ "${BENCH:-1}" = 1 ]; then
+        # shellcheck disable=SC2086  # FOLDERS: one word a folder
+        python3 -m onnxfuse bench genai $FOLDERS --device cuda --sizes "${SIZES:-128,2048}" --runs 3 \
+          -o "$OUT/genai-L$L${TAG:-}.json" > "$OUT/genai-L$L${TAG:-}.log" 2>&1; echo "bench genai rc $?"
+        tail -14 "$OUT/genai-L$L${TAG:-}.log"
+      fi
     fi
     if [ "${TRANSFORMERS:-1}" = 1 ]; then
       python3 -m onnxfuse bench genai /root/gen --device cuda --sizes "${SIZES:-128,2048}" --runs 3 \
@@ -185,9 +195,11 @@ PY
     fi
     if [ "${PROFILE:-0}" = 1 ]; then
       for p in ${PROFILE_PROMPTS:-128 2048}; do
-        python3 scripts/genai_decode_profile.py "$OUT/genai-L$L-decode-profile-p$p.txt" /root/gen /root/gen-fused \
-          --prompt "$p" > "$OUT/genai-L$L-decode-profile-p$p.log" 2>&1; echo "profile prompt $p rc $?"
-        grep -E "^## " "$OUT/genai-L$L-decode-profile-p$p.txt"
+        # shellcheck disable=SC2046  # one word a folder: the A/B folder too where an earlier call wrote it
+        python3 scripts/genai_decode_profile.py "$OUT/genai-L$L${TAG:-}-decode-profile-p$p.txt" /root/gen \
+          /root/gen-fused $(ls -d /root/gen-fused-ab 2>/dev/null) --prompt "$p" \
+          > "$OUT/genai-L$L${TAG:-}-decode-profile-p$p.log" 2>&1
+        echo "profile prompt $p rc $?"; grep -E "^## " "$OUT/genai-L$L${TAG:-}-decode-profile-p$p.txt"
       done
     fi
     ;;
