@@ -62,16 +62,18 @@ CASES = [
     (2, 1, [9, 4], [9, 4], 4, 4, 32, 16, 1, 12),       # decode, sequences of two lengths, interleaved partial rotary
     (1, 3, [8], [10], 6, 2, 64, 32, 0, 20),            # a later prompt of 3 tokens
     (1, 1, [40], [40], 9, 3, 64, 64, 0, 41),           # SmolLM2's heads after 40 tokens
-]
+    (1, 1, [33], [33], 10, 2, 48, 48, 0, 34),          # groups of 5, head size 48 (the decode loop's odd ends)
+    (1, 6, [0], [5], 8, 8, 64, 64, 0, 16, 16),         # a prompt as genai's CUDA-graph mode feeds it: no past, total
+]                                                      # its static mask's length (16), not S
 
 
 def _inputs(case, dtype=torch.float32, seed=0):
-    b, s, past, seqlens, h, hkv, d, rdim, inter, buf = case
+    b, s, past, seqlens, h, hkv, d, rdim, inter, buf = case[:10]
     g = torch.Generator().manual_seed(seed)
     p = buf if past is not None else 0
     q = torch.randn(b, s, (h + 2 * hkv) * d, generator=g).to(dtype)
     pk, pv = (torch.randn(b, hkv, p, d, generator=g).to(dtype) for _ in range(2))
-    total = s if past is None else max(seqlens) + 1
+    total = s if past is None else case[10] if len(case) > 10 else max(seqlens) + 1
     cos, sin = _caches(rdim)
     return [q, pk, pv, torch.tensor(seqlens, dtype=torch.int32), torch.tensor(total, dtype=torch.int32),
             cos.to(dtype), sin.to(dtype)], {"num_heads": h, "kv_num_heads": hkv, "rotary_interleaved": inter}

@@ -150,71 +150,189 @@ inline __attribute__((always_inline)) float Dot(const float* a, const float* b, 
   }
 }
 
+typedef float V4 __attribute__((vector_size(16)));
+
+// The sums of a0..a3's lanes: pairs, then quads across two vectors, then the halves (shuffles, no horizontal add).
+static inline __attribute__((always_inline)) V4 Sum4(V8 a0, V8 a1, V8 a2, V8 a3) {
+  const V8 b01 = __builtin_shufflevector(a0, a1, 0, 8, 2, 10, 4, 12, 6, 14) +
+                 __builtin_shufflevector(a0, a1, 1, 9, 3, 11, 5, 13, 7, 15);  // a0 pairs, a1 pairs interleaved
+  const V8 b23 = __builtin_shufflevector(a2, a3, 0, 8, 2, 10, 4, 12, 6, 14) +
+                 __builtin_shufflevector(a2, a3, 1, 9, 3, 11, 5, 13, 7, 15);
+  const V8 c = __builtin_shufflevector(b01, b23, 0, 1, 8, 9, 4, 5, 12, 13) +
+               __builtin_shufflevector(b01, b23, 2, 3, 10, 11, 6, 7, 14, 15);  // [a0..a3 lanes 0-3, a0..a3 4-7]
+  return __builtin_shufflevector(c, c, 0, 1, 2, 3) + __builtin_shufflevector(c, c, 4, 5, 6, 7);
+}
+
+// Scores of NG query heads q ([NG, D]) against n keys K ([n, D]): sc[g * np + j] = scale q_g . k_j. Four keys a
+// step, each K vector loaded once for the NG heads into 4 NG accumulators (independent chains), reduced four at a
+// time by Sum4: a dot's horizontal sum once per key instead of a reduction per (key, head).
+template <int NG>
+inline __attribute__((always_inline)) void Scores(const float* q, const float* K, int64_t n, int64_t D, float scale,
+                                                  float* sc, int64_t np) {
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    V8 acc[NG][4] = {};
+    const float* k0 = K + j * D;
+    for (int64_t e = 0; e < D; e += 8) {
+      V8 kv[4];
+      for (int u = 0; u < 4; ++u) std::memcpy(&kv[u], k0 + u * D + e, sizeof(V8));
+      for (int g = 0; g < NG; ++g) {
+        V8 qv;
+        std::memcpy(&qv, q + g * D + e, sizeof qv);
+        for (int u = 0; u < 4; ++u) acc[g][u] += qv * kv[u];
+      }
+    }
+    for (int g = 0; g < NG; ++g) {
+      const V4 s4 = Sum4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]) * scale;
+      std::memcpy(sc + g * np + j, &s4, sizeof s4);
+    }
+  }
+  for (; j < n; ++j)
+    for (int g = 0; g < NG; ++g) sc[g * np + j] = Dot<true>(q + g * D, K + j * D, D) * scale;
+}
+
+// out_g[e0, e0 + 8 NV) = sum_j p_g[j] v_j[e0, e0 + 8 NV) for NG heads (weights p: [NG, np]; out_g at out + g *
+// ostride): the NG x NV accumulators stay in registers over every key, each V vector loaded once for the NG heads.
+template <int NG, int NV>
+inline __attribute__((always_inline)) void Values(const float* p, int64_t np, const float* V, int64_t n, int64_t D,
+                                                  int64_t e0, float* out, int64_t ostride) {
+  V8 acc[NG][NV] = {};
+  for (int64_t j = 0; j < n; ++j) {
+    V8 v[NV];
+    for (int k = 0; k < NV; ++k) std::memcpy(&v[k], V + j * D + e0 + 8 * k, sizeof(V8));
+    for (int g = 0; g < NG; ++g) {
+      const V8 w = Splat(p[g * np + j]);
+      for (int k = 0; k < NV; ++k) acc[g][k] += w * v[k];
+    }
+  }
+  for (int g = 0; g < NG; ++g)
+    for (int k = 0; k < NV; ++k) std::memcpy(out + g * ostride + e0 + 8 * k, &acc[g][k], sizeof(V8));
+}
+
+// Values over D in slices of up to 8 MaxNV dims (MaxNV 8 where 32 vector registers hold 3 x 8 accumulators: one
+// pass over V at D = 64; else 4, and the rest of a chunk's V rows come from cache in the next pass).
+template <int NG, int MaxNV>
+inline __attribute__((always_inline)) void ValuesSlices(const float* p, int64_t np, const float* V, int64_t n,
+                                                        int64_t D, float* out, int64_t ostride) {
+  for (int64_t e0 = 0; e0 < D; e0 += 8 * MaxNV) {
+    switch (std::min<int64_t>(MaxNV, (D - e0) / 8)) {
+      case 1:
+        Values<NG, 1>(p, np, V, n, D, e0, out, ostride);
+        break;
+      case 2:
+        Values<NG, 2>(p, np, V, n, D, e0, out, ostride);
+        break;
+      case 3:
+        Values<NG, 3>(p, np, V, n, D, e0, out, ostride);
+        break;
+      case 4:
+        Values<NG, 4>(p, np, V, n, D, e0, out, ostride);
+        break;
+      case 5:
+        Values<NG, (MaxNV > 4 ? 5 : 1)>(p, np, V, n, D, e0, out, ostride);
+        break;
+      case 6:
+        Values<NG, (MaxNV > 4 ? 6 : 1)>(p, np, V, n, D, e0, out, ostride);
+        break;
+      case 7:
+        Values<NG, (MaxNV > 4 ? 7 : 1)>(p, np, V, n, D, e0, out, ostride);
+        break;
+      default:
+        Values<NG, MaxNV>(p, np, V, n, D, e0, out, ostride);
+        break;
+    }
+  }
+}
+
 // The chunk in two streams: every key's scores for the G heads (K read once, row after row), the softmax terms of
 // each head's row of scores (its max, then exp(score - max) eight at a time), then every value row added with the G
 // heads' weights (V read once). One sequential stream at a time keeps the hardware prefetcher ahead of the loop: a
-// block-at-a-time loop that read K and V in turn ran at half the read rate with 30 layers' caches from memory.
-template <bool Vec>
+// block-at-a-time loop that read K and V in turn ran at half the read rate with 30 layers' caches from memory. With
+// vectors (D % 8 == 0) the heads go three at a time through Scores and ValuesSlices.
+template <bool Vec, int MaxNV>
 inline __attribute__((always_inline)) void ChunkTwoPass(const float* q, const float* K, const float* V, int64_t n,
                                                         int64_t G, int64_t D, float scale, float* out) {
   const int64_t np = (n + 7) / 8 * 8;
   std::vector<float> sc(static_cast<size_t>(G * np));
-  for (int64_t j = 0; j < n; ++j)
-    for (int64_t g = 0; g < G; ++g) sc[size_t(g * np + j)] = Dot<Vec>(q + g * D, K + j * D, D) * scale;
+  if constexpr (Vec) {
+    for (int64_t g0 = 0; g0 < G; g0 += 3) {
+      const int64_t ng = std::min<int64_t>(3, G - g0);
+      float* s = sc.data() + g0 * np;
+      ng == 3   ? Scores<3>(q + g0 * D, K, n, D, scale, s, np)
+      : ng == 2 ? Scores<2>(q + g0 * D, K, n, D, scale, s, np)
+                : Scores<1>(q + g0 * D, K, n, D, scale, s, np);
+    }
+  } else {
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t g = 0; g < G; ++g) sc[size_t(g * np + j)] = Dot<Vec>(q + g * D, K + j * D, D) * scale;
+  }
   for (int64_t g = 0; g < G; ++g) {
     float* s = sc.data() + g * np;
     float* o = out + g * (2 + D);
+    for (int64_t j = n; j < np; ++j) s[j] = -INFINITY;  // padding: weight 0
     float m = -INFINITY;
-    for (int64_t j = 0; j < n; ++j) m = NanMax(m, s[j]);
+    if constexpr (Vec) {  // eight lanes of NaN-propagating max (a NaN lane stays NaN), then across them
+      V8 m8 = Splat(-INFINITY);
+      for (int64_t j = 0; j < np; j += 8) {
+        V8 x;
+        std::memcpy(&x, s + j, sizeof x);
+        m8 = x != x ? x : (x > m8 ? x : m8);
+      }
+      for (int i = 0; i < 8; ++i) m = NanMax(m, m8[i]);
+    } else {
+      for (int64_t j = 0; j < n; ++j) m = NanMax(m, s[j]);
+    }
     if (m == -INFINITY) {  // every key scores -Inf: nothing counts (weights 0)
       std::fill(s, s + np, 0.f);
       continue;
     }
-    for (int64_t j = n; j < np; ++j) s[j] = -INFINITY;  // padding: weight 0
     float l = 0.f;
     if constexpr (Vec) {
+      V8 l8 = {};
       for (int64_t j = 0; j < np; j += 8) {
         V8 x;
         std::memcpy(&x, s + j, sizeof x);
-        x = Exp8(x - m);  // +Inf - +Inf: NaN, as softmax's
+        x = Exp8(x - m);  // +Inf - +Inf: NaN, as softmax's; the padding's -Inf: 0
+        l8 += x;
         std::memcpy(s + j, &x, sizeof x);
       }
-      for (int64_t j = 0; j < n; ++j) l += s[j];
+      l = ((l8[0] + l8[4]) + (l8[1] + l8[5])) + ((l8[2] + l8[6]) + (l8[3] + l8[7]));
     } else {
       for (int64_t j = 0; j < n; ++j) l += (s[j] = std::exp(s[j] - m));
     }
     o[0] = m;
     o[1] = l;
   }
-  for (int64_t j = 0; j < n; ++j) {
-    const float* vr = V + j * D;
-    for (int64_t g = 0; g < G; ++g) {
-      const float p = sc[size_t(g * np + j)];
-      float* acc = out + g * (2 + D) + 2;
-      if constexpr (Vec) {
-        for (int64_t e = 0; e < D; e += 8) {
-          V8 a, v;
-          std::memcpy(&a, acc + e, sizeof a);
-          std::memcpy(&v, vr + e, sizeof v);
-          a += p * v;
-          std::memcpy(acc + e, &a, sizeof a);
-        }
-      } else {
+  if constexpr (Vec) {
+    for (int64_t g0 = 0; g0 < G; g0 += 3) {
+      const int64_t ng = std::min<int64_t>(3, G - g0);
+      const float* p = sc.data() + g0 * np;
+      float* o = out + g0 * (2 + D) + 2;
+      ng == 3   ? ValuesSlices<3, MaxNV>(p, np, V, n, D, o, 2 + D)
+      : ng == 2 ? ValuesSlices<2, MaxNV>(p, np, V, n, D, o, 2 + D)
+                : ValuesSlices<1, MaxNV>(p, np, V, n, D, o, 2 + D);
+    }
+  } else {
+    for (int64_t j = 0; j < n; ++j) {
+      const float* vr = V + j * D;
+      for (int64_t g = 0; g < G; ++g) {
+        const float p = sc[size_t(g * np + j)];
+        float* acc = out + g * (2 + D) + 2;
         for (int64_t e = 0; e < D; ++e) acc[e] += p * vr[e];
       }
     }
   }
 }
 
-#define ONNXFUSE_DECODE_CHUNK(SUFFIX, ATTR, VEC)                                                            \
+#define ONNXFUSE_DECODE_CHUNK(SUFFIX, ATTR, VEC, NV)                                                        \
   ATTR void Chunk_##SUFFIX(const float* q, const float* K, const float* V, int64_t n, int64_t G, int64_t D, \
                            float scale, float* out) {                                                       \
-    ChunkTwoPass<VEC>(q, K, V, n, G, D, scale, out);                                                        \
+    ChunkTwoPass<VEC, NV>(q, K, V, n, G, D, scale, out);                                                    \
   }
-ONNXFUSE_DECODE_CHUNK(avx512, __attribute__((target("avx512f,avx512vl,avx2,fma"))), true)
-ONNXFUSE_DECODE_CHUNK(avx2, __attribute__((target("avx2,fma"))), true)
-ONNXFUSE_DECODE_CHUNK(generic8, , true)
-ONNXFUSE_DECODE_CHUNK(generic, , false)
+ONNXFUSE_DECODE_CHUNK(avx512, __attribute__((target("avx512f,avx512vl,avx2,fma"))), true, 8)
+ONNXFUSE_DECODE_CHUNK(avx2, __attribute__((target("avx2,fma"))), true, 4)
+ONNXFUSE_DECODE_CHUNK(generic8, , true, 4)
+ONNXFUSE_DECODE_CHUNK(generic, , false, 4)
 #undef ONNXFUSE_DECODE_CHUNK
 
 using ChunkFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t, float, float*);
