@@ -236,12 +236,28 @@ constexpr int kUnroll = 4;
 constexpr int kMaxGroups = 16;  // D / E >= 8
 
 template <typename T>
-__device__ inline void Load16(const T* p, float* f) {
+__device__ inline void Unpack16(const uint4& raw, float* f) {
   constexpr int E = 16 / int(sizeof(T));
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
   const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
   for (int i = 0; i < E; ++i) f[i] = to_f(e[i]);
+}
+
+// One step of SplitKeys' key loop: this lane's 16 bytes of the key and value rows base + grp + u * groups (zeros past
+// j1), raw.
+template <typename T>
+__device__ inline void LoadStep(const T* K, const T* V, int64_t base, int64_t j1, int64_t D, int grp, int groups,
+                                uint4 (&kr)[kUnroll], uint4 (&vr)[kUnroll]) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int64_t k = base + grp + u * groups;
+    if (k < j1) {
+      kr[u] = *reinterpret_cast<const uint4*>(K + k * D);
+      vr[u] = *reinterpret_cast<const uint4*>(V + k * D);
+    } else {
+      kr[u] = make_uint4(0u, 0u, 0u, 0u), vr[u] = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
 }
 
 template <typename T, int GM>
@@ -254,6 +270,44 @@ struct SplitSmem {
   float red[kSplitThreads / 32];
   int last;
 };
+
+// One step of SplitKeys: kUnroll keys (live: inside the split) of this lane's elements kf / vf into the G heads'
+// running max, sum and weighted values.
+template <typename T, int GM>
+__device__ inline void KeyStep(const float (&qf)[GM][16 / sizeof(T)], const float (&kf)[kUnroll][16 / sizeof(T)],
+                               const float (&vf)[kUnroll][16 / sizeof(T)], const bool (&live)[kUnroll], int G,
+                               int lanes, float (&acc)[GM][16 / sizeof(T)], float (&m)[GM], float (&l)[GM]) {
+  constexpr int E = 16 / int(sizeof(T));
+#pragma unroll
+  for (int g = 0; g < GM; ++g) {
+    if (g >= G) break;
+    float sc[kUnroll];
+    float mx = m[g];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      float dot = 0.f;
+#pragma unroll
+      for (int e = 0; e < E; ++e) dot += qf[g][e] * kf[u][e];
+      for (int o = lanes / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+      sc[u] = dot;
+      if (live[u]) mx = NanMax(mx, dot);
+    }
+    if (mx == -INFINITY) continue;  // every key so far scores -Inf
+    const float corr = m[g] == -INFINITY ? 0.f : __expf(m[g] - mx);
+    float psum = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[g][e] *= corr;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const float p = live[u] ? __expf(sc[u] - mx) : 0.f;  // +Inf - +Inf: NaN, as softmax's
+      psum += p;
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[g][e] += p * vf[u][e];
+    }
+    m[g] = mx;
+    l[g] = l[g] * corr + psum;
+  }
+}
 
 // The keys j0..j1 of K / V (already offset to this lane's elements) for the G heads whose queries qf holds: each
 // group's max, sum and weighted values (m, l, acc; m -Inf and l 0 where no key counted).
@@ -269,49 +323,43 @@ __device__ inline void SplitKeys(const float (&qf)[GM][16 / sizeof(T)], const T*
     m[g] = -INFINITY, l[g] = 0.f;
   }
   // the same trips for every lane of a warp (a warp holds 32 / lanes groups): the shuffles stay converged
-  for (int64_t base = j0; base < j1; base += kUnroll * groups) {
-    float kf[kUnroll][E], vf[kUnroll][E];
-    bool live[kUnroll];
+  const int64_t stride = int64_t(kUnroll) * groups;
+  float kf[kUnroll][E], vf[kUnroll][E];
+  bool live[kUnroll];
+  if constexpr (GM == 1) {
+    // one query head a KV head: the next step's rows are loaded (raw 16 bytes) before this step's are used, so a
+    // block keeps loads in flight across its steps instead of waiting a memory latency each step (in 128 registers,
+    // four blocks an SM: the waves onnxfuse_cached_attention_splits counts); more heads' accumulators leave no
+    // registers for that, and load a step then use it
+    uint4 kr[kUnroll], vr[kUnroll];
+    LoadStep(K, V, j0, j1, D, grp, groups, kr, vr);
+    for (int64_t base = j0; base < j1; base += stride) {
+      uint4 kn[kUnroll], vn[kUnroll];
+      LoadStep(K, V, base + stride, j1, D, grp, groups, kn, vn);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t k = base + grp + u * groups;
-      live[u] = k < j1;
-      if (live[u]) {
-        Load16(K + k * D, kf[u]);
-        Load16(V + k * D, vf[u]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < E; ++e) kf[u][e] = 0.f, vf[u][e] = 0.f;
+      for (int u = 0; u < kUnroll; ++u) {
+        live[u] = base + grp + u * groups < j1;
+        Unpack16<T>(kr[u], kf[u]);
+        Unpack16<T>(vr[u], vf[u]);
+        kr[u] = kn[u], vr[u] = vn[u];
       }
+      KeyStep<T, GM>(qf, kf, vf, live, G, lanes, acc, m, l);
     }
-#pragma unroll
-    for (int g = 0; g < GM; ++g) {
-      if (g >= G) break;
-      float sc[kUnroll];
-      float mx = m[g];
+  } else {
+    for (int64_t base = j0; base < j1; base += stride) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        float dot = 0.f;
+        const int64_t k = base + grp + u * groups;
+        live[u] = k < j1;
+        if (live[u]) {
+          Unpack16<T>(*reinterpret_cast<const uint4*>(K + k * D), kf[u]);
+          Unpack16<T>(*reinterpret_cast<const uint4*>(V + k * D), vf[u]);
+        } else {
 #pragma unroll
-        for (int e = 0; e < E; ++e) dot += qf[g][e] * kf[u][e];
-        for (int o = lanes / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-        sc[u] = dot;
-        if (live[u]) mx = NanMax(mx, dot);
+          for (int e = 0; e < E; ++e) kf[u][e] = 0.f, vf[u][e] = 0.f;
+        }
       }
-      if (mx == -INFINITY) continue;  // every key so far scores -Inf
-      const float corr = m[g] == -INFINITY ? 0.f : __expf(m[g] - mx);
-      float psum = 0.f;
-#pragma unroll
-      for (int e = 0; e < E; ++e) acc[g][e] *= corr;
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const float p = live[u] ? __expf(sc[u] - mx) : 0.f;  // +Inf - +Inf: NaN, as softmax's
-        psum += p;
-#pragma unroll
-        for (int e = 0; e < E; ++e) acc[g][e] += p * vf[u][e];
-      }
-      m[g] = mx;
-      l[g] = l[g] * corr + psum;
+      KeyStep<T, GM>(qf, kf, vf, live, G, lanes, acc, m, l);
     }
   }
 }
@@ -352,7 +400,7 @@ __device__ inline void MergeGroups(SplitSmem<T, GM>& sm, const float (&acc)[GM][
 }
 
 template <typename T, int GM>
-__global__ void __launch_bounds__(kSplitThreads)
+__global__ void __launch_bounds__(kSplitThreads, GM == 1 ? 4 : 1)
     SplitPartial(const float* __restrict__ q_rot, const int32_t* __restrict__ seqlens, const T* __restrict__ pk,
                  const T* __restrict__ pv, float* __restrict__ part, int64_t splits, Args a, int lanes) {
   constexpr int E = 16 / int(sizeof(T));
@@ -379,7 +427,7 @@ __global__ void __launch_bounds__(kSplitThreads)
 }
 
 template <typename T, int GM>
-__global__ void __launch_bounds__(kSplitThreads)
+__global__ void __launch_bounds__(kSplitThreads, GM == 1 ? 4 : 1)
     DecodeAttention(const T* __restrict__ query, const int32_t* __restrict__ seqlens, const T* __restrict__ cs,
                     const T* __restrict__ sn, T* __restrict__ pk, T* __restrict__ pv, float* __restrict__ part,
                     int* __restrict__ counters, T* __restrict__ y, int64_t splits, Args a, int lanes) {
@@ -775,15 +823,19 @@ struct CachedAttentionCuda {
     }
   }
 
-  // backend auto (cuda and triton name the op's own kernels) hands onnxruntime's op first prompts (its flash
-  // kernels), and decode steps where query heads share a KV head (its decode kernel: the op's split-KV kernel was
-  // measured slower there on an H200, faster with one query head a KV head), then fixes the rows it leaves as they
-  // come; false where it does not take the call (then the op's kernels run).
+  // backend auto (cuda and triton name the op's own kernels) hands onnxruntime's op prompts (its flash kernels):
+  // first prompts, and later ones of one sequence (onnxruntime refuses a batch of them) -- genai's CUDA-graph mode
+  // feeds its prompt as one, total_sequence_length being its static mask's max length, and the op's own kernels
+  // took 6 ms a 7B layer at 2048 tokens there (H200) --, and decode steps where query heads share a KV head (its
+  // decode kernel: the op's split-KV kernel was measured slower there on an H200, faster with one query head a KV
+  // head), then fixes the rows it leaves as they come; false where it does not take the call (then the op's
+  // kernels run).
   bool RunPrompt(OrtKernelContext* context, const OnnxfuseCachedAttentionArgs& a, const int32_t* seqlens,
                  const void* past_k, const void* past_v, Ort::UnownedValue& y, Ort::UnownedValue& pk,
                  Ort::UnownedValue& pv, void* stream) const {
     const bool grouped_decode = a.S == 1 && a.H != a.Hkv;
-    if (!prompt_op || !(a.first || grouped_decode) || a.D % 8 || attrs.backend == Backend::kCuda ||
+    const bool prompt = a.S > 1 && (a.first || a.B == 1);
+    if (!prompt_op || !(prompt || grouped_decode) || a.D % 8 || attrs.backend == Backend::kCuda ||
         attrs.backend == Backend::kTriton)
       return false;
     Ort::KernelContext kc(context);
@@ -796,7 +848,7 @@ struct CachedAttentionCuda {
         pv.GetTensorMutableRawData(), stream);
     if (err != 0)
       Fail(std::string(Op::kName) +
-               " (CUDA EP, onnxruntime's GroupQueryAttention for a first prompt): " + onnxfuse_cuda_error_string(err),
+               " (CUDA EP, onnxruntime's GroupQueryAttention for a prompt): " + onnxfuse_cuda_error_string(err),
            ORT_RUNTIME_EXCEPTION);
     return true;
   }
