@@ -11,7 +11,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from onnxfuse import fuse, runtime, schema, soundness, testing
+from onnxfuse import cpu_policy, fuse, runtime, schema, soundness, testing
 from onnxfuse.errors import OnnxfuseError  # noqa: F401  (the errors a bad call raises are onnxruntime's here)
 from onnxfuse.ops.cached_attention import CACHED_ATTENTION
 
@@ -214,16 +214,24 @@ def test_the_rule_fuses_for_the_cpu_keeps_names_and_runs_without_the_library(tmp
         _compare(got, want, case, "float", f"library={library}")
 
 
-def test_other_providers_leave_it_to_onnxruntime_unless_named(tmp_path):
-    src = tmp_path / "gqa.onnx"
-    onnx.save(_gqa_model(), str(src))
+def test_the_cuda_provider_fuses_one_query_head_a_kv_head_and_leaves_grouped_heads_unless_named(tmp_path):
+    grouped, mha = tmp_path / "gqa.onnx", tmp_path / "mha.onnx"
+    onnx.save(_gqa_model(h=4, hkv=2), str(grouped))
+    onnx.save(_gqa_model(h=4, hkv=4), str(mha))
     for provider in ("cuda", None):
-        res = fuse.fuse(src, tmp_path / f"{provider}.onnx", provider=provider, ort=False, write_unchanged=True)
-        assert not res.matches and "cached_attention" in res.left_to_ort
-        assert "CUDA" in res.left_to_ort["cached_attention"]
-    res = fuse.fuse(src, tmp_path / "named.onnx", provider="cuda", ort=False, patterns=["cached_attention"])
+        res = fuse.fuse(mha, tmp_path / f"mha-{provider}.onnx", provider=provider, ort=False)
+        assert [m.op for m in res.matches] == [OP] and "cached_attention" not in res.left_to_ort
+        res = fuse.fuse(grouped, tmp_path / f"gqa-{provider}.onnx", provider=provider, ort=False,
+                        write_unchanged=True, explain=True)
+        assert not res.matches
+        reasons = [r["reason"] for r in res.refusals if r["rule"].startswith("cached_attention")]
+        assert reasons == [cpu_policy.GPU_GROUPED_CACHED_ATTENTION], res.refusals
+    res = fuse.fuse(grouped, tmp_path / "named.onnx", provider="cuda", ort=False, patterns=["cached_attention"])
     assert [m.op for m in res.matches] == [OP]
-    res = fuse.fuse(src, tmp_path / "generic.onnx", provider="cpu", cpu_isa="generic", ort=False, write_unchanged=True)
+    res = fuse.fuse(grouped, tmp_path / "cpu.onnx", provider="cpu", cpu_isa=FUSING_FAMILY, ort=False)
+    assert [m.op for m in res.matches] == [OP]  # the CPU's decode loop reads each KV row once for its query heads
+    res = fuse.fuse(grouped, tmp_path / "generic.onnx", provider="cpu", cpu_isa="generic", ort=False,
+                    write_unchanged=True)
     assert not res.matches and "without AVX2" in res.left_to_ort["cached_attention"]
 
 
