@@ -75,6 +75,7 @@ class FolderVerifyResult:
     tokens: TokenCheck
     quantized: bool = False           # int4 weights: the logits and tokens are reported, the perplexity decides
     perplexity: Perplexity | None = None
+    cuda_graph: bool = False          # genai ran the decode steps as captured CUDA graphs
 
     @property
     def passed(self) -> bool:
@@ -170,7 +171,7 @@ def verify_folder(folder: pathlib.Path, *, source: Source, provider: str | None 
     library = bool(config["model"]["decoder"].get("session_options", {}).get("custom_ops_library"))
     ppl = perplexity(og, model, config, tokenizer, ref_model, device) if quantized else None
     return FolderVerifyResult(str(folder), provider, "int4" if quantized else dtype, fused, library, ids, outputs,
-                              tokens, quantized, ppl)
+                              tokens, quantized, ppl, cuda_graph)
 
 
 def perplexity_text() -> str:

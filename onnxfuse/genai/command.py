@@ -196,8 +196,9 @@ def verify_command(args) -> int:
         print(json.dumps(res.to_dict(), indent=2))
     elif not args.quiet:
         con = console()
-        con.print(checks_table(f"verify {folder} ({res.provider}, {res.dtype}, {res.fused_nodes} onnxfuse nodes)",
-                               res.outputs))
+        graph = ", genai's CUDA graph" if res.cuda_graph else ""
+        con.print(checks_table(f"verify {folder} ({res.provider}{graph}, {res.dtype}, {res.fused_nodes} onnxfuse "
+                               "nodes)", res.outputs))
         tk = res.tokens
         if tk.first_divergence is None:
             con.print(f"greedy text: {len(tk.onnx)} tokens, token for token equal to transformers' generate")
