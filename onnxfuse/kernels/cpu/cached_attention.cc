@@ -209,39 +209,23 @@ inline __attribute__((always_inline)) void Values(const float* p, int64_t np, co
     for (int k = 0; k < NV; ++k) std::memcpy(out + g * ostride + e0 + 8 * k, &acc[g][k], sizeof(V8));
 }
 
+// Values<NG, nv> for a count nv in 1..NV known at run time only.
+template <int NG, int NV>
+inline __attribute__((always_inline)) void ValuesUpTo(int64_t nv, const float* p, int64_t np, const float* V, int64_t n,
+                                                      int64_t D, int64_t e0, float* out, int64_t ostride) {
+  if constexpr (NV > 1) {
+    if (nv < NV) return ValuesUpTo<NG, NV - 1>(nv, p, np, V, n, D, e0, out, ostride);
+  }
+  Values<NG, NV>(p, np, V, n, D, e0, out, ostride);
+}
+
 // Values over D in slices of up to 8 MaxNV dims (MaxNV 8 where 32 vector registers hold 3 x 8 accumulators: one
 // pass over V at D = 64; else 4, and the rest of a chunk's V rows come from cache in the next pass).
 template <int NG, int MaxNV>
 inline __attribute__((always_inline)) void ValuesSlices(const float* p, int64_t np, const float* V, int64_t n,
                                                         int64_t D, float* out, int64_t ostride) {
-  for (int64_t e0 = 0; e0 < D; e0 += 8 * MaxNV) {
-    switch (std::min<int64_t>(MaxNV, (D - e0) / 8)) {
-      case 1:
-        Values<NG, 1>(p, np, V, n, D, e0, out, ostride);
-        break;
-      case 2:
-        Values<NG, 2>(p, np, V, n, D, e0, out, ostride);
-        break;
-      case 3:
-        Values<NG, 3>(p, np, V, n, D, e0, out, ostride);
-        break;
-      case 4:
-        Values<NG, 4>(p, np, V, n, D, e0, out, ostride);
-        break;
-      case 5:
-        Values<NG, (MaxNV > 4 ? 5 : 1)>(p, np, V, n, D, e0, out, ostride);
-        break;
-      case 6:
-        Values<NG, (MaxNV > 4 ? 6 : 1)>(p, np, V, n, D, e0, out, ostride);
-        break;
-      case 7:
-        Values<NG, (MaxNV > 4 ? 7 : 1)>(p, np, V, n, D, e0, out, ostride);
-        break;
-      default:
-        Values<NG, MaxNV>(p, np, V, n, D, e0, out, ostride);
-        break;
-    }
-  }
+  for (int64_t e0 = 0; e0 < D; e0 += 8 * MaxNV)
+    ValuesUpTo<NG, MaxNV>(std::min<int64_t>(MaxNV, (D - e0) / 8), p, np, V, n, D, e0, out, ostride);
 }
 
 // The chunk in two streams: every key's scores for the G heads (K read once, row after row), the softmax terms of
