@@ -309,8 +309,7 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
     t0 = time.perf_counter()
     if provider not in (None, "cpu", "cuda"):
         raise OnnxfuseError(f"--provider must be cpu or cuda (got {provider!r})")
-    policy = None if patterns is not None else "cpu" if provider == "cpu" else "gpu"
-    patterns, family, left_to_ort = _provider_patterns(provider, cpu_isa, patterns)
+    patterns, family, left_to_ort, policy = _provider_patterns(provider, cpu_isa, patterns)
     if backend is not None and backend not in BACKENDS:
         raise OnnxfuseError(f"--backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
     src = pathlib.Path(src)
@@ -394,21 +393,22 @@ def _stages(model: ir.Model, src: pathlib.Path, proto: onnx.ModelProto | None, s
 
 
 def _provider_patterns(provider: str | None, cpu_isa: str | None, patterns: list[str] | None):
-    """(patterns to apply, the CPU family whose table applies or None, {pattern: why it is left to onnxruntime}):
-    provider="cpu" without an explicit --patterns list leaves the family's CPU_LEFT_TO_ORT patterns out; any other
-    target (cuda, or none named) leaves GPU_LEFT_TO_ORT's out."""
+    """(patterns to apply, the CPU family whose table applies or None, {pattern: why it is left to onnxruntime}, the
+    rules' speed policy (_base.Recorder: "cpu", "gpu", or None where the patterns are named)): provider="cpu" without
+    an explicit --patterns list leaves the family's CPU_LEFT_TO_ORT patterns out; any other target (cuda, or none
+    named) leaves GPU_LEFT_TO_ORT's out."""
     if cpu_isa is not None and provider != "cpu":
         raise OnnxfuseError("--cpu-isa goes with --provider cpu (it picks that provider's table of patterns)")
     if provider != "cpu":
         if patterns is not None:  # an explicit --patterns list fuses what it names
-            return patterns, None, {}
-        return [p for p in PATTERNS if p not in GPU_LEFT_TO_ORT], None, dict(GPU_LEFT_TO_ORT)
+            return patterns, None, {}, None
+        return [p for p in PATTERNS if p not in GPU_LEFT_TO_ORT], None, dict(GPU_LEFT_TO_ORT), "gpu"
     target = cpu_isa or host.kernel_family()
     left = cpu_left_to_ort(target)  # an unknown family is an error either way
     if patterns is not None:  # an explicit --patterns list fuses what it names
-        return patterns, None, {}
+        return patterns, None, {}, None
     left_to_ort = dict(left)
-    return [p for p in PATTERNS if p not in left_to_ort], target, left_to_ort
+    return [p for p in PATTERNS if p not in left_to_ort], target, left_to_ort, "cpu"
 
 
 def _write(model: ir.Model, result: FuseResult, src: pathlib.Path, out, src_external: bool, external_data,
