@@ -49,8 +49,8 @@ int64_t onnxfuse_cached_attention_splits(const struct OnnxfuseCachedAttentionArg
 #ifdef __CUDACC__
 // The CUDA backend. A decode step (S = 1) whose head size suits 16-byte row loads (D / E from 8 to 32 lanes, G <= 8;
 // fp16 / bf16 D 64 or 128, fp32 D 128) is one kernel, DecodeAttention (below: rotary, the new row stored, split-KV
-// attention and the splits' combine), after a copy of past into present where they are not one buffer. Any other
-// call, three steps:
+// attention and the splits' combine, in a thread-block cluster on sm_90), after a copy of past into present where they
+// are not one buffer. Any other call, three steps:
 //   prepare: present = past's rows then zeros (skipped where present is past's own buffer), then each new row's key
 //            heads rotated and stored, value heads stored, query heads rotated into fp32 scratch;
 //   partial: per (sequence, KV head, query row, key split) SplitPartial (the shapes above) or Partial (a warp per query
@@ -58,12 +58,16 @@ int64_t onnxfuse_cached_attention_splits(const struct OnnxfuseCachedAttentionArg
 //   combine: per (sequence, row, head) the splits' partials into Y (rows past a sequence's valid ones: 0).
 // Correct for any S, but a prompt's S x S scores are a key at a time here: backend auto (the host half) hands first
 // prompts, and decode steps of grouped heads, to onnxruntime's own CUDA GroupQueryAttention (InvokeOp).
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "gemm.h"  // to_f / from_f
 
@@ -202,21 +206,25 @@ __global__ void Partial(const float* __restrict__ q_rot, const int32_t* __restri
 }
 
 // The split-KV form of Partial for D / E a power of two from 8 to 32 (E = 16 bytes of T, 8 fp16 or 4 fp32 elements:
-// D 64 or 128 in fp16, 128 in fp32) and G <= GM query heads a KV head: a block of kSplitThreads per (sequence, KV
-// head, row, split) in groups of D / E lanes, a group per key at a time (SplitKeys): each lane one 16-byte load of the
-// key row and one of the value row (kUnroll keys a step, all issued before any is used: the loads stream the cache),
-// E multiply-adds a head, the group's dot by shuffles, then the group's own running max, sum and weighted values for
-// each of the G heads (flash-decoding inside the block, no barrier in the loop); the groups merged through shared
-// memory (MergeGroups). Every key row is read once for all G heads of its KV head. Same NaN and -Inf rules as Partial.
+// D 64 or 128 in fp16, 128 in fp32) and G <= GM query heads a KV head: a block of kSplitThreads (DecodeAttention's
+// clustered form: 128 or 256) per (sequence, KV head, row, split) in groups of D / E lanes, a group per key at a time
+// (SplitKeys): each lane one 16-byte load of the key row and one of the value row (kUnroll keys a step, all issued
+// before any is used: the loads stream the cache), E multiply-adds a head, the group's dot by shuffles, then the
+// group's own running max, sum and weighted values for each of the G heads (flash-decoding inside the block, no barrier
+// in the loop); the groups merged through shared memory (MergeGroups). Every key row is read once for all G heads of
+// its KV head. Same NaN and -Inf rules as Partial.
 //   SplitPartial: the queries rotated in fp32 scratch by RotateAppend, the partials out for Combine (any S).
-//   DecodeAttention (S == 1, the decode step): the whole node in one kernel: each block rotates its query heads from
-//     the packed input; the block whose split holds the new row rotates its key and stores it and the value in present
-//     (no other block reads that row); each block's partial out, then the last block of a (sequence, KV head) to finish
-//     (a counter per task, zeroed by the launcher) combines the splits into Y.
+//   DecodeAttention (S == 1, the decode step): the whole node in one kernel: each block issues its first step's loads,
+//     then rotates its query heads from the packed input; the block whose split holds the new row rotates its key and
+//     stores it and the value in present and in shared memory (no other block reads that row); then the splits are
+//     combined into Y: on sm_90 the splits of a (sequence, KV head) are one thread-block cluster and its first block
+//     reads the others' partials from their shared memory; else each block's partial goes out and the last block of a
+//     (sequence, KV head) to finish (a counter per task, zeroed by the launcher) combines them.
 constexpr int kSplitThreads = 128;
 constexpr int kCombineThreads = 128;  // == kSplitThreads: BlockReduce serves both
 constexpr int kMaxSplits = 1024;
 
+template <int NT = kCombineThreads>
 __device__ inline float BlockReduce(float v, float* red, bool is_max) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
@@ -228,12 +236,12 @@ __device__ inline float BlockReduce(float v, float* red, bool is_max) {
   if (lane == 0) red[warp] = v;
   __syncthreads();
   v = red[0];
-  for (int i = 1; i < kCombineThreads / 32; ++i) v = is_max ? NanMax(v, red[i]) : v + red[i];
+  for (int i = 1; i < NT / 32; ++i) v = is_max ? NanMax(v, red[i]) : v + red[i];
   return v;
 }
 
 constexpr int kUnroll = 4;
-constexpr int kMaxGroups = 16;  // D / E >= 8
+constexpr int kMinLanes = 8;  // D / E >= 8
 
 template <typename T>
 __device__ inline void Unpack16(const uint4& raw, float* f) {
@@ -260,14 +268,19 @@ __device__ inline void LoadStep(const T* K, const T* V, int64_t base, int64_t j1
   }
 }
 
-template <typename T, int GM>
+// NT threads a block (DecodeAttention's clustered form: 128 or 256; else 128).
+template <typename T, int GM, int NT = kSplitThreads>
 struct SplitSmem {
   static constexpr int E = 16 / int(sizeof(T));
-  float q[GM][256];  // the block's query heads (DecodeAttention), scaled
-  float m[kMaxGroups][GM], l[kMaxGroups][GM];
-  float acc[GM][kSplitThreads * E];  // each group's weighted values, [g][group * D + element]
-  float w[64];                       // the last block's split weights (DecodeAttention)
-  float red[kSplitThreads / 32];
+  // the block's query heads (DecodeAttention), scaled; once they are in registers, the clustered DecodeAttention's
+  // partial of the block ([G][2 + D], MergeGroups' layout)
+  float q[GM][2 + 256];
+  alignas(16) T knew[256];  // the new key and value rows (DecodeAttention's owner block)
+  alignas(16) T vnew[256];
+  float m[NT / kMinLanes][GM], l[NT / kMinLanes][GM];
+  float acc[GM][NT * E];  // each group's weighted values, [g][group * D + element]
+  float w[64];            // the combining block's split weights (DecodeAttention)
+  float red[NT / 32];
   int last;
 };
 
@@ -310,11 +323,13 @@ __device__ inline void KeyStep(const float (&qf)[GM][16 / sizeof(T)], const floa
 }
 
 // The keys j0..j1 of K / V (already offset to this lane's elements) for the G heads whose queries qf holds: each
-// group's max, sum and weighted values (m, l, acc; m -Inf and l 0 where no key counted).
+// group's max, sum and weighted values (m, l, acc; m -Inf and l 0 where no key counted). kr / vr: the first step's
+// rows, which the caller loaded (LoadStep(j0)) so that they are in flight while it prepares the queries.
 template <typename T, int GM>
 __device__ inline void SplitKeys(const float (&qf)[GM][16 / sizeof(T)], const T* K, const T* V, int64_t j0, int64_t j1,
-                                 int64_t D, int G, int lanes, int groups, int grp, float (&acc)[GM][16 / sizeof(T)],
-                                 float (&m)[GM], float (&l)[GM]) {
+                                 int64_t D, int G, int lanes, int groups, int grp, uint4 (&kr)[kUnroll],
+                                 uint4 (&vr)[kUnroll], float (&acc)[GM][16 / sizeof(T)], float (&m)[GM],
+                                 float (&l)[GM]) {
   constexpr int E = 16 / int(sizeof(T));
 #pragma unroll
   for (int g = 0; g < GM; ++g) {
@@ -326,49 +341,31 @@ __device__ inline void SplitKeys(const float (&qf)[GM][16 / sizeof(T)], const T*
   const int64_t stride = int64_t(kUnroll) * groups;
   float kf[kUnroll][E], vf[kUnroll][E];
   bool live[kUnroll];
-  if constexpr (GM == 1) {
+  for (int64_t base = j0; base < j1; base += stride) {
     // one query head a KV head: the next step's rows are loaded (raw 16 bytes) before this step's are used, so a
     // block keeps loads in flight across its steps instead of waiting a memory latency each step (in 128 registers,
-    // four blocks an SM: the waves onnxfuse_cached_attention_splits counts); more heads' accumulators leave no
-    // registers for that, and load a step then use it
-    uint4 kr[kUnroll], vr[kUnroll];
-    LoadStep(K, V, j0, j1, D, grp, groups, kr, vr);
-    for (int64_t base = j0; base < j1; base += stride) {
-      uint4 kn[kUnroll], vn[kUnroll];
-      LoadStep(K, V, base + stride, j1, D, grp, groups, kn, vn);
+    // four blocks an SM: the waves the launchers count); more heads' accumulators leave no registers for that, and
+    // load the next step after this one's use
+    uint4 kn[kUnroll], vn[kUnroll];
+    if constexpr (GM == 1) LoadStep(K, V, base + stride, j1, D, grp, groups, kn, vn);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        live[u] = base + grp + u * groups < j1;
-        Unpack16<T>(kr[u], kf[u]);
-        Unpack16<T>(vr[u], vf[u]);
-        kr[u] = kn[u], vr[u] = vn[u];
-      }
-      KeyStep<T, GM>(qf, kf, vf, live, G, lanes, acc, m, l);
+    for (int u = 0; u < kUnroll; ++u) {
+      live[u] = base + grp + u * groups < j1;
+      Unpack16<T>(kr[u], kf[u]);
+      Unpack16<T>(vr[u], vf[u]);
+      if constexpr (GM == 1) kr[u] = kn[u], vr[u] = vn[u];
     }
-  } else {
-    for (int64_t base = j0; base < j1; base += stride) {
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t k = base + grp + u * groups;
-        live[u] = k < j1;
-        if (live[u]) {
-          Unpack16<T>(*reinterpret_cast<const uint4*>(K + k * D), kf[u]);
-          Unpack16<T>(*reinterpret_cast<const uint4*>(V + k * D), vf[u]);
-        } else {
-#pragma unroll
-          for (int e = 0; e < E; ++e) kf[u][e] = 0.f, vf[u][e] = 0.f;
-        }
-      }
-      KeyStep<T, GM>(qf, kf, vf, live, G, lanes, acc, m, l);
-    }
+    KeyStep<T, GM>(qf, kf, vf, live, G, lanes, acc, m, l);
+    if constexpr (GM != 1) LoadStep(K, V, base + stride, j1, D, grp, groups, kr, vr);
   }
 }
 
 // The groups' (m, l, acc) into the block's partial of each head at part + g * (2 + D): the block max, each group's
 // sums rescaled to it and added in shared memory (no atomics).
-template <typename T, int GM>
-__device__ inline void MergeGroups(SplitSmem<T, GM>& sm, const float (&acc)[GM][16 / sizeof(T)], const float (&m)[GM],
-                                   const float (&l)[GM], int G, int D, int groups, int grp, int sub, float* part) {
+template <typename T, int GM, int NT>
+__device__ inline void MergeGroups(SplitSmem<T, GM, NT>& sm, const float (&acc)[GM][16 / sizeof(T)],
+                                   const float (&m)[GM], const float (&l)[GM], int G, int D, int groups, int grp,
+                                   int sub, float* part) {
   constexpr int E = 16 / int(sizeof(T));
   if (sub == 0)
 #pragma unroll
@@ -386,7 +383,7 @@ __device__ inline void MergeGroups(SplitSmem<T, GM>& sm, const float (&acc)[GM][
   }
   __syncthreads();
   const int stride = 2 + D;
-  for (int i = threadIdx.x; i < G * D; i += kSplitThreads) {
+  for (int i = threadIdx.x; i < G * D; i += NT) {
     const int g = i / D, e = i % D;
     float o = 0.f;
     for (int k = 0; k < groups; ++k) o += sm.acc[g][k * D + e];
@@ -422,33 +419,93 @@ __global__ void __launch_bounds__(kSplitThreads, GM == 1 ? 4 : 1)
     for (int e = 0; e < E; ++e) qf[g][e] = g < G ? q[e] * a.scale : 0.f;
   }
   const int64_t plane = (b * a.Hkv + kvh) * a.L * a.D + sub * E;
-  SplitKeys<T, GM>(qf, pk + plane, pv + plane, j0, j1, a.D, G, lanes, groups, grp, acc, m, l);
+  uint4 kr[kUnroll], vr[kUnroll];
+  LoadStep(pk + plane, pv + plane, j0, j1, a.D, grp, groups, kr, vr);
+  SplitKeys<T, GM>(qf, pk + plane, pv + plane, j0, j1, a.D, G, lanes, groups, grp, kr, vr, acc, m, l);
   MergeGroups<T, GM>(sm, acc, m, l, G, D, groups, grp, sub, part + (task * splits + split) * G * (2 + a.D));
 }
 
-template <typename T, int GM>
-__global__ void __launch_bounds__(kSplitThreads, GM == 1 ? 4 : 1)
+// The splits' partials of one (sequence, KV head) into Y's G heads at y: load(c, i) reads element i of split c's
+// partial ([G][2 + D]: each head's max, sum and weighted values; global memory past the L1, or another block's shared
+// memory); a split whose keys all scored -Inf, or none, weighs 0; `any`: the sequence has keys (else Y is 0).
+template <typename T, int GM, int NT, typename Load>
+__device__ inline void CombineSplits(SplitSmem<T, GM, NT>& sm, Load load, int64_t splits, int G, int64_t D, bool any,
+                                     T* __restrict__ y) {
+  const int64_t stride = 2 + D;
+  for (int g = 0; g < G; ++g) {
+    const int64_t off = g * stride;
+    float mx = -INFINITY;
+    for (int64_t c = threadIdx.x; c < splits; c += NT) mx = NanMax(mx, load(c, off));
+    mx = BlockReduce<NT>(mx, sm.red, true);
+    float lsum = 0.f;
+    for (int64_t c = threadIdx.x; c < splits; c += NT) {
+      const float mc = load(c, off), lc = load(c, off + 1);
+      const float w = mc == -INFINITY && lc == 0.f ? 0.f : __expf(mc - mx);
+      sm.w[c] = w;
+      lsum += lc * w;
+    }
+    lsum = BlockReduce<NT>(lsum, sm.red, false);
+    for (int64_t e = threadIdx.x; e < D; e += NT) {
+      float o = 0.f;
+#pragma unroll 8
+      for (int64_t c = 0; c < splits; ++c) o += load(c, off + 2 + e) * sm.w[c];
+      y[g * D + e] = from_f<T>(any ? o / lsum : 0.f);
+    }
+    __syncthreads();  // sm.w is rewritten for the next head
+  }
+}
+
+// Thread block clusters (sm_90 and newer; the host launches the clustered kernel only there).
+__device__ inline void ClusterSync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::this_cluster().sync();
+#else
+  __trap();
+#endif
+}
+__device__ inline const float* ClusterRank(const float* p, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cooperative_groups::this_cluster().map_shared_rank(p, rank);
+#else
+  __trap();
+  return p;
+#endif
+}
+
+// kCluster: a cluster of `splits` blocks per (sequence, KV head), blockIdx.x = task * splits + split; each block's
+// partial stays in its shared memory and the cluster's first block combines them through distributed shared memory
+// (no partials in global memory, no counters). Else a grid of (task, split) whose partials go to `part` and whose
+// last block to finish (a counter per task, zeroed by the launcher) combines them.
+template <typename T, int GM, bool kCluster, int NT = kSplitThreads>
+__global__ void __launch_bounds__(NT, GM == 1 ? 512 / NT : 1)
     DecodeAttention(const T* __restrict__ query, const int32_t* __restrict__ seqlens, const T* __restrict__ cs,
                     const T* __restrict__ sn, T* __restrict__ pk, T* __restrict__ pv, float* __restrict__ part,
                     int* __restrict__ counters, T* __restrict__ y, int64_t splits, Args a, int lanes) {
   constexpr int E = 16 / int(sizeof(T));
-  __shared__ SplitSmem<T, GM> sm;
-  const int64_t split = blockIdx.y, task = blockIdx.x;  // task = (b, kvh); S == 1
+  __shared__ SplitSmem<T, GM, NT> sm;
+  const int64_t split = kCluster ? blockIdx.x % splits : blockIdx.y;
+  const int64_t task = kCluster ? blockIdx.x / splits : blockIdx.x;  // task = (b, kvh); S == 1
   const int64_t kvh = task % a.Hkv, b = task / a.Hkv;
   const int G = int(a.H / a.Hkv), D = int(a.D);
-  const int groups = kSplitThreads / lanes, grp = threadIdx.x / lanes, sub = threadIdx.x % lanes;
+  const int groups = NT / lanes, grp = threadIdx.x / lanes, sub = threadIdx.x % lanes;
   const Rows r = RowsOf(a, seqlens, b);
   const int64_t n = (r.ok && r.valid >= 1) ? r.past + 1 : 0, pos = r.past;
   const int64_t step = kUnroll * groups;  // a split's keys: whole steps of the key loop
   const int64_t per = ((n + splits - 1) / splits + step - 1) / step * step, j0 = split * per;
   const int64_t j1 = j0 + per < n ? j0 + per : n;
   const int64_t plane = (b * a.Hkv + kvh) * a.L * a.D;
+  const T* K = pk + plane + sub * E;
+  const T* V = pv + plane + sub * E;
+  // the split's first step of rows in flight while the queries are rotated (the new row, which this kernel stores
+  // below, is taken from shared memory instead)
+  uint4 kr[kUnroll], vr[kUnroll];
+  LoadStep(K, V, j0, j1, a.D, grp, groups, kr, vr);
   // the rotated query heads of the group (shared memory, scaled); the new key and value rows where this split holds
   // them: pairs (i, i + R / 2) or (2i, 2i + 1) of the first R dims rotated by cos/sin row pos, the rest copied
   const int64_t width = (a.H + 2 * a.Hkv) * a.D, half = a.R / 2;
   const bool owner = n > 0 && pos >= j0 && pos < j1;
   const int heads = G + (owner ? 2 : 0);
-  for (int64_t t = threadIdx.x; n > 0 && t < heads * (a.D / 2); t += kSplitThreads) {
+  for (int64_t t = threadIdx.x; n > 0 && t < heads * (a.D / 2); t += NT) {
     const int64_t hh = t / (a.D / 2), i = t % (a.D / 2);
     const int64_t head = hh < G ? kvh * G + hh : (hh == G ? a.H + kvh : a.H + a.Hkv + kvh);
     const T* src = query + b * width + head * a.D;
@@ -465,48 +522,156 @@ __global__ void __launch_bounds__(kSplitThreads, GM == 1 ? 4 : 1)
       sm.q[hh][i0] = x0 * a.scale, sm.q[hh][i1] = x1 * a.scale;
     } else {
       T* dst = (hh == G ? pk : pv) + plane + pos * a.D;
-      dst[i0] = from_f<T>(x0), dst[i1] = from_f<T>(x1);
+      T* keep = hh == G ? sm.knew : sm.vnew;
+      dst[i0] = keep[i0] = from_f<T>(x0), dst[i1] = keep[i1] = from_f<T>(x1);
     }
   }
-  __syncthreads();  // the query in shared memory, the new row in present: both read below by this block
+  __syncthreads();  // the query and the new row in shared memory, the new row in present: all read below
+  if (owner)
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (j0 + grp + u * groups == pos) {  // loaded above before it was stored
+        kr[u] = *reinterpret_cast<const uint4*>(sm.knew + sub * E);
+        vr[u] = *reinterpret_cast<const uint4*>(sm.vnew + sub * E);
+      }
   float qf[GM][E], acc[GM][E], m[GM], l[GM];
 #pragma unroll
   for (int g = 0; g < GM; ++g)
 #pragma unroll
     for (int e = 0; e < E; ++e) qf[g][e] = g < G ? sm.q[g][sub * E + e] : 0.f;
-  SplitKeys<T, GM>(qf, pk + plane + sub * E, pv + plane + sub * E, j0, j1, a.D, G, lanes, groups, grp, acc, m, l);
+  SplitKeys<T, GM>(qf, K, V, j0, j1, a.D, G, lanes, groups, grp, kr, vr, acc, m, l);
   const int64_t stride = 2 + a.D;
-  float* mine = part + task * splits * G * stride;
-  MergeGroups<T, GM>(sm, acc, m, l, G, D, groups, grp, sub, mine + split * G * stride);
-  // the last block of the task to finish combines the splits
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) sm.last = atomicAdd(&counters[task], 1) == int(splits) - 1;
-  __syncthreads();
-  if (!sm.last) return;
-  __threadfence();
-  for (int g = 0; g < G; ++g) {
-    const float* pg = mine + g * stride;
-    const int64_t step = G * stride;
-    float mx = -INFINITY;
-    for (int64_t c = threadIdx.x; c < splits; c += kSplitThreads) mx = NanMax(mx, __ldcg(pg + c * step));
-    mx = BlockReduce(mx, sm.red, true);
-    float lsum = 0.f;
-    for (int64_t c = threadIdx.x; c < splits; c += kSplitThreads) {
-      const float mc = __ldcg(pg + c * step), lc = __ldcg(pg + c * step + 1);
-      const float w = mc == -INFINITY && lc == 0.f ? 0.f : __expf(mc - mx);  // no key of this split counts: 0
-      sm.w[c] = w;
-      lsum += lc * w;
-    }
-    lsum = BlockReduce(lsum, sm.red, false);
-    for (int64_t e = threadIdx.x; e < a.D; e += kSplitThreads) {
-      float o = 0.f;
-#pragma unroll 8
-      for (int64_t c = 0; c < splits; ++c) o += __ldcg(pg + c * step + 2 + e) * sm.w[c];
-      y[(b * a.H + kvh * G + g) * a.D + e] = from_f<T>(n > 0 ? o / lsum : 0.f);
-    }
-    __syncthreads();  // sm.w is rewritten for the next head
+  T* yb = y + (b * a.H + kvh * G) * a.D;
+  if constexpr (kCluster) {
+    float* mine = &sm.q[0][0];  // the queries are in registers now
+    MergeGroups<T, GM>(sm, acc, m, l, G, D, groups, grp, sub, mine);
+    ClusterSync();  // every split's partial written
+    if (split == 0)
+      CombineSplits(sm, [&](int64_t c, int64_t i) { return ClusterRank(mine, int(c))[i]; }, splits, G, a.D, n > 0, yb);
+    ClusterSync();  // a block's shared memory stays until the first block has read it
+  } else {
+    float* mine = part + task * splits * G * stride;
+    MergeGroups<T, GM>(sm, acc, m, l, G, D, groups, grp, sub, mine + split * G * stride);
+    // the last block of the task to finish combines the splits
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) sm.last = atomicAdd(&counters[task], 1) == int(splits) - 1;
+    __syncthreads();
+    if (!sm.last) return;
+    __threadfence();
+    CombineSplits(
+        sm, [&](int64_t c, int64_t i) { return __ldcg(mine + c * G * stride + i); }, splits, G, a.D, n > 0, yb);
   }
+}
+
+#ifndef ONNXFUSE_DECODE_MAX_CLUSTER  // scripts/decode_attention_probe.cu builds other sizes
+#define ONNXFUSE_DECODE_MAX_CLUSTER 16
+#endif
+constexpr int kMaxCluster = ONNXFUSE_DECODE_MAX_CLUSTER;
+
+// How many clusters of `size` blocks of DecodeAttention<T, GM, true, NT> the device holds at once (asked once per
+// device and size; 0 where it holds none or refuses the size).
+template <typename T, int GM, int NT>
+int HeldClusters(int device, int size) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> held[kMaxDevices][5] = {};  // sizes 1, 2, 4, 8, 16: the count + 1 once asked
+  const int slot = size == 1 ? 0 : size == 2 ? 1 : size == 4 ? 2 : size == 8 ? 3 : 4;
+  if (device < 0 || device >= kMaxDevices) return 0;
+  int n = held[device][slot].load(std::memory_order_relaxed);
+  if (n == 0) {
+    auto kernel = DecodeAttention<T, GM, true, NT>;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = unsigned(size), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+    cfg.gridDim = dim3(unsigned(size)), cfg.blockDim = dim3(NT), cfg.attrs = at, cfg.numAttrs = 1;
+    int clusters = 0;
+    if (size > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
+      clusters = 0;  // past the portable size and refused
+    else if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess)
+      clusters = 0;
+    (void)cudaGetLastError();  // a refusal here is an answer, not the call's error
+    n = clusters + 1;
+    held[device][slot].store(n, std::memory_order_relaxed);
+  }
+  return n - 1;
+}
+
+// The largest power of two to kMaxCluster (at least 32 of present's L keys a split) whose clusters of NT-thread
+// blocks the device holds for all `tasks` at once (one wave), or 0.
+template <typename T, int GM, int NT>
+int WaveSplits(int device, int64_t tasks, int64_t L) {
+  int best = 0;
+  for (int s = 1; s <= kMaxCluster && (s == 1 || s * 32 <= L); s *= 2)
+    if (tasks <= HeldClusters<T, GM, NT>(device, s)) best = s;
+  return best;
+}
+
+// The clustered decode step's blocks: `threads` a block, `splits` blocks (a cluster) a (sequence, KV head). 256
+// threads where they split a task as finely as 128 do within one wave (twice the rows in flight; up to four heads a KV
+// head: eight would pass the 48 KB of static shared memory), else 128. splits 0: clusters off (before sm_90, or
+// ONNXFUSE_DECODE_CLUSTERS=0), or no split holds every task in one wave (the counters' form then).
+struct ClusterShape {
+  int threads, splits;
+};
+template <typename T, int GM>
+ClusterShape ClusterSplits(const Args& a) {
+  static const bool off = [] {
+    const char* v = std::getenv("ONNXFUSE_DECODE_CLUSTERS");
+    return v != nullptr && std::strcmp(v, "0") == 0;
+  }();
+  int device = 0;
+  if (off || onnxfuse_cuda_current_arch(&device) < 90) return {0, 0};
+  const int64_t tasks = a.B * a.Hkv;
+  const int s128 = WaveSplits<T, GM, 128>(device, tasks, a.L);
+  int s256 = 0;
+  if constexpr (GM <= 4) s256 = WaveSplits<T, GM, 256>(device, tasks, a.L);
+#ifdef ONNXFUSE_DECODE_BLOCK  // probes: one block size
+  if (ONNXFUSE_DECODE_BLOCK == 128) return {128, s128};
+  return {256, s256};
+#endif
+  if (s256 > 0 && s256 >= s128) return {256, s256};
+  return {128, s128};
+}
+
+template <typename T, int GM, int NT>
+int LaunchClustered(const Args& a, int splits, const T* q, const int32_t* seqlens, const T* c, const T* sn, T* k, T* v,
+                    T* out, int lanes, cudaStream_t stream) {
+  auto kernel = DecodeAttention<T, GM, true, NT>;
+  if (splits > 8) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (e != cudaSuccess) return int(e);
+  }
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = unsigned(splits), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+  cfg.gridDim = dim3(unsigned(a.B * a.Hkv * splits)), cfg.blockDim = dim3(NT);
+  cfg.stream = stream, cfg.attrs = at, cfg.numAttrs = 1;
+  float* no_part = nullptr;
+  int* no_counters = nullptr;
+  return int(
+      cudaLaunchKernelEx(&cfg, kernel, q, seqlens, c, sn, k, v, no_part, no_counters, out, int64_t(splits), a, lanes));
+}
+
+// A decode step's attention in one kernel: clustered where ClusterSplits finds a shape, else the counters' form over
+// `splits` (zeroed counters first).
+template <typename T, int GM>
+int Decode(const Args& a, const T* q, const int32_t* seqlens, const T* c, const T* sn, T* k, T* v, float* part,
+           int* counters, T* out, int64_t splits, int lanes, cudaStream_t stream) {
+  const ClusterShape shape = ClusterSplits<T, GM>(a);
+  if (shape.splits > 0) {
+    if constexpr (GM <= 4)
+      if (shape.threads == 256)
+        return LaunchClustered<T, GM, 256>(a, shape.splits, q, seqlens, c, sn, k, v, out, lanes, stream);
+    return LaunchClustered<T, GM, 128>(a, shape.splits, q, seqlens, c, sn, k, v, out, lanes, stream);
+  }
+  const cudaError_t e = cudaMemsetAsync(counters, 0, size_t(a.B * a.Hkv) * sizeof(int), stream);
+  if (e != cudaSuccess) return int(e);
+  const dim3 grid(unsigned(a.B * a.Hkv), unsigned(splits));
+  DecodeAttention<T, GM, false>
+      <<<grid, kSplitThreads, 0, stream>>>(q, seqlens, c, sn, k, v, part, counters, out, splits, a, lanes);
+  return int(cudaGetLastError());
 }
 
 // Whether SplitPartial takes a call (its lanes a key row, or 0): D / E a power of two up to 32, G <= 8, 16-byte rows.
@@ -515,7 +680,7 @@ int SplitLanes(const Args& a, const void* pk, const void* pv) {
   constexpr int E = 16 / int(sizeof(T));
   const int64_t lanes = a.D / E, G = a.H / a.Hkv;
   const bool aligned = (reinterpret_cast<uintptr_t>(pk) | reinterpret_cast<uintptr_t>(pv)) % 16 == 0;
-  if (a.D % E || lanes > 32 || lanes < 128 / kMaxGroups || (lanes & (lanes - 1)) || G > 8 || !aligned) return 0;
+  if (a.D % E || lanes > 32 || lanes < kMinLanes || (lanes & (lanes - 1)) || G > 8 || !aligned) return 0;
   return int(lanes);
 }
 
@@ -622,8 +787,7 @@ int Run(int dtype, const Args& a, const void* query, const void* past_k, const v
   const int64_t G = a.H / a.Hkv;
   const int lanes = SplitLanes<T>(a, pk, pv);
   if (a.S == 1 && lanes && splits <= 64) {  // the decode step: one kernel (after present's copy of past, if any)
-    int err = Prepare<T>(a, query, past_k, past_v, seqlens, cos, sin, pk, pv, q_rot, stream, false);
-    if (err == 0) err = int(cudaMemsetAsync(counters, 0, size_t(a.B * a.Hkv) * sizeof(int), stream));
+    const int err = Prepare<T>(a, query, past_k, past_v, seqlens, cos, sin, pk, pv, q_rot, stream, false);
     if (err != 0) return err;
     const T* q = static_cast<const T*>(query);
     const T* c = static_cast<const T*>(cos);
@@ -631,19 +795,10 @@ int Run(int dtype, const Args& a, const void* query, const void* past_k, const v
     T* k = static_cast<T*>(pk);
     T* v = static_cast<T*>(pv);
     T* out = static_cast<T*>(y);
-    if (G == 1)
-      DecodeAttention<T, 1>
-          <<<grid, kSplitThreads, 0, stream>>>(q, seqlens, c, sn, k, v, part, counters, out, splits, a, lanes);
-    else if (G == 2)
-      DecodeAttention<T, 2>
-          <<<grid, kSplitThreads, 0, stream>>>(q, seqlens, c, sn, k, v, part, counters, out, splits, a, lanes);
-    else if (G <= 4)
-      DecodeAttention<T, 4>
-          <<<grid, kSplitThreads, 0, stream>>>(q, seqlens, c, sn, k, v, part, counters, out, splits, a, lanes);
-    else
-      DecodeAttention<T, 8>
-          <<<grid, kSplitThreads, 0, stream>>>(q, seqlens, c, sn, k, v, part, counters, out, splits, a, lanes);
-    return int(cudaGetLastError());
+    if (G == 1) return Decode<T, 1>(a, q, seqlens, c, sn, k, v, part, counters, out, splits, lanes, stream);
+    if (G == 2) return Decode<T, 2>(a, q, seqlens, c, sn, k, v, part, counters, out, splits, lanes, stream);
+    if (G <= 4) return Decode<T, 4>(a, q, seqlens, c, sn, k, v, part, counters, out, splits, lanes, stream);
+    return Decode<T, 8>(a, q, seqlens, c, sn, k, v, part, counters, out, splits, lanes, stream);
   }
   int err = Prepare<T>(a, query, past_k, past_v, seqlens, cos, sin, pk, pv, q_rot, stream);
   if (err != 0) return err;

@@ -1,0 +1,15 @@
+// Issue 27: cuda/cached_attention.cu's kernels with the probe's extras, for scripts/decode_attention_probe.py: the
+// decode step's largest cluster and block size as macros (-DONNXFUSE_DECODE_MAX_CLUSTER=4, 8 or 16,
+// -DONNXFUSE_DECODE_BLOCK=128 or 256; unset: the library's choice), and how many clusters of a size the device holds
+// at once (probe_max_clusters). Built here, from onnxfuse/kernels:
+//   nvcc -O3 -DNDEBUG -std=c++17 -arch=sm_90 -shared -Xcompiler -fPIC -I. -Icuda -IGENERATED \
+//       ../../scripts/decode_attention_probe.cu cuda/gemm.cu -o ca_c8.so -DONNXFUSE_DECODE_MAX_CLUSTER=8
+#include "cuda/cached_attention.cu"
+
+extern "C" int probe_max_clusters(int cluster, int gm, int threads) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return -1;
+  if (threads == 256)
+    return gm == 1 ? HeldClusters<__half, 1, 256>(device, cluster) : HeldClusters<__half, 4, 256>(device, cluster);
+  return gm == 1 ? HeldClusters<__half, 1, 128>(device, cluster) : HeldClusters<__half, 4, 128>(device, cluster);
+}
