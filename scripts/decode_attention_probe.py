@@ -25,10 +25,13 @@ import tempfile
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.path.insert(1, str(pathlib.Path(__file__).resolve().parents[1]))
 from lora_mlp_fold_probe import round_robin  # noqa: E402
 
-FP16 = 1  # ONNXFUSE_FP16 (onnxfuse/schema.py's dtype codes: fp32 0, fp16 1, bf16 2)
-DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+from onnxfuse.kernels.triton.table import DTYPES as DTYPE_CODES  # noqa: E402  (the launchers' dtype codes)
+
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPES = {TORCH_DTYPES[name]: code for name, code in DTYPE_CODES}
 
 
 class Args(ctypes.Structure):
@@ -99,9 +102,8 @@ def main(argv=None) -> int:
     print(f"{torch.cuda.get_device_name()}, {torch.cuda.get_device_properties(0).multi_processor_count} SMs; "
           f"D {D}, present rows {L}, {args.layers} layers over their own KV buffers (past = present); us a node "
           f"(CUDA graph of {args.layers} nodes, median of {args.rounds} rounds of {args.reps} replays)")
-    tdt = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
     for dname in args.dtypes.split(","):
-        dt = tdt[dname]
+        dt = TORCH_DTYPES[dname]
         for shape in args.shapes.split(","):
             B, H, Hkv = (int(x) for x in shape.split("x"))
             nl = args.layers if dname == args.dtypes.split(",")[0] else 2
@@ -120,7 +122,7 @@ def main(argv=None) -> int:
                                           dtype=torch.uint8, device=dev)
                     ys = [torch.empty(B, 1, H * D, device=dev, dtype=dt) for _ in range(nl)]
 
-                    def call(lib=lib, scratch=scratch, ys=ys):
+                    def call(lib=lib, scratch=scratch, ys=ys, name=name):
                         st = torch.cuda.current_stream().cuda_stream
                         for i in range(nl):
                             p = [ctypes.c_void_p(t.data_ptr()) for t in (qs[i], kc[i], vc[i], seqlens, cos, sin,
