@@ -63,19 +63,11 @@ CPU_ALWAYS_LEFT_TO_ORT: dict[str, str] = {
 
 # Patterns left to onnxruntime where the target is not the CPU (fuse(provider="cuda"), or no provider named) unless
 # --patterns names them: ops whose CPU kernel is the reason they exist and whose GPU kernels have not been measured
-# faster than onnxruntime's. None now: cached_attention, the last one, fuses on the CUDA provider where each KV head
-# has one query head (genai's 32-layer 7B-shape model decoded 1.06-1.12x faster than with SwiGLU and Embedding
-# fused alone, benchmarks/results/h200-2026-11-29/generate/genai-L32-ca2.json), its grouped shapes below.
+# faster than onnxruntime's. None now: cached_attention, the last one, fuses on the CUDA provider (genai's 32-layer
+# 7B-shape model decoded 1.06-1.12x faster than with SwiGLU and Embedding fused alone,
+# benchmarks/results/h200-2026-11-29/generate/genai-L32-ca2.json), grouped query heads too since its decode kernel
+# runs a block per query head (benchmarks/results/h200-2026-11-29/attention/decode-per-head-final-probe.txt).
 GPU_LEFT_TO_ORT: dict[str, str] = {}
-
-# Shapes a rule leaves to onnxruntime on the CUDA provider (fuse(provider="cuda") or none named) unless --patterns
-# names the pattern, each with its measurement.
-GPU_GROUPED_CACHED_ATTENTION = (
-    "grouped query heads (num_heads != kv_num_heads) stay onnxruntime's GroupQueryAttention on the CUDA provider: "
-    "CachedAttention's CUDA form hands them to that same kernel through InvokeOp and adds a fix-up (16.1 / 18.7 us a "
-    "7B-shape node at 128 / 2048 keys for onnxruntime's node against 17.4 / 20.0 under a CUDA graph, H200, "
-    "benchmarks/results/h200-2026-11-29/attention/cached-attention-vs-ort-L32-graph.txt); with one query head a KV "
-    "head its own decode kernel wins (--patterns cached_attention fuses them anyway)")
 
 
 # Stage 1 (onnxruntime's own fusions) for the CPU provider: the fusions fuse(provider="cpu") leaves out, each with its

@@ -227,11 +227,9 @@ class RuleStage:
     in_functions: int
 
 
-def fuse_model(model: ir.Model, patterns: list[str] | None = None, explain: bool = False,
-               policy: str | None = None) -> RuleStage:
+def fuse_model(model: ir.Model, patterns: list[str] | None = None, explain: bool = False) -> RuleStage:
     """Stage 2 on an in-memory onnx_ir model: apply onnxfuse's rules for `patterns` (default all, PATTERNS order),
-    in place; `policy` ("cpu", "gpu" or None: see _base.Recorder) lets a rule leave shapes to onnxruntime where its
-    op was measured slower on that provider. `fuse` is the entry point for files (stage 1, soundness gate, writing)."""
+    in place. `fuse` is the entry point for files (stage 1, soundness gate, writing)."""
     patterns = list(PATTERNS) if not patterns else patterns
     unknown = [p for p in patterns if p not in PATTERNS]
     if unknown:
@@ -239,7 +237,7 @@ def fuse_model(model: ir.Model, patterns: list[str] | None = None, explain: bool
     infer_shapes(model)
     total = model_flops(model)
     before = _op_counts(model)
-    recorder = _base.Recorder(policy)
+    recorder = _base.Recorder()
     recorder.seed(model)
     stack_refusals = []
     for name in PATTERNS:  # fixed order, whatever order the user listed them in
@@ -266,14 +264,14 @@ def fuse_model(model: ir.Model, patterns: list[str] | None = None, explain: bool
         tracer = _base.ExplainTracer()
         for name in PATTERNS:
             if name in patterns:
-                for rs in _as_list(PATTERNS[name](_base.Recorder(policy))):
+                for rs in _as_list(PATTERNS[name](_base.Recorder())):
                     _base.trace_functions(rs, model, tracer)
         in_functions = len({id(r["root"]) for r in tracer.records if r["function"]})
     refusals = []
     if explain:
         # Over the fused model: what is left is what did not fuse. A throwaway recorder: nothing is rewritten.
         tracer = _base.ExplainTracer()
-        scratch = _base.Recorder(policy)
+        scratch = _base.Recorder()
         scratch.seed(model)
         for name in PATTERNS:
             if name in patterns:
@@ -309,7 +307,7 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
     t0 = time.perf_counter()
     if provider not in (None, "cpu", "cuda"):
         raise OnnxfuseError(f"--provider must be cpu or cuda (got {provider!r})")
-    patterns, family, left_to_ort, policy = _provider_patterns(provider, cpu_isa, patterns)
+    patterns, family, left_to_ort = _provider_patterns(provider, cpu_isa, patterns)
     if backend is not None and backend not in BACKENDS:
         raise OnnxfuseError(f"--backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
     src = pathlib.Path(src)
@@ -333,7 +331,7 @@ def fuse(src: str | os.PathLike, out: str | os.PathLike | None = None, *, patter
         else:
             stage_src = src
         model, result = _stages(model, stage_src, proto, src_external and stage_src == src, ort, rules, provider,
-                                patterns, explain, backend, policy)
+                                patterns, explain, backend)
         result.nodes_before, result.already_fused, result.left_to_ort = nodes_before, already, left_to_ort
         result.upgrade = upgrade
         if result.changed or write_unchanged:
@@ -367,7 +365,7 @@ def _upgrade_opset(src: pathlib.Path, proto: onnx.ModelProto, src_external: bool
 
 def _stages(model: ir.Model, src: pathlib.Path, proto: onnx.ModelProto | None, src_external: bool, ort: bool,
             rules: bool, provider: str | None, patterns: list[str] | None, explain: bool,
-            backend: str | None, policy: str | None = None) -> tuple[ir.Model, FuseResult]:
+            backend: str | None) -> tuple[ir.Model, FuseResult]:
     """Stage 1 (onnxruntime's fusions, on a fresh load of `src`, checked against `proto`) and stage 2 (the rules) on
     `model`: the model to write and its FuseResult (the caller adds what it knows of the source)."""
     nodes_in = len(model.graph)
@@ -379,7 +377,7 @@ def _stages(model: ir.Model, src: pathlib.Path, proto: onnx.ModelProto | None, s
     del proto
     nodes_after_ort = len(model.graph) if ort else None
     if rules:
-        stage2 = fuse_model(model, patterns, explain, policy)
+        stage2 = fuse_model(model, patterns, explain)
     else:
         stage2 = RuleStage(_base.Recorder(), {}, None, None, [], 0)
     if backend is not None:
@@ -393,22 +391,21 @@ def _stages(model: ir.Model, src: pathlib.Path, proto: onnx.ModelProto | None, s
 
 
 def _provider_patterns(provider: str | None, cpu_isa: str | None, patterns: list[str] | None):
-    """(patterns to apply, the CPU family whose table applies or None, {pattern: why it is left to onnxruntime}, the
-    rules' speed policy (_base.Recorder: "cpu", "gpu", or None where the patterns are named)): provider="cpu" without
-    an explicit --patterns list leaves the family's CPU_LEFT_TO_ORT patterns out; any other target (cuda, or none
-    named) leaves GPU_LEFT_TO_ORT's out."""
+    """(patterns to apply, the CPU family whose table applies or None, {pattern: why it is left to onnxruntime}):
+    provider="cpu" without an explicit --patterns list leaves the family's CPU_LEFT_TO_ORT patterns out; any other
+    target (cuda, or none named) leaves GPU_LEFT_TO_ORT's out."""
     if cpu_isa is not None and provider != "cpu":
         raise OnnxfuseError("--cpu-isa goes with --provider cpu (it picks that provider's table of patterns)")
     if provider != "cpu":
         if patterns is not None:  # an explicit --patterns list fuses what it names
-            return patterns, None, {}, None
-        return [p for p in PATTERNS if p not in GPU_LEFT_TO_ORT], None, dict(GPU_LEFT_TO_ORT), "gpu"
+            return patterns, None, {}
+        return [p for p in PATTERNS if p not in GPU_LEFT_TO_ORT], None, dict(GPU_LEFT_TO_ORT)
     target = cpu_isa or host.kernel_family()
     left = cpu_left_to_ort(target)  # an unknown family is an error either way
     if patterns is not None:  # an explicit --patterns list fuses what it names
-        return patterns, None, {}, None
+        return patterns, None, {}
     left_to_ort = dict(left)
-    return [p for p in PATTERNS if p not in left_to_ort], target, left_to_ort, "cpu"
+    return [p for p in PATTERNS if p not in left_to_ort], target, left_to_ort
 
 
 def _write(model: ir.Model, result: FuseResult, src: pathlib.Path, out, src_external: bool, external_data,

@@ -8,8 +8,8 @@ by N), and prints us per node; --graph captures each session in a CUDA graph (ge
 
     python scripts/cached_attention_vs_ort.py [--contexts 128,2048] [--prompts 128,2048] [--reps 200] [--layers 32]
 
-A diagnosis for the CUDA provider's policy (cpu_policy.GPU_GROUPED_CACHED_ATTENTION: the op fused where each KV head
-has one query head, grouped heads left to onnxruntime), not a user's measurement.
+A diagnosis for the CUDA provider's policy (cpu_policy.GPU_LEFT_TO_ORT: the op fused on the CUDA provider, grouped
+query heads too), not a user's measurement.
 """
 from __future__ import annotations
 

@@ -6,10 +6,8 @@
 //       ../../scripts/decode_attention_probe.cu cuda/gemm.cu -o ca_c8.so -DONNXFUSE_DECODE_MAX_CLUSTER=8
 #include "cuda/cached_attention.cu"
 
-extern "C" int probe_max_clusters(int cluster, int gm, int threads) {
+extern "C" int probe_max_clusters(int cluster, int threads) {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return -1;
-  if (threads == 256)
-    return gm == 1 ? HeldClusters<__half, 1, 256>(device, cluster) : HeldClusters<__half, 4, 256>(device, cluster);
-  return gm == 1 ? HeldClusters<__half, 1, 128>(device, cluster) : HeldClusters<__half, 4, 128>(device, cluster);
+  return threads == 256 ? HeldClusters<__half, 256>(device, cluster) : HeldClusters<__half, 128>(device, cluster);
 }

@@ -92,10 +92,9 @@ def main(argv=None) -> int:
         libs[name] = load(path, name in off)
     for name, lib in libs.items():
         if hasattr(lib, "probe_max_clusters"):  # scripts/decode_attention_probe.cu's builds
-            held = {(c, gm, t): lib.probe_max_clusters(c, gm, t) for t in (128, 256) for gm in (1, 4)
-                    for c in (1, 2, 4, 8, 16)}
-            print(f"{name}: clusters the device holds at once (size/heads a KV head/threads): "
-                  + ", ".join(f"{c}/{gm}/{t}: {n}" for (c, gm, t), n in held.items()))
+            held = {(c, t): lib.probe_max_clusters(c, t) for t in (128, 256) for c in (1, 2, 4, 8, 16)}
+            print(f"{name}: clusters the device holds at once (size/threads): "
+                  + ", ".join(f"{c}/{t}: {n}" for (c, t), n in held.items()))
     D, L, R = 128, args.L, 128
     dev = "cuda"
     torch.manual_seed(0)

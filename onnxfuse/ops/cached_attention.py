@@ -7,9 +7,10 @@ Why an op of its own: at decode (one new token after a long context) onnxruntime
 on SmolLM2-135M at context 2048 (genai's own session, 2 threads: 8.1 of 31 ms a step in its 30 nodes), where a
 flash-decoding loop that reads each KV row once for the query heads that share it takes about half of that
 (scripts/cpu_decode_attention_probe.cc). The CPU kernel runs that loop for calls with a past and hands first prompts
-(fp32) to onnxruntime's own kernel through InvokeOp, whose GEMMs are faster there. On the CUDA EP a decode step with
-one query head a KV head is one kernel of its own (DecodeAttention, kernels/cuda/cached_attention.cu), and prompts
-and grouped heads go to onnxruntime's CUDA kernel through InvokeOp (backend auto).
+(fp32) to onnxruntime's own kernel through InvokeOp, whose GEMMs are faster there. On the CUDA EP a decode step is
+one kernel of its own (DecodeAttention, kernels/cuda/cached_attention.cu: blocks per query head and key split, a KV
+head's query heads reading its rows from L2), and prompts go to onnxruntime's CUDA kernel through InvokeOp (backend
+auto).
 """
 from __future__ import annotations
 

@@ -64,10 +64,7 @@ class Recorder:
     fused model, or a model that already holds a tensor called `W_KxN`, never loses a tensor to a clash.
     """
 
-    def __init__(self, policy: str | None = None):
-        # the speed policy of the provider fuse targets, for rules whose measured win depends on the shapes: "cpu",
-        # "gpu" (fuse(provider="cuda") or none named), None where the user named the patterns (they fuse what they can)
-        self.policy = policy
+    def __init__(self):
         self.matches: list[Match] = []
         self.names: set[str] = set()
         self._derived: dict[tuple, ir.Value] = {}

@@ -13,16 +13,14 @@ or head_sink, a fourth output (output_qk), do_rotary=0, a local window (local_wi
 smooth_softmax, attributes the op does not know, a negative scale, element types other than one float type shared by
 query, caches and cos/sin, heads that do not divide the query's width or H not a multiple of Hkv, a head size above
 MAX_HEAD_SIZE or odd, a rotary width above the head size. Which providers it fuses for: cpu_policy.py (`fuse
---provider cpu` fuses it where the host has AVX2; on the CUDA provider, or none named, it fuses where each KV head has
-one query head and leaves grouped heads to onnxruntime's node, GPU_GROUPED_CACHED_ATTENTION, unless --patterns names
-it).
+--provider cpu` fuses it where the host has AVX2; on the CUDA provider, or none named, it fuses, grouped query heads
+too).
 """
 from __future__ import annotations
 
 from onnxscript import ir
 from onnxscript.rewriter import MatchResult
 
-from ..cpu_policy import GPU_GROUPED_CACHED_ATTENTION
 from ..ops.cached_attention import CACHED_ATTENTION
 from ._base import FusionRule, check_float_dtypes, dims, rule_set
 
@@ -69,8 +67,6 @@ class CachedAttention(FusionRule):
         reason = _head_reason(h, hkv, dims(query), dims(ins["past_key"]), dims(ins["cos_cache"]))
         if reason:
             return result.fail(reason, query)
-        if self.recorder.policy == "gpu" and h != hkv:
-            return result.fail(GPU_GROUPED_CACHED_ATTENTION, query)
         self._ins = ins
         return result
 

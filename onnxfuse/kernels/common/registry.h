@@ -74,10 +74,10 @@ OrtStatusPtr CreateKernelOrStatus(const OrtApi& api, const OrtKernelInfo* info, 
 }
 
 // onnxruntime's com.microsoft GroupQueryAttention as an Ort::Op a kernel runs through InvokeOp (CachedAttention's
-// CPU kernel hands it fp32 first prompts, its CUDA one prompts and grouped heads' decode steps): element type `type`,
-// rotary on, no local window or softcap; null where this onnxruntime has no such op. The attributes keep the names
-// of the op's schema where they match (the op's qk_scale is GroupQueryAttention's scale: 0 means 1 / sqrt(D) in
-// both), so no name is written twice.
+// CPU kernel hands it fp32 first prompts, its CUDA one every prompt): element type `type`, rotary on, no local
+// window or softcap; null where this onnxruntime has no such op. The attributes keep the names of the op's schema
+// where they match (the op's qk_scale is GroupQueryAttention's scale: 0 means 1 / sqrt(D) in both), so no name is
+// written twice.
 inline std::unique_ptr<Ort::Op> GroupQueryAttentionOp(const OrtKernelInfo* info, ONNXTensorElementDataType type,
                                                       int64_t heads, int64_t kv_heads, bool interleaved, float scale) {
   try {

@@ -57,7 +57,7 @@ int64_t onnxfuse_cached_attention_splits(const struct OnnxfuseCachedAttentionArg
 //            head, a key at a time, a lane holding D / 32 elements), the running max, sum and weighted values in fp32;
 //   combine: per (sequence, row, head) the splits' partials into Y (rows past a sequence's valid ones: 0).
 // Correct for any S, but a prompt's S x S scores are a key at a time here: backend auto (the host half) hands first
-// prompts, and decode steps of grouped heads, to onnxruntime's own CUDA GroupQueryAttention (InvokeOp).
+// prompts to onnxruntime's own CUDA GroupQueryAttention (InvokeOp).
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -472,44 +472,52 @@ __device__ inline const float* ClusterRank(const float* p, int rank) {
 #endif
 }
 
-// kCluster: a cluster of `splits` blocks per (sequence, KV head), blockIdx.x = task * splits + split; each block's
-// partial stays in its shared memory and the cluster's first block combines them through distributed shared memory
-// (no partials in global memory, no counters). Else a grid of (task, split) whose partials go to `part` and whose
-// last block to finish (a counter per task, zeroed by the launcher) combines them.
-template <typename T, int GM, bool kCluster, int NT = kSplitThreads>
-__global__ void __launch_bounds__(NT, GM == 1 ? 512 / NT : 1)
+// One query head a block: task = (sequence, query head), so a KV head's G query heads are G tasks reading the same
+// key and value rows at about the same time (the repeats from L2); every block runs SplitKeys' pipelined one-head
+// loop. kCluster: a cluster of `splits` blocks per task, blockIdx.x = task * splits + split; each block's partial
+// stays in its shared memory and the cluster's first block combines them through distributed shared memory (no
+// partials in global memory, no counters). Else a grid of (task, split) whose partials go to `part` and whose last
+// block to finish (a counter per task, zeroed by the launcher) combines them. The split holding the new row (the
+// sequence's last key) stores it in present where it is its KV head's first query head's; with one query head a KV
+// head it reads it back in its loop (its first step, loaded before the store, from shared memory), else every
+// query head's owner split adds it from shared memory after its loop (another block stores it).
+template <typename T, bool kCluster, int NT = kSplitThreads>
+__global__ void __launch_bounds__(NT, 512 / NT)
     DecodeAttention(const T* __restrict__ query, const int32_t* __restrict__ seqlens, const T* __restrict__ cs,
                     const T* __restrict__ sn, T* __restrict__ pk, T* __restrict__ pv, float* __restrict__ part,
                     int* __restrict__ counters, T* __restrict__ y, int64_t splits, Args a, int lanes) {
   constexpr int E = 16 / int(sizeof(T));
-  __shared__ SplitSmem<T, GM, NT> sm;
+  __shared__ SplitSmem<T, 1, NT> sm;
   const int64_t split = kCluster ? blockIdx.x % splits : blockIdx.y;
-  const int64_t task = kCluster ? blockIdx.x / splits : blockIdx.x;  // task = (b, kvh); S == 1
-  const int64_t kvh = task % a.Hkv, b = task / a.Hkv;
-  const int G = int(a.H / a.Hkv), D = int(a.D);
+  const int64_t task = kCluster ? blockIdx.x / splits : blockIdx.x;  // task = (b, h); S == 1
+  const int64_t h = task % a.H, b = task / a.H, G = a.H / a.Hkv, kvh = h / G;
+  const int D = int(a.D);
   const int groups = NT / lanes, grp = threadIdx.x / lanes, sub = threadIdx.x % lanes;
   const Rows r = RowsOf(a, seqlens, b);
   const int64_t n = (r.ok && r.valid >= 1) ? r.past + 1 : 0, pos = r.past;
   const int64_t step = kUnroll * groups;  // a split's keys: whole steps of the key loop
   const int64_t per = ((n + splits - 1) / splits + step - 1) / step * step, j0 = split * per;
   const int64_t j1 = j0 + per < n ? j0 + per : n;
+  const bool owner = n > 0 && pos >= j0 && pos < j1;  // pos is then j1 - 1
+  const bool after = owner && G > 1;                  // the new row added after the loop
+  const int64_t jk = after ? pos : j1;                // the loop's keys
   const int64_t plane = (b * a.Hkv + kvh) * a.L * a.D;
   const T* K = pk + plane + sub * E;
   const T* V = pv + plane + sub * E;
-  // the split's first step of rows in flight while the queries are rotated (the new row, which this kernel stores
-  // below, is taken from shared memory instead)
+  // the split's first step of rows in flight while the query is rotated
   uint4 kr[kUnroll], vr[kUnroll];
-  LoadStep(K, V, j0, j1, a.D, grp, groups, kr, vr);
-  // the rotated query heads of the group (shared memory, scaled); the new key and value rows where this split holds
-  // them: pairs (i, i + R / 2) or (2i, 2i + 1) of the first R dims rotated by cos/sin row pos, the rest copied
+  LoadStep(K, V, j0, jk, a.D, grp, groups, kr, vr);
+  // the rotated query head (shared memory, scaled); the new key and value rows where this split holds them (shared
+  // memory; present too from the KV head's first query head): pairs (i, i + R / 2) or (2i, 2i + 1) of the first R
+  // dims rotated by cos/sin row pos, the rest copied
   const int64_t width = (a.H + 2 * a.Hkv) * a.D, half = a.R / 2;
-  const bool owner = n > 0 && pos >= j0 && pos < j1;
-  const int heads = G + (owner ? 2 : 0);
+  const int heads = owner ? 3 : 1;
+  const bool store = owner && h % G == 0;
   for (int64_t t = threadIdx.x; n > 0 && t < heads * (a.D / 2); t += NT) {
     const int64_t hh = t / (a.D / 2), i = t % (a.D / 2);
-    const int64_t head = hh < G ? kvh * G + hh : (hh == G ? a.H + kvh : a.H + a.Hkv + kvh);
+    const int64_t head = hh == 0 ? h : (hh == 1 ? a.H + kvh : a.H + a.Hkv + kvh);
     const T* src = query + b * width + head * a.D;
-    const bool rotated = i < half && hh <= G;
+    const bool rotated = i < half && hh <= 1;
     const int64_t i0 = a.interleaved ? 2 * i : (i < half ? i : a.R + 2 * (i - half));
     const int64_t i1 = a.interleaved || i >= half ? i0 + 1 : i + half;
     float x0 = to_f(src[i0]), x1 = to_f(src[i1]);
@@ -518,40 +526,49 @@ __global__ void __launch_bounds__(NT, GM == 1 ? 512 / NT : 1)
       const float y0 = x0 * c - x1 * sv, y1 = x1 * c + x0 * sv;
       x0 = y0, x1 = y1;
     }
-    if (hh < G) {
-      sm.q[hh][i0] = x0 * a.scale, sm.q[hh][i1] = x1 * a.scale;
+    if (hh == 0) {
+      sm.q[0][i0] = x0 * a.scale, sm.q[0][i1] = x1 * a.scale;
     } else {
-      T* dst = (hh == G ? pk : pv) + plane + pos * a.D;
-      T* keep = hh == G ? sm.knew : sm.vnew;
-      dst[i0] = keep[i0] = from_f<T>(x0), dst[i1] = keep[i1] = from_f<T>(x1);
+      T* keep = hh == 1 ? sm.knew : sm.vnew;
+      keep[i0] = from_f<T>(x0), keep[i1] = from_f<T>(x1);
+      if (store) {
+        T* dst = (hh == 1 ? pk : pv) + plane + pos * a.D;
+        dst[i0] = keep[i0], dst[i1] = keep[i1];
+      }
     }
   }
-  __syncthreads();  // the query and the new row in shared memory, the new row in present: all read below
-  if (owner)
+  __syncthreads();  // the query and the new row in shared memory (and present, G == 1): read below
+  if (owner && !after)
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
       if (j0 + grp + u * groups == pos) {  // loaded above before it was stored
         kr[u] = *reinterpret_cast<const uint4*>(sm.knew + sub * E);
         vr[u] = *reinterpret_cast<const uint4*>(sm.vnew + sub * E);
       }
-  float qf[GM][E], acc[GM][E], m[GM], l[GM];
+  float qf[1][E], acc[1][E], m[1], l[1];
 #pragma unroll
-  for (int g = 0; g < GM; ++g)
-#pragma unroll
-    for (int e = 0; e < E; ++e) qf[g][e] = g < G ? sm.q[g][sub * E + e] : 0.f;
-  SplitKeys<T, GM>(qf, K, V, j0, j1, a.D, G, lanes, groups, grp, kr, vr, acc, m, l);
+  for (int e = 0; e < E; ++e) qf[0][e] = sm.q[0][sub * E + e];
+  SplitKeys<T, 1>(qf, K, V, j0, jk, a.D, 1, lanes, groups, grp, kr, vr, acc, m, l);
+  if (after) {  // the new row, as group 0's key
+    float kf[kUnroll][E] = {}, vf[kUnroll][E] = {};
+    bool live[kUnroll] = {};
+    Unpack16<T>(*reinterpret_cast<const uint4*>(sm.knew + sub * E), kf[0]);
+    Unpack16<T>(*reinterpret_cast<const uint4*>(sm.vnew + sub * E), vf[0]);
+    live[0] = grp == 0;
+    KeyStep<T, 1>(qf, kf, vf, live, 1, lanes, acc, m, l);
+  }
   const int64_t stride = 2 + a.D;
-  T* yb = y + (b * a.H + kvh * G) * a.D;
+  T* yb = y + (b * a.H + h) * a.D;
   if constexpr (kCluster) {
-    float* mine = &sm.q[0][0];  // the queries are in registers now
-    MergeGroups<T, GM>(sm, acc, m, l, G, D, groups, grp, sub, mine);
+    float* mine = &sm.q[0][0];  // the query is in registers now
+    MergeGroups<T, 1>(sm, acc, m, l, 1, D, groups, grp, sub, mine);
     ClusterSync();  // every split's partial written
     if (split == 0)
-      CombineSplits(sm, [&](int64_t c, int64_t i) { return ClusterRank(mine, int(c))[i]; }, splits, G, a.D, n > 0, yb);
+      CombineSplits(sm, [&](int64_t c, int64_t i) { return ClusterRank(mine, int(c))[i]; }, splits, 1, a.D, n > 0, yb);
     ClusterSync();  // a block's shared memory stays until the first block has read it
   } else {
-    float* mine = part + task * splits * G * stride;
-    MergeGroups<T, GM>(sm, acc, m, l, G, D, groups, grp, sub, mine + split * G * stride);
+    float* mine = part + task * splits * stride;
+    MergeGroups<T, 1>(sm, acc, m, l, 1, D, groups, grp, sub, mine + split * stride);
     // the last block of the task to finish combines the splits
     __threadfence();
     __syncthreads();
@@ -559,8 +576,7 @@ __global__ void __launch_bounds__(NT, GM == 1 ? 512 / NT : 1)
     __syncthreads();
     if (!sm.last) return;
     __threadfence();
-    CombineSplits(
-        sm, [&](int64_t c, int64_t i) { return __ldcg(mine + c * G * stride + i); }, splits, G, a.D, n > 0, yb);
+    CombineSplits(sm, [&](int64_t c, int64_t i) { return __ldcg(mine + c * stride + i); }, splits, 1, a.D, n > 0, yb);
   }
 }
 
@@ -569,9 +585,9 @@ __global__ void __launch_bounds__(NT, GM == 1 ? 512 / NT : 1)
 #endif
 constexpr int kMaxCluster = ONNXFUSE_DECODE_MAX_CLUSTER;
 
-// How many clusters of `size` blocks of DecodeAttention<T, GM, true, NT> the device holds at once (asked once per
-// device and size; 0 where it holds none or refuses the size).
-template <typename T, int GM, int NT>
+// How many clusters of `size` blocks of DecodeAttention<T, true, NT> the device holds at once (asked once per device
+// and size; 0 where it holds none or refuses the size).
+template <typename T, int NT>
 int HeldClusters(int device, int size) {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> held[kMaxDevices][5] = {};  // sizes 1, 2, 4, 8, 16: the count + 1 once asked
@@ -579,7 +595,7 @@ int HeldClusters(int device, int size) {
   if (device < 0 || device >= kMaxDevices) return 0;
   int n = held[device][slot].load(std::memory_order_relaxed);
   if (n == 0) {
-    auto kernel = DecodeAttention<T, GM, true, NT>;
+    auto kernel = DecodeAttention<T, true, NT>;
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeClusterDimension;
@@ -599,22 +615,22 @@ int HeldClusters(int device, int size) {
 
 // The largest power of two to kMaxCluster (at least 32 of present's L keys a split) whose clusters of NT-thread
 // blocks the device holds for all `tasks` at once (one wave), or 0.
-template <typename T, int GM, int NT>
+template <typename T, int NT>
 int WaveSplits(int device, int64_t tasks, int64_t L) {
   int best = 0;
   for (int s = 1; s <= kMaxCluster && (s == 1 || s * 32 <= L); s *= 2)
-    if (tasks <= HeldClusters<T, GM, NT>(device, s)) best = s;
+    if (tasks <= HeldClusters<T, NT>(device, s)) best = s;
   return best;
 }
 
-// The clustered decode step's blocks: `threads` a block, `splits` blocks (a cluster) a (sequence, KV head). 256
-// threads where they split a task as finely as 128 do within one wave (twice the rows in flight; up to four heads a KV
-// head: eight would pass the 48 KB of static shared memory), else 128. splits 0: clusters off (before sm_90, or
-// ONNXFUSE_DECODE_CLUSTERS=0), or no split holds every task in one wave (the counters' form then).
+// The clustered decode step's blocks: `threads` a block, `splits` blocks (a cluster) a (sequence, query head). 256
+// threads where they split a task as finely as 128 do within one wave (twice the rows in flight), else 128. splits 0:
+// clusters off (before sm_90, or ONNXFUSE_DECODE_CLUSTERS=0), or no split holds every task in one wave (the
+// counters' form then).
 struct ClusterShape {
   int threads, splits;
 };
-template <typename T, int GM>
+template <typename T>
 ClusterShape ClusterSplits(const Args& a) {
   static const bool off = [] {
     const char* v = std::getenv("ONNXFUSE_DECODE_CLUSTERS");
@@ -622,10 +638,9 @@ ClusterShape ClusterSplits(const Args& a) {
   }();
   int device = 0;
   if (off || onnxfuse_cuda_current_arch(&device) < 90) return {0, 0};
-  const int64_t tasks = a.B * a.Hkv;
-  const int s128 = WaveSplits<T, GM, 128>(device, tasks, a.L);
-  int s256 = 0;
-  if constexpr (GM <= 4) s256 = WaveSplits<T, GM, 256>(device, tasks, a.L);
+  const int64_t tasks = a.B * a.H;
+  const int s128 = WaveSplits<T, 128>(device, tasks, a.L);
+  const int s256 = WaveSplits<T, 256>(device, tasks, a.L);
 #ifdef ONNXFUSE_DECODE_BLOCK  // probes: one block size
   if (ONNXFUSE_DECODE_BLOCK == 128) return {128, s128};
   return {256, s256};
@@ -634,10 +649,10 @@ ClusterShape ClusterSplits(const Args& a) {
   return {128, s128};
 }
 
-template <typename T, int GM, int NT>
+template <typename T, int NT>
 int LaunchClustered(const Args& a, int splits, const T* q, const int32_t* seqlens, const T* c, const T* sn, T* k, T* v,
                     T* out, int lanes, cudaStream_t stream) {
-  auto kernel = DecodeAttention<T, GM, true, NT>;
+  auto kernel = DecodeAttention<T, true, NT>;
   if (splits > 8) {
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     if (e != cudaSuccess) return int(e);
@@ -646,7 +661,7 @@ int LaunchClustered(const Args& a, int splits, const T* q, const int32_t* seqlen
   cudaLaunchAttribute at[1];
   at[0].id = cudaLaunchAttributeClusterDimension;
   at[0].val.clusterDim.x = unsigned(splits), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-  cfg.gridDim = dim3(unsigned(a.B * a.Hkv * splits)), cfg.blockDim = dim3(NT);
+  cfg.gridDim = dim3(unsigned(a.B * a.H * splits)), cfg.blockDim = dim3(NT);
   cfg.stream = stream, cfg.attrs = at, cfg.numAttrs = 1;
   float* no_part = nullptr;
   int* no_counters = nullptr;
@@ -656,20 +671,19 @@ int LaunchClustered(const Args& a, int splits, const T* q, const int32_t* seqlen
 
 // A decode step's attention in one kernel: clustered where ClusterSplits finds a shape, else the counters' form over
 // `splits` (zeroed counters first).
-template <typename T, int GM>
+template <typename T>
 int Decode(const Args& a, const T* q, const int32_t* seqlens, const T* c, const T* sn, T* k, T* v, float* part,
            int* counters, T* out, int64_t splits, int lanes, cudaStream_t stream) {
-  const ClusterShape shape = ClusterSplits<T, GM>(a);
+  const ClusterShape shape = ClusterSplits<T>(a);
   if (shape.splits > 0) {
-    if constexpr (GM <= 4)
-      if (shape.threads == 256)
-        return LaunchClustered<T, GM, 256>(a, shape.splits, q, seqlens, c, sn, k, v, out, lanes, stream);
-    return LaunchClustered<T, GM, 128>(a, shape.splits, q, seqlens, c, sn, k, v, out, lanes, stream);
+    if (shape.threads == 256)
+      return LaunchClustered<T, 256>(a, shape.splits, q, seqlens, c, sn, k, v, out, lanes, stream);
+    return LaunchClustered<T, 128>(a, shape.splits, q, seqlens, c, sn, k, v, out, lanes, stream);
   }
-  const cudaError_t e = cudaMemsetAsync(counters, 0, size_t(a.B * a.Hkv) * sizeof(int), stream);
+  const cudaError_t e = cudaMemsetAsync(counters, 0, size_t(a.B * a.H) * sizeof(int), stream);
   if (e != cudaSuccess) return int(e);
-  const dim3 grid(unsigned(a.B * a.Hkv), unsigned(splits));
-  DecodeAttention<T, GM, false>
+  const dim3 grid(unsigned(a.B * a.H), unsigned(splits));
+  DecodeAttention<T, false>
       <<<grid, kSplitThreads, 0, stream>>>(q, seqlens, c, sn, k, v, part, counters, out, splits, a, lanes);
   return int(cudaGetLastError());
 }
@@ -795,10 +809,7 @@ int Run(int dtype, const Args& a, const void* query, const void* past_k, const v
     T* k = static_cast<T*>(pk);
     T* v = static_cast<T*>(pv);
     T* out = static_cast<T*>(y);
-    if (G == 1) return Decode<T, 1>(a, q, seqlens, c, sn, k, v, part, counters, out, splits, lanes, stream);
-    if (G == 2) return Decode<T, 2>(a, q, seqlens, c, sn, k, v, part, counters, out, splits, lanes, stream);
-    if (G <= 4) return Decode<T, 4>(a, q, seqlens, c, sn, k, v, part, counters, out, splits, lanes, stream);
-    return Decode<T, 8>(a, q, seqlens, c, sn, k, v, part, counters, out, splits, lanes, stream);
+    return Decode<T>(a, q, seqlens, c, sn, k, v, part, counters, out, splits, lanes, stream);
   }
   int err = Prepare<T>(a, query, past_k, past_v, seqlens, cos, sin, pk, pv, q_rot, stream);
   if (err != 0) return err;
@@ -841,7 +852,7 @@ extern "C" int64_t onnxfuse_cuda_cached_attention_scratch_bytes(const OnnxfuseCa
   const int64_t splits = onnxfuse_cached_attention_splits(a);
   const int64_t q = a->B * a->S * a->H * a->D;
   const int64_t part = a->B * a->Hkv * a->S * splits * (a->H / a->Hkv) * (2 + a->D);
-  const int64_t counters = a->B * a->Hkv * a->S;  // int32, the decode kernel's
+  const int64_t counters = a->B * a->H * a->S;  // int32, the decode kernel's (a task a query head)
   return (q + part + counters) * int64_t(sizeof(float));
 }
 
@@ -981,17 +992,13 @@ struct CachedAttentionCuda {
   // backend auto (cuda and triton name the op's own kernels) hands onnxruntime's op prompts (its flash kernels):
   // first prompts, and later ones of one sequence (onnxruntime refuses a batch of them) -- genai's CUDA-graph mode
   // feeds its prompt as one, total_sequence_length being its static mask's max length, and the op's own kernels
-  // took 6 ms a 7B layer at 2048 tokens there (H200) --, and decode steps where query heads share a KV head (its
-  // decode kernel: the op's split-KV kernel was measured slower there on an H200, faster with one query head a KV
-  // head), then fixes the rows it leaves as they come; false where it does not take the call (then the op's
-  // kernels run).
+  // took 6 ms a 7B layer at 2048 tokens there (H200) --, then fixes the rows it leaves as they come; false where it
+  // does not take the call (then the op's kernels run: every decode step, grouped query heads too).
   bool RunPrompt(OrtKernelContext* context, const OnnxfuseCachedAttentionArgs& a, const int32_t* seqlens,
                  const void* past_k, const void* past_v, Ort::UnownedValue& y, Ort::UnownedValue& pk,
                  Ort::UnownedValue& pv, void* stream) const {
-    const bool grouped_decode = a.S == 1 && a.H != a.Hkv;
     const bool prompt = a.S > 1 && (a.first || a.B == 1);
-    if (!prompt_op || !(prompt || grouped_decode) || a.D % 8 || attrs.backend == Backend::kCuda ||
-        attrs.backend == Backend::kTriton)
+    if (!prompt_op || !prompt || a.D % 8 || attrs.backend == Backend::kCuda || attrs.backend == Backend::kTriton)
       return false;
     Ort::KernelContext kc(context);
     const OrtValue* ins[] = {kc.GetInput(0), nullptr,        nullptr,        kc.GetInput(1), kc.GetInput(2),
