@@ -143,63 +143,68 @@ PY
     # one (`fuse`), at prompts SIZES (default 128,2048) (ONNX=0: not); then the same against transformers eager and
     # static cache + torch.compile (--transformers; TRANSFORMERS=0: not); then (PROFILE=1) one decode step of both
     # folders (and the A/B one) kernel by kernel (scripts/genai_decode_profile.py) at prompts PROFILE_PROMPTS
-    # (default 128 2048). A later call on the warm machine reuses the checkpoint and folders. Carries the genai CUDA
-    # wheel (.gpu/genai/*.whl) and .gpu/tok.
+    # (default 128 2048). KV_HEADS (default 32): the checkpoint's key-value heads (8: Llama-3's grouped heads; its
+    # folders are /root/gen-kv8...). A later call on the warm machine reuses the checkpoint and folders. Carries the
+    # genai CUDA wheel (.gpu/genai/*.whl) and .gpu/tok.
     [ -d /root/genai/onnxruntime_genai ] || python3 -m pip install -q --no-deps --target /root/genai .gpu/genai/*.whl \
       || exit 1
     export PYTHONPATH=/root/ortsite:/root/genai:$PWD
     L=${LAYERS:-4}
+    KV=${KV_HEADS:-32}
+    SFX=""
+    [ "$KV" = 32 ] || SFX="-kv$KV"
+    GEN=/root/gen$SFX
     # folders an earlier call of this sitting wrote are kept (BENCH=0: only write them, so that a 32-layer sitting
     # splits into calls under the device's limit)
-    if [ "${ONNX:-1}" = 1 ] && [ ! -f /root/gen/genai_config.json ]; then
-      LAYERS_N=$L python3 - <<'PY' || exit 1
+    if [ "${ONNX:-1}" = 1 ] && [ ! -f $GEN/genai_config.json ]; then
+      LAYERS_N=$L KV_N=$KV CKPT=/root/ckpt-gen$SFX python3 - <<'PY' || exit 1
 import os, torch, transformers
 cfg = transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=int(os.environ["LAYERS_N"]),
-                               num_attention_heads=32, num_key_value_heads=32, vocab_size=49152,
+                               num_attention_heads=32, num_key_value_heads=int(os.environ["KV_N"]), vocab_size=49152,
                                max_position_embeddings=4096)
 torch.manual_seed(0)
 with torch.device("cuda"):
     model = transformers.LlamaForCausalLM(cfg).half()
-model.save_pretrained("/root/ckpt-gen")
-transformers.AutoTokenizer.from_pretrained(".gpu/tok").save_pretrained("/root/ckpt-gen")
+model.save_pretrained(os.environ["CKPT"])
+transformers.AutoTokenizer.from_pretrained(".gpu/tok").save_pretrained(os.environ["CKPT"])
 PY
-      python3 -m onnxfuse export hf /root/ckpt-gen -o /root/gen --dtype fp16 --provider cuda --no-fuse \
+      python3 -m onnxfuse export hf /root/ckpt-gen$SFX -o $GEN --dtype fp16 --provider cuda --no-fuse \
         > "$OUT/generate-export.log" 2>&1; echo "export rc $?"; tail -2 "$OUT/generate-export.log"
     fi
     if [ "${ONNX:-1}" = 1 ]; then
-      if [ ! -f /root/gen-fused/genai_config.json ]; then
-        python3 -m onnxfuse fuse /root/gen --provider cuda > "$OUT/generate-fuse.log" 2>&1; echo "fuse rc $?"
+      if [ ! -f $GEN-fused/genai_config.json ]; then
+        python3 -m onnxfuse fuse $GEN --provider cuda > "$OUT/generate-fuse.log" 2>&1; echo "fuse rc $?"
         tail -2 "$OUT/generate-fuse.log"
-        [ -f /root/libdnnl.so.3 ] && cp /root/libdnnl.so.3 /root/gen-fused/
+        [ -f /root/libdnnl.so.3 ] && cp /root/libdnnl.so.3 $GEN-fused/
       fi
-      FOLDERS="/root/gen /root/gen-fused"
+      FOLDERS="$GEN $GEN-fused"
       if [ -n "${AB_PATTERNS:-}" ]; then  # a third folder fused with --patterns AB_PATTERNS, benched beside them
-        if [ ! -f /root/gen-fused-ab/genai_config.json ]; then
-          python3 -m onnxfuse fuse /root/gen -o /root/gen-fused-ab --provider cuda --patterns "$AB_PATTERNS" \
+        if [ ! -f $GEN-fused-ab/genai_config.json ]; then
+          python3 -m onnxfuse fuse $GEN -o $GEN-fused-ab --provider cuda --patterns "$AB_PATTERNS" \
             > "$OUT/generate-fuse-ab.log" 2>&1; echo "fuse ab rc $?"; tail -2 "$OUT/generate-fuse-ab.log"
-          [ -f /root/libdnnl.so.3 ] && cp /root/libdnnl.so.3 /root/gen-fused-ab/
+          [ -f /root/libdnnl.so.3 ] && cp /root/libdnnl.so.3 $GEN-fused-ab/
         fi
-        FOLDERS="$FOLDERS /root/gen-fused-ab"
+        FOLDERS="$FOLDERS $GEN-fused-ab"
       fi
       if [ "${BENCH:-1}" = 1 ]; then
         # shellcheck disable=SC2086  # FOLDERS: one word a folder
         python3 -m onnxfuse bench genai $FOLDERS --device cuda --sizes "${SIZES:-128,2048}" --runs 3 \
-          -o "$OUT/genai-L$L${TAG:-}.json" > "$OUT/genai-L$L${TAG:-}.log" 2>&1; echo "bench genai rc $?"
-        tail -14 "$OUT/genai-L$L${TAG:-}.log"
+          -o "$OUT/genai-L$L$SFX${TAG:-}.json" > "$OUT/genai-L$L$SFX${TAG:-}.log" 2>&1; echo "bench genai rc $?"
+        tail -14 "$OUT/genai-L$L$SFX${TAG:-}.log"
       fi
     fi
     if [ "${TRANSFORMERS:-1}" = 1 ]; then
-      python3 -m onnxfuse bench genai /root/gen --device cuda --sizes "${SIZES:-128,2048}" --runs 3 \
-        --transformers eager,compile -o "$OUT/genai-transformers-L$L.json" > "$OUT/genai-transformers-L$L.log" 2>&1
-      echo "bench transformers rc $?"; tail -9 "$OUT/genai-transformers-L$L.log"
+      python3 -m onnxfuse bench genai $GEN --device cuda --sizes "${SIZES:-128,2048}" --runs 3 \
+        --transformers eager,compile -o "$OUT/genai-transformers-L$L$SFX.json" > "$OUT/genai-transformers-L$L$SFX.log" 2>&1
+      echo "bench transformers rc $?"; tail -9 "$OUT/genai-transformers-L$L$SFX.log"
     fi
     if [ "${PROFILE:-0}" = 1 ]; then
       for p in ${PROFILE_PROMPTS:-128 2048}; do
         # shellcheck disable=SC2046  # one word a folder: the A/B folder too where an earlier call wrote it
-        python3 scripts/genai_decode_profile.py "$OUT/genai-L$L${TAG:-}-decode-profile-p$p.txt" /root/gen \
-          /root/gen-fused $(ls -d /root/gen-fused-ab 2>/dev/null) --prompt "$p" \
-          > "$OUT/genai-L$L${TAG:-}-decode-profile-p$p.log" 2>&1
-        echo "profile prompt $p rc $?"; grep -E "^## " "$OUT/genai-L$L${TAG:-}-decode-profile-p$p.txt"
+        python3 scripts/genai_decode_profile.py "$OUT/genai-L$L$SFX${TAG:-}-decode-profile-p$p.txt" $GEN \
+          $GEN-fused $(ls -d $GEN-fused-ab 2>/dev/null) --prompt "$p" \
+          > "$OUT/genai-L$L$SFX${TAG:-}-decode-profile-p$p.log" 2>&1
+        echo "profile prompt $p rc $?"; grep -E "^## " "$OUT/genai-L$L$SFX${TAG:-}-decode-profile-p$p.txt"
       done
     fi
     ;;

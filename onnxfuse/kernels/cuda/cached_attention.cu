@@ -214,12 +214,13 @@ __global__ void Partial(const float* __restrict__ q_rot, const int32_t* __restri
 // in the loop); the groups merged through shared memory (MergeGroups). Every key row is read once for all G heads of
 // its KV head. Same NaN and -Inf rules as Partial.
 //   SplitPartial: the queries rotated in fp32 scratch by RotateAppend, the partials out for Combine (any S).
-//   DecodeAttention (S == 1, the decode step): the whole node in one kernel: each block issues its first step's loads,
-//     then rotates its query heads from the packed input; the block whose split holds the new row rotates its key and
-//     stores it and the value in present and in shared memory (no other block reads that row); then the splits are
-//     combined into Y: on sm_90 the splits of a (sequence, KV head) are one thread-block cluster and its first block
-//     reads the others' partials from their shared memory; else each block's partial goes out and the last block of a
-//     (sequence, KV head) to finish (a counter per task, zeroed by the launcher) combines them.
+//   DecodeAttention (S == 1, the decode step): the whole node in one kernel, a block per (sequence, query head,
+//     split): each block issues its first step's loads, then rotates its query head from the packed input; the split
+//     holding the new row rotates its key (present gets it and the value from the KV head's first query head); then
+//     the splits are combined into Y: on sm_90 the splits of a (sequence, query head) are one thread-block cluster and
+//     its first block reads the others' partials from their shared memory; else each block's partial goes out and the
+//     last block of the task to finish (a counter per task, zeroed by the launcher) combines them (the kernel's own
+//     comment has the details).
 constexpr int kSplitThreads = 128;
 constexpr int kCombineThreads = 128;  // == kSplitThreads: BlockReduce serves both
 constexpr int kMaxSplits = 1024;
@@ -268,19 +269,25 @@ __device__ inline void LoadStep(const T* K, const T* V, int64_t base, int64_t j1
   }
 }
 
-// NT threads a block (DecodeAttention's clustered form: 128 or 256; else 128).
+// SplitPartial's and MergeGroups' shared memory: NT threads a block (DecodeAttention's clustered form: 128 or 256;
+// else 128), GM query heads.
 template <typename T, int GM, int NT = kSplitThreads>
 struct SplitSmem {
   static constexpr int E = 16 / int(sizeof(T));
-  // the block's query heads (DecodeAttention), scaled; once they are in registers, the clustered DecodeAttention's
-  // partial of the block ([G][2 + D], MergeGroups' layout)
-  float q[GM][2 + 256];
-  alignas(16) T knew[256];  // the new key and value rows (DecodeAttention's owner block)
-  alignas(16) T vnew[256];
   float m[NT / kMinLanes][GM], l[NT / kMinLanes][GM];
   float acc[GM][NT * E];  // each group's weighted values, [g][group * D + element]
-  float w[64];            // the combining block's split weights (DecodeAttention)
   float red[NT / 32];
+};
+
+// DecodeAttention's: SplitSmem's and what only the decode step keeps.
+template <typename T, int NT>
+struct DecodeSmem : SplitSmem<T, 1, NT> {
+  // the block's query head, scaled; once it is in registers, the clustered form's partial of the block ([2 + D],
+  // MergeGroups' layout)
+  float q[2 + 256];
+  alignas(16) T knew[256];  // the new key and value rows (the owner block)
+  alignas(16) T vnew[256];
+  float w[64];  // the combining block's split weights
   int last;
 };
 
@@ -425,33 +432,29 @@ __global__ void __launch_bounds__(kSplitThreads, GM == 1 ? 4 : 1)
   MergeGroups<T, GM>(sm, acc, m, l, G, D, groups, grp, sub, part + (task * splits + split) * G * (2 + a.D));
 }
 
-// The splits' partials of one (sequence, KV head) into Y's G heads at y: load(c, i) reads element i of split c's
-// partial ([G][2 + D]: each head's max, sum and weighted values; global memory past the L1, or another block's shared
-// memory); a split whose keys all scored -Inf, or none, weighs 0; `any`: the sequence has keys (else Y is 0).
-template <typename T, int GM, int NT, typename Load>
-__device__ inline void CombineSplits(SplitSmem<T, GM, NT>& sm, Load load, int64_t splits, int G, int64_t D, bool any,
+// The splits' partials of one head into Y's row y (NT threads): load(c, i) reads element i of split c's partial
+// ([2 + D]: the max, sum and weighted values; global memory past the L1, or another block's shared memory); a split
+// whose keys all scored -Inf, or none, weighs 0; `any`: the row has keys (else Y is 0). w: a weight a split, red:
+// BlockReduce's NT / 32 floats (shared memory).
+template <typename T, int NT, typename Load>
+__device__ inline void CombineSplits(float* w, float* red, Load load, int64_t splits, int64_t D, bool any,
                                      T* __restrict__ y) {
-  const int64_t stride = 2 + D;
-  for (int g = 0; g < G; ++g) {
-    const int64_t off = g * stride;
-    float mx = -INFINITY;
-    for (int64_t c = threadIdx.x; c < splits; c += NT) mx = NanMax(mx, load(c, off));
-    mx = BlockReduce<NT>(mx, sm.red, true);
-    float lsum = 0.f;
-    for (int64_t c = threadIdx.x; c < splits; c += NT) {
-      const float mc = load(c, off), lc = load(c, off + 1);
-      const float w = mc == -INFINITY && lc == 0.f ? 0.f : __expf(mc - mx);
-      sm.w[c] = w;
-      lsum += lc * w;
-    }
-    lsum = BlockReduce<NT>(lsum, sm.red, false);
-    for (int64_t e = threadIdx.x; e < D; e += NT) {
-      float o = 0.f;
+  float mx = -INFINITY;
+  for (int64_t c = threadIdx.x; c < splits; c += NT) mx = NanMax(mx, load(c, 0));
+  mx = BlockReduce<NT>(mx, red, true);
+  float lsum = 0.f;
+  for (int64_t c = threadIdx.x; c < splits; c += NT) {
+    const float mc = load(c, 0), lc = load(c, 1);
+    const float wc = mc == -INFINITY && lc == 0.f ? 0.f : __expf(mc - mx);
+    w[c] = wc;
+    lsum += lc * wc;
+  }
+  lsum = BlockReduce<NT>(lsum, red, false);  // its barriers publish w
+  for (int64_t e = threadIdx.x; e < D; e += NT) {
+    float o = 0.f;
 #pragma unroll 8
-      for (int64_t c = 0; c < splits; ++c) o += load(c, off + 2 + e) * sm.w[c];
-      y[g * D + e] = from_f<T>(any ? o / lsum : 0.f);
-    }
-    __syncthreads();  // sm.w is rewritten for the next head
+    for (int64_t c = 0; c < splits; ++c) o += load(c, 2 + e) * w[c];
+    y[e] = from_f<T>(any ? o / lsum : 0.f);
   }
 }
 
@@ -487,7 +490,7 @@ __global__ void __launch_bounds__(NT, 512 / NT)
                     const T* __restrict__ sn, T* __restrict__ pk, T* __restrict__ pv, float* __restrict__ part,
                     int* __restrict__ counters, T* __restrict__ y, int64_t splits, Args a, int lanes) {
   constexpr int E = 16 / int(sizeof(T));
-  __shared__ SplitSmem<T, 1, NT> sm;
+  __shared__ DecodeSmem<T, NT> sm;
   const int64_t split = kCluster ? blockIdx.x % splits : blockIdx.y;
   const int64_t task = kCluster ? blockIdx.x / splits : blockIdx.x;  // task = (b, h); S == 1
   const int64_t h = task % a.H, b = task / a.H, G = a.H / a.Hkv, kvh = h / G;
@@ -527,7 +530,7 @@ __global__ void __launch_bounds__(NT, 512 / NT)
       x0 = y0, x1 = y1;
     }
     if (hh == 0) {
-      sm.q[0][i0] = x0 * a.scale, sm.q[0][i1] = x1 * a.scale;
+      sm.q[i0] = x0 * a.scale, sm.q[i1] = x1 * a.scale;
     } else {
       T* keep = hh == 1 ? sm.knew : sm.vnew;
       keep[i0] = from_f<T>(x0), keep[i1] = from_f<T>(x1);
@@ -547,7 +550,7 @@ __global__ void __launch_bounds__(NT, 512 / NT)
       }
   float qf[1][E], acc[1][E], m[1], l[1];
 #pragma unroll
-  for (int e = 0; e < E; ++e) qf[0][e] = sm.q[0][sub * E + e];
+  for (int e = 0; e < E; ++e) qf[0][e] = sm.q[sub * E + e];
   SplitKeys<T, 1>(qf, K, V, j0, jk, a.D, 1, lanes, groups, grp, kr, vr, acc, m, l);
   if (after) {  // the new row, as group 0's key
     float kf[kUnroll][E] = {}, vf[kUnroll][E] = {};
@@ -560,11 +563,12 @@ __global__ void __launch_bounds__(NT, 512 / NT)
   const int64_t stride = 2 + a.D;
   T* yb = y + (b * a.H + h) * a.D;
   if constexpr (kCluster) {
-    float* mine = &sm.q[0][0];  // the query is in registers now
+    float* mine = sm.q;  // the query is in registers now
     MergeGroups<T, 1>(sm, acc, m, l, 1, D, groups, grp, sub, mine);
     ClusterSync();  // every split's partial written
     if (split == 0)
-      CombineSplits(sm, [&](int64_t c, int64_t i) { return ClusterRank(mine, int(c))[i]; }, splits, 1, a.D, n > 0, yb);
+      CombineSplits<T, NT>(
+          sm.w, sm.red, [&](int64_t c, int64_t i) { return ClusterRank(mine, int(c))[i]; }, splits, a.D, n > 0, yb);
     ClusterSync();  // a block's shared memory stays until the first block has read it
   } else {
     float* mine = part + task * splits * stride;
@@ -576,7 +580,8 @@ __global__ void __launch_bounds__(NT, 512 / NT)
     __syncthreads();
     if (!sm.last) return;
     __threadfence();
-    CombineSplits(sm, [&](int64_t c, int64_t i) { return __ldcg(mine + c * stride + i); }, splits, 1, a.D, n > 0, yb);
+    CombineSplits<T, NT>(
+        sm.w, sm.red, [&](int64_t c, int64_t i) { return __ldcg(mine + c * stride + i); }, splits, a.D, n > 0, yb);
   }
 }
 
@@ -584,6 +589,24 @@ __global__ void __launch_bounds__(NT, 512 / NT)
 #define ONNXFUSE_DECODE_MAX_CLUSTER 16
 #endif
 constexpr int kMaxCluster = ONNXFUSE_DECODE_MAX_CLUSTER;
+
+// A launch of DecodeAttention<T, true, NT>: `blocks` blocks in clusters of `size` (past the portable 8 the kernel
+// opts in first: err). Not copyable: cfg points at at.
+template <typename T, int NT>
+struct ClusterLaunch {
+  cudaLaunchAttribute at[1];
+  cudaLaunchConfig_t cfg = {};
+  cudaError_t err = cudaSuccess;
+  ClusterLaunch(int size, unsigned blocks, cudaStream_t stream) {
+    if (size > 8)
+      err = cudaFuncSetAttribute(DecodeAttention<T, true, NT>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = unsigned(size), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+    cfg.gridDim = dim3(blocks), cfg.blockDim = dim3(NT), cfg.stream = stream, cfg.attrs = at, cfg.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
 
 // How many clusters of `size` blocks of DecodeAttention<T, true, NT> the device holds at once (asked once per device
 // and size; 0 where it holds none or refuses the size).
@@ -595,16 +618,10 @@ int HeldClusters(int device, int size) {
   if (device < 0 || device >= kMaxDevices) return 0;
   int n = held[device][slot].load(std::memory_order_relaxed);
   if (n == 0) {
-    auto kernel = DecodeAttention<T, true, NT>;
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = unsigned(size), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-    cfg.gridDim = dim3(unsigned(size)), cfg.blockDim = dim3(NT), cfg.attrs = at, cfg.numAttrs = 1;
+    const ClusterLaunch<T, NT> launch(size, unsigned(size), nullptr);
     int clusters = 0;
-    if (size > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
-      clusters = 0;  // past the portable size and refused
-    else if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess)
+    if (launch.err != cudaSuccess ||  // past the portable size and refused
+        cudaOccupancyMaxActiveClusters(&clusters, DecodeAttention<T, true, NT>, &launch.cfg) != cudaSuccess)
       clusters = 0;
     (void)cudaGetLastError();  // a refusal here is an answer, not the call's error
     n = clusters + 1;
@@ -652,21 +669,12 @@ ClusterShape ClusterSplits(const Args& a) {
 template <typename T, int NT>
 int LaunchClustered(const Args& a, int splits, const T* q, const int32_t* seqlens, const T* c, const T* sn, T* k, T* v,
                     T* out, int lanes, cudaStream_t stream) {
-  auto kernel = DecodeAttention<T, true, NT>;
-  if (splits > 8) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (e != cudaSuccess) return int(e);
-  }
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = unsigned(splits), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-  cfg.gridDim = dim3(unsigned(a.B * a.H * splits)), cfg.blockDim = dim3(NT);
-  cfg.stream = stream, cfg.attrs = at, cfg.numAttrs = 1;
+  const ClusterLaunch<T, NT> launch(splits, unsigned(a.B * a.H * splits), stream);
+  if (launch.err != cudaSuccess) return int(launch.err);
   float* no_part = nullptr;
   int* no_counters = nullptr;
-  return int(
-      cudaLaunchKernelEx(&cfg, kernel, q, seqlens, c, sn, k, v, no_part, no_counters, out, int64_t(splits), a, lanes));
+  return int(cudaLaunchKernelEx(&launch.cfg, DecodeAttention<T, true, NT>, q, seqlens, c, sn, k, v, no_part,
+                                no_counters, out, int64_t(splits), a, lanes));
 }
 
 // A decode step's attention in one kernel: clustered where ClusterSplits finds a shape, else the counters' form over
@@ -698,38 +706,21 @@ int SplitLanes(const Args& a, const void* pk, const void* pv) {
   return int(lanes);
 }
 
-// One block per (sequence, row, head) of kCombineThreads: the splits' maxima and sums reduced across the block (each
-// split's weight exp(max_c - max) in shared memory), then a thread per element of D sums the weighted partials, the
-// splits' loads independent of one another (a split whose keys all scored -Inf, or none, weighs 0).
-
+// One block per (sequence, row, head) of kCombineThreads: CombineSplits over the head's partials (SplitPartial's
+// layout: [sequence, KV head, row, split][G][2 + D]).
 template <typename T>
 __global__ void __launch_bounds__(kCombineThreads)
     Combine(const float* __restrict__ part, const int32_t* __restrict__ seqlens, int64_t splits, T* __restrict__ y,
             Args a) {
   __shared__ float s_w[kMaxSplits], red[kCombineThreads / 32];
   const int64_t h = blockIdx.x % a.H, s = (blockIdx.x / a.H) % a.S, b = blockIdx.x / (a.H * a.S);
-  const int64_t G = a.H / a.Hkv, kvh = h / G, g = h % G, stride = 2 + a.D, step = G * stride;
+  const int64_t G = a.H / a.Hkv, kvh = h / G, g = h % G, step = G * (2 + a.D);
   const Rows r = RowsOf(a, seqlens, b);
   const bool valid = r.ok && s < r.valid;
-  const float* base = part + (((b * a.Hkv + kvh) * a.S + s) * splits * G + g) * stride;
-  const int64_t n = valid ? splits : 0;
-  float mx = -INFINITY;
-  for (int64_t c = threadIdx.x; c < n; c += kCombineThreads) mx = NanMax(mx, base[c * step]);
-  mx = BlockReduce(mx, red, true);
-  float l = 0.f;
-  for (int64_t c = threadIdx.x; c < n; c += kCombineThreads) {
-    const float mc = base[c * step], lc = base[c * step + 1];
-    const float w = mc == -INFINITY && lc == 0.f ? 0.f : __expf(mc - mx);  // no key of this split counts: 0
-    s_w[c] = w;
-    l += lc * w;
-  }
-  l = BlockReduce(l, red, false);
-  for (int64_t e = threadIdx.x; e < a.D; e += kCombineThreads) {
-    float o = 0.f;
-#pragma unroll 8
-    for (int64_t c = 0; c < n; ++c) o += base[c * step + 2 + e] * s_w[c];
-    y[((b * a.S + s) * a.H + h) * a.D + e] = from_f<T>(valid ? o / l : 0.f);
-  }
+  const float* base = part + (((b * a.Hkv + kvh) * a.S + s) * splits * G + g) * (2 + a.D);
+  CombineSplits<T, kCombineThreads>(
+      s_w, red, [&](int64_t c, int64_t i) { return base[c * step + i]; }, valid ? splits : 0, a.D, valid,
+      y + ((b * a.S + s) * a.H + h) * a.D);
 }
 
 // One block per (sequence, row) of Y then per (sequence, KV head, present row): what PromptFixup's declaration says.
