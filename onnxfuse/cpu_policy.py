@@ -58,16 +58,26 @@ CPU_ALWAYS_LEFT_TO_ORT: dict[str, str] = {
                    "5.6-7.7x faster than Int4SwiGLU's + Int4Linear's on its int4 MLP "
                    "(benchmarks/results/cpu-avx512-2core-2026-11-26/int4-linear-cpu.txt): the CPU kernels serve a "
                    "fused model placed on the CPU, the GPU kernels are where the ops win",
+    "linear": "onnxruntime's MatMul at one row (MLAS) read SmolLM2's decode weights at 35-61 GB/s against 30-43 for a "
+              "plain AVX-512 GEMV split over N or K on a 2-core AMD EPYC "
+              "(benchmarks/results/cpu-avx512-2core-2026-11-27/decode-matmul-vs-gemv.txt): no faster CPU kernel to "
+              "substitute; Linear's CPU kernel serves a fused model placed on the CPU",
 }
 
 
 # Patterns left to onnxruntime where the target is not the CPU (fuse(provider="cuda"), or no provider named) unless
-# --patterns names them: ops whose CPU kernel is the reason they exist and whose GPU kernels have not been measured
-# faster than onnxruntime's. None now: cached_attention, the last one, fuses on the CUDA provider (genai's 32-layer
+# --patterns names them: ops whose GPU kernels have not been measured faster than onnxruntime's in a whole model.
+# (cached_attention, the one before, fuses on the CUDA provider since: genai's 32-layer
 # 7B-shape model decoded 1.06-1.12x faster than with SwiGLU and Embedding fused alone,
 # benchmarks/results/h200-2026-11-29/generate/genai-L32-ca2.json), grouped query heads too since its decode kernel
 # runs a block per query head (benchmarks/results/h200-2026-11-29/attention/decode-per-head-final-probe.txt).
-GPU_LEFT_TO_ORT: dict[str, str] = {}
+GPU_LEFT_TO_ORT: dict[str, str] = {
+    "linear": "Linear's one-row GEMV read a 4096 x 4096 and an 11008 x 4096 projection 1.13-1.20x faster than cuBLAS "
+              "alone (scripts/fp16_gemv_probe.py), but in genai's 32-layer 7B-shape model its 64 calls a decode step "
+              "took 1196 us of kernel + 72 us of counter memsets against cuBLAS's 1159 + 109 us of reductions, and "
+              "the model decoded no faster (4.555 against 4.513 ms/token with genai's CUDA graph at context 128, "
+              "4.919 against 4.833 at 2048; benchmarks/results/h200-2026-11-29/generate/genai-L32-linear.*)",
+}
 
 
 # Stage 1 (onnxruntime's own fusions) for the CPU provider: the fusions fuse(provider="cpu") leaves out, each with its

@@ -474,12 +474,12 @@ def aot_specialisations(archs):
 def test_aot_specialisations():
     """The cubin set of an sm_90 build, with its persistent TMA builds."""
     default = list(aot_specialisations(["90"]))
-    # linear_act, swiglu, mlp_stack, rotary_embedding, embedding, mlp_stack_grid, cached_attention and the three
-    # flash_attention kernels 18 each; int4_linear and int4_swiglu 36 each (with and without zero points); lora_xa,
-    # lora_main, lora_swiglu, lora_gate, multi_lora_xa, multi_lora_main and multi_lora_swiglu 54 each (x 3 rank
+    # linear_act, linear, swiglu, mlp_stack, rotary_embedding, embedding, mlp_stack_grid, cached_attention and the
+    # three flash_attention kernels 18 each; int4_linear and int4_swiglu 36 each (with and without zero points);
+    # lora_xa, lora_main, lora_swiglu, lora_gate, multi_lora_xa, multi_lora_main and multi_lora_swiglu 54 each (x 3 rank
     # paddings); embedding_interaction 24 (3 dtypes x 8 (NP, DP) tiles); then the persistent TMA builds: linear_act's
     # and lora_main's (x 3 rank paddings) aligned fp16/bf16 large class, 8
-    assert len(default) == 662
+    assert len(default) == 680
     zp = [s for s in default if s["kernel"].startswith("int4")]
     assert sorted({s["r_pad"] for s in zp}) == [0, 1] and len(zp) == 72
     tma = [s for s in default if s["tma"]]

@@ -46,6 +46,16 @@ inline LinearDims LinearActDims(const char* op, const std::vector<int64_t>& x, c
   return d;
 }
 
+// X [..., K], W [K, N] (Linear).
+inline LinearDims MatMulDims(const char* op, const std::vector<int64_t>& x, const std::vector<int64_t>& w) {
+  LinearDims d = detail::RowsOf(op, x);
+  detail::Need(w.size() == 2 && w[0] == d.K, op,
+               "W must be [K, N] with K = X.shape[-1]; got X " + ShapeStr(x) + ", W " + ShapeStr(w));
+  d.N = w[1];
+  d.out_shape.push_back(d.N);
+  return d;
+}
+
 // Int4Linear: X [..., K], Wq uint8 [N, n_blocks, block / 2], scales [N, n_blocks]; n_blocks = ceil(K / block),
 // block a power of two in [16, 256]. LinearDims' r carries the block size.
 inline LinearDims Int4LinearDims(const char* op, const std::vector<int64_t>& x, const std::vector<int64_t>& wq,
