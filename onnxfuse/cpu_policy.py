@@ -67,17 +67,12 @@ CPU_ALWAYS_LEFT_TO_ORT: dict[str, str] = {
 
 # Patterns left to onnxruntime where the target is not the CPU (fuse(provider="cuda"), or no provider named) unless
 # --patterns names them: ops whose GPU kernels have not been measured faster than onnxruntime's in a whole model.
-# (cached_attention, the one before, fuses on the CUDA provider since: genai's 32-layer
-# 7B-shape model decoded 1.06-1.12x faster than with SwiGLU and Embedding fused alone,
-# benchmarks/results/h200-2026-11-29/generate/genai-L32-ca2.json), grouped query heads too since its decode kernel
-# runs a block per query head (benchmarks/results/h200-2026-11-29/attention/decode-per-head-final-probe.txt).
-GPU_LEFT_TO_ORT: dict[str, str] = {
-    "linear": "Linear's one-row GEMV read a 4096 x 4096 and an 11008 x 4096 projection 1.13-1.20x faster than cuBLAS "
-              "alone (scripts/fp16_gemv_probe.py), but in genai's 32-layer 7B-shape model its 64 calls a decode step "
-              "took 1196 us of kernel + 72 us of counter memsets against cuBLAS's 1159 + 109 us of reductions, and "
-              "the model decoded no faster (4.555 against 4.513 ms/token with genai's CUDA graph at context 128, "
-              "4.919 against 4.833 at 2048; benchmarks/results/h200-2026-11-29/generate/genai-L32-linear.*)",
-}
+# None now. cached_attention fuses on the CUDA provider (genai's 32-layer 7B-shape model decoded 1.06-1.12x faster
+# than with SwiGLU and Embedding fused alone, benchmarks/results/h200-2026-11-29/generate/genai-L32-ca2.json), grouped
+# query heads too since its decode kernel runs a block per query head (attention/decode-per-head-final-probe.txt);
+# linear since its GEMV's counters need no memset (the same model decoded 1.023-1.031x faster with it than without,
+# generate/genai-L32-linear-slots.json; with a memset a call it was no faster, genai-L32-linear.json).
+GPU_LEFT_TO_ORT: dict[str, str] = {}
 
 
 # Stage 1 (onnxruntime's own fusions) for the CPU provider: the fusions fuse(provider="cpu") leaves out, each with its

@@ -32,7 +32,6 @@ class Workload:
     quick: bool = False
     output_names: tuple[str, ...] = ("y",)
     export_options: dict = dataclasses.field(default_factory=dict)  # more keywords of onnxfuse.export.export
-    patterns: tuple[str, ...] | None = None  # fuse's --patterns for the fused model (None: fuse's default set)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,7 +264,7 @@ def _make_lora(size, dtype, seed, quick, layers):
 
 def _make_decode_linear(size, dtype, seed, quick, layers):
     """A decode step's down_proj: nn.Linear(11008, 4096) without a bias on [1, size, 11008] (the exporters' MatMul by
-    a constant weight), fused with --patterns linear (fuse's default leaves it to onnxruntime: cpu_policy)."""
+    a constant weight: Linear's rule)."""
     import torch
 
     from .. import zoo
@@ -288,7 +287,7 @@ def _make_decode_linear(size, dtype, seed, quick, layers):
 
     return Workload("decode-linear", size, "tokens", {"tokens": size, "in": k, "out": n},
                     _key("decode-linear", size, dtype, seed, {"k": k, "n": n}), build, inputs, gemms=gemms,
-                    quick=quick, patterns=("linear",))
+                    quick=quick)
 
 
 def _make_mlp_stack(case: str, sizes: list[int], final: str):
@@ -439,8 +438,7 @@ CASES: dict[str, CaseDef] = {c.name: c for c in (
     CaseDef("phi3-mlp", "one Phi3MLP h4096/i11008 (merged gate_up_proj + chunk; SwiGLU op + down GEMM)", "tokens",
             (2048, 16), (64, 16), _gated_mlp("phi3-mlp", "phi3", "silu", 4096, 11008, 256, 688)),
     CaseDef("lora-linear", "4096x4096 linear + rank-16 LoRA + ReLU", "tokens", (2048,), (64,), _make_lora),
-    CaseDef("decode-linear", "a decode step's down_proj, 11008x4096 without a bias (--patterns linear: the GEMV at one "
-            "row)",
+    CaseDef("decode-linear", "a decode step's down_proj, 11008x4096 without a bias (Linear: the GEMV at one row)",
             "tokens", (1, 8), (1,), _make_decode_linear),
     CaseDef("lora-mlp", "one LlamaMLP h4096/i11008 with rank-16 peft adapters on gate/up/down (against llama-mlp's "
             "fused base MLP in the same run)", "tokens", (2048, 16), (64, 16),

@@ -3,18 +3,17 @@
     Y = X @ W        W [K, N] constant, X [..., K] (rank >= 2), float16 or bfloat16
 
 Why: a decode step multiplies one row by each projection, and reading the weight is the whole cost. genai's fp16
-model runs o_proj and down_proj as cuBLAS split-K GEMMs plus a reduction kernel each; the op's GEMV (one launch
-and a memset, the K slices summed in the kernel) read them 1.13-1.20x faster alone on an H200 with the weights past
-the L2 (benchmarks/results/h200-2026-11-29/generate/fp16-gemv-probe-l2-cold*.txt); more rows run cuBLASLt's GEMM as
+model runs o_proj and down_proj as cuBLAS split-K GEMMs plus a reduction kernel each; the op's GEMV (one launch, the
+K slices summed in the kernel) read them 1.13-1.20x faster alone on an H200 with the weights past the L2
+(benchmarks/results/h200-2026-11-29/generate/fp16-gemv-probe-l2-cold*.txt), and genai's 32-layer 7B-shape model
+decoded 1.023-1.031x faster with it (generate/genai-L32-linear-slots.json); more rows run cuBLASLt's GEMM as
 onnxruntime does. The family runs last, so a projection that a gated MLP, a LoRA branch or an activation's rule fuses
 is theirs.
 
 Refused: a weight that is not a true constant (a MatMul of two activations is not a candidate), not 2-D, or
-whose width is not a multiple of 8 (the GEMV's 16-byte loads) or above MAX_N (where the GEMV measured no faster than
-cuBLAS: qkv's 12288 columns, a 49152-token lm_head), fp32 (the GEMV is 16-bit; onnxruntime's MatMul runs the same
-cuBLAS GEMM), a rank-1 X, mixed element types. Every provider's default leaves the family to onnxruntime
-(cpu_policy: in genai's 7B-shape model the GEMVs took as long as cuBLAS's GEMVs and reductions, so the model decoded
-no faster; on the CPU, MLAS reads one row at the host's rate) unless --patterns names it.
+whose width is not a multiple of 8 (the GEMV's 16-byte loads) or above MAX_N (the widths measured in a model), fp32
+(the GEMV is 16-bit; onnxruntime's MatMul runs the same cuBLAS GEMM), a rank-1 X, mixed element types. The CPU
+provider leaves the family to onnxruntime (cpu_policy: MLAS reads one row at the host's rate).
 """
 from __future__ import annotations
 
@@ -24,9 +23,10 @@ from onnxscript.rewriter import MatchResult
 from ..ops.linear import LINEAR
 from ._base import NOT_A_CANDIDATE, FusionRule, check_float_dtypes, dims, gemm_flops, not_constant, rule_set
 
-# Widths above this stay onnxruntime's MatMul: the GEMV measured 1.13-1.20x cuBLAS at N = 4096 (o_proj, down_proj),
-# 0.97-1.05x at 12288 (a packed qkv) and 1.00-1.02x at 49152 (lm_head) (fp16-gemv-probe-l2-cold*.txt).
-MAX_N = 8192
+# Widths above this stay onnxruntime's MatMul: the GEMV measured 1.13-1.20x cuBLAS alone and a faster model at
+# N = 4096 (a 7B model's o_proj and down_proj); alone 0.97-1.05x at 12288 (a packed qkv) and 1.00-1.02x at 49152
+# (lm_head) (fp16-gemv-probe-l2-cold*.txt); widths between (a grouped-head qkv of 6144) are not measured yet.
+MAX_N = 4096
 
 
 class Linear(FusionRule):
