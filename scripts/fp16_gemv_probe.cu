@@ -128,16 +128,11 @@ __device__ inline void LoadRows(const __half* __restrict__ x, const __half* __re
   }
 }
 
+// Forms 2 and 3: this block's K slice [k0, k1) of its 256 columns (lane's 8 from c), each warp every 8th row with the
+// next UNROLL rows in flight, into sums[warp][column] (then a barrier).
 template <int UNROLL>
-__global__ void __launch_bounds__(256)
-    GemvPipelined(const __half* __restrict__ x, const __half* __restrict__ w, float* __restrict__ part,
-                  int* __restrict__ counters, __half* __restrict__ y, int K, int N, int kps, int slices) {
-  __shared__ float sums[kWarps][kCols];
-  __shared__ int last;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int c = blockIdx.x * kCols + lane * 8;
-  const int k0 = blockIdx.y * kps;
-  const int k1 = min(K, k0 + kps);
+__device__ inline void SliceSums(const __half* __restrict__ x, const __half* __restrict__ w, int k0, int k1, int N,
+                                 int c, int warp, int lane, float (&sums)[kWarps][kCols]) {
   float acc[8] = {};
   if (c < N) {
     uint4 wv[UNROLL];
@@ -164,6 +159,19 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
   for (int j = 0; j < 8; ++j) sums[warp][lane * 8 + j] = acc[j];
   __syncthreads();
+}
+
+template <int UNROLL>
+__global__ void __launch_bounds__(256)
+    GemvPipelined(const __half* __restrict__ x, const __half* __restrict__ w, float* __restrict__ part,
+                  int* __restrict__ counters, __half* __restrict__ y, int K, int N, int kps, int slices) {
+  __shared__ float sums[kWarps][kCols];
+  __shared__ int last;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int c = blockIdx.x * kCols + lane * 8;
+  const int k0 = blockIdx.y * kps;
+  const int k1 = min(K, k0 + kps);
+  SliceSums<UNROLL>(x, w, k0, k1, N, c, warp, lane, sums);
   const int col = threadIdx.x, n = blockIdx.x * kCols + col;  // 256 threads: a column each
   float s = 0.f;
 #pragma unroll
@@ -211,32 +219,7 @@ __global__ void __launch_bounds__(256) GemvCluster(const __half* __restrict__ x,
   const int c = tile * kCols + lane * 8;
   const int k0 = split * kps;
   const int k1 = min(K, k0 + kps);
-  float acc[8] = {};
-  if (c < N) {
-    uint4 wv[UNROLL];
-    __half xv[UNROLL];
-    LoadRows<UNROLL>(x, w, k0 + warp, k1, N, c, wv, xv);
-    for (int k = k0 + warp; k < k1; k += kWarps * UNROLL) {
-      uint4 wn[UNROLL];
-      __half xn[UNROLL];
-      LoadRows<UNROLL>(x, w, k + kWarps * UNROLL, k1, N, c, wn, xn);
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        const __half2* h = reinterpret_cast<const __half2*>(&wv[u]);
-        const float xf = __half2float(xv[u]);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float2 f = __half22float2(h[j]);
-          acc[2 * j] += xf * f.x;
-          acc[2 * j + 1] += xf * f.y;
-        }
-        wv[u] = wn[u], xv[u] = xn[u];
-      }
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < 8; ++j) sums[warp][lane * 8 + j] = acc[j];
-  __syncthreads();
+  SliceSums<UNROLL>(x, w, k0, k1, N, c, warp, lane, sums);
   const int col = threadIdx.x, n = tile * kCols + col;
   float s = 0.f;
 #pragma unroll

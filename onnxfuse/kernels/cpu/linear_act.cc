@@ -39,18 +39,11 @@ struct LinearActCpu {
       const OrtPool pool(ctx);
       if (onednn && mm.Match(W.Data(), B.Data())) {
         log.Used(Op::kName, "oneDNN");
-        const T* x = X.Data();
-        ForTiles(pool, d.M, mm.mm.Blocks(), [&](int64_t r0, int64_t rows, int64_t j) {
-          mm.mm.Run(rows, x + r0 * d.K, y + r0 * d.N + mm.mm.BlockStart(j), j);
-        });
+        mm.Run(pool, d, X.Data(), y);
         return;
       }
       const BiasAct<T, A> epi(bias.Match(B.Data()), B.Data(), d.N, y);
-      GemmArgs g = GemmFor(d, X.Data(), &epi.epilogue);
-      g.pool = &pool;
-      g.b[0] = BOperand{W.Data(), d.K, nullptr, w.Match(W.Data())};
-      if (g.b[0].packed != nullptr) log.Used(Op::kName);
-      Gemm(g);
+      GemmWithW(pool, d, X.Data(), W.Data(), w, &epi.epilogue, log, Op::kName);
     });
   }
 

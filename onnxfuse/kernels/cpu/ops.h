@@ -325,7 +325,25 @@ struct ConstMatmul {
     return true;
   }
   bool Match(const void* wd, const void* bd = nullptr) const { return mm.Valid() && wd == w && bd == bias; }
+  // Y [M, N] = X @ W (+ bias, post-ops) in tiles of rows x column blocks on `pool` (after Match).
+  template <typename T>
+  void Run(const ParallelRunner& pool, const LinearDims& d, const T* x, T* y) {
+    ForTiles(pool, d.M, mm.Blocks(), [&](int64_t r0, int64_t rows, int64_t j) {
+      mm.Run(rows, x + r0 * d.K, y + r0 * d.N + mm.BlockStart(j), j);
+    });
+  }
 };
+
+// Y = X @ W on the built-in GEMM with `epilogue` writing Y: W prepacked where `w` holds this call's W (logged once).
+template <typename T>
+void GemmWithW(const ParallelRunner& pool, const LinearDims& d, const T* x, const T* wd, const ConstB& w,
+               const Epilogue* epilogue, PrepackLog& log, const char* op) {
+  GemmArgs g = GemmFor(d, x, epilogue);
+  g.pool = &pool;
+  g.b[0] = BOperand{wd, d.K, nullptr, w.Match(wd)};
+  if (g.b[0].packed != nullptr) log.Used(op);
+  Gemm(g);
+}
 
 // Per-thread scratch bytes for a tile's intermediates (kept between calls).
 inline char* TileScratch(int slot, size_t bytes) {
