@@ -266,7 +266,7 @@ def fuse_model(model: ir.Model, patterns: list[str] | None = None, explain: bool
             if name in patterns:
                 for rs in _as_list(PATTERNS[name](_base.Recorder())):
                     _base.trace_functions(rs, model, tracer)
-        in_functions = len({id(r["root"]) for r in tracer.records if r["function"]})
+        in_functions = _candidates_in_functions(tracer)
     refusals = []
     if explain:
         # Over the fused model: what is left is what did not fuse. A throwaway recorder: nothing is rewritten.
@@ -278,7 +278,7 @@ def fuse_model(model: ir.Model, patterns: list[str] | None = None, explain: bool
                 for rs in _as_list(PATTERNS[name](scratch)):
                     _base.apply(rs, model, tracer=tracer)
         refusals = _explain.refusals(model, tracer, stack_refusals)
-        in_functions = len({id(r["root"]) for r in tracer.records if r["function"]})
+        in_functions = _candidates_in_functions(tracer)
     after = _op_counts(model)
     removed = {k: before[k] - after.get(k, 0) for k in before if before[k] - after.get(k, 0) > 0}
     fused = sum(m.flops for m in recorder.matches) if all(m.flops is not None for m in recorder.matches) else None
@@ -388,6 +388,11 @@ def _stages(model: ir.Model, src: pathlib.Path, proto: onnx.ModelProto | None, s
     return model, FuseResult(None, stage2.recorder.matches, nodes_in, len(model.graph), stage2.removed,
                              stage2.total_flops, stage2.fused_flops, stage2.refusals, 0, 0.0,
                              in_functions=stage2.in_functions, ort=stage1, nodes_after_ort=nodes_after_ort)
+
+
+def _candidates_in_functions(tracer) -> int:
+    """Candidate roots the tracer met inside model-local functions (what a rule calls not a candidate is none)."""
+    return len({id(r["root"]) for r in tracer.records if r["function"] and r["reason"] != _base.NOT_A_CANDIDATE})
 
 
 def _provider_patterns(provider: str | None, cpu_isa: str | None, patterns: list[str] | None):

@@ -10,9 +10,9 @@ decoded 1.023-1.031x faster with it (generate/genai-L32-linear-slots.json); more
 onnxruntime does. The family runs last, so a projection that a gated MLP, a LoRA branch or an activation's rule fuses
 is theirs.
 
-Refused: a weight that is not a true constant (a MatMul of two activations is not a candidate), not 2-D, or
-whose width is not a multiple of 8 (the GEMV's 16-byte loads) or above MAX_N (the widths measured in a model), fp32
-(the GEMV is 16-bit; onnxruntime's MatMul runs the same cuBLAS GEMM), a rank-1 X, mixed element types. The CPU
+Not candidates: a MatMul of two activations, and fp32 ones (the GEMV is 16-bit; onnxruntime's MatMul runs the same
+cuBLAS GEMM). Refused: a weight that is not a true constant, not 2-D, or whose width is not a multiple of 8 (the
+GEMV's 16-byte loads) or above MAX_N (the widths measured in a model), a rank-1 X, mixed element types. The CPU
 provider leaves the family to onnxruntime (cpu_policy: MLAS reads one row at the host's rate).
 """
 from __future__ import annotations
@@ -45,17 +45,17 @@ class Linear(FusionRule):
         result = MatchResult()
         if w.const_value is None:  # a product of two activations (attention's scores): no weight to stream
             return result.fail(NOT_A_CANDIDATE, w)
+        if w.dtype not in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
+            # fp32 (or integer) MatMuls are not candidates: the GEMV is 16-bit, and onnxruntime's MatMul runs the
+            # cuBLAS GEMM the op would (--explain does not list every fp32 projection of a model)
+            return result.fail(NOT_A_CANDIDATE, w)
         if not self.guard(context, result, x):
             return result
         xd = dims(x)
         if xd is not None and len(xd) < 2:
             return result.fail(f"X {x.name} has rank {len(xd)}: a rank-1 MatMul is a vector product", x)
-        dtype = check_float_dtypes(result, X=x, W=w)
-        if dtype is None and not result:
+        if check_float_dtypes(result, X=x, W=w) is None and not result:
             return result
-        if dtype == ir.DataType.FLOAT:
-            return result.fail(f"{y.name} is fp32: the op's GEMV is 16-bit, and onnxruntime's MatMul runs the same "
-                               "cuBLAS GEMM the op would", y)
         reason = not_constant(w, "the weight")
         if reason:
             return result.fail(f"{reason}: the fused op's weight is fixed at fuse time", w)

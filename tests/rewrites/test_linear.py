@@ -62,7 +62,6 @@ def test_cpu_provider_leaves_it_to_onnxruntime(tmp_path):
 
 
 @pytest.mark.parametrize("kw,reason", [
-    (dict(dtype=np.float32), "is fp32"),
     (dict(n=68), "not a multiple of 8"),
     (dict(n=MAX_N + 8, k=16, x_shape=(1, 16)), f"above {MAX_N}"),
     (dict(overridable=True), "graph input"),
@@ -73,9 +72,9 @@ def test_near_misses_are_refused(tmp_path, kw, reason):
     assert any(reason in r["reason"] for r in res.refusals), res.refusals
 
 
-def test_products_of_activations_are_not_listed(tmp_path):
-    model = _matmul_graph(two_activations=True, x_shape=(1, 4, 96))
-    src, dst, res = _fuse(tmp_path, model, explain=True, provider="cuda")
+@pytest.mark.parametrize("kw", [dict(two_activations=True, x_shape=(1, 4, 96)), dict(dtype=np.float32)])
+def test_products_of_activations_and_fp32_are_not_listed(tmp_path, kw):
+    src, dst, res = _fuse(tmp_path, _matmul_graph(**kw), explain=True, provider="cuda")
     assert not res.matches and not [r for r in res.refusals if r["rule"].startswith("linear")], res.refusals
 
 
