@@ -23,6 +23,7 @@ int onnxfuse_triton_embedding(int dtype, const void* table, const int64_t* ids, 
 
 #include <cstdint>
 
+#include "gemm.h"  // Aligned16
 #include "launch.h"
 
 namespace {
@@ -56,7 +57,7 @@ int Run(const void* table, const int64_t* ids, void* y, int64_t n, int64_t vocab
   return int(cudaGetLastError());
 }
 
-bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+using onnxfuse::cuda_kernels::Aligned16;
 
 }  // namespace
 

@@ -166,7 +166,7 @@ __global__ void EmbeddingInteractionKernel(Params p) {
   }
 }
 
-bool Aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+using onnxfuse::cuda_kernels::Aligned16;
 
 // `warps` samples per block, each warp with `per_warp` bytes of shared memory (opted in above 48 KB per block).
 template <typename T>

@@ -410,6 +410,18 @@ extern "C" int onnxfuse_cuda_current_arch(int* device_out) {
   return arch;
 }
 
+extern "C" int onnxfuse_cuda_sm_count(int device) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> sms_of[kMaxDevices] = {};
+  if (device < 0 || device >= kMaxDevices) return 132;
+  int sms = sms_of[device].load(std::memory_order_relaxed);
+  if (sms == 0) {
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) sms = 132;
+    sms_of[device].store(sms, std::memory_order_relaxed);
+  }
+  return sms;
+}
+
 extern "C" int onnxfuse_cuda_pdl_enabled(void) {
   static const bool enabled = [] {
     const char* env = std::getenv("ONNXFUSE_PDL");

@@ -53,6 +53,9 @@ int MultiLoRAGemm(GemmArgs g, const void* a, const void* b, const void* scales, 
 int64_t ElemBytes(int dtype);
 // Bytes rounded up to 256, so a buffer placed after it in one scratch block keeps cuBLASLt's preferred alignment.
 inline int64_t Align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+// Whether a pointer allows 16-byte vector loads and stores (the nvcc halves' kernels; the Triton launchers have
+// triton/runtime.h's).
+inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 inline bool CheckCommon(int dtype, const void* x, const void* y, int64_t m, int64_t k, int64_t n) {
   if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || m < 0 || k < 0 || n < 0) return false;

@@ -687,7 +687,7 @@ int64_t Blocks(int64_t work, int threads) {
   return b < 1 ? 1 : (b > 65536 ? 65536 : b);
 }
 
-bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+using onnxfuse::cuda_kernels::Aligned16;
 
 int Log2(int64_t v) {
   int l = 0;

@@ -65,6 +65,9 @@ int onnxfuse_cuda_pdl_enabled(void);
 // current on the thread that runs a kernel), its index in *device_out; a negated cudaError_t where CUDA cannot say
 // (cuda/gemm.cu). PdlOn (cuda/gemm.h) and the Triton runtime's cubin choice (CurrentArch) both ask it.
 int onnxfuse_cuda_current_arch(int* device_out);
+// Device `device`'s SM count, cached per device; 132 (an H100 SXM's) where CUDA cannot say (cuda/gemm.cu). Linear's
+// split-K GEMV, the Triton runtime's tile choices and CUTLASS's int4 GEMM size their grids by it.
+int onnxfuse_cuda_sm_count(int device);
 // The Triton AOT cubins: whether the library has them (cuda/triton/runtime.cc, in Triton builds only).
 int onnxfuse_triton_available(void);
 // linear_act's Triton launcher, which MLPStack's per-layer mode launches too (as its CUDA backend launches the

@@ -83,7 +83,7 @@ __global__ void RotaryKernel(const T* __restrict__ x, const T* __restrict__ cs, 
   }
 }
 
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+using onnxfuse::cuda_kernels::Aligned16;
 
 template <typename T, int VEC>
 int Launch(const void* x, const void* cs, const void* sn, void* y, const RotaryArgs& a, cudaStream_t stream) {

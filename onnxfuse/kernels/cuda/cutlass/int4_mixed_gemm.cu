@@ -55,16 +55,11 @@ __global__ void ScalesZerosT(const T* __restrict__ s, T* __restrict__ st, T* __r
   }
 }
 
-// The current device and its SM count (cached per process: the library's devices are alike in the cases it serves).
+// The current device and its SM count (cuda/gemm.cu, cached per device).
 cutlass::KernelHardwareInfo Hardware() {
-  static const int sms = [] {
-    int device = 0, count = 132;
-    if (cudaGetDevice(&device) == cudaSuccess) cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-    return count;
-  }();
   cutlass::KernelHardwareInfo hw;
   if (cudaGetDevice(&hw.device_id) != cudaSuccess) hw.device_id = 0;
-  hw.sm_count = sms;
+  hw.sm_count = onnxfuse_cuda_sm_count(hw.device_id);
   return hw;
 }
 

@@ -4,7 +4,6 @@
 // Loading happens on a kernel's first launch, under std::call_once, so concurrent sessions are safe.
 #include <cuda_runtime_api.h>
 
-#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -59,16 +58,8 @@ int EnsureLoaded(const TritonSpec* spec, int index, int device) {
 // Compute capability of the current device, major * 10 + minor (cached per device in cuda/gemm.cu).
 int CurrentArch(int* device_out) { return onnxfuse_cuda_current_arch(device_out); }
 
-// Number of SMs of the current device (cached per device); 132 if the query fails (H100 SXM).
-int NumSMs(int device) {
-  static std::atomic<int> sms_of[kMaxDevices] = {};
-  int sms = sms_of[device].load(std::memory_order_relaxed);
-  if (sms == 0) {
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) sms = 132;
-    sms_of[device].store(sms, std::memory_order_relaxed);
-  }
-  return sms;
-}
+// Number of SMs of `device` (cuda/gemm.cu, cached per device).
+int NumSMs(int device) { return onnxfuse_cuda_sm_count(device); }
 
 // The spec for (kernel, dtype, size class, aligned, r_pad) whose cubin runs on `arch`: Triton builds sm_90
 // as sm_90a (runs on 9.0 only); an sm_8x cubin runs on later minors of major 8. Picks the highest such arch.
