@@ -143,7 +143,10 @@ PY
     # one (`fuse`), at prompts SIZES (default 128,2048) (ONNX=0: not); then the same against transformers eager and
     # static cache + torch.compile (--transformers; TRANSFORMERS=0: not); then (PROFILE=1) one decode step of both
     # folders (and the A/B one) kernel by kernel (scripts/genai_decode_profile.py) at prompts PROFILE_PROMPTS
-    # (default 128 2048). KV_HEADS (default 32): the checkpoint's key-value heads (8: Llama-3's grouped heads; its
+    # (default 128 2048). BATCH: the bench's batches (default 1; 1,8 adds batch 8). FUSE_PATTERNS: the fused folder's --patterns
+    # (default fuse's). AB_SPLIT=1: the third folder is the fused one with LinearSkipRMSNorm split into Linear +
+    # onnxruntime's norm (scripts/split_skip_norm.py; with FUSE_PATTERNS naming linear_skip_norm, the opt-in pattern)
+    # instead of one fused with AB_PATTERNS. KV_HEADS (default 32): the checkpoint's key-value heads (8: Llama-3's grouped heads; its
     # folders are /root/gen-kv8...). A later call on the warm machine reuses the checkpoint and folders. Carries the
     # genai CUDA wheel (.gpu/genai/*.whl) and .gpu/tok.
     [ -d /root/genai/onnxruntime_genai ] || python3 -m pip install -q --no-deps --target /root/genai .gpu/genai/*.whl \
@@ -173,23 +176,31 @@ PY
     fi
     if [ "${ONNX:-1}" = 1 ]; then
       if [ ! -f $GEN-fused/genai_config.json ]; then
-        python3 -m onnxfuse fuse $GEN --provider cuda > "$OUT/generate-fuse.log" 2>&1; echo "fuse rc $?"
+        python3 -m onnxfuse fuse $GEN --provider cuda ${FUSE_PATTERNS:+--patterns "$FUSE_PATTERNS"} \
+          > "$OUT/generate-fuse.log" 2>&1; echo "fuse rc $?"
         tail -2 "$OUT/generate-fuse.log"
         [ -f /root/libdnnl.so.3 ] && cp /root/libdnnl.so.3 $GEN-fused/
       fi
       FOLDERS="$GEN $GEN-fused"
+      if [ "${AB_SPLIT:-0}" = 1 ] && [ ! -f $GEN-fused-ab/genai_config.json ]; then
+        # the third folder: the fused one with each LinearSkipRMSNorm split into Linear + onnxruntime's norm
+        python3 scripts/split_skip_norm.py $GEN-fused $GEN-fused-ab > "$OUT/generate-split.log" 2>&1
+        echo "split rc $?"; tail -1 "$OUT/generate-split.log"
+      fi
+      if [ -n "${AB_PATTERNS:-}" ] || [ "${AB_SPLIT:-0}" = 1 ]; then
+        FOLDERS="$FOLDERS $GEN-fused-ab"
+      fi
       if [ -n "${AB_PATTERNS:-}" ]; then  # a third folder fused with --patterns AB_PATTERNS, benched beside them
         if [ ! -f $GEN-fused-ab/genai_config.json ]; then
           python3 -m onnxfuse fuse $GEN -o $GEN-fused-ab --provider cuda --patterns "$AB_PATTERNS" \
             > "$OUT/generate-fuse-ab.log" 2>&1; echo "fuse ab rc $?"; tail -2 "$OUT/generate-fuse-ab.log"
           [ -f /root/libdnnl.so.3 ] && cp /root/libdnnl.so.3 $GEN-fused-ab/
         fi
-        FOLDERS="$FOLDERS $GEN-fused-ab"
       fi
       if [ "${BENCH:-1}" = 1 ]; then
         # shellcheck disable=SC2086  # FOLDERS: one word a folder
-        python3 -m onnxfuse bench genai $FOLDERS --device cuda --sizes "${SIZES:-128,2048}" --runs 3 \
-          -o "$OUT/genai-L$L$SFX${TAG:-}.json" > "$OUT/genai-L$L$SFX${TAG:-}.log" 2>&1; echo "bench genai rc $?"
+        python3 -m onnxfuse bench genai $FOLDERS --device cuda --sizes "${SIZES:-128,2048}" --batch "${BATCH:-1}" \
+          --runs 3 -o "$OUT/genai-L$L$SFX${TAG:-}.json" > "$OUT/genai-L$L$SFX${TAG:-}.log" 2>&1; echo "bench genai rc $?"
         tail -14 "$OUT/genai-L$L$SFX${TAG:-}.log"
       fi
     fi

@@ -32,6 +32,7 @@ class Workload:
     quick: bool = False
     output_names: tuple[str, ...] = ("y",)
     export_options: dict = dataclasses.field(default_factory=dict)  # more keywords of onnxfuse.export.export
+    patterns: tuple[str, ...] | None = None  # fuse's --patterns for the fused model (None: fuse's default)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,6 +291,48 @@ def _make_decode_linear(size, dtype, seed, quick, layers):
                     quick=quick)
 
 
+def _make_decode_skip_norm(size, dtype, seed, quick, layers):
+    """A decode step's down_proj, the residual add and the next layer's RMS norm (transformers' LlamaRMSNorm):
+    onnxruntime's fusions make the add and the norm SkipSimplifiedLayerNormalization, LinearSkipRMSNorm's opt-in rule
+    (--patterns linear_skip_norm,linear) takes it with the MatMul. Returns (the normed rows, the new residual)."""
+    import torch
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from .. import zoo
+    k, n = (688, 256) if quick else (11008, 4096)
+
+    class DownSkipNorm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.down_proj = torch.nn.Linear(k, n, bias=False)
+            self.norm = LlamaRMSNorm(n, eps=1e-5)
+
+        def forward(self, x, residual):
+            h = residual + self.down_proj(x)
+            return self.norm(h), h
+
+    def build():
+        with zoo.default_dtype(zoo.DTYPES[dtype]):
+            torch.manual_seed(seed)
+            module = DownSkipNorm()
+            torch.nn.init.normal_(module.down_proj.weight, std=0.02)
+            torch.nn.init.normal_(module.norm.weight, mean=1.0, std=0.1)
+        return module.to(zoo.DTYPES[dtype]).eval()
+
+    def inputs():
+        g = torch.Generator().manual_seed(seed)
+        return {"x": torch.randn(1, size, k, generator=g).to(zoo.DTYPES[dtype]),
+                "residual": torch.randn(1, size, n, generator=g).to(zoo.DTYPES[dtype])}
+
+    def gemms(module, inputs):
+        x, w = inputs["x"].reshape(-1, k), module.down_proj.weight.t()
+        return lambda: torch.matmul(x, w)
+
+    return Workload("decode-skip-norm", size, "tokens", {"tokens": size, "in": k, "out": n},
+                    _key("decode-skip-norm", size, dtype, seed, {"k": k, "n": n}), build, inputs, gemms=gemms,
+                    quick=quick, output_names=("y", "sum"), patterns=("linear_skip_norm", "linear"))
+
+
 def _make_mlp_stack(case: str, sizes: list[int], final: str):
     def make(size, dtype, seed, quick, layers):
         import torch
@@ -440,6 +483,9 @@ CASES: dict[str, CaseDef] = {c.name: c for c in (
     CaseDef("lora-linear", "4096x4096 linear + rank-16 LoRA + ReLU", "tokens", (2048,), (64,), _make_lora),
     CaseDef("decode-linear", "a decode step's down_proj, 11008x4096 without a bias (Linear: the GEMV at one row)",
             "tokens", (1, 8), (1,), _make_decode_linear),
+    CaseDef("decode-skip-norm", "a decode step's down_proj 11008x4096, the residual add and the next RMS norm "
+            "(fused with --patterns linear_skip_norm,linear: LinearSkipRMSNorm)", "tokens", (1, 8), (1,),
+            _make_decode_skip_norm),
     CaseDef("lora-mlp", "one LlamaMLP h4096/i11008 with rank-16 peft adapters on gate/up/down (against llama-mlp's "
             "fused base MLP in the same run)", "tokens", (2048, 16), (64, 16),
             _llama_mlp("lora-mlp", 4096, 11008, 256, 688, lora_rank=16)),

@@ -64,7 +64,8 @@ def prepare_models(w: Workload, dtype: str, seed: int, cache_dir: pathlib.Path, 
     if not fused.exists():
         info["cached"] = False
         t0 = time.perf_counter()
-        res = fuse.fuse(src, fused, force=True, write_unchanged=True)
+        res = fuse.fuse(src, fused, force=True, write_unchanged=True,
+                        patterns=list(w.patterns) if w.patterns is not None else None)
         info["fuse_s"] = round(time.perf_counter() - t0, 2)
         if not res.matches:
             warnings.warn(f"{w.case}: nothing fused in {src}")

@@ -136,8 +136,8 @@ def _fuse(args) -> int:
 
 
 def _patterns() -> list[str]:
-    from ..fuse import PATTERNS  # imports onnxscript: only when a --patterns value is parsed
-    return list(PATTERNS)
+    from ..fuse import RULES  # imports onnxscript: only when a --patterns value is parsed
+    return list(RULES)
 
 
 

@@ -104,6 +104,14 @@ inline int64_t ReadIntAttr(const OrtApi* api, const OrtKernelInfo* info, const c
   }
   return v;
 }
+// LinearSkipRMSNorm's epsilon: the schema default where the node has none; a negative or non-finite one fails.
+inline float ReadEpsilon(const OrtApi* api, const OrtKernelInfo* info, const char* op) {
+  float e = schema::attr::kEpsilonDefault;
+  detail::TryGetFloat(api, info, schema::attr::kEpsilon, e);
+  if (!(e >= 0.f && e < 1e30f))
+    Fail(std::string(op) + ": " + schema::attr::kEpsilon + " must be finite and >= 0, got " + std::to_string(e));
+  return e;
+}
 inline float ReadQkScale(const OrtApi* api, const OrtKernelInfo* info) {
   float s = schema::attr::kQkScaleDefault;
   detail::TryGetFloat(api, info, schema::attr::kQkScale, s);

@@ -56,6 +56,17 @@ inline LinearDims MatMulDims(const char* op, const std::vector<int64_t>& x, cons
   return d;
 }
 
+// LinearSkipRMSNorm: X [..., K], W [K, N], skip X.shape[:-1] + [N], gamma [N].
+inline LinearDims SkipNormDims(const char* op, const std::vector<int64_t>& x, const std::vector<int64_t>& w,
+                               const std::vector<int64_t>& skip, const std::vector<int64_t>& gamma) {
+  LinearDims d = MatMulDims(op, x, w);
+  detail::Need(skip == d.out_shape, op,
+               "skip must be X.shape[:-1] + [N] = " + ShapeStr(d.out_shape) + "; got " + ShapeStr(skip));
+  detail::Need(gamma.size() == 1 && gamma[0] == d.N, op,
+               "gamma must be [N] = [" + std::to_string(d.N) + "]; got " + ShapeStr(gamma));
+  return d;
+}
+
 // Int4Linear: X [..., K], Wq uint8 [N, n_blocks, block / 2], scales [N, n_blocks]; n_blocks = ceil(K / block),
 // block a power of two in [16, 256]. LinearDims' r carries the block size.
 inline LinearDims Int4LinearDims(const char* op, const std::vector<int64_t>& x, const std::vector<int64_t>& wq,
