@@ -46,7 +46,6 @@ class Linear(FusionRule):
     op = LINEAR.name
     pattern_name = "linear"
     naming_ops = ("MatMul",)
-    runtime_inputs: tuple = ()
 
     def __init__(self, recorder):
         super().__init__(recorder, "matmul")
@@ -67,9 +66,10 @@ class Linear(FusionRule):
         return self.emit(op, self.op, [x, w], {"backend": "auto"}, shapes, x.dtype or w.dtype, gemm_flops(x, k, n))
 
 
-def weight_kn(rule, context, result: MatchResult, x: ir.Value, w: ir.Value) -> tuple[int, int] | None:
+def weight_kn(rule, context, result: MatchResult, x: ir.Value, w: ir.Value, runtime: tuple = ()
+              ) -> tuple[int, int] | None:
     """Linear's checks of X and its weight (both rules'): (K, N), also kept as rule._kn; None with the reason in
-    `result`."""
+    `result`. `runtime`: the matched nodes' other inputs read at run time like X (the norm's residual)."""
     if w.const_value is None:  # a product of two activations (attention's scores): no weight to stream
         result.fail(NOT_A_CANDIDATE, w)
         return None
@@ -78,7 +78,7 @@ def weight_kn(rule, context, result: MatchResult, x: ir.Value, w: ir.Value) -> t
         # cuBLAS GEMM the op would (--explain does not list every fp32 projection of a model)
         result.fail(NOT_A_CANDIDATE, w)
         return None
-    if not rule.guard(context, result, x, runtime=rule.runtime_inputs):
+    if not rule.guard(context, result, x, runtime=runtime):
         return None
     xd = dims(x)
     if xd is not None and len(xd) < 2:
@@ -134,11 +134,10 @@ class LinearSkipRMSNorm(FusionRule):
     def check(self, context, x, w, residual, gamma, **_):
         self.remember(context)
         result = MatchResult()
-        self.runtime_inputs = (residual,)
         norm = context.root
         if len(context.output_values) != (2 if self.n_outputs == 4 else 1) or len(norm.outputs) != self.n_outputs:
             return result.fail(NOT_A_CANDIDATE, x)  # the other variant's form (onnxscript binds what it can)
-        if weight_kn(self, context, result, x, w) is None:
+        if weight_kn(self, context, result, x, w, runtime=(residual,)) is None:
             return result
         k, n = self._kn
         other = sorted(set(norm.attributes) - {"epsilon"})

@@ -10,8 +10,9 @@ int64_t onnxfuse_cuda_linear_scratch_bytes(int dtype, int64_t m, int64_t k, int6
 int onnxfuse_cuda_linear(int dtype, const void* x, const void* w, void* y, int64_t m, int64_t k, int64_t n,
                          void* scratch, int64_t scratch_bytes, void* stream);
 // LinearSkipRMSNorm: sum [m, n] = X @ W + skip, Y = sum * rsqrt(mean(sum^2) + eps) * gamma, sum rounded to the type
-// before the norm. One row of a 16-bit type with n a multiple of 8 and 16-byte aligned pointers runs the GEMV with
-// the add and the norm in its last blocks, else a cuBLASLt GEMM into sum and onnxfuse_cuda_skip_rms_norm_rows.
+// before the norm. One row of a 16-bit type with n a multiple of 8 and 16-byte aligned pointers runs Linear's GEMV
+// into sum, else a cuBLASLt GEMM into sum; then onnxfuse_cuda_skip_rms_norm_rows (ONNXFUSE_LINEAR_NORM_EPILOGUE=1: one
+// row in one kernel, the add and the norm in the GEMV's epilogue).
 int64_t onnxfuse_cuda_linear_skip_rms_norm_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n);
 int onnxfuse_cuda_linear_skip_rms_norm(int dtype, const void* x, const void* w, const void* skip, const void* gamma,
                                        void* y, void* sum, int64_t m, int64_t k, int64_t n, float eps, void* scratch,
