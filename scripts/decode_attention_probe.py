@@ -98,6 +98,19 @@ def main(argv=None) -> int:
     D, L, R = 128, args.L, 128
     dev = "cuda"
     torch.manual_seed(0)
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    rates = []
+    for _ in range(7):
+        ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        ev0.record()
+        dst.copy_(src)
+        ev1.record()
+        torch.cuda.synchronize()
+        rates.append(2 * src.numel() / (ev0.elapsed_time(ev1) * 1e-3) / 1e12)
+    rate = sorted(rates)[3]
+    del src, dst
+    print(f"copy rate {rate:.3f} TB/s (read + write of 1 GiB, median of 7): a node's KV bytes at that rate below")
     print(f"{torch.cuda.get_device_name()}, {torch.cuda.get_device_properties(0).multi_processor_count} SMs; "
           f"D {D}, present rows {L}, {args.layers} layers over their own KV buffers (past = present); us a node "
           f"(CUDA graph of {args.layers} nodes, median of {args.rounds} rounds of {args.reps} replays)")
@@ -145,9 +158,11 @@ def main(argv=None) -> int:
                     continue
                 med = round_robin(fns, args.reps, args.rounds)
                 base = next(iter(med))
+                kv_bytes = 2 * B * Hkv * ctx * D * kc[0].element_size()
                 for name, us in med.items():
                     print(f"  {dname} B{B} H{H}/{Hkv} context {ctx:5d} {name:12s} {us / nl:7.2f} us a node (graph)"
-                          f"  {med[base] / us:.3f}x {base}")
+                          f"  {med[base] / us:.3f}x {base}  KV {kv_bytes / 1e6:6.2f} MB: "
+                          f"{kv_bytes / (us / nl * 1e-6) / 1e12:.2f} TB/s, floor {kv_bytes / rate / 1e6:.2f} us")
                 # without a graph: the launches' host time shows
                 for name, fn in fns.items():
                     for _ in range(3):

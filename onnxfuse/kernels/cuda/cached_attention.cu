@@ -149,7 +149,16 @@ __device__ inline float WarpSum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
-__device__ inline float NanMax(float x, float y) { return isnan(x) || isnan(y) ? NAN : fmaxf(x, y); }
+// max(x, y), NaN where either is NaN (one instruction from sm_80: max.NaN)
+__device__ inline float NanMax(float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(x), "f"(y));
+  return r;
+#else
+  return isnan(x) || isnan(y) ? NAN : fmaxf(x, y);
+#endif
+}
 
 // Partials [B, Hkv, S, splits, G, 2 + D]: max, sum, weighted values of the split's keys for each query head.
 template <typename T>
@@ -257,12 +266,18 @@ __device__ inline void Unpack16(const uint4& raw, float* f) {
 template <typename T>
 __device__ inline void LoadStep(const T* K, const T* V, int64_t base, int64_t j1, int64_t D, int grp, int groups,
                                 uint4 (&kr)[kUnroll], uint4 (&vr)[kUnroll]) {
+  // one 64-bit offset a step and 32-bit row checks (the per-row 64-bit products and compares were a quarter of the
+  // decode loop's instructions)
+  const int64_t k0 = base + grp, left = j1 - k0;
+  const int rows = left <= 0 ? 0 : (left > int64_t(kUnroll) * groups ? kUnroll * groups : int(left));
+  const T* kp = K + k0 * D;
+  const T* vp = V + k0 * D;
+  const int64_t rs = int64_t(groups) * D;
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
-    const int64_t k = base + grp + u * groups;
-    if (k < j1) {
-      kr[u] = *reinterpret_cast<const uint4*>(K + k * D);
-      vr[u] = *reinterpret_cast<const uint4*>(V + k * D);
+    if (u * groups < rows) {
+      kr[u] = *reinterpret_cast<const uint4*>(kp + u * rs);
+      vr[u] = *reinterpret_cast<const uint4*>(vp + u * rs);
     } else {
       kr[u] = make_uint4(0u, 0u, 0u, 0u), vr[u] = make_uint4(0u, 0u, 0u, 0u);
     }
@@ -292,8 +307,9 @@ struct DecodeSmem : SplitSmem<T, 1, NT> {
 };
 
 // One step of SplitKeys: kUnroll keys (live: inside the split) of this lane's elements kf / vf into the G heads'
-// running max, sum and weighted values.
-template <typename T, int GM>
+// running max, sum and weighted values. LANES: the lanes a key row (`lanes`) as a constant, so that the kUnroll dots'
+// shuffle sums unroll and interleave (a loop over a run-time count ran them one key after another); 0: `lanes`.
+template <typename T, int GM, int LANES = 0>
 __device__ inline void KeyStep(const float (&qf)[GM][16 / sizeof(T)], const float (&kf)[kUnroll][16 / sizeof(T)],
                                const float (&vf)[kUnroll][16 / sizeof(T)], const bool (&live)[kUnroll], int G,
                                int lanes, float (&acc)[GM][16 / sizeof(T)], float (&m)[GM], float (&l)[GM]) {
@@ -308,10 +324,21 @@ __device__ inline void KeyStep(const float (&qf)[GM][16 / sizeof(T)], const floa
       float dot = 0.f;
 #pragma unroll
       for (int e = 0; e < E; ++e) dot += qf[g][e] * kf[u][e];
-      for (int o = lanes / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
       sc[u] = dot;
-      if (live[u]) mx = NanMax(mx, dot);
     }
+    if constexpr (LANES > 0) {
+#pragma unroll
+      for (int o = LANES / 2; o > 0; o >>= 1)
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) sc[u] += __shfl_xor_sync(0xffffffffu, sc[u], o);
+    } else {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        for (int o = lanes / 2; o > 0; o >>= 1) sc[u] += __shfl_xor_sync(0xffffffffu, sc[u], o);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (live[u]) mx = NanMax(mx, sc[u]);
     if (mx == -INFINITY) continue;  // every key so far scores -Inf
     const float corr = m[g] == -INFINITY ? 0.f : __expf(m[g] - mx);
     float psum = 0.f;
@@ -332,7 +359,7 @@ __device__ inline void KeyStep(const float (&qf)[GM][16 / sizeof(T)], const floa
 // The keys j0..j1 of K / V (already offset to this lane's elements) for the G heads whose queries qf holds: each
 // group's max, sum and weighted values (m, l, acc; m -Inf and l 0 where no key counted). kr / vr: the first step's
 // rows, which the caller loaded (LoadStep(j0)) so that they are in flight while it prepares the queries.
-template <typename T, int GM>
+template <typename T, int GM, int LANES = 0>
 __device__ inline void SplitKeys(const float (&qf)[GM][16 / sizeof(T)], const T* K, const T* V, int64_t j0, int64_t j1,
                                  int64_t D, int G, int lanes, int groups, int grp, uint4 (&kr)[kUnroll],
                                  uint4 (&vr)[kUnroll], float (&acc)[GM][16 / sizeof(T)], float (&m)[GM],
@@ -362,7 +389,7 @@ __device__ inline void SplitKeys(const float (&qf)[GM][16 / sizeof(T)], const T*
       Unpack16<T>(vr[u], vf[u]);
       if constexpr (GM == 1) kr[u] = kn[u], vr[u] = vn[u];
     }
-    KeyStep<T, GM>(qf, kf, vf, live, G, lanes, acc, m, l);
+    KeyStep<T, GM, LANES>(qf, kf, vf, live, G, lanes, acc, m, l);
     if constexpr (GM != 1) LoadStep(K, V, base + stride, j1, D, grp, groups, kr, vr);
   }
 }
@@ -483,13 +510,15 @@ __device__ inline const float* ClusterRank(const float* p, int rank) {
 // block to finish (a counter per task, zeroed by the launcher) combines them. The split holding the new row (the
 // sequence's last key) stores it in present where it is its KV head's first query head's; with one query head a KV
 // head it reads it back in its loop (its first step, loaded before the store, from shared memory), else every
-// query head's owner split adds it from shared memory after its loop (another block stores it).
-template <typename T, bool kCluster, int NT = kSplitThreads>
+// query head's owner split adds it from shared memory after its loop (another block stores it). LANES: `lanes` as a
+// constant (KeyStep's), 0 for any.
+template <typename T, bool kCluster, int NT = kSplitThreads, int LANES = 0>
 __global__ void __launch_bounds__(NT, 512 / NT)
     DecodeAttention(const T* __restrict__ query, const int32_t* __restrict__ seqlens, const T* __restrict__ cs,
                     const T* __restrict__ sn, T* __restrict__ pk, T* __restrict__ pv, float* __restrict__ part,
-                    int* __restrict__ counters, T* __restrict__ y, int64_t splits, Args a, int lanes) {
+                    int* __restrict__ counters, T* __restrict__ y, int64_t splits, Args a, int lanes_arg) {
   constexpr int E = 16 / int(sizeof(T));
+  const int lanes = LANES > 0 ? LANES : lanes_arg;
   __shared__ DecodeSmem<T, NT> sm;
   const int64_t split = kCluster ? blockIdx.x % splits : blockIdx.y;
   const int64_t task = kCluster ? blockIdx.x / splits : blockIdx.x;  // task = (b, h); S == 1
@@ -551,14 +580,14 @@ __global__ void __launch_bounds__(NT, 512 / NT)
   float qf[1][E], acc[1][E], m[1], l[1];
 #pragma unroll
   for (int e = 0; e < E; ++e) qf[0][e] = sm.q[sub * E + e];
-  SplitKeys<T, 1>(qf, K, V, j0, jk, a.D, 1, lanes, groups, grp, kr, vr, acc, m, l);
+  SplitKeys<T, 1, LANES>(qf, K, V, j0, jk, a.D, 1, lanes, groups, grp, kr, vr, acc, m, l);
   if (after) {  // the new row, as group 0's key
     float kf[kUnroll][E] = {}, vf[kUnroll][E] = {};
     bool live[kUnroll] = {};
     Unpack16<T>(*reinterpret_cast<const uint4*>(sm.knew + sub * E), kf[0]);
     Unpack16<T>(*reinterpret_cast<const uint4*>(sm.vnew + sub * E), vf[0]);
     live[0] = grp == 0;
-    KeyStep<T, 1>(qf, kf, vf, live, 1, lanes, acc, m, l);
+    KeyStep<T, 1, LANES>(qf, kf, vf, live, 1, lanes, acc, m, l);
   }
   const int64_t stride = 2 + a.D;
   T* yb = y + (b * a.H + h) * a.D;
@@ -590,16 +619,17 @@ __global__ void __launch_bounds__(NT, 512 / NT)
 #endif
 constexpr int kMaxCluster = ONNXFUSE_DECODE_MAX_CLUSTER;
 
-// A launch of DecodeAttention<T, true, NT>: `blocks` blocks in clusters of `size` (past the portable 8 the kernel
-// opts in first: err). Not copyable: cfg points at at.
-template <typename T, int NT>
+// A launch of DecodeAttention<T, true, NT, LANES>: `blocks` blocks in clusters of `size` (past the portable 8 the
+// kernel opts in first: err). Not copyable: cfg points at at.
+template <typename T, int NT, int LANES>
 struct ClusterLaunch {
   cudaLaunchAttribute at[1];
   cudaLaunchConfig_t cfg = {};
   cudaError_t err = cudaSuccess;
   ClusterLaunch(int size, unsigned blocks, cudaStream_t stream) {
     if (size > 8)
-      err = cudaFuncSetAttribute(DecodeAttention<T, true, NT>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+      err =
+          cudaFuncSetAttribute(DecodeAttention<T, true, NT, LANES>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = unsigned(size), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
     cfg.gridDim = dim3(blocks), cfg.blockDim = dim3(NT), cfg.stream = stream, cfg.attrs = at, cfg.numAttrs = 1;
@@ -608,9 +638,9 @@ struct ClusterLaunch {
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;
 };
 
-// How many clusters of `size` blocks of DecodeAttention<T, true, NT> the device holds at once (asked once per device
-// and size; 0 where it holds none or refuses the size).
-template <typename T, int NT>
+// How many clusters of `size` blocks of DecodeAttention<T, true, NT, LANES> the device holds at once (asked once per
+// device and size; 0 where it holds none or refuses the size).
+template <typename T, int NT, int LANES>
 int HeldClusters(int device, int size) {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> held[kMaxDevices][5] = {};  // sizes 1, 2, 4, 8, 16: the count + 1 once asked
@@ -618,10 +648,10 @@ int HeldClusters(int device, int size) {
   if (device < 0 || device >= kMaxDevices) return 0;
   int n = held[device][slot].load(std::memory_order_relaxed);
   if (n == 0) {
-    const ClusterLaunch<T, NT> launch(size, unsigned(size), nullptr);
+    const ClusterLaunch<T, NT, LANES> launch(size, unsigned(size), nullptr);
     int clusters = 0;
     if (launch.err != cudaSuccess ||  // past the portable size and refused
-        cudaOccupancyMaxActiveClusters(&clusters, DecodeAttention<T, true, NT>, &launch.cfg) != cudaSuccess)
+        cudaOccupancyMaxActiveClusters(&clusters, DecodeAttention<T, true, NT, LANES>, &launch.cfg) != cudaSuccess)
       clusters = 0;
     (void)cudaGetLastError();  // a refusal here is an answer, not the call's error
     n = clusters + 1;
@@ -632,11 +662,11 @@ int HeldClusters(int device, int size) {
 
 // The largest power of two to kMaxCluster (at least 32 of present's L keys a split) whose clusters of NT-thread
 // blocks the device holds for all `tasks` at once (one wave), or 0.
-template <typename T, int NT>
+template <typename T, int NT, int LANES>
 int WaveSplits(int device, int64_t tasks, int64_t L) {
   int best = 0;
   for (int s = 1; s <= kMaxCluster && (s == 1 || s * 32 <= L); s *= 2)
-    if (tasks <= HeldClusters<T, NT>(device, s)) best = s;
+    if (tasks <= HeldClusters<T, NT, LANES>(device, s)) best = s;
   return best;
 }
 
@@ -647,7 +677,7 @@ int WaveSplits(int device, int64_t tasks, int64_t L) {
 struct ClusterShape {
   int threads, splits;
 };
-template <typename T>
+template <typename T, int LANES>
 ClusterShape ClusterSplits(const Args& a) {
   static const bool off = [] {
     const char* v = std::getenv("ONNXFUSE_DECODE_CLUSTERS");
@@ -656,8 +686,8 @@ ClusterShape ClusterSplits(const Args& a) {
   int device = 0;
   if (off || onnxfuse_cuda_current_arch(&device) < 90) return {0, 0};
   const int64_t tasks = a.B * a.H;
-  const int s128 = WaveSplits<T, 128>(device, tasks, a.L);
-  const int s256 = WaveSplits<T, 256>(device, tasks, a.L);
+  const int s128 = WaveSplits<T, 128, LANES>(device, tasks, a.L);
+  const int s256 = WaveSplits<T, 256, LANES>(device, tasks, a.L);
 #ifdef ONNXFUSE_DECODE_BLOCK  // probes: one block size
   if (ONNXFUSE_DECODE_BLOCK == 128) return {128, s128};
   return {256, s256};
@@ -666,34 +696,44 @@ ClusterShape ClusterSplits(const Args& a) {
   return {128, s128};
 }
 
-template <typename T, int NT>
+template <typename T, int NT, int LANES>
 int LaunchClustered(const Args& a, int splits, const T* q, const int32_t* seqlens, const T* c, const T* sn, T* k, T* v,
                     T* out, int lanes, cudaStream_t stream) {
-  const ClusterLaunch<T, NT> launch(splits, unsigned(a.B * a.H * splits), stream);
+  const ClusterLaunch<T, NT, LANES> launch(splits, unsigned(a.B * a.H * splits), stream);
   if (launch.err != cudaSuccess) return int(launch.err);
   float* no_part = nullptr;
   int* no_counters = nullptr;
-  return int(cudaLaunchKernelEx(&launch.cfg, DecodeAttention<T, true, NT>, q, seqlens, c, sn, k, v, no_part,
+  return int(cudaLaunchKernelEx(&launch.cfg, DecodeAttention<T, true, NT, LANES>, q, seqlens, c, sn, k, v, no_part,
                                 no_counters, out, int64_t(splits), a, lanes));
 }
 
 // A decode step's attention in one kernel: clustered where ClusterSplits finds a shape, else the counters' form over
-// `splits` (zeroed counters first).
-template <typename T>
-int Decode(const Args& a, const T* q, const int32_t* seqlens, const T* c, const T* sn, T* k, T* v, float* part,
-           int* counters, T* out, int64_t splits, int lanes, cudaStream_t stream) {
-  const ClusterShape shape = ClusterSplits<T>(a);
+// `splits` (zeroed counters first). LANES: as DecodeAttention's.
+template <typename T, int LANES>
+int DecodeLanes(const Args& a, const T* q, const int32_t* seqlens, const T* c, const T* sn, T* k, T* v, float* part,
+                int* counters, T* out, int64_t splits, int lanes, cudaStream_t stream) {
+  const ClusterShape shape = ClusterSplits<T, LANES>(a);
   if (shape.splits > 0) {
     if (shape.threads == 256)
-      return LaunchClustered<T, 256>(a, shape.splits, q, seqlens, c, sn, k, v, out, lanes, stream);
-    return LaunchClustered<T, 128>(a, shape.splits, q, seqlens, c, sn, k, v, out, lanes, stream);
+      return LaunchClustered<T, 256, LANES>(a, shape.splits, q, seqlens, c, sn, k, v, out, lanes, stream);
+    return LaunchClustered<T, 128, LANES>(a, shape.splits, q, seqlens, c, sn, k, v, out, lanes, stream);
   }
   const cudaError_t e = cudaMemsetAsync(counters, 0, size_t(a.B * a.H) * sizeof(int), stream);
   if (e != cudaSuccess) return int(e);
   const dim3 grid(unsigned(a.B * a.H), unsigned(splits));
-  DecodeAttention<T, false>
+  DecodeAttention<T, false, kSplitThreads, LANES>
       <<<grid, kSplitThreads, 0, stream>>>(q, seqlens, c, sn, k, v, part, counters, out, splits, a, lanes);
   return int(cudaGetLastError());
+}
+
+// The lanes a key row of a head of 128 (16 bytes a lane): the kernels' constant-lanes build; other heads: any lanes.
+template <typename T>
+int Decode(const Args& a, const T* q, const int32_t* seqlens, const T* c, const T* sn, T* k, T* v, float* part,
+           int* counters, T* out, int64_t splits, int lanes, cudaStream_t stream) {
+  constexpr int kLanes128 = 128 * int(sizeof(T)) / 16;
+  if (lanes == kLanes128)
+    return DecodeLanes<T, kLanes128>(a, q, seqlens, c, sn, k, v, part, counters, out, splits, lanes, stream);
+  return DecodeLanes<T, 0>(a, q, seqlens, c, sn, k, v, part, counters, out, splits, lanes, stream);
 }
 
 // Whether SplitPartial takes a call (its lanes a key row, or 0): D / E a power of two up to 32, G <= 8, 16-byte rows.
