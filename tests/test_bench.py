@@ -356,3 +356,33 @@ def test_kernel_roofline_takes_the_gpu_kernel_time_in_place_of_the_median():
     from onnxfuse.bench import ratios
     assert ratios.kernel_roofline({"roofline_pct": 60.0, "median_ms": 0.15, "gpu_kernel_us": 100.0}) == 90.0
     assert ratios.kernel_roofline({"roofline_pct": 60.0, "median_ms": 0.15}) is None  # not profiled
+
+
+def _genai_row(folder, batch, prompt, graph, prefill, decode, vs):
+    return {"folder": folder, "batch": batch, "prompt_tokens": prompt, "cuda_graph": graph, "prefill_ms": prefill,
+            "decode_ms_per_token": decode, "prefill_limit_ms": 2.3 * prompt / 128, "decode_limit_ms": 3.25,
+            "prefill_speedup_vs_first": vs, "decode_speedup_vs_first": vs}
+
+
+@pytest.mark.skipif(not HAS_MPL, reason="matplotlib is not installed")
+def test_bench_plot_genai_results(tmp_path, capsys):
+    """`bench plot` draws a `bench genai` results file (rows, no 'cases'): its PNG, a group of bars a setting; one
+    without rows, or a JSON of neither kind, is a one-line error."""
+    from onnxfuse import cli
+    settings = ((1, 128, False, 6.4, 5.3), (1, 2048, True, 49.7, 5.31), (8, 128, False, 24.4, 5.6))
+    rows = [_genai_row(f, b, p, g, pre * k, dec * k, 1 / k)
+            for f, k in (("/root/gen", 1.0), ("/root/gen-fused", 0.86)) for b, p, g, pre, dec in settings]
+    path = tmp_path / "genai.json"
+    path.write_text(json.dumps({"kind": "genai", "device": "test", "date": "2026-11-30", "rows": rows}))
+    assert cli.main(["bench", "plot", str(path), "-o", str(tmp_path / "genai.png")]) == 0
+    assert (tmp_path / "genai.png").stat().st_size > 5000
+    assert "wrote" in capsys.readouterr().out
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"kind": "genai", "rows": []}))
+    assert cli.main(["bench", "plot", str(empty)]) == 2
+    assert "without rows: nothing to plot" in capsys.readouterr().err
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"rows": rows}))  # not kind genai, no cases
+    assert cli.main(["bench", "plot", str(other)]) == 2
+    assert "not an onnxfuse bench results file" in capsys.readouterr().err
+    assert not (tmp_path / "empty.png").exists() and not (tmp_path / "other.png").exists()

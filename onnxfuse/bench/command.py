@@ -195,17 +195,34 @@ def cli_main(args) -> int:
 
 
 def _plot_only(args) -> int:
-    """`bench plot RESULTS.json [-o PNG]` : only the plot of a results file
+    """`bench plot RESULTS.json [-o PNG]` : only the plot of a results file, the cases' or a `bench genai` run's
     (default: the JSON's path with .png); no table, no goals."""
     if len(args.targets) != 2:
         raise OnnxfuseError("bench plot takes one results JSON: onnxfuse bench plot RESULTS.json [-o PNG]")
-    result = load_json(args.targets[1])
-    out = plot(result, args.output or args.plot or pathlib.Path(args.targets[1]).with_suffix(".png"))
+    target = args.output or args.plot or pathlib.Path(args.targets[1]).with_suffix(".png")
+    if _genai_results(args.targets[1]):
+        from ..genai import timing
+        data = json.loads(pathlib.Path(args.targets[1]).read_text())
+        if not data["rows"]:
+            raise OnnxfuseError(f"{args.targets[1]}: a bench genai results file without rows: nothing to plot")
+        out = timing.plot(data, target)
+    else:
+        out = plot(load_json(args.targets[1]), target)
     if out is None:
         raise OnnxfuseError("matplotlib is not installed; pip install matplotlib")
     if not args.quiet:
         print(f"wrote {out}")
     return 0
+
+
+def _genai_results(path) -> bool:
+    """Whether a file is a `bench genai` results JSON (kind genai, a list of rows); anything else goes to load_json,
+    whose errors name the problem."""
+    try:
+        data = json.loads(pathlib.Path(path).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("kind") == "genai" and isinstance(data.get("rows"), list)
 
 
 def _gemm_peak(provider: str, dtype: str) -> dict:
@@ -233,6 +250,8 @@ def _genai(args) -> int:
                           transformers_modes=args.transformers, gemm_peak=_gemm_peak)
     result["target"] = "genai"
     out = write_json(result, pathlib.Path(args.output) if args.output else default_output(result, args.results_dir))
+    png_path = pathlib.Path(args.plot) if args.plot else out.with_suffix(".png")
+    png = None if args.no_plot else timing.plot(result, png_path)
     if args.json:
         print(json.dumps(result, indent=1))
     elif not args.quiet:
@@ -240,4 +259,6 @@ def _genai(args) -> int:
         for line in result.get("skipped", []):
             print(f"skipped: {line}")
         print(f"\nwrote {out}")
+        if png:
+            print(f"wrote {png}")
     return 0
