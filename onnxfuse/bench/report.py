@@ -240,13 +240,31 @@ def markdown_backends_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(result: dict, path) -> pathlib.Path | None:
-    """A perf-report style PNG: median ms vs size per variant, one panel per case. None without matplotlib."""
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (files only), or None where matplotlib is not installed."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def save_figure(plt, fig, path) -> pathlib.Path:
+    """fig laid out and written to path as a PNG (its folder made), then closed."""
+    fig.tight_layout()
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot(result: dict, path) -> pathlib.Path | None:
+    """A perf-report style PNG: median ms vs size per variant, one panel per case. None without matplotlib."""
+    plt = pyplot()
+    if plt is None:
         return None
     by_case: dict[str, list[dict]] = {}
     for c in result["cases"]:
@@ -309,9 +327,4 @@ def plot(result: dict, path) -> pathlib.Path | None:
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     fig.suptitle(f"onnxfuse bench: {result.get('device')}", fontsize=10)
-    fig.tight_layout()
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, path)

@@ -451,11 +451,9 @@ def plot(result: dict, path) -> pathlib.Path | None:
     """The PNG of a `bench genai` run: prefill ms and decode ms/token, a group of bars per setting (batch, prompt,
     CUDA graph) with a bar per folder (its time against the first folder's above it) and the setting's limit as a
     black line across the group. None without matplotlib."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    from ..bench.report import pyplot, save_figure
+    plt = pyplot()
+    if plt is None:
         return None
     rows = result.get("rows") or []
     settings = list(dict.fromkeys(_setting(r) for r in rows))
@@ -496,9 +494,4 @@ def plot(result: dict, path) -> pathlib.Path | None:
         ax.legend(fontsize=7)
     fig.suptitle(f"onnxfuse bench genai: {result.get('device')}, {result.get('date')} (limits: prefill FLOPs at the "
                  f"run's GEMM peak, decode bytes at its memory rate)", fontsize=9)
-    fig.tight_layout()
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, path)
