@@ -19,7 +19,7 @@ from ..errors import OnnxfuseError
 from .cases import CASES
 from .goals import goals_failed
 from .report import (DEFAULT_RESULTS, NOISY_SPREAD, annotate, default_output, format_table, json_default, load_json,
-                     markdown_backends_table, markdown_table, plot, reevaluate, write_json)
+                     markdown_backends_table, markdown_table, plot, plot_genai, reevaluate, write_json)
 from .runner import DEFAULT_CACHE, Options, run
 from .variants import VARIANTS
 
@@ -201,11 +201,10 @@ def _plot_only(args) -> int:
         raise OnnxfuseError("bench plot takes one results JSON: onnxfuse bench plot RESULTS.json [-o PNG]")
     target = args.output or args.plot or pathlib.Path(args.targets[1]).with_suffix(".png")
     if _genai_results(args.targets[1]):
-        from ..genai import timing
         data = json.loads(pathlib.Path(args.targets[1]).read_text())
         if not data["rows"]:
             raise OnnxfuseError(f"{args.targets[1]}: a bench genai results file without rows: nothing to plot")
-        out = timing.plot(data, target)
+        out = plot_genai(data, target)
     else:
         out = plot(load_json(args.targets[1]), target)
     if out is None:
@@ -251,7 +250,7 @@ def _genai(args) -> int:
     result["target"] = "genai"
     out = write_json(result, pathlib.Path(args.output) if args.output else default_output(result, args.results_dir))
     png_path = pathlib.Path(args.plot) if args.plot else out.with_suffix(".png")
-    png = None if args.no_plot else timing.plot(result, png_path)
+    png = None if args.no_plot else plot_genai(result, png_path)
     if args.json:
         print(json.dumps(result, indent=1))
     elif not args.quiet:

@@ -328,3 +328,56 @@ def plot(result: dict, path) -> pathlib.Path | None:
         ax.axis("off")
     fig.suptitle(f"onnxfuse bench: {result.get('device')}", fontsize=10)
     return save_figure(plt, fig, path)
+
+
+def _setting(r: dict) -> str:
+    return f"batch {r.get('batch', 1)}, prompt {r['prompt_tokens']}" + (", graph" if r["cuda_graph"] else "")
+
+
+def plot_genai(result: dict, path) -> pathlib.Path | None:
+    """The PNG of a `bench genai` run: prefill ms and decode ms/token, a group of bars per setting (batch, prompt,
+    CUDA graph) with a bar per folder (its time against the first folder's above it) and the setting's limit as a
+    black line across the group. None without matplotlib."""
+    plt = pyplot()
+    if plt is None:
+        return None
+    rows = result.get("rows") or []
+    settings = list(dict.fromkeys(_setting(r) for r in rows))
+    folders = list(dict.fromkeys(r["folder"] for r in rows))
+    if not settings:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(max(8.0, 1.6 * len(settings) * 2), 4.6), squeeze=False)
+    colors = {f: plt.get_cmap("tab10")(i % 10) for i, f in enumerate(folders)}
+    width = 0.8 / len(folders)
+    panels = (("prefill_ms", "prefill_limit_ms", "prefill_speedup_vs_first", "prefill, ms"),
+              ("decode_ms_per_token", "decode_limit_ms", "decode_speedup_vs_first", "decode, ms a token"))
+    for ax, (key, limit_key, vs_key, title) in zip(axes.flat, panels):
+        for j, f in enumerate(folders):
+            xs, ys, labels = [], [], []
+            for i, s in enumerate(settings):
+                r = next((r for r in rows if r["folder"] == f and _setting(r) == s), None)
+                if r is None:
+                    continue
+                xs.append(i - 0.4 + (j + 0.5) * width)
+                ys.append(r[key])
+                vs = r.get(vs_key)
+                labels.append(f"{r[key]:.3g}" + (f"\n{vs:.2f}x" if vs and j else ""))
+            ax.bar(xs, ys, width=width * 0.95, color=colors[f], label=pathlib.Path(f).name or f)
+            for x, y, text in zip(xs, ys, labels):
+                ax.text(x, y, text, ha="center", va="bottom", fontsize=6)
+        for i, s in enumerate(settings):
+            limits = [r[limit_key] for r in rows if _setting(r) == s and r.get(limit_key)]
+            if limits:
+                ax.hlines(limits[0], i - 0.45, i + 0.45, colors="black", linewidth=1.5,
+                          label="limit" if i == 0 else None)
+        ax.set_xticks(range(len(settings)))
+        ax.set_xticklabels(settings, fontsize=7, rotation=20, ha="right")
+        values = [r[key] for r in rows if r.get(key)]
+        if values and max(values) / min(values) > 20:
+            ax.set_yscale("log")
+        ax.set_title(title, fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"onnxfuse bench genai: {result.get('device')}, {result.get('date')} (limits: prefill FLOPs at the "
+                 f"run's GEMM peak, decode bytes at its memory rate)", fontsize=9)
+    return save_figure(plt, fig, path)
