@@ -28,6 +28,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(1, str(pathlib.Path(__file__).resolve().parents[1]))
 from lora_mlp_fold_probe import round_robin  # noqa: E402
 
+from onnxfuse.genai.timing import copy_peak_gbs  # noqa: E402
 from onnxfuse.kernels.triton.table import DTYPES as DTYPE_CODES  # noqa: E402  (the launchers' dtype codes)
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -98,19 +99,8 @@ def main(argv=None) -> int:
     D, L, R = 128, args.L, 128
     dev = "cuda"
     torch.manual_seed(0)
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
-    dst = torch.empty_like(src)
-    rates = []
-    for _ in range(7):
-        ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        ev0.record()
-        dst.copy_(src)
-        ev1.record()
-        torch.cuda.synchronize()
-        rates.append(2 * src.numel() / (ev0.elapsed_time(ev1) * 1e-3) / 1e12)
-    rate = sorted(rates)[3]
-    del src, dst
-    print(f"copy rate {rate:.3f} TB/s (read + write of 1 GiB, median of 7): a node's KV bytes at that rate below")
+    rate = copy_peak_gbs() / 1e3  # TB/s: bench genai's memory rate (a 1 GiB device-to-device copy, read + write)
+    print(f"copy rate {rate:.3f} TB/s (read + write of 1 GiB, median of 10): a node's KV bytes at that rate below")
     print(f"{torch.cuda.get_device_name()}, {torch.cuda.get_device_properties(0).multi_processor_count} SMs; "
           f"D {D}, present rows {L}, {args.layers} layers over their own KV buffers (past = present); us a node "
           f"(CUDA graph of {args.layers} nodes, median of {args.rounds} rounds of {args.reps} replays)")

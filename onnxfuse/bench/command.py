@@ -200,11 +200,11 @@ def _plot_only(args) -> int:
     if len(args.targets) != 2:
         raise OnnxfuseError("bench plot takes one results JSON: onnxfuse bench plot RESULTS.json [-o PNG]")
     target = args.output or args.plot or pathlib.Path(args.targets[1]).with_suffix(".png")
-    if _genai_results(args.targets[1]):
-        data = json.loads(pathlib.Path(args.targets[1]).read_text())
-        if not data["rows"]:
+    genai = _genai_results(args.targets[1])
+    if genai is not None:
+        if not genai["rows"]:
             raise OnnxfuseError(f"{args.targets[1]}: a bench genai results file without rows: nothing to plot")
-        out = plot_genai(data, target)
+        out = plot_genai(genai, target)
     else:
         out = plot(load_json(args.targets[1]), target)
     if out is None:
@@ -214,14 +214,15 @@ def _plot_only(args) -> int:
     return 0
 
 
-def _genai_results(path) -> bool:
-    """Whether a file is a `bench genai` results JSON (kind genai, a list of rows); anything else goes to load_json,
-    whose errors name the problem."""
+def _genai_results(path) -> dict | None:
+    """A `bench genai` results JSON (kind genai, a list of rows), read; None for anything else, which goes to
+    load_json, whose errors name the problem."""
     try:
         data = json.loads(pathlib.Path(path).read_text())
     except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("kind") == "genai" and isinstance(data.get("rows"), list)
+        return None
+    genai = isinstance(data, dict) and data.get("kind") == "genai" and isinstance(data.get("rows"), list)
+    return data if genai else None
 
 
 def _gemm_peak(provider: str, dtype: str) -> dict:

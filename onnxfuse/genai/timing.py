@@ -441,4 +441,3 @@ def table(result: dict) -> str:
               f"{result['peak_gemm']})" if result.get("peak_tflops") else None,
               "decode limit: the step's weight and KV-cache bytes at the run's memory rate (%peak's)"]
     return "\n".join(lines + [x for x in limits if x])
-
