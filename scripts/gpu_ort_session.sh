@@ -220,9 +220,20 @@ PY
     fi
     ;;
   int4-bench)
-    # bench genai on int4-folders' two folders: prompts SIZES (default 128,512,2048), batches BATCH (default 1)
+    # bench genai on int4-folders' two folders: prompts SIZES (default 128,512,2048), batches BATCH (default 1); with
+    # BEFORE=1 a third between them, /root/int4-fused-before: the fused folder with .gpu/lib-before.so.xz as its library
+    # (e.g. the last commit's build; the rest of the folder hard-linked: bench genai refuses a symbolic link out of a
+    # folder), so two libraries' ratios come from one run
     export PYTHONPATH=/root/ortsite:/root/genai:$PWD
-    python3 -m onnxfuse bench genai /root/int4 /root/int4-fused --device cuda --sizes "${SIZES:-128,512,2048}" \
+    folders="/root/int4 /root/int4-fused"
+    if [ "${BEFORE:-0}" = 1 ]; then
+      rm -rf /root/int4-fused-before && mkdir -p /root/int4-fused-before
+      for f in /root/int4-fused/*; do ln "$f" /root/int4-fused-before/ || cp "$f" /root/int4-fused-before/; done
+      rm /root/int4-fused-before/libonnxfuse_ops.so
+      xz -dc .gpu/lib-before.so.xz > /root/int4-fused-before/libonnxfuse_ops.so || exit 1
+      folders="/root/int4 /root/int4-fused-before /root/int4-fused"
+    fi
+    python3 -m onnxfuse bench genai $folders --device cuda --sizes "${SIZES:-128,512,2048}" \
       --batch "${BATCH:-1}" --runs 3 -o "$OUT/genai-int4${TAG:-}.json" > "$OUT/genai-int4${TAG:-}.log" 2>&1
     echo "bench genai rc $?"; tail -12 "$OUT/genai-int4${TAG:-}.log"
     ;;

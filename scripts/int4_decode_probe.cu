@@ -1,15 +1,17 @@
 // Issue 28, int4 decode at 1-16 rows: the CUDA backend's kernels below the dequantization path (cuda/int4_linear.cu
-// GemvPath: the library's choice by rows; the GEMV and the tensor-core kernel Int4Mma with 8 and 16 warps a block, each
-// at every row count), on a Llama-2-7B layer as genai's int4 model runs it (qkv, o and down Int4Linear, gate and up one
-// Int4SwiGLU; block 32, fp16, symmetric) and on lm_head (4096 -> 49152). cudaEvent time per layer (median of 7 rounds
-// of 20, the variants round-robin in each round), against the limit (the packed weights' and scales' bytes at the read
-// rate measured in the same run), and each variant's largest error against Int4Naive (fp32 sums) over the whole output;
-// then each projection alone at 1, 4, 8 and 16 rows. Then the tensor-core kernel's numerics on the forms the layer does
-// not reach: bf16, zero points, blocks of 16 (two scales a lane's chunk) with an odd number of blocks (8-byte copies),
-// blocks of 256, K not a multiple of 8 (X loaded by elements), 9-16 rows. The kernel it replaced (X as the A operand, B
-// fragments shuffled out of a quad's loads) and the forms tried on the way are in
-// benchmarks/results/h100-2026-11-27/int4/decode-probe.txt. A program, not the CLI: it times kernels of the CUDA
-// backend without onnxruntime. Build (from the repository root) and run on the GPU machine:
+// GemvPath: the library's choice by rows; the tensor-core kernel Int4Mma with a ring of 3 stages, and with 4, 8 and
+// 16 warps a block, each at every row count), on a Llama-2-7B layer as genai's int4 model runs it (qkv, o and down
+// Int4Linear, gate and up one Int4SwiGLU; block 32, fp16, symmetric) and on lm_head (4096 -> 49152). cudaEvent time per
+// layer (median of 7 rounds of 20, the variants round-robin in each round), against the limit (the packed weights' and
+// scales' bytes at the read rate measured in the same run), and each variant's largest error against Int4Naive (fp32
+// sums) over the whole output; then each projection alone at 1, 4, 8 and 16 rows. Then the tensor-core kernel's
+// numerics on the forms the layer does not reach: bf16, zero points, blocks of 16 (two scales a lane's chunk) with an
+// odd number of blocks (8-byte copies), blocks of 256, K not a multiple of 8 (X loaded by elements), 9-16 rows, and
+// each variant on three of them. The kernels before it and the forms tried on the way:
+// benchmarks/results/h100-2026-11-27/int4/decode-probe.txt and
+// benchmarks/results/h200-2026-11-30/int4/decode-probe-*.txt (each with the kernels before it in the same call). A
+// program, not the CLI: it times kernels of the CUDA backend without onnxruntime. Build (from the repository root) and
+// run on the GPU machine:
 //   python -m onnxfuse.kernels.ops_header > /tmp/onnxfuse_ops.h
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90,code=sm_90 -I onnxfuse/kernels -I onnxfuse/kernels/cuda -I /tmp \
 //        scripts/int4_decode_probe.cu onnxfuse/kernels/cuda/gemm.cu -o /tmp/int4_decode_probe -ldl
@@ -80,6 +82,18 @@ Fn Mma() {  // the tensor-core kernel at every row count, WARPS warps a block
                 : LaunchMma<T, true, false>(x, wt, 0, y, m, k, n, s, WARPS);
     return zp ? LaunchMma<T, false, true>(x, wt, 0, y, m, k, n, s, WARPS)
               : LaunchMma<T, false, false>(x, wt, 0, y, m, k, n, s, WARPS);
+  };
+}
+
+template <typename T, int STAGES>
+Fn MmaForm() {  // the tensor-core kernel with its ring of STAGES, warps by the grid
+  return [](const void* x, const Int4Weights& wt, void* y, int64_t m, int64_t k, int64_t n, cudaStream_t s) {
+    const bool gated = wt.wq_up != nullptr, zp = wt.zp != nullptr;
+    if (gated)
+      return zp ? LaunchMma<T, true, true, STAGES>(x, wt, 0, y, m, k, n, s)
+                : LaunchMma<T, true, false, STAGES>(x, wt, 0, y, m, k, n, s);
+    return zp ? LaunchMma<T, false, true, STAGES>(x, wt, 0, y, m, k, n, s)
+              : LaunchMma<T, false, false, STAGES>(x, wt, 0, y, m, k, n, s);
   };
 }
 
@@ -195,7 +209,8 @@ int main(int argc, char** argv) {
     Fn fn;
   };
   std::vector<V> vs = {{"library (GEMV; mma from 3 rows)", Current<T>()},
-                       {"GEMV", Gemv<T>()},
+                       {"mma stages 3", MmaForm<T, 3>()},
+                       {"mma warps 4", Mma<T, 4>()},
                        {"mma warps 8", Mma<T, 8>()},
                        {"mma warps 16", Mma<T, 16>()}};
   if (argc > 3 && std::string(argv[1]) == "ncu") {  // ncu: variant argv[2] at argv[3] rows, the layer twice
@@ -295,6 +310,11 @@ int main(int argc, char** argv) {
       CheckOne<T>("fp16 gated, zero points, block 16", Current<T>(), b16z, m, x, y, ref, s);
       CheckOne<T>("fp16 gated, K % 8 != 0 (X by elements)", Mma<T, 16>(), k8, m, x, y, ref, s);
       CheckOne<T>("fp16 block 256", Current<T>(), b256, m, x, y, ref, s);
+      for (size_t v = 1; v < vs.size(); ++v) {
+        CheckOne<T>((vs[v].name + ": gated, zero points, block 16").c_str(), vs[v].fn, b16z, m, x, y, ref, s);
+        CheckOne<T>((vs[v].name + ": gated, K % 8 != 0").c_str(), vs[v].fn, k8, m, x, y, ref, s);
+        CheckOne<T>((vs[v].name + ": block 16, 8-byte copies").c_str(), vs[v].fn, b16, m, x, y, ref, s);
+      }
     }
     using B = __nv_bfloat16;
     B *xb, *yb, *rb;

@@ -108,10 +108,17 @@ constexpr int kCols = 2;
 // The 8 nibbles of a word as half2 (q - z) pairs (q_i, q_{i+4}), exactly, with one shift: FasterTransformer's trick
 // (0x6400 | q is the half 1024 + q; a nibble in bits 4-7 gives 1024 + 16 q, scaled back by an fma with 1/16). z the
 // zero point (8: symmetric), exact in fp16 as 1024 + z and 64 + z.
+// (a & mask) | magic in one instruction: lop3 with the look-up table (0xf0 & 0xcc) | 0xaa (the compiler's own form,
+// an and then an or with two immediates, takes two)
+__device__ __forceinline__ uint32_t AndOr(uint32_t a, uint32_t mask, uint32_t magic) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(r) : "r"(a), "r"(mask), "r"(magic));
+  return r;
+}
 __device__ __forceinline__ void CentredHalf2(uint32_t word, __half2 d[4], int z) {
   const uint32_t top = word >> 8;
-  const uint32_t h0 = (word & 0x000F000Fu) | 0x64006400u, h1 = (word & 0x00F000F0u) | 0x64006400u;
-  const uint32_t h2 = (top & 0x000F000Fu) | 0x64006400u, h3 = (top & 0x00F000F0u) | 0x64006400u;
+  const uint32_t h0 = AndOr(word, 0x000F000Fu, 0x64006400u), h1 = AndOr(word, 0x00F000F0u, 0x64006400u);
+  const uint32_t h2 = AndOr(top, 0x000F000Fu, 0x64006400u), h3 = AndOr(top, 0x00F000F0u, 0x64006400u);
   const __half2 bias = __float2half2_rn(1024.f + float(z)), sixteenth = __float2half2_rn(0.0625f),
                 bias16 = __float2half2_rn(-64.f - float(z));
   d[0] = __hsub2(*reinterpret_cast<const __half2*>(&h0), bias);
@@ -379,19 +386,29 @@ __global__ void __launch_bounds__(kWarps * 32,
 // dequantized weights as the A operand (its 16 rows: columns g and g + 8 of W for lane (g, t) = (lane / 4, lane % 4);
 // Int4SwiGLU: column g's gate and up rows) and X as B (its 8 columns: X's rows; 9-16 rows take a second mma on the same
 // A). K is permuted: the sum does not care in which order its terms come, so an mma's 16 "k" need not be 16
-// consecutive ones. A lane takes 16 packed bytes (32 consecutive values) of each of its two weight rows a step (the
-// quad: 64 contiguous bytes), and X's same 32 values of its row(s) in four 16-byte loads; a packed word's 8 nibbles
+// consecutive ones. A step is 64 packed bytes (128 values) of each of a warp's 16 weight rows; lane t copies the
+// step's 16 bytes at 16 t of its two rows (cp.async) and reads back word t of each 16-byte unit i, i.e. values
+// 128 step + 32 i + 8 t .. + 7 of its rows for its word i, and X's same 8 values of its row(s) in one 16-byte load, so
+// a warp's load of X reads 64 contiguous bytes of each row (the form before, lane t taking 32 consecutive values, read
+// 16 of every 64 bytes a load: Nsight Compute showed L1 72 % busy at 28 % of DRAM's rate). A packed word's 8 nibbles
 // dequantize (FasterTransformer's trick) into the pairs (q_i, q_{i+4}), i = 0..3, pairs 0 and 1 one mma's A fragment
 // (its k = 2t, 2t + 1 and 2t + 8, 2t + 9 standing for nibbles 0, 4 and 1, 5), pairs 2 and 3 the next one's, and X's 8
 // values of the word are byte-permuted into the same pairs: no shuffles, every weight byte loaded once. The weights
-// stream through shared memory: each lane copies its own chunks kMmaStages - 1 steps ahead with cp.async and reads
-// them back itself (no registers held for them, no barrier); the scales a step ahead in registers. A block's warps
-// split K and sum their tiles through shared memory. (The kernel before it, X as A with 8 columns an mma and each
-// lane shuffling the bytes of its B fragment out of its quad's loads: a Llama-2-7B layer 159 against 73 us at 8 rows
-// on an H100, 98 (the GEMV) against 68 at 4; an intermediate with the weights double-buffered in registers instead of
-// shared memory: 92 at 8 rows. scripts/int4_decode_probe.cu, benchmarks/results/h100-2026-11-27/int4/decode-probe.txt.)
+// stream through shared memory, each lane's copies kMmaStages - 1 steps ahead (no registers held for them, no
+// barrier), a lane's unit placed by (t + g / 2) % 4 so that the warp's 4-byte reads fall in 32 banks; the block's
+// scales (and zero points) are copied into shared memory once, before its first step. A block's warps split K and
+// sum their tiles through shared memory. H200, a Llama-2-7B layer (block 32) against the kernel before (its scales a
+// step ahead in registers from global, X loaded word by word behind a branch each; with this form's choice of
+// warps): 56.2 against 69.1 us at 8 rows, 58.3-58.9 against 64.7-67.3 at 3-6, 85.8-87.0 against 99.8-106.6 at 12-16;
+// lm_head 47.2 against 55.6 at 8 rows, 67.2 against 95.4 at 16, 49.6-50.0 against 51.5-53.1 at 3-6
+// (scripts/int4_decode_probe.cu, benchmarks/results/h200-2026-11-30/int4/decode-probe-kept.txt; the forms on the way in
+// decode-probe-*.txt). (Before it, X as A with 8 columns an mma and each lane shuffling the bytes of its B fragment out
+// of its quad's loads: a Llama-2-7B layer 159 against 73 us at 8 rows on an H100, 98 (the GEMV) against 68 at 4; the
+// weights double-buffered in registers instead of shared memory: 92 at 8 rows;
+// benchmarks/results/h100-2026-11-27/int4/decode-probe.txt. X for the next step loaded a step ahead: 67.2 against 68.5
+// us at 8 rows, decode-probe-stages-x-ahead.txt.)
 constexpr int kMmaMinRows = 3;  // below, the GEMV measured faster (7B layer: 56 and 64 against 75 and 77 us)
-constexpr int kMmaStages = 2;   // 3 and 6 measured slower (the layer at 8 rows: 84.0, 88.8, 102.5 us)
+constexpr int kMmaStages = 2;   // 3 measured slower (the layer at 8 rows on an H200: 58.8 against 57.0 us)
 
 template <typename T>
 struct MmaDequant;
@@ -444,13 +461,24 @@ __device__ __forceinline__ void XPairs(const T* __restrict__ row, int k, int K, 
 }
 
 // cp.async: 16 (or 8) bytes from global into shared memory without passing through registers; pred false zero-fills.
+// (dst: a shared-memory address, as __cvta_generic_to_shared gives it, or a generic pointer into shared memory)
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool pred) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void CpAsync8(uint32_t dst, const void* src, bool pred) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(pred ? 8 : 0));
+}
 __device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool pred) {
-  const unsigned s = unsigned(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(pred ? 16 : 0));
+  CpAsync16(uint32_t(__cvta_generic_to_shared(dst)), src, pred);
 }
 __device__ __forceinline__ void CpAsync8(void* dst, const void* src, bool pred) {
-  const unsigned s = unsigned(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(src), "r"(pred ? 8 : 0));
+  CpAsync8(uint32_t(__cvta_generic_to_shared(dst)), src, pred);
+}
+// A 4-byte shared-memory load that stays after the cp.async wait before it (both volatile asm).
+__device__ __forceinline__ uint32_t LdShared32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
 }
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -458,116 +486,163 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// wide: 16-byte copies (the packed rows 16-byte aligned), else two 8-byte ones.
-template <typename T, int WARPS, bool GATED, bool ZP, bool ROWS16>
-__global__ void __launch_bounds__(WARPS * 32)
+// A step's X for one row, lane t's four words: word i holds values k0 + 32 i .. + 7 (k0 = 128 step + 8 t; `at` is the
+// row's value k0), as the pairs XPairs gives. Where the row allows 16-byte loads of the whole step (the usual case) the
+// four loads issue together, without a branch between them: each load of the warp reads 64 contiguous bytes of each
+// row.
+template <typename T>
+__device__ __forceinline__ void StepX(const T* __restrict__ at, int k0, int K, bool full, bool xvec, bool live,
+                                      uint32_t (&p)[4][4]) {
+  if (live && full && xvec) {
+    uint4 u[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) u[i] = __ldg(reinterpret_cast<const uint4*>(at + 32 * i));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      p[i][0] = __byte_perm(u[i].x, u[i].z, 0x5410);
+      p[i][1] = __byte_perm(u[i].x, u[i].z, 0x7632);
+      p[i][2] = __byte_perm(u[i].y, u[i].w, 0x5410);
+      p[i][3] = __byte_perm(u[i].y, u[i].w, 0x7632);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      p[i][0] = p[i][1] = p[i][2] = p[i][3] = 0u;
+      if (live) XPairs(at - k0, k0 + 32 * i, K, xvec, p[i]);
+    }
+  }
+}
+
+// The block's scales (and zero points) in shared memory: 16 A rows, each padded to a multiple of 128 bytes plus 16,
+// so the rows of a load start in different banks.
+__host__ __device__ inline int MmaScaleStride(int nb, int elem) { return (((nb * elem + 127) & ~127) + 16) / elem; }
+
+// wide: 16-byte weight copies (the packed rows 16-byte aligned), else two 8-byte ones; svec: 16-byte scale copies
+// (the scales 16-byte aligned, blocks a column a multiple of 8). STAGES: the weights' ring, STAGES - 1 steps in flight.
+template <typename T, int WARPS, bool GATED, bool ZP, bool ROWS16, int STAGES>
+__global__ void __launch_bounds__(WARPS * 32, (ROWS16 ? 16 : 32) / WARPS)  // 32 warps an SM (16 with 16 rows)
     Int4Mma(const T* __restrict__ x, const uint8_t* __restrict__ wq, const T* __restrict__ scales,
             const uint8_t* __restrict__ wq_up, const T* __restrict__ scales_up, const uint8_t* __restrict__ zp,
             const uint8_t* __restrict__ zp_up, int zb, int act, T* __restrict__ y, int m, int K, int N, int nb, int lb,
-            int row_bytes, bool xvec, bool wide) {
-  constexpr int RS = ROWS16 ? 2 : 1;   // X's row sets of 8
-  extern __shared__ uint4 mma_smem[];  // per warp [kMmaStages][2][32] chunks, then its partial tiles [RS][4][32]
+            int row_bytes, bool xvec, bool wide, bool svec) {
+  static_assert(STAGES >= 2 && STAGES * 64 * sizeof(uint4) >= 2 * 4 * 32 * sizeof(float),
+                "a warp's partial tiles fit its slots");
+  constexpr int RS = ROWS16 ? 2 : 1;  // X's row sets of 8
+  // per warp [STAGES][2][32] chunks (its partial tiles [RS][4][32] at the end), then the scales [16][sstride] and the
+  // zero points [16][zstride]
+  extern __shared__ uint4 mma_smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  uint4* buf = mma_smem + warp * kMmaStages * 64;
+  uint4* buf = mma_smem + warp * STAGES * 64;
+  const int sstride = MmaScaleStride(nb, int(sizeof(T))), zstride = MmaScaleStride(zb, 1);
+  T* ssm = reinterpret_cast<T*>(mma_smem + WARPS * STAGES * 64);
+  uint8_t* zsm = reinterpret_cast<uint8_t*>(ssm + 16 * sstride);
   const int n0 = blockIdx.x * (GATED ? 8 : 16);
+  auto col_of = [&](int r) {  // A row r's column (r >= 8 of Int4SwiGLU: the up matrix's), past N the last
+    const int col = GATED ? n0 + (r & 7) : n0 + r;
+    return col < N ? col : N - 1;  // a column past N computes what is never stored
+  };
+  // A rows g (j = 0) and g + 8 (j = 1): lane t's 16 bytes of a step (unit t of the row's 64) go to unit
+  // (t + g / 2) % 4 of the row's four, so that the 32 lanes' 4-byte reads of word t of unit i fall in 32 banks
   const uint8_t* wrow[2];
-  const T* srow[2];
-  const uint8_t* zrow[2];
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {  // A rows g (j = 0) and g + 8 (j = 1)
-    int col = GATED ? n0 + g : n0 + 8 * j + g;
-    col = col < N ? col : N - 1;  // a column past N computes what is never stored
-    wrow[j] = (GATED && j == 1 ? wq_up : wq) + int64_t(col) * row_bytes;
-    srow[j] = (GATED && j == 1 ? scales_up : scales) + int64_t(col) * nb;
-    zrow[j] = ZP ? (GATED && j == 1 ? zp_up : zp) + int64_t(col) * zb : nullptr;
+  for (int j = 0; j < 2; ++j) wrow[j] = (GATED && j == 1 ? wq_up : wq) + int64_t(col_of(8 * j + g)) * row_bytes;
+  const int swz = g >> 1;
+  // the block's scales and zero points, once: a warp a row, 16-byte copies where svec
+  for (int r = warp; r < 16; r += WARPS) {
+    const T* src = (GATED && r >= 8 ? scales_up : scales) + int64_t(col_of(r)) * nb;
+    T* dst = ssm + r * sstride;
+    if (svec) {
+      for (int e = lane; e < nb / 8; e += 32) CpAsync16(dst + 8 * e, src + 8 * e, true);
+    } else {
+      for (int e = lane; e < nb; e += 32) dst[e] = src[e];
+    }
+    if (lane < 8) dst[nb + lane] = ock::from_f<T>(0.f);  // a step's blocks past the row's: zero (its X is zero too)
+    if constexpr (ZP) {
+      const uint8_t* zsrc = (GATED && r >= 8 ? zp_up : zp) + int64_t(col_of(r)) * zb;
+      for (int e = lane; e < zb; e += 32) zsm[r * zstride + e] = zsrc[e];
+      if (lane < 8) zsm[r * zstride + zb + lane] = 0x88;  // past the row's: 8
+    }
   }
+  CpAsyncCommit();
   const int steps = (row_bytes + 63) / 64;  // a step: 64 bytes (128 values) of a column, 16 a lane
   const int per = (steps + WARPS - 1) / WARPS;
   const int s_begin = warp * per, s_end = min(steps, s_begin + per);
+  // Shared-memory addresses, once: this lane's copy slot and its reads in stage 0 (a stage 1024 bytes on, row g + 8's
+  // 512 on), word t of unit i at roff[i].
+  const uint32_t ring = uint32_t(__cvta_generic_to_shared(buf));
+  const uint32_t wslot = ring + 16 * (4 * g + ((t + swz) & 3)), rbase = ring + 64 * g + 4 * t;
+  uint32_t roff[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) roff[i] = 16 * ((i + swz) & 3);
+  int byte = 64 * s_begin + 16 * t;  // this lane's first byte of the next step to request
+  int wstage = 0;
   auto issue = [&](int step) {  // this lane's chunks of `step` into its slot (zeros past the warp's steps or the row)
-    const int byte = (4 * step + t) * 16;
     const bool lo = step < s_end && byte < row_bytes, hi = lo && byte + 8 < row_bytes;
-    uint4* slot = buf + (step % kMmaStages) * 64 + lane;
+    const uint32_t slot = wslot + 1024 * wstage;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const uint8_t* src = lo ? wrow[j] + byte : wrow[j];
+      const uint8_t* src = wrow[j] + (lo ? byte : 0);
       if (wide) {
-        CpAsync16(slot + 32 * j, src, lo);
+        CpAsync16(slot + 512 * j, src, lo);
       } else {
-        CpAsync8(slot + 32 * j, src, lo);
-        CpAsync8(reinterpret_cast<uint2*>(slot + 32 * j) + 1, hi ? src + 8 : wrow[j], hi);
+        CpAsync8(slot + 512 * j, src, lo);
+        CpAsync8(slot + 512 * j + 8, hi ? src + 8 : wrow[j], hi);
       }
     }
+    byte += 64;
+    wstage = wstage + 1 == STAGES ? 0 : wstage + 1;
     CpAsyncCommit();
-  };
-  // the scales (and zero points: bits 8 j + 4 h) of a chunk's two 16-value halves, one block from 32 values
-  auto scales_of = [&](int step, T(&s)[2][2], uint32_t& z) {
-    const int byte = (4 * step + t) * 16;
-    const bool lo = step < s_end && byte < row_bytes, hi = lo && byte + 8 < row_bytes;
-    z = 0u;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int b = (byte * 2) >> lb;
-      s[j][0] = lo ? srow[j][b] : ock::from_f<T>(0.f);
-      if constexpr (ZP) z |= uint32_t(lo ? ZeroPoint(zrow[j], b) : 8) << (8 * j);
-      if (lb >= 5) {
-        s[j][1] = s[j][0];
-        if constexpr (ZP) z |= ((z >> (8 * j)) & 15u) << (8 * j + 4);
-      } else {
-        s[j][1] = hi ? srow[j][b + 1] : ock::from_f<T>(0.f);
-        if constexpr (ZP) z |= uint32_t(hi ? ZeroPoint(zrow[j], b + 1) : 8) << (8 * j + 4);
-      }
-    }
   };
   // the first weights are requested before X may be read (a programmatic dependent: the weights are constants)
 #pragma unroll
-  for (int i = 0; i < kMmaStages - 1; ++i) issue(s_begin + i);
-  T s_next[2][2];
-  uint32_t z_next;
-  scales_of(s_begin, s_next, z_next);
+  for (int i = 0; i < STAGES - 1; ++i) issue(s_begin + i);
+  CpAsyncWait<STAGES - 1>();  // this lane's scale copies (the oldest group) have landed
+  __syncthreads();            // and every lane's
   ock::PdlWait();
   ock::PdlTrigger();
   const bool row0 = g < m, row1 = ROWS16 && g + 8 < m;
   const T* x0 = x + int64_t(row0 ? g : 0) * K;
   const T* x1 = x + int64_t(row1 ? g + 8 : 0) * K;
+  const T* srow[2] = {ssm + g * sstride, ssm + (g + 8) * sstride};
+  const uint8_t* zrow[2] = {zsm + g * zstride, zsm + (g + 8) * zstride};
   float acc[RS][4] = {};
+  int rstage = 0;
   for (int step = s_begin; step < s_end; ++step) {  // s_end is the warp's: every lane takes the same steps
-    CpAsyncWait<kMmaStages - 2>();                  // this lane's copies of `step` have landed
-    const uint4* slot = buf + (step % kMmaStages) * 64 + lane;
-    const uint4 w0 = slot[0], w1 = slot[32];
-    T s[2][2];
-    const uint32_t z = z_next;
+    CpAsyncWait<STAGES - 2>();                      // this lane's copies of `step` have landed
+    const uint32_t rd = rbase + 1024 * rstage;
+    uint32_t w[2][4];  // word t of each unit i of rows g and g + 8: values k0 + 32 i .. + 7
 #pragma unroll
-    for (int j = 0; j < 2; ++j) s[j][0] = s_next[j][0], s[j][1] = s_next[j][1];
-    issue(step + kMmaStages - 1);  // into the slot this lane read a step before
-    if (step + 1 < s_end) scales_of(step + 1, s_next, z_next);
-    const int k0 = (4 * step + t) * 32;
+    for (int j = 0; j < 2; ++j)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {  // the chunk's word i: values k0 + 8 i .. + 7
-      uint32_t p0[4] = {0u, 0u, 0u, 0u}, p1[4] = {0u, 0u, 0u, 0u};
-      if (row0) XPairs(x0, k0 + 8 * i, K, xvec, p0);
-      if (ROWS16 && row1) XPairs(x1, k0 + 8 * i, K, xvec, p1);
+      for (int i = 0; i < 4; ++i) w[j][i] = LdShared32(rd + 512 * j + roff[i]);
+    rstage = rstage + 1 == STAGES ? 0 : rstage + 1;
+    issue(step + STAGES - 1);  // into the slot this lane read STAGES - 1 steps before
+    const int k0 = 128 * step + 8 * t;
+    uint32_t xs[RS][4][4];
+    const bool full = k0 - 8 * t + 128 <= K;
+    StepX(x0 + k0, k0, K, full, xvec, row0, xs[0]);
+    if constexpr (ROWS16) StepX(x1 + k0, k0, K, full, xvec, row1, xs[RS - 1]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // word i: values k0 + 32 i .. + 7, one block's (zero scales past the row's)
+      const int b = (k0 + 32 * i) >> lb;
       uint32_t d[2][4];
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const uint4& w4 = j == 0 ? w0 : w1;
-        const uint32_t word = i == 0 ? w4.x : i == 1 ? w4.y : i == 2 ? w4.z : w4.w;
         int zz = 8;
-        if constexpr (ZP) zz = int((z >> (8 * j + 4 * (i >> 1))) & 15u);
-        MmaDequant<T>::Dequant(word, s[j][i >> 1], zz, d[j]);
+        if constexpr (ZP) zz = (zrow[j][b >> 1] >> (4 * (b & 1))) & 15;
+        MmaDequant<T>::Dequant(w[j][i], srow[j][b], zz, d[j]);
       }
-      ock::MmaSync<T>(acc[0], {d[0][0], d[1][0], d[0][1], d[1][1]}, p0[0], p0[1]);
-      ock::MmaSync<T>(acc[0], {d[0][2], d[1][2], d[0][3], d[1][3]}, p0[2], p0[3]);
-      if constexpr (ROWS16) {
-        ock::MmaSync<T>(acc[RS - 1], {d[0][0], d[1][0], d[0][1], d[1][1]}, p1[0], p1[1]);
-        ock::MmaSync<T>(acc[RS - 1], {d[0][2], d[1][2], d[0][3], d[1][3]}, p1[2], p1[3]);
+#pragma unroll
+      for (int r = 0; r < RS; ++r) {
+        ock::MmaSync<T>(acc[r], {d[0][0], d[1][0], d[0][1], d[1][1]}, xs[r][i][0], xs[r][i][1]);
+        ock::MmaSync<T>(acc[r], {d[0][2], d[1][2], d[0][3], d[1][3]}, xs[r][i][2], xs[r][i][3]);
       }
     }
   }
   CpAsyncWait<0>();  // the copies past the warp's steps (zero-fills) land before their slots are reused
   // warp w's partial tiles in its own slots (another warp may still be reading its own)
   auto partial = [&](int w, int r, int e) {
-    return reinterpret_cast<float*>(mma_smem + w * kMmaStages * 64) + (r * 4 + e) * 32;
+    return reinterpret_cast<float*>(mma_smem + w * STAGES * 64) + (r * 4 + e) * 32;
   };
 #pragma unroll
   for (int r = 0; r < RS; ++r)
@@ -589,7 +664,6 @@ __global__ void __launch_bounds__(WARPS * 32)
     y[int64_t(row) * N + col] = ock::from_f<T>(GATED ? onnxfuse::GateActivation(act, v) * u : v);
   }
 }
-static_assert(kMmaStages * 64 * sizeof(uint4) >= 2 * 4 * 32 * sizeof(float), "a warp's partial tiles fit its slots");
 
 // Packed weights not 8-byte aligned (a view into a larger buffer): one thread per output, byte loads (wq_up non-null:
 // Int4SwiGLU, act(gate) * up; zp non-null: zero points, zb bytes a column).
@@ -737,26 +811,48 @@ int LaunchGemv(const void* x, const Int4Weights& wt, int act, void* y, int64_t m
                               int(row_bytes / 8), xvec);
 }
 
-// WARPS: 16 a block where the grid is at most kMmaWideGrid blocks (a 7B model's o and down projections, 256 blocks:
-// 6.2 and 14.2 against 7.1 and 16.0 us with 8 at 8 rows), else 8 (qkv, gate and up, lm_head: 8 measured faster).
-constexpr unsigned kMmaWideGrid = 512;
+// WARPS: 16 a block where the grid is at most kMmaWideGrid blocks and m <= 8 (a 7B model's o and down projections, 256
+// blocks: 6.2 and 14.2 against 7.1 and 16.0 us with 8 at 8 rows on an H100), 4 from kMmaNarrowGrid blocks (lm_head,
+// 3072 blocks: 46.8 against 50.4 us at 8 rows, 66.6 against 76.3 at 16 on an H200), else 8 (qkv, gate and up; and o
+// and down past 8 rows, whose 16-warp blocks of up to 128 registers fit one an SM: 7.7 and 16.0 against 9.7 and 20.7 us
+// at 16 rows). benchmarks/results/h200-2026-11-30/int4/decode-probe-warps.txt.
+constexpr unsigned kMmaWideGrid = 512, kMmaNarrowGrid = 2048;
+// Shared memory a block of the tensor-core kernel may take (sm_90's opt-in limit); a K whose scales would not fit
+// (over 6,000 blocks a column) stays on the GEMV.
+constexpr size_t kMmaMaxSmem = 227 * 1024;
+template <typename T, bool ZP, int STAGES = kMmaStages>
+size_t MmaSmem(const Int4Weights& wt, int block_warps) {
+  return size_t(block_warps) * STAGES * 64 * sizeof(uint4) +
+         16 * size_t(MmaScaleStride(int(wt.nb), int(sizeof(T)))) * sizeof(T) +
+         (ZP ? 16 * size_t(MmaScaleStride(int(wt.zb), 1)) : 0);
+}
 
-template <typename T, bool GATED, bool ZP>
+template <typename T, bool GATED, bool ZP, int STAGES = kMmaStages>
 int LaunchMma(const void* x, const Int4Weights& wt, int act, void* y, int64_t m, int64_t k, int64_t n, cudaStream_t s,
-              int warps = 0) {  // 8 or 16 (scripts/int4_decode_probe.cu); 0: by the grid
+              int warps = 0) {  // 4, 8 or 16 (scripts/int4_decode_probe.cu); 0: by the grid
   const bool xvec = Aligned16(x) && k % 8 == 0;
   const bool wide = Aligned16(wt.wq) && (!GATED || Aligned16(wt.wq_up)) && wt.row_bytes % 16 == 0;
+  const bool svec = Aligned16(wt.scales) && (!GATED || Aligned16(wt.scales_up)) && wt.nb % 8 == 0;
   const unsigned blocks = unsigned((n + (GATED ? 8 : 16) - 1) / (GATED ? 8 : 16));
   auto launch = [&](auto kernel, int block_warps) {
-    const size_t smem = size_t(block_warps) * kMmaStages * 64 * sizeof(uint4);
+    const size_t smem = MmaSmem<T, ZP, STAGES>(wt, block_warps);
+    if (smem > kMmaMaxSmem) return int(ONNXFUSE_ERR_TOO_LARGE);
+    if (smem > 48 * 1024)
+      if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)))
+        return int(e);
     return ock::LaunchDependent(kernel, dim3(blocks), dim3(block_warps * 32), smem, s, static_cast<const T*>(x), wt.wq,
                                 static_cast<const T*>(wt.scales), wt.wq_up, static_cast<const T*>(wt.scales_up), wt.zp,
                                 wt.zp_up, int(wt.zb), act, static_cast<T*>(y), int(m), int(k), int(n), int(wt.nb),
-                                wt.lb, int(wt.row_bytes), xvec, wide);
+                                wt.lb, int(wt.row_bytes), xvec, wide, svec);
   };
-  if (warps == 16 || (warps == 0 && blocks <= kMmaWideGrid))
-    return m > 8 ? launch(Int4Mma<T, 16, GATED, ZP, true>, 16) : launch(Int4Mma<T, 16, GATED, ZP, false>, 16);
-  return m > 8 ? launch(Int4Mma<T, 8, GATED, ZP, true>, 8) : launch(Int4Mma<T, 8, GATED, ZP, false>, 8);
+  if (warps == 0) warps = blocks >= kMmaNarrowGrid ? 4 : blocks <= kMmaWideGrid && m <= 8 ? 16 : 8;
+  if (warps == 16)
+    return m > 8 ? launch(Int4Mma<T, 16, GATED, ZP, true, STAGES>, 16)
+                 : launch(Int4Mma<T, 16, GATED, ZP, false, STAGES>, 16);
+  if (warps == 4)
+    return m > 8 ? launch(Int4Mma<T, 4, GATED, ZP, true, STAGES>, 4)
+                 : launch(Int4Mma<T, 4, GATED, ZP, false, STAGES>, 4);
+  return m > 8 ? launch(Int4Mma<T, 8, GATED, ZP, true, STAGES>, 8) : launch(Int4Mma<T, 8, GATED, ZP, false, STAGES>, 8);
 }
 
 // Up to ONNXFUSE_INT4_GEMV_MAX_M rows, both ops: the GEMV by rows, or the byte-loading kernel for packed weights that
@@ -790,6 +886,11 @@ int GemvPath(int dtype, int act, const void* x, const Int4Weights& wt, void* y, 
     if (m == 1) return launch(std::integral_constant<int, 1>{});
     if (m == 2) return launch(std::integral_constant<int, 2>{});
     if constexpr (!std::is_same_v<T, float>) {
+      if ((zp ? MmaSmem<T, true>(wt, 16) : MmaSmem<T, false>(wt, 16)) > kMmaMaxSmem) {
+        if (m <= 4) return launch(std::integral_constant<int, 4>{});
+        if (m <= 8) return launch(std::integral_constant<int, 8>{});
+        return launch(std::integral_constant<int, 16>{});
+      }
       if (gated)
         return zp ? LaunchMma<T, true, true>(x, wt, act, y, m, k, n, s)
                   : LaunchMma<T, true, false>(x, wt, act, y, m, k, n, s);
