@@ -73,6 +73,16 @@ ab_pairs() {
   done
 }
 
+# FOLDER-before: a copy of the fused genai folder FOLDER whose library is .gpu/lib-before.so.xz (e.g. the last commit's
+# build), the rest hard-linked (bench genai refuses a symbolic link out of a folder): BEFORE=1 benches it between
+# genai's folder and FOLDER, so two libraries' ratios come from one run.
+before_folder() {
+  local src=$1 dst=$1-before f
+  rm -rf "$dst" && mkdir -p "$dst" || return 1
+  for f in "$src"/*; do ln "$f" "$dst"/ || cp "$f" "$dst"/ || return 1; done
+  rm "$dst/libonnxfuse_ops.so" && xz -dc .gpu/lib-before.so.xz > "$dst/libonnxfuse_ops.so"
+}
+
 case "$MODE" in
   check) ;;
   lora-doctor)
@@ -146,7 +156,8 @@ PY
     # (default 128 2048). BATCH: the bench's batches (default 1; 1,8 adds batch 8). FUSE_PATTERNS: the fused folder's --patterns
     # (default fuse's). AB_SPLIT=1: the third folder is the fused one with LinearSkipRMSNorm split into Linear +
     # onnxruntime's norm (scripts/split_skip_norm.py; with FUSE_PATTERNS naming linear_skip_norm, the opt-in pattern)
-    # instead of one fused with AB_PATTERNS. KV_HEADS (default 32): the checkpoint's key-value heads (8: Llama-3's grouped heads; its
+    # instead of one fused with AB_PATTERNS. BEFORE=1: the fused folder with .gpu/lib-before.so.xz (before_folder)
+    # benched between them. KV_HEADS (default 32): the checkpoint's key-value heads (8: Llama-3's grouped heads; its
     # folders are /root/gen-kv8...). A later call on the warm machine reuses the checkpoint and folders. Carries the
     # genai CUDA wheel (.gpu/genai/*.whl) and .gpu/tok.
     [ -d /root/genai/onnxruntime_genai ] || python3 -m pip install -q --no-deps --target /root/genai .gpu/genai/*.whl \
@@ -182,6 +193,10 @@ PY
         [ -f /root/libdnnl.so.3 ] && cp /root/libdnnl.so.3 $GEN-fused/
       fi
       FOLDERS="$GEN $GEN-fused"
+      if [ "${BEFORE:-0}" = 1 ]; then  # the fused folder with the library before too (before_folder)
+        before_folder $GEN-fused || exit 1
+        FOLDERS="$GEN $GEN-fused-before $GEN-fused"
+      fi
       if [ "${AB_SPLIT:-0}" = 1 ] && [ ! -f $GEN-fused-ab/genai_config.json ]; then
         # the third folder: the fused one with each LinearSkipRMSNorm split into Linear + onnxruntime's norm
         python3 scripts/split_skip_norm.py $GEN-fused $GEN-fused-ab > "$OUT/generate-split.log" 2>&1
@@ -221,16 +236,11 @@ PY
     ;;
   int4-bench)
     # bench genai on int4-folders' two folders: prompts SIZES (default 128,512,2048), batches BATCH (default 1); with
-    # BEFORE=1 a third between them, /root/int4-fused-before: the fused folder with .gpu/lib-before.so.xz as its library
-    # (e.g. the last commit's build; the rest of the folder hard-linked: bench genai refuses a symbolic link out of a
-    # folder), so two libraries' ratios come from one run
+    # BEFORE=1 a third between them, /root/int4-fused-before (before_folder)
     export PYTHONPATH=/root/ortsite:/root/genai:$PWD
     folders="/root/int4 /root/int4-fused"
     if [ "${BEFORE:-0}" = 1 ]; then
-      rm -rf /root/int4-fused-before && mkdir -p /root/int4-fused-before
-      for f in /root/int4-fused/*; do ln "$f" /root/int4-fused-before/ || cp "$f" /root/int4-fused-before/; done
-      rm /root/int4-fused-before/libonnxfuse_ops.so
-      xz -dc .gpu/lib-before.so.xz > /root/int4-fused-before/libonnxfuse_ops.so || exit 1
+      before_folder /root/int4-fused || exit 1
       folders="/root/int4 /root/int4-fused-before /root/int4-fused"
     fi
     python3 -m onnxfuse bench genai $folders --device cuda --sizes "${SIZES:-128,512,2048}" \

@@ -520,15 +520,18 @@ __global__ void __launch_bounds__(NT, 512 / NT)
   constexpr int E = 16 / int(sizeof(T));
   const int lanes = LANES > 0 ? LANES : lanes_arg;
   __shared__ DecodeSmem<T, NT> sm;
-  const int64_t split = kCluster ? blockIdx.x % splits : blockIdx.y;
-  const int64_t task = kCluster ? blockIdx.x / splits : blockIdx.x;  // task = (b, h); S == 1
-  const int64_t h = task % a.H, b = task / a.H, G = a.H / a.Hkv, kvh = h / G;
-  const int D = int(a.D);
+  // the prologue's index math in 32 bits (a grid's blocks, heads and splits fit; 64-bit divisions are about 70
+  // instructions each, a 32-bit one about 20), D a constant where LANES is (lanes x 16 bytes a row)
+  const int nsplit = int(splits), H = int(a.H);
+  const int split = kCluster ? int(blockIdx.x) % nsplit : int(blockIdx.y);
+  const int task = kCluster ? int(blockIdx.x) / nsplit : int(blockIdx.x);  // task = (b, h); S == 1
+  const int h = task % H, b = task / H, G = H / int(a.Hkv), kvh = h / G;
+  const int D = LANES > 0 ? LANES * E : int(a.D);
   const int groups = NT / lanes, grp = threadIdx.x / lanes, sub = threadIdx.x % lanes;
   const Rows r = RowsOf(a, seqlens, b);
   const int64_t n = (r.ok && r.valid >= 1) ? r.past + 1 : 0, pos = r.past;
-  const int64_t step = kUnroll * groups;  // a split's keys: whole steps of the key loop
-  const int64_t per = ((n + splits - 1) / splits + step - 1) / step * step, j0 = split * per;
+  const int step = kUnroll * groups;  // a split's keys: whole steps of the key loop (n: a cache's length, in 32 bits)
+  const int64_t per = int64_t((int(n) + nsplit - 1) / nsplit + step - 1) / step * step, j0 = split * per;
   const int64_t j1 = j0 + per < n ? j0 + per : n;
   const bool owner = n > 0 && pos >= j0 && pos < j1;  // pos is then j1 - 1
   const bool after = owner && G > 1;                  // the new row added after the loop
@@ -545,8 +548,8 @@ __global__ void __launch_bounds__(NT, 512 / NT)
   const int64_t width = (a.H + 2 * a.Hkv) * a.D, half = a.R / 2;
   const int heads = owner ? 3 : 1;
   const bool store = owner && h % G == 0;
-  for (int64_t t = threadIdx.x; n > 0 && t < heads * (a.D / 2); t += NT) {
-    const int64_t hh = t / (a.D / 2), i = t % (a.D / 2);
+  for (int t = threadIdx.x; n > 0 && t < heads * (D / 2); t += NT) {
+    const int hh = t / (D / 2), i = t % (D / 2);
     const int64_t head = hh == 0 ? h : (hh == 1 ? a.H + kvh : a.H + a.Hkv + kvh);
     const T* src = query + b * width + head * a.D;
     const bool rotated = i < half && hh <= 1;
