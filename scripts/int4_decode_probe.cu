@@ -73,27 +73,15 @@ struct Proj {
 using Fn =
     std::function<int(const void* x, const Int4Weights& wt, void* y, int64_t m, int64_t k, int64_t n, cudaStream_t s)>;
 
-template <typename T, int WARPS>
-Fn Mma() {  // the tensor-core kernel at every row count, WARPS warps a block
+template <typename T, int WARPS, int STAGES = kMmaStages>
+Fn Mma() {  // the tensor-core kernel at every row count, WARPS warps a block (0: by the grid), a ring of STAGES
   return [](const void* x, const Int4Weights& wt, void* y, int64_t m, int64_t k, int64_t n, cudaStream_t s) {
     const bool gated = wt.wq_up != nullptr, zp = wt.zp != nullptr;
     if (gated)
-      return zp ? LaunchMma<T, true, true>(x, wt, 0, y, m, k, n, s, WARPS)
-                : LaunchMma<T, true, false>(x, wt, 0, y, m, k, n, s, WARPS);
-    return zp ? LaunchMma<T, false, true>(x, wt, 0, y, m, k, n, s, WARPS)
-              : LaunchMma<T, false, false>(x, wt, 0, y, m, k, n, s, WARPS);
-  };
-}
-
-template <typename T, int STAGES>
-Fn MmaForm() {  // the tensor-core kernel with its ring of STAGES, warps by the grid
-  return [](const void* x, const Int4Weights& wt, void* y, int64_t m, int64_t k, int64_t n, cudaStream_t s) {
-    const bool gated = wt.wq_up != nullptr, zp = wt.zp != nullptr;
-    if (gated)
-      return zp ? LaunchMma<T, true, true, STAGES>(x, wt, 0, y, m, k, n, s)
-                : LaunchMma<T, true, false, STAGES>(x, wt, 0, y, m, k, n, s);
-    return zp ? LaunchMma<T, false, true, STAGES>(x, wt, 0, y, m, k, n, s)
-              : LaunchMma<T, false, false, STAGES>(x, wt, 0, y, m, k, n, s);
+      return zp ? LaunchMma<T, true, true, STAGES>(x, wt, 0, y, m, k, n, s, WARPS)
+                : LaunchMma<T, true, false, STAGES>(x, wt, 0, y, m, k, n, s, WARPS);
+    return zp ? LaunchMma<T, false, true, STAGES>(x, wt, 0, y, m, k, n, s, WARPS)
+              : LaunchMma<T, false, false, STAGES>(x, wt, 0, y, m, k, n, s, WARPS);
   };
 }
 
@@ -209,7 +197,7 @@ int main(int argc, char** argv) {
     Fn fn;
   };
   std::vector<V> vs = {{"library (GEMV; mma from 3 rows)", Current<T>()},
-                       {"mma stages 3", MmaForm<T, 3>()},
+                       {"mma stages 3", Mma<T, 0, 3>()},
                        {"mma warps 4", Mma<T, 4>()},
                        {"mma warps 8", Mma<T, 8>()},
                        {"mma warps 16", Mma<T, 16>()}};

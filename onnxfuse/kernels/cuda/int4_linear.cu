@@ -91,8 +91,10 @@ __device__ __forceinline__ float Centred(uint32_t word, int nibble, float bias =
 __device__ __forceinline__ float ZBias(int z) { return 8388608.0f + float(z); }
 
 // Block b's zero point of a column's packed zero points (two a byte, the even block in the low nibble).
+// (ZeroNibble: block b's of the byte holding it, wherever it was read.)
+__device__ __forceinline__ int ZeroNibble(uint8_t pair, int b) { return (pair >> (4 * (b & 1))) & 15; }
 __device__ __forceinline__ int ZeroPoint(const uint8_t* __restrict__ zrow, int b) {
-  return (__ldg(zrow + (b >> 1)) >> (4 * (b & 1))) & 15;
+  return ZeroNibble(__ldg(zrow + (b >> 1)), b);
 }
 
 // The GEMV: one warp per kCols output columns (GATED, Int4SwiGLU: per output column, its gate and up rows as the
@@ -629,7 +631,7 @@ __global__ void __launch_bounds__(WARPS * 32, (ROWS16 ? 16 : 32) / WARPS)  // 32
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         int zz = 8;
-        if constexpr (ZP) zz = (zrow[j][b >> 1] >> (4 * (b & 1))) & 15;
+        if constexpr (ZP) zz = ZeroNibble(zrow[j][b >> 1], b);  // shared memory: not ZeroPoint's __ldg
         MmaDequant<T>::Dequant(w[j][i], srow[j][b], zz, d[j]);
       }
 #pragma unroll
@@ -885,22 +887,19 @@ int GemvPath(int dtype, int act, const void* x, const Int4Weights& wt, void* y, 
     static_assert(kMmaMinRows == 3, "the GEMV serves fp16 and bf16 at 1 and 2 rows");
     if (m == 1) return launch(std::integral_constant<int, 1>{});
     if (m == 2) return launch(std::integral_constant<int, 2>{});
+    // fp16 and bf16 on the tensor cores where the block's scales fit its shared memory; else (fp32 too) the GEMV
     if constexpr (!std::is_same_v<T, float>) {
-      if ((zp ? MmaSmem<T, true>(wt, 16) : MmaSmem<T, false>(wt, 16)) > kMmaMaxSmem) {
-        if (m <= 4) return launch(std::integral_constant<int, 4>{});
-        if (m <= 8) return launch(std::integral_constant<int, 8>{});
-        return launch(std::integral_constant<int, 16>{});
+      if ((zp ? MmaSmem<T, true>(wt, 16) : MmaSmem<T, false>(wt, 16)) <= kMmaMaxSmem) {
+        if (gated)
+          return zp ? LaunchMma<T, true, true>(x, wt, act, y, m, k, n, s)
+                    : LaunchMma<T, true, false>(x, wt, act, y, m, k, n, s);
+        return zp ? LaunchMma<T, false, true>(x, wt, act, y, m, k, n, s)
+                  : LaunchMma<T, false, false>(x, wt, act, y, m, k, n, s);
       }
-      if (gated)
-        return zp ? LaunchMma<T, true, true>(x, wt, act, y, m, k, n, s)
-                  : LaunchMma<T, true, false>(x, wt, act, y, m, k, n, s);
-      return zp ? LaunchMma<T, false, true>(x, wt, act, y, m, k, n, s)
-                : LaunchMma<T, false, false>(x, wt, act, y, m, k, n, s);
-    } else {
-      if (m <= 4) return launch(std::integral_constant<int, 4>{});
-      if (m <= 8) return launch(std::integral_constant<int, 8>{});
-      return launch(std::integral_constant<int, 16>{});
     }
+    if (m <= 4) return launch(std::integral_constant<int, 4>{});
+    if (m <= 8) return launch(std::integral_constant<int, 8>{});
+    return launch(std::integral_constant<int, 16>{});
   });
 }
 
