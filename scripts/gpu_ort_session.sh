@@ -56,6 +56,7 @@ python3 -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_a
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 
 LORA_OPS=LoRAGatedMLP,MultiLoRAGatedMLP,LoRASwiGLU,MultiLoRASwiGLU,LoRALinear,LoRALinearRelu,MultiLoRALinear
+INT4_OPS=Int4Linear,Int4SwiGLU,SkipRMSNormInt4Linear,SkipRMSNormInt4SwiGLU
 # The bench's base and LoRA models (16 and 2048 tokens, the mixed batch with 8 adapters; PAIRS=16,2048,multi or a
 # part of it) round-robin by scripts/ab_models.py, ROUNDS rounds of 300 replays each; logs
 # $OUT/ab-<LoRA model><$1>.{json,log}. PROFILE=RUNS: each model's kernels over RUNS replays too (ab_models --profile).
@@ -76,11 +77,21 @@ ab_pairs() {
 # FOLDER-before: a copy of the fused genai folder FOLDER whose library is .gpu/lib-before.so.xz (e.g. the last commit's
 # build), the rest hard-linked (bench genai refuses a symbolic link out of a folder): BEFORE=1 benches it between
 # genai's folder and FOLDER, so two libraries' ratios come from one run.
+# With .gpu/before-src (the last commit's onnxfuse/ package, `git archive HEAD onnxfuse | tar -x -C .gpu/before-src`)
+# and FOLDER's unfused source UNFUSED: fused again by that code instead (a rule the change adds is then not in it).
 before_folder() {
   local src=$1 dst=$1-before f
-  rm -rf "$dst" && mkdir -p "$dst" || return 1
-  for f in "$src"/*; do ln "$f" "$dst"/ || cp "$f" "$dst"/ || return 1; done
-  rm "$dst/libonnxfuse_ops.so" && xz -dc .gpu/lib-before.so.xz > "$dst/libonnxfuse_ops.so"
+  rm -rf "$dst"
+  if [ -d .gpu/before-src/onnxfuse ] && [ -n "${2:-}" ]; then
+    # (from inside it: `python3 -m` puts the working directory first on the path)
+    (cd .gpu/before-src && PYTHONPATH=$PWD:$PYTHONPATH python3 -m onnxfuse fuse "$2" -o "$dst" --provider cuda) \
+      > "$OUT/fuse-before.log" 2>&1 || { tail -3 "$OUT/fuse-before.log"; return 1; }
+    [ -f /root/libdnnl.so.3 ] && cp /root/libdnnl.so.3 "$dst"/
+  else
+    mkdir -p "$dst" || return 1
+    for f in "$src"/*; do ln "$f" "$dst"/ || cp "$f" "$dst"/ || return 1; done
+  fi
+  rm -f "$dst/libonnxfuse_ops.so" && xz -dc .gpu/lib-before.so.xz > "$dst/libonnxfuse_ops.so"
 }
 
 case "$MODE" in
@@ -240,7 +251,7 @@ PY
     export PYTHONPATH=/root/ortsite:/root/genai:$PWD
     folders="/root/int4 /root/int4-fused"
     if [ "${BEFORE:-0}" = 1 ]; then
-      before_folder /root/int4-fused || exit 1
+      before_folder /root/int4-fused /root/int4 || exit 1
       folders="/root/int4 /root/int4-fused-before /root/int4-fused"
     fi
     python3 -m onnxfuse bench genai $folders --device cuda --sizes "${SIZES:-128,512,2048}" \
@@ -304,9 +315,9 @@ PY
     # the library's CUTLASS path on and off (ONNXFUSE_INT4_CUTLASS=0), a process each (PROBE=0: not); the probe's
     # models in /root/int4probe.
     if [ "${DOCTOR:-1}" = 1 ]; then
-      python3 -m onnxfuse doctor --providers cuda --ops Int4Linear,Int4SwiGLU > "$OUT/doctor-int4.log" 2>&1
+      python3 -m onnxfuse doctor --providers cuda --ops $INT4_OPS > "$OUT/doctor-int4.log" 2>&1
       echo "doctor rc $?"; tail -3 "$OUT/doctor-int4.log"
-      python3 -m onnxfuse doctor --providers cuda --ops Int4Linear,Int4SwiGLU --special-values \
+      python3 -m onnxfuse doctor --providers cuda --ops $INT4_OPS --special-values \
         > "$OUT/doctor-int4-special.log" 2>&1
       echo "doctor special rc $?"; tail -3 "$OUT/doctor-int4-special.log"
       python3 -m pytest -q -p no:cacheprovider -m gpu -k int4 tests/test_gpu.py > "$OUT/pytest-gpu-int4.log" 2>&1

@@ -115,6 +115,28 @@ def test_mean_nll_is_the_cross_entropy():
     assert text.startswith("The Zen of Python") and "Beautiful is better than ugly." in text
 
 
+def test_int4_folder_fused_for_cuda_takes_the_norms_and_decodes_the_same(checkpoints, tmp_path):
+    """genai's int4 folder fused for the CUDA provider: each layer's gate/up and the next layer's qkv (and lm_head,
+    after the final norm) take onnxruntime's SkipSimplifiedLayerNormalization before them (SkipRMSNormInt4SwiGLU,
+    SkipRMSNormInt4Linear), the first layer's qkv (after a norm without a residual) and o and down stay Int4Linear;
+    run on the CPU EP (the ops' CPU kernels) it decodes token for token as the unfused folder."""
+    import collections
+
+    import onnx
+    from onnxfuse.genai.generate import generate
+    src = genai.export_hf(str(checkpoints("llama")), tmp_path / "q4", precision="int4", fuse=False).folder
+    out, _ = genai.fuse_dir(src, tmp_path / "q4-cuda", provider="cuda")
+    ops = collections.Counter(n.op_type for n in onnx.load(str(gf.decoder_path(out)), load_external_data=False)
+                              .graph.node)
+    layers = ckpts.COMMON["num_hidden_layers"]
+    assert ops["SkipRMSNormInt4SwiGLU"] == layers and ops["SkipRMSNormInt4Linear"] == layers
+    assert ops["Int4Linear"] == 2 * layers + 1 and ops["SkipSimplifiedLayerNormalization"] == 0
+    assert ops["MatMulNBits"] == 0
+    want = generate(src, "t5 t9 t33 t7", max_new_tokens=16, provider="cpu")
+    got = generate(out, "t5 t9 t33 t7", max_new_tokens=16, provider="cpu")
+    assert got.new_ids == want.new_ids
+
+
 def test_int4_folder_is_judged_by_its_perplexity(checkpoints, tmp_path, monkeypatch, capsys):
     """Issue 28: an int4 folder's logits and tokens are reported (its weights are not the checkpoint's), and its
     perplexity on the Zen of Python against the fp32 reference's decides; a bound it misses fails verify."""

@@ -570,3 +570,72 @@ def test_int4_swiglu_matches_the_unfused_int4_mlp_on_the_cuda_ep(tmp_path, backe
         scale = max(1.0, float(np.abs(want).max()))
         assert np.abs(got - want).max() <= 4e-3 * scale, (m, np.abs(got - want).max())
         assert np.abs(got - ort_y).max() <= 8e-3 * scale, (m, np.abs(got - ort_y).max())
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("backend", ["cuda", "triton", "auto"])
+def test_skip_norm_int4_matches_the_unfused_layer_boundary_on_the_cuda_ep(tmp_path, gated, backend):
+    """genai's layer boundary in fp16: onnxruntime's residual add and RMS norm (SkipSimplifiedLayerNormalization, its
+    sum a graph output) and the int4 projection after it (one MatMulNBits, or the gated MLP's gate and up) fused to one
+    SkipRMSNormInt4Linear / SkipRMSNormInt4SwiGLU: on the CUDA EP at 1 and 2 rows (the op's norm kernel, then the
+    GEMV; onnxruntime's norm kernel gone), 5 and 16 (then the tensor cores) and 37 (then the prefill path), Y and sum
+    equal onnxruntime's unfused model and the PyTorch reference."""
+    import onnx
+    import torch
+    from onnx import TensorProto, helper, numpy_helper
+    from torch.profiler import ProfilerActivity, profile
+
+    from onnxfuse import fuse, runtime
+    from onnxfuse.ops.int4_linear import dequantize, quantize
+    k, n, block = 1000, 392, 32  # ragged K: the last block padded, the staged groups' last one partial
+    rng = np.random.default_rng(2)
+    gamma = (rng.standard_normal(k) * 0.3 + 1.0).astype(np.float16)
+    inits, ws = [numpy_helper.from_array(gamma, "gamma")], {}
+    nodes = [helper.make_node("SkipSimplifiedLayerNormalization", ["X", "skip", "gamma"], ["normed", "", "", "sum"],
+                              domain="com.microsoft", epsilon=1e-5)]
+    for name in ("gate", "up") if gated else ("qkv",):
+        wq, s = quantize(rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k) + 0.01, block)
+        inits += [numpy_helper.from_array(wq, f"{name}.B"), numpy_helper.from_array(s.astype(np.float16), f"{name}.S")]
+        nodes.append(helper.make_node("MatMulNBits", ["normed", f"{name}.B", f"{name}.S"],
+                                      [name if gated else "Y"], domain="com.microsoft", K=k, N=n, bits=4,
+                                      block_size=block, accuracy_level=4))
+        ws[name] = dequantize(torch.from_numpy(wq), torch.from_numpy(s.astype(np.float16)), k)
+    if gated:
+        nodes += [helper.make_node("QuickGelu", ["gate"], ["act"], domain="com.microsoft", alpha=1.0),
+                  helper.make_node("Mul", ["act", "up"], ["Y"])]
+    fp16 = TensorProto.FLOAT16
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", fp16, ["m", k]),
+                                       helper.make_tensor_value_info("skip", fp16, ["m", k])],
+                          [helper.make_tensor_value_info("Y", fp16, ["m", n]),
+                           helper.make_tensor_value_info("sum", fp16, ["m", k])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
+                                ir_version=10), str(tmp_path / "m.onnx"))
+    res = fuse.fuse(tmp_path / "m.onnx", tmp_path / "f.onnx", ort=False, provider="cuda", backend=backend)
+    op = "SkipRMSNormInt4SwiGLU" if gated else "SkipRMSNormInt4Linear"
+    assert [m.op for m in res.matches][-1] == op
+    unfused = runtime.session(str(tmp_path / "m.onnx"), "cuda", library=False)
+    fused = runtime.session(str(tmp_path / "f.onnx"), "cuda", library=True, cpu_fallback=False)
+    for m in (1, 2, 5, 16, 37):
+        feeds = {"X": rng.standard_normal((m, k)).astype(np.float16),
+                 "skip": rng.standard_normal((m, k)).astype(np.float16)}
+        s_ref = (torch.from_numpy(feeds["X"]).float() + torch.from_numpy(feeds["skip"]).float()).half().float()
+        xn = (s_ref * torch.rsqrt(s_ref.pow(2).mean(-1, keepdim=True) + 1e-5) * torch.from_numpy(gamma).float())
+        xn = xn.half().float()
+        want = (torch.nn.functional.silu(xn @ ws["gate"].T) * (xn @ ws["up"].T) if gated else xn @ ws["qkv"].T).numpy()
+        if m == 1 and backend != "triton":
+            fused.run(None, feeds)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                got, got_sum = fused.run(None, feeds)
+                torch.cuda.synchronize()
+            names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+            assert any("Int4Gemv" in nm for nm in names) and any("Int4SkipNormRows" in nm for nm in names), names
+            assert not any("SkipLayerNorm" in nm for nm in names), names  # onnxruntime's norm kernel is gone
+        else:
+            got, got_sum = fused.run(None, feeds)
+        ort_y, ort_sum = unfused.run(None, feeds)
+        np.testing.assert_array_equal(got_sum, s_ref.half().numpy())
+        np.testing.assert_allclose(got_sum.astype(np.float32), ort_sum.astype(np.float32), rtol=1e-3, atol=1e-3)
+        got, ort_y = got.astype(np.float32), ort_y.astype(np.float32)
+        scale = max(1.0, float(np.abs(want).max()))
+        assert np.abs(got - want).max() <= 4e-3 * scale, (m, np.abs(got - want).max())
+        assert np.abs(got - ort_y).max() <= 1e-2 * scale, (m, np.abs(got - ort_y).max())

@@ -169,8 +169,11 @@ def fuse_command(args) -> int:
     if args.json:
         print(json.dumps({"folder": str(out), **res.report()}, indent=2))
     elif not args.quiet:
-        fused = ", ".join(f"onnxfuse::{r['op']} x{r['matches']}" for r in res.table()) or "nothing fused"
-        print(f"wrote {out}: {fused}")
+        # the fused decoder's own counts: a match a later rule took in (Int4Linear into SkipRMSNormInt4Linear) is gone
+        from . import folder as gf
+        counts = gf.op_counts(gf.decoder_path(out))
+        fused = ", ".join(f"{op} x{n}" for op, n in sorted(counts.items()) if op.startswith("onnxfuse::"))
+        print(f"wrote {out}: {fused or 'nothing fused'}")
         for pattern, why in res.left_to_ort.items():
             print(f"  {pattern}: left to onnxruntime: {why}")
     return 0

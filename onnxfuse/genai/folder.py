@@ -24,6 +24,7 @@ import time
 
 from .. import __version__, onnxio
 from ..errors import OnnxfuseError
+from ..ops.int4_linear import SKIP_RMS_NORM_INT4_LINEAR, SKIP_RMS_NORM_INT4_SWIGLU
 from ..ops.linear import LINEAR_SKIP_RMS_NORM
 from ..schema import DOMAIN
 
@@ -36,11 +37,16 @@ PRECISIONS = ("fp32", "fp16", "bf16", "int4")
 KEPT_DOMAINS = ("com.microsoft",)
 # The contrib ops onnxfuse's rules replace, by the onnxfuse ops that take their place and how many of one each takes
 # (rewrites/int4_linear.py: Int4Linear one MatMulNBits, Int4SwiGLU the gate's and the up projection's;
+# SkipRMSNormInt4Linear and SkipRMSNormInt4SwiGLU one SkipSimplifiedLayerNormalization and the projection's;
 # rewrites/cached_attention.py: CachedAttention one GroupQueryAttention; rewrites/linear.py: LinearSkipRMSNorm one
 # SkipSimplifiedLayerNormalization): a count may drop by what those ops' counts say, and nothing else.
-REPLACED_BY = {"com.microsoft::MatMulNBits": {f"{DOMAIN}::Int4Linear": 1, f"{DOMAIN}::Int4SwiGLU": 2},
+_NORM_INT4 = f"{DOMAIN}::{SKIP_RMS_NORM_INT4_LINEAR.name}"
+_NORM_INT4_SWIGLU = f"{DOMAIN}::{SKIP_RMS_NORM_INT4_SWIGLU.name}"
+REPLACED_BY = {"com.microsoft::MatMulNBits": {f"{DOMAIN}::Int4Linear": 1, f"{DOMAIN}::Int4SwiGLU": 2, _NORM_INT4: 1,
+                                              _NORM_INT4_SWIGLU: 2},
                "com.microsoft::GroupQueryAttention": {f"{DOMAIN}::CachedAttention": 1},
-               "com.microsoft::SkipSimplifiedLayerNormalization": {f"{DOMAIN}::{LINEAR_SKIP_RMS_NORM.name}": 1}}
+               "com.microsoft::SkipSimplifiedLayerNormalization": {f"{DOMAIN}::{LINEAR_SKIP_RMS_NORM.name}": 1,
+                                                                   _NORM_INT4: 1, _NORM_INT4_SWIGLU: 1}}
 
 
 # ------------------------------------------------------------------------------------------------ reading

@@ -15,6 +15,11 @@ dequantize in registers (decode) or into the GEMM's tile (prefill); the CPU kern
 Int4SwiGLU takes two such weights of one shape (the gate's and the up projection's) and computes
 act(X @ W_gate^T) * (X @ W_up^T) with SwiGLU's activations: its decode kernel reads both packed rows of an output
 column in one pass and writes the product once.
+
+SkipRMSNormInt4Linear and SkipRMSNormInt4SwiGLU put onnxruntime's residual add and RMS norm (SkipSimplifiedLayer-
+Normalization, as genai's builder writes it before qkv, gate/up and lm_head) in front of those two: inputs X, skip and
+gamma, then the projection's; outputs Y and sum (X + skip rounded to T; the projection takes that sum's norm times
+gamma, rounded to T).
 """
 from __future__ import annotations
 
@@ -42,6 +47,33 @@ INT4_SWIGLU = OpSchema(
     "zero_points_up uint8 [N, ceil(n_blocks / 2)] (both or neither), as Int4Linear's; Y = X.shape[:-1] + [N]. The "
     "node's function overload names the activation (empty: silu), with .zp after it (zp alone for silu) when the "
     "zero points are there.",
+    optional=("zero_points_gate", "zero_points_up"))
+EPSILON = Attr("epsilon", "float", 1e-5, "added to the mean square before the square root (the norm's epsilon)")
+_NORM_MATH = ("sum = X + skip (rounded to T); Xn = sum * rsqrt(mean(sum^2 over the last dim) + epsilon) * gamma "
+              "(rounded to T); ")
+_NORM_DOC = ("onnxruntime's residual add and RMS norm (com.microsoft SkipSimplifiedLayerNormalization, as genai's "
+             "builder writes it before each layer's qkv and gate/up projections) and the projection after it as one "
+             "op: X and skip [..., K] of type T, gamma [K]; sum (the residual for the next layer) is X + skip rounded "
+             "to T, and the projection takes the norm of that rounded sum, rounded to T, as onnxruntime's kernels "
+             "compute it. On the CUDA EP one or two rows (a decode step) run one kernel, the norm computed by every "
+             "block of the GEMV while it stages X (the weights' first loads already in flight); more rows a norm "
+             "kernel, then the projection's own path. ")
+SKIP_RMS_NORM_INT4_LINEAR = OpSchema(
+    "SkipRMSNormInt4Linear", ("X", "skip", "gamma", "Wq", "scales", "zero_points"), ("Y", "sum"),
+    _NORM_MATH + "Y = Xn @ W^T, W dequantized as Int4Linear's",
+    (EPSILON, BACKEND),
+    _NORM_DOC + "The weights are Int4Linear's (Wq, scales, optional zero_points; a node with them carries the "
+    "overload zp).",
+    optional=("zero_points",))
+SKIP_RMS_NORM_INT4_SWIGLU = OpSchema(
+    "SkipRMSNormInt4SwiGLU",
+    ("X", "skip", "gamma", "Wq_gate", "scales_gate", "Wq_up", "scales_up", "zero_points_gate", "zero_points_up"),
+    ("Y", "sum"),
+    _NORM_MATH + "Y = act(Xn @ W_gate^T) * (Xn @ W_up^T), each W dequantized as Int4Linear's",
+    (Attr("activation", "string", "silu", "the gate's activation: " + "|".join(GATE_ACTIVATIONS) + " (as SwiGLU's); "
+          "absent means silu"), EPSILON, BACKEND),
+    _NORM_DOC + "The weights and the activation are Int4SwiGLU's (the overload names the activation, with .zp "
+    "after it when the zero points are there).",
     optional=("zero_points_gate", "zero_points_up"))
 # The overload suffix of a node with zero points (ops._family.overload_with_optional).
 ZP_OVERLOAD = "zp"
@@ -117,6 +149,29 @@ def swiglu_reference(inputs, attrs: dict):
     xf = x.float()
     g, u = xf @ dequantize(wq_g, s_g, k, zg).T, xf @ dequantize(wq_u, s_u, k, zu).T
     return (gate_activation(str(attrs.get("activation", "silu") or "silu"), g) * u).to(x.dtype)
+
+
+def skip_norm(x, skip, gamma, eps: float):
+    """(Xn, sum) of the norm ops: sum = X + skip rounded to X's type, Xn its RMS norm times gamma in fp32 math,
+    rounded to X's type (onnxruntime's SkipSimplifiedLayerNormalization)."""
+    import torch
+
+    s = (x.float() + skip.float()).to(x.dtype)
+    sf = s.float()
+    xn = sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + eps) * gamma.float()
+    return xn.to(x.dtype), s
+
+
+def skip_norm_reference(inputs, attrs: dict):
+    """SkipRMSNormInt4Linear: (Y, sum)."""
+    xn, s = skip_norm(*inputs[:3], float(attrs.get("epsilon", 1e-5)))
+    return reference([xn, *inputs[3:]], attrs), s
+
+
+def skip_norm_swiglu_reference(inputs, attrs: dict):
+    """SkipRMSNormInt4SwiGLU: (Y, sum)."""
+    xn, s = skip_norm(*inputs[:3], float(attrs.get("epsilon", 1e-5)))
+    return swiglu_reference([xn, *inputs[3:]], attrs), s
 
 
 def _dequantize_nodes(wq: str, scales: str, out: str, p: str, zero_points: str | None = None) -> list:
@@ -207,6 +262,31 @@ def swiglu_body_nodes(overload: str):
     return list(INT4_SWIGLU.inputs[:7 if zp else 5]), nodes
 
 
+def _with_skip_norm(inputs: list, nodes: list) -> tuple[list, list]:
+    """A projection body's (inputs, nodes) behind onnxruntime's com.microsoft SkipSimplifiedLayerNormalization (the
+    nodes the rule replaced): the projection reads the norm's output where it read X; epsilon passed through."""
+    from onnx import AttributeProto, helper
+
+    norm = helper.make_node("SkipSimplifiedLayerNormalization", ["X", "skip", "gamma"], ["Xn", "", "", "sum"],
+                            domain="com.microsoft")
+    norm.attribute.append(AttributeProto(name="epsilon", ref_attr_name="epsilon", type=AttributeProto.FLOAT))
+    for node in nodes:
+        for i, name in enumerate(node.input):
+            if name == "X":
+                node.input[i] = "Xn"
+    return ["X", "skip", "gamma", *inputs[1:]], [norm, *nodes]
+
+
+def skip_norm_body(overload: str):
+    """onnxruntime's norm, then Int4Linear's body on its output."""
+    return _with_skip_norm(*body(overload))
+
+
+def skip_norm_swiglu_body(overload: str):
+    """onnxruntime's norm, then Int4SwiGLU's body on its output."""
+    return _with_skip_norm(*swiglu_body_nodes(overload))
+
+
 def out_shape(shapes: dict, attrs: dict) -> list:
     wq = shapes["Wq"] if "Wq" in shapes else shapes["Wq_gate"]
     return list(shapes["X"][:-1]) + [wq[0]]
@@ -234,6 +314,25 @@ def swiglu_doctor_entry(entry) -> tuple[dict, dict, tuple]:
     if zp:
         shapes["zero_points_gate"] = shapes["zero_points_up"] = zero_points_shape(n, nb)
     return shapes, {"activation": act}, (m, k, n, block, f"block {block} {act}" + (" zp" if zp else ""))
+
+
+def two_outputs(shapes: dict, attrs: dict) -> list:
+    """The norm ops' Y and sum: X's leading dims then N, and X's shape."""
+    return [out_shape(shapes, attrs), list(shapes["X"])]
+
+
+def skip_norm_doctor_entry(entry) -> tuple[dict, dict, tuple]:
+    """Int4Linear's entry with skip [M, K] and gamma [K] after X."""
+    shapes, attrs, row = doctor_entry(entry)
+    m, k = shapes["X"]
+    return {"X": [m, k], "skip": [m, k], "gamma": [k], **{n: v for n, v in shapes.items() if n != "X"}}, attrs, row
+
+
+def skip_norm_swiglu_doctor_entry(entry) -> tuple[dict, dict, tuple]:
+    """Int4SwiGLU's entry with skip [M, K] and gamma [K] after X."""
+    shapes, attrs, row = swiglu_doctor_entry(entry)
+    m, k = shapes["X"]
+    return {"X": [m, k], "skip": [m, k], "gamma": [k], **{n: v for n, v in shapes.items() if n != "X"}}, attrs, row
 
 
 def doctor_inputs(op, dtype, shapes: dict, seed: int, device: str = "cpu") -> list:
@@ -292,4 +391,21 @@ FAMILY = OpFamily("int4_linear", (
           swiglu_doctor_entry, overload_attr="activation", min_opset=MIN_OPSET,
           byte_inputs=("Wq_gate", "Wq_up", "zero_points_gate", "zero_points_up"), doctor_inputs=doctor_inputs,
           optional_overload=ZP_OVERLOAD, special_type_max=False),
+    # The norm ops: one and two rows (the GEMV with the norm in its staging), 3-16 rows (the norm kernel, then the
+    # tensor cores), past 16 (the norm kernel, then CUTLASS's on sm_90 or the dequantization + GEMM), ragged K and N,
+    # zero points, a K too long for the GEMV's staging (the norm kernel, then the GEMV), a 7B qkv at one row.
+    OpDef(21, SKIP_RMS_NORM_INT4_LINEAR, skip_norm_reference, skip_norm_body, out_shape,
+          ((1, 256, 256, 32), (2, 200, 67, 16), (7, 1000, 130, 64), (40, 520, 264, 128), (128, 512, 264, 64),
+           (1, 4096, 12288, 32), (1, 256, 256, 32, "zp"), (2, 200, 67, 16, "zp"), (9, 200, 67, 16, "zp"),
+           (1, 24608, 24, 32)),
+          skip_norm_doctor_entry, min_opset=MIN_OPSET, byte_inputs=("Wq", "zero_points"), doctor_inputs=doctor_inputs,
+          optional_overload=ZP_OVERLOAD, special_type_max=False, out_shapes=two_outputs),
+    OpDef(22, SKIP_RMS_NORM_INT4_SWIGLU, skip_norm_swiglu_reference, skip_norm_swiglu_body, out_shape,
+          ((1, 256, 256, 32, "silu"), (2, 200, 67, 16, "silu"), (12, 1000, 130, 64, "silu"),
+           (40, 520, 264, 128, "silu"), (160, 512, 264, 64, "silu"), (1, 4096, 1024, 32, "silu"),
+           (1, 96, 40, 32, "gelu"), (1, 256, 256, 32, "silu", "zp"), (2, 96, 40, 32, "gelu", "zp"),
+           (7, 200, 67, 16, "silu", "zp")),
+          skip_norm_swiglu_doctor_entry, overload_attr="activation", min_opset=MIN_OPSET,
+          byte_inputs=("Wq_gate", "Wq_up", "zero_points_gate", "zero_points_up"), doctor_inputs=doctor_inputs,
+          optional_overload=ZP_OVERLOAD, special_type_max=False, out_shapes=two_outputs),
 ))

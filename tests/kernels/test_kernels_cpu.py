@@ -76,7 +76,7 @@ WEIGHTED_OPS = [op for op in OPS_UNDER_TEST if op not in ("RotaryEmbedding", "Em
 # The int4 ops read their packed weights as they are (no prepacking): their constant weights are checked, not logged.
 # LoRASwiGLU's CPU kernel packs its operands per call (a fused model has it on the CPU only where a CPU table fuses
 # both swiglu and lora_linear, which no measured host's does: cpu_policy.py).
-INT4_OPS = ("Int4Linear", "Int4SwiGLU")
+INT4_OPS = ("Int4Linear", "Int4SwiGLU", "SkipRMSNormInt4Linear", "SkipRMSNormInt4SwiGLU")
 # The mixed-adapter ops gather each row's adapter per call (nothing to prepack).
 MULTI_OPS = ("MultiLoRALinear", "MultiLoRASwiGLU", "MultiLoRAGatedMLP")
 # LoRAGatedMLP's CPU kernel is LoRASwiGLU's pass and LoRALinear's built-in GEMM on the activation, per call.
@@ -96,11 +96,14 @@ def random_inputs(op: str, lead: tuple[int, ...], K: int, N: int, r: int, dtype:
 
     if op == "Embedding":  # table [K, N] (K rows of N), ids of shape lead in [-K, K): negatives count from the end
         return [rnd(K, N), torch.randint(-K, K, lead, generator=g)]
-    if op in INT4_OPS:  # block 16 / 32 / 64 by r; every packed byte random, the padding past K too; silu
+    if op in INT4_OPS:  # block 16 / 32 / 64 by r; every packed byte random, the padding past K too; silu; the norm
+        # ops' residual of X's shape
         definition = schema.op_def(op)
-        entry = (1, K, N, {1: 16, 4: 32, 16: 64}.get(r, 32)) + (("silu",) if op == "Int4SwiGLU" else ())
+        entry = (1, K, N, {1: 16, 4: 32, 16: 64}.get(r, 32)) + (("silu",) if op.endswith("SwiGLU") else ())
         shapes = definition.doctor_entry(entry)[0]
         shapes["X"] = [*lead, K]
+        if "skip" in shapes:
+            shapes["skip"] = [*lead, K]
         return definition.make_doctor_inputs(TORCH_TYPE[dtype], shapes, seed)
     if op in MULTI_OPS:  # a stack of 3 adapters (up's rank r + 3), an index per row of X's first axis in [-1, 3)
         definition = schema.op_def(op)

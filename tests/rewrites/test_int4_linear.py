@@ -1,7 +1,10 @@
 """Int4Linear: the rule on onnxruntime's MatMulNBits (what genai's builder writes with -p int4), the fused model against
 onnxruntime's own kernel and against a PyTorch dequantize-then-matmul, through the CPU kernel and through the function
-body; near-misses that must stay unfused, each with its reason in --explain. The GPU kernels: tests/test_gpu.py and
-`onnxfuse doctor --ops Int4Linear`."""
+body; near-misses that must stay unfused, each with its reason in --explain. Int4SwiGLU likewise on genai's int4 gated
+MLP. SkipRMSNormInt4Linear and SkipRMSNormInt4SwiGLU: onnxruntime's residual add and RMS norm
+(SkipSimplifiedLayerNormalization, as genai's builder writes it before each layer's qkv and gate/up projections) and
+the int4 projection after it as one op, both outputs against onnxruntime's unfused model. The GPU kernels:
+tests/test_gpu.py and `onnxfuse doctor --ops Int4Linear` (and the other three)."""
 from __future__ import annotations
 
 import numpy as np
@@ -288,3 +291,150 @@ def test_int4_swiglu_weights_of_two_shapes_are_a_clear_error():
     x, wg, sg, wu, su = op.make_doctor_inputs(torch.float32, shapes, seed=7)
     with pytest.raises(Exception, match="Wq_gate's and scales_gate's shapes"):
         testing.run_op("Int4SwiGLU", [x, wg, sg, wu[:4].contiguous(), su[:4].contiguous()])
+
+
+# ------------------------------------------------------------------ the norm before the projection
+NK = 64  # the norm tests' K
+
+
+def _norm_graph(proj="linear", n=40, outputs=4, sum_output=True, normed_output=False, bias=False, x_batch=None,
+                zero_points=False, epsilon=1e-5):
+    """genai's layer boundary: SkipSimplifiedLayerNormalization(X, skip, gamma) (outputs: 4, its sum a graph output
+    or not, or 1: the final norm), then proj: "linear" (one MatMulNBits) or "gated" (gate and up MatMulNBits,
+    QuickGelu(alpha 1) of the gate times up, as the builder writes silu). x_batch: X [x_batch, M, NK], the residual
+    [M, NK] broadcast over it."""
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array((rng.standard_normal(NK) * 0.5 + 1.0).astype(np.float32), "gamma")]
+    norm_ins = ["X", "skip", "gamma"]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(NK).astype(np.float32), "beta"))
+        norm_ins.append("beta")
+    norm_outs = ["normed"] if outputs == 1 else ["normed", "", "", "sum"]
+    attrs = {"epsilon": epsilon} if epsilon is not None else {}
+    nodes = [helper.make_node("SkipSimplifiedLayerNormalization", norm_ins, norm_outs, domain="com.microsoft",
+                              name="/model/layers.1/input_layernorm/SkipLayerNorm", **attrs)]
+    names = ("gate", "up") if proj == "gated" else ("qkv",)
+    for name in names:
+        w = rng.standard_normal((NK, n)).astype(np.float32) * 0.2
+        wq, s, *zp = quantize(w, 32, symmetric=not zero_points)
+        inits += [numpy_helper.from_array(wq, f"{name}.B"), numpy_helper.from_array(s, f"{name}.S")]
+        ins = ["normed", f"{name}.B", f"{name}.S"]
+        if zero_points:
+            inits.append(numpy_helper.from_array(zp[0].reshape(-1), f"{name}.zp"))
+            ins.append(f"{name}.zp")
+        out = name if proj == "gated" else "Y"
+        nodes.append(helper.make_node("MatMulNBits", ins, [out], domain="com.microsoft", K=NK, N=n, bits=4,
+                                      block_size=32, name=f"/model/layers.1/attn/{name}_proj/MatMul_Q4"))
+    if proj == "gated":
+        nodes += [helper.make_node("QuickGelu", ["gate"], ["act"], domain="com.microsoft", alpha=1.0),
+                  helper.make_node("Mul", ["act", "up"], ["Y"])]
+    lead = [x_batch, M] if x_batch else [M]
+    inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, lead + [NK]),
+              helper.make_tensor_value_info("skip", TensorProto.FLOAT, [M, NK])]
+    outs = [helper.make_tensor_value_info("Y", TensorProto.FLOAT, lead + [n])]
+    if outputs == 4 and sum_output:
+        outs.append(helper.make_tensor_value_info("sum", TensorProto.FLOAT, lead + [NK]))
+    if normed_output:
+        outs.append(helper.make_tensor_value_info("normed", TensorProto.FLOAT, lead + [NK]))
+    g = helper.make_graph(nodes, "g", inputs, outs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)],
+                             ir_version=10)
+
+
+def _norm_feeds(x_batch=None):
+    rng = np.random.default_rng(6)
+    return {"X": rng.standard_normal(((x_batch,) if x_batch else ()) + (M, NK)).astype(np.float32),
+            "skip": rng.standard_normal((M, NK)).astype(np.float32)}
+
+
+def _same_outputs(src, dst, feeds):
+    want = runtime.session(str(src), "cpu", library=False).run(None, feeds)
+    for library in (True, False):  # the CPU kernel, then the function body
+        got = runtime.session(str(dst), "cpu", library=library).run(None, feeds)
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("proj,op,zero_points", [
+    ("linear", "SkipRMSNormInt4Linear", False),
+    ("linear", "SkipRMSNormInt4Linear", True),
+    ("gated", "SkipRMSNormInt4SwiGLU", False),
+    ("gated", "SkipRMSNormInt4SwiGLU", True),
+])
+def test_the_norm_and_its_int4_projection_fuse_to_one_op(tmp_path, proj, op, zero_points):
+    """The norm and the projection after it become one node with the norm's sum as its second output, the
+    projection's overload kept; equal to onnxruntime's unfused model (both outputs)."""
+    src, dst, res = _fuse(tmp_path, _norm_graph(proj, zero_points=zero_points))
+    projection = "Int4SwiGLU" if proj == "gated" else "Int4Linear"
+    assert [m.op for m in res.matches] == [projection, op]
+    fused = onnx.load(str(dst))
+    soundness.check_model(fused)
+    assert [nd.op_type for nd in fused.graph.node] == [op]
+    node = fused.graph.node[0]
+    assert list(node.input[:3]) == ["X", "skip", "gamma"] and list(node.output) == ["Y", "sum"]
+    assert len(node.input) == (3 + (4 if proj == "gated" else 2) + (2 if proj == "gated" else 1) * zero_points)
+    want = ("silu" if proj == "gated" else "") + (".zp" if zero_points and proj == "gated" else
+                                                  "zp" if zero_points else "")
+    assert node.overload == want
+    eps = next(a for a in node.attribute if a.name == "epsilon")
+    assert helper.get_attribute_value(eps) == pytest.approx(1e-5)
+    _same_outputs(src, dst, _norm_feeds())
+
+
+@pytest.mark.parametrize("outputs,sum_output", [(4, False), (1, False)])
+def test_a_norm_whose_sum_is_unused_fuses_too(tmp_path, outputs, sum_output):
+    """The last layer's norm (one output) before lm_head, or a sum nobody reads: the op's sum dangles."""
+    src, dst, res = _fuse(tmp_path, _norm_graph("linear", outputs=outputs, sum_output=sum_output))
+    assert [m.op for m in res.matches] == ["Int4Linear", "SkipRMSNormInt4Linear"]
+    fused = onnx.load(str(dst))
+    soundness.check_model(fused)
+    assert [nd.op_type for nd in fused.graph.node] == ["SkipRMSNormInt4Linear"]
+    _same_outputs(src, dst, _norm_feeds())
+
+
+@pytest.mark.parametrize("kw,reason", [
+    (dict(normed_output=True), "normed"),                      # the normed rows are a graph output too
+    (dict(bias=True), "has a bias (its fourth input)"),
+    (dict(epsilon=None), "has no epsilon attribute"),
+    (dict(x_batch=2), "differ in shape"),                      # a broadcast residual
+])
+def test_near_misses_keep_the_norm(tmp_path, kw, reason):
+    """A norm the op cannot take stays onnxruntime's, its projection Int4Linear; --explain says why."""
+    src, dst, res = _fuse(tmp_path, _norm_graph("linear", **kw), explain=True)
+    assert [m.op for m in res.matches] == ["Int4Linear"]
+    fused = onnx.load(str(dst))
+    assert sorted(nd.op_type for nd in fused.graph.node) == ["Int4Linear", "SkipSimplifiedLayerNormalization"]
+    assert any(reason in r["reason"] and r["rule"].startswith("int4_linear/skip_rms_norm") for r in res.refusals) \
+        or any(reason in r.get("value", "") for r in res.refusals), res.refusals
+    _same_outputs(src, dst, _norm_feeds(kw.get("x_batch")))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("op,entries", [
+    ("SkipRMSNormInt4Linear", [(5, 200, 67, 32), (2, 96, 40, 16, "zp")]),
+    ("SkipRMSNormInt4SwiGLU", [(5, 200, 67, 32, "silu"), (1, 96, 40, 16, "gelu", "zp")]),
+])
+def test_cpu_kernels_match_the_reference(dtype, op, entries):
+    """Y and sum against the PyTorch reference (the norm of the rounded sum, rounded, then the dequantized GEMM)."""
+    definition = schema.op_def(op)
+    for entry in entries:
+        shapes, attrs, _ = definition.doctor_entry(entry)
+        ins = definition.make_doctor_inputs(testing.torch_type(dtype), shapes, seed=8)
+        attrs = {**attrs, "epsilon": 1e-6}
+        got = testing.run_op(op, ins, attrs)
+        want = schema.reference(op, ins, attrs)
+        for g, w in zip(got, want):
+            testing.assert_close(g, w, dtype)
+        # sum is X + skip rounded to the type, exactly
+        assert torch.equal(got[1], (ins[0].float() + ins[1].float()).to(ins[0].dtype))
+
+
+def test_a_wrong_norm_shape_is_a_clear_error():
+    definition = schema.op_def("SkipRMSNormInt4Linear")
+    shapes, _, _ = definition.doctor_entry((2, 64, 8, 32))
+    x, skip, gamma, wq, s = definition.make_doctor_inputs(torch.float32, shapes, seed=9)
+    with pytest.raises(Exception, match="gamma must be \\[K\\]"):
+        testing.run_op("SkipRMSNormInt4Linear", [x, skip, gamma[:32].contiguous(), wq, s])
+    with pytest.raises(Exception, match="skip must have X's shape"):
+        testing.run_op("SkipRMSNormInt4Linear", [x, skip[:1].contiguous(), gamma, wq, s])

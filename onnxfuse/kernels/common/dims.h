@@ -98,6 +98,15 @@ inline LinearDims Int4SwiGLUDims(const char* op, const std::vector<int64_t>& x, 
   return d;
 }
 
+// SkipRMSNormInt4Linear's and SkipRMSNormInt4SwiGLU's norm inputs: skip X's shape, gamma [K] (the projection's
+// shapes are checked as Int4Linear's, on X).
+inline void Int4SkipNormCheck(const char* op, const std::vector<int64_t>& x, const std::vector<int64_t>& skip,
+                              const std::vector<int64_t>& gamma) {
+  detail::Need(skip == x, op, "skip must have X's shape " + ShapeStr(x) + "; got " + ShapeStr(skip));
+  detail::Need(gamma.size() == 1 && !x.empty() && gamma[0] == x.back(), op,
+               "gamma must be [K] = [" + std::to_string(x.empty() ? 0 : x.back()) + "]; got " + ShapeStr(gamma));
+}
+
 // Int4Linear's and Int4SwiGLU's optional zero points: uint8 [N, ceil(n_blocks / 2)] for Wq [N, n_blocks, block / 2].
 inline void Int4ZeroPointsCheck(const char* op, const char* name, const std::vector<int64_t>& zp,
                                 const std::vector<int64_t>& wq) {

@@ -91,19 +91,8 @@ struct LinearSkipRMSNormCpu {
       const std::vector<float> gamma = ToF32Vector(Gamma.Data(), d.N);
       const T* skip = Skip.Data();
       const int64_t n = d.N;
-      pool.For(d.M, [&](int64_t m) {
-        T* sr = s + m * n;
-        const T* kr = skip + m * n;
-        float sq = 0.f;
-        for (int64_t j = 0; j < n; ++j) {
-          sr[j] = FromF32<T>(ToF32(sr[j]) + ToF32(kr[j]));  // the sum in T: what the next layer adds to
-          const float v = ToF32(sr[j]);
-          sq += v * v;
-        }
-        const float inv = 1.f / std::sqrt(sq / float(n) + eps);
-        T* yr = y + m * n;
-        for (int64_t j = 0; j < n; ++j) yr[j] = FromF32<T>(ToF32(sr[j]) * inv * gamma[size_t(j)]);
-      });
+      pool.For(d.M,
+               [&](int64_t m) { SkipRmsNormRow(s + m * n, skip + m * n, gamma.data(), eps, n, s + m * n, y + m * n); });
     });
   }
 

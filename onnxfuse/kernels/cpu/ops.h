@@ -102,6 +102,20 @@ std::vector<float> ToF32Vector(const T* p, int64_t n) {
   return out;
 }
 
+// One row's residual add and RMS norm as onnxruntime's SkipSimplifiedLayerNormalization computes them: sum = T(a + b)
+// (a may be sum itself), y = T(sum * rsqrt(mean(sum^2) + eps) * gamma), the norm of the rounded sum.
+template <typename T>
+void SkipRmsNormRow(const T* a, const T* b, const float* gamma, float eps, int64_t n, T* sum, T* y) {
+  float sq = 0.f;
+  for (int64_t j = 0; j < n; ++j) {
+    sum[j] = FromF32<T>(ToF32(a[j]) + ToF32(b[j]));  // the sum in T: what the next layer adds to
+    const float v = ToF32(sum[j]);
+    sq += v * v;
+  }
+  const float inv = 1.f / std::sqrt(sq / float(n) + eps);
+  for (int64_t j = 0; j < n; ++j) y[j] = FromF32<T>(ToF32(sum[j]) * inv * gamma[j]);
+}
+
 // The GEMM every op runs: X [M, K] (row-major, type T) times the B operands the caller adds, fp32 accumulation,
 // `epilogue` applied per output tile.
 template <typename T>

@@ -111,6 +111,21 @@ __device__ __forceinline__ void PdlTrigger() {
 #endif
 }
 
+// The sum of v over a block of W warps, in every thread (red: W floats of shared memory; callable again on the same
+// red).
+template <int W>
+__device__ __forceinline__ float BlockSum(float v, float (&red)[W]) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();  // red may still be read from a previous call
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float t = 0.f;
+#pragma unroll
+  for (int w = 0; w < W; ++w) t += red[w];
+  return t;
+}
+
 // Whether the current device takes programmatic dependent launches (sm_90 or newer, cached per device) and
 // ONNXFUSE_PDL allows them.
 bool PdlOn();

@@ -44,6 +44,20 @@ int onnxfuse_triton_int4_swiglu(int dtype, int act, const void* x, const uint8_t
                                 const uint8_t* zp_gate, const uint8_t* wq_up, const void* scales_up,
                                 const uint8_t* zp_up, void* y, int64_t m, int64_t k, int64_t n, int64_t block,
                                 void* stream);
+// SkipRMSNormInt4Linear and SkipRMSNormInt4SwiGLU: sum [m, k] = X + skip (rounded to the type), Xn = the RMS norm of
+// sum times gamma [k] (rounded), then Int4Linear's or Int4SwiGLU's Y of Xn (wq_up null: Int4Linear; act unused then).
+// The norm kernel (onnxfuse_cuda_int4_skip_norm_rows) into Xn in scratch, a programmatic dependent that lets the
+// projection after it start at once (its first weights requested while the norm runs), then the projection's own path
+// on Xn.
+int64_t onnxfuse_cuda_skip_norm_int4_scratch_bytes(int dtype, int gated, int64_t m, int64_t k, int64_t n, int64_t block,
+                                                   int aligned, int zero_points);
+int onnxfuse_cuda_skip_norm_int4(int dtype, int act, const void* x, const void* skip, const void* gamma, float eps,
+                                 const uint8_t* wq, const void* scales, const uint8_t* zp, const uint8_t* wq_up,
+                                 const void* scales_up, const uint8_t* zp_up, void* y, void* sum, int64_t m, int64_t k,
+                                 int64_t n, int64_t block, void* scratch, int64_t scratch_bytes, void* stream);
+// The norm alone: sum = X + skip, xn = its RMS norm times gamma, a block a row (the Triton backend's first step).
+int onnxfuse_cuda_int4_skip_norm_rows(int dtype, const void* x, const void* skip, const void* gamma, float eps,
+                                      void* sum, void* xn, int64_t m, int64_t k, void* stream);
 #ifdef ONNXFUSE_WITH_CUTLASS
 // CUTLASS's sm_90a mixed-input GEMM (cuda/cutlass/int4_mixed_gemm.cu, in builds that found CUTLASS's headers):
 // whether it may run on the current device (compute capability 9.0, ONNXFUSE_INT4_CUTLASS not "0") and for these
@@ -667,6 +681,86 @@ __global__ void __launch_bounds__(WARPS * 32, (ROWS16 ? 16 : 32) / WARPS)  // 32
   }
 }
 
+// The norm ops' first kernel: sum = T(X + skip), xn = T(sum * inv * gamma), a block a row. A programmatic
+// dependent that lets its own dependent start at once: the projection after it may request its weights meanwhile.
+// Any K and alignment: element by element (sum read back by the thread that wrote it).
+template <typename T>
+__global__ void __launch_bounds__(kWarps * 32)
+    Int4SkipNormRows(const T* __restrict__ x, const T* __restrict__ skip, const T* __restrict__ gamma,
+                     T* __restrict__ sum, T* __restrict__ xn, int64_t K, float eps) {
+  __shared__ float red[kWarps];
+  ock::PdlWait();
+  ock::PdlTrigger();
+  const int64_t row = int64_t(blockIdx.x) * K;
+  float q = 0.f;
+  for (int64_t c = threadIdx.x; c < K; c += kWarps * 32) {
+    const T v = ock::from_f<T>(ock::to_f(x[row + c]) + ock::to_f(skip[row + c]));
+    sum[row + c] = v;
+    q += ock::to_f(v) * ock::to_f(v);
+  }
+  const float inv = 1.f / sqrtf(ock::BlockSum(q, red) / float(K) + eps);
+  for (int64_t c = threadIdx.x; c < K; c += kWarps * 32)
+    xn[row + c] = ock::from_f<T>(ock::to_f(sum[row + c]) * inv * ock::to_f(gamma[c]));
+}
+
+// K a multiple of 16 bytes' values, at most kWarps * 32 * V vectors, every pointer 16-byte aligned: a thread's V
+// vectors of X, skip and gamma requested at once and held in registers between the two passes.
+template <typename T, int V>
+__global__ void __launch_bounds__(kWarps * 32)
+    Int4SkipNormRowsVec(const T* __restrict__ x, const T* __restrict__ skip, const T* __restrict__ gamma,
+                        T* __restrict__ sum, T* __restrict__ xn, int64_t K, float eps) {
+  constexpr int kPer = 16 / int(sizeof(T));
+  __shared__ float red[kWarps];
+  uint4 g[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) {  // gamma is a constant: requested before the wait
+    const int64_t c = (int64_t(v) * kWarps * 32 + threadIdx.x) * kPer;
+    if (c < K) g[v] = __ldg(reinterpret_cast<const uint4*>(gamma + c));
+  }
+  ock::PdlWait();
+  ock::PdlTrigger();
+  const int64_t row = int64_t(blockIdx.x) * K;
+  uint4 a[V], b[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    const int64_t c = (int64_t(v) * kWarps * 32 + threadIdx.x) * kPer;
+    if (c < K) {
+      a[v] = __ldg(reinterpret_cast<const uint4*>(x + row + c));
+      b[v] = __ldg(reinterpret_cast<const uint4*>(skip + row + c));
+    }
+  }
+  float q = 0.f;
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    const int64_t c = (int64_t(v) * kWarps * 32 + threadIdx.x) * kPer;
+    if (c < K) {
+      const T* av = reinterpret_cast<const T*>(&a[v]);
+      const T* bv = reinterpret_cast<const T*>(&b[v]);
+      alignas(16) T sv[kPer];
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        sv[j] = ock::from_f<T>(ock::to_f(av[j]) + ock::to_f(bv[j]));
+        q += ock::to_f(sv[j]) * ock::to_f(sv[j]);
+      }
+      a[v] = *reinterpret_cast<const uint4*>(sv);
+      *reinterpret_cast<uint4*>(sum + row + c) = a[v];
+    }
+  }
+  const float inv = 1.f / sqrtf(ock::BlockSum(q, red) / float(K) + eps);
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    const int64_t c = (int64_t(v) * kWarps * 32 + threadIdx.x) * kPer;
+    if (c < K) {
+      const T* sv = reinterpret_cast<const T*>(&a[v]);
+      const T* gv = reinterpret_cast<const T*>(&g[v]);
+      alignas(16) T out[kPer];
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) out[j] = ock::from_f<T>(ock::to_f(sv[j]) * inv * ock::to_f(gv[j]));
+      *reinterpret_cast<uint4*>(xn + row + c) = *reinterpret_cast<const uint4*>(out);
+    }
+  }
+}
+
 // Packed weights not 8-byte aligned (a view into a larger buffer): one thread per output, byte loads (wq_up non-null:
 // Int4SwiGLU, act(gate) * up; zp non-null: zero points, zb bytes a column).
 template <typename T>
@@ -1085,6 +1179,67 @@ extern "C" int onnxfuse_cuda_int4_swiglu(int dtype, int act, const void* x, cons
   });
 }
 
+extern "C" int onnxfuse_cuda_int4_skip_norm_rows(int dtype, const void* x, const void* skip, const void* gamma,
+                                                 float eps, void* sum, void* xn, int64_t m, int64_t k, void* stream) {
+  if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || m < 0 || k < 0 || m > 0x7fffffffLL)
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (m == 0 || k == 0) return 0;
+  if (x == nullptr || skip == nullptr || gamma == nullptr || sum == nullptr || xn == nullptr)
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  return ock::ByDtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int64_t kPer = 16 / int64_t(sizeof(T));
+    const int64_t vectors = (k / kPer + kWarps * 32 - 1) / (kWarps * 32);  // a thread's
+    const bool vec = k % kPer == 0 && Aligned16(x) && Aligned16(skip) && Aligned16(gamma) && Aligned16(sum) &&
+                     Aligned16(xn) && vectors <= 4;
+    auto launch = [&](auto kernel) {
+      return ock::LaunchDependent(kernel, dim3(unsigned(m)), dim3(kWarps * 32), 0, static_cast<cudaStream_t>(stream),
+                                  static_cast<const T*>(x), static_cast<const T*>(skip), static_cast<const T*>(gamma),
+                                  static_cast<T*>(sum), static_cast<T*>(xn), k, eps);
+    };
+    if (!vec) return launch(Int4SkipNormRows<T>);
+    if (vectors == 1) return launch(Int4SkipNormRowsVec<T, 1>);
+    if (vectors == 2) return launch(Int4SkipNormRowsVec<T, 2>);
+    return launch(Int4SkipNormRowsVec<T, 4>);
+  });
+}
+
+// The norm ops' scratch: Xn [m, k], then the projection's.
+extern "C" int64_t onnxfuse_cuda_skip_norm_int4_scratch_bytes(int dtype, int gated, int64_t m, int64_t k, int64_t n,
+                                                              int64_t block, int aligned, int zero_points) {
+  if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || m < 0 || k < 0 || n < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  const int64_t rest = gated ? onnxfuse_cuda_int4_swiglu_scratch_bytes(dtype, m, k, n, block, aligned, zero_points)
+                             : onnxfuse_cuda_int4_linear_scratch_bytes(dtype, m, k, n, block, aligned, zero_points);
+  return rest < 0 ? rest : ock::Align256(m * k * ock::ElemBytes(dtype)) + rest;
+}
+
+// The norm kernel into Xn (scratch), then Int4Linear's or Int4SwiGLU's launcher on it with the rest of the scratch.
+// (One kernel at one and two rows, every block of the GEMV computing the row's norm while it staged X, measured
+// slower in genai's int4 7B model in each of three forms: the block's extra round trips and barriers before its main
+// loop cost more than the launch they save; benchmarks/results/h200-2026-11-30/int4/genai-int4-skipnorm-*-not-kept.*.)
+extern "C" int onnxfuse_cuda_skip_norm_int4(int dtype, int act, const void* x, const void* skip, const void* gamma,
+                                            float eps, const uint8_t* wq, const void* scales, const uint8_t* zp,
+                                            const uint8_t* wq_up, const void* scales_up, const uint8_t* zp_up, void* y,
+                                            void* sum, int64_t m, int64_t k, int64_t n, int64_t block, void* scratch,
+                                            int64_t scratch_bytes, void* stream) {
+  const bool gated = wq_up != nullptr;
+  if (!ock::CheckCommon(dtype, x, y, m, k, n) || !Int4BlockOk(block) || skip == nullptr || gamma == nullptr ||
+      sum == nullptr || (gated && !onnxfuse::ValidGateActivation(act)))
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (m == 0) return 0;
+  const int64_t xn_bytes = ock::Align256(m * k * ock::ElemBytes(dtype));
+  if (xn_bytes > 0 && (scratch == nullptr || scratch_bytes < xn_bytes)) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (int err = onnxfuse_cuda_int4_skip_norm_rows(dtype, x, skip, gamma, eps, sum, scratch, m, k, stream)) return err;
+  if (n == 0) return 0;
+  char* rest = static_cast<char*>(scratch) + xn_bytes;
+  const int64_t rest_bytes = scratch_bytes - xn_bytes;
+  if (gated)
+    return onnxfuse_cuda_int4_swiglu(dtype, act, scratch, wq, scales, zp, wq_up, scales_up, zp_up, y, m, k, n, block,
+                                     rest_bytes > 0 ? rest : nullptr, rest_bytes, stream);
+  return onnxfuse_cuda_int4_linear(dtype, scratch, wq, scales, zp, y, m, k, n, block, rest_bytes > 0 ? rest : nullptr,
+                                   rest_bytes, stream);
+}
+
 #else  // the host half: the CUDA EP glue and the Triton launcher
 // Int4Linear on the CUDA EP: the kernel struct calling the nvcc half's launcher or the Triton one (at the end of
 // this file) through Dispatch (cuda/ops_cuda.h), and its registration. backend=auto follows triton/table.py's
@@ -1186,11 +1341,108 @@ struct Int4SwiGLUCuda {
   int act;  // onnxfuse_gate_act of the node's activation attribute
 };
 
+// The norm ops: backend auto runs the CUDA launcher (the GEMV with the norm at one or two rows; else the norm kernel
+// and the projection's CUDA path); triton runs the norm kernel, then the projection's Triton kernel on Xn.
+template <typename T, bool GATED>
+Ort::Status SkipNormInt4Compute(OrtKernelContext* ctx, const char* name, const OpAttrs& attrs, int act, float eps,
+                                const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& Skip,
+                                const Ort::Custom::Tensor<T>& Gamma, const Ort::Custom::Tensor<uint8_t>& Wq,
+                                const Ort::Custom::Tensor<T>& Scales, const Ort::Custom::Tensor<uint8_t>* Wu,
+                                const Ort::Custom::Tensor<T>* Su, std::optional<const Ort::Custom::Tensor<uint8_t>*> Zg,
+                                std::optional<const Ort::Custom::Tensor<uint8_t>*> Zu, Ort::Custom::Tensor<T>& Y,
+                                Ort::Custom::Tensor<T>& Sum) {
+  return GuardCompute([&] {
+    Int4SkipNormCheck(name, X.Shape(), Skip.Shape(), Gamma.Shape());
+    const LinearDims d = GATED ? Int4SwiGLUDims(name, X.Shape(), Wq.Shape(), Scales.Shape(), Wu->Shape(), Su->Shape())
+                               : Int4LinearDims(name, X.Shape(), Wq.Shape(), Scales.Shape());
+    const uint8_t* zg = Int4ZeroPoints(name, GATED ? "zero_points_gate" : "zero_points", Zg, Wq.Shape());
+    const uint8_t* zu = GATED ? Int4ZeroPoints(name, "zero_points_up", Zu, Wu->Shape()) : nullptr;
+    if (GATED) Int4ZeroPointsPaired(name, zg, zu);
+    T* y = Y.Allocate(d.out_shape);
+    T* sum = Sum.Allocate(X.Shape());
+    if (d.M == 0) return;
+    void* stream = StreamOf(ctx);
+    const void *x = X.Data(), *skip = Skip.Data(), *gamma = Gamma.Data(), *scales = Scales.Data();
+    const uint8_t* wq = Wq.Data();
+    const uint8_t* wu = GATED ? Wu->Data() : nullptr;
+    const void* su = GATED ? static_cast<const void*>(Su->Data()) : nullptr;
+    const int dt = DtypeCode<T>();
+    const int64_t xn_bytes = (d.M * d.K * int64_t(sizeof(T)) + 255) / 256 * 256;
+    // the projection's pointers (its X is Xn in scratch on every path but the one kernel's: aligned)
+    const int aligned = Int4Aligned(wq) && Int4Aligned(scales) && Int4Aligned(y) &&
+                        (!GATED || (Int4Aligned(wu) && Int4Aligned(su))) &&
+                        (zg == nullptr || (Int4Aligned(zg) && (!GATED || Int4Aligned(zu))));
+    Dispatch(
+        name, attrs,
+        [&] {
+          const int64_t need =
+              onnxfuse_cuda_skip_norm_int4_scratch_bytes(dt, GATED, d.M, d.K, d.N, d.r, aligned, zg != nullptr);
+          return WithScratch(ctx, 0, need, [&](void* sp, int64_t bytes) {
+            return onnxfuse_cuda_skip_norm_int4(dt, act, x, skip, gamma, eps, wq, scales, zg, wu, su, zu, y, sum, d.M,
+                                                d.K, d.N, d.r, sp, bytes, stream);
+          });
+        },
+        [&] {
+          return WithScratch(ctx, 0, xn_bytes, [&](void* xn, int64_t) {
+            const int e = onnxfuse_cuda_int4_skip_norm_rows(dt, x, skip, gamma, eps, sum, xn, d.M, d.K, stream);
+            if (e != 0 || d.N == 0) return e;
+            return GATED ? onnxfuse_triton_int4_swiglu(dt, act, xn, wq, scales, zg, wu, su, zu, y, d.M, d.K, d.N, d.r,
+                                                       stream)
+                         : onnxfuse_triton_int4_linear(dt, xn, wq, scales, zg, y, d.M, d.K, d.N, d.r, stream);
+          });
+        },
+        // as the projection's own op picks, on Xn
+        (GATED ? AutoPrefersCuda(triton::kInt4Swiglu, d.M, d.K)
+               : AutoPrefersCuda(triton::kInt4Linear, d.M, d.K, d.N)) ||
+            zg != nullptr || onnxfuse_cuda_int4_mixed_path(dt, d.M, d.K, d.N, d.r, aligned, 0));
+  });
+}
+
+template <typename T>
+struct SkipRMSNormInt4LinearCuda {
+  using Op = schema::SkipRMSNormInt4Linear;
+  static constexpr const char* kName = Op::kName;
+  SkipRMSNormInt4LinearCuda(const OrtApi* api, const OrtKernelInfo* info)
+      : attrs(ReadOpAttrs(api, info, kName)), eps(ReadEpsilon(api, info, kName)) {}
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& Skip,
+                      const Ort::Custom::Tensor<T>& Gamma, const Ort::Custom::Tensor<uint8_t>& Wq,
+                      const Ort::Custom::Tensor<T>& Scales, std::optional<const Ort::Custom::Tensor<uint8_t>*> Zp,
+                      Ort::Custom::Tensor<T>& Y, Ort::Custom::Tensor<T>& Sum) {
+    return SkipNormInt4Compute<T, false>(ctx, kName, attrs, 0, eps, X, Skip, Gamma, Wq, Scales, nullptr, nullptr, Zp,
+                                         std::nullopt, Y, Sum);
+  }
+  OpAttrs attrs;
+  float eps;
+};
+
+template <typename T>
+struct SkipRMSNormInt4SwiGLUCuda {
+  using Op = schema::SkipRMSNormInt4SwiGLU;
+  static constexpr const char* kName = Op::kName;
+  SkipRMSNormInt4SwiGLUCuda(const OrtApi* api, const OrtKernelInfo* info)
+      : attrs(ReadOpAttrs(api, info, kName)),
+        act(ReadGateActivation(api, info, kName)),
+        eps(ReadEpsilon(api, info, kName)) {}
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& Skip,
+                      const Ort::Custom::Tensor<T>& Gamma, const Ort::Custom::Tensor<uint8_t>& Wg,
+                      const Ort::Custom::Tensor<T>& Sg, const Ort::Custom::Tensor<uint8_t>& Wu,
+                      const Ort::Custom::Tensor<T>& Su, std::optional<const Ort::Custom::Tensor<uint8_t>*> Zg,
+                      std::optional<const Ort::Custom::Tensor<uint8_t>*> Zu, Ort::Custom::Tensor<T>& Y,
+                      Ort::Custom::Tensor<T>& Sum) {
+    return SkipNormInt4Compute<T, true>(ctx, kName, attrs, act, eps, X, Skip, Gamma, Wg, Sg, &Wu, &Su, Zg, Zu, Y, Sum);
+  }
+  OpAttrs attrs;
+  int act;
+  float eps;
+};
+
 }  // namespace
 
 void RegisterInt4LinearCuda(Ort::CustomOpDomain& domain) {
   AddOpAllTypes<Int4LinearCuda>(domain, schema::Int4Linear::kName, kCudaEp);
   AddOpAllTypes<Int4SwiGLUCuda>(domain, schema::Int4SwiGLU::kName, kCudaEp);
+  AddOpAllTypes<SkipRMSNormInt4LinearCuda>(domain, schema::SkipRMSNormInt4Linear::kName, kCudaEp);
+  AddOpAllTypes<SkipRMSNormInt4SwiGLUCuda>(domain, schema::SkipRMSNormInt4SwiGLU::kName, kCudaEp);
 }
 
 }  // namespace cuda

@@ -133,19 +133,6 @@ struct SkipNorm {
   float eps;
 };
 
-// The sum of v over the block's kWarps * 32 threads, in every thread.
-__device__ __forceinline__ float BlockSum(float v, float (&red)[kWarps]) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();  // red may still be read from a previous call
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float t = 0.f;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) t += red[w];
-  return t;
-}
-
 // Thread 0 of the last block of each column tile: waits until every tile's last block has arrived (the tiles' sums of
 // squares are then in sn.squares), as cooperative groups' grid barrier does: the generation read before arriving, the
 // last arrival resets the count and bumps the generation. Only the tiles' last blocks wait, at most tiles - 1 of them
@@ -232,7 +219,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     const T s = ock::from_f<T>(t + skip);
     const float v = nn < n ? ock::to_f(s) : 0.f;
     if (nn < n) sn.sum[nn] = s;  // read by nothing in this kernel: no fence
-    const float q = BlockSum(v * v, red);
+    const float q = ock::BlockSum(v * v, red);
     if (threadIdx.x == 0) {
       sn.squares[blockIdx.x] = q;
       RowBarrier(slot >= 0 ? g_row_counters + slot : sn.row_counter,
@@ -241,7 +228,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncthreads();
     float sq = 0.f;  // a thread a tile (tiles past the block's threads: a few each)
     for (int i = threadIdx.x; i < int(gridDim.x); i += kWarps * 32) sq += __ldcg(sn.squares + i);
-    const float inv = 1.f / sqrtf(BlockSum(sq, red) / float(n) + sn.eps);
+    const float inv = 1.f / sqrtf(ock::BlockSum(sq, red) / float(n) + sn.eps);
     if (nn < n) y[nn] = ock::from_f<T>(v * inv * gamma);
   }
 }
@@ -261,7 +248,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     const float v = ock::to_f(s);
     q += v * v;
   }
-  const float inv = 1.f / sqrtf(BlockSum(q, red) / float(n) + eps);
+  const float inv = 1.f / sqrtf(ock::BlockSum(q, red) / float(n) + eps);
   for (int64_t c = threadIdx.x; c < n; c += kWarps * 32)
     y[row + c] = ock::from_f<T>(ock::to_f(sum[row + c]) * inv * ock::to_f(gamma[c]));
 }
@@ -293,7 +280,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       *reinterpret_cast<uint4*>(sum + row + c) = *reinterpret_cast<const uint4*>(out);
     }
   }
-  const float inv = 1.f / sqrtf(BlockSum(q, red) / float(n) + eps);
+  const float inv = 1.f / sqrtf(ock::BlockSum(q, red) / float(n) + eps);
 #pragma unroll
   for (int i = 0; i < V; ++i) {
     const int64_t c = (int64_t(i) * kWarps * 32 + threadIdx.x) * 8;
