@@ -55,9 +55,8 @@ _NORM_DOC = ("onnxruntime's residual add and RMS norm (com.microsoft SkipSimplif
              "builder writes it before each layer's qkv and gate/up projections) and the projection after it as one "
              "op: X and skip [..., K] of type T, gamma [K]; sum (the residual for the next layer) is X + skip rounded "
              "to T, and the projection takes the norm of that rounded sum, rounded to T, as onnxruntime's kernels "
-             "compute it. On the CUDA EP one or two rows (a decode step) run one kernel, the norm computed by every "
-             "block of the GEMV while it stages X (the weights' first loads already in flight); more rows a norm "
-             "kernel, then the projection's own path. ")
+             "compute it. On the CUDA EP a norm kernel writes sum and the normed rows, then the projection's own path "
+             "runs on them, both launched as programmatic dependents outside a CUDA graph. ")
 SKIP_RMS_NORM_INT4_LINEAR = OpSchema(
     "SkipRMSNormInt4Linear", ("X", "skip", "gamma", "Wq", "scales", "zero_points"), ("Y", "sum"),
     _NORM_MATH + "Y = Xn @ W^T, W dequantized as Int4Linear's",
@@ -321,18 +320,17 @@ def two_outputs(shapes: dict, attrs: dict) -> list:
     return [out_shape(shapes, attrs), list(shapes["X"])]
 
 
-def skip_norm_doctor_entry(entry) -> tuple[dict, dict, tuple]:
-    """Int4Linear's entry with skip [M, K] and gamma [K] after X."""
-    shapes, attrs, row = doctor_entry(entry)
-    m, k = shapes["X"]
-    return {"X": [m, k], "skip": [m, k], "gamma": [k], **{n: v for n, v in shapes.items() if n != "X"}}, attrs, row
+def _with_norm_inputs(projection_entry):
+    """A norm op's doctor entry from its projection's: skip [M, K] and gamma [K] after X."""
+    def entry_fn(entry) -> tuple[dict, dict, tuple]:
+        shapes, attrs, row = projection_entry(entry)
+        m, k = shapes["X"]
+        return {"X": [m, k], "skip": [m, k], "gamma": [k], **{n: v for n, v in shapes.items() if n != "X"}}, attrs, row
+    return entry_fn
 
 
-def skip_norm_swiglu_doctor_entry(entry) -> tuple[dict, dict, tuple]:
-    """Int4SwiGLU's entry with skip [M, K] and gamma [K] after X."""
-    shapes, attrs, row = swiglu_doctor_entry(entry)
-    m, k = shapes["X"]
-    return {"X": [m, k], "skip": [m, k], "gamma": [k], **{n: v for n, v in shapes.items() if n != "X"}}, attrs, row
+skip_norm_doctor_entry = _with_norm_inputs(doctor_entry)
+skip_norm_swiglu_doctor_entry = _with_norm_inputs(swiglu_doctor_entry)
 
 
 def doctor_inputs(op, dtype, shapes: dict, seed: int, device: str = "cpu") -> list:
@@ -391,9 +389,9 @@ FAMILY = OpFamily("int4_linear", (
           swiglu_doctor_entry, overload_attr="activation", min_opset=MIN_OPSET,
           byte_inputs=("Wq_gate", "Wq_up", "zero_points_gate", "zero_points_up"), doctor_inputs=doctor_inputs,
           optional_overload=ZP_OVERLOAD, special_type_max=False),
-    # The norm ops: one and two rows (the GEMV with the norm in its staging), 3-16 rows (the norm kernel, then the
-    # tensor cores), past 16 (the norm kernel, then CUTLASS's on sm_90 or the dequantization + GEMM), ragged K and N,
-    # zero points, a K too long for the GEMV's staging (the norm kernel, then the GEMV), a 7B qkv at one row.
+    # The norm ops: the norm kernel, then one and two rows (the GEMV), 3-16 rows (the tensor cores), past 16
+    # (CUTLASS's on sm_90 or the dequantization + GEMM); ragged K and N, zero points, a K past the GEMV's one-row
+    # staging and the vector norm kernel's reach (their element-by-element forms), a 7B qkv at one row.
     OpDef(21, SKIP_RMS_NORM_INT4_LINEAR, skip_norm_reference, skip_norm_body, out_shape,
           ((1, 256, 256, 32), (2, 200, 67, 16), (7, 1000, 130, 64), (40, 520, 264, 128), (128, 512, 264, 64),
            (1, 4096, 12288, 32), (1, 256, 256, 32, "zp"), (2, 200, 67, 16, "zp"), (9, 200, 67, 16, "zp"),

@@ -1260,6 +1260,14 @@ namespace {
 // A pointer's 16-byte alignment (the scratch functions' `aligned` argument; null counts as aligned).
 bool Int4Aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// Whether backend=auto runs an int4 op's CUDA backend (gated: Int4SwiGLU's table row, else Int4Linear's): the table's
+// rule, zero points (the Triton build with them measured slower), or the sm_90 mixed-input GEMM taking these sizes.
+bool Int4PrefersCuda(bool gated, int dt, const LinearDims& d, int aligned, bool zero_points) {
+  return (gated ? AutoPrefersCuda(triton::kInt4Swiglu, d.M, d.K)
+                : AutoPrefersCuda(triton::kInt4Linear, d.M, d.K, d.N)) ||
+         zero_points || onnxfuse_cuda_int4_mixed_path(dt, d.M, d.K, d.N, d.r, aligned, 0);
+}
+
 template <typename T>
 struct Int4LinearCuda {
   using Op = schema::Int4Linear;
@@ -1289,9 +1297,7 @@ struct Int4LinearCuda {
             });
           },
           [&] { return onnxfuse_triton_int4_linear(DtypeCode<T>(), x, wq, scales, zp, y, d.M, d.K, d.N, d.r, stream); },
-          // zero points, or the sm_90 mixed-input GEMM: CUDA (Results)
-          AutoPrefersCuda(triton::kInt4Linear, d.M, d.K, d.N) || zp != nullptr ||
-              onnxfuse_cuda_int4_mixed_path(DtypeCode<T>(), d.M, d.K, d.N, d.r, aligned, 0));
+          Int4PrefersCuda(false, DtypeCode<T>(), d, aligned, zp != nullptr));
     });
   }
   OpAttrs attrs;
@@ -1333,16 +1339,15 @@ struct Int4SwiGLUCuda {
             return onnxfuse_triton_int4_swiglu(DtypeCode<T>(), act, x, wg, sg, zg, wu, su, zu, y, d.M, d.K, d.N, d.r,
                                                stream);
           },
-          AutoPrefersCuda(triton::kInt4Swiglu, d.M, d.K) || zg != nullptr ||
-              onnxfuse_cuda_int4_mixed_path(DtypeCode<T>(), d.M, d.K, d.N, d.r, aligned, 0));
+          Int4PrefersCuda(true, DtypeCode<T>(), d, aligned, zg != nullptr));
     });
   }
   OpAttrs attrs;
   int act;  // onnxfuse_gate_act of the node's activation attribute
 };
 
-// The norm ops: backend auto runs the CUDA launcher (the GEMV with the norm at one or two rows; else the norm kernel
-// and the projection's CUDA path); triton runs the norm kernel, then the projection's Triton kernel on Xn.
+// The norm ops: the CUDA backend runs the norm kernel, then the projection's CUDA path on Xn; triton the norm kernel,
+// then the projection's Triton kernel on Xn; auto picks as the projection's own op does.
 template <typename T, bool GATED>
 Ort::Status SkipNormInt4Compute(OrtKernelContext* ctx, const char* name, const OpAttrs& attrs, int act, float eps,
                                 const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& Skip,
@@ -1368,7 +1373,7 @@ Ort::Status SkipNormInt4Compute(OrtKernelContext* ctx, const char* name, const O
     const void* su = GATED ? static_cast<const void*>(Su->Data()) : nullptr;
     const int dt = DtypeCode<T>();
     const int64_t xn_bytes = (d.M * d.K * int64_t(sizeof(T)) + 255) / 256 * 256;
-    // the projection's pointers (its X is Xn in scratch on every path but the one kernel's: aligned)
+    // the projection's pointers (its X is Xn in scratch: aligned)
     const int aligned = Int4Aligned(wq) && Int4Aligned(scales) && Int4Aligned(y) &&
                         (!GATED || (Int4Aligned(wu) && Int4Aligned(su))) &&
                         (zg == nullptr || (Int4Aligned(zg) && (!GATED || Int4Aligned(zu))));
@@ -1391,10 +1396,7 @@ Ort::Status SkipNormInt4Compute(OrtKernelContext* ctx, const char* name, const O
                          : onnxfuse_triton_int4_linear(dt, xn, wq, scales, zg, y, d.M, d.K, d.N, d.r, stream);
           });
         },
-        // as the projection's own op picks, on Xn
-        (GATED ? AutoPrefersCuda(triton::kInt4Swiglu, d.M, d.K)
-               : AutoPrefersCuda(triton::kInt4Linear, d.M, d.K, d.N)) ||
-            zg != nullptr || onnxfuse_cuda_int4_mixed_path(dt, d.M, d.K, d.N, d.r, aligned, 0));
+        Int4PrefersCuda(GATED, dt, d, aligned, zg != nullptr));  // as the projection's own op picks, on Xn
   });
 }
 
