@@ -1,17 +1,20 @@
 // Issue 28, int4 decode at 1-16 rows: the CUDA backend's kernels below the dequantization path (cuda/int4_linear.cu
-// GemvPath: the library's choice by rows; the tensor-core kernel Int4Mma with a ring of 3 stages, and with 4, 8 and
-// 16 warps a block, each at every row count), on a Llama-2-7B layer as genai's int4 model runs it (qkv, o and down
-// Int4Linear, gate and up one Int4SwiGLU; block 32, fp16, symmetric) and on lm_head (4096 -> 49152). cudaEvent time per
-// layer (median of 7 rounds of 20, the variants round-robin in each round), against the limit (the packed weights' and
-// scales' bytes at the read rate measured in the same run), and each variant's largest error against Int4Naive (fp32
-// sums) over the whole output; then each projection alone at 1, 4, 8 and 16 rows. Then the tensor-core kernel's
-// numerics on the forms the layer does not reach: bf16, zero points, blocks of 16 (two scales a lane's chunk) with an
-// odd number of blocks (8-byte copies), blocks of 256, K not a multiple of 8 (X loaded by elements), 9-16 rows, and
-// each variant on three of them. The kernels before it and the forms tried on the way:
+// GemvPath: the library's choice by rows, with the one-row GEMV Int4RowGemv at one row; the GEMV before it by rows; the
+// one-row GEMV with 4 and 8 loads a step; and plain reads of the same bytes, a kernel a projection, with and without
+// programmatic dependent launch: the floor a kernel a projection leaves), on a Llama-2-7B layer as genai's int4 model
+// runs it (qkv, o and down Int4Linear, gate and up one Int4SwiGLU; block 32, fp16, symmetric) and on lm_head (4096 ->
+// 49152). cudaEvent time per layer (median of 7 rounds of 20, the variants round-robin in each round) at 1, 2, 4 and 8
+// rows, against the limit (the packed weights' and scales' bytes at the read rate measured in the same run), and each
+// variant's largest error against Int4Naive (fp32 sums) over the whole output; then the layer at one row replayed from
+// a CUDA graph (with programmatic edges between the kernels; ONNXFUSE_PDL_GRAPH=0: without); then each projection
+// alone at 1 and 8 rows. Then numerics on the forms the layer does not reach: the one-row GEMV on blocks of 64 and 128,
+// K = 11008 and X in the hundreds; the tensor-core kernel on bf16, zero points, blocks of 16 (two scales a lane's
+// chunk) with an odd number of blocks (8-byte copies), blocks of 256, K not a multiple of 8 (X loaded by elements),
+// 9-16 rows. The kernels before and the forms tried on the way:
 // benchmarks/results/h100-2026-11-27/int4/decode-probe.txt and
-// benchmarks/results/h200-2026-11-30/int4/decode-probe-*.txt (each with the kernels before it in the same call). A
-// program, not the CLI: it times kernels of the CUDA backend without onnxruntime. Build (from the repository root) and
-// run on the GPU machine:
+// benchmarks/results/h200-2026-11-30/int4/{decode,row-gemv}-probe-*.txt (each with the kernels before it in the same
+// call). A program, not the CLI: it times kernels of the CUDA backend without onnxruntime. Build (from the repository
+// root) and run on the GPU machine:
 //   python -m onnxfuse.kernels.ops_header > /tmp/onnxfuse_ops.h
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90,code=sm_90 -I onnxfuse/kernels -I onnxfuse/kernels/cuda -I /tmp \
 //        scripts/int4_decode_probe.cu onnxfuse/kernels/cuda/gemm.cu -o /tmp/int4_decode_probe -ldl
@@ -38,6 +41,24 @@ __global__ void ReadAll(const uint4* __restrict__ p, int64_t n, uint32_t* out) {
     const uint4 v = __ldg(p + i);
     a ^= v.x ^ v.y ^ v.z ^ v.w;
   }
+  if (a == 0x12345678u) *out = a;
+}
+
+// The same bytes as a projection's packed weights and scales, read and discarded (up to 4 ranges, 16-byte loads; PDL:
+// triggering its dependent at once): what a kernel of that size costs when it only reads.
+struct Ranges {
+  const uint4* p[4];
+  int64_t n[4];
+};
+template <bool PDL>
+__global__ void ReadRanges(Ranges r, uint32_t* out) {
+  if constexpr (PDL) ock::PdlTrigger();
+  uint32_t a = 0;
+  for (int k = 0; k < 4; ++k)
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < r.n[k]; i += int64_t(gridDim.x) * blockDim.x) {
+      const uint4 v = __ldg(r.p[k] + i);
+      a ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
   if (a == 0x12345678u) *out = a;
 }
 
@@ -102,6 +123,32 @@ Fn Gemv() {  // the GEMV at every row count
     if (m <= 4) return launch(std::integral_constant<int, 4>{});
     if (m <= 8) return launch(std::integral_constant<int, 8>{});
     return launch(std::integral_constant<int, 16>{});
+  };
+}
+
+template <int C, int WARPS_SM = 0>
+Fn Row() {  // the one-row GEMV with C loads a lane a step where it takes the call, else the library's path
+  return [](const void* x, const Int4Weights& wt, void* y, int64_t m, int64_t k, int64_t n, cudaStream_t s) {
+    if (!RowGemvOk(ONNXFUSE_FP16, x, wt, m, k, n)) return GemvPath(ONNXFUSE_FP16, 0, x, wt, y, m, k, n, s);
+    return wt.wq_up != nullptr ? LaunchRowGemv<C, true, WARPS_SM>(x, wt, 0, y, k, n, s)
+                               : LaunchRowGemv<C, false, WARPS_SM>(x, wt, 0, y, k, n, s);
+  };
+}
+
+template <bool PDL, int BLOCKS_PER_SM>
+Fn Read() {  // ReadRanges over the call's weights and scales (m ignored; y untouched): the read-only floor
+  return [](const void*, const Int4Weights& wt, void*, int64_t, int64_t k, int64_t n, cudaStream_t s) {
+    static uint32_t* out = nullptr;
+    if (out == nullptr) cudaMalloc(&out, 4);
+    Ranges r = {};
+    const int64_t sbytes = n * wt.nb * 2;
+    r.p[0] = reinterpret_cast<const uint4*>(wt.wq), r.n[0] = n * wt.row_bytes / 16;
+    r.p[1] = static_cast<const uint4*>(wt.scales), r.n[1] = sbytes / 16;
+    if (wt.wq_up != nullptr) {
+      r.p[2] = reinterpret_cast<const uint4*>(wt.wq_up), r.n[2] = n * wt.row_bytes / 16;
+      r.p[3] = static_cast<const uint4*>(wt.scales_up), r.n[3] = sbytes / 16;
+    }
+    return ock::LaunchDependent(ReadRanges<PDL>, dim3(132 * BLOCKS_PER_SM), dim3(512), 0, s, r, out);
   };
 }
 
@@ -196,11 +243,13 @@ int main(int argc, char** argv) {
     std::string name;
     Fn fn;
   };
-  std::vector<V> vs = {{"library (GEMV; mma from 3 rows)", Current<T>()},
-                       {"mma stages 3", Mma<T, 0, 3>()},
-                       {"mma warps 4", Mma<T, 4>()},
-                       {"mma warps 8", Mma<T, 8>()},
-                       {"mma warps 16", Mma<T, 16>()}};
+  std::vector<V> vs = {{"library (row GEMV; mma from 3 rows)", Current<T>()},
+                       {"GEMV before (by rows)", Gemv<T>()},
+                       {"row GEMV, 4 loads a step", Row<4>()},
+                       {"row GEMV, 8 loads a step", Row<8>()},
+                       {"read only, 4 blocks an SM", Read<false, 4>()},
+                       {"read only, 4 blocks an SM, PDL", Read<true, 4>()},
+                       {"read only, 1 block an SM", Read<false, 1>()}};
   if (argc > 3 && std::string(argv[1]) == "ncu") {  // ncu: variant argv[2] at argv[3] rows, the layer twice
     const int v = atoi(argv[2]), m = atoi(argv[3]);
     for (int i = 0; i < 2; ++i)
@@ -213,7 +262,7 @@ int main(int argc, char** argv) {
   for (auto* p : layer) layer_bytes += p->bytes();
   printf("layer: %.1f MB, limit %.1f us; lm_head %.1f MB, limit %.1f us (at %.3f TB/s)\n", layer_bytes / 1e6,
          layer_bytes / read_tbs / 1e6, lm.bytes() / 1e6, lm.bytes() / read_tbs / 1e6, read_tbs);
-  const int rows[] = {1, 2, 3, 4, 5, 6, 8, 12, 16};
+  const int rows[] = {1, 2, 4, 8};
   for (const char* what : {"layer", "lm_head"}) {
     const bool is_layer = std::string(what) == "layer";
     std::vector<Proj<T>*> ps = is_layer ? layer : std::vector<Proj<T>*>{&lm};
@@ -222,11 +271,13 @@ int main(int argc, char** argv) {
     printf("%-34s", "rows");
     for (int m : rows) printf(" %16d", m);
     printf("\n");
-    std::vector<std::vector<float>> res(vs.size(), std::vector<float>(9));
-    std::vector<std::vector<double>> err(vs.size(), std::vector<double>(9));
-    for (int ri = 0; ri < 9; ++ri) {
+    constexpr int kRows = int(sizeof(rows) / sizeof(rows[0]));
+    std::vector<std::vector<float>> res(vs.size(), std::vector<float>(kRows));
+    std::vector<std::vector<double>> err(vs.size(), std::vector<double>(kRows));
+    for (int ri = 0; ri < kRows; ++ri) {
       const int m = rows[ri];
       for (size_t v = 0; v < vs.size(); ++v) {
+        if (vs[v].name.rfind("read only", 0) == 0) continue;
         double e = 0;
         for (auto* p : ps) e = std::max(e, CheckOne<T>(nullptr, vs[v].fn, *p, m, x, y, ref, s));
         err[v][ri] = e;
@@ -254,16 +305,51 @@ int main(int argc, char** argv) {
     }
     for (size_t v = 0; v < vs.size(); ++v) {
       printf("%-34s", vs[v].name.c_str());
-      for (int ri = 0; ri < 9; ++ri) printf(" %6.1f (%3.0f%%) %s", res[v][ri], 100 * limit / res[v][ri], "");
+      for (int ri = 0; ri < kRows; ++ri) printf(" %6.1f (%3.0f%%) %s", res[v][ri], 100 * limit / res[v][ri], "");
       printf("\n%-34s", "  rel err");
-      for (int ri = 0; ri < 9; ++ri) printf(" %16.1e", err[v][ri]);
+      for (int ri = 0; ri < kRows; ++ri) printf(" %16.1e", err[v][ri]);
       printf("\n");
     }
   }
+  // the layer at one row replayed from a CUDA graph (as genai's graph runs it: no programmatic launches in a capture)
+  printf("\nlayer at 1 row in a CUDA graph (20 layers a replay), us per layer (median of 7), %% of the limit:\n");
+  {
+    const double limit = layer_bytes / read_tbs / 1e6;
+    for (size_t v = 0; v < vs.size(); ++v) {
+      for (auto* p : layer) vs[v].fn(x, p->wt, y, 1, p->K, p->N, s);  // first calls (attributes) outside the capture
+      cudaStreamSynchronize(s);
+      cudaGraph_t g;
+      cudaGraphExec_t ge;
+      cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+      for (int i = 0; i < 20; ++i)
+        for (auto* p : layer) vs[v].fn(x, p->wt, y, 1, p->K, p->N, s);
+      cudaStreamEndCapture(s, &g);
+      if (cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) {
+        printf("  %-34s capture failed\n", vs[v].name.c_str());
+        continue;
+      }
+      for (int i = 0; i < 3; ++i) cudaGraphLaunch(ge, s);
+      std::vector<float> tv;
+      for (int r = 0; r < 7; ++r) {
+        cudaEventRecord(e0, s);
+        cudaGraphLaunch(ge, s);
+        cudaEventRecord(e1, s);
+        cudaEventSynchronize(e1);
+        float ms;
+        cudaEventElapsedTime(&ms, e0, e1);
+        tv.push_back(ms * 1000.f / 20.f);
+      }
+      std::sort(tv.begin(), tv.end());
+      printf("  %-34s %6.1f (%3.0f%%)\n", vs[v].name.c_str(), tv[3], 100 * limit / tv[3]);
+      cudaGraphExecDestroy(ge);
+      cudaGraphDestroy(g);
+    }
+  }
+
   printf("\nper projection, us (median of 7 rounds of 20):\n");
   const char* pname[] = {"qkv", "o", "gate+up", "down", "lm_head"};
   std::vector<Proj<T>*> all = {&qkv, &o, &gu, &down, &lm};
-  for (int m : {1, 4, 8, 16}) {
+  for (int m : {1, 8}) {
     for (size_t v = 0; v < vs.size(); ++v) {
       printf("  rows %2d %-34s", m, vs[v].name.c_str());
       for (size_t pi = 0; pi < all.size(); ++pi) {
@@ -291,7 +377,20 @@ int main(int argc, char** argv) {
     Proj<T> zp(4096, 1000, false, 64, true, 61), zpg(4096, 1000, true, 128, true, 62),
         b16(4112, 520, false, 16, false, 63), k8(4100, 777, true, 32, false, 64),
         b256(4096, 300, false, 256, false, 65), b16z(4112, 8200, true, 16, true, 66);
-    for (int m : {3, 8, 9, 16}) {
+    {  // the row GEMV's forms: blocks 64 and 128 (gated, ragged N), K = 11008 (a last warp of 24 units), X up to 3000
+      Proj<T> b64(4096, 1000, true, 64, false, 67), b128(8192, 777, false, 128, false, 68);
+      T* xbig;
+      cudaMalloc(&xbig, 11008 * sizeof(T));
+      FillT<T><<<64, 256>>>(xbig, 11008, 300.f, 9);
+      for (size_t v = 0; v < vs.size(); ++v) {
+        if (vs[v].name.rfind("read only", 0) == 0) continue;
+        CheckOne<T>((vs[v].name + ": gated, block 64").c_str(), vs[v].fn, b64, 1, x, y, ref, s);
+        CheckOne<T>((vs[v].name + ": block 128, K 8192").c_str(), vs[v].fn, b128, 1, x, y, ref, s);
+        CheckOne<T>((vs[v].name + ": K 11008, |x| to 300").c_str(), vs[v].fn, down, 1, xbig, y, ref, s);
+        CheckOne<T>((vs[v].name + ": gated, |x| to 300").c_str(), vs[v].fn, gu, 1, xbig, y, ref, s);
+      }
+    }
+    for (int m : {1, 3, 8, 9, 16}) {
       CheckOne<T>("fp16 zero points, block 64", Mma<T, 8>(), zp, m, x, y, ref, s);
       CheckOne<T>("fp16 gated, zero points, block 128", Mma<T, 16>(), zpg, m, x, y, ref, s);
       CheckOne<T>("fp16 block 16, 257 blocks (8-byte copies)", Mma<T, 8>(), b16, m, x, y, ref, s);
@@ -299,6 +398,7 @@ int main(int argc, char** argv) {
       CheckOne<T>("fp16 gated, K % 8 != 0 (X by elements)", Mma<T, 16>(), k8, m, x, y, ref, s);
       CheckOne<T>("fp16 block 256", Current<T>(), b256, m, x, y, ref, s);
       for (size_t v = 1; v < vs.size(); ++v) {
+        if (vs[v].name.rfind("read only", 0) == 0) continue;
         CheckOne<T>((vs[v].name + ": gated, zero points, block 16").c_str(), vs[v].fn, b16z, m, x, y, ref, s);
         CheckOne<T>((vs[v].name + ": gated, K % 8 != 0").c_str(), vs[v].fn, k8, m, x, y, ref, s);
         CheckOne<T>((vs[v].name + ": block 16, 8-byte copies").c_str(), vs[v].fn, b16, m, x, y, ref, s);

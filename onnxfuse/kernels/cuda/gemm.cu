@@ -430,6 +430,14 @@ extern "C" int onnxfuse_cuda_pdl_enabled(void) {
   return enabled ? 1 : 0;
 }
 
+extern "C" int onnxfuse_cuda_pdl_in_graph(void) {
+  static const bool enabled = [] {
+    const char* env = std::getenv("ONNXFUSE_PDL_GRAPH");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  return enabled ? 1 : 0;
+}
+
 extern "C" const char* onnxfuse_cuda_error_string(int code) {
   switch (code) {
     case ONNXFUSE_OK:

@@ -130,15 +130,19 @@ __device__ __forceinline__ float BlockSum(float v, float (&red)[W]) {
 // ONNXFUSE_PDL allows them.
 bool PdlOn();
 
-// kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the kernel before it where PdlOn()
-// and the stream is not being captured into a CUDA graph. What it saves is launch latency between kernels, which a
-// graph already hides: genai's int4 7B model (the int4 kernels launched this way) decoded 1.00-1.08x faster without a
-// graph on three H100s, and 0.98x in genai's CUDA graph with the dependents captured too
-// (benchmarks/results/h100-2026-11-27/int4/pdl-ab.txt).
+// kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the kernel before it where PdlOn(),
+// into a stream being captured too unless ONNXFUSE_PDL_GRAPH=0 (the graph then holds a programmatic edge). What it
+// saves is the gap between kernels: a dependent requests what the kernel before it does not write (constant weights)
+// while that kernel's last blocks run. In genai's CUDA graph: its int4 7B-shape model (the one-row int4 GEMV) decoded
+// 1.915 ms/token against 2.126 with the edges plain (batch 1, H200), its fp16 one 4.207 against 4.267
+// (benchmarks/results/h200-2026-11-30/int4/genai-int4-row*.json, generate/genai-L32-pdlgraph*.json); the int4 kernels
+// before the one-row GEMV (fixed-size blocks in waves) measured 0.98x with the edges captured on an H100
+// (benchmarks/results/h100-2026-11-27/int4/pdl-ab.txt), when this was off by default.
 template <typename... P, typename... A>
 int LaunchDependent(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A&&... args) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (!PdlOn() || cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
+  if (!PdlOn() || cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
+      (capture != cudaStreamCaptureStatusNone && !onnxfuse_cuda_pdl_in_graph())) {
     kernel<<<grid, block, smem, stream>>>(static_cast<A&&>(args)...);
     return int(cudaGetLastError());
   }

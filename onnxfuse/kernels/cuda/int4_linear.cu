@@ -7,7 +7,8 @@ extern "C" {
 // Int4Linear: Y [m, n] = X [m, k] @ W^T, W[j, kk] = (nibble(wq, j, kk) - zp) * scales[j, kk / block]; wq uint8
 // [n, ceil(k / block), block / 2], scales [n, ceil(k / block)] of X's type, zp the block's 4-bit zero point from
 // zero_points uint8 [n, ceil(nb / 2)] (two a byte, the even block in the low nibble), 8 where zero_points is null.
-// Up to ONNXFUSE_INT4_GEMV_MAX_M rows: a
+// One fp16 row with symmetric weights in blocks of 32 or more dividing K: the one-row GEMV (Int4RowGemv below). Up to
+// ONNXFUSE_INT4_GEMV_MAX_M rows: a
 // GEMV that streams the packed weights once and dequantizes them in registers (Int4Gemv below; fp16 and bf16 from
 // kMmaMinRows rows: the same on tensor cores, Int4Mma); past them on an sm_90 GPU, without zero points, with a
 // block of 64 or more dividing K, fp16 or bf16 and N a multiple of 8 (MixedPath below): CUTLASS's mixed-input GEMM,
@@ -84,6 +85,8 @@ static inline bool Int4BlockOk(int64_t block) { return block >= 16 && block <= 2
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -395,6 +398,226 @@ __global__ void __launch_bounds__(kWarps * 32,
         for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
         if (lane == 0 && r < m && c < ncols) y[int64_t(r) * N + col0 + c] = ock::from_f<T>(v);
       }
+  }
+}
+
+// The one-row GEMV (fp16, symmetric weights, a block of 32 or more values dividing K: a 7B model's decode at batch 1),
+// Int4RowGemv below. A column's packed row is cut into 16-byte units (32 values, one scale); a block's warps split K,
+// lane l of warp w taking unit 32 w + l of every column, its 32 X values held in registers (loaded once a block). A
+// block's output columns are one contiguous share of N and the grid is what the GPU holds at once, so every SM streams
+// the same bytes whatever N is (the GEMV above runs fixed 16-column blocks in waves: a 7B model's qkv, 768 of them
+// over 528 slots). A step is C 16-byte loads a lane (C columns, or C / 2 columns' gate and up rows), the next step's
+// requested before this one's sums; a step's C partials are summed across the warp by halves (C - 1 + log2(32 / C)
+// shuffles, not 5 C), then across the warps through shared memory (one barrier a step). A unit's partial is summed in
+// half2 over the raw nibbles (q - 8) and scaled once in fp32, not weight by weight: to keep that sum in range a lane's
+// X is scaled by a power of two into [0, 4) where its largest finite value is 4 or more (exact), the power put back
+// with the scale. A scale whose dequantized weights could leave fp16's range (|s| > 4094, Inf, NaN) takes the unit's
+// weights dequantized one by one as the reference does, so Inf * 0 is NaN here as there.
+constexpr int kRowMaxWarps = 16;  // K up to 16384 (1024 values a warp)
+
+__device__ __forceinline__ uint4 LoadStream(const uint4* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// Lane's unit u of X (values 32 u .. + 31; v[j]: the 8 of weight word j) as the pairs CentredHalf2 gives the weights in
+// (xp[4 j + i] = (x_{8j+i}, x_{8j+i+4})), scaled into [0, 4) by a power of two where its largest finite |x| is 4 or
+// more; returns the power's inverse (1 otherwise). Zeros where !valid.
+__device__ __forceinline__ float RowUnitX(const __half* __restrict__ x, int u, bool valid, __half2 (&xp)[16]) {
+  uint4 v[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    v[j] = valid ? __ldg(reinterpret_cast<const uint4*>(x) + 4 * u + j) : make_uint4(0u, 0u, 0u, 0u);
+  uint32_t m = 0;  // the largest finite |x| as fp16 bits (Inf and NaN taken as the largest finite)
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    m = __vmaxu2(m, __vminu2(v[j].x & 0x7FFF7FFFu, 0x7BFF7BFFu));
+    m = __vmaxu2(m, __vminu2(v[j].y & 0x7FFF7FFFu, 0x7BFF7BFFu));
+    m = __vmaxu2(m, __vminu2(v[j].z & 0x7FFF7FFFu, 0x7BFF7BFFu));
+    m = __vmaxu2(m, __vminu2(v[j].w & 0x7FFF7FFFu, 0x7BFF7BFFu));
+  }
+  const int e = int(max(m & 0xFFFFu, m >> 16) >> 10);  // the largest's biased exponent: |x| < 2^(e - 14)
+  float back = 1.f;
+  __half2 f = __float2half2_rn(1.f);
+  if (e >= 17) {  // |x| >= 4: times 2^(16 - e), a normal fp16 power of two for e <= 30
+    const uint32_t h = uint32_t(31 - e) << 10, hh = h | (h << 16);
+    f = *reinterpret_cast<const __half2*>(&hh);
+    back = __uint_as_float(uint32_t(e - 16 + 127) << 23);
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const __half2* p = reinterpret_cast<const __half2*>(&v[j]);  // (x0, x1) (x2, x3) (x4, x5) (x6, x7)
+    xp[4 * j] = __hmul2(__lows2half2(p[0], p[2]), f);
+    xp[4 * j + 1] = __hmul2(__highs2half2(p[0], p[2]), f);
+    xp[4 * j + 2] = __hmul2(__lows2half2(p[1], p[3]), f);
+    xp[4 * j + 3] = __hmul2(__highs2half2(p[1], p[3]), f);
+  }
+  return back;
+}
+
+// A unit's sum of x (q - 8) s with the weights rounded one by one as dequantized (RowUnitDot's path for a scale past
+// 4094, Inf or NaN; out of line: it keeps the loop's registers for the usual path).
+__device__ __noinline__ float RowUnitDotExact(const __half2* xp, uint4 q, __half s) {
+  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+  float acc = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    __half2 d[4];
+    CentredHalf2(w[j], d, 8);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 xv = __half22float2(xp[4 * j + i]), dv = __half22float2(__hmul2(d[i], __half2half2(s)));
+      acc = fmaf(xv.x, dv.x, fmaf(xv.y, dv.y, acc));
+    }
+  }
+  return acc;
+}
+
+// A unit's sum of x (q - 8), x as RowUnitX left it: 16 half2 fmas, two chains.
+__device__ __forceinline__ float RowUnitSum(const __half2 (&xp)[16], uint4 q) {
+  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+  __half2 t0 = __float2half2_rn(0.f), t1 = t0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    __half2 d[4];
+    CentredHalf2(w[j], d, 8);
+    t0 = __hfma2(xp[4 * j], d[0], t0);
+    t1 = __hfma2(xp[4 * j + 1], d[1], t1);
+    t0 = __hfma2(xp[4 * j + 2], d[2], t0);
+    t1 = __hfma2(xp[4 * j + 3], d[3], t1);
+  }
+  const float2 a = __half22float2(__hadd2(t0, t1));
+  return a.x + a.y;
+}
+
+// A step's C partials x (q - 8) s (times `back`): every column's sum first, straight-line so that the columns'
+// instructions interleave, then the exact form where a scale is past 4094 (fp16 0x6BFF), Inf or NaN (rare: one test of
+// the step's largest scale bits).
+template <int C>
+__device__ __forceinline__ void RowStepDots(const __half2 (&xp)[16], const uint4 (&q)[C], const __half (&s)[C],
+                                            float back, float (&p)[C]) {
+  uint32_t big = 0;
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    p[c] = RowUnitSum(xp, q[c]) * (__half2float(s[c]) * back);
+    big = max(big, uint32_t(__half_as_ushort(s[c])) & 0x7FFFu);
+  }
+  if (big > 0x6BFFu) {
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+      if ((__half_as_ushort(s[c]) & 0x7FFFu) > 0x6BFFu) p[c] = RowUnitDotExact(xp, q[c], s[c]) * back;
+  }
+}
+
+// p[0 .. C) of every lane summed over the warp by halves: lane l ends with column l / (32 / C)'s sum in p[0].
+template <int C>
+__device__ __forceinline__ float WarpSumColumns(float (&p)[C], int lane) {
+#pragma unroll
+  for (int h = C / 2, off = 16; h >= 1; h /= 2, off /= 2) {
+    const bool upper = (lane & off) != 0;
+#pragma unroll
+    for (int i = 0; i < h; ++i) {
+      const float send = upper ? p[i] : p[i + h], keep = upper ? p[i + h] : p[i];
+      p[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+    }
+  }
+#pragma unroll
+  for (int off = 16 / C; off >= 1; off /= 2) p[0] += __shfl_xor_sync(0xffffffffu, p[0], off);
+  return p[0];
+}
+
+constexpr int kRowChunk = 128;  // output columns a block sums across its warps at once (two barriers a chunk)
+
+// units: 16-byte units a column (K / 32); nb, lb: blocks a column and log2 of the block. blockDim.x: 32 ceil(units /
+// 32) (every lane of a warp but the last's holds a unit). A step's loads are C 16-byte units at a fixed stride from
+// one pointer (the step's first column; Int4SwiGLU: the gate's and the up matrix's), the steps double-buffered in two
+// register sets used in turn (no copies); only a block's last step, partial, tests its columns.
+template <int C, bool GATED, int MAXW, int MINB>
+__global__ void __launch_bounds__(MAXW * 32, MINB)
+    Int4RowGemv(const __half* __restrict__ x, const uint4* __restrict__ wq, const __half* __restrict__ scales,
+                const uint4* __restrict__ wq_up, const __half* __restrict__ scales_up, int act, __half* __restrict__ y,
+                int N, int units, int nb, int lb) {
+  static_assert(C == 4 || C == 8, "C: 4 or 8 loads a step");
+  constexpr int OUT = GATED ? C / 2 : C;  // output columns a step
+  constexpr int kChunkSteps = kRowChunk / OUT;
+  __shared__ float part[MAXW][GATED ? 2 : 1][kRowChunk];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int u = warp * 32 + lane;
+  const bool valid = u < units;
+  const int n0 = int(int64_t(N) * blockIdx.x / gridDim.x), n1 = int(int64_t(N) * (blockIdx.x + 1) / gridDim.x);
+  const int steps = (n1 - n0 + OUT - 1) / OUT;
+  // lane's unit of column n0 (and its scale); a column further: + units (+ nb)
+  const uint4* pw = wq + int64_t(n0) * units + (valid ? u : 0);
+  const uint4* pu = GATED ? wq_up + int64_t(n0) * units + (valid ? u : 0) : nullptr;
+  const int sb = valid ? (u * 32) >> lb : 0;
+  const __half* ps = scales + int64_t(n0) * nb + sb;
+  const __half* psu = GATED ? scales_up + int64_t(n0) * nb + sb : nullptr;
+  auto load = [&](int j, uint4(&q)[C], __half(&s)[C]) {
+    const int col = j * OUT, live = n1 - n0 - col;  // the step's first column from n0, columns left from it
+    const bool full = live >= OUT;
+    // one pointer a matrix walked a column at a time (a 64-bit add a load, no multiply)
+    const uint4* w = pw + col * units;
+    const __half* sc = ps + col * nb;
+    [[maybe_unused]] const uint4* wu = GATED ? pu + col * units : nullptr;
+    [[maybe_unused]] const __half* scu = GATED ? psu + col * nb : nullptr;
+#pragma unroll
+    for (int c = 0; c < OUT; ++c) {
+      const bool ok = valid && (full || c < live);
+      q[c] = ok ? LoadStream(w) : make_uint4(0u, 0u, 0u, 0u);
+      s[c] = ok ? __ldg(sc) : __float2half(0.f);
+      if constexpr (GATED) {
+        q[c + OUT] = ok ? LoadStream(wu) : make_uint4(0u, 0u, 0u, 0u);
+        s[c + OUT] = ok ? __ldg(scu) : __float2half(0.f);
+        wu += units;
+        scu += nb;
+      }
+      w += units;
+      sc += nb;
+    }
+  };
+  // lane l ends a step's warp sum holding step column l / (32 / C): where it goes in the chunk
+  const int ci = lane / (32 / C);
+  const bool writer = (lane & (32 / C - 1)) == 0;
+  float* const mine = &part[warp][GATED && ci >= OUT][GATED ? ci % OUT : ci];
+  __half2 xp[16];
+  float back = 1.f;
+  auto step = [&](int j, const uint4(&q)[C], const __half(&s)[C]) {
+    float p[C];
+    RowStepDots<C>(xp, q, s, back, p);
+    const float v = WarpSumColumns<C>(p, lane);
+    const int at = (j % kChunkSteps) * OUT;  // the step's first column in the chunk
+    if (writer && n0 + j * OUT + (GATED ? ci % OUT : ci) < n1) mine[at] = v;
+    if (j % kChunkSteps == kChunkSteps - 1 || j == steps - 1) {  // the chunk's columns summed over the warps
+      __syncthreads();
+      const int c0 = n0 + (j / kChunkSteps) * kRowChunk, cols = min(kRowChunk, n1 - c0);
+      for (int t = threadIdx.x; t < cols; t += blockDim.x) {
+        float a = 0.f, b = 0.f;
+        for (int w = 0; w < warps; ++w) {
+          a += part[w][0][t];
+          if constexpr (GATED) b += part[w][GATED][t];
+        }
+        y[c0 + t] = __float2half(GATED ? onnxfuse::GateActivation(act, a) * b : a);
+      }
+      __syncthreads();
+    }
+  };
+  uint4 qa[C], qb[C];
+  __half sa[C], sb2[C];
+  // the first step's weights are requested before X is read (launched as a programmatic dependent: the kernel
+  // writing X may still run; the weights are constants)
+  if (steps > 0) load(0, qa, sa);
+  ock::PdlWait();
+  ock::PdlTrigger();
+  back = RowUnitX(x, u, valid, xp);
+  for (int j = 0; j < steps; j += 2) {
+    if (j + 1 < steps) load(j + 1, qb, sb2);
+    step(j, qa, sa);
+    if (j + 1 >= steps) break;
+    if (j + 2 < steps) load(j + 2, qa, sa);
+    step(j + 1, qb, sb2);
   }
 }
 
@@ -878,6 +1101,62 @@ struct Int4Weights {
   int lb;                     // log2 of the block size
 };
 
+// Whether the one-row GEMV (Int4RowGemv) takes this call: fp16, one row, symmetric, blocks of 32 or more dividing K, K
+// up to kRowMaxWarps warps of 1024 values, X and the packed rows 16-byte aligned.
+bool RowGemvOk(int dtype, const void* x, const Int4Weights& wt, int64_t m, int64_t k, int64_t n) {
+  return dtype == ONNXFUSE_FP16 && m == 1 && wt.zp == nullptr && wt.lb >= 5 && k % (int64_t(1) << wt.lb) == 0 &&
+         k <= int64_t(kRowMaxWarps) * 1024 && n * (k / 32) < (int64_t(1) << 31) && n * wt.nb < (int64_t(1) << 31) &&
+         Aligned16(x) && Aligned16(wt.wq) && (wt.wq_up == nullptr || Aligned16(wt.wq_up));
+}
+
+// Blocks of up to MAXW warps, MINB of them an SM (the registers a thread may take: 64 K / (32 MAXW MINB)).
+template <int C, bool GATED, int MAXW, int MINB>
+int LaunchRowGemvAs(const void* x, const Int4Weights& wt, int act, void* y, int64_t k, int64_t n, cudaStream_t s) {
+  const int units = int(k / 32), warps = (units + 31) / 32;
+  auto kernel = Int4RowGemv<C, GATED, MAXW, MINB>;
+  static std::atomic<int> blocks_per_sm[MAXW + 1];  // by warps a block, found on first use
+  int occ = blocks_per_sm[warps].load(std::memory_order_relaxed);
+  if (occ == 0) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, warps * 32, 0) != cudaSuccess || occ < 1) occ = 1;
+    blocks_per_sm[warps].store(occ, std::memory_order_relaxed);
+  }
+  int device = 0;
+  const int sms = onnxfuse_cuda_sm_count(cudaGetDevice(&device) == cudaSuccess ? device : 0);
+  const int64_t grid = std::min<int64_t>(n, int64_t(occ) * (sms > 0 ? sms : 1));
+  return ock::LaunchDependent(kernel, dim3(unsigned(grid)), dim3(unsigned(warps * 32)), 0, s,
+                              static_cast<const __half*>(x), reinterpret_cast<const uint4*>(wt.wq),
+                              static_cast<const __half*>(wt.scales), reinterpret_cast<const uint4*>(wt.wq_up),
+                              static_cast<const __half*>(wt.scales_up), act, static_cast<__half*>(y), int(n), units,
+                              int(wt.nb), wt.lb);
+}
+
+// WARPS_SM: the warps an SM the register budget aims at (0: one block of up to 16 warps, 128 registers a thread).
+template <int C, bool GATED, int WARPS_SM = 0>
+int LaunchRowGemv(const void* x, const Int4Weights& wt, int act, void* y, int64_t k, int64_t n, cudaStream_t s) {
+  const int warps = int((k / 32 + 31) / 32);
+  if constexpr (WARPS_SM == 0) {
+    return LaunchRowGemvAs<C, GATED, kRowMaxWarps, 1>(x, wt, act, y, k, n, s);
+  } else {
+    if (warps <= 4) return LaunchRowGemvAs<C, GATED, 4, WARPS_SM / 4>(x, wt, act, y, k, n, s);
+    if (warps <= 8) return LaunchRowGemvAs<C, GATED, 8, WARPS_SM / 8>(x, wt, act, y, k, n, s);
+    if (warps <= 12) return LaunchRowGemvAs<C, GATED, 12, WARPS_SM / 12>(x, wt, act, y, k, n, s);
+    return LaunchRowGemvAs<C, GATED, kRowMaxWarps, (WARPS_SM / 16 > 0 ? WARPS_SM / 16 : 1)>(x, wt, act, y, k, n, s);
+  }
+}
+// The one-row GEMV's form by shape, from scripts/int4_decode_probe.cu on an H200 (a Llama-2-7B layer, block 32,
+// benchmarks/results/h200-2026-11-30/int4/row-gemv-probe-*.txt): K up to 4096 (a warp of 1024 values, blocks of up to
+// 4 warps) in blocks of 128 registers a thread, 8 loads a step for Int4Linear (qkv 9.6 us, lm_head 29.0 against 10.0
+// and 30.1 with 4), 4 for Int4SwiGLU (gate and up 15.8 against 16.5); a larger K (down's 11008: 11 warps a block) in
+// blocks of 80 registers, two an SM, 4 loads a step (10.0 against 10.5 us at 128 registers, one block an SM; 8 loads
+// spill at 80).
+int RowGemv(const void* x, const Int4Weights& wt, int act, void* y, int64_t k, int64_t n, cudaStream_t s) {
+  const bool gated = wt.wq_up != nullptr;
+  if (k > 4096)
+    return gated ? LaunchRowGemv<4, true, 24>(x, wt, act, y, k, n, s)
+                 : LaunchRowGemv<4, false, 24>(x, wt, act, y, k, n, s);
+  return gated ? LaunchRowGemv<4, true>(x, wt, act, y, k, n, s) : LaunchRowGemv<8, false>(x, wt, act, y, k, n, s);
+}
+
 template <typename T, int MR, bool GATED, bool ZP>
 int LaunchGemv(const void* x, const Int4Weights& wt, int act, void* y, int64_t m, int64_t k, int64_t n,
                cudaStream_t s) {
@@ -979,6 +1258,7 @@ int GemvPath(int dtype, int act, const void* x, const Int4Weights& wt, void* y, 
                 : LaunchGemv<T, MR, false, false>(x, wt, act, y, m, k, n, s);
     };
     static_assert(kMmaMinRows == 3, "the GEMV serves fp16 and bf16 at 1 and 2 rows");
+    if (RowGemvOk(dtype, x, wt, m, k, n)) return RowGemv(x, wt, act, y, k, n, s);
     if (m == 1) return launch(std::integral_constant<int, 1>{});
     if (m == 2) return launch(std::integral_constant<int, 2>{});
     // fp16 and bf16 on the tensor cores where the block's scales fit its shared memory; else (fp32 too) the GEMV

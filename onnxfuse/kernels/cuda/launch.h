@@ -61,6 +61,9 @@ int onnxfuse_cuda_linear_act(int dtype, int act, const void* x, const void* w, c
 // StreamSerialization; sm_90 and newer): ONNXFUSE_PDL unset or not "0", read once (cuda/gemm.cu). The CUDA kernels'
 // launchers (cuda/gemm.h LaunchDependent) and the Triton runtime's (cuda/triton/runtime.cc) both ask it.
 int onnxfuse_cuda_pdl_enabled(void);
+// Whether LaunchDependent launches programmatic dependents into a stream being captured too, so that the CUDA graph
+// holds programmatic edges between them: ONNXFUSE_PDL_GRAPH unset or not "0", read once (cuda/gemm.cu).
+int onnxfuse_cuda_pdl_in_graph(void);
 // The current device's compute capability as major * 10 + minor, cached per device (the CUDA EP makes its device
 // current on the thread that runs a kernel), its index in *device_out; a negated cudaError_t where CUDA cannot say
 // (cuda/gemm.cu). PdlOn (cuda/gemm.h) and the Triton runtime's cubin choice (CurrentArch) both ask it.
