@@ -384,15 +384,24 @@ def test_multi_adapter_batch_under_cuda_graph(tmp_path, backend):
         np.testing.assert_allclose(out.numpy(), ref, rtol=2e-2, atol=2e-2)
 
 
+def _save_fp16_model(path, nodes, inits, k, n):
+    """A graph X [m, k] -> Y [m, n], both fp16, of `nodes` and `inits` (opsets 21, com.microsoft 1), saved to path."""
+    import onnx
+    from onnx import TensorProto, helper
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT16, ["m", k])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT16, ["m", n])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
+                                ir_version=10), str(path))
+
+
 @pytest.mark.parametrize("block,zp", [(32, False), (128, False), (32, True), (64, True)])
 @pytest.mark.parametrize("backend", ["cuda", "triton", "auto"])
 def test_int4_linear_matches_matmulnbits_on_the_cuda_ep(tmp_path, block, zp, backend):
     """genai's int4 projection (MatMulNBits, fp16, symmetric or with zero points) fused to Int4Linear: on the CUDA EP at
     decode (1 row: the GEMV; 3, 9, 16: the tensor-core kernel, one and two sets of 8 rows) and prefill (37, 300 rows) it
     equals onnxruntime's own MatMulNBits and the PyTorch dequantize-then-matmul."""
-    import onnx
     import torch
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     from onnxfuse import fuse, runtime
     from onnxfuse.ops.int4_linear import dequantize, quantize
@@ -401,12 +410,9 @@ def test_int4_linear_matches_matmulnbits_on_the_cuda_ep(tmp_path, block, zp, bac
     wq, s, *z = quantize(rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k) + 0.01, block, symmetric=not zp)
     node = helper.make_node("MatMulNBits", ["X", "B", "S"] + ["Z"] * zp, ["Y"], domain="com.microsoft", K=k, N=n,
                             bits=4, block_size=block, accuracy_level=4)
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT16, ["m", k])],
-                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT16, ["m", n])],
-                          [numpy_helper.from_array(wq, "B"), numpy_helper.from_array(s.astype(np.float16), "S")]
-                          + ([numpy_helper.from_array(z[0].reshape(-1), "Z")] if zp else []))
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
-                                ir_version=10), str(tmp_path / "m.onnx"))
+    _save_fp16_model(tmp_path / "m.onnx", [node], [numpy_helper.from_array(wq, "B"),
+                     numpy_helper.from_array(s.astype(np.float16), "S")]
+                     + ([numpy_helper.from_array(z[0].reshape(-1), "Z")] if zp else []), k, n)
     res = fuse.fuse(tmp_path / "m.onnx", tmp_path / "f.onnx", ort=False, provider="cuda", backend=backend)
     assert [m.op for m in res.matches] == ["Int4Linear"]
     unfused = runtime.session(str(tmp_path / "m.onnx"), "cuda", library=False)
@@ -432,9 +438,8 @@ def test_int4_one_row_gemv_matches_matmulnbits(tmp_path, k, n, block, gated):
     gated MLP (Int4SwiGLU) and the PyTorch dequantize-then-matmul, with X in the hundreds (the unit sums taken over X
     scaled by a power of two); a scale of Inf in one block and one of NaN in another give onnxruntime's NaN and Inf
     there."""
-    import onnx
     import torch
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
     from torch.profiler import ProfilerActivity, profile
 
     from onnxfuse import fuse, runtime
@@ -456,10 +461,7 @@ def test_int4_one_row_gemv_matches_matmulnbits(tmp_path, k, n, block, gated):
     if gated:
         nodes += [helper.make_node("QuickGelu", ["gate"], ["act"], domain="com.microsoft", alpha=1.0),
                   helper.make_node("Mul", ["act", "up"], ["Y"])]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT16, ["m", k])],
-                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT16, ["m", n])], inits)
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
-                                ir_version=10), str(tmp_path / "m.onnx"))
+    _save_fp16_model(tmp_path / "m.onnx", nodes, inits, k, n)
     res = fuse.fuse(tmp_path / "m.onnx", tmp_path / "f.onnx", ort=False, provider="cuda", backend="cuda")
     assert [m.op for m in res.matches] == ["Int4SwiGLU" if gated else "Int4Linear"]
     unfused = runtime.session(str(tmp_path / "m.onnx"), "cuda", library=False)
@@ -492,9 +494,8 @@ def test_int4_linear_auto_picks_its_kernel_by_rows_and_width(tmp_path):
     """backend=auto on an Int4Linear (triton/table.py AUTO_CUDA): the tensor-core kernel at 8 rows, Triton's GEMM at 32
     rows where N is 16384 (an lm_head), the dequantization + cuBLASLt GEMM at 32 rows where N is 4096; each output
     equal to the PyTorch dequantize-then-matmul."""
-    import onnx
     import torch
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
     from torch.profiler import ProfilerActivity, profile
 
     from onnxfuse import fuse, runtime
@@ -505,12 +506,9 @@ def test_int4_linear_auto_picks_its_kernel_by_rows_and_width(tmp_path):
         wq, s = quantize(rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k), block, symmetric=True)[:2]
         node = helper.make_node("MatMulNBits", ["X", "B", "S"], ["Y"], domain="com.microsoft", K=k, N=n, bits=4,
                                 block_size=block, accuracy_level=4)
-        g = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT16, ["m", k])],
-                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT16, ["m", n])],
-                              [numpy_helper.from_array(wq, "B"), numpy_helper.from_array(s.astype(np.float16), "S")])
         src, dst = tmp_path / f"m{n}.onnx", tmp_path / f"f{n}.onnx"
-        opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
-        onnx.save(helper.make_model(g, opset_imports=opsets, ir_version=10), str(src))
+        _save_fp16_model(src, [node], [numpy_helper.from_array(wq, "B"),
+                         numpy_helper.from_array(s.astype(np.float16), "S")], k, n)
         fuse.fuse(src, dst, ort=False, provider="cuda", backend="auto", force=True)
         sess = runtime.session(str(dst), "cuda", library=True, cpu_fallback=False)
         x = rng.standard_normal((m, k)).astype(np.float16)
@@ -599,9 +597,8 @@ def test_int4_swiglu_matches_the_unfused_int4_mlp_on_the_cuda_ep(tmp_path, backe
     both with zero points) fused to one Int4SwiGLU: on the CUDA EP at decode (1, 2 rows: the GEMV; 5, 16: the
     tensor-core kernel; Triton's small tiles) and prefill (37, 300 rows: the dequantized GEMM) it equals onnxruntime's
     unfused model and the PyTorch dequantize-then-matmul."""
-    import onnx
     import torch
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     from onnxfuse import fuse, runtime
     from onnxfuse.ops.int4_linear import dequantize, quantize
@@ -620,10 +617,7 @@ def test_int4_swiglu_matches_the_unfused_int4_mlp_on_the_cuda_ep(tmp_path, backe
                               torch.from_numpy(z[0]) if zp else None)
     nodes += [helper.make_node("QuickGelu", ["gate"], ["act"], domain="com.microsoft", alpha=1.0),
               helper.make_node("Mul", ["act", "up"], ["Y"])]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT16, ["m", k])],
-                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT16, ["m", n])], inits)
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
-                                ir_version=10), str(tmp_path / "m.onnx"))
+    _save_fp16_model(tmp_path / "m.onnx", nodes, inits, k, n)
     res = fuse.fuse(tmp_path / "m.onnx", tmp_path / "f.onnx", ort=False, provider="cuda", backend=backend)
     assert [m.op for m in res.matches] == ["Int4SwiGLU"]
     unfused = runtime.session(str(tmp_path / "m.onnx"), "cuda", library=False)
