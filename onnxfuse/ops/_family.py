@@ -94,6 +94,27 @@ def matmul_out_shape(shapes: dict, attrs: dict) -> list:
     return list(shapes["X"][:-1]) + [weights[-1][-1]]
 
 
+def skip_rms_norm(a, b, gamma, eps: float, dtype):
+    """(normed, sum) as onnxruntime's residual add and RMS norm (com.microsoft SkipSimplifiedLayerNormalization) give
+    them, for the ops that take it in (LinearSkipRMSNorm after its product, the SkipRMSNormInt4 ops before theirs): sum
+    = a + b rounded to dtype (a in fp32), normed = its RMS norm times gamma in fp32 math, rounded to dtype."""
+    import torch
+
+    s = (a + b.float()).to(dtype)
+    sf = s.float()
+    return (sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + eps) * gamma.float()).to(dtype), s
+
+
+def skip_norm_node(inputs: list[str], normed: str):
+    """onnxruntime's SkipSimplifiedLayerNormalization node of a function body: `inputs` (input, skip, gamma), outputs
+    `normed` and "sum" (mean and inv_std_var unused), epsilon the function's attribute."""
+    from onnx import AttributeProto, helper
+
+    norm = helper.make_node("SkipSimplifiedLayerNormalization", inputs, [normed, "", "", "sum"], domain="com.microsoft")
+    norm.attribute.append(AttributeProto(name="epsilon", ref_attr_name="epsilon", type=AttributeProto.FLOAT))
+    return norm
+
+
 def doctor_gemm_entry(schema: OpSchema, entry) -> tuple[dict, dict, tuple]:
     """A GEMM op's doctor entry (M, K, N, r): its input shapes, no extra attributes, the report's (M, K, N, r, "")."""
     m, k, n, r = entry

@@ -23,7 +23,8 @@ gamma, rounded to T).
 """
 from __future__ import annotations
 
-from ._family import BACKEND, Attr, OpDef, OpFamily, OpSchema, split_optional_overload
+from ._family import (BACKEND, Attr, OpDef, OpFamily, OpSchema, skip_norm_node, skip_rms_norm,
+                      split_optional_overload)
 from .swiglu import GATE_ACTIVATIONS, gate_activation, swiglu_body
 
 INT4_LINEAR = OpSchema(
@@ -153,12 +154,7 @@ def swiglu_reference(inputs, attrs: dict):
 def skip_norm(x, skip, gamma, eps: float):
     """(Xn, sum) of the norm ops: sum = X + skip rounded to X's type, Xn its RMS norm times gamma in fp32 math,
     rounded to X's type (onnxruntime's SkipSimplifiedLayerNormalization)."""
-    import torch
-
-    s = (x.float() + skip.float()).to(x.dtype)
-    sf = s.float()
-    xn = sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + eps) * gamma.float()
-    return xn.to(x.dtype), s
+    return skip_rms_norm(x.float(), skip, gamma, eps, x.dtype)
 
 
 def skip_norm_reference(inputs, attrs: dict):
@@ -264,11 +260,7 @@ def swiglu_body_nodes(overload: str):
 def _with_skip_norm(inputs: list, nodes: list) -> tuple[list, list]:
     """A projection body's (inputs, nodes) behind onnxruntime's com.microsoft SkipSimplifiedLayerNormalization (the
     nodes the rule replaced): the projection reads the norm's output where it read X; epsilon passed through."""
-    from onnx import AttributeProto, helper
-
-    norm = helper.make_node("SkipSimplifiedLayerNormalization", ["X", "skip", "gamma"], ["Xn", "", "", "sum"],
-                            domain="com.microsoft")
-    norm.attribute.append(AttributeProto(name="epsilon", ref_attr_name="epsilon", type=AttributeProto.FLOAT))
+    norm = skip_norm_node(["X", "skip", "gamma"], "Xn")
     for node in nodes:
         for i, name in enumerate(node.input):
             if name == "X":

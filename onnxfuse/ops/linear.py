@@ -4,7 +4,7 @@ onnxfuse/rewrites/linear.py)."""
 from __future__ import annotations
 
 from ._family import (BACKEND, DOCTOR_LARGE, DOCTOR_MEDIUM, DOCTOR_TMA, Attr, OpDef, OpFamily, OpSchema,
-                      doctor_gemm_entry, matmul_out_shape)
+                      doctor_gemm_entry, matmul_out_shape, skip_norm_node, skip_rms_norm)
 
 LINEAR = OpSchema(
     "Linear", ("X", "W"), ("Y",), "Y = X @ W", (BACKEND,),
@@ -38,26 +38,19 @@ def body(overload: str):
 
 
 def skip_norm_reference(inputs, attrs: dict):
-    """(Y, sum) in fp32 math: sum rounded to X's type, Y the norm of that rounded sum, in X's type."""
-    import torch
-
+    """(Y, sum) in fp32 math: sum (the fp32 product plus skip) rounded to X's type, Y the norm of that rounded sum, in
+    X's type."""
     x, w, skip, gamma = inputs
-    eps = float(attrs.get("epsilon", 1e-5))
-    s = (x.float() @ w.float() + skip.float()).to(x.dtype)
-    sf = s.float()
-    y = sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + eps) * gamma.float()
-    return y.to(x.dtype), s
+    return skip_rms_norm(x.float() @ w.float(), skip, gamma, float(attrs.get("epsilon", 1e-5)), x.dtype)
 
 
 def skip_norm_body(overload: str):
     """The MatMul and onnxruntime's com.microsoft SkipSimplifiedLayerNormalization (the nodes the rule replaced: the
     product as its skip, the residual as its input), epsilon passed through."""
-    from onnx import AttributeProto, helper
+    from onnx import helper
 
-    norm = helper.make_node("SkipSimplifiedLayerNormalization", ["skip", "P", "gamma"], ["Y", "", "", "sum"],
-                            domain="com.microsoft")
-    norm.attribute.append(AttributeProto(name="epsilon", ref_attr_name="epsilon", type=AttributeProto.FLOAT))
-    return list(LINEAR_SKIP_RMS_NORM.inputs), [helper.make_node("MatMul", ["X", "W"], ["P"]), norm]
+    return list(LINEAR_SKIP_RMS_NORM.inputs), [helper.make_node("MatMul", ["X", "W"], ["P"]),
+                                               skip_norm_node(["skip", "P", "gamma"], "Y")]
 
 
 def skip_norm_out_shapes(shapes: dict, attrs: dict) -> list:
