@@ -446,14 +446,13 @@ def test_int4_one_row_gemv_matches_matmulnbits(tmp_path, k, n, block, gated):
     from onnxfuse.ops.int4_linear import dequantize, quantize
     rng = np.random.default_rng(7)
     names = ("gate", "up") if gated else ("w",)
-    inits, nodes, ws, scales = [], [], {}, {}
+    inits, nodes, ws = [], [], {}
     for i, name in enumerate(names):
         wq, s = quantize(rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k) + 0.01, block, symmetric=True)
         s = s.astype(np.float16)
         if i == 0:  # special scales: Inf in column 3's block 1, NaN in column n - 1's last block
             s.reshape(n, -1)[3, 1] = np.inf
             s.reshape(n, -1)[n - 1, -1] = np.nan
-        scales[name] = s
         inits += [numpy_helper.from_array(wq, f"{name}.B"), numpy_helper.from_array(s, f"{name}.S")]
         nodes.append(helper.make_node("MatMulNBits", ["X", f"{name}.B", f"{name}.S"], [name if gated else "Y"],
                                       domain="com.microsoft", K=k, N=n, bits=4, block_size=block, accuracy_level=4))

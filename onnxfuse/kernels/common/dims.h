@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/embedding_row.h"
@@ -124,9 +125,16 @@ inline const uint8_t* Int4ZeroPoints(const char* op, const char* name,
   return (*zp)->Data();
 }
 
-// Int4SwiGLU's zero points: both or neither.
-inline void Int4ZeroPointsPaired(const char* op, const uint8_t* zp_gate, const uint8_t* zp_up) {
-  detail::Need((zp_gate == nullptr) == (zp_up == nullptr), op, "zero_points_gate and zero_points_up: both or neither");
+// Int4SwiGLU's zero points (and SkipRMSNormInt4SwiGLU's): each checked against its Wq, both or neither; (gate's, up's),
+// nulls where the node has none.
+inline std::pair<const uint8_t*, const uint8_t*> Int4ZeroPointPair(
+    const char* op, const std::optional<const Ort::Custom::Tensor<uint8_t>*>& zp_gate,
+    const std::optional<const Ort::Custom::Tensor<uint8_t>*>& zp_up, const std::vector<int64_t>& wq_gate,
+    const std::vector<int64_t>& wq_up) {
+  const uint8_t* g = Int4ZeroPoints(op, "zero_points_gate", zp_gate, wq_gate);
+  const uint8_t* u = Int4ZeroPoints(op, "zero_points_up", zp_up, wq_up);
+  detail::Need((g == nullptr) == (u == nullptr), op, "zero_points_gate and zero_points_up: both or neither");
+  return {g, u};
 }
 
 // X [..., K], W_gate [K, N], W_up [K, N].

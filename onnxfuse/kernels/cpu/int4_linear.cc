@@ -162,9 +162,7 @@ struct Int4SwiGLUCpu {
                       std::optional<const Ort::Custom::Tensor<uint8_t>*> Zu, Ort::Custom::Tensor<T>& Y) {
     return GuardCompute([&] {
       const LinearDims d = Int4SwiGLUDims(Op::kName, X.Shape(), Wg.Shape(), Sg.Shape(), Wu.Shape(), Su.Shape());
-      const uint8_t* zg = Int4ZeroPoints(Op::kName, "zero_points_gate", Zg, Wg.Shape());
-      const uint8_t* zu = Int4ZeroPoints(Op::kName, "zero_points_up", Zu, Wu.Shape());
-      Int4ZeroPointsPaired(Op::kName, zg, zu);
+      const auto [zg, zu] = Int4ZeroPointPair(Op::kName, Zg, Zu, Wg.Shape(), Wu.Shape());
       T* y = Y.Allocate(d.out_shape);
       if (d.M == 0 || d.N == 0) return;
       RunInt4SwiGLU(OrtPool(ctx), d, act, X.Data(), Wg.Data(), Sg.Data(), zg, Wu.Data(), Su.Data(), zu, y);
@@ -222,9 +220,7 @@ struct SkipRMSNormInt4SwiGLUCpu {
     return GuardCompute([&] {
       Int4SkipNormCheck(Op::kName, X.Shape(), Skip.Shape(), Gamma.Shape());
       const LinearDims d = Int4SwiGLUDims(Op::kName, X.Shape(), Wg.Shape(), Sg.Shape(), Wu.Shape(), Su.Shape());
-      const uint8_t* zg = Int4ZeroPoints(Op::kName, "zero_points_gate", Zg, Wg.Shape());
-      const uint8_t* zu = Int4ZeroPoints(Op::kName, "zero_points_up", Zu, Wu.Shape());
-      Int4ZeroPointsPaired(Op::kName, zg, zu);
+      const auto [zg, zu] = Int4ZeroPointPair(Op::kName, Zg, Zu, Wg.Shape(), Wu.Shape());
       T* y = Y.Allocate(d.out_shape);
       T* sum = Sum.Allocate(X.Shape());
       if (d.M == 0) return;

@@ -458,7 +458,7 @@ __device__ __forceinline__ float RowUnitX(const __half* __restrict__ x, int u, b
   return back;
 }
 
-// A unit's sum of x (q - 8) s with the weights rounded one by one as dequantized (RowUnitDot's path for a scale past
+// A unit's sum of x (q - 8) s with the weights rounded one by one as dequantized (RowStepDots' path for a scale past
 // 4094, Inf or NaN; out of line: it keeps the loop's registers for the usual path).
 __device__ __noinline__ float RowUnitDotExact(const __half2* xp, uint4 q, __half s) {
   const uint32_t w[4] = {q.x, q.y, q.z, q.w};
@@ -1595,9 +1595,8 @@ struct Int4SwiGLUCuda {
                       std::optional<const Ort::Custom::Tensor<uint8_t>*> Zu, Ort::Custom::Tensor<T>& Y) {
     return GuardCompute([&] {
       const LinearDims d = Int4SwiGLUDims(kName, X.Shape(), Wg.Shape(), Sg.Shape(), Wu.Shape(), Su.Shape());
-      const uint8_t* zg = Int4ZeroPoints(kName, "zero_points_gate", Zg, Wg.Shape());
-      const uint8_t* zu = Int4ZeroPoints(kName, "zero_points_up", Zu, Wu.Shape());
-      Int4ZeroPointsPaired(kName, zg, zu);
+      const auto zp = Int4ZeroPointPair(kName, Zg, Zu, Wg.Shape(), Wu.Shape());
+      const uint8_t *zg = zp.first, *zu = zp.second;  // (named: the lambdas below take them)
       T* y = Y.Allocate(d.out_shape);
       if (d.M == 0 || d.N == 0) return;
       void* stream = StreamOf(ctx);
@@ -1640,9 +1639,10 @@ Ort::Status SkipNormInt4Compute(OrtKernelContext* ctx, const char* name, const O
     Int4SkipNormCheck(name, X.Shape(), Skip.Shape(), Gamma.Shape());
     const LinearDims d = GATED ? Int4SwiGLUDims(name, X.Shape(), Wq.Shape(), Scales.Shape(), Wu->Shape(), Su->Shape())
                                : Int4LinearDims(name, X.Shape(), Wq.Shape(), Scales.Shape());
-    const uint8_t* zg = Int4ZeroPoints(name, GATED ? "zero_points_gate" : "zero_points", Zg, Wq.Shape());
-    const uint8_t* zu = GATED ? Int4ZeroPoints(name, "zero_points_up", Zu, Wu->Shape()) : nullptr;
-    if (GATED) Int4ZeroPointsPaired(name, zg, zu);
+    const auto zp =
+        GATED ? Int4ZeroPointPair(name, Zg, Zu, Wq.Shape(), Wu->Shape())
+              : std::pair<const uint8_t*, const uint8_t*>(Int4ZeroPoints(name, "zero_points", Zg, Wq.Shape()), nullptr);
+    const uint8_t *zg = zp.first, *zu = zp.second;  // (named: the lambdas below take them)
     T* y = Y.Allocate(d.out_shape);
     T* sum = Sum.Allocate(X.Shape());
     if (d.M == 0) return;
