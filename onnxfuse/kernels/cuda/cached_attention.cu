@@ -229,7 +229,10 @@ __global__ void Partial(const float* __restrict__ q_rot, const int32_t* __restri
 //     the splits are combined into Y: on sm_90 the splits of a (sequence, query head) are one thread-block cluster and
 //     its first block reads the others' partials from their shared memory; else each block's partial goes out and the
 //     last block of the task to finish (a counter per task, zeroed by the launcher) combines them (the kernel's own
-//     comment has the details).
+//     comment has the details). The clustered form launches as a programmatic dependent (LaunchDependent's rule): it
+//     waits before its first read and lets the kernel after it start at once (genai's int4 7B-shape model at batch 1
+//     in genai's graph: 1.941 / 1.979 against 2.006 / 2.061 ms/token, two runs on an H200; its fp16 model the same:
+//     benchmarks/results/h200-2026-11-30/int4/genai-int4-attnpdl*, generate/genai-L32-attnpdl*).
 constexpr int kSplitThreads = 128;
 constexpr int kCombineThreads = 128;  // == kSplitThreads: BlockReduce serves both
 constexpr int kMaxSplits = 1024;
@@ -528,6 +531,11 @@ __global__ void __launch_bounds__(NT, 512 / NT)
   const int h = task % H, b = task / H, G = H / int(a.Hkv), kvh = h / G;
   const int D = LANES > 0 ? LANES * E : int(a.D);
   const int groups = NT / lanes, grp = threadIdx.x / lanes, sub = threadIdx.x % lanes;
+  // launched as a programmatic dependent of the kernel before it (the clustered form): nothing is read before it has
+  // completed (the packed query is its output; seqlens and the cache are not, but whichever kernel wrote them last
+  // may be that one), and the kernel after it (the o projection: its weights) may start at once
+  onnxfuse::cuda_kernels::PdlWait();
+  onnxfuse::cuda_kernels::PdlTrigger();
   const Rows r = RowsOf(a, seqlens, b);
   const int64_t n = (r.ok && r.valid >= 1) ? r.past + 1 : 0, pos = r.past;
   const int step = kUnroll * groups;  // a split's keys: whole steps of the key loop (n: a cache's length, in 32 bits)
@@ -623,19 +631,23 @@ __global__ void __launch_bounds__(NT, 512 / NT)
 constexpr int kMaxCluster = ONNXFUSE_DECODE_MAX_CLUSTER;
 
 // A launch of DecodeAttention<T, true, NT, LANES>: `blocks` blocks in clusters of `size` (past the portable 8 the
-// kernel opts in first: err). Not copyable: cfg points at at.
+// kernel opts in first: err), a programmatic dependent of the kernel before it where `dependent` (LaunchDependent's
+// rule: PdlLaunchHere). Not copyable: cfg points at at.
 template <typename T, int NT, int LANES>
 struct ClusterLaunch {
-  cudaLaunchAttribute at[1];
+  cudaLaunchAttribute at[2];
   cudaLaunchConfig_t cfg = {};
   cudaError_t err = cudaSuccess;
-  ClusterLaunch(int size, unsigned blocks, cudaStream_t stream) {
+  ClusterLaunch(int size, unsigned blocks, cudaStream_t stream, bool dependent) {
     if (size > 8)
       err =
           cudaFuncSetAttribute(DecodeAttention<T, true, NT, LANES>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = unsigned(size), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-    cfg.gridDim = dim3(blocks), cfg.blockDim = dim3(NT), cfg.stream = stream, cfg.attrs = at, cfg.numAttrs = 1;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = dim3(blocks), cfg.blockDim = dim3(NT), cfg.stream = stream, cfg.attrs = at;
+    cfg.numAttrs = dependent ? 2 : 1;
   }
   ClusterLaunch(const ClusterLaunch&) = delete;
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;
@@ -651,7 +663,7 @@ int HeldClusters(int device, int size) {
   if (device < 0 || device >= kMaxDevices) return 0;
   int n = held[device][slot].load(std::memory_order_relaxed);
   if (n == 0) {
-    const ClusterLaunch<T, NT, LANES> launch(size, unsigned(size), nullptr);
+    const ClusterLaunch<T, NT, LANES> launch(size, unsigned(size), nullptr, false);
     int clusters = 0;
     if (launch.err != cudaSuccess ||  // past the portable size and refused
         cudaOccupancyMaxActiveClusters(&clusters, DecodeAttention<T, true, NT, LANES>, &launch.cfg) != cudaSuccess)
@@ -702,7 +714,8 @@ ClusterShape ClusterSplits(const Args& a) {
 template <typename T, int NT, int LANES>
 int LaunchClustered(const Args& a, int splits, const T* q, const int32_t* seqlens, const T* c, const T* sn, T* k, T* v,
                     T* out, int lanes, cudaStream_t stream) {
-  const ClusterLaunch<T, NT, LANES> launch(splits, unsigned(a.B * a.H * splits), stream);
+  const ClusterLaunch<T, NT, LANES> launch(splits, unsigned(a.B * a.H * splits), stream,
+                                           onnxfuse::cuda_kernels::PdlLaunchHere(stream));
   if (launch.err != cudaSuccess) return int(launch.err);
   float* no_part = nullptr;
   int* no_counters = nullptr;

@@ -130,6 +130,14 @@ __device__ __forceinline__ float BlockSum(float v, float (&red)[W]) {
 // ONNXFUSE_PDL allows them.
 bool PdlOn();
 
+// Whether a launch on `stream` now is a programmatic dependent (LaunchDependent's test; kernels launched through
+// cudaLaunchKernelEx with attributes of their own add the programmatic stream serialization attribute where it holds).
+inline bool PdlLaunchHere(cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  return PdlOn() && cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
+         (capture == cudaStreamCaptureStatusNone || onnxfuse_cuda_pdl_in_graph());
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the kernel before it where PdlOn(),
 // into a stream being captured too unless ONNXFUSE_PDL_GRAPH=0 (the graph then holds a programmatic edge). What it
 // saves is the gap between kernels: a dependent requests what the kernel before it does not write (constant weights)
@@ -140,9 +148,7 @@ bool PdlOn();
 // (benchmarks/results/h100-2026-11-27/int4/pdl-ab.txt), when this was off by default.
 template <typename... P, typename... A>
 int LaunchDependent(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A&&... args) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (!PdlOn() || cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
-      (capture != cudaStreamCaptureStatusNone && !onnxfuse_cuda_pdl_in_graph())) {
+  if (!PdlLaunchHere(stream)) {
     kernel<<<grid, block, smem, stream>>>(static_cast<A&&>(args)...);
     return int(cudaGetLastError());
   }
