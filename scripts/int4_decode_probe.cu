@@ -1,23 +1,25 @@
-// Issue 28, int4 decode at 1-16 rows: the CUDA backend's kernels below the dequantization path (cuda/int4_linear.cu
-// GemvPath: the library's choice by rows, with the one-row GEMV Int4RowGemv at one row; the GEMV before it by rows; the
-// one-row GEMV with 4 and 8 loads a step; and plain reads of the same bytes, a kernel a projection, with and without
-// programmatic dependent launch: the floor a kernel a projection leaves), on a Llama-2-7B layer as genai's int4 model
-// runs it (qkv, o and down Int4Linear, gate and up one Int4SwiGLU; block 32, fp16, symmetric) and on lm_head (4096 ->
-// 49152). cudaEvent time per layer (median of 7 rounds of 20, the variants round-robin in each round) at 1, 2, 4 and 8
-// rows, against the limit (the packed weights' and scales' bytes at the read rate measured in the same run), and each
-// variant's largest error against Int4Naive (fp32 sums) over the whole output; then the layer at one row replayed from
-// a CUDA graph (with programmatic edges between the kernels; ONNXFUSE_PDL_GRAPH=0: without); then each projection
-// alone at 1 and 8 rows. Then numerics on the forms the layer does not reach: the one-row GEMV on blocks of 64 and 128,
-// K = 11008 and X in the hundreds; the tensor-core kernel on bf16, zero points, blocks of 16 (two scales a lane's
-// chunk) with an odd number of blocks (8-byte copies), blocks of 256, K not a multiple of 8 (X loaded by elements),
-// 9-16 rows. The kernels before and the forms tried on the way:
+// Issue 28, int4 decode at 3-16 rows (a batch of 3-16 sequences): the CUDA backend's tensor-core kernels below the
+// dequantization path, the library's dispatch (cuda/int4_linear.cu GemvPath: Int4MmaFast, the common form) against
+// Int4Mma (the general form, the library's kernel before it) and plain reads of the same bytes (a kernel a projection,
+// with programmatic dependent launch: the floor a kernel a projection leaves), on a Llama-2-7B layer as genai's int4
+// model runs it (qkv, o and down Int4Linear, gate and up one Int4SwiGLU; block 32, fp16, symmetric) and on lm_head
+// (4096 -> 49152). cudaEvent time per layer (median of 7 rounds of 20, the variants round-robin in each round) at 3,
+// 4, 8, 12 and 16 rows, against the limit (the packed weights' and scales' bytes at the read rate measured in the same
+// run), and each variant's largest error against Int4Naive (fp32 sums) over the whole output; then the layer at 8 rows
+// replayed from a CUDA graph (with programmatic edges between the kernels; ONNXFUSE_PDL_GRAPH=0: without); then each
+// projection alone at 8 and 16 rows. Then numerics on the forms the layer does not reach: the one-row GEMV on blocks
+// of 64 and 128, K = 11008 and X in the hundreds; the tensor-core kernels on bf16, zero points, blocks of 16 (two
+// scales a lane's chunk) with an odd number of blocks (8-byte copies), blocks of 64, 128 and 256, K not a multiple of
+// 8 (X loaded by elements), ragged N, 9-16 rows, a scale past 4094 and a scale Inf (the common form's exact loop).
+// The one-row GEMV's own probe is the same program at 1 row (git history: benchmarks/results/h200-2026-11-30/int4/
+// row-gemv-probe-*.txt). The kernels before and the forms tried on the way:
 // benchmarks/results/h100-2026-11-27/int4/decode-probe.txt and
 // benchmarks/results/h200-2026-11-30/int4/{decode,row-gemv}-probe-*.txt (each with the kernels before it in the same
 // call). A program, not the CLI: it times kernels of the CUDA backend without onnxruntime. Build (from the repository
 // root) and run on the GPU machine:
 //   python -m onnxfuse.kernels.ops_header > /tmp/onnxfuse_ops.h
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90,code=sm_90 -I onnxfuse/kernels -I onnxfuse/kernels/cuda -I /tmp \
-//        scripts/int4_decode_probe.cu onnxfuse/kernels/cuda/gemm.cu -o /tmp/int4_decode_probe -ldl
+//        -I scripts scripts/int4_decode_probe.cu onnxfuse/kernels/cuda/gemm.cu -o /tmp/int4_decode_probe -ldl
 //   LD_LIBRARY_PATH=<libcublasLt's folder> /tmp/int4_decode_probe
 #include "cuda/int4_linear.cu"
 #include <algorithm>
@@ -243,13 +245,9 @@ int main(int argc, char** argv) {
     std::string name;
     Fn fn;
   };
-  std::vector<V> vs = {{"library (row GEMV; mma from 3 rows)", Current<T>()},
-                       {"GEMV before (by rows)", Gemv<T>()},
-                       {"row GEMV, 4 loads a step", Row<4>()},
-                       {"row GEMV, 8 loads a step", Row<8>()},
-                       {"read only, 4 blocks an SM", Read<false, 4>()},
-                       {"read only, 4 blocks an SM, PDL", Read<true, 4>()},
-                       {"read only, 1 block an SM", Read<false, 1>()}};
+  std::vector<V> vs = {{"library (Int4MmaFast from 3 rows)", Current<T>()},
+                       {"Int4Mma (the general form, before)", Mma<T, 0>()},
+                       {"read only, 4 blocks an SM, PDL", Read<true, 4>()}};
   if (argc > 3 && std::string(argv[1]) == "ncu") {  // ncu: variant argv[2] at argv[3] rows, the layer twice
     const int v = atoi(argv[2]), m = atoi(argv[3]);
     for (int i = 0; i < 2; ++i)
@@ -262,7 +260,7 @@ int main(int argc, char** argv) {
   for (auto* p : layer) layer_bytes += p->bytes();
   printf("layer: %.1f MB, limit %.1f us; lm_head %.1f MB, limit %.1f us (at %.3f TB/s)\n", layer_bytes / 1e6,
          layer_bytes / read_tbs / 1e6, lm.bytes() / 1e6, lm.bytes() / read_tbs / 1e6, read_tbs);
-  const int rows[] = {1, 2, 4, 8};
+  const int rows[] = {3, 4, 8, 12, 16};
   for (const char* what : {"layer", "lm_head"}) {
     const bool is_layer = std::string(what) == "layer";
     std::vector<Proj<T>*> ps = is_layer ? layer : std::vector<Proj<T>*>{&lm};
@@ -312,17 +310,17 @@ int main(int argc, char** argv) {
     }
   }
   // the layer at one row replayed from a CUDA graph (as genai's graph runs it: no programmatic launches in a capture)
-  printf("\nlayer at 1 row in a CUDA graph (20 layers a replay), us per layer (median of 7), %% of the limit:\n");
+  printf("\nlayer at 8 rows in a CUDA graph (20 layers a replay), us per layer (median of 7), %% of the limit:\n");
   {
     const double limit = layer_bytes / read_tbs / 1e6;
     for (size_t v = 0; v < vs.size(); ++v) {
-      for (auto* p : layer) vs[v].fn(x, p->wt, y, 1, p->K, p->N, s);  // first calls (attributes) outside the capture
+      for (auto* p : layer) vs[v].fn(x, p->wt, y, 8, p->K, p->N, s);  // first calls (attributes) outside the capture
       cudaStreamSynchronize(s);
       cudaGraph_t g;
       cudaGraphExec_t ge;
       cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
       for (int i = 0; i < 20; ++i)
-        for (auto* p : layer) vs[v].fn(x, p->wt, y, 1, p->K, p->N, s);
+        for (auto* p : layer) vs[v].fn(x, p->wt, y, 8, p->K, p->N, s);
       cudaStreamEndCapture(s, &g);
       if (cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) {
         printf("  %-34s capture failed\n", vs[v].name.c_str());
@@ -349,7 +347,7 @@ int main(int argc, char** argv) {
   printf("\nper projection, us (median of 7 rounds of 20):\n");
   const char* pname[] = {"qkv", "o", "gate+up", "down", "lm_head"};
   std::vector<Proj<T>*> all = {&qkv, &o, &gu, &down, &lm};
-  for (int m : {1, 8}) {
+  for (int m : {8, 16}) {
     for (size_t v = 0; v < vs.size(); ++v) {
       printf("  rows %2d %-34s", m, vs[v].name.c_str());
       for (size_t pi = 0; pi < all.size(); ++pi) {
@@ -404,6 +402,32 @@ int main(int argc, char** argv) {
         CheckOne<T>((vs[v].name + ": block 16, 8-byte copies").c_str(), vs[v].fn, b16, m, x, y, ref, s);
       }
     }
+    {  // the common form's shapes: gated block 64, block 128 (K 8192, ragged N), block 256, K 11008, big scales
+      Proj<T> s64(4096, 1000, true, 64, false, 81), s128(8192, 777, false, 128, false, 82),
+          s256(4096, 1003, true, 256, false, 83), s32(11008, 4100, false, 32, false, 84),
+          sbig(4096, 520, false, 32, false, 85);
+      {  // column 7, block 5: scale 4500 (past 4094: the block runs the exact loop), its weights q = 8 but one 9
+        const T big = __float2half(4500.f);
+        cudaMemcpy(sbig.s[0] + 7 * sbig.wt.nb + 5, &big, sizeof(T), cudaMemcpyHostToDevice);
+        cudaMemset(sbig.wq[0] + 7 * sbig.wt.row_bytes + 80, 0x88, 16);
+        cudaMemset(sbig.wq[0] + 7 * sbig.wt.row_bytes + 80, 0x89, 1);
+      }
+      Proj<T> sinf(4096, 520, true, 32, false, 86);  // gate column 3, block 2: scale Inf (NaN where a q is 8)
+      {
+        const T inf = __float2half(INFINITY);
+        cudaMemcpy(sinf.s[0] + 3 * sinf.wt.nb + 2, &inf, sizeof(T), cudaMemcpyHostToDevice);
+      }
+      for (int m : {3, 5, 8, 9, 16})
+        for (size_t v = 0; v < vs.size(); ++v) {
+          if (vs[v].name.rfind("read only", 0) == 0) continue;
+          CheckOne<T>((vs[v].name + ": gated, block 64").c_str(), vs[v].fn, s64, m, x, y, ref, s);
+          CheckOne<T>((vs[v].name + ": block 128, K 8192, N 777").c_str(), vs[v].fn, s128, m, x, y, ref, s);
+          CheckOne<T>((vs[v].name + ": gated, block 256, N 1003").c_str(), vs[v].fn, s256, m, x, y, ref, s);
+          CheckOne<T>((vs[v].name + ": K 11008, N 4100").c_str(), vs[v].fn, s32, m, x, y, ref, s);
+          CheckOne<T>((vs[v].name + ": a scale of 4500").c_str(), vs[v].fn, sbig, m, x, y, ref, s);
+          CheckOne<T>((vs[v].name + ": gated, a scale Inf").c_str(), vs[v].fn, sinf, m, x, y, ref, s);
+        }
+    }
     using B = __nv_bfloat16;
     B *xb, *yb, *rb;
     cudaMalloc(&xb, 16 * 11008 * sizeof(B));
@@ -411,12 +435,14 @@ int main(int argc, char** argv) {
     cudaMalloc(&rb, 16 * 49152 * sizeof(B));
     FillT<B><<<256, 256>>>(xb, 16 * 11008, 1.f, 6);
     Proj<B> bl(4096, 4096, false, 32, false, 71), bg(11008, 1000, true, 32, true, 72),
-        bk(4100, 333, false, 16, false, 73);
+        bk(4100, 333, false, 16, false, 73), bgs(11008, 1000, true, 32, false, 74);
     for (int m : {3, 8, 13, 16}) {
       CheckOne<B>("bf16", Current<B>(), bl, m, xb, yb, rb, s);
       CheckOne<B>("bf16 gated, zero points", Mma<B, 8>(), bg, m, xb, yb, rb, s);
       CheckOne<B>("bf16 K % 8 != 0, block 16", Mma<B, 16>(), bk, m, xb, yb, rb, s);
       CheckOne<B>("bf16, the GEMV", Gemv<B>(), bl, m, xb, yb, rb, s);
+      CheckOne<B>("bf16, the library", Current<B>(), bl, m, xb, yb, rb, s);
+      CheckOne<B>("bf16 gated, the library", Current<B>(), bgs, m, xb, yb, rb, s);
     }
   }
   printf("done: %s\n", cudaGetErrorString(cudaDeviceSynchronize()));

@@ -10,11 +10,11 @@ extern "C" {
 // One fp16 row with symmetric weights in blocks of 32 or more dividing K: the one-row GEMV (Int4RowGemv below). Up to
 // ONNXFUSE_INT4_GEMV_MAX_M rows: a
 // GEMV that streams the packed weights once and dequantizes them in registers (Int4Gemv below; fp16 and bf16 from
-// kMmaMinRows rows: the same on tensor cores, Int4Mma); past them on an sm_90 GPU, without zero points, with a
-// block of 64 or more dividing K, fp16 or bf16 and N a multiple of 8 (MixedPath below): CUTLASS's mixed-input GEMM,
-// which dequantizes the weight tiles in registers inside its main loop (cuda/cutlass/int4_mixed_gemm.cu; the scales
-// transposed into scratch first); otherwise the weights dequantized into scratch as W^T [n, k], then one cuBLASLt
-// GEMM that transposes them.
+// kMmaMinRows rows: the same on tensor cores, Int4Mma or its common form Int4MmaFast); past them on an sm_90 GPU,
+// without zero points, with a block of 64 or more dividing K, fp16 or bf16 and N a multiple of 8 (MixedPath below):
+// CUTLASS's mixed-input GEMM, which dequantizes the weight tiles in registers inside its main loop
+// (cuda/cutlass/int4_mixed_gemm.cu; the scales transposed into scratch first); otherwise the weights dequantized into
+// scratch as W^T [n, k], then one cuBLASLt GEMM that transposes them.
 // `aligned`: X, Wq, the scales, the zero points and Y all 16-byte aligned; `zero_points`: the node has them (both
 // decide whether the sm_90 path below runs).
 int64_t onnxfuse_cuda_int4_linear_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t block, int aligned,
@@ -756,6 +756,36 @@ __device__ __forceinline__ void StepX(const T* __restrict__ at, int k0, int K, b
 // so the rows of a load start in different banks.
 __host__ __device__ inline int MmaScaleStride(int nb, int elem) { return (((nb * elem + 127) & ~127) + 16) / elem; }
 
+// The tensor-core kernels' end (Int4Mma, Int4MmaFast): warp w's partial tiles in its own slots (another warp may still
+// be reading its own), then their sum over the block's warps, one output a thread: c fragment e of lane l is A row
+// (l >> 2) + 8 (e >= 2), X row 2 (l & 3) + (e & 1) (+ 8 in row set 1); GATED: fragments e and e + 2 are one column's
+// gate and up.
+template <typename T, int WARPS, bool GATED, int RS, int STAGES>
+__device__ __forceinline__ void MmaStoreTile(uint4* smem, const float (&acc)[RS][4], int act, T* __restrict__ y, int m,
+                                             int N, int n0) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  auto partial = [&](int w, int r, int e) {
+    return reinterpret_cast<float*>(smem + w * STAGES * 64) + (r * 4 + e) * 32;
+  };
+#pragma unroll
+  for (int r = 0; r < RS; ++r)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) partial(warp, r, e)[lane] = acc[r][e];
+  __syncthreads();
+  for (int o = threadIdx.x; o < RS * (GATED ? 64 : 128); o += WARPS * 32) {
+    const int r = GATED ? o >> 6 : o >> 7, e = GATED ? (o >> 5) & 1 : (o >> 5) & 3, l = o & 31;
+    const int row = 8 * r + 2 * (l & 3) + (e & 1), col = n0 + (l >> 2) + (!GATED && e >= 2 ? 8 : 0);
+    if (row >= m || col >= N) continue;
+    float v = 0.f, u = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+      v += partial(w, r, e)[l];
+      if (GATED) u += partial(w, r, e + 2)[l];
+    }
+    y[int64_t(row) * N + col] = ock::from_f<T>(GATED ? onnxfuse::GateActivation(act, v) * u : v);
+  }
+}
+
 // wide: 16-byte weight copies (the packed rows 16-byte aligned), else two 8-byte ones; svec: 16-byte scale copies
 // (the scales 16-byte aligned, blocks a column a multiple of 8). STAGES: the weights' ring, STAGES - 1 steps in flight.
 template <typename T, int WARPS, bool GATED, bool ZP, bool ROWS16, int STAGES>
@@ -879,29 +909,195 @@ __global__ void __launch_bounds__(WARPS * 32, (ROWS16 ? 16 : 32) / WARPS)  // 32
     }
   }
   CpAsyncWait<0>();  // the copies past the warp's steps (zero-fills) land before their slots are reused
-  // warp w's partial tiles in its own slots (another warp may still be reading its own)
-  auto partial = [&](int w, int r, int e) {
-    return reinterpret_cast<float*>(mma_smem + w * STAGES * 64) + (r * 4 + e) * 32;
+  MmaStoreTile<T, WARPS, GATED, RS, STAGES>(mma_smem, acc, act, y, m, N, n0);
+}
+
+// The tensor-core kernel's common form (Int4MmaFast): no zero points, blocks of 32 or more, K a multiple of 128, the
+// packed rows, X and the scales 16-byte aligned, blocks a column a multiple of 8. Int4Mma's tiles and K order, with
+// fewer instructions a step (Int4Mma's loop measured about 290 a warp a step of 1 KB, most of them addresses and
+// bounds, so at 8 rows it issued on 64 % of the cycles at 45 % of the read rate): the addresses are pointers advanced
+// by a constant a step, a step's scales one shared-memory load a row, and a word's mma products are of the centred
+// nibbles (q - 8), exact, and scaled once in fp32 after the two mma of the word (a 32-value block's), not weight by
+// weight in the type. That is the reference's sum of x (q - 8) s without the rounding of each (q - 8) s to the type,
+// so a block whose weights the reference would round past the type's range, or scale by Inf or NaN, would differ: a
+// block with a scale past BigScale<T> (fp16 4094, bf16 about 2^124, Inf, NaN) runs the loop with the weights scaled
+// before the mma, as Int4Mma does (one test a block, after its scales are in shared memory). H200, a Llama-2-7B layer
+// (block 32): 50.6 against Int4Mma's 56.1 us at 8 rows (49.7 against 54.5 replayed from a CUDA graph), 48.4-48.8
+// against 58.1-58.6 at 3-4, 68.6-72.2 against 86.2-87.3 at 12-16; lm_head 40.8 against 47.3 at 8 rows
+// (scripts/int4_decode_probe.cu, benchmarks/results/h200-2026-11-30/int4/decode-probe-mma-fast.txt; 16, 8 or 4 warps a
+// block throughout and a ring of 3: decode-probe-mma-fast-forms.txt; Int4Mma's instruction count:
+// ncu-int4mma-8-before-fast.txt, this form's: ncu-int4mmafast-8.txt; contiguous shares of tiles instead of a block a
+// tile, slower: decode-probe-share-not-kept.txt).
+template <typename T>
+struct Centred4;
+template <>
+struct Centred4<__half> {
+  __device__ static void Get(uint32_t word, uint32_t (&d)[4]) {
+    __half2 h[4];
+    CentredHalf2(word, h, 8);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) d[j] = *reinterpret_cast<const uint32_t*>(&h[j]);
+  }
+  static constexpr uint32_t kBig = 0x6BFFu;  // |s| > 4094: 8 |s| may pass fp16's largest
+};
+template <>
+struct Centred4<__nv_bfloat16> {
+  __device__ static void Get(uint32_t word, uint32_t (&d)[4]) {
+    const __nv_bfloat162 bias = __float2bfloat162_rn(136.f);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t h = ((word >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
+      const __nv_bfloat162 v = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&h), bias);
+      d[j] = *reinterpret_cast<const uint32_t*>(&v);
+    }
+  }
+  static constexpr uint32_t kBig = 0x7D7Fu;  // |s| >= 2^124
+};
+
+// SPS: scales a step of 128 values (4: blocks of 32, 2: blocks of 64, 1: 128 or more).
+template <typename T, int WARPS, bool GATED, bool ROWS16, int STAGES, int SPS>
+__global__ void __launch_bounds__(WARPS * 32, (ROWS16 ? 16 : 32) / WARPS)
+    Int4MmaFast(const T* __restrict__ x, const uint8_t* __restrict__ wq, const T* __restrict__ scales,
+                const uint8_t* __restrict__ wq_up, const T* __restrict__ scales_up, int act, T* __restrict__ y, int m,
+                int K, int N, int nb, int lb) {
+  static_assert(STAGES >= 2 && STAGES * 64 * sizeof(uint4) >= 2 * 4 * 32 * sizeof(float), "partials fit the slots");
+  constexpr int RS = ROWS16 ? 2 : 1;
+  extern __shared__ uint4 mma_smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int sstride = MmaScaleStride(nb, int(sizeof(T)));
+  T* ssm = reinterpret_cast<T*>(mma_smem + WARPS * STAGES * 64);
+  const int n0 = blockIdx.x * (GATED ? 8 : 16);
+  auto col_of = [&](int r) {
+    const int col = GATED ? n0 + (r & 7) : n0 + r;
+    return col < N ? col : N - 1;
+  };
+  const int row_bytes = K >> 1;
+  for (int r = warp; r < 16; r += WARPS) {  // the block's scales, once
+    const T* src = (GATED && r >= 8 ? scales_up : scales) + int64_t(col_of(r)) * nb;
+    T* dst = ssm + r * sstride;
+    for (int e = lane; e < nb / 8; e += 32) CpAsync16(dst + 8 * e, src + 8 * e, true);
+  }
+  CpAsyncCommit();
+  const int steps = K >> 7, per = (steps + WARPS - 1) / WARPS;
+  const int s_begin = min(steps, warp * per), s_end = min(steps, s_begin + per);
+  const int swz = g >> 1;
+  const uint32_t ring = uint32_t(__cvta_generic_to_shared(mma_smem + warp * STAGES * 64));
+  const uint32_t wslot = ring + 16 * (4 * g + ((t + swz) & 3)), rbase = ring + 64 * g + 4 * t;
+  uint32_t roff[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) roff[i] = 16 * ((i + swz) & 3);
+  const uint8_t* src0 = wq + int64_t(col_of(g)) * row_bytes + 64 * s_begin + 16 * t;
+  const uint8_t* src1 = (GATED ? wq_up : wq) + int64_t(col_of(8 + g)) * row_bytes + 64 * s_begin + 16 * t;
+  int issued = s_begin;
+  uint32_t wst = 0;
+  auto issue = [&] {
+    if (issued < s_end) {  // the warp's own steps (uniform)
+      CpAsync16(wslot + wst, src0, true);
+      CpAsync16(wslot + wst + 512, src1, true);
+    }
+    src0 += 64;
+    src1 += 64;
+    ++issued;
+    wst = wst + 1024 == STAGES * 1024 ? 0 : wst + 1024;
+    CpAsyncCommit();
   };
 #pragma unroll
-  for (int r = 0; r < RS; ++r)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) partial(warp, r, e)[lane] = acc[r][e];
+  for (int i = 0; i < STAGES - 1; ++i) issue();
+  CpAsyncWait<STAGES - 1>();  // the scales
   __syncthreads();
-  // One output a thread: c fragment e of lane l is A row (l >> 2) + 8 (e >= 2), X row 2 (l & 3) + (e & 1) (+ 8 in row
-  // set 1); GATED: fragments e and e + 2 are one column's gate and up.
-  for (int o = threadIdx.x; o < RS * (GATED ? 64 : 128); o += WARPS * 32) {
-    const int r = GATED ? o >> 6 : o >> 7, e = GATED ? (o >> 5) & 1 : (o >> 5) & 3, l = o & 31;
-    const int row = 8 * r + 2 * (l & 3) + (e & 1), col = n0 + (l >> 2) + (!GATED && e >= 2 ? 8 : 0);
-    if (row >= m || col >= N) continue;
-    float v = 0.f, u = 0.f;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) {
-      v += partial(w, r, e)[l];
-      if (GATED) u += partial(w, r, e + 2)[l];
-    }
-    y[int64_t(row) * N + col] = ock::from_f<T>(GATED ? onnxfuse::GateActivation(act, v) * u : v);
+  bool big = false;  // a scale of the block past kBig (or Inf, NaN)
+  const int vecs = nb / 8;
+  for (int e = threadIdx.x; e < 16 * vecs; e += WARPS * 32) {
+    const int r = e / vecs, c = e - r * vecs;
+    const uint4 v = *reinterpret_cast<const uint4*>(ssm + r * sstride + 8 * c);
+    const uint32_t mx =
+        __vmaxu2(__vmaxu2(v.x & 0x7FFF7FFFu, v.y & 0x7FFF7FFFu), __vmaxu2(v.z & 0x7FFF7FFFu, v.w & 0x7FFF7FFFu));
+    big |= max(mx & 0xFFFFu, mx >> 16) > Centred4<T>::kBig;
   }
+  const bool exact = __syncthreads_or(big);
+  ock::PdlWait();
+  ock::PdlTrigger();
+  const bool row0 = g < m, row1 = ROWS16 && g + 8 < m;
+  const T* xp0 = x + int64_t(row0 ? g : 0) * K + 128 * s_begin + 8 * t;
+  const T* xp1 = x + int64_t(row1 ? g + 8 : 0) * K + 128 * s_begin + 8 * t;
+  const T* sp0 = ssm + g * sstride;
+  const T* sp1 = ssm + (g + 8) * sstride;
+  float acc[RS][4] = {};
+  uint32_t rst = 0;
+  auto loop = [&](auto exact_tag) {
+    constexpr bool EXACT = decltype(exact_tag)::value;
+    for (int step = s_begin; step < s_end; ++step) {
+      CpAsyncWait<STAGES - 2>();
+      uint32_t w[2][4];
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) w[j][i] = LdShared32(rbase + rst + 512 * j + roff[i]);
+      rst = rst + 1024 == STAGES * 1024 ? 0 : rst + 1024;
+      issue();
+      uint32_t xs[RS][4][4];
+#pragma unroll
+      for (int r = 0; r < RS; ++r) {
+        const T* xp = r == 0 ? xp0 : xp1;
+        const bool live = r == 0 ? row0 : row1;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint4 u = live ? __ldg(reinterpret_cast<const uint4*>(xp + 32 * i)) : make_uint4(0u, 0u, 0u, 0u);
+          xs[r][i][0] = __byte_perm(u.x, u.z, 0x5410);
+          xs[r][i][1] = __byte_perm(u.x, u.z, 0x7632);
+          xs[r][i][2] = __byte_perm(u.y, u.w, 0x5410);
+          xs[r][i][3] = __byte_perm(u.y, u.w, 0x7632);
+        }
+      }
+      xp0 += 128;
+      if constexpr (ROWS16) xp1 += 128;
+      T s[2][SPS];  // the step's scales of A rows g and g + 8
+      if constexpr (SPS == 4) {
+        *reinterpret_cast<uint2*>(s[0]) = *reinterpret_cast<const uint2*>(sp0 + 4 * step);
+        *reinterpret_cast<uint2*>(s[1]) = *reinterpret_cast<const uint2*>(sp1 + 4 * step);
+      } else if constexpr (SPS == 2) {
+        *reinterpret_cast<uint32_t*>(s[0]) = *reinterpret_cast<const uint32_t*>(sp0 + 2 * step);
+        *reinterpret_cast<uint32_t*>(s[1]) = *reinterpret_cast<const uint32_t*>(sp1 + 2 * step);
+      } else {
+        s[0][0] = sp0[(128 * step) >> lb];
+        s[1][0] = sp1[(128 * step) >> lb];
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int si = SPS == 4 ? i : SPS == 2 ? i >> 1 : 0;
+        uint32_t d[2][4];
+        if constexpr (EXACT) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) MmaDequant<T>::Dequant(w[j][i], s[j][si], 8, d[j]);
+#pragma unroll
+          for (int r = 0; r < RS; ++r) {
+            ock::MmaSync<T>(acc[r], {d[0][0], d[1][0], d[0][1], d[1][1]}, xs[r][i][0], xs[r][i][1]);
+            ock::MmaSync<T>(acc[r], {d[0][2], d[1][2], d[0][3], d[1][3]}, xs[r][i][2], xs[r][i][3]);
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) Centred4<T>::Get(w[j][i], d[j]);
+          const float s0 = ock::to_f(s[0][si]), s1 = ock::to_f(s[1][si]);
+#pragma unroll
+          for (int r = 0; r < RS; ++r) {
+            float p[4] = {0.f, 0.f, 0.f, 0.f};
+            ock::MmaSync<T>(p, {d[0][0], d[1][0], d[0][1], d[1][1]}, xs[r][i][0], xs[r][i][1]);
+            ock::MmaSync<T>(p, {d[0][2], d[1][2], d[0][3], d[1][3]}, xs[r][i][2], xs[r][i][3]);
+            acc[r][0] = fmaf(s0, p[0], acc[r][0]);
+            acc[r][1] = fmaf(s0, p[1], acc[r][1]);
+            acc[r][2] = fmaf(s1, p[2], acc[r][2]);
+            acc[r][3] = fmaf(s1, p[3], acc[r][3]);
+          }
+        }
+      }
+    }
+  };
+  if (exact)
+    loop(std::true_type{});
+  else
+    loop(std::false_type{});
+  CpAsyncWait<0>();
+  MmaStoreTile<T, WARPS, GATED, RS, STAGES>(mma_smem, acc, act, y, m, N, n0);
 }
 
 // The norm ops' first kernel: sum = T(X + skip), xn = T(sum * inv * gamma), a block a row. A programmatic
@@ -1230,6 +1426,44 @@ int LaunchMma(const void* x, const Int4Weights& wt, int act, void* y, int64_t m,
   return m > 8 ? launch(Int4Mma<T, 8, GATED, ZP, true, STAGES>, 8) : launch(Int4Mma<T, 8, GATED, ZP, false, STAGES>, 8);
 }
 
+// Whether the tensor-core kernel's common form (Int4MmaFast) takes the call.
+bool MmaFastOk(const void* x, const Int4Weights& wt, int64_t k) {
+  const bool gated = wt.wq_up != nullptr;
+  return wt.zp == nullptr && wt.lb >= 5 && k % 128 == 0 && wt.nb % 8 == 0 && Aligned16(x) && Aligned16(wt.wq) &&
+         Aligned16(wt.scales) && (!gated || (Aligned16(wt.wq_up) && Aligned16(wt.scales_up)));
+}
+
+template <typename T, bool GATED, int STAGES = kMmaStages>
+int LaunchMmaFast(const void* x, const Int4Weights& wt, int act, void* y, int64_t m, int64_t k, int64_t n,
+                  cudaStream_t s, int warps = 0) {  // warps: as LaunchMma's
+  const unsigned blocks = unsigned((n + (GATED ? 8 : 16) - 1) / (GATED ? 8 : 16));
+  auto launch = [&](auto kernel, int block_warps) {
+    const size_t smem = MmaSmem<T, false, STAGES>(wt, block_warps);
+    if (smem > kMmaMaxSmem) return int(ONNXFUSE_ERR_TOO_LARGE);
+    if (smem > 48 * 1024)
+      if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)))
+        return int(e);
+    return ock::LaunchDependent(kernel, dim3(blocks), dim3(block_warps * 32), smem, s, static_cast<const T*>(x), wt.wq,
+                                static_cast<const T*>(wt.scales), wt.wq_up, static_cast<const T*>(wt.scales_up), act,
+                                static_cast<T*>(y), int(m), int(k), int(n), int(wt.nb), wt.lb);
+  };
+  if (warps == 0) warps = blocks >= kMmaNarrowGrid ? 4 : blocks <= kMmaWideGrid && m <= 8 ? 16 : 8;
+  auto by_block = [&](auto wtag) {
+    constexpr int W = decltype(wtag)::value;
+    if (wt.lb == 5)
+      return m > 8 ? launch(Int4MmaFast<T, W, GATED, true, STAGES, 4>, W)
+                   : launch(Int4MmaFast<T, W, GATED, false, STAGES, 4>, W);
+    if (wt.lb == 6)
+      return m > 8 ? launch(Int4MmaFast<T, W, GATED, true, STAGES, 2>, W)
+                   : launch(Int4MmaFast<T, W, GATED, false, STAGES, 2>, W);
+    return m > 8 ? launch(Int4MmaFast<T, W, GATED, true, STAGES, 1>, W)
+                 : launch(Int4MmaFast<T, W, GATED, false, STAGES, 1>, W);
+  };
+  if (warps == 16) return by_block(std::integral_constant<int, 16>{});
+  if (warps == 4) return by_block(std::integral_constant<int, 4>{});
+  return by_block(std::integral_constant<int, 8>{});
+}
+
 // Up to ONNXFUSE_INT4_GEMV_MAX_M rows, both ops: the GEMV by rows, or the byte-loading kernel for packed weights that
 // are not 8-byte aligned (wq_up null: Int4Linear); each with the zero points where wt has them.
 int GemvPath(int dtype, int act, const void* x, const Int4Weights& wt, void* y, int64_t m, int64_t k, int64_t n,
@@ -1264,6 +1498,9 @@ int GemvPath(int dtype, int act, const void* x, const Int4Weights& wt, void* y, 
     // fp16 and bf16 on the tensor cores where the block's scales fit its shared memory; else (fp32 too) the GEMV
     if constexpr (!std::is_same_v<T, float>) {
       if ((zp ? MmaSmem<T, true>(wt, 16) : MmaSmem<T, false>(wt, 16)) <= kMmaMaxSmem) {
+        if (MmaFastOk(x, wt, k))
+          return gated ? LaunchMmaFast<T, true>(x, wt, act, y, m, k, n, s)
+                       : LaunchMmaFast<T, false>(x, wt, act, y, m, k, n, s);
         if (gated)
           return zp ? LaunchMma<T, true, true>(x, wt, act, y, m, k, n, s)
                     : LaunchMma<T, true, false>(x, wt, act, y, m, k, n, s);
