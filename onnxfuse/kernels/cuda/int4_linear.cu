@@ -920,7 +920,7 @@ __global__ void __launch_bounds__(WARPS * 32, (ROWS16 ? 16 : 32) / WARPS)  // 32
 // nibbles (q - 8), exact, and scaled once in fp32 after the two mma of the word (a 32-value block's), not weight by
 // weight in the type. That is the reference's sum of x (q - 8) s without the rounding of each (q - 8) s to the type,
 // so a block whose weights the reference would round past the type's range, or scale by Inf or NaN, would differ: a
-// block with a scale past BigScale<T> (fp16 4094, bf16 about 2^124, Inf, NaN) runs the loop with the weights scaled
+// block with a scale past kBig (Centred4: fp16 4094, bf16 about 2^124; Inf, NaN) runs the loop with the weights scaled
 // before the mma, as Int4Mma does (one test a block, after its scales are in shared memory). H200, a Llama-2-7B layer
 // (block 32): 50.6 against Int4Mma's 56.1 us at 8 rows (49.7 against 54.5 replayed from a CUDA graph), 48.4-48.8
 // against 58.1-58.6 at 3-4, 68.6-72.2 against 86.2-87.3 at 12-16; lm_head 40.8 against 47.3 at 8 rows
