@@ -89,6 +89,7 @@ static inline bool Int4BlockOk(int64_t block) { return block >= 16 && block <= 2
 #include <atomic>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "common/gate_act.h"
 #include "gemm.h"
@@ -1398,25 +1399,39 @@ size_t MmaSmem(const Int4Weights& wt, int block_warps) {
          (ZP ? 16 * size_t(MmaScaleStride(int(wt.zb), 1)) : 0);
 }
 
+// The tensor-core kernels' grid (a block per 16 output columns, Int4SwiGLU's per 8 columns' gate and up rows), their
+// warps a block (`warps`, or 0: the rule above) and one launch: its shared memory checked against sm_90's opt-in limit
+// and allowed past 48 KB.
+template <bool GATED>
+unsigned MmaBlocks(int64_t n) {
+  return unsigned((n + (GATED ? 8 : 16) - 1) / (GATED ? 8 : 16));
+}
+inline int MmaWarps(unsigned blocks, int64_t m, int warps) {
+  return warps != 0 ? warps : blocks >= kMmaNarrowGrid ? 4 : blocks <= kMmaWideGrid && m <= 8 ? 16 : 8;
+}
+template <typename Kernel, typename... A>
+int LaunchMmaKernel(Kernel kernel, unsigned blocks, int warps, size_t smem, cudaStream_t s, A&&... args) {
+  if (smem > kMmaMaxSmem) return int(ONNXFUSE_ERR_TOO_LARGE);
+  if (smem > 48 * 1024)
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)))
+      return int(e);
+  return ock::LaunchDependent(kernel, dim3(blocks), dim3(warps * 32), smem, s, std::forward<A>(args)...);
+}
+
 template <typename T, bool GATED, bool ZP, int STAGES = kMmaStages>
 int LaunchMma(const void* x, const Int4Weights& wt, int act, void* y, int64_t m, int64_t k, int64_t n, cudaStream_t s,
               int warps = 0) {  // 4, 8 or 16 (scripts/int4_decode_probe.cu); 0: by the grid
   const bool xvec = Aligned16(x) && k % 8 == 0;
   const bool wide = Aligned16(wt.wq) && (!GATED || Aligned16(wt.wq_up)) && wt.row_bytes % 16 == 0;
   const bool svec = Aligned16(wt.scales) && (!GATED || Aligned16(wt.scales_up)) && wt.nb % 8 == 0;
-  const unsigned blocks = unsigned((n + (GATED ? 8 : 16) - 1) / (GATED ? 8 : 16));
+  const unsigned blocks = MmaBlocks<GATED>(n);
   auto launch = [&](auto kernel, int block_warps) {
-    const size_t smem = MmaSmem<T, ZP, STAGES>(wt, block_warps);
-    if (smem > kMmaMaxSmem) return int(ONNXFUSE_ERR_TOO_LARGE);
-    if (smem > 48 * 1024)
-      if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)))
-        return int(e);
-    return ock::LaunchDependent(kernel, dim3(blocks), dim3(block_warps * 32), smem, s, static_cast<const T*>(x), wt.wq,
-                                static_cast<const T*>(wt.scales), wt.wq_up, static_cast<const T*>(wt.scales_up), wt.zp,
-                                wt.zp_up, int(wt.zb), act, static_cast<T*>(y), int(m), int(k), int(n), int(wt.nb),
-                                wt.lb, int(wt.row_bytes), xvec, wide, svec);
+    return LaunchMmaKernel(kernel, blocks, block_warps, MmaSmem<T, ZP, STAGES>(wt, block_warps), s,
+                           static_cast<const T*>(x), wt.wq, static_cast<const T*>(wt.scales), wt.wq_up,
+                           static_cast<const T*>(wt.scales_up), wt.zp, wt.zp_up, int(wt.zb), act, static_cast<T*>(y),
+                           int(m), int(k), int(n), int(wt.nb), wt.lb, int(wt.row_bytes), xvec, wide, svec);
   };
-  if (warps == 0) warps = blocks >= kMmaNarrowGrid ? 4 : blocks <= kMmaWideGrid && m <= 8 ? 16 : 8;
+  warps = MmaWarps(blocks, m, warps);
   if (warps == 16)
     return m > 8 ? launch(Int4Mma<T, 16, GATED, ZP, true, STAGES>, 16)
                  : launch(Int4Mma<T, 16, GATED, ZP, false, STAGES>, 16);
@@ -1436,18 +1451,14 @@ bool MmaFastOk(const void* x, const Int4Weights& wt, int64_t k) {
 template <typename T, bool GATED, int STAGES = kMmaStages>
 int LaunchMmaFast(const void* x, const Int4Weights& wt, int act, void* y, int64_t m, int64_t k, int64_t n,
                   cudaStream_t s, int warps = 0) {  // warps: as LaunchMma's
-  const unsigned blocks = unsigned((n + (GATED ? 8 : 16) - 1) / (GATED ? 8 : 16));
+  const unsigned blocks = MmaBlocks<GATED>(n);
   auto launch = [&](auto kernel, int block_warps) {
-    const size_t smem = MmaSmem<T, false, STAGES>(wt, block_warps);
-    if (smem > kMmaMaxSmem) return int(ONNXFUSE_ERR_TOO_LARGE);
-    if (smem > 48 * 1024)
-      if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)))
-        return int(e);
-    return ock::LaunchDependent(kernel, dim3(blocks), dim3(block_warps * 32), smem, s, static_cast<const T*>(x), wt.wq,
-                                static_cast<const T*>(wt.scales), wt.wq_up, static_cast<const T*>(wt.scales_up), act,
-                                static_cast<T*>(y), int(m), int(k), int(n), int(wt.nb), wt.lb);
+    return LaunchMmaKernel(kernel, blocks, block_warps, MmaSmem<T, false, STAGES>(wt, block_warps), s,
+                           static_cast<const T*>(x), wt.wq, static_cast<const T*>(wt.scales), wt.wq_up,
+                           static_cast<const T*>(wt.scales_up), act, static_cast<T*>(y), int(m), int(k), int(n),
+                           int(wt.nb), wt.lb);
   };
-  if (warps == 0) warps = blocks >= kMmaNarrowGrid ? 4 : blocks <= kMmaWideGrid && m <= 8 ? 16 : 8;
+  warps = MmaWarps(blocks, m, warps);
   auto by_block = [&](auto wtag) {
     constexpr int W = decltype(wtag)::value;
     if (wt.lb == 5)
