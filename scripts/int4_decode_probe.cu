@@ -1,16 +1,18 @@
-// Issue 28, int4 decode at 3-16 rows (a batch of 3-16 sequences): the CUDA backend's tensor-core kernels below the
-// dequantization path, the library's dispatch (cuda/int4_linear.cu GemvPath: Int4MmaFast, the common form) against
-// Int4Mma (the general form, the library's kernel before it) and plain reads of the same bytes (a kernel a projection,
-// with programmatic dependent launch: the floor a kernel a projection leaves), on a Llama-2-7B layer as genai's int4
-// model runs it (qkv, o and down Int4Linear, gate and up one Int4SwiGLU; block 32, fp16, symmetric) and on lm_head
-// (4096 -> 49152). cudaEvent time per layer (median of 7 rounds of 20, the variants round-robin in each round) at 3,
-// 4, 8, 12 and 16 rows, against the limit (the packed weights' and scales' bytes at the read rate measured in the same
-// run), and each variant's largest error against Int4Naive (fp32 sums) over the whole output; then the layer at 8 rows
-// replayed from a CUDA graph (with programmatic edges between the kernels; ONNXFUSE_PDL_GRAPH=0: without); then each
-// projection alone at 8 and 16 rows. Then numerics on the forms the layer does not reach: the one-row GEMV on blocks
-// of 64 and 128, K = 11008 and X in the hundreds; the tensor-core kernels on bf16, zero points, blocks of 16 (two
-// scales a lane's chunk) with an odd number of blocks (8-byte copies), blocks of 64, 128 and 256, K not a multiple of
-// 8 (X loaded by elements), ragged N, 9-16 rows, a scale past 4094 and a scale Inf (the common form's exact loop).
+// Issue 28, int4 decode at 1-16 rows (a batch of 1-16 sequences): the CUDA backend's kernels below the dequantization
+// path, the library's dispatch (cuda/int4_linear.cu GemvPath: the one-row GEMV at one fp16 row, Int4MmaFast, the
+// tensor-core kernel's common form, where it takes the call, Int4Mma or the GEMV elsewhere) against Int4MmaFast at
+// every row count, Int4Mma (the general form) and plain reads of the same bytes (a kernel a projection, with
+// programmatic dependent launch: the floor a kernel a projection leaves), on a Llama-2-7B layer as genai's int4 model
+// runs it (qkv, o and down Int4Linear, gate and up one Int4SwiGLU; block 32, fp16, symmetric) and on lm_head (4096 ->
+// 49152). cudaEvent time per layer (median of 7 rounds of 20, the variants round-robin in each round) at 1, 2, 3, 4,
+// 8 and 16 rows, against the limit (the packed weights' and scales' bytes at the read rate measured in the same run),
+// and each variant's largest error against Int4Naive (fp32 sums) over the whole output; then the layer at 2 and 8 rows
+// replayed from a CUDA graph (with programmatic edges between the kernels; ONNXFUSE_PDL_GRAPH=0: without); the bf16
+// layer at 1, 2 and 4 rows (the library against Int4MmaFast); each projection alone at 2 and 8 rows. Then numerics on
+// the forms the layer does not reach: the one-row GEMV on blocks of 64 and 128, K = 11008 and X in the hundreds; the
+// tensor-core kernels on bf16, zero points, blocks of 16 (two scales a lane's chunk) with an odd number of blocks
+// (8-byte copies), blocks of 64, 128 and 256, K not a multiple of 8 (X loaded by elements), ragged N, 1-16 rows, a
+// scale past 4094 and a scale Inf (the common form's exact loop).
 // The one-row GEMV's own probe is the same program at 1 row (git history: benchmarks/results/h200-2026-11-30/int4/
 // row-gemv-probe-*.txt). The kernels before and the forms tried on the way:
 // benchmarks/results/h100-2026-11-27/int4/decode-probe.txt and
@@ -162,6 +164,16 @@ Fn Current() {
 }
 
 template <typename T>
+Fn MmaFastAll() {  // Int4MmaFast at every row count where it takes the call, else the library's path
+  return [](const void* x, const Int4Weights& wt, void* y, int64_t m, int64_t k, int64_t n, cudaStream_t s) {
+    if (!MmaFastOk(x, wt, k) || MmaSmem<T, false>(wt, 16) > kMmaMaxSmem)
+      return GemvPath(std::is_same_v<T, __half> ? ONNXFUSE_FP16 : ONNXFUSE_BF16, 0, x, wt, y, m, k, n, s);
+    return wt.wq_up != nullptr ? LaunchMmaFast<T, true>(x, wt, 0, y, m, k, n, s)
+                               : LaunchMmaFast<T, false>(x, wt, 0, y, m, k, n, s);
+  };
+}
+
+template <typename T>
 int Naive(const void* x, const Int4Weights& wt, void* y, int64_t m, int64_t k, int64_t n, cudaStream_t s) {
   Int4Naive<T><<<unsigned(Blocks(m * n, 256)), 256, 0, s>>>(
       static_cast<const T*>(x), wt.wq, static_cast<const T*>(wt.scales), wt.wq_up, static_cast<const T*>(wt.scales_up),
@@ -245,8 +257,9 @@ int main(int argc, char** argv) {
     std::string name;
     Fn fn;
   };
-  std::vector<V> vs = {{"library (Int4MmaFast from 3 rows)", Current<T>()},
-                       {"Int4Mma (the general form, before)", Mma<T, 0>()},
+  std::vector<V> vs = {{"library", Current<T>()},
+                       {"Int4MmaFast at every row count", MmaFastAll<T>()},
+                       {"Int4Mma (the general form)", Mma<T, 0>()},
                        {"read only, 4 blocks an SM, PDL", Read<true, 4>()}};
   if (argc > 3 && std::string(argv[1]) == "ncu") {  // ncu: variant argv[2] at argv[3] rows, the layer twice
     const int v = atoi(argv[2]), m = atoi(argv[3]);
@@ -260,7 +273,7 @@ int main(int argc, char** argv) {
   for (auto* p : layer) layer_bytes += p->bytes();
   printf("layer: %.1f MB, limit %.1f us; lm_head %.1f MB, limit %.1f us (at %.3f TB/s)\n", layer_bytes / 1e6,
          layer_bytes / read_tbs / 1e6, lm.bytes() / 1e6, lm.bytes() / read_tbs / 1e6, read_tbs);
-  const int rows[] = {3, 4, 8, 12, 16};
+  const int rows[] = {1, 2, 3, 4, 8, 16};
   for (const char* what : {"layer", "lm_head"}) {
     const bool is_layer = std::string(what) == "layer";
     std::vector<Proj<T>*> ps = is_layer ? layer : std::vector<Proj<T>*>{&lm};
@@ -310,17 +323,18 @@ int main(int argc, char** argv) {
     }
   }
   // the layer at one row replayed from a CUDA graph (as genai's graph runs it: no programmatic launches in a capture)
-  printf("\nlayer at 8 rows in a CUDA graph (20 layers a replay), us per layer (median of 7), %% of the limit:\n");
-  {
+  for (int gm : {2, 8}) {
+    printf("\nlayer at %d rows in a CUDA graph (20 layers a replay), us per layer (median of 7), %% of the limit:\n",
+           gm);
     const double limit = layer_bytes / read_tbs / 1e6;
     for (size_t v = 0; v < vs.size(); ++v) {
-      for (auto* p : layer) vs[v].fn(x, p->wt, y, 8, p->K, p->N, s);  // first calls (attributes) outside the capture
+      for (auto* p : layer) vs[v].fn(x, p->wt, y, gm, p->K, p->N, s);  // first calls (attributes) outside the capture
       cudaStreamSynchronize(s);
       cudaGraph_t g;
       cudaGraphExec_t ge;
       cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
       for (int i = 0; i < 20; ++i)
-        for (auto* p : layer) vs[v].fn(x, p->wt, y, 8, p->K, p->N, s);
+        for (auto* p : layer) vs[v].fn(x, p->wt, y, gm, p->K, p->N, s);
       cudaStreamEndCapture(s, &g);
       if (cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) {
         printf("  %-34s capture failed\n", vs[v].name.c_str());
@@ -344,10 +358,49 @@ int main(int argc, char** argv) {
     }
   }
 
+  {  // bf16: the layer at 1, 2 and 4 rows, the library against Int4MmaFast at every row count
+    using B = __nv_bfloat16;
+    Proj<B> bq(4096, 12288, false, 32, false, 91), bo(4096, 4096, false, 32, false, 92),
+        bgu(4096, 11008, true, 32, false, 93), bd(11008, 4096, false, 32, false, 94);
+    std::vector<Proj<B>*> bl = {&bq, &bo, &bgu, &bd};
+    B *xb, *yb, *rb;
+    cudaMalloc(&xb, 16 * 11008 * sizeof(B));
+    cudaMalloc(&yb, 16 * 49152 * sizeof(B));
+    cudaMalloc(&rb, 16 * 49152 * sizeof(B));
+    FillT<B><<<256, 256>>>(xb, 16 * 11008, 1.f, 6);
+    std::vector<std::pair<std::string, Fn>> bv = {{"library", Current<B>()},
+                                                  {"Int4MmaFast at every row count", MmaFastAll<B>()}};
+    printf("\nbf16 layer, us per call (median of 7 rounds of 20), largest rel err:\n");
+    for (int m : {1, 2, 4}) {
+      std::vector<std::vector<float>> t(bv.size());
+      for (size_t v = 0; v < bv.size(); ++v)
+        for (int i = 0; i < 3; ++i)
+          for (auto* p : bl) bv[v].second(xb, p->wt, yb, m, p->K, p->N, s);
+      for (int r = 0; r < 7; ++r)
+        for (size_t v = 0; v < bv.size(); ++v) {
+          cudaEventRecord(e0, s);
+          for (int i = 0; i < 20; ++i)
+            for (auto* p : bl) bv[v].second(xb, p->wt, yb, m, p->K, p->N, s);
+          cudaEventRecord(e1, s);
+          cudaEventSynchronize(e1);
+          float ms;
+          cudaEventElapsedTime(&ms, e0, e1);
+          t[v].push_back(ms * 1000.f / 20.f);
+        }
+      for (size_t v = 0; v < bv.size(); ++v) {
+        std::sort(t[v].begin(), t[v].end());
+        double e = 0;
+        for (auto* p : bl) e = std::max(e, CheckOne<B>(nullptr, bv[v].second, *p, m, xb, yb, rb, s));
+        printf("  rows %d %-34s %6.1f us (%3.0f%%)  rel err %.1e\n", m, bv[v].first.c_str(), t[v][3],
+               100 * layer_bytes / read_tbs / 1e6 / t[v][3], e);
+      }
+    }
+  }
+
   printf("\nper projection, us (median of 7 rounds of 20):\n");
   const char* pname[] = {"qkv", "o", "gate+up", "down", "lm_head"};
   std::vector<Proj<T>*> all = {&qkv, &o, &gu, &down, &lm};
-  for (int m : {8, 16}) {
+  for (int m : {2, 8}) {
     for (size_t v = 0; v < vs.size(); ++v) {
       printf("  rows %2d %-34s", m, vs[v].name.c_str());
       for (size_t pi = 0; pi < all.size(); ++pi) {
@@ -417,7 +470,7 @@ int main(int argc, char** argv) {
         const T inf = __float2half(INFINITY);
         cudaMemcpy(sinf.s[0] + 3 * sinf.wt.nb + 2, &inf, sizeof(T), cudaMemcpyHostToDevice);
       }
-      for (int m : {3, 5, 8, 9, 16})
+      for (int m : {1, 2, 3, 5, 8, 9, 16})
         for (size_t v = 0; v < vs.size(); ++v) {
           if (vs[v].name.rfind("read only", 0) == 0) continue;
           CheckOne<T>((vs[v].name + ": gated, block 64").c_str(), vs[v].fn, s64, m, x, y, ref, s);
@@ -436,7 +489,9 @@ int main(int argc, char** argv) {
     FillT<B><<<256, 256>>>(xb, 16 * 11008, 1.f, 6);
     Proj<B> bl(4096, 4096, false, 32, false, 71), bg(11008, 1000, true, 32, true, 72),
         bk(4100, 333, false, 16, false, 73), bgs(11008, 1000, true, 32, false, 74);
-    for (int m : {3, 8, 13, 16}) {
+    for (int m : {1, 2, 3, 8, 13, 16}) {
+      CheckOne<B>("bf16, Int4MmaFast at every row count", MmaFastAll<B>(), bl, m, xb, yb, rb, s);
+      CheckOne<B>("bf16 gated, Int4MmaFast at every row count", MmaFastAll<B>(), bgs, m, xb, yb, rb, s);
       CheckOne<B>("bf16", Current<B>(), bl, m, xb, yb, rb, s);
       CheckOne<B>("bf16 gated, zero points", Mma<B, 8>(), bg, m, xb, yb, rb, s);
       CheckOne<B>("bf16 K % 8 != 0, block 16", Mma<B, 16>(), bk, m, xb, yb, rb, s);

@@ -522,6 +522,68 @@ def test_int4_linear_auto_picks_its_kernel_by_rows_and_width(tmp_path):
         assert np.abs(got - ref).max() <= 4e-3 * max(1.0, float(np.abs(ref).max())), (n, m)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("gated", [False, True])
+def test_int4_decode_below_three_rows_runs_the_tensor_core_common_form(tmp_path, dtype, gated):
+    """Int4Linear / Int4SwiGLU at 1 and 2 rows where the fp16 one-row GEMV does not take the call (fp16 at 2 rows, bf16
+    at 1 and 2; symmetric, block 32, K a multiple of 128): the tensor-core kernel's common form (Int4MmaFast) runs, not
+    the GEMV it replaced there (a 7B layer 48 against 61 us in fp16 at 2 rows, 54 against 80 and 140 in bf16 on an
+    H200), and the output equals the PyTorch dequantize-then-matmul, a scale of Inf in one block giving NaN or Inf
+    exactly where the reference has them."""
+    import onnx
+    import torch
+    from onnx import TensorProto, helper, numpy_helper
+    from torch.profiler import ProfilerActivity, profile
+
+    from onnxfuse import fuse, runtime
+    from onnxfuse.ops.int4_linear import dequantize, quantize
+    tt, td = (TensorProto.FLOAT16, torch.float16) if dtype == "float16" else (TensorProto.BFLOAT16, torch.bfloat16)
+    k, n, block = 512, 392, 32
+    rng = np.random.default_rng(11)
+    names = ("gate", "up") if gated else ("w",)
+    inits, ws = [], {}
+    nodes = [helper.make_node("Cast", ["X32"], ["X"], to=tt)]
+    for i, name in enumerate(names):
+        wq, s = quantize(rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k) + 0.01, block, symmetric=True)[:2]
+        st = torch.from_numpy(s).to(td)
+        if i == 0:  # column 5's block 3: scale Inf
+            st.view(n, -1)[5, 3] = float("inf")
+        inits += [numpy_helper.from_array(wq, f"{name}.B"),
+                  helper.make_tensor(f"{name}.S", tt, list(st.shape), st.view(torch.int16).numpy().tobytes(), raw=True)]
+        nodes.append(helper.make_node("MatMulNBits", ["X", f"{name}.B", f"{name}.S"], [name if gated else "Yt"],
+                                      domain="com.microsoft", K=k, N=n, bits=4, block_size=block, accuracy_level=4))
+        ws[name] = dequantize(torch.from_numpy(wq), st, k, None).float()
+    if gated:
+        nodes += [helper.make_node("QuickGelu", ["gate"], ["act"], domain="com.microsoft", alpha=1.0),
+                  helper.make_node("Mul", ["act", "up"], ["Yt"])]
+    nodes.append(helper.make_node("Cast", ["Yt"], ["Y"], to=TensorProto.FLOAT))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X32", TensorProto.FLOAT, ["m", k])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["m", n])], inits)
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    onnx.save(helper.make_model(g, opset_imports=opsets, ir_version=10), str(tmp_path / "m.onnx"))
+    res = fuse.fuse(tmp_path / "m.onnx", tmp_path / "f.onnx", ort=False, provider="cuda", backend="cuda")
+    assert [m.op for m in res.matches] == ["Int4SwiGLU" if gated else "Int4Linear"]
+    sess = runtime.session(str(tmp_path / "f.onnx"), "cuda", library=True, cpu_fallback=False)
+    for m in (1, 2) if dtype == "bfloat16" else (2,):
+        x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to(td).float()
+        sess.run(None, {"X32": x.numpy()})
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            got = sess.run(None, {"X32": x.numpy()})[0]
+            torch.cuda.synchronize()
+        kernels = " ".join(e.name for e in prof.events() if e.device_type.name == "CUDA")
+        assert "Int4MmaFast" in kernels and "Int4Gemv" not in kernels, (m, kernels)
+        want = x @ ws[names[0]].T
+        if gated:
+            want = (torch.nn.functional.silu(want) * (x @ ws["up"].T))
+        want = want.to(td).float().numpy()
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+        assert not np.isfinite(want[:, 5]).any()
+        ok = np.isfinite(want)
+        tol = (4e-3 if dtype == "float16" else 3e-2) * max(1.0, float(np.abs(want[ok]).max()))
+        assert np.abs(got[ok] - want[ok]).max() <= tol, (m, np.abs(got[ok] - want[ok]).max())
+
+
 @pytest.mark.parametrize("zp", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_int4_past_16_rows_runs_cutlass_on_sm90(tmp_path, zp, dtype):

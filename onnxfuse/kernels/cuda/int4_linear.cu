@@ -9,10 +9,10 @@ extern "C" {
 // zero_points uint8 [n, ceil(nb / 2)] (two a byte, the even block in the low nibble), 8 where zero_points is null.
 // One fp16 row with symmetric weights in blocks of 32 or more dividing K: the one-row GEMV (Int4RowGemv below). Up to
 // ONNXFUSE_INT4_GEMV_MAX_M rows: a
-// GEMV that streams the packed weights once and dequantizes them in registers (Int4Gemv below; fp16 and bf16 from
-// kMmaMinRows rows: the same on tensor cores, Int4Mma or its common form Int4MmaFast); past them on an sm_90 GPU,
-// without zero points, with a block of 64 or more dividing K, fp16 or bf16 and N a multiple of 8 (MixedPath below):
-// CUTLASS's mixed-input GEMM, which dequantizes the weight tiles in registers inside its main loop
+// GEMV that streams the packed weights once and dequantizes them in registers (Int4Gemv below; fp16 and bf16 on
+// tensor cores instead: Int4Mma from kMmaMinRows rows, its common form Int4MmaFast from one); past them on an sm_90
+// GPU, without zero points, with a block of 64 or more dividing K, fp16 or bf16 and N a multiple of 8 (MixedPath
+// below): CUTLASS's mixed-input GEMM, which dequantizes the weight tiles in registers inside its main loop
 // (cuda/cutlass/int4_mixed_gemm.cu; the scales transposed into scratch first); otherwise the weights dequantized into
 // scratch as W^T [n, k], then one cuBLASLt GEMM that transposes them.
 // `aligned`: X, Wq, the scales, the zero points and Y all 16-byte aligned; `zero_points`: the node has them (both
@@ -32,7 +32,7 @@ int onnxfuse_triton_int4_linear(int dtype, const void* x, const uint8_t* wq, con
 // Int4SwiGLU: Y [m, n] = act(X @ W_gate^T) * (X @ W_up^T), both W as Int4Linear's (zp_gate and zp_up both given or
 // both null), act an onnxfuse_gate_act code
 // (common/gate_act.h). Up to ONNXFUSE_INT4_GEMV_MAX_M rows: the GEMV with a warp per output column reading its gate
-// and up rows together (fp16 and bf16 from kMmaMinRows rows: Int4Mma with a column's gate and up rows in one A
+// and up rows together (fp16 and bf16 on tensor cores as Int4Linear: Int4Mma with a column's gate and up rows in one A
 // operand), act(g) * u in its epilogue; more rows: both projections into [m, 2n] scratch (Int4Linear's sm_90 GEMM
 // once each, or both weights dequantized into scratch as [2n, k] and one cuBLASLt GEMM), then one elementwise pass.
 int64_t onnxfuse_cuda_int4_swiglu_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t block, int aligned,
@@ -622,32 +622,32 @@ __global__ void __launch_bounds__(MAXW * 32, MINB)
   }
 }
 
-// The tensor-core path from kMmaMinRows to 16 rows (fp16, bf16; fp32 stays on the GEMV): mma.sync m16n8k16 with the
-// dequantized weights as the A operand (its 16 rows: columns g and g + 8 of W for lane (g, t) = (lane / 4, lane % 4);
-// Int4SwiGLU: column g's gate and up rows) and X as B (its 8 columns: X's rows; 9-16 rows take a second mma on the same
-// A). K is permuted: the sum does not care in which order its terms come, so an mma's 16 "k" need not be 16
-// consecutive ones. A step is 64 packed bytes (128 values) of each of a warp's 16 weight rows; lane t copies the
-// step's 16 bytes at 16 t of its two rows (cp.async) and reads back word t of each 16-byte unit i, i.e. values
-// 128 step + 32 i + 8 t .. + 7 of its rows for its word i, and X's same 8 values of its row(s) in one 16-byte load, so
-// a warp's load of X reads 64 contiguous bytes of each row (the form before, lane t taking 32 consecutive values, read
-// 16 of every 64 bytes a load: Nsight Compute showed L1 72 % busy at 28 % of DRAM's rate). A packed word's 8 nibbles
-// dequantize (FasterTransformer's trick) into the pairs (q_i, q_{i+4}), i = 0..3, pairs 0 and 1 one mma's A fragment
-// (its k = 2t, 2t + 1 and 2t + 8, 2t + 9 standing for nibbles 0, 4 and 1, 5), pairs 2 and 3 the next one's, and X's 8
-// values of the word are byte-permuted into the same pairs: no shuffles, every weight byte loaded once. The weights
-// stream through shared memory, each lane's copies kMmaStages - 1 steps ahead (no registers held for them, no
+// The tensor-core path from kMmaMinRows (its common form from one) to 16 rows (fp16, bf16; fp32 stays on the GEMV):
+// mma.sync m16n8k16 with the dequantized weights as the A operand (its 16 rows: columns g and g + 8 of W for lane (g,
+// t) = (lane / 4, lane % 4); Int4SwiGLU: column g's gate and up rows) and X as B (its 8 columns: X's rows; 9-16 rows
+// take a second mma on the same A). K is permuted: the sum does not care in which order its terms come, so an mma's 16
+// "k" need not be 16 consecutive ones. A step is 64 packed bytes (128 values) of each of a warp's 16 weight rows; lane
+// t copies the step's 16 bytes at 16 t of its two rows (cp.async) and reads back word t of each 16-byte unit i, i.e.
+// values 128 step + 32 i + 8 t .. + 7 of its rows for its word i, and X's same 8 values of its row(s) in one 16-byte
+// load, so a warp's load of X reads 64 contiguous bytes of each row (the form before, lane t taking 32 consecutive
+// values, read 16 of every 64 bytes a load: Nsight Compute showed L1 72 % busy at 28 % of DRAM's rate). A packed word's
+// 8 nibbles dequantize (FasterTransformer's trick) into the pairs (q_i, q_{i+4}), i = 0..3, pairs 0 and 1 one mma's A
+// fragment (its k = 2t, 2t + 1 and 2t + 8, 2t + 9 standing for nibbles 0, 4 and 1, 5), pairs 2 and 3 the next one's,
+// and X's 8 values of the word are byte-permuted into the same pairs: no shuffles, every weight byte loaded once. The
+// weights stream through shared memory, each lane's copies kMmaStages - 1 steps ahead (no registers held for them, no
 // barrier), a lane's unit placed by (t + g / 2) % 4 so that the warp's 4-byte reads fall in 32 banks; the block's
-// scales (and zero points) are copied into shared memory once, before its first step. A block's warps split K and
-// sum their tiles through shared memory. H200, a Llama-2-7B layer (block 32) against the kernel before (its scales a
-// step ahead in registers from global, X loaded word by word behind a branch each; with this form's choice of
-// warps): 56.2 against 69.1 us at 8 rows, 58.3-58.9 against 64.7-67.3 at 3-6, 85.8-87.0 against 99.8-106.6 at 12-16;
-// lm_head 47.2 against 55.6 at 8 rows, 67.2 against 95.4 at 16, 49.6-50.0 against 51.5-53.1 at 3-6
-// (scripts/int4_decode_probe.cu, benchmarks/results/h200-2026-11-30/int4/decode-probe-kept.txt; the forms on the way in
-// decode-probe-*.txt). (Before it, X as A with 8 columns an mma and each lane shuffling the bytes of its B fragment out
-// of its quad's loads: a Llama-2-7B layer 159 against 73 us at 8 rows on an H100, 98 (the GEMV) against 68 at 4; the
-// weights double-buffered in registers instead of shared memory: 92 at 8 rows;
-// benchmarks/results/h100-2026-11-27/int4/decode-probe.txt. X for the next step loaded a step ahead: 67.2 against 68.5
-// us at 8 rows, decode-probe-stages-x-ahead.txt.)
-constexpr int kMmaMinRows = 3;  // below, the GEMV measured faster (7B layer: 56 and 64 against 75 and 77 us)
+// scales (and zero points) are copied into shared memory once, before its first step. A block's warps split K and sum
+// their tiles through shared memory. H200, a Llama-2-7B layer (block 32) against the kernel before (its scales a step
+// ahead in registers from global, X loaded word by word behind a branch each; with this form's choice of warps): 56.2
+// against 69.1 us at 8 rows, 58.3-58.9 against 64.7-67.3 at 3-6, 85.8-87.0 against 99.8-106.6 at 12-16; lm_head 47.2
+// against 55.6 at 8 rows, 67.2 against 95.4 at 16, 49.6-50.0 against 51.5-53.1 at 3-6 (scripts/int4_decode_probe.cu,
+// benchmarks/results/h200-2026-11-30/int4/decode-probe-kept.txt; the forms on the way in decode-probe-*.txt). (Before
+// it, X as A with 8 columns an mma and each lane shuffling the bytes of its B fragment out of its quad's loads: a
+// Llama-2-7B layer 159 against 73 us at 8 rows on an H100, 98 (the GEMV) against 68 at 4; the weights double-buffered
+// in registers instead of shared memory: 92 at 8 rows; benchmarks/results/h100-2026-11-27/int4/decode-probe.txt. X for
+// the next step loaded a step ahead: 67.2 against 68.5 us at 8 rows, decode-probe-stages-x-ahead.txt.)
+constexpr int kMmaMinRows = 3;  // Int4Mma's: below, the GEMV measured faster (7B layer: 56 and 64 against 75 and 77
+                                // us); Int4MmaFast runs from one row (GemvPath)
 constexpr int kMmaStages = 2;   // 3 measured slower (the layer at 8 rows on an H200: 58.8 against 57.0 us)
 
 template <typename T>
@@ -1502,16 +1502,21 @@ int GemvPath(int dtype, int act, const void* x, const Int4Weights& wt, void* y, 
       return zp ? LaunchGemv<T, MR, false, true>(x, wt, act, y, m, k, n, s)
                 : LaunchGemv<T, MR, false, false>(x, wt, act, y, m, k, n, s);
     };
-    static_assert(kMmaMinRows == 3, "the GEMV serves fp16 and bf16 at 1 and 2 rows");
+    static_assert(kMmaMinRows == 3, "the GEMV serves the general form at 1 and 2 rows");
     if (RowGemvOk(dtype, x, wt, m, k, n)) return RowGemv(x, wt, act, y, k, n, s);
-    if (m == 1) return launch(std::integral_constant<int, 1>{});
-    if (m == 2) return launch(std::integral_constant<int, 2>{});
-    // fp16 and bf16 on the tensor cores where the block's scales fit its shared memory; else (fp32 too) the GEMV
+    // fp16 and bf16 on the tensor cores where the block's scales fit its shared memory: the common form from one row
+    // (where the one-row GEMV does not take the call: fp16 from 2 rows, bf16 from 1), the general form from
+    // kMmaMinRows; else (fp32 too) the GEMV. H200, a Llama-2-7B layer (scripts/int4_decode_probe.cu,
+    // benchmarks/results/h200-2026-11-30/int4/decode-probe-2rows.txt): fp16 at 2 rows 48.1 against the GEMV's 60.9 us
+    // (46.7 against 59.2 replayed from a CUDA graph), bf16 53.9 against 79.8 at 1 row and 54.4 against 140.4 at 2;
+    // fp16 at 1 row the one-row GEMV's 39.8 against 47.5.
     if constexpr (!std::is_same_v<T, float>) {
       if ((zp ? MmaSmem<T, true>(wt, 16) : MmaSmem<T, false>(wt, 16)) <= kMmaMaxSmem) {
         if (MmaFastOk(x, wt, k))
           return gated ? LaunchMmaFast<T, true>(x, wt, act, y, m, k, n, s)
                        : LaunchMmaFast<T, false>(x, wt, act, y, m, k, n, s);
+        if (m < kMmaMinRows)
+          return m == 1 ? launch(std::integral_constant<int, 1>{}) : launch(std::integral_constant<int, 2>{});
         if (gated)
           return zp ? LaunchMma<T, true, true>(x, wt, act, y, m, k, n, s)
                     : LaunchMma<T, true, false>(x, wt, act, y, m, k, n, s);
@@ -1519,6 +1524,8 @@ int GemvPath(int dtype, int act, const void* x, const Int4Weights& wt, void* y, 
                   : LaunchMma<T, false, false>(x, wt, act, y, m, k, n, s);
       }
     }
+    if (m == 1) return launch(std::integral_constant<int, 1>{});
+    if (m == 2) return launch(std::integral_constant<int, 2>{});
     if (m <= 4) return launch(std::integral_constant<int, 4>{});
     if (m <= 8) return launch(std::integral_constant<int, 8>{});
     return launch(std::integral_constant<int, 16>{});
