@@ -8,7 +8,8 @@
 // 8 and 16 rows, against the limit (the packed weights' and scales' bytes at the read rate measured in the same run),
 // and each variant's largest error against Int4Naive (fp32 sums) over the whole output; then the layer at 2 and 8 rows
 // replayed from a CUDA graph (with programmatic edges between the kernels; ONNXFUSE_PDL_GRAPH=0: without); the bf16
-// layer at 1, 2 and 4 rows (the library against Int4MmaFast); each projection alone at 2 and 8 rows. Then numerics on
+// layer at 1, 2 and 4 rows (the library against Int4MmaFast and Int4Mma); the layer with zero points at 1 and 2 rows
+// in bf16 and fp16 (the library against Int4Mma); each projection alone at 2 and 8 rows. Then numerics on
 // the forms the layer does not reach: the one-row GEMV on blocks of 64 and 128, K = 11008 and X in the hundreds; the
 // tensor-core kernels on bf16, zero points, blocks of 16 (two scales a lane's chunk) with an odd number of blocks
 // (8-byte copies), blocks of 64, 128 and 256, K not a multiple of 8 (X loaded by elements), ragged N, 1-16 rows, a
@@ -369,7 +370,43 @@ int main(int argc, char** argv) {
     cudaMalloc(&rb, 16 * 49152 * sizeof(B));
     FillT<B><<<256, 256>>>(xb, 16 * 11008, 1.f, 6);
     std::vector<std::pair<std::string, Fn>> bv = {{"library", Current<B>()},
-                                                  {"Int4MmaFast at every row count", MmaFastAll<B>()}};
+                                                  {"Int4MmaFast at every row count", MmaFastAll<B>()},
+                                                  {"Int4Mma (the general form)", Mma<B, 0>()}};
+    Proj<B> zq(4096, 12288, false, 32, true, 95), zo(4096, 4096, false, 32, true, 96),
+        zgu(4096, 11008, true, 32, true, 97), zd(11008, 4096, false, 32, true, 98);
+    std::vector<Proj<B>*> zl = {&zq, &zo, &zgu, &zd};
+    Proj<T> fq(4096, 12288, false, 32, true, 95), fo(4096, 4096, false, 32, true, 96),
+        fgu(4096, 11008, true, 32, true, 97), fd(11008, 4096, false, 32, true, 98);
+    std::vector<Proj<T>*> fl = {&fq, &fo, &fgu, &fd};
+    printf("\nthe layer with zero points, us per call (median of 7 rounds of 20), largest rel err:\n");
+    for (int m : {1, 2}) {
+      auto time_it = [&](auto& projs, Fn fn, auto* xx, auto* yy, auto* rr) {
+        std::vector<float> t;
+        for (int i = 0; i < 3; ++i)
+          for (auto* p : projs) fn(xx, p->wt, yy, m, p->K, p->N, s);
+        for (int r = 0; r < 7; ++r) {
+          cudaEventRecord(e0, s);
+          for (int i = 0; i < 20; ++i)
+            for (auto* p : projs) fn(xx, p->wt, yy, m, p->K, p->N, s);
+          cudaEventRecord(e1, s);
+          cudaEventSynchronize(e1);
+          float ms;
+          cudaEventElapsedTime(&ms, e0, e1);
+          t.push_back(ms * 1000.f / 20.f);
+        }
+        std::sort(t.begin(), t.end());
+        double e = 0;
+        using E = std::remove_pointer_t<decltype(xx)>;
+        for (auto* p : projs) e = std::max(e, CheckOne<E>(nullptr, fn, *p, m, xx, yy, rr, s));
+        return std::make_pair(t[3], e);
+      };
+      const auto bl_ = time_it(zl, Current<B>(), xb, yb, rb), bm = time_it(zl, Mma<B, 0>(), xb, yb, rb);
+      const auto fl_ = time_it(fl, Current<T>(), x, y, ref), fm = time_it(fl, Mma<T, 0>(), x, y, ref);
+      printf(
+          "  rows %d bf16: library %6.1f us (err %.1e), Int4Mma %6.1f us (err %.1e); fp16: library %6.1f (err %.1e), "
+          "Int4Mma %6.1f (err %.1e)\n",
+          m, bl_.first, bl_.second, bm.first, bm.second, fl_.first, fl_.second, fm.first, fm.second);
+    }
     printf("\nbf16 layer, us per call (median of 7 rounds of 20), largest rel err:\n");
     for (int m : {1, 2, 4}) {
       std::vector<std::vector<float>> t(bv.size());

@@ -584,6 +584,49 @@ def test_int4_decode_below_three_rows_runs_the_tensor_core_common_form(tmp_path,
         assert np.abs(got[ok] - want[ok]).max() <= tol, (m, np.abs(got[ok] - want[ok]).max())
 
 
+def test_int4_bf16_with_zero_points_runs_the_tensor_cores_from_one_row(tmp_path):
+    """bf16 Int4Linear with zero points (the tensor-core kernel's general form, Int4Mma) at 1 and 2 rows, where the
+    GEMV took 88 and 146 us for a 7B layer against Int4Mma's 78 on an H200: Int4Mma runs, and the output equals the
+    PyTorch dequantize-then-matmul (blocks of 16, K not a multiple of 8: the form's copies and X by elements)."""
+    import onnx
+    import torch
+    from onnx import TensorProto, helper, numpy_helper
+    from torch.profiler import ProfilerActivity, profile
+
+    from onnxfuse import fuse, runtime
+    from onnxfuse.ops.int4_linear import dequantize, quantize
+    rng = np.random.default_rng(12)
+    for k, n, block in ((512, 392, 32), (1004, 200, 16)):
+        wq, s, z = quantize(rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k) + 0.01, block, symmetric=False)
+        st = torch.from_numpy(s).to(torch.bfloat16)
+        inits = [numpy_helper.from_array(wq, "B"), numpy_helper.from_array(z.reshape(-1), "Z"),
+                 helper.make_tensor("S", TensorProto.BFLOAT16, list(st.shape), st.view(torch.int16).numpy().tobytes(),
+                                    raw=True)]
+        nodes = [helper.make_node("Cast", ["X32"], ["X"], to=TensorProto.BFLOAT16),
+                 helper.make_node("MatMulNBits", ["X", "B", "S", "Z"], ["Yt"], domain="com.microsoft", K=k, N=n, bits=4,
+                                  block_size=block, accuracy_level=4),
+                 helper.make_node("Cast", ["Yt"], ["Y"], to=TensorProto.FLOAT)]
+        g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X32", TensorProto.FLOAT, ["m", k])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["m", n])], inits)
+        opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+        src, dst = tmp_path / f"m{k}.onnx", tmp_path / f"f{k}.onnx"
+        onnx.save(helper.make_model(g, opset_imports=opsets, ir_version=10), str(src))
+        res = fuse.fuse(src, dst, ort=False, provider="cuda", backend="cuda", force=True)
+        assert [m.op for m in res.matches] == ["Int4Linear"]
+        sess = runtime.session(str(dst), "cuda", library=True, cpu_fallback=False)
+        w = dequantize(torch.from_numpy(wq), st, k, torch.from_numpy(z)).float()
+        for m in (1, 2):
+            x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to(torch.bfloat16).float()
+            sess.run(None, {"X32": x.numpy()})
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                got = sess.run(None, {"X32": x.numpy()})[0]
+                torch.cuda.synchronize()
+            kernels = " ".join(e.name for e in prof.events() if e.device_type.name == "CUDA")
+            assert "Int4Mma" in kernels and "Int4Gemv" not in kernels, (k, m, kernels)
+            want = (x @ w.T).to(torch.bfloat16).float().numpy()
+            assert np.abs(got - want).max() <= 3e-2 * max(1.0, float(np.abs(want).max())), (k, m)
+
+
 @pytest.mark.parametrize("zp", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_int4_past_16_rows_runs_cutlass_on_sm90(tmp_path, zp, dtype):

@@ -10,9 +10,9 @@ extern "C" {
 // One fp16 row with symmetric weights in blocks of 32 or more dividing K: the one-row GEMV (Int4RowGemv below). Up to
 // ONNXFUSE_INT4_GEMV_MAX_M rows: a
 // GEMV that streams the packed weights once and dequantizes them in registers (Int4Gemv below; fp16 and bf16 on
-// tensor cores instead: Int4Mma from kMmaMinRows rows, its common form Int4MmaFast from one); past them on an sm_90
-// GPU, without zero points, with a block of 64 or more dividing K, fp16 or bf16 and N a multiple of 8 (MixedPath
-// below): CUTLASS's mixed-input GEMM, which dequantizes the weight tiles in registers inside its main loop
+// tensor cores instead: Int4Mma from kMmaMinRows rows (bf16: one), its common form Int4MmaFast from one); past them on
+// an sm_90 GPU, without zero points, with a block of 64 or more dividing K, fp16 or bf16 and N a multiple of 8
+// (MixedPath below): CUTLASS's mixed-input GEMM, which dequantizes the weight tiles in registers inside its main loop
 // (cuda/cutlass/int4_mixed_gemm.cu; the scales transposed into scratch first); otherwise the weights dequantized into
 // scratch as W^T [n, k], then one cuBLASLt GEMM that transposes them.
 // `aligned`: X, Wq, the scales, the zero points and Y all 16-byte aligned; `zero_points`: the node has them (both
@@ -646,8 +646,8 @@ __global__ void __launch_bounds__(MAXW * 32, MINB)
 // Llama-2-7B layer 159 against 73 us at 8 rows on an H100, 98 (the GEMV) against 68 at 4; the weights double-buffered
 // in registers instead of shared memory: 92 at 8 rows; benchmarks/results/h100-2026-11-27/int4/decode-probe.txt. X for
 // the next step loaded a step ahead: 67.2 against 68.5 us at 8 rows, decode-probe-stages-x-ahead.txt.)
-constexpr int kMmaMinRows = 3;  // Int4Mma's: below, the GEMV measured faster (7B layer: 56 and 64 against 75 and 77
-                                // us); Int4MmaFast runs from one row (GemvPath)
+constexpr int kMmaMinRows = 3;  // Int4Mma's in fp16: below, the GEMV measured faster (7B layer: 56 and 64 against 75
+                                // and 77 us); Int4MmaFast, and Int4Mma in bf16, run from one row (GemvPath)
 constexpr int kMmaStages = 2;   // 3 measured slower (the layer at 8 rows on an H200: 58.8 against 57.0 us)
 
 template <typename T>
@@ -1502,20 +1502,22 @@ int GemvPath(int dtype, int act, const void* x, const Int4Weights& wt, void* y, 
       return zp ? LaunchGemv<T, MR, false, true>(x, wt, act, y, m, k, n, s)
                 : LaunchGemv<T, MR, false, false>(x, wt, act, y, m, k, n, s);
     };
-    static_assert(kMmaMinRows == 3, "the GEMV serves the general form at 1 and 2 rows");
+    static_assert(kMmaMinRows == 3, "the GEMV serves fp16's general form at 1 and 2 rows");
     if (RowGemvOk(dtype, x, wt, m, k, n)) return RowGemv(x, wt, act, y, k, n, s);
     // fp16 and bf16 on the tensor cores where the block's scales fit its shared memory: the common form from one row
     // (where the one-row GEMV does not take the call: fp16 from 2 rows, bf16 from 1), the general form from
-    // kMmaMinRows; else (fp32 too) the GEMV. H200, a Llama-2-7B layer (scripts/int4_decode_probe.cu,
-    // benchmarks/results/h200-2026-11-30/int4/decode-probe-2rows.txt): fp16 at 2 rows 48.1 against the GEMV's 60.9 us
-    // (46.7 against 59.2 replayed from a CUDA graph), bf16 53.9 against 79.8 at 1 row and 54.4 against 140.4 at 2;
-    // fp16 at 1 row the one-row GEMV's 39.8 against 47.5.
+    // kMmaMinRows in fp16 and from one row in bf16; else (fp32 too) the GEMV. H200, a Llama-2-7B layer
+    // (scripts/int4_decode_probe.cu, benchmarks/results/h200-2026-11-30/int4/decode-probe-2rows.txt,
+    // decode-probe-zp.txt): fp16 at 2 rows 48.1 against the GEMV's 60.9 us (46.7 against 59.2 replayed from a CUDA
+    // graph), bf16 53.9 against 79.8 at 1 row and 54.4 against 140.4 at 2; fp16 at 1 row the one-row GEMV's 39.8
+    // against 47.5. With zero points (the general form): bf16 77.6 against the GEMV's 88.1 at 1 row and 78.1 against
+    // 146.4 at 2; fp16 the GEMV's 59.3 against 71.6 at 1 row, 71.5 against 72.1 at 2.
     if constexpr (!std::is_same_v<T, float>) {
       if ((zp ? MmaSmem<T, true>(wt, 16) : MmaSmem<T, false>(wt, 16)) <= kMmaMaxSmem) {
         if (MmaFastOk(x, wt, k))
           return gated ? LaunchMmaFast<T, true>(x, wt, act, y, m, k, n, s)
                        : LaunchMmaFast<T, false>(x, wt, act, y, m, k, n, s);
-        if (m < kMmaMinRows)
+        if (std::is_same_v<T, __half> && m < kMmaMinRows)  // bf16: Int4Mma from one row too
           return m == 1 ? launch(std::integral_constant<int, 1>{}) : launch(std::integral_constant<int, 2>{});
         if (gated)
           return zp ? LaunchMma<T, true, true>(x, wt, act, y, m, k, n, s)
