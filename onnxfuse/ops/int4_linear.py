@@ -381,8 +381,8 @@ FAMILY = OpFamily("int4_linear", (
           swiglu_doctor_entry, overload_attr="activation", min_opset=MIN_OPSET,
           byte_inputs=("Wq_gate", "Wq_up", "zero_points_gate", "zero_points_up"), doctor_inputs=doctor_inputs,
           optional_overload=ZP_OVERLOAD, special_type_max=False),
-    # The norm ops: the norm kernel, then one and two rows (the GEMVs; bf16 where K is a multiple of 128, the tensor
-    # cores' common form), 3-16 rows (the tensor cores), past 16
+    # The norm ops: the norm kernel, then one and two rows (the GEMVs in fp16; bf16: the tensor cores), 3-16 rows (the
+    # tensor cores), past 16
     # (CUTLASS's on sm_90 or the dequantization + GEMM); ragged K and N, zero points, a K past the GEMV's one-row
     # staging and the vector norm kernel's reach (their element-by-element forms), a 7B qkv at one row.
     OpDef(21, SKIP_RMS_NORM_INT4_LINEAR, skip_norm_reference, skip_norm_body, out_shape,
