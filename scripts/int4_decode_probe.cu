@@ -254,6 +254,29 @@ int main(int argc, char** argv) {
   cudaMalloc(&y, 16 * 49152 * sizeof(T));
   cudaMalloc(&ref, 16 * 49152 * sizeof(T));
   FillT<T><<<256, 256>>>(x, 16 * 11008, 1.f, 5);
+  // us a call of each of `runs` (each run 3 times first, then in 7 rounds of 20 calls, the runs round-robin in each
+  // round): the medians
+  auto rounds = [&](const std::vector<std::function<void()>>& runs) {
+    std::vector<std::vector<float>> t(runs.size());
+    for (auto& run : runs)
+      for (int i = 0; i < 3; ++i) run();
+    for (int r = 0; r < 7; ++r)
+      for (size_t v = 0; v < runs.size(); ++v) {
+        cudaEventRecord(e0, s);
+        for (int i = 0; i < 20; ++i) runs[v]();
+        cudaEventRecord(e1, s);
+        cudaEventSynchronize(e1);
+        float ms;
+        cudaEventElapsedTime(&ms, e0, e1);
+        t[v].push_back(ms * 1000.f / 20.f);
+      }
+    std::vector<float> med;
+    for (auto& tv : t) {
+      std::sort(tv.begin(), tv.end());
+      med.push_back(tv[3]);
+    }
+    return med;
+  };
   struct V {
     std::string name;
     Fn fn;
@@ -294,26 +317,13 @@ int main(int argc, char** argv) {
         for (auto* p : ps) e = std::max(e, CheckOne<T>(nullptr, vs[v].fn, *p, m, x, y, ref, s));
         err[v][ri] = e;
       }
-      std::vector<std::vector<float>> t(vs.size());
-      auto run = [&](size_t v) {
-        for (auto* p : ps) vs[v].fn(x, p->wt, y, m, p->K, p->N, s);
-      };
+      std::vector<std::function<void()>> runs;
       for (size_t v = 0; v < vs.size(); ++v)
-        for (int i = 0; i < 3; ++i) run(v);
-      for (int r = 0; r < 7; ++r)
-        for (size_t v = 0; v < vs.size(); ++v) {
-          cudaEventRecord(e0, s);
-          for (int i = 0; i < 20; ++i) run(v);
-          cudaEventRecord(e1, s);
-          cudaEventSynchronize(e1);
-          float ms;
-          cudaEventElapsedTime(&ms, e0, e1);
-          t[v].push_back(ms * 1000.f / 20.f);
-        }
-      for (size_t v = 0; v < vs.size(); ++v) {
-        std::sort(t[v].begin(), t[v].end());
-        res[v][ri] = t[v][3];
-      }
+        runs.push_back([&, v, m] {
+          for (auto* p : ps) vs[v].fn(x, p->wt, y, m, p->K, p->N, s);
+        });
+      const std::vector<float> med = rounds(runs);
+      for (size_t v = 0; v < vs.size(); ++v) res[v][ri] = med[v];
     }
     for (size_t v = 0; v < vs.size(); ++v) {
       printf("%-34s", vs[v].name.c_str());
@@ -381,24 +391,13 @@ int main(int argc, char** argv) {
     printf("\nthe layer with zero points, us per call (median of 7 rounds of 20), largest rel err:\n");
     for (int m : {1, 2}) {
       auto time_it = [&](auto& projs, Fn fn, auto* xx, auto* yy, auto* rr) {
-        std::vector<float> t;
-        for (int i = 0; i < 3; ++i)
+        const float t = rounds({[&] {
           for (auto* p : projs) fn(xx, p->wt, yy, m, p->K, p->N, s);
-        for (int r = 0; r < 7; ++r) {
-          cudaEventRecord(e0, s);
-          for (int i = 0; i < 20; ++i)
-            for (auto* p : projs) fn(xx, p->wt, yy, m, p->K, p->N, s);
-          cudaEventRecord(e1, s);
-          cudaEventSynchronize(e1);
-          float ms;
-          cudaEventElapsedTime(&ms, e0, e1);
-          t.push_back(ms * 1000.f / 20.f);
-        }
-        std::sort(t.begin(), t.end());
+        }})[0];
         double e = 0;
         using E = std::remove_pointer_t<decltype(xx)>;
         for (auto* p : projs) e = std::max(e, CheckOne<E>(nullptr, fn, *p, m, xx, yy, rr, s));
-        return std::make_pair(t[3], e);
+        return std::make_pair(t, e);
       };
       const auto bl_ = time_it(zl, Current<B>(), xb, yb, rb), bm = time_it(zl, Mma<B, 0>(), xb, yb, rb);
       const auto fl_ = time_it(fl, Current<T>(), x, y, ref), fm = time_it(fl, Mma<T, 0>(), x, y, ref);
@@ -409,27 +408,17 @@ int main(int argc, char** argv) {
     }
     printf("\nbf16 layer, us per call (median of 7 rounds of 20), largest rel err:\n");
     for (int m : {1, 2, 4}) {
-      std::vector<std::vector<float>> t(bv.size());
+      std::vector<std::function<void()>> runs;
       for (size_t v = 0; v < bv.size(); ++v)
-        for (int i = 0; i < 3; ++i)
+        runs.push_back([&, v, m] {
           for (auto* p : bl) bv[v].second(xb, p->wt, yb, m, p->K, p->N, s);
-      for (int r = 0; r < 7; ++r)
-        for (size_t v = 0; v < bv.size(); ++v) {
-          cudaEventRecord(e0, s);
-          for (int i = 0; i < 20; ++i)
-            for (auto* p : bl) bv[v].second(xb, p->wt, yb, m, p->K, p->N, s);
-          cudaEventRecord(e1, s);
-          cudaEventSynchronize(e1);
-          float ms;
-          cudaEventElapsedTime(&ms, e0, e1);
-          t[v].push_back(ms * 1000.f / 20.f);
-        }
+        });
+      const std::vector<float> t = rounds(runs);
       for (size_t v = 0; v < bv.size(); ++v) {
-        std::sort(t[v].begin(), t[v].end());
         double e = 0;
         for (auto* p : bl) e = std::max(e, CheckOne<B>(nullptr, bv[v].second, *p, m, xb, yb, rb, s));
-        printf("  rows %d %-34s %6.1f us (%3.0f%%)  rel err %.1e\n", m, bv[v].first.c_str(), t[v][3],
-               100 * layer_bytes / read_tbs / 1e6 / t[v][3], e);
+        printf("  rows %d %-34s %6.1f us (%3.0f%%)  rel err %.1e\n", m, bv[v].first.c_str(), t[v],
+               100 * layer_bytes / read_tbs / 1e6 / t[v], e);
       }
     }
   }
@@ -442,19 +431,8 @@ int main(int argc, char** argv) {
       printf("  rows %2d %-34s", m, vs[v].name.c_str());
       for (size_t pi = 0; pi < all.size(); ++pi) {
         Proj<T>& p = *all[pi];
-        for (int i = 0; i < 3; ++i) vs[v].fn(x, p.wt, y, m, p.K, p.N, s);
-        std::vector<float> t;
-        for (int r = 0; r < 7; ++r) {
-          cudaEventRecord(e0, s);
-          for (int i = 0; i < 20; ++i) vs[v].fn(x, p.wt, y, m, p.K, p.N, s);
-          cudaEventRecord(e1, s);
-          cudaEventSynchronize(e1);
-          float ms;
-          cudaEventElapsedTime(&ms, e0, e1);
-          t.push_back(ms * 1000.f / 20.f);
-        }
-        std::sort(t.begin(), t.end());
-        printf(" %s %6.1f (%3.0f%%)", pname[pi], t[3], 100 * p.bytes() / read_tbs / 1e6 / t[3]);
+        const float t = rounds({[&] { vs[v].fn(x, p.wt, y, m, p.K, p.N, s); }})[0];
+        printf(" %s %6.1f (%3.0f%%)", pname[pi], t, 100 * p.bytes() / read_tbs / 1e6 / t);
       }
       printf("\n");
     }
