@@ -1,11 +1,11 @@
 #!/bin/bash
 # One device call of a GPU sitting with onnxruntime-gpu (../shared/GPU.md): assembles onnxruntime-gpu 1.31.1 from the
-# parts the earlier calls left in /root/ort plus the last one, carried now (.gpu/ort.part04), installs the carried test
+# parts the earlier calls left in /root/ort plus the last one, carried now (.gpu/ort.part08), installs the carried test
 # wheels (.gpu/wheels: hypothesis and its dependencies, which the GPU machine lacks), unpacks the library built here
 # (.gpu/lib.so.xz) and its oneDNN (.gpu/dnnl.so.3.xz) and runs MODE. Prepare here (once per checkout; .gpu/ is git-ignored):
 #
-#   split the onnxruntime-gpu wheel as GPU.md says but in 30 MB parts (`split -b 30M`: a carry holds 64 MiB with the
-#   working tree, about 20 MB), .gpu/ort.part00..06; pip download hypothesis,
+#   split the onnxruntime-gpu wheel as GPU.md says but in 24 MiB parts (`split -b 24M -d -a 2`: a carry holds 64 MiB
+#   with the working tree, about 36 MB), .gpu/ort.part00..08; pip download hypothesis,
 #   sortedcontainers and attrs (--python-version 3.12) into .gpu/wheels; xz the built library into .gpu/lib.so.xz
 #
 # then calls back to back carrying one part each with `mkdir -p /root/ort /root/extra && cp .gpu/ort.part0N
@@ -139,9 +139,13 @@ case "$MODE" in
     # tokenizer beside it: .gpu/tok, saved here from the GGUF with transformers), its builder through `onnxfuse export
     # hf --dtype int4 --no-fuse`, and the fused folder (`onnxfuse fuse`): /root/int4, /root/int4-fused. Carries the
     # genai CUDA wheel (.gpu/genai/*.whl, pip download onnxruntime-genai-cuda==0.18.0 for cp312 manylinux_2_28).
-    python3 -m pip install -q --no-deps --target /root/genai .gpu/genai/*.whl || exit 1
+    # ACC=4: the builder's MatMulNBits with accuracy_level 4 (--extra-options), folders /root/int4-a4 and
+    # /root/int4-a4-fused (a later call reuses the checkpoint).
+    [ -d /root/genai/onnxruntime_genai ] || python3 -m pip install -q --no-deps --target /root/genai .gpu/genai/*.whl \
+      || exit 1
     export PYTHONPATH=/root/ortsite:/root/genai:$PWD
-    python3 - <<'PY' || exit 1
+    suf=${ACC:+-a$ACC}
+    [ -f /root/ckpt7b/config.json ] || python3 - <<'PY' || exit 1
 import torch, transformers
 cfg = transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
                                num_key_value_heads=32, vocab_size=49152, max_position_embeddings=4096)
@@ -151,12 +155,13 @@ with torch.device("cuda"):
 model.save_pretrained("/root/ckpt7b")
 transformers.AutoTokenizer.from_pretrained(".gpu/tok").save_pretrained("/root/ckpt7b")
 PY
-    python3 -m onnxfuse export hf /root/ckpt7b -o /root/int4 --dtype int4 ${BLOCK:+--block-size "$BLOCK"} \
-      --provider cuda --no-fuse > "$OUT/int4-export.log" 2>&1; echo "export rc $?"; tail -3 "$OUT/int4-export.log"
-    python3 -m onnxfuse fuse /root/int4 --provider cuda > "$OUT/int4-fuse.log" 2>&1; echo "fuse rc $?"
-    tail -3 "$OUT/int4-fuse.log"
+    python3 -m onnxfuse export hf /root/ckpt7b -o "/root/int4$suf" --dtype int4 ${BLOCK:+--block-size "$BLOCK"} \
+      ${ACC:+--extra-options "accuracy_level=$ACC"} --provider cuda --no-fuse > "$OUT/int4$suf-export.log" 2>&1
+    echo "export rc $?"; tail -3 "$OUT/int4$suf-export.log"
+    python3 -m onnxfuse fuse "/root/int4$suf" --provider cuda > "$OUT/int4$suf-fuse.log" 2>&1; echo "fuse rc $?"
+    tail -3 "$OUT/int4$suf-fuse.log"
     # the library copied into the folder finds its oneDNN by $ORIGIN (the carried library's RUNPATH)
-    [ -f /root/libdnnl.so.3 ] && cp /root/libdnnl.so.3 /root/int4-fused/
+    [ -f /root/libdnnl.so.3 ] && cp /root/libdnnl.so.3 "/root/int4$suf-fused/"
     ;;
   generate)
     # bench genai with its limits on a Llama-2-7B-shape checkpoint of LAYERS layers (default 4; random fp16 weights,
@@ -247,9 +252,9 @@ PY
     ;;
   int4-bench)
     # bench genai on int4-folders' two folders: prompts SIZES (default 128,512,2048), batches BATCH (default 1); with
-    # BEFORE=1 a third between them, /root/int4-fused-before (before_folder)
+    # BEFORE=1 a third between them, /root/int4-fused-before (before_folder); FOLDERS: other folders instead of the two
     export PYTHONPATH=/root/ortsite:/root/genai:$PWD
-    folders="/root/int4 /root/int4-fused"
+    folders=${FOLDERS:-/root/int4 /root/int4-fused}
     if [ "${BEFORE:-0}" = 1 ]; then
       before_folder /root/int4-fused /root/int4 || exit 1
       folders="/root/int4 /root/int4-fused-before /root/int4-fused"

@@ -1,19 +1,21 @@
 // Issue 28, int4 decode at 1-16 rows (a batch of 1-16 sequences): the CUDA backend's kernels below the dequantization
 // path, the library's dispatch (cuda/int4_linear.cu GemvPath: the one-row GEMV at one fp16 row, Int4MmaFast, the
 // tensor-core kernel's common form, where it takes the call, Int4Mma or the GEMV elsewhere) against Int4MmaFast at
-// every row count, Int4Mma (the general form) and plain reads of the same bytes (a kernel a projection, with
+// every row count, Int4Mma (the general form), the library's path for a node of accuracy_level 4 (the one-row GEMV
+// with X rounded to int8, Int4RowGemvI8) and plain reads of the same bytes (a kernel a projection, with
 // programmatic dependent launch: the floor a kernel a projection leaves), on a Llama-2-7B layer as genai's int4 model
 // runs it (qkv, o and down Int4Linear, gate and up one Int4SwiGLU; block 32, fp16, symmetric) and on lm_head (4096 ->
 // 49152). cudaEvent time per layer (median of 7 rounds of 20, the variants round-robin in each round) at 1, 2, 3, 4,
 // 8 and 16 rows, against the limit (the packed weights' and scales' bytes at the read rate measured in the same run),
-// and each variant's largest error against Int4Naive (fp32 sums) over the whole output; then the layer at 2 and 8 rows
-// replayed from a CUDA graph (with programmatic edges between the kernels; ONNXFUSE_PDL_GRAPH=0: without); the bf16
-// layer at 1, 2 and 4 rows (the library against Int4MmaFast and Int4Mma); the layer with zero points at 1 and 2 rows
-// in bf16 and fp16 (the library against Int4Mma); each projection alone at 2 and 8 rows. Then numerics on
-// the forms the layer does not reach: the one-row GEMV on blocks of 64 and 128, K = 11008 and X in the hundreds; the
+// and each variant's largest error against Int4Naive (fp32 sums) over the whole output; then the layer at 1, 2 and 8
+// rows replayed from a CUDA graph (with programmatic edges between the kernels; ONNXFUSE_PDL_GRAPH=0: without); the
+// bf16 layer at 1, 2 and 4 rows (the library against Int4MmaFast and Int4Mma); the layer with zero points at 1 and 2
+// rows in bf16 and fp16 (the library against Int4Mma); each projection alone at 2 and 8 rows. Then numerics on the
+// forms the layer does not reach: the one-row GEMV on blocks of 64 and 128, K = 11008 and X in the hundreds; the
 // tensor-core kernels on bf16, zero points, blocks of 16 (two scales a lane's chunk) with an odd number of blocks
 // (8-byte copies), blocks of 64, 128 and 256, K not a multiple of 8 (X loaded by elements), ragged N, 1-16 rows, a
-// scale past 4094 and a scale Inf (the common form's exact loop).
+// scale past 4094 and a scale Inf (the common form's exact loop); last, X with an Inf and a NaN at one row (every
+// output's class, finite, Inf or NaN, against Int4Naive's).
 // The one-row GEMV's own probe is the same program at 1 row (git history: benchmarks/results/h200-2026-11-30/int4/
 // row-gemv-probe-*.txt). The kernels before and the forms tried on the way:
 // benchmarks/results/h100-2026-11-27/int4/decode-probe.txt and
@@ -137,6 +139,15 @@ Fn Row() {  // the one-row GEMV with C loads a lane a step where it takes the ca
     if (!RowGemvOk(ONNXFUSE_FP16, x, wt, m, k, n)) return GemvPath(ONNXFUSE_FP16, 0, x, wt, y, m, k, n, s);
     return wt.wq_up != nullptr ? LaunchRowGemv<C, true, WARPS_SM>(x, wt, 0, y, k, n, s)
                                : LaunchRowGemv<C, false, WARPS_SM>(x, wt, 0, y, k, n, s);
+  };
+}
+
+template <typename T>
+Fn Int8X() {  // the library's path for a node of accuracy_level 4 (the one-row fp16 GEMV rounds X to int8)
+  return [](const void* x, const Int4Weights& wt, void* y, int64_t m, int64_t k, int64_t n, cudaStream_t s) {
+    Int4Weights w = wt;
+    w.int8_x = true;
+    return GemvPath(std::is_same_v<T, __half> ? ONNXFUSE_FP16 : ONNXFUSE_BF16, 0, x, w, y, m, k, n, s);
   };
 }
 
@@ -284,6 +295,7 @@ int main(int argc, char** argv) {
   std::vector<V> vs = {{"library", Current<T>()},
                        {"Int4MmaFast at every row count", MmaFastAll<T>()},
                        {"Int4Mma (the general form)", Mma<T, 0>()},
+                       {"library, accuracy_level 4", Int8X<T>()},
                        {"read only, 4 blocks an SM, PDL", Read<true, 4>()}};
   if (argc > 3 && std::string(argv[1]) == "ncu") {  // ncu: variant argv[2] at argv[3] rows, the layer twice
     const int v = atoi(argv[2]), m = atoi(argv[3]);
@@ -334,7 +346,7 @@ int main(int argc, char** argv) {
     }
   }
   // the layer at one row replayed from a CUDA graph (as genai's graph runs it: no programmatic launches in a capture)
-  for (int gm : {2, 8}) {
+  for (int gm : {1, 2, 8}) {
     printf("\nlayer at %d rows in a CUDA graph (20 layers a replay), us per layer (median of 7), %% of the limit:\n",
            gm);
     const double limit = layer_bytes / read_tbs / 1e6;
@@ -426,7 +438,7 @@ int main(int argc, char** argv) {
   printf("\nper projection, us (median of 7 rounds of 20):\n");
   const char* pname[] = {"qkv", "o", "gate+up", "down", "lm_head"};
   std::vector<Proj<T>*> all = {&qkv, &o, &gu, &down, &lm};
-  for (int m : {2, 8}) {
+  for (int m : {1, 2, 8}) {
     for (size_t v = 0; v < vs.size(); ++v) {
       printf("  rows %2d %-34s", m, vs[v].name.c_str());
       for (size_t pi = 0; pi < all.size(); ++pi) {
@@ -513,6 +525,36 @@ int main(int argc, char** argv) {
       CheckOne<B>("bf16, the GEMV", Gemv<B>(), bl, m, xb, yb, rb, s);
       CheckOne<B>("bf16, the library", Current<B>(), bl, m, xb, yb, rb, s);
       CheckOne<B>("bf16 gated, the library", Current<B>(), bgs, m, xb, yb, rb, s);
+    }
+  }
+  {  // X with an Inf (unit 3) and a NaN (unit 40) at one row: every output's class (finite, Inf, NaN) against Int4Naive
+    T* xs;
+    cudaMalloc(&xs, 11008 * sizeof(T));
+    cudaMemcpy(xs, x, 11008 * sizeof(T), cudaMemcpyDeviceToDevice);
+    for (int which = 0; which < 2; ++which) {
+      const T v = __float2half(which == 0 ? INFINITY : NAN);
+      cudaMemcpy(xs + (which == 0 ? 100 : 1290), &v, sizeof(T), cudaMemcpyHostToDevice);
+      for (size_t vi = 0; vi < vs.size(); ++vi) {
+        if (vs[vi].name.rfind("read only", 0) == 0) continue;
+        for (Proj<T>* p : {&qkv, &gu}) {
+          cudaMemsetAsync(y, 0x11, size_t(p->N) * sizeof(T), s);
+          Naive<T>(xs, p->wt, ref, 1, p->K, p->N, s);
+          vs[vi].fn(xs, p->wt, y, 1, p->K, p->N, s);
+          cudaStreamSynchronize(s);
+          std::vector<T> ha(p->N), hr(p->N);
+          cudaMemcpy(ha.data(), y, p->N * sizeof(T), cudaMemcpyDeviceToHost);
+          cudaMemcpy(hr.data(), ref, p->N * sizeof(T), cudaMemcpyDeviceToHost);
+          int diff = 0, nan = 0;
+          for (int i = 0; i < p->N; ++i) {
+            const float a = float(ha[i]), r = float(hr[i]);
+            nan += std::isnan(r);
+            diff += std::isnan(a) != std::isnan(r) || std::isinf(a) != std::isinf(r) || (std::isinf(a) && a != r);
+          }
+          printf("  X with %s, %-34s %s: %d of %d outputs of another class (reference NaN %d)\n",
+                 which == 0 ? "an Inf" : "an Inf and a NaN", vs[vi].name.c_str(), p == &qkv ? "qkv" : "gate+up", diff,
+                 p->N, nan);
+        }
+      }
     }
   }
   printf("done: %s\n", cudaGetErrorString(cudaDeviceSynchronize()));

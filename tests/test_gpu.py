@@ -409,7 +409,7 @@ def test_int4_linear_matches_matmulnbits_on_the_cuda_ep(tmp_path, block, zp, bac
     rng = np.random.default_rng(0)
     wq, s, *z = quantize(rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k) + 0.01, block, symmetric=not zp)
     node = helper.make_node("MatMulNBits", ["X", "B", "S"] + ["Z"] * zp, ["Y"], domain="com.microsoft", K=k, N=n,
-                            bits=4, block_size=block, accuracy_level=4)
+                            bits=4, block_size=block)
     _save_fp16_model(tmp_path / "m.onnx", [node], [numpy_helper.from_array(wq, "B"),
                      numpy_helper.from_array(s.astype(np.float16), "S")]
                      + ([numpy_helper.from_array(z[0].reshape(-1), "Z")] if zp else []), k, n)
@@ -455,7 +455,7 @@ def test_int4_one_row_gemv_matches_matmulnbits(tmp_path, k, n, block, gated):
             s.reshape(n, -1)[n - 1, -1] = np.nan
         inits += [numpy_helper.from_array(wq, f"{name}.B"), numpy_helper.from_array(s, f"{name}.S")]
         nodes.append(helper.make_node("MatMulNBits", ["X", f"{name}.B", f"{name}.S"], [name if gated else "Y"],
-                                      domain="com.microsoft", K=k, N=n, bits=4, block_size=block, accuracy_level=4))
+                                      domain="com.microsoft", K=k, N=n, bits=4, block_size=block))
         ws[name] = dequantize(torch.from_numpy(wq), torch.from_numpy(s), k, None).float()
     if gated:
         nodes += [helper.make_node("QuickGelu", ["gate"], ["act"], domain="com.microsoft", alpha=1.0),
@@ -504,7 +504,7 @@ def test_int4_linear_auto_picks_its_kernel_by_rows_and_width(tmp_path):
     for n, m, want in ((16384, 8, "Int4Mma"), (16384, 32, "_int4_linear_kernel"), (4096, 32, "Int4Dequantize")):
         wq, s = quantize(rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k), block, symmetric=True)[:2]
         node = helper.make_node("MatMulNBits", ["X", "B", "S"], ["Y"], domain="com.microsoft", K=k, N=n, bits=4,
-                                block_size=block, accuracy_level=4)
+                                block_size=block)
         src, dst = tmp_path / f"m{n}.onnx", tmp_path / f"f{n}.onnx"
         _save_fp16_model(src, [node], [numpy_helper.from_array(wq, "B"),
                          numpy_helper.from_array(s.astype(np.float16), "S")], k, n)
@@ -548,8 +548,7 @@ def test_int4_decode_below_three_rows_runs_the_tensor_core_common_form(tmp_path,
         st = torch.from_numpy(s).to(td)
         if i == 0:  # column 5's block 3: scale Inf
             st.view(n, -1)[5, 3] = float("inf")
-        inits += [numpy_helper.from_array(wq, f"{name}.B"),
-                  helper.make_tensor(f"{name}.S", tt, list(st.shape), st.view(torch.int16).numpy().tobytes(), raw=True)]
+        inits += [numpy_helper.from_array(wq, f"{name}.B"), _scales_init(f"{name}.S", st, tt)]
         nodes.append(helper.make_node("MatMulNBits", ["X", f"{name}.B", f"{name}.S"], [name if gated else "Yt"],
                                       domain="com.microsoft", K=k, N=n, bits=4, block_size=block, accuracy_level=4))
         ws[name] = dequantize(torch.from_numpy(wq), st, k, None).float()
@@ -584,6 +583,163 @@ def test_int4_decode_below_three_rows_runs_the_tensor_core_common_form(tmp_path,
         assert np.abs(got[ok] - want[ok]).max() <= tol, (m, np.abs(got[ok] - want[ok]).max())
 
 
+def _scales_init(name, st, tt):
+    """A 16-bit scales tensor (torch fp16 or bf16) as an initializer of ONNX type tt, from its raw bytes (numpy has no
+    bfloat16)."""
+    import torch
+    from onnx import helper
+    return helper.make_tensor(name, tt, list(st.shape), st.contiguous().view(torch.int16).numpy().tobytes(), raw=True)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_int4_accuracy_level_4_rounds_x_to_int8_at_one_row(tmp_path, gated):
+    """A MatMulNBits of accuracy_level 4 (onnxruntime's "X may be quantized to int8") fuses to a node that keeps it, and
+    at one fp16 row the CUDA backend runs the GEMV over X rounded to int8 (Int4RowGemvI8: a 7B layer 36.1 against 39.7
+    us on an H200): its output equals the int8 path's float64 emulation to fp16's rounding and stays within the int8
+    rounding's bound of the exact product (and the emulation is farther than that from the exact product, so the test
+    tells the paths apart); a level-0 node runs the fp16 GEMV; at 2 rows the exact tensor-core kernel runs; X with an
+    Inf and a scale of Inf put NaN and Inf where the reference does; a CUDA graph replays it; the norm op in front
+    (SkipRMSNormInt4Linear) passes the level on."""
+    import onnx
+    import onnxruntime as ort
+    import torch
+    from onnx import TensorProto, helper, numpy_helper
+    from torch.profiler import ProfilerActivity, profile
+
+    from onnxfuse import fuse, runtime
+    from onnxfuse.ops.int4_linear import dequantize, int8_x_product, quantize
+    fp16 = TensorProto.FLOAT16
+    rng = np.random.default_rng(31)
+
+    def build(level, k, n, block, norm=False, inf_scale=False):
+        names = ("gate", "up") if gated else ("w",)
+        inits, parts = [], {}
+        nodes = [helper.make_node("Cast", ["X32"], ["X"], to=fp16)]
+        x_in = "X"
+        if norm:
+            gamma = (rng.standard_normal(k) * 0.3 + 1.0).astype(np.float16)
+            inits.append(numpy_helper.from_array(gamma, "gamma"))
+            nodes.append(helper.make_node("SkipSimplifiedLayerNormalization", ["X", "skip", "gamma"],
+                                          ["normed", "", "", "sum"], domain="com.microsoft", epsilon=1e-5))
+            x_in, parts["gamma"] = "normed", torch.from_numpy(gamma).float()
+        for i, name in enumerate(names):
+            wq, s = quantize(rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k) + 0.01, block,
+                             symmetric=True)[:2]
+            st = torch.from_numpy(s).to(torch.float16)
+            if inf_scale and i == 0:  # column 5's block 1: scale Inf
+                st.view(n, -1)[5, 1] = float("inf")
+            inits += [numpy_helper.from_array(wq, f"{name}.B"), _scales_init(f"{name}.S", st, fp16)]
+            nodes.append(helper.make_node("MatMulNBits", [x_in, f"{name}.B", f"{name}.S"], [name if gated else "Yt"],
+                                          domain="com.microsoft", K=k, N=n, bits=4, block_size=block,
+                                          **({"accuracy_level": level} if level else {})))
+            parts[name] = (wq, st, dequantize(torch.from_numpy(wq), st, k, None).float())
+        if gated:
+            nodes += [helper.make_node("QuickGelu", ["gate"], ["act"], domain="com.microsoft", alpha=1.0),
+                      helper.make_node("Mul", ["act", "up"], ["Yt"])]
+        nodes.append(helper.make_node("Cast", ["Yt"], ["Y"], to=TensorProto.FLOAT))
+        inputs = [helper.make_tensor_value_info("X32", TensorProto.FLOAT, ["m", k])]
+        if norm:
+            inputs.append(helper.make_tensor_value_info("skip", fp16, ["m", k]))
+        g = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["m", n])],
+                              inits)
+        opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+        tag = f"{level}-{k}-{n}-{block}-{int(norm)}-{int(inf_scale)}"
+        src, dst = tmp_path / f"m{tag}.onnx", tmp_path / f"f{tag}.onnx"
+        onnx.save(helper.make_model(g, opset_imports=opsets, ir_version=10), str(src))
+        res = fuse.fuse(src, dst, ort=False, provider="cuda", backend="cuda", force=True)
+        want_op = ("SkipRMSNorm" if norm else "") + ("Int4SwiGLU" if gated else "Int4Linear")
+        assert [mt.op for mt in res.matches][-1] == want_op
+        node = next(nd for nd in onnx.load(str(dst)).graph.node if nd.op_type == want_op)
+        assert {a.name: helper.get_attribute_value(a) for a in node.attribute}.get("accuracy_level", 0) == level
+        return runtime.session(str(dst), "cuda", library=True, cpu_fallback=False), parts
+
+    def run(sess, feeds):
+        sess.run(None, feeds)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            got = sess.run(None, feeds)[0]
+            torch.cuda.synchronize()
+        return got, " ".join(e.name for e in prof.events() if e.device_type.name == "CUDA")
+
+    def exact(x, parts):
+        y = x @ parts[("gate", "up")[0] if gated else "w"][2].T
+        return (torch.nn.functional.silu(y) * (x @ parts["up"][2].T) if gated else y).numpy()
+
+    def emulated(x, parts, k, block):
+        if not gated:
+            return [t.numpy() for t in int8_x_product(x, torch.from_numpy(parts["w"][0]), parts["w"][1], k, block)]
+        g, u = (int8_x_product(x, torch.from_numpy(parts[nm][0]), parts[nm][1], k, block)[0] for nm in ("gate", "up"))
+        return (torch.nn.functional.silu(g) * u).numpy(), None
+
+    for k, n, block in ((1024, 392, 32), (4096, 520, 64)):
+        sess4, parts = build(4, k, n, block)
+        x = torch.from_numpy(rng.standard_normal((1, k)).astype(np.float32)).half().float()
+        got, kernels = run(sess4, {"X32": x.numpy()})
+        assert "Int4RowGemvI8" in kernels, kernels
+        want, bound = emulated(x, parts, k, block)
+        scale = float(np.abs(want).max())
+        tol = 1e-3 * np.abs(want) + 1e-4 * scale  # fp16's rounding of the output, fp32's sums
+        assert (np.abs(got - want) <= tol).all(), float(np.abs(got - want).max())
+        ex = exact(x, parts)
+        assert (np.abs(ex - want) > tol).any(), "the exact product passes too: the test cannot tell the paths apart"
+        if bound is not None:
+            assert (np.abs(got - ex) <= bound + 1e-3 * np.abs(ex) + 1e-4 * scale).all()
+        sess0, parts0 = build(0, k, n, block)
+        got0, kernels0 = run(sess0, {"X32": x.numpy()})
+        assert "Int4RowGemv" in kernels0 and "Int4RowGemvI8" not in kernels0, kernels0
+        ex0 = exact(x, parts0)
+        assert np.abs(got0 - ex0).max() <= 4e-3 * max(1.0, float(np.abs(ex0).max()))
+        x2 = torch.from_numpy(rng.standard_normal((2, k)).astype(np.float32)).half().float()
+        got2, kernels2 = run(sess4, {"X32": x2.numpy()})  # 2 rows: the exact tensor-core kernel
+        assert "Int4MmaFast" in kernels2 and "Int4RowGemvI8" not in kernels2, kernels2
+        ex2 = exact(x2, parts)
+        assert np.abs(got2 - ex2).max() <= 4e-3 * max(1.0, float(np.abs(ex2).max()))
+        # under a CUDA graph: the same kernel, the same output for each of two inputs bound in place
+        graph = runtime.session(str(tmp_path / f"f4-{k}-{n}-{block}-0-0.onnx"), "cuda", library=True,
+                                cuda_graph=True)
+        xs = [x.numpy(), torch.from_numpy(rng.standard_normal((1, k)).astype(np.float32)).half().float().numpy()]
+        refs = [sess4.run(None, {"X32": v})[0] for v in xs]
+        xv = ort.OrtValue.ortvalue_from_numpy(xs[0], "cuda", 0)
+        out = ort.OrtValue.ortvalue_from_shape_and_type([1, n], np.float32, "cuda", 0)
+        io = graph.io_binding()
+        io.bind_ortvalue_input("X32", xv)
+        io.bind_ortvalue_output("Y", out)
+        for _ in range(3):  # the first runs capture the graph
+            graph.run_with_iobinding(io)
+        np.testing.assert_array_equal(out.numpy(), refs[0])
+        xv.update_inplace(xs[1])
+        graph.run_with_iobinding(io)
+        np.testing.assert_array_equal(out.numpy(), refs[1])
+
+    # X with an Inf (then also a NaN), and a scale of Inf: every output's class as the exact product's
+    k, n, block = 1024, 392, 32
+    sess, parts = build(4, k, n, block, inf_scale=True)
+    x = torch.from_numpy(rng.standard_normal((1, k)).astype(np.float32)).half().float()
+    for pos, val in ((None, None), (100, float("inf")), (700, float("nan"))):
+        if pos is not None:
+            x[0, pos] = val
+        got, kernels = run(sess, {"X32": x.numpy()})
+        assert "Int4RowGemvI8" in kernels, kernels
+        ex = exact(x, parts)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(ex))
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(ex))
+        np.testing.assert_array_equal(got[np.isinf(got)], ex[np.isinf(ex)])
+        assert not np.isfinite(ex[:, 5]).any()
+        if pos is None:  # the other columns on the int8 path
+            ok = np.isfinite(ex)
+            want = emulated(x, parts, k, block)[0]
+            assert np.abs(got[ok] - want[ok]).max() <= 1e-3 * float(np.abs(want[ok]).max())
+
+    # the norm op in front passes the level on: its norm kernel, then the int8 GEMV
+    sess, parts = build(4, k, n, block, norm=True)
+    feeds = {"X32": rng.standard_normal((1, k)).astype(np.float16).astype(np.float32),
+             "skip": rng.standard_normal((1, k)).astype(np.float16)}
+    got, kernels = run(sess, feeds)
+    assert "Int4SkipNormRows" in kernels and "Int4RowGemvI8" in kernels, kernels
+    s_ref = (torch.from_numpy(feeds["X32"]).half().float() + torch.from_numpy(feeds["skip"]).float()).half().float()
+    xn = (s_ref * torch.rsqrt(s_ref.pow(2).mean(-1, keepdim=True) + 1e-5) * parts["gamma"]).half().float()
+    ex = exact(xn, parts)
+    assert np.abs(got - ex).max() <= 1e-2 * max(1.0, float(np.abs(ex).max())), float(np.abs(got - ex).max())
+
 def test_int4_bf16_with_zero_points_runs_the_tensor_cores_from_one_row(tmp_path):
     """bf16 Int4Linear with zero points (the tensor-core kernel's general form, Int4Mma) at 1 and 2 rows, where the
     GEMV took 88 and 146 us for a 7B layer against Int4Mma's 78 on an H200: Int4Mma runs, and the output equals the
@@ -600,8 +756,7 @@ def test_int4_bf16_with_zero_points_runs_the_tensor_cores_from_one_row(tmp_path)
         wq, s, z = quantize(rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k) + 0.01, block, symmetric=False)
         st = torch.from_numpy(s).to(torch.bfloat16)
         inits = [numpy_helper.from_array(wq, "B"), numpy_helper.from_array(z.reshape(-1), "Z"),
-                 helper.make_tensor("S", TensorProto.BFLOAT16, list(st.shape), st.view(torch.int16).numpy().tobytes(),
-                                    raw=True)]
+                 _scales_init("S", st, TensorProto.BFLOAT16)]
         nodes = [helper.make_node("Cast", ["X32"], ["X"], to=TensorProto.BFLOAT16),
                  helper.make_node("MatMulNBits", ["X", "B", "S", "Z"], ["Yt"], domain="com.microsoft", K=k, N=n, bits=4,
                                   block_size=block, accuracy_level=4),
@@ -659,9 +814,7 @@ def test_int4_past_16_rows_runs_cutlass_on_sm90(tmp_path, zp, dtype):
             wq, s, *z = quantize(rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k) + 0.01, block,
                                  symmetric=not zp)
             st = torch.from_numpy(s).to(td)
-            inits += [numpy_helper.from_array(wq, f"{name}.B"),
-                      helper.make_tensor(f"{name}.S", tt, list(st.shape), st.view(torch.int16).numpy().tobytes(),
-                                         raw=True)]
+            inits += [numpy_helper.from_array(wq, f"{name}.B"), _scales_init(f"{name}.S", st, tt)]
             if zp:
                 inits.append(numpy_helper.from_array(z[0].reshape(-1), f"{name}.Z"))
             if name == "down":
@@ -716,7 +869,7 @@ def test_int4_swiglu_matches_the_unfused_int4_mlp_on_the_cuda_ep(tmp_path, backe
         if zp:
             inits.append(numpy_helper.from_array(z[0].reshape(-1), f"{name}.Z"))
         nodes.append(helper.make_node("MatMulNBits", ["X", f"{name}.B", f"{name}.S"] + [f"{name}.Z"] * zp, [name],
-                                      domain="com.microsoft", K=k, N=n, bits=4, block_size=block, accuracy_level=4))
+                                      domain="com.microsoft", K=k, N=n, bits=4, block_size=block))
         ws[name] = dequantize(torch.from_numpy(wq), torch.from_numpy(s.astype(np.float16)), k,
                               torch.from_numpy(z[0]) if zp else None)
     nodes += [helper.make_node("QuickGelu", ["gate"], ["act"], domain="com.microsoft", alpha=1.0),

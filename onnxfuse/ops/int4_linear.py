@@ -20,6 +20,11 @@ SkipRMSNormInt4Linear and SkipRMSNormInt4SwiGLU put onnxruntime's residual add a
 Normalization, as genai's builder writes it before qkv, gate/up and lm_head) in front of those two: inputs X, skip and
 gamma, then the projection's; outputs Y and sum (X + skip rounded to T; the projection takes that sum's norm times
 gamma, rounded to T).
+
+All four carry MatMulNBits' accuracy_level (the rule copies it; absent is 0). At 4 the CUDA backend's one-row fp16
+GEMV rounds X to int8 per 32 values of K (scale max |x| / 127 each) and sums with integer dot products, as
+onnxruntime's MatMulNBits may at that level; every other kernel, and every other level, computes in X's type as the
+reference does (the reference and the function bodies ignore the attribute).
 """
 from __future__ import annotations
 
@@ -27,10 +32,18 @@ from ._family import (BACKEND, Attr, OpDef, OpFamily, OpSchema, skip_norm_node, 
                       split_optional_overload)
 from .swiglu import GATE_ACTIVATIONS, gate_activation, swiglu_body
 
+# The levels MatMulNBits defines (0: unset, 4: X may be quantized to int8).
+ACCURACY_LEVELS = range(5)
+ACCURACY_LEVEL = Attr("accuracy_level", "int", 0,
+                      "MatMulNBits' accuracy_level (0-4), carried by the rule: 4 lets the CUDA backend's one-row fp16 "
+                      "GEMV round X to int8 per 32 values of K (scale max |x| / 127 each) and sum with integer dot "
+                      "products; every other kernel, and every other level, computes in X's type as the reference "
+                      "does")
+
 INT4_LINEAR = OpSchema(
     "Int4Linear", ("X", "Wq", "scales", "zero_points"), ("Y",),
     "Y = X @ W^T, W[n, k] = (nibble(Wq, n, k) - zp[n, k // block]) * scales[n, k // block], zp 8 without zero_points",
-    (BACKEND,),
+    (BACKEND, ACCURACY_LEVEL),
     "A linear layer over block-quantized int4 weights (MatMulNBits with bits 4): X [..., K] of type T, Wq uint8 [N, "
     "n_blocks, block / 2] (two values per byte, the lower k in the low nibble), scales [N, n_blocks] of type T, "
     "n_blocks = ceil(K / block), block a power of two >= 16; optional zero_points uint8 [N, ceil(n_blocks / 2)] (two "
@@ -41,7 +54,7 @@ INT4_SWIGLU = OpSchema(
     "Int4SwiGLU", ("X", "Wq_gate", "scales_gate", "Wq_up", "scales_up", "zero_points_gate", "zero_points_up"), ("Y",),
     "Y = act(X @ W_gate^T) * (X @ W_up^T), each W dequantized as Int4Linear's",
     (Attr("activation", "string", "silu", "the gate's activation: " + "|".join(GATE_ACTIVATIONS) + " (as SwiGLU's); "
-          "absent means silu"), BACKEND),
+          "absent means silu"), BACKEND, ACCURACY_LEVEL),
     "The gate and up projections of a gated MLP over block-quantized int4 weights (two MatMulNBits of one shape and "
     "block size, as genai's builder writes them with -p int4) with act(gate) * up in their epilogue: Wq_gate and Wq_up "
     "uint8 [N, n_blocks, block / 2], scales_gate and scales_up [N, n_blocks] of type T, optional zero_points_gate and "
@@ -61,7 +74,7 @@ _NORM_DOC = ("onnxruntime's residual add and RMS norm (com.microsoft SkipSimplif
 SKIP_RMS_NORM_INT4_LINEAR = OpSchema(
     "SkipRMSNormInt4Linear", ("X", "skip", "gamma", "Wq", "scales", "zero_points"), ("Y", "sum"),
     _NORM_MATH + "Y = Xn @ W^T, W dequantized as Int4Linear's",
-    (EPSILON, BACKEND),
+    (EPSILON, BACKEND, ACCURACY_LEVEL),
     _NORM_DOC + "The weights are Int4Linear's (Wq, scales, optional zero_points; a node with them carries the "
     "overload zp).",
     optional=("zero_points",))
@@ -71,7 +84,7 @@ SKIP_RMS_NORM_INT4_SWIGLU = OpSchema(
     ("Y", "sum"),
     _NORM_MATH + "Y = act(Xn @ W_gate^T) * (Xn @ W_up^T), each W dequantized as Int4Linear's",
     (Attr("activation", "string", "silu", "the gate's activation: " + "|".join(GATE_ACTIVATIONS) + " (as SwiGLU's); "
-          "absent means silu"), EPSILON, BACKEND),
+          "absent means silu"), EPSILON, BACKEND, ACCURACY_LEVEL),
     _NORM_DOC + "The weights and the activation are Int4SwiGLU's (the overload names the activation, with .zp "
     "after it when the zero points are there).",
     optional=("zero_points_gate", "zero_points_up"))
@@ -135,6 +148,35 @@ def quantize(w, block: int, symmetric: bool = True):
     z[:, :nb] = zp.astype(np.uint8)
     return packed, scales.astype(np.float32), (z[:, 0::2] | (z[:, 1::2] << 4)).astype(np.uint8)
 
+
+# The values of K that share one int8 scale on the CUDA backend's accuracy_level-4 path (Int4RowGemvI8).
+INT8_X_UNIT = 32
+
+
+def int8_x_product(x, wq, scales, k: int, block: int, unit: int = INT8_X_UNIT):
+    """X @ W^T (symmetric weights) with X rounded to int8 as the accuracy_level-4 path does it, in float64: each `unit`
+    values of a row share the scale sx = max |x| / 127, the value rounded is x * (127 / max |x|) in fp32 (half to
+    even), and each unit's integer sum with the centred nibbles is scaled by its block's scale and sx. Also the bound
+    on its distance from the exact product (each rounded value within sx / 2 of x): sum over units of sx / 2 times the
+    unit's sum of |w|. x [M, K] (K a multiple of unit), wq uint8 [N, n_blocks, block / 2], scales [N, n_blocks]
+    (torch), block a multiple of unit. The CUDA kernel's units are 32 values; onnxruntime's CPU MatMulNBits rounds per
+    quantization block (unit = block), so at block 32 the two are the same rounding
+    (tests/rewrites/test_int4_linear.py checks it)."""
+    import torch
+
+    m, n = x.shape[0], wq.shape[0]
+    xb = x.float().reshape(m, -1, unit)
+    mx = xb.abs().amax(-1, keepdim=True)
+    q = torch.round(xb * torch.where(mx > 0, torch.tensor(127.0) / mx, torch.zeros_like(mx))).double()
+    sx = (mx / 127.0).double()[..., 0]  # [M, units]
+    packed = wq.reshape(n, -1).long()
+    nib = torch.stack([packed & 15, packed >> 4], -1).reshape(n, -1)[:, :k].reshape(n, -1, unit).double() - 8
+    if block % unit:
+        raise ValueError(f"int8_x_product: a block of {block} is not whole units of {unit}")
+    s_unit = scales.double().reshape(n, -1).repeat_interleave(block // unit, dim=1)  # a unit's block scale [N, units]
+    y = (torch.einsum("rui,cui->rcu", q, nib) * s_unit[None] * sx[:, None]).sum(-1)
+    bound = torch.einsum("ru,cu->rc", sx / 2, nib.abs().sum(-1) * s_unit.abs())
+    return y, bound
 
 def reference(inputs, attrs: dict):
     x, wq, scales = inputs[:3]

@@ -12,9 +12,13 @@ third of the memory bandwidth at decode (H100, Llama-2-7B shapes: 3.59 ms per to
 onnxfuse's streams them once and dequantizes in registers.
 
 Refused, each with its reason in --explain: g_idx or a bias (inputs 4-5), zero points in X's type (MatMulNBits'
-other form) or of the wrong shape, bits other than 4, a block size the kernels do not take, weights, scales or zero
-points that are not true constants (a graph input, an overridable initializer), scales of another element type than
-X, shapes that disagree with the node's K and N attributes.
+other form) or of the wrong shape, bits other than 4, a block size the kernels do not take, an accuracy_level outside
+0-4, weights, scales or zero points that are not true constants (a graph input, an overridable initializer), scales
+of another element type than X, shapes that disagree with the node's K and N attributes.
+
+The node's accuracy_level goes onto the fused op (none at 0 or absent, so that level-0 models fuse as before):
+Int4SwiGLU takes the lower of its gate's and up's, the norm ops their projection's. At 4 the CUDA backend's one-row
+fp16 GEMV may round X to int8 (ops/int4_linear.py); everything else computes in X's type.
 
 A gated MLP whose gate and up projections are such MatMulNBits of one X (K, N and block size equal), meeting in
 act(gate) * up with any of SwiGLU's activations in any of its spellings (genai writes SiLU as QuickGelu(alpha=1)),
@@ -42,8 +46,8 @@ from onnxscript import ir
 from onnxscript.rewriter import MatchResult
 
 from ..ops._family import overload_with_optional
-from ..ops.int4_linear import (BLOCK_SIZES, INT4_LINEAR, INT4_SWIGLU, SKIP_RMS_NORM_INT4_LINEAR,
-                                SKIP_RMS_NORM_INT4_SWIGLU, ZP_OVERLOAD, zero_points_shape)
+from ..ops.int4_linear import (ACCURACY_LEVEL, ACCURACY_LEVELS, BLOCK_SIZES, INT4_LINEAR, INT4_SWIGLU,
+                                SKIP_RMS_NORM_INT4_LINEAR, SKIP_RMS_NORM_INT4_SWIGLU, ZP_OVERLOAD, zero_points_shape)
 from ..schema import DOMAIN, swiglu_overload
 from . import _base
 from ._base import FusionRule, check_float_dtypes, dims, gemm_flops, new_initializer, rule_set
@@ -57,9 +61,21 @@ def zero_points_of(node: ir.Node) -> ir.Value | None:
     return node.inputs[3] if len(node.inputs) > 3 else None
 
 
+def accuracy_level(node: ir.Node) -> int:
+    """A MatMulNBits' accuracy_level (absent: 0)."""
+    return node.attributes.get_int(ACCURACY_LEVEL.name, 0)
+
+
+def accuracy_attrs(level: int) -> dict:
+    """The fused node's accuracy_level attribute: none at 0, so that the fused graph of a model without it is what it
+    was before the ops carried it."""
+    return {ACCURACY_LEVEL.name: level} if level else {}
+
+
 def check_form(node: ir.Node, result: MatchResult) -> bool:
     """The parts of a MatMulNBits the kernels take that need no constant: no g_idx or bias, 4 bits, a block size of
-    BLOCK_SIZES (zero points are checked with the weights). Records the reason; False then."""
+    BLOCK_SIZES, an accuracy_level MatMulNBits defines (zero points are checked with the weights). Records the
+    reason; False then."""
     label = node.name or "the MatMulNBits"
     extra = [i for i, v in enumerate(node.inputs) if i >= 4 and v is not None]
     if extra:
@@ -76,6 +92,11 @@ def check_form(node: ir.Node, result: MatchResult) -> bool:
     if block not in BLOCK_SIZES:
         result.fail(f"{label} has block size {block}: the kernels take {', '.join(map(str, BLOCK_SIZES))}",
                     node.outputs[0])
+        return False
+    level = accuracy_level(node)
+    if level not in ACCURACY_LEVELS:
+        result.fail(f"{label} has accuracy_level {level}: MatMulNBits defines {ACCURACY_LEVELS[0]} to "
+                    f"{ACCURACY_LEVELS[-1]}", node.outputs[0])
         return False
     return True
 
@@ -177,8 +198,8 @@ class Int4Linear(FusionRule):
         shapes = {"X": dims(x), "Wq": [self._n, self._nb, self._block // 2], "scales": [self._n, self._nb]}
         if zp:
             shapes["zero_points"] = zero_points_shape(self._n, self._nb)
-        out = self.emit(op, self.op, [x, b, s, *zp], {"backend": "auto"}, shapes, x.dtype,
-                        gemm_flops(x, self._k, self._n))
+        attrs = {"backend": "auto", **accuracy_attrs(accuracy_level(y.producer()))}
+        out = self.emit(op, self.op, [x, b, s, *zp], attrs, shapes, x.dtype, gemm_flops(x, self._k, self._n))
         if zp:
             out.producer().overload = ZP_OVERLOAD  # the function body that takes the zero points
         return out
@@ -235,14 +256,17 @@ class Int4SwiGLUPass(SwiGLUPass):
         zu = zero_points_2d(shim, rec, up.gemm, n, nb)
         act = cand.activation
         overload = overload_with_optional(swiglu_overload(act), ZP_OVERLOAD) if zg else swiglu_overload(act)
-        node = ir.Node(DOMAIN, self.op, [x, gate.gemm.inputs[1], sg, up.gemm.inputs[1], su, *zg, *zu],
-                       [ir.AttrString("activation", act), ir.AttrString("backend", "auto")],
+        # the lower of the two levels: int8 rounding of X only where both projections allow it
+        level = min(accuracy_level(gate.gemm), accuracy_level(up.gemm))
+        attrs = [ir.AttrString("activation", act), ir.AttrString("backend", "auto")] + \
+            [ir.AttrInt64(name, v) for name, v in accuracy_attrs(level).items()]
+        node = ir.Node(DOMAIN, self.op, [x, gate.gemm.inputs[1], sg, up.gemm.inputs[1], su, *zg, *zu], attrs,
                        overload=overload, num_outputs=1)
         old_out = cand.mul.outputs[0]
-        # shape inference stops at contrib ops (QuickGelu): the product's type and shape may be unknown; the op's are
-        # X's type and X's leading dims, then N
+        # shape inference stops at contrib ops (QuickGelu; a norm before X): the product's type and shape may be
+        # unknown; the op's are X's type (the scales', where X's is unknown too) and X's leading dims, then N
         xd = dims(x)
-        node.outputs[0].dtype = old_out.dtype or x.dtype
+        node.outputs[0].dtype = old_out.dtype or x.dtype or sg.dtype
         node.outputs[0].shape = old_out.shape if old_out.shape is not None or xd is None else ir.Shape(xd[:-1] + [n])
         flops = gemm_flops(x, k, n)
         shapes = {"X": dims(x), "Wq_gate": [n, nb, block // 2], "scales_gate": [n, nb], "Wq_up": [n, nb, block // 2],
@@ -325,6 +349,7 @@ class SkipRMSNormInt4(FusionRule):
         attrs = {"epsilon": self._eps, "backend": proj.attributes.get_string("backend", "auto")}
         if self.gated:
             attrs["activation"] = proj.attributes.get_string("activation", "silu")
+        attrs.update(accuracy_attrs(proj.attributes.get_int(ACCURACY_LEVEL.name, 0)))
         rest = list(proj.inputs[1:])
         shapes = {"X": dims(a), "skip": dims(b), "gamma": [self._k]}
         schema = SKIP_RMS_NORM_INT4_SWIGLU if self.gated else SKIP_RMS_NORM_INT4_LINEAR

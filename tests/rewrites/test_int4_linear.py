@@ -20,9 +20,10 @@ M = 3
 
 
 def _nbits_graph(k=40, n=24, block=16, bits=4, zero_points=None, scales_1d=False, scales_input=False,
-                 scales_dtype=np.float32, x_rank=2):
+                 scales_dtype=np.float32, x_rank=2, accuracy_level=None):
     """One MatMulNBits; zero_points: None, "flat" (MatMulNBits' [N * ceil(n_blocks / 2)]), "2d", "wrong" (a byte
-    short per column) or "float" (zero points in X's type, MatMulNBits' other form), of an asymmetric quantization."""
+    short per column) or "float" (zero points in X's type, MatMulNBits' other form), of an asymmetric quantization;
+    accuracy_level: the node's (None: absent)."""
     rng = np.random.default_rng(0)
     w = rng.standard_normal((k, n)).astype(np.float32) * 0.2 + 0.05
     if zero_points:
@@ -47,7 +48,8 @@ def _nbits_graph(k=40, n=24, block=16, bits=4, zero_points=None, scales_1d=False
         inits.append(numpy_helper.from_array(z, "zp"))
         node_inputs.append("zp")
     node = helper.make_node("MatMulNBits", node_inputs, ["Y"], domain="com.microsoft", K=k, N=n, bits=bits,
-                            block_size=block, name="/model/layers.0/mlp/down_proj/MatMul_Q4")
+                            block_size=block, name="/model/layers.0/mlp/down_proj/MatMul_Q4",
+                            **_level_attr(accuracy_level))
     y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, x_shape[:-1] + [n])
     g = helper.make_graph([node], "g", inputs, [y], inits)
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)],
@@ -55,6 +57,16 @@ def _nbits_graph(k=40, n=24, block=16, bits=4, zero_points=None, scales_1d=False
     if zero_points in ("flat", "2d"):
         return model, packed, scales, zp
     return model, packed, scales
+
+
+def _level_attr(level) -> dict:
+    """MatMulNBits' accuracy_level as make_node keywords: none for None."""
+    return {} if level is None else {"accuracy_level": level}
+
+
+def _accuracy_level(node):
+    """A fused node's accuracy_level, None when it has none."""
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == "accuracy_level"), None)
 
 
 def _fuse(tmp_path, model, **kw):
@@ -147,6 +159,8 @@ def test_padding_past_k_is_ignored():
     (dict(block=8), "block size 8"),
     (dict(scales_input=True), "graph input"),
     (dict(scales_dtype=np.float16), "element types differ"),
+    (dict(accuracy_level=7), "has accuracy_level 7: MatMulNBits defines 0 to 4"),
+    (dict(accuracy_level=-1), "has accuracy_level -1: MatMulNBits defines 0 to 4"),
 ])
 def test_near_misses_are_refused(tmp_path, kw, reason):
     model, _, _ = _nbits_graph(**kw)
@@ -165,15 +179,84 @@ def test_a_wrong_shape_is_a_clear_error():
         testing.run_op("Int4Linear", [x, wq, s, zp[:4].contiguous()])
 
 
+def _save(tmp_path, model, name):
+    path = tmp_path / name
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("level,want", [(None, None), (0, None), (2, 2), (4, 4)])
+def test_the_accuracy_level_goes_onto_int4_linear(tmp_path, level, want):
+    """MatMulNBits' accuracy_level is the fused node's; a level of 0 or none leaves the node without the attribute
+    (a level-0 model fuses as it did before the ops had it). The function declares it (default 0)."""
+    src, dst, res = _fuse(tmp_path, _nbits_graph(accuracy_level=level)[0])
+    assert [m.op for m in res.matches] == ["Int4Linear"]
+    fused = onnx.load(str(dst))
+    soundness.check_model(fused)
+    node = next(nd for nd in fused.graph.node if nd.op_type == "Int4Linear")
+    assert _accuracy_level(node) == want
+    function = next(f for f in fused.functions if f.name == "Int4Linear")
+    assert helper.get_attribute_value(next(a for a in function.attribute_proto if a.name == "accuracy_level")) == 0
+
+
+@pytest.mark.parametrize("zero_points", [None, "flat"])
+def test_a_level_4_model_computes_in_x_type_on_the_cpu(tmp_path, zero_points):
+    """A fused node with accuracy_level 4 runs through the CPU kernel (which ignores the attribute) and through the
+    function body (which declares it), and gives the unfused model's output at level 0: X is not rounded to int8 off
+    the CUDA GEMV. onnxruntime's own CPU MatMulNBits at level 4 does round X to int8 (MLAS), so the level-4 source is
+    only within that rounding of it."""
+    k = 100
+    model4, packed, scales, *zp = _nbits_graph(k=k, n=33, block=32, zero_points=zero_points, accuracy_level=4)
+    src4, dst, res = _fuse(tmp_path, model4)
+    assert [m.op for m in res.matches] == ["Int4Linear"]
+    assert _accuracy_level(next(nd for nd in onnx.load(str(dst)).graph.node if nd.op_type == "Int4Linear")) == 4
+    src0 = _save(tmp_path, _nbits_graph(k=k, n=33, block=32, zero_points=zero_points)[0], "m0.onnx")
+    x = np.random.default_rng(1).standard_normal((M, k)).astype(np.float32)
+    _same_as_unfused(src0, dst, x)
+    want = runtime.session(str(src0), "cpu", library=False).run(None, {"X": x})[0]
+    int8 = runtime.session(str(src4), "cpu", library=False).run(None, {"X": x})[0]
+    w = dequantize(torch.from_numpy(packed), torch.from_numpy(scales.reshape(33, -1)), k,
+                   torch.from_numpy(zp[0]) if zp else None).numpy()
+    # a step of int8 rounding (max |x| / 127) on every value of a row, times each column's |W| summed
+    bound = np.abs(x).max(-1, keepdims=True) / 127 * np.abs(w).sum(-1)[None, :]
+    assert (np.abs(int8 - want) <= bound + 1e-4).all()
+
+
+
+@pytest.mark.parametrize("block", [32, 64, 128])
+def test_the_int8_x_reference_is_onnxruntimes_level_4_rounding(tmp_path, block):
+    """int8_x_product, the PyTorch form of the CUDA one-row GEMV's accuracy_level-4 path (X rounded to int8 per 32
+    values, scale max |x| / 127), is onnxruntime's own CPU MatMulNBits at level 4 (MLAS: X rounded per quantization
+    block): the same numbers at block 32, and with units of the block at 64 and 128 (where the CUDA path's units of 32
+    round more finely than onnxruntime's); both within the reference's bound of the exact product, which they miss by
+    far more than fp32's sums."""
+    from onnxfuse.ops.int4_linear import INT8_X_UNIT, int8_x_product
+    k, n = 1024, 40
+    model, packed, scales = _nbits_graph(k=k, n=n, block=block, accuracy_level=4)
+    src = _save(tmp_path, model, "m4.onnx")
+    x = torch.from_numpy(np.random.default_rng(3).standard_normal((M, k)).astype(np.float32))
+    got = runtime.session(str(src), "cpu", library=False).run(None, {"X": x.numpy()})[0]
+    s = torch.from_numpy(scales.reshape(n, -1))
+    want, bound = (t.numpy() for t in int8_x_product(x, torch.from_numpy(packed), s, k, block, unit=block))
+    scale = float(np.abs(want).max())
+    assert np.abs(got - want).max() <= 1e-5 * scale
+    exact = (x @ dequantize(torch.from_numpy(packed), s, k).T).numpy()
+    assert np.abs(exact - want).max() > 100 * 1e-5 * scale  # the rounding shows: the check above tells them apart
+    assert (np.abs(exact - want) <= bound + 1e-5 * scale).all()
+    ours, ours_bound = (t.numpy() for t in int8_x_product(x, torch.from_numpy(packed), s, k, block))
+    assert (np.abs(exact - ours) <= ours_bound + 1e-5 * scale).all()
+    if block == INT8_X_UNIT:
+        np.testing.assert_array_equal(ours, want)
+
 def _gated_graph(k=64, n=48, act="sigmoid_mul", blocks=(32, 32), gate_zero_points=False, gate_output=False,
-                 x_rank=2, down=False, zero_points=False):
+                 x_rank=2, down=False, zero_points=False, levels=(None, None)):
     """genai's int4 gated MLP: gate and up MatMulNBits of X, the gate's activation, then act * up (Y; down: the
     product an intermediate of unknown type after contrib ops, Y = down_proj(product) as a MatMulNBits too).
     zero_points: both projections asymmetric (flat zero points, as the builder writes them); gate_zero_points: the
-    gate's only."""
+    gate's only; levels: the gate's and up's accuracy_level (None: absent)."""
     rng = np.random.default_rng(2)
     inits, nodes = [], []
-    for name, block in zip(("gate", "up"), blocks):
+    for name, block, level in zip(("gate", "up"), blocks, levels):
         w = rng.standard_normal((k, n)).astype(np.float32) * 0.2 + 0.05
         asym = zero_points or (name == "gate" and gate_zero_points)
         wq, s, *zp = quantize(w, block, symmetric=not asym)
@@ -183,7 +266,8 @@ def _gated_graph(k=64, n=48, act="sigmoid_mul", blocks=(32, 32), gate_zero_point
             inits.append(numpy_helper.from_array(zp[0].reshape(-1), f"{name}.zp"))
             ins.append(f"{name}.zp")
         nodes.append(helper.make_node("MatMulNBits", ins, [name], domain="com.microsoft", K=k, N=n, bits=4,
-                                      block_size=block, name=f"/model/layers.0/mlp/{name}_proj/MatMul_Q4"))
+                                      block_size=block, name=f"/model/layers.0/mlp/{name}_proj/MatMul_Q4",
+                                      **_level_attr(level)))
     if act == "sigmoid_mul":  # silu as x * sigmoid(x)
         nodes += [helper.make_node("Sigmoid", ["gate"], ["sig"]), helper.make_node("Mul", ["gate", "sig"], ["act"])]
     elif act == "quick_gelu_1":  # silu as genai's builder writes it
@@ -275,6 +359,31 @@ def test_an_int4_gated_mlp_near_miss_is_explained(tmp_path, kw, reason, ops, rul
     _same_as_unfused(src, dst, np.random.default_rng(4).standard_normal((M, 64)).astype(np.float32))
 
 
+@pytest.mark.parametrize("levels,want", [((4, 0), None), ((None, 4), None), ((4, 2), 2), ((4, 4), 4),
+                                         ((None, None), None)])
+def test_int4_swiglu_takes_the_lower_accuracy_level(tmp_path, levels, want):
+    """Int4SwiGLU carries the lower of its gate's and up's accuracy_level (X rounded to int8 only where both allow
+    it), none at 0; through the CPU kernel and the function body it equals the unfused model at level 0."""
+    src, dst, res = _fuse(tmp_path, _gated_graph(levels=levels))
+    assert [m.op for m in res.matches] == ["Int4SwiGLU"]
+    fused = onnx.load(str(dst))
+    soundness.check_model(fused)
+    assert _accuracy_level(next(nd for nd in fused.graph.node if nd.op_type == "Int4SwiGLU")) == want
+    _same_as_unfused(_save(tmp_path, _gated_graph(), "m0.onnx"), dst,
+                     np.random.default_rng(3).standard_normal((M, 64)).astype(np.float32))
+
+
+def test_an_accuracy_level_past_4_keeps_the_gated_mlp(tmp_path):
+    """A gate projection with accuracy_level 7 stays onnxruntime's, and with it the gated MLP; the up projection
+    fuses alone, with its level. --explain names the gate once (both rules refuse it for the same reason)."""
+    src, dst, res = _fuse(tmp_path, _gated_graph(levels=(7, 4)), explain=True)
+    assert [m.op for m in res.matches] == ["Int4Linear"]
+    assert [r["node"] for r in res.refusals if "has accuracy_level 7: MatMulNBits defines 0 to 4" in r["reason"]
+            and r["rule"].startswith("int4_linear/")] == ["/model/layers.0/mlp/gate_proj/MatMul_Q4"], res.refusals
+    fused = onnx.load(str(dst))
+    assert _accuracy_level(next(nd for nd in fused.graph.node if nd.op_type == "Int4Linear")) == 4
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_int4_swiglu_cpu_kernel_matches_the_reference_in_16_bit(dtype):
     op = schema.op_def("Int4SwiGLU")
@@ -298,11 +407,12 @@ NK = 64  # the norm tests' K
 
 
 def _norm_graph(proj="linear", n=40, outputs=4, sum_output=True, normed_output=False, bias=False, x_batch=None,
-                zero_points=False, epsilon=1e-5):
+                zero_points=False, epsilon=1e-5, accuracy_level=None, product_typed=True):
     """genai's layer boundary: SkipSimplifiedLayerNormalization(X, skip, gamma) (outputs: 4, its sum a graph output
     or not, or 1: the final norm), then proj: "linear" (one MatMulNBits) or "gated" (gate and up MatMulNBits,
     QuickGelu(alpha 1) of the gate times up, as the builder writes silu). x_batch: X [x_batch, M, NK], the residual
-    [M, NK] broadcast over it."""
+    [M, NK] broadcast over it. accuracy_level: every MatMulNBits' (None: absent). product_typed=False: the gated
+    product an intermediate (Identity to Y), so that neither it nor the norm's output has a known type."""
     rng = np.random.default_rng(5)
     inits = [numpy_helper.from_array((rng.standard_normal(NK) * 0.5 + 1.0).astype(np.float32), "gamma")]
     norm_ins = ["X", "skip", "gamma"]
@@ -324,10 +434,13 @@ def _norm_graph(proj="linear", n=40, outputs=4, sum_output=True, normed_output=F
             ins.append(f"{name}.zp")
         out = name if proj == "gated" else "Y"
         nodes.append(helper.make_node("MatMulNBits", ins, [out], domain="com.microsoft", K=NK, N=n, bits=4,
-                                      block_size=32, name=f"/model/layers.1/attn/{name}_proj/MatMul_Q4"))
+                                      block_size=32, name=f"/model/layers.1/attn/{name}_proj/MatMul_Q4",
+                                      **_level_attr(accuracy_level)))
     if proj == "gated":
         nodes += [helper.make_node("QuickGelu", ["gate"], ["act"], domain="com.microsoft", alpha=1.0),
-                  helper.make_node("Mul", ["act", "up"], ["Y"])]
+                  helper.make_node("Mul", ["act", "up"], ["Y" if product_typed else "prod"])]
+        if not product_typed:
+            nodes.append(helper.make_node("Identity", ["prod"], ["Y"]))
     lead = [x_batch, M] if x_batch else [M]
     inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, lead + [NK]),
               helper.make_tensor_value_info("skip", TensorProto.FLOAT, [M, NK])]
@@ -382,6 +495,16 @@ def test_the_norm_and_its_int4_projection_fuse_to_one_op(tmp_path, proj, op, zer
     _same_outputs(src, dst, _norm_feeds())
 
 
+
+def test_a_norm_and_gated_mlp_of_unknown_types_fuse_and_save(tmp_path):
+    """The gated product an intermediate whose type shape inference cannot reach (after the norm and QuickGelu, both
+    contrib ops): Int4SwiGLU's output takes the scales' type, so the norm op after it is written (the model failed
+    to serialize, a type without an element type, before) and equals onnxruntime's unfused model."""
+    src, dst, res = _fuse(tmp_path, _norm_graph("gated", product_typed=False))
+    assert [m.op for m in res.matches] == ["Int4SwiGLU", "SkipRMSNormInt4SwiGLU"]
+    soundness.check_model(onnx.load(str(dst)))
+    _same_outputs(src, dst, _norm_feeds())
+
 @pytest.mark.parametrize("outputs,sum_output", [(4, False), (1, False)])
 def test_a_norm_whose_sum_is_unused_fuses_too(tmp_path, outputs, sum_output):
     """The last layer's norm (one output) before lm_head, or a sum nobody reads: the op's sum dangles."""
@@ -408,6 +531,20 @@ def test_near_misses_keep_the_norm(tmp_path, kw, reason):
     assert any(reason in r["reason"] and r["rule"].startswith("int4_linear/skip_rms_norm") for r in res.refusals) \
         or any(reason in r.get("value", "") for r in res.refusals), res.refusals
     _same_outputs(src, dst, _norm_feeds(kw.get("x_batch")))
+
+
+@pytest.mark.parametrize("proj,op", [("linear", "SkipRMSNormInt4Linear"), ("gated", "SkipRMSNormInt4SwiGLU")])
+@pytest.mark.parametrize("level,want", [(4, 4), (None, None)])
+def test_the_norm_op_keeps_the_projections_accuracy_level(tmp_path, proj, op, level, want):
+    """The norm op takes its projection's accuracy_level (none where the projection has none); both outputs equal
+    the unfused model's at level 0, through the CPU kernel and the function body."""
+    src, dst, res = _fuse(tmp_path, _norm_graph(proj, accuracy_level=level))
+    assert [m.op for m in res.matches] == ["Int4SwiGLU" if proj == "gated" else "Int4Linear", op]
+    fused = onnx.load(str(dst))
+    soundness.check_model(fused)
+    assert [nd.op_type for nd in fused.graph.node] == [op]
+    assert _accuracy_level(fused.graph.node[0]) == want
+    _same_outputs(_save(tmp_path, _norm_graph(proj), "m0.onnx"), dst, _norm_feeds())
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])

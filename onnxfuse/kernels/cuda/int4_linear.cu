@@ -22,9 +22,10 @@ int64_t onnxfuse_cuda_int4_linear_scratch_bytes(int dtype, int64_t m, int64_t k,
 // Whether the CUDA backend runs these sizes on the sm_90 mixed-input GEMM (both ops; backend=auto then takes it).
 int onnxfuse_cuda_int4_mixed_path(int dtype, int64_t m, int64_t k, int64_t n, int64_t block, int aligned,
                                   int zero_points);
+// accuracy_level: the node's (MatMulNBits'); 4 lets the one-row fp16 GEMV round X to int8 (Int4RowGemvI8 below).
 int onnxfuse_cuda_int4_linear(int dtype, const void* x, const uint8_t* wq, const void* scales,
                               const uint8_t* zero_points, void* y, int64_t m, int64_t k, int64_t n, int64_t block,
-                              void* scratch, int64_t scratch_bytes, void* stream);
+                              int accuracy_level, void* scratch, int64_t scratch_bytes, void* stream);
 // The Triton launcher (the host half, Triton builds only): one GEMM whose K loop dequantizes the weight tile.
 int onnxfuse_triton_int4_linear(int dtype, const void* x, const uint8_t* wq, const void* scales,
                                 const uint8_t* zero_points, void* y, int64_t m, int64_t k, int64_t n, int64_t block,
@@ -39,8 +40,8 @@ int64_t onnxfuse_cuda_int4_swiglu_scratch_bytes(int dtype, int64_t m, int64_t k,
                                                 int zero_points);
 int onnxfuse_cuda_int4_swiglu(int dtype, int act, const void* x, const uint8_t* wq_gate, const void* scales_gate,
                               const uint8_t* zp_gate, const uint8_t* wq_up, const void* scales_up, const uint8_t* zp_up,
-                              void* y, int64_t m, int64_t k, int64_t n, int64_t block, void* scratch,
-                              int64_t scratch_bytes, void* stream);
+                              void* y, int64_t m, int64_t k, int64_t n, int64_t block, int accuracy_level,
+                              void* scratch, int64_t scratch_bytes, void* stream);
 int onnxfuse_triton_int4_swiglu(int dtype, int act, const void* x, const uint8_t* wq_gate, const void* scales_gate,
                                 const uint8_t* zp_gate, const uint8_t* wq_up, const void* scales_up,
                                 const uint8_t* zp_up, void* y, int64_t m, int64_t k, int64_t n, int64_t block,
@@ -55,7 +56,8 @@ int64_t onnxfuse_cuda_skip_norm_int4_scratch_bytes(int dtype, int gated, int64_t
 int onnxfuse_cuda_skip_norm_int4(int dtype, int act, const void* x, const void* skip, const void* gamma, float eps,
                                  const uint8_t* wq, const void* scales, const uint8_t* zp, const uint8_t* wq_up,
                                  const void* scales_up, const uint8_t* zp_up, void* y, void* sum, int64_t m, int64_t k,
-                                 int64_t n, int64_t block, void* scratch, int64_t scratch_bytes, void* stream);
+                                 int64_t n, int64_t block, int accuracy_level, void* scratch, int64_t scratch_bytes,
+                                 void* stream);
 // The norm alone: sum = X + skip, xn = its RMS norm times gamma, a block a row (the Triton backend's first step).
 int onnxfuse_cuda_int4_skip_norm_rows(int dtype, const void* x, const void* skip, const void* gamma, float eps,
                                       void* sum, void* xn, int64_t m, int64_t k, void* stream);
@@ -530,17 +532,118 @@ __device__ __forceinline__ float WarpSumColumns(float (&p)[C], int lane) {
   return p[0];
 }
 
+// The one-row GEMV with X rounded to int8 (Int4RowGemvI8: a node whose accuracy_level is 4, MatMulNBits' "input A
+// may be quantized to int8", as onnxruntime's CPU kernel does at that level): each lane's unit of 32 X values is
+// rounded once a block to int8 with its own scale (sx = max |x| / 127, x / sx rounded to nearest even), and a unit's
+// sum with a packed word is two dp4a (the even values' low nibbles, the odd values' high nibbles in place: 16 q) and
+// two lop3, exact in int32, in place of the fp16 dequantization's 9 instructions and 4 half2 fmas a word; the unit's
+// sum times s sx in fp32. A block whose X has an Inf or NaN, and a unit whose scale is past 4094, Inf or NaN, take the
+// exact sums (X reloaded; as the fp16 GEMV's exact path, so NaN and Inf land where the reference puts them). H200, a
+// Llama-2-7B layer at one row (scripts/int4_decode_probe.cu, benchmarks/results/h200-2026-12-01/int4/
+// decode-probe-int8x.txt): 36.1 against the fp16 GEMV's 39.7 us (34.4 against 38.6 replayed from a CUDA graph),
+// lm_head 26.6 against 29.0 (97 % of the read rate); largest error against fp32 sums 2.3e-3 of the largest output
+// (8.7e-4 in fp16).
+struct RowXI8 {
+  uint32_t e[4], o[4];  // e[j]: the int8 bytes of values 8j + 0, 2, 4, 6; o[j]: of 8j + 1, 3, 5, 7 (a word's nibbles)
+  int c8;               // -8 times the unit's sum of int8 values (the symmetric zero point's term)
+  float sx;             // the unit's scale
+};
+
+// dp4a with unsigned bytes in a (the high nibbles in place, 16 q) and signed bytes in b, summed onto c
+__device__ __forceinline__ int Dp4aUnsignedSigned(uint32_t a, uint32_t b, int c) {
+  int d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// Lane's unit u of X rounded to int8 (zeros where !valid); returns whether a value is Inf or NaN (the unit then holds
+// zeros: the block takes the exact sums).
+__device__ __forceinline__ bool RowUnitXI8(const __half* __restrict__ x, int u, bool valid, RowXI8& xi) {
+  uint4 v[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    v[j] = valid ? __ldg(reinterpret_cast<const uint4*>(x) + 4 * u + j) : make_uint4(0u, 0u, 0u, 0u);
+  uint32_t m = 0, nonfinite = 0;  // the largest |x| as fp16 bits; any exponent all ones
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t a[4] = {v[j].x & 0x7FFF7FFFu, v[j].y & 0x7FFF7FFFu, v[j].z & 0x7FFF7FFFu, v[j].w & 0x7FFF7FFFu};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      m = __vmaxu2(m, a[i]);
+      nonfinite |= __vcmpgeu2(a[i], 0x7C007C00u);
+    }
+  }
+  const float mx = __half2float(__ushort_as_half(uint16_t(max(m & 0xFFFFu, m >> 16))));
+  const float inv = mx > 0.f && nonfinite == 0 ? 127.f / mx : 0.f;
+  int sum = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const __half2* p = reinterpret_cast<const __half2*>(&v[j]);  // (x0, x1) (x2, x3) (x4, x5) (x6, x7)
+    uint32_t e = 0, o = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __half22float2(p[i]);
+      const int a = __float2int_rn(f.x * inv), b = __float2int_rn(f.y * inv);
+      sum += a + b;
+      e |= uint32_t(a & 0xFF) << (8 * i);
+      o |= uint32_t(b & 0xFF) << (8 * i);
+    }
+    xi.e[j] = e;
+    xi.o[j] = o;
+  }
+  xi.c8 = -8 * sum;
+  xi.sx = mx / 127.f;
+  return nonfinite != 0;
+}
+
+// A unit's sum of x (q - 8) over the int8 X, exact in int32.
+__device__ __forceinline__ int RowUnitSumI8(const RowXI8& xi, uint4 q) {
+  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+  int lo = xi.c8, hi = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    lo = __dp4a(int(w[j] & 0x0F0F0F0Fu), int(xi.e[j]), lo);
+    hi = Dp4aUnsignedSigned(w[j] & 0xF0F0F0F0u, xi.o[j], hi);
+  }
+  return lo + (hi >> 4);
+}
+
+// A unit's exact sum for the int8 path's exceptions (X reloaded in fp16 pairs; rare, out of line).
+__device__ __noinline__ float RowUnitDotReload(const __half* __restrict__ x, int u, bool valid, uint4 q, __half s) {
+  __half2 xp[16];
+  const float back = RowUnitX(x, u, valid, xp);
+  return RowUnitDotExact(xp, q, s) * back;
+}
+
+// RowStepDots over the int8 X (`exact`: the block's X has an Inf or NaN).
+template <int C>
+__device__ __forceinline__ void RowStepDotsI8(const RowXI8& xi, bool exact, const __half* __restrict__ x, int u,
+                                              bool valid, const uint4 (&q)[C], const __half (&s)[C], float (&p)[C]) {
+  uint32_t big = 0;
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    p[c] = float(RowUnitSumI8(xi, q[c])) * (__half2float(s[c]) * xi.sx);
+    big = max(big, uint32_t(__half_as_ushort(s[c])) & 0x7FFFu);
+  }
+  if (big > 0x6BFFu || exact) {
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+      if (exact || (__half_as_ushort(s[c]) & 0x7FFFu) > 0x6BFFu) p[c] = RowUnitDotReload(x, u, valid, q[c], s[c]);
+  }
+}
+
 constexpr int kRowChunk = 128;  // output columns a block sums across its warps at once (two barriers a chunk)
 
 // units: 16-byte units a column (K / 32); nb, lb: blocks a column and log2 of the block. blockDim.x: 32 ceil(units /
 // 32) (every lane of a warp but the last's holds a unit). A step's loads are C 16-byte units at a fixed stride from
 // one pointer (the step's first column; Int4SwiGLU: the gate's and the up matrix's), the steps double-buffered in two
 // register sets used in turn (no copies); only a block's last step, partial, tests its columns.
-template <int C, bool GATED, int MAXW, int MINB>
-__global__ void __launch_bounds__(MAXW * 32, MINB)
-    Int4RowGemv(const __half* __restrict__ x, const uint4* __restrict__ wq, const __half* __restrict__ scales,
-                const uint4* __restrict__ wq_up, const __half* __restrict__ scales_up, int act, __half* __restrict__ y,
-                int N, int units, int nb, int lb) {
+// I8: X rounded to int8 (Int4RowGemvI8 above); the two kernels below share this body.
+template <int C, bool GATED, int MAXW, bool I8>
+__device__ __forceinline__ void RowGemvBody(const __half* __restrict__ x, const uint4* __restrict__ wq,
+                                            const __half* __restrict__ scales, const uint4* __restrict__ wq_up,
+                                            const __half* __restrict__ scales_up, int act, __half* __restrict__ y,
+                                            int N, int units, int nb, int lb) {
   static_assert(C == 4 || C == 8, "C: 4 or 8 loads a step");
   constexpr int OUT = GATED ? C / 2 : C;  // output columns a step
   constexpr int kChunkSteps = kRowChunk / OUT;
@@ -583,11 +686,16 @@ __global__ void __launch_bounds__(MAXW * 32, MINB)
   const int ci = lane / (32 / C);
   const bool writer = (lane & (32 / C - 1)) == 0;
   float* const mine = &part[warp][GATED && ci >= OUT][GATED ? ci % OUT : ci];
-  __half2 xp[16];
+  __half2 xp[I8 ? 1 : 16];  // fp16: X's pairs (RowUnitX)
   float back = 1.f;
+  RowXI8 xi;  // int8: X's bytes (RowUnitXI8)
+  bool exact = false;
   auto step = [&](int j, const uint4(&q)[C], const __half(&s)[C]) {
     float p[C];
-    RowStepDots<C>(xp, q, s, back, p);
+    if constexpr (I8)
+      RowStepDotsI8<C>(xi, exact, x, u, valid, q, s, p);
+    else
+      RowStepDots<C>(xp, q, s, back, p);
     const float v = WarpSumColumns<C>(p, lane);
     const int at = (j % kChunkSteps) * OUT;  // the step's first column in the chunk
     if (writer && n0 + j * OUT + (GATED ? ci % OUT : ci) < n1) mine[at] = v;
@@ -612,7 +720,10 @@ __global__ void __launch_bounds__(MAXW * 32, MINB)
   if (steps > 0) load(0, qa, sa);
   ock::PdlWait();
   ock::PdlTrigger();
-  back = RowUnitX(x, u, valid, xp);
+  if constexpr (I8)
+    exact = __syncthreads_or(RowUnitXI8(x, u, valid, xi)) != 0;
+  else
+    back = RowUnitX(x, u, valid, xp);
   for (int j = 0; j < steps; j += 2) {
     if (j + 1 < steps) load(j + 1, qb, sb2);
     step(j, qa, sa);
@@ -620,6 +731,22 @@ __global__ void __launch_bounds__(MAXW * 32, MINB)
     if (j + 2 < steps) load(j + 2, qa, sa);
     step(j + 1, qb, sb2);
   }
+}
+
+template <int C, bool GATED, int MAXW, int MINB>
+__global__ void __launch_bounds__(MAXW * 32, MINB)
+    Int4RowGemv(const __half* __restrict__ x, const uint4* __restrict__ wq, const __half* __restrict__ scales,
+                const uint4* __restrict__ wq_up, const __half* __restrict__ scales_up, int act, __half* __restrict__ y,
+                int N, int units, int nb, int lb) {
+  RowGemvBody<C, GATED, MAXW, false>(x, wq, scales, wq_up, scales_up, act, y, N, units, nb, lb);
+}
+
+template <int C, bool GATED, int MAXW, int MINB>
+__global__ void __launch_bounds__(MAXW * 32, MINB)
+    Int4RowGemvI8(const __half* __restrict__ x, const uint4* __restrict__ wq, const __half* __restrict__ scales,
+                  const uint4* __restrict__ wq_up, const __half* __restrict__ scales_up, int act,
+                  __half* __restrict__ y, int N, int units, int nb, int lb) {
+  RowGemvBody<C, GATED, MAXW, true>(x, wq, scales, wq_up, scales_up, act, y, N, units, nb, lb);
 }
 
 // The tensor-core path from kMmaMinRows (its common form from one) to 16 rows (fp16, bf16; fp32 stays on the GEMV):
@@ -1296,6 +1423,7 @@ struct Int4Weights {
   const uint8_t* zp_up;
   int64_t nb, row_bytes, zb;  // blocks, packed bytes and zero-point bytes a column
   int lb;                     // log2 of the block size
+  bool int8_x = false;        // the node's accuracy_level is 4: the one-row GEMV may round X to int8 (Int4RowGemvI8)
 };
 
 // Whether the one-row GEMV (Int4RowGemv) takes this call: fp16, one row, symmetric, blocks of 32 or more dividing K, K
@@ -1307,10 +1435,10 @@ bool RowGemvOk(int dtype, const void* x, const Int4Weights& wt, int64_t m, int64
 }
 
 // Blocks of up to MAXW warps, MINB of them an SM (the registers a thread may take: 64 K / (32 MAXW MINB)).
-template <int C, bool GATED, int MAXW, int MINB>
+template <int C, bool GATED, int MAXW, int MINB, bool I8>
 int LaunchRowGemvAs(const void* x, const Int4Weights& wt, int act, void* y, int64_t k, int64_t n, cudaStream_t s) {
   const int units = int(k / 32), warps = (units + 31) / 32;
-  auto kernel = Int4RowGemv<C, GATED, MAXW, MINB>;
+  auto kernel = I8 ? Int4RowGemvI8<C, GATED, MAXW, MINB> : Int4RowGemv<C, GATED, MAXW, MINB>;
   static std::atomic<int> blocks_per_sm[MAXW + 1];  // by warps a block, found on first use
   int occ = blocks_per_sm[warps].load(std::memory_order_relaxed);
   if (occ == 0) {
@@ -1328,16 +1456,24 @@ int LaunchRowGemvAs(const void* x, const Int4Weights& wt, int act, void* y, int6
 }
 
 // WARPS_SM: the warps an SM the register budget aims at (0: one block of up to 16 warps, 128 registers a thread).
+// (I8: Int4RowGemvI8 where wt.int8_x; the same forms measured best for it: decode-probe-int8x.txt.)
 template <int C, bool GATED, int WARPS_SM = 0>
 int LaunchRowGemv(const void* x, const Int4Weights& wt, int act, void* y, int64_t k, int64_t n, cudaStream_t s) {
   const int warps = int((k / 32 + 31) / 32);
+  auto as = [&](auto maxw, auto minb) {
+    constexpr int MAXW = decltype(maxw)::value, MINB = decltype(minb)::value;
+    return wt.int8_x ? LaunchRowGemvAs<C, GATED, MAXW, MINB, true>(x, wt, act, y, k, n, s)
+                     : LaunchRowGemvAs<C, GATED, MAXW, MINB, false>(x, wt, act, y, k, n, s);
+  };
+  using std::integral_constant;
   if constexpr (WARPS_SM == 0) {
-    return LaunchRowGemvAs<C, GATED, kRowMaxWarps, 1>(x, wt, act, y, k, n, s);
+    return as(integral_constant<int, kRowMaxWarps>{}, integral_constant<int, 1>{});
   } else {
-    if (warps <= 4) return LaunchRowGemvAs<C, GATED, 4, WARPS_SM / 4>(x, wt, act, y, k, n, s);
-    if (warps <= 8) return LaunchRowGemvAs<C, GATED, 8, WARPS_SM / 8>(x, wt, act, y, k, n, s);
-    if (warps <= 12) return LaunchRowGemvAs<C, GATED, 12, WARPS_SM / 12>(x, wt, act, y, k, n, s);
-    return LaunchRowGemvAs<C, GATED, kRowMaxWarps, (WARPS_SM / 16 > 0 ? WARPS_SM / 16 : 1)>(x, wt, act, y, k, n, s);
+    if (warps <= 4) return as(integral_constant<int, 4>{}, integral_constant<int, WARPS_SM / 4>{});
+    if (warps <= 8) return as(integral_constant<int, 8>{}, integral_constant<int, WARPS_SM / 8>{});
+    if (warps <= 12) return as(integral_constant<int, 12>{}, integral_constant<int, WARPS_SM / 12>{});
+    return as(integral_constant<int, kRowMaxWarps>{},
+              integral_constant<int, (WARPS_SM / 16 > 0 ? WARPS_SM / 16 : 1)>{});
   }
 }
 // The one-row GEMV's form by shape, from scripts/int4_decode_probe.cu on an H200 (a Llama-2-7B layer, block 32,
@@ -1629,12 +1765,14 @@ extern "C" int64_t onnxfuse_cuda_int4_linear_scratch_bytes(int dtype, int64_t m,
 
 extern "C" int onnxfuse_cuda_int4_linear(int dtype, const void* x, const uint8_t* wq, const void* scales,
                                          const uint8_t* zero_points, void* y, int64_t m, int64_t k, int64_t n,
-                                         int64_t block, void* scratch, int64_t scratch_bytes, void* stream) {
+                                         int64_t block, int accuracy_level, void* scratch, int64_t scratch_bytes,
+                                         void* stream) {
   if (!ock::CheckCommon(dtype, x, y, m, k, n) || !Int4BlockOk(block)) return ONNXFUSE_ERR_BAD_ARGUMENT;
   if (m == 0 || n == 0) return 0;
   if (wq == nullptr || scales == nullptr) return ONNXFUSE_ERR_BAD_ARGUMENT;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const Int4Weights wt = Geometry(wq, scales, zero_points, nullptr, nullptr, nullptr, k, block);
+  Int4Weights wt = Geometry(wq, scales, zero_points, nullptr, nullptr, nullptr, k, block);
+  wt.int8_x = accuracy_level == 4;
   if (k == 0) return int(cudaMemsetAsync(y, 0, size_t(m * n * ock::ElemBytes(dtype)), s));
   if (m <= ONNXFUSE_INT4_GEMV_MAX_M) return GemvPath(dtype, 0, x, wt, y, m, k, n, s);
   const int aligned = Aligned16(x) && Aligned16(wq) && Aligned16(scales) && Aligned16(y) &&
@@ -1665,7 +1803,8 @@ extern "C" int64_t onnxfuse_cuda_int4_swiglu_scratch_bytes(int dtype, int64_t m,
 extern "C" int onnxfuse_cuda_int4_swiglu(int dtype, int act, const void* x, const uint8_t* wq_gate,
                                          const void* scales_gate, const uint8_t* zp_gate, const uint8_t* wq_up,
                                          const void* scales_up, const uint8_t* zp_up, void* y, int64_t m, int64_t k,
-                                         int64_t n, int64_t block, void* scratch, int64_t scratch_bytes, void* stream) {
+                                         int64_t n, int64_t block, int accuracy_level, void* scratch,
+                                         int64_t scratch_bytes, void* stream) {
   if (!ock::CheckCommon(dtype, x, y, m, k, n) || !Int4BlockOk(block) || !onnxfuse::ValidGateActivation(act))
     return ONNXFUSE_ERR_BAD_ARGUMENT;
   if (m == 0 || n == 0) return 0;
@@ -1673,7 +1812,8 @@ extern "C" int onnxfuse_cuda_int4_swiglu(int dtype, int act, const void* x, cons
       (zp_gate == nullptr) != (zp_up == nullptr))
     return ONNXFUSE_ERR_BAD_ARGUMENT;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const Int4Weights wt = Geometry(wq_gate, scales_gate, zp_gate, wq_up, scales_up, zp_up, k, block);
+  Int4Weights wt = Geometry(wq_gate, scales_gate, zp_gate, wq_up, scales_up, zp_up, k, block);
+  wt.int8_x = accuracy_level == 4;
   if (k == 0) return int(cudaMemsetAsync(y, 0, size_t(m * n * ock::ElemBytes(dtype)), s));  // act(0) * 0
   if (m <= ONNXFUSE_INT4_GEMV_MAX_M) return GemvPath(dtype, act, x, wt, y, m, k, n, s);
   if (k > 0x7fffffffLL - 16 || 2 * n > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;
@@ -1761,8 +1901,8 @@ extern "C" int64_t onnxfuse_cuda_skip_norm_int4_scratch_bytes(int dtype, int gat
 extern "C" int onnxfuse_cuda_skip_norm_int4(int dtype, int act, const void* x, const void* skip, const void* gamma,
                                             float eps, const uint8_t* wq, const void* scales, const uint8_t* zp,
                                             const uint8_t* wq_up, const void* scales_up, const uint8_t* zp_up, void* y,
-                                            void* sum, int64_t m, int64_t k, int64_t n, int64_t block, void* scratch,
-                                            int64_t scratch_bytes, void* stream) {
+                                            void* sum, int64_t m, int64_t k, int64_t n, int64_t block,
+                                            int accuracy_level, void* scratch, int64_t scratch_bytes, void* stream) {
   const bool gated = wq_up != nullptr;
   if (!ock::CheckCommon(dtype, x, y, m, k, n) || !Int4BlockOk(block) || skip == nullptr || gamma == nullptr ||
       sum == nullptr || (gated && !onnxfuse::ValidGateActivation(act)))
@@ -1776,9 +1916,9 @@ extern "C" int onnxfuse_cuda_skip_norm_int4(int dtype, int act, const void* x, c
   const int64_t rest_bytes = scratch_bytes - xn_bytes;
   if (gated)
     return onnxfuse_cuda_int4_swiglu(dtype, act, scratch, wq, scales, zp, wq_up, scales_up, zp_up, y, m, k, n, block,
-                                     rest_bytes > 0 ? rest : nullptr, rest_bytes, stream);
-  return onnxfuse_cuda_int4_linear(dtype, scratch, wq, scales, zp, y, m, k, n, block, rest_bytes > 0 ? rest : nullptr,
-                                   rest_bytes, stream);
+                                     accuracy_level, rest_bytes > 0 ? rest : nullptr, rest_bytes, stream);
+  return onnxfuse_cuda_int4_linear(dtype, scratch, wq, scales, zp, y, m, k, n, block, accuracy_level,
+                                   rest_bytes > 0 ? rest : nullptr, rest_bytes, stream);
 }
 
 #else  // the host half: the CUDA EP glue and the Triton launcher
@@ -1798,6 +1938,11 @@ namespace onnxfuse {
 namespace cuda {
 namespace {
 
+// The node's accuracy_level (MatMulNBits', carried by the rule; absent: 0).
+int ReadAccuracyLevel(const OrtApi* api, const OrtKernelInfo* info) {
+  return int(ReadIntAttr(api, info, schema::attr::kAccuracyLevel, schema::attr::kAccuracyLevelDefault));
+}
+
 // A pointer's 16-byte alignment (the scratch functions' `aligned` argument; null counts as aligned).
 bool Int4Aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
@@ -1813,7 +1958,8 @@ template <typename T>
 struct Int4LinearCuda {
   using Op = schema::Int4Linear;
   static constexpr const char* kName = Op::kName;
-  Int4LinearCuda(const OrtApi* api, const OrtKernelInfo* info) : attrs(ReadOpAttrs(api, info, kName)) {}
+  Int4LinearCuda(const OrtApi* api, const OrtKernelInfo* info)
+      : attrs(ReadOpAttrs(api, info, kName)), accuracy(ReadAccuracyLevel(api, info)) {}
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<uint8_t>& Wq,
                       const Ort::Custom::Tensor<T>& Scales, std::optional<const Ort::Custom::Tensor<uint8_t>*> Zp,
                       Ort::Custom::Tensor<T>& Y) {
@@ -1833,8 +1979,8 @@ struct Int4LinearCuda {
             const int64_t need =
                 onnxfuse_cuda_int4_linear_scratch_bytes(DtypeCode<T>(), d.M, d.K, d.N, d.r, aligned, zp != nullptr);
             return WithScratch(ctx, Op::kX, need, [&](void* sp, int64_t bytes) {
-              return onnxfuse_cuda_int4_linear(DtypeCode<T>(), x, wq, scales, zp, y, d.M, d.K, d.N, d.r, sp, bytes,
-                                               stream);
+              return onnxfuse_cuda_int4_linear(DtypeCode<T>(), x, wq, scales, zp, y, d.M, d.K, d.N, d.r, accuracy, sp,
+                                               bytes, stream);
             });
           },
           [&] { return onnxfuse_triton_int4_linear(DtypeCode<T>(), x, wq, scales, zp, y, d.M, d.K, d.N, d.r, stream); },
@@ -1842,6 +1988,7 @@ struct Int4LinearCuda {
     });
   }
   OpAttrs attrs;
+  int accuracy;  // the node's accuracy_level
 };
 
 template <typename T>
@@ -1849,7 +1996,9 @@ struct Int4SwiGLUCuda {
   using Op = schema::Int4SwiGLU;
   static constexpr const char* kName = Op::kName;
   Int4SwiGLUCuda(const OrtApi* api, const OrtKernelInfo* info)
-      : attrs(ReadOpAttrs(api, info, kName)), act(ReadGateActivation(api, info, kName)) {}
+      : attrs(ReadOpAttrs(api, info, kName)),
+        act(ReadGateActivation(api, info, kName)),
+        accuracy(ReadAccuracyLevel(api, info)) {}
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<uint8_t>& Wg,
                       const Ort::Custom::Tensor<T>& Sg, const Ort::Custom::Tensor<uint8_t>& Wu,
                       const Ort::Custom::Tensor<T>& Su, std::optional<const Ort::Custom::Tensor<uint8_t>*> Zg,
@@ -1872,7 +2021,7 @@ struct Int4SwiGLUCuda {
                 onnxfuse_cuda_int4_swiglu_scratch_bytes(DtypeCode<T>(), d.M, d.K, d.N, d.r, aligned, zg != nullptr);
             return WithScratch(ctx, Op::kX, need, [&](void* sp, int64_t bytes) {
               return onnxfuse_cuda_int4_swiglu(DtypeCode<T>(), act, x, wg, sg, zg, wu, su, zu, y, d.M, d.K, d.N, d.r,
-                                               sp, bytes, stream);
+                                               accuracy, sp, bytes, stream);
             });
           },
           [&] {
@@ -1883,14 +2032,15 @@ struct Int4SwiGLUCuda {
     });
   }
   OpAttrs attrs;
-  int act;  // onnxfuse_gate_act of the node's activation attribute
+  int act;       // onnxfuse_gate_act of the node's activation attribute
+  int accuracy;  // the node's accuracy_level
 };
 
 // The norm ops: the CUDA backend runs the norm kernel, then the projection's CUDA path on Xn; triton the norm kernel,
 // then the projection's Triton kernel on Xn; auto picks as the projection's own op does.
 template <typename T, bool GATED>
 Ort::Status SkipNormInt4Compute(OrtKernelContext* ctx, const char* name, const OpAttrs& attrs, int act, float eps,
-                                const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& Skip,
+                                int accuracy, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& Skip,
                                 const Ort::Custom::Tensor<T>& Gamma, const Ort::Custom::Tensor<uint8_t>& Wq,
                                 const Ort::Custom::Tensor<T>& Scales, const Ort::Custom::Tensor<uint8_t>* Wu,
                                 const Ort::Custom::Tensor<T>* Su, std::optional<const Ort::Custom::Tensor<uint8_t>*> Zg,
@@ -1925,7 +2075,7 @@ Ort::Status SkipNormInt4Compute(OrtKernelContext* ctx, const char* name, const O
               onnxfuse_cuda_skip_norm_int4_scratch_bytes(dt, GATED, d.M, d.K, d.N, d.r, aligned, zg != nullptr);
           return WithScratch(ctx, 0, need, [&](void* sp, int64_t bytes) {
             return onnxfuse_cuda_skip_norm_int4(dt, act, x, skip, gamma, eps, wq, scales, zg, wu, su, zu, y, sum, d.M,
-                                                d.K, d.N, d.r, sp, bytes, stream);
+                                                d.K, d.N, d.r, accuracy, sp, bytes, stream);
           });
         },
         [&] {
@@ -1946,16 +2096,19 @@ struct SkipRMSNormInt4LinearCuda {
   using Op = schema::SkipRMSNormInt4Linear;
   static constexpr const char* kName = Op::kName;
   SkipRMSNormInt4LinearCuda(const OrtApi* api, const OrtKernelInfo* info)
-      : attrs(ReadOpAttrs(api, info, kName)), eps(ReadEpsilon(api, info, kName)) {}
+      : attrs(ReadOpAttrs(api, info, kName)),
+        eps(ReadEpsilon(api, info, kName)),
+        accuracy(ReadAccuracyLevel(api, info)) {}
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& Skip,
                       const Ort::Custom::Tensor<T>& Gamma, const Ort::Custom::Tensor<uint8_t>& Wq,
                       const Ort::Custom::Tensor<T>& Scales, std::optional<const Ort::Custom::Tensor<uint8_t>*> Zp,
                       Ort::Custom::Tensor<T>& Y, Ort::Custom::Tensor<T>& Sum) {
-    return SkipNormInt4Compute<T, false>(ctx, kName, attrs, 0, eps, X, Skip, Gamma, Wq, Scales, nullptr, nullptr, Zp,
-                                         std::nullopt, Y, Sum);
+    return SkipNormInt4Compute<T, false>(ctx, kName, attrs, 0, eps, accuracy, X, Skip, Gamma, Wq, Scales, nullptr,
+                                         nullptr, Zp, std::nullopt, Y, Sum);
   }
   OpAttrs attrs;
   float eps;
+  int accuracy;
 };
 
 template <typename T>
@@ -1965,18 +2118,21 @@ struct SkipRMSNormInt4SwiGLUCuda {
   SkipRMSNormInt4SwiGLUCuda(const OrtApi* api, const OrtKernelInfo* info)
       : attrs(ReadOpAttrs(api, info, kName)),
         act(ReadGateActivation(api, info, kName)),
-        eps(ReadEpsilon(api, info, kName)) {}
+        eps(ReadEpsilon(api, info, kName)),
+        accuracy(ReadAccuracyLevel(api, info)) {}
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& X, const Ort::Custom::Tensor<T>& Skip,
                       const Ort::Custom::Tensor<T>& Gamma, const Ort::Custom::Tensor<uint8_t>& Wg,
                       const Ort::Custom::Tensor<T>& Sg, const Ort::Custom::Tensor<uint8_t>& Wu,
                       const Ort::Custom::Tensor<T>& Su, std::optional<const Ort::Custom::Tensor<uint8_t>*> Zg,
                       std::optional<const Ort::Custom::Tensor<uint8_t>*> Zu, Ort::Custom::Tensor<T>& Y,
                       Ort::Custom::Tensor<T>& Sum) {
-    return SkipNormInt4Compute<T, true>(ctx, kName, attrs, act, eps, X, Skip, Gamma, Wg, Sg, &Wu, &Su, Zg, Zu, Y, Sum);
+    return SkipNormInt4Compute<T, true>(ctx, kName, attrs, act, eps, accuracy, X, Skip, Gamma, Wg, Sg, &Wu, &Su, Zg, Zu,
+                                        Y, Sum);
   }
   OpAttrs attrs;
   int act;
   float eps;
+  int accuracy;
 };
 
 }  // namespace
