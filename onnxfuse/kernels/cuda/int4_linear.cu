@@ -1653,13 +1653,13 @@ int GemvPath(int dtype, int act, const void* x, const Int4Weights& wt, void* y, 
         if (MmaFastOk(x, wt, k))
           return gated ? LaunchMmaFast<T, true>(x, wt, act, y, m, k, n, s)
                        : LaunchMmaFast<T, false>(x, wt, act, y, m, k, n, s);
-        if (std::is_same_v<T, __half> && m < kMmaMinRows)  // bf16: Int4Mma from one row too
-          return m == 1 ? launch(std::integral_constant<int, 1>{}) : launch(std::integral_constant<int, 2>{});
-        if (gated)
-          return zp ? LaunchMma<T, true, true>(x, wt, act, y, m, k, n, s)
-                    : LaunchMma<T, true, false>(x, wt, act, y, m, k, n, s);
-        return zp ? LaunchMma<T, false, true>(x, wt, act, y, m, k, n, s)
-                  : LaunchMma<T, false, false>(x, wt, act, y, m, k, n, s);
+        if (!std::is_same_v<T, __half> || m >= kMmaMinRows) {  // fp16 below kMmaMinRows: the GEMV below
+          if (gated)
+            return zp ? LaunchMma<T, true, true>(x, wt, act, y, m, k, n, s)
+                      : LaunchMma<T, true, false>(x, wt, act, y, m, k, n, s);
+          return zp ? LaunchMma<T, false, true>(x, wt, act, y, m, k, n, s)
+                    : LaunchMma<T, false, false>(x, wt, act, y, m, k, n, s);
+        }
       }
     }
     if (m == 1) return launch(std::integral_constant<int, 1>{});
