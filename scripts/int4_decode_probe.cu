@@ -34,7 +34,6 @@
 #include <string>
 #include <vector>
 
-#include "int4_imma_probe.cuh"
 #include "int4_probe_fill.cuh"
 
 template <typename T>
@@ -149,30 +148,6 @@ Fn Int8X() {  // the library's path for a node of accuracy_level 4 (the one-row 
     Int4Weights w = wt;
     w.int8_x = true;
     return GemvPath(std::is_same_v<T, __half> ? ONNXFUSE_FP16 : ONNXFUSE_BF16, 0, x, w, y, m, k, n, s);
-  };
-}
-
-template <bool EACH>
-Fn Imma() {  // (probe) level 4 from 2 rows on the int8 tensor cores (int4_imma_probe.cuh); X quantized each call or
-             // once; one row: the library's level-4 path
-  return [](const void* x, const Int4Weights& wt, void* y, int64_t m, int64_t k, int64_t n, cudaStream_t s) {
-    Int4Weights w = wt;
-    w.int8_x = true;
-    if (m < 2 || m > 8 || !MmaFastOk(x, w, k) || MmaSmem<__half, false>(w, 16) > kMmaMaxSmem)
-      return GemvPath(ONNXFUSE_FP16, 0, x, w, y, m, k, n, s);
-    return LaunchImmaProbe(x, w, y, m, k, n, s, EACH);
-  };
-}
-
-template <int MINB_SCALE>
-Fn ImmaRing() {  // (probe) the int8 tensor-core form with X in the ring (X quantized once); MINB_SCALE 2: half the
-                 // blocks an SM, twice the registers
-  return [](const void* x, const Int4Weights& wt, void* y, int64_t m, int64_t k, int64_t n, cudaStream_t s) {
-    Int4Weights w = wt;
-    w.int8_x = true;
-    if (m < 2 || m > 8 || !MmaFastOk(x, w, k) || MmaSmem<__half, false>(w, 16) > kMmaMaxSmem)
-      return GemvPath(ONNXFUSE_FP16, 0, x, w, y, m, k, n, s);
-    return LaunchImmaRing<MINB_SCALE>(x, w, y, m, k, n, s);
   };
 }
 
@@ -321,10 +296,6 @@ int main(int argc, char** argv) {
                        {"Int4MmaFast at every row count", MmaFastAll<T>()},
                        {"Int4Mma (the general form)", Mma<T, 0>()},
                        {"library, accuracy_level 4", Int8X<T>()},
-                       {"level 4, int8 mma + quantize (2-8)", Imma<true>()},
-                       {"level 4, int8 mma alone (2-8)", Imma<false>()},
-                       {"level 4, int8 mma, X in the ring", ImmaRing<1>()},
-                       {"level 4, int8 mma, X in the ring, 2x reg", ImmaRing<2>()},
                        {"read only, 4 blocks an SM, PDL", Read<true, 4>()}};
   if (argc > 3 && std::string(argv[1]) == "ncu") {  // ncu: variant argv[2] at argv[3] rows, the layer twice
     const int v = atoi(argv[2]), m = atoi(argv[3]);
