@@ -540,8 +540,8 @@ __device__ __forceinline__ float WarpSumColumns(float (&p)[C], int lane) {
 // sum times s sx in fp32. A block whose X has an Inf or NaN, and a unit whose scale is past 4094, Inf or NaN, take the
 // exact sums (X reloaded; as the fp16 GEMV's exact path, so NaN and Inf land where the reference puts them). H200, a
 // Llama-2-7B layer at one row (scripts/int4_decode_probe.cu, benchmarks/results/h200-2026-12-01/int4/
-// decode-probe-int8x.txt): 36.1 against the fp16 GEMV's 39.7 us (34.4 against 38.6 replayed from a CUDA graph),
-// lm_head 26.6 against 29.0 (97 % of the read rate); largest error against fp32 sums 2.3e-3 of the largest output
+// decode-probe-int8x.txt): 36.2 against the fp16 GEMV's 39.5 us (34.4 against 38.3 replayed from a CUDA graph),
+// lm_head 26.6 against 28.9 (96 % of the read rate); largest error against fp32 sums 2.3e-3 of the largest output
 // (8.7e-4 in fp16).
 struct RowXI8 {
   uint32_t e[4], o[4];  // e[j]: the int8 bytes of values 8j + 0, 2, 4, 6; o[j]: of 8j + 1, 3, 5, 7 (a word's nibbles)
@@ -1456,7 +1456,8 @@ int LaunchRowGemvAs(const void* x, const Int4Weights& wt, int act, void* y, int6
 }
 
 // WARPS_SM: the warps an SM the register budget aims at (0: one block of up to 16 warps, 128 registers a thread).
-// (I8: Int4RowGemvI8 where wt.int8_x; the same forms measured best for it: decode-probe-int8x.txt.)
+// (I8: Int4RowGemvI8 where wt.int8_x; the same forms measured best for it: decode-probe-int8x-forms.txt, more warps an
+// SM slower: decode-probe-int8x-occupancy-not-kept.txt.)
 template <int C, bool GATED, int WARPS_SM = 0>
 int LaunchRowGemv(const void* x, const Int4Weights& wt, int act, void* y, int64_t k, int64_t n, cudaStream_t s) {
   const int warps = int((k / 32 + 31) / 32);
