@@ -178,6 +178,7 @@ def int8_x_product(x, wq, scales, k: int, block: int, unit: int = INT8_X_UNIT):
     bound = torch.einsum("ru,cu->rc", sx / 2, nib.abs().sum(-1) * s_unit.abs())
     return y, bound
 
+
 def reference(inputs, attrs: dict):
     x, wq, scales = inputs[:3]
     w = dequantize(wq, scales, x.shape[-1], inputs[3] if len(inputs) > 3 else None)

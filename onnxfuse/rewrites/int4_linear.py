@@ -349,7 +349,7 @@ class SkipRMSNormInt4(FusionRule):
         attrs = {"epsilon": self._eps, "backend": proj.attributes.get_string("backend", "auto")}
         if self.gated:
             attrs["activation"] = proj.attributes.get_string("activation", "silu")
-        attrs.update(accuracy_attrs(proj.attributes.get_int(ACCURACY_LEVEL.name, 0)))
+        attrs.update(accuracy_attrs(accuracy_level(proj)))
         rest = list(proj.inputs[1:])
         shapes = {"X": dims(a), "skip": dims(b), "gamma": [self._k]}
         schema = SKIP_RMS_NORM_INT4_SWIGLU if self.gated else SKIP_RMS_NORM_INT4_LINEAR

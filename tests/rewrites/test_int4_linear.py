@@ -69,9 +69,14 @@ def _accuracy_level(node):
     return next((helper.get_attribute_value(a) for a in node.attribute if a.name == "accuracy_level"), None)
 
 
+def _save(tmp_path, model, name):
+    path = tmp_path / name
+    onnx.save(model, str(path))
+    return path
+
+
 def _fuse(tmp_path, model, **kw):
-    src, dst = tmp_path / "m.onnx", tmp_path / "f.onnx"
-    onnx.save(model, str(src))
+    src, dst = _save(tmp_path, model, "m.onnx"), tmp_path / "f.onnx"
     return src, dst, fuse.fuse(src, dst, force=True, ort=False, **kw)
 
 
@@ -179,12 +184,6 @@ def test_a_wrong_shape_is_a_clear_error():
         testing.run_op("Int4Linear", [x, wq, s, zp[:4].contiguous()])
 
 
-def _save(tmp_path, model, name):
-    path = tmp_path / name
-    onnx.save(model, str(path))
-    return path
-
-
 @pytest.mark.parametrize("level,want", [(None, None), (0, None), (2, 2), (4, 4)])
 def test_the_accuracy_level_goes_onto_int4_linear(tmp_path, level, want):
     """MatMulNBits' accuracy_level is the fused node's; a level of 0 or none leaves the node without the attribute
@@ -222,7 +221,6 @@ def test_a_level_4_model_computes_in_x_type_on_the_cpu(tmp_path, zero_points):
     assert (np.abs(int8 - want) <= bound + 1e-4).all()
 
 
-
 @pytest.mark.parametrize("block", [32, 64, 128])
 def test_the_int8_x_reference_is_onnxruntimes_level_4_rounding(tmp_path, block):
     """int8_x_product, the PyTorch form of the CUDA one-row GEMV's accuracy_level-4 path (X rounded to int8 per 32
@@ -247,6 +245,7 @@ def test_the_int8_x_reference_is_onnxruntimes_level_4_rounding(tmp_path, block):
     assert (np.abs(exact - ours) <= ours_bound + 1e-5 * scale).all()
     if block == INT8_X_UNIT:
         np.testing.assert_array_equal(ours, want)
+
 
 def _gated_graph(k=64, n=48, act="sigmoid_mul", blocks=(32, 32), gate_zero_points=False, gate_output=False,
                  x_rank=2, down=False, zero_points=False, levels=(None, None)):
@@ -495,7 +494,6 @@ def test_the_norm_and_its_int4_projection_fuse_to_one_op(tmp_path, proj, op, zer
     _same_outputs(src, dst, _norm_feeds())
 
 
-
 def test_a_norm_and_gated_mlp_of_unknown_types_fuse_and_save(tmp_path):
     """The gated product an intermediate whose type shape inference cannot reach (after the norm and QuickGelu, both
     contrib ops): Int4SwiGLU's output takes the scales' type, so the norm op after it is written (the model failed
@@ -504,6 +502,7 @@ def test_a_norm_and_gated_mlp_of_unknown_types_fuse_and_save(tmp_path):
     assert [m.op for m in res.matches] == ["Int4SwiGLU", "SkipRMSNormInt4SwiGLU"]
     soundness.check_model(onnx.load(str(dst)))
     _same_outputs(src, dst, _norm_feeds())
+
 
 @pytest.mark.parametrize("outputs,sum_output", [(4, False), (1, False)])
 def test_a_norm_whose_sum_is_unused_fuses_too(tmp_path, outputs, sum_output):
