@@ -429,11 +429,16 @@ __device__ __forceinline__ uint4 LoadStream(const uint4* p) {
 // Lane's unit u of X (values 32 u .. + 31; v[j]: the 8 of weight word j) as the pairs CentredHalf2 gives the weights in
 // (xp[4 j + i] = (x_{8j+i}, x_{8j+i+4})), scaled into [0, 4) by a power of two where its largest finite |x| is 4 or
 // more; returns the power's inverse (1 otherwise). Zeros where !valid.
-__device__ __forceinline__ float RowUnitX(const __half* __restrict__ x, int u, bool valid, __half2 (&xp)[16]) {
-  uint4 v[4];
+// Lane's unit u of X as four 16-byte words (zeros where !valid): RowUnitX's and RowUnitXI8's loads.
+__device__ __forceinline__ void RowUnitLoad(const __half* __restrict__ x, int u, bool valid, uint4 (&v)[4]) {
 #pragma unroll
   for (int j = 0; j < 4; ++j)
     v[j] = valid ? __ldg(reinterpret_cast<const uint4*>(x) + 4 * u + j) : make_uint4(0u, 0u, 0u, 0u);
+}
+
+__device__ __forceinline__ float RowUnitX(const __half* __restrict__ x, int u, bool valid, __half2 (&xp)[16]) {
+  uint4 v[4];
+  RowUnitLoad(x, u, valid, v);
   uint32_t m = 0;  // the largest finite |x| as fp16 bits (Inf and NaN taken as the largest finite)
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
@@ -560,9 +565,7 @@ __device__ __forceinline__ int Dp4aUnsignedSigned(uint32_t a, uint32_t b, int c)
 // zeros: the block takes the exact sums).
 __device__ __forceinline__ bool RowUnitXI8(const __half* __restrict__ x, int u, bool valid, RowXI8& xi) {
   uint4 v[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-    v[j] = valid ? __ldg(reinterpret_cast<const uint4*>(x) + 4 * u + j) : make_uint4(0u, 0u, 0u, 0u);
+  RowUnitLoad(x, u, valid, v);
   uint32_t m = 0, nonfinite = 0;  // the largest |x| as fp16 bits; any exponent all ones
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
@@ -1688,13 +1691,17 @@ int Dequantize(int dtype, const uint8_t* wq, const void* scales, const uint8_t* 
   });
 }
 
+// MatMulNBits' accuracy_level at which X may be rounded to int8 ("input A may be quantized to int8").
+constexpr int kAccuracyLevelInt8X = 4;
+
 Int4Weights Geometry(const uint8_t* wq, const void* scales, const uint8_t* zp, const uint8_t* wq_up,
-                     const void* scales_up, const uint8_t* zp_up, int64_t k, int64_t block) {
+                     const void* scales_up, const uint8_t* zp_up, int64_t k, int64_t block, int accuracy_level = 0) {
   Int4Weights wt{wq, scales, zp, wq_up, scales_up, zp_up, 0, 0, 0, 0};
   wt.nb = (k + block - 1) / block;
   wt.row_bytes = wt.nb * block / 2;
   wt.zb = (wt.nb + 1) / 2;
   wt.lb = Log2(block);
+  wt.int8_x = accuracy_level == kAccuracyLevelInt8X;
   return wt;
 }
 
@@ -1772,8 +1779,7 @@ extern "C" int onnxfuse_cuda_int4_linear(int dtype, const void* x, const uint8_t
   if (m == 0 || n == 0) return 0;
   if (wq == nullptr || scales == nullptr) return ONNXFUSE_ERR_BAD_ARGUMENT;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  Int4Weights wt = Geometry(wq, scales, zero_points, nullptr, nullptr, nullptr, k, block);
-  wt.int8_x = accuracy_level == 4;
+  const Int4Weights wt = Geometry(wq, scales, zero_points, nullptr, nullptr, nullptr, k, block, accuracy_level);
   if (k == 0) return int(cudaMemsetAsync(y, 0, size_t(m * n * ock::ElemBytes(dtype)), s));
   if (m <= ONNXFUSE_INT4_GEMV_MAX_M) return GemvPath(dtype, 0, x, wt, y, m, k, n, s);
   const int aligned = Aligned16(x) && Aligned16(wq) && Aligned16(scales) && Aligned16(y) &&
@@ -1813,8 +1819,7 @@ extern "C" int onnxfuse_cuda_int4_swiglu(int dtype, int act, const void* x, cons
       (zp_gate == nullptr) != (zp_up == nullptr))
     return ONNXFUSE_ERR_BAD_ARGUMENT;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  Int4Weights wt = Geometry(wq_gate, scales_gate, zp_gate, wq_up, scales_up, zp_up, k, block);
-  wt.int8_x = accuracy_level == 4;
+  const Int4Weights wt = Geometry(wq_gate, scales_gate, zp_gate, wq_up, scales_up, zp_up, k, block, accuracy_level);
   if (k == 0) return int(cudaMemsetAsync(y, 0, size_t(m * n * ock::ElemBytes(dtype)), s));  // act(0) * 0
   if (m <= ONNXFUSE_INT4_GEMV_MAX_M) return GemvPath(dtype, act, x, wt, y, m, k, n, s);
   if (k > 0x7fffffffLL - 16 || 2 * n > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;
