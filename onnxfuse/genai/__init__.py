@@ -51,6 +51,27 @@ def default_folder(spec: str, precision: str, provider: str) -> pathlib.Path:
     return DEFAULT_OUT / f"{name.lower()}-{precision}-{provider}"
 
 
+# The MatMulNBits accuracy_level an int4 CUDA build gets where --extra-options names none: 4, the builder's own default
+# for the CPU ("X may be quantized to int8"), where its default for CUDA is 0. onnxruntime's CUDA MatMulNBits ignores
+# it; onnxfuse's one-row decode GEMV then rounds X to int8 per 32 values (Int4RowGemvI8), as onnxruntime's CPU kernel
+# does at that level. Measured (H200, benchmarks/results/h200-2026-12-01/int4/): SmolLM2-135M's CUDA int4 folder
+# (blocks of 32, one token a step) at perplexity 20.50 on the Zen of Python against 20.32 at level 0, genai's own
+# folder's 20.33 and the fp32 reference's 21.80, the same 32 greedy tokens at both levels; a Llama-2-7B-shape int4
+# model decodes at 1.67-1.73 ms/token against 1.84-1.87 at level 0. accuracy_level=0 in --extra-options keeps X in
+# fp16.
+CUDA_INT4_ACCURACY_LEVEL = 4
+
+
+def builder_options(precision: str, provider: str, extra_options: list[str] | None) -> list[str]:
+    """The builder's --extra_options for a build: the user's, and for an int4 CUDA build that names no
+    accuracy_level, accuracy_level=CUDA_INT4_ACCURACY_LEVEL."""
+    options = list(extra_options or [])
+    if precision == "int4" and provider == "cuda" and not any(o.split("=", 1)[0] == "accuracy_level"
+                                                              for o in options):
+        options.append(f"accuracy_level={CUDA_INT4_ACCURACY_LEVEL}")
+    return options
+
+
 def export_hf(spec: str, out: str | pathlib.Path | None = None, *, precision: str = "fp32", provider: str = "cpu",
               fuse: bool = True, force: bool = False, extra_options: list[str] | None = None,
               trust_remote_code: bool = False, allow_pickle: bool = False, cpu_isa: str | None = None,
@@ -73,6 +94,7 @@ def export_hf(spec: str, out: str | pathlib.Path | None = None, *, precision: st
         raise OnnxfuseError("--adapter with --dtype bf16: an adapter file is written from numpy, which has no "
                             "bfloat16; export with --dtype fp16 or fp32")
     out = pathlib.Path(out) if out is not None else default_folder(spec, precision, provider)
+    extra_options = builder_options(precision, provider, extra_options)
     supported = gf.supported_architectures()
     if provider == "cuda":
         from .generate import genai

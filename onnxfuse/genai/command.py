@@ -38,7 +38,9 @@ def register_export(exsub) -> None:
                          "blocks of 64 or more let prompts and batches of 128+ rows run CUTLASS's int4 GEMM "
                          "(README, Kernels)")
     hf.add_argument("--extra-options", type=option_list, metavar="K=V,K2=V2", default=[],
-                    help="passed to the builder's --extra_options (e.g. block_size=32,accuracy_level=4)")
+                    help="passed to the builder's --extra_options (e.g. prune_lm_head=true); with --dtype int4 "
+                         "--provider cuda, accuracy_level=4 unless one is given (the one-row decode GEMV rounds X "
+                         "to int8; accuracy_level=0 keeps it fp16)")
     hf.add_argument("--trust-remote-code", action="store_true",
                     help="let transformers run the checkpoint's own Python code (off by default: a checkpoint is "
                          "untrusted input)")
