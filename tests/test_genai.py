@@ -189,6 +189,30 @@ def test_an_int4_cuda_build_asks_the_builder_for_accuracy_level_4_unless_told(ch
         assert calls[-1] == (precision, provider, want) and not out.exists()
 
 
+@pytest.mark.gpu
+def test_the_default_int4_cuda_export_carries_accuracy_level_4_and_verifies(checkpoints, tmp_path):
+    """Issue 28, on a GPU with onnxruntime-genai-cuda: `export hf --dtype int4 --provider cuda` with no options writes
+    MatMulNBits of accuracy_level 4, the fused int4 ops carry it (the one-row GEMV rounds X to int8), and the folder
+    verifies on the CUDA provider; with accuracy_level=0 the fused ops carry no level."""
+    import onnx
+    import onnxruntime_genai as og
+    if not og.is_cuda_available():
+        pytest.skip("needs onnxruntime-genai-cuda")
+    ckpt = checkpoints("llama")
+    src = resolve(str(ckpt), tmp_path)
+    for opts, want in ((None, {4}), (["accuracy_level=0"], set())):
+        out = genai.export_hf(str(ckpt), tmp_path / f"q4-{len(want)}", precision="int4", provider="cuda",
+                              extra_options=opts).folder
+        assert json.loads((out / "onnxfuse.json").read_text())["extra_options"] == (opts or ["accuracy_level=4"])
+        graph = onnx.load(str(gf.decoder_path(out)), load_external_data=False).graph
+        nodes = [n for n in graph.node if "Int4" in n.op_type]
+        assert nodes and not any(n.op_type == "MatMulNBits" for n in graph.node)
+        levels = {onnx.helper.get_attribute_value(a) for n in nodes for a in n.attribute if a.name == "accuracy_level"}
+        assert levels == want, (opts, levels)
+        res = genai.verify_folder(out, source=src, provider="cuda", prompt_ids=PROMPT)
+        assert res.passed and res.perplexity is not None, res.to_dict()
+
+
 def test_a_pruned_lm_head_folder_verifies(checkpoints, tmp_path):
     """The builder's prune_lm_head (logits of the last position only in a prefill, `--extra-options
     prune_lm_head=true`): verify compares that position and the decode steps, and an int4 folder's perplexity (one
