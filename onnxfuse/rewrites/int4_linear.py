@@ -13,8 +13,11 @@ onnxfuse's streams them once and dequantizes in registers.
 
 Refused, each with its reason in --explain: g_idx or a bias (inputs 4-5), zero points in X's type (MatMulNBits'
 other form) or of the wrong shape, bits other than 4, a block size the kernels do not take, an accuracy_level outside
-0-4, weights, scales or zero points that are not true constants (a graph input, an overridable initializer), scales
-of another element type than X, shapes that disagree with the node's K and N attributes.
+0-4, B prepacked into onnxruntime's CUDA fpA_intB layout (`weight_prepacked` 1 or 2, what the builder writes with
+`matmulnbits_weights_prepacked`: the same shape as the blockwise layout, other bytes), an attribute MatMulNBits did
+not have when this rule was written (its meaning unknown here), weights, scales or zero points that are not true
+constants (a graph input, an overridable initializer), scales of another element type than X, shapes that disagree
+with the node's K and N attributes.
 
 The node's accuracy_level goes onto the fused op (none at 0 or absent, so that level-0 models fuse as before):
 Int4SwiGLU takes the lower of its gate's and up's, the norm ops their projection's. At 4 the CUDA backend's one-row
@@ -72,6 +75,10 @@ def accuracy_attrs(level: int) -> dict:
     return {ACCURACY_LEVEL.name: level} if level else {}
 
 
+# MatMulNBits' attributes in onnxruntime 1.31 (weight_prepacked: 0, or absent, is the blockwise layout).
+KNOWN_ATTRIBUTES = frozenset({"K", "N", "bits", "block_size", ACCURACY_LEVEL.name, "weight_prepacked"})
+
+
 def check_form(node: ir.Node, result: MatchResult) -> bool:
     """The parts of a MatMulNBits the kernels take that need no constant: no g_idx or bias, 4 bits, a block size of
     BLOCK_SIZES, an accuracy_level MatMulNBits defines (zero points are checked with the weights). Records the
@@ -85,6 +92,17 @@ def check_form(node: ir.Node, result: MatchResult) -> bool:
                     node.inputs[extra[0]])
         return False
     attr = node.attributes
+    unknown = sorted(set(attr) - KNOWN_ATTRIBUTES)
+    if unknown:
+        result.fail(f"{label} has attribute {', '.join(unknown)}, which MatMulNBits did not have when the int4 rule "
+                    "was written: what it changes is unknown here", node.outputs[0])
+        return False
+    prepacked = attr.get_int("weight_prepacked", 0)
+    if prepacked:
+        result.fail(f"{label} has weight_prepacked {prepacked}: B is in onnxruntime's CUDA fpA_intB layout, not the "
+                    "blockwise one the int4 ops read (the builder's matmulnbits_weights_prepacked=0, its default, "
+                    "writes that)", node.outputs[0])
+        return False
     bits, block = attr.get_int("bits", 4), attr.get_int("block_size", 0)
     if bits != 4:
         result.fail(f"{label} has {bits}-bit weights: the int4 ops take 4 bits", node.outputs[0])

@@ -20,10 +20,10 @@ M = 3
 
 
 def _nbits_graph(k=40, n=24, block=16, bits=4, zero_points=None, scales_1d=False, scales_input=False,
-                 scales_dtype=np.float32, x_rank=2, accuracy_level=None):
+                 scales_dtype=np.float32, x_rank=2, accuracy_level=None, attrs=None):
     """One MatMulNBits; zero_points: None, "flat" (MatMulNBits' [N * ceil(n_blocks / 2)]), "2d", "wrong" (a byte
     short per column) or "float" (zero points in X's type, MatMulNBits' other form), of an asymmetric quantization;
-    accuracy_level: the node's (None: absent)."""
+    accuracy_level: the node's (None: absent); attrs: more attributes of the node."""
     rng = np.random.default_rng(0)
     w = rng.standard_normal((k, n)).astype(np.float32) * 0.2 + 0.05
     if zero_points:
@@ -49,7 +49,7 @@ def _nbits_graph(k=40, n=24, block=16, bits=4, zero_points=None, scales_1d=False
         node_inputs.append("zp")
     node = helper.make_node("MatMulNBits", node_inputs, ["Y"], domain="com.microsoft", K=k, N=n, bits=bits,
                             block_size=block, name="/model/layers.0/mlp/down_proj/MatMul_Q4",
-                            **_level_attr(accuracy_level))
+                            **_level_attr(accuracy_level), **(attrs or {}))
     y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, x_shape[:-1] + [n])
     g = helper.make_graph([node], "g", inputs, [y], inits)
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)],
@@ -166,12 +166,23 @@ def test_padding_past_k_is_ignored():
     (dict(scales_dtype=np.float16), "element types differ"),
     (dict(accuracy_level=7), "has accuracy_level 7: MatMulNBits defines 0 to 4"),
     (dict(accuracy_level=-1), "has accuracy_level -1: MatMulNBits defines 0 to 4"),
+    # B in onnxruntime's CUDA fpA_intB layout (the builder's matmulnbits_weights_prepacked): same shape, other bytes
+    (dict(attrs={"weight_prepacked": 2}), "has weight_prepacked 2: B is in onnxruntime's CUDA fpA_intB layout"),
+    (dict(attrs={"weight_prepacked": 1}), "has weight_prepacked 1"),
+    (dict(attrs={"group_order": 1}), "has attribute group_order, which MatMulNBits did not have"),
 ])
 def test_near_misses_are_refused(tmp_path, kw, reason):
     model, _, _ = _nbits_graph(**kw)
     src, dst, res = _fuse(tmp_path, model, explain=True)
     assert not res.matches and not dst.exists()
     assert any(reason in r["reason"] for r in res.refusals), res.refusals
+
+
+def test_weight_prepacked_0_is_the_blockwise_layout(tmp_path):
+    """weight_prepacked 0 is MatMulNBits' default (B blockwise): such a node fuses and computes what it computed."""
+    src, dst, res = _fuse(tmp_path, _nbits_graph(attrs={"weight_prepacked": 0})[0])
+    assert [m.op for m in res.matches] == ["Int4Linear"]
+    _same_as_unfused(src, dst, np.random.default_rng(1).standard_normal((M, 40)).astype(np.float32))
 
 
 def test_a_wrong_shape_is_a_clear_error():
