@@ -277,6 +277,31 @@ PY
         "$OUT/verify-smollm2-int4-$name.json" 2>&1 | tail -1
     done
     ;;
+  int4-fpa)
+    # genai's strongest int4 kernels beside int4-folders' folders: onnxruntime's CUDA fpA_intB GEMM (the TensorRT-LLM
+    # mixed-input kernels) for the same blockwise folder (/root/int4-fpa: /root/int4 hard-linked, its decoder's session
+    # option "ep.cuda.fpa_intb_gemm" = "1", as the builder's enable_cuda_fpa_intb_gemm writes it) and a folder whose
+    # weights the builder prepacked into the SM90 fpA_intB layout (blocks of PPBLOCK, default 128: that layout takes 64
+    # and 128; /root/int4-b<PPBLOCK>-pp2); `fuse --explain` on the latter (the int4 rule refuses weight_prepacked).
+    export PYTHONPATH=/root/ortsite:/root/genai:$PWD
+    rm -rf /root/int4-fpa && mkdir -p /root/int4-fpa && for f in /root/int4/*; do ln "$f" /root/int4-fpa/; done
+    rm /root/int4-fpa/genai_config.json
+    python3 - <<'PY' || exit 1
+import json
+c = json.load(open("/root/int4/genai_config.json"))
+c["model"]["decoder"]["session_options"]["ep.cuda.fpa_intb_gemm"] = "1"
+json.dump(c, open("/root/int4-fpa/genai_config.json", "w"), indent=4)
+PY
+    pp=/root/int4-b${PPBLOCK:-128}-pp2
+    [ -f "$pp/genai_config.json" ] || python3 -m onnxfuse export hf /root/ckpt7b -o "$pp" --dtype int4 --provider cuda \
+      --block-size "${PPBLOCK:-128}" --extra-options matmulnbits_weights_prepacked=2 --no-fuse --force \
+      > "$OUT/int4-pp2-export.log" 2>&1
+    echo "export pp2 rc $?"; tail -2 "$OUT/int4-pp2-export.log"
+    grep -o '"ep.cuda.fpa_intb_gemm": "1"' "$pp/genai_config.json"
+    python3 -m onnxfuse fuse "$pp" -o /root/int4-pp2-fused --provider cuda --explain --force \
+      > "$OUT/int4-pp2-fuse-explain.log" 2>&1
+    echo "fuse pp2 rc $?"; grep -m3 "weight_prepacked" "$OUT/int4-pp2-fuse-explain.log"
+    ;;
   int4-bench)
     # bench genai on int4-folders' two folders: prompts SIZES (default 128,512,2048), batches BATCH (default 1); with
     # BEFORE=1 a third between them, /root/int4-fused-before (before_folder); FOLDERS: other folders instead of the two
