@@ -282,7 +282,8 @@ PY
     # mixed-input kernels) for the same blockwise folder (/root/int4-fpa: /root/int4 hard-linked, its decoder's session
     # option "ep.cuda.fpa_intb_gemm" = "1", as the builder's enable_cuda_fpa_intb_gemm writes it) and a folder whose
     # weights the builder prepacked into the SM90 fpA_intB layout (blocks of PPBLOCK, default 128: that layout takes 64
-    # and 128; /root/int4-b<PPBLOCK>-pp2); `fuse --explain` on the latter (the int4 rule refuses weight_prepacked).
+    # and 128; /root/int4-b<PPBLOCK>-pp2: onnxruntime-gpu 1.31.1's Linux wheel refuses to load it, its SM90 kernel not
+    # built in); `fuse --explain` on the latter's decoder (the int4 rule refuses weight_prepacked).
     export PYTHONPATH=/root/ortsite:/root/genai:$PWD
     rm -rf /root/int4-fpa && mkdir -p /root/int4-fpa && for f in /root/int4/*; do ln "$f" /root/int4-fpa/; done
     rm /root/int4-fpa/genai_config.json
@@ -298,7 +299,7 @@ PY
       > "$OUT/int4-pp2-export.log" 2>&1
     echo "export pp2 rc $?"; tail -2 "$OUT/int4-pp2-export.log"
     grep -o '"ep.cuda.fpa_intb_gemm": "1"' "$pp/genai_config.json"
-    python3 -m onnxfuse fuse "$pp" -o /root/int4-pp2-fused --provider cuda --explain --force \
+    python3 -m onnxfuse fuse "$pp/model.onnx" -o /root/int4-pp2-fused.onnx --provider cuda --explain --force \
       > "$OUT/int4-pp2-fuse-explain.log" 2>&1
     echo "fuse pp2 rc $?"; grep -m3 "weight_prepacked" "$OUT/int4-pp2-fuse-explain.log"
     ;;
