@@ -57,8 +57,8 @@ def default_folder(spec: str, precision: str, provider: str) -> pathlib.Path:
 # does at that level. Measured (H200, benchmarks/results/h200-2026-12-01/int4/): SmolLM2-135M's CUDA int4 folder
 # (blocks of 32, one token a step) at perplexity 20.50 on the Zen of Python against 20.32 at level 0, genai's own
 # folder's 20.33 and the fp32 reference's 21.80, the same 32 greedy tokens at both levels; a Llama-2-7B-shape int4
-# model decodes at 1.67-1.73 ms/token against 1.84-1.87 at level 0. accuracy_level=0 in --extra-options keeps X in
-# fp16.
+# model decodes at 1.68-1.78 ms/token in genai's CUDA graph against 1.83-1.94 at level 0 (three runs). accuracy_level=0
+# in --extra-options keeps X in fp16.
 CUDA_INT4_ACCURACY_LEVEL = 4
 
 

@@ -426,9 +426,6 @@ __device__ __forceinline__ uint4 LoadStream(const uint4* p) {
   return v;
 }
 
-// Lane's unit u of X (values 32 u .. + 31; v[j]: the 8 of weight word j) as the pairs CentredHalf2 gives the weights in
-// (xp[4 j + i] = (x_{8j+i}, x_{8j+i+4})), scaled into [0, 4) by a power of two where its largest finite |x| is 4 or
-// more; returns the power's inverse (1 otherwise). Zeros where !valid.
 // Lane's unit u of X as four 16-byte words (zeros where !valid): RowUnitX's and RowUnitXI8's loads.
 __device__ __forceinline__ void RowUnitLoad(const __half* __restrict__ x, int u, bool valid, uint4 (&v)[4]) {
 #pragma unroll
@@ -436,6 +433,9 @@ __device__ __forceinline__ void RowUnitLoad(const __half* __restrict__ x, int u,
     v[j] = valid ? __ldg(reinterpret_cast<const uint4*>(x) + 4 * u + j) : make_uint4(0u, 0u, 0u, 0u);
 }
 
+// Lane's unit u of X (values 32 u .. + 31; v[j]: the 8 of weight word j) as the pairs CentredHalf2 gives the weights in
+// (xp[4 j + i] = (x_{8j+i}, x_{8j+i+4})), scaled into [0, 4) by a power of two where its largest finite |x| is 4 or
+// more; returns the power's inverse (1 otherwise). Zeros where !valid.
 __device__ __forceinline__ float RowUnitX(const __half* __restrict__ x, int u, bool valid, __half2 (&xp)[16]) {
   uint4 v[4];
   RowUnitLoad(x, u, valid, v);
