@@ -80,6 +80,15 @@ class FuseResult:
         """Whether either stage rewrote anything."""
         return bool(self.matches) or bool(self.ort is not None and self.ort.applied)
 
+    def explain_lines(self) -> list[str]:
+        """--explain's lines: one a candidate that did not fuse (never wrapped: users grep them), or one saying none
+        was refused."""
+        if not self.refusals:
+            return ["no candidate subgraph was refused, and no near miss (a GEMM before an unfused activation, a gated "
+                    "MLP with an activation SwiGLU does not compute) was seen"]
+        return ["candidates that did not fuse:"] + [f"  {r['node']} ({r['op_type']}): rule {r['rule']} refused: "
+                                                    f"{r['reason']}" for r in self.refusals]
+
     def table(self) -> list[dict]:
         """One row per pattern and op (a pattern may write several: int4_linear's Int4SwiGLU and Int4Linear): matches,
         nodes removed and added, FLOPs and their share of the model's."""

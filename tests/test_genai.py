@@ -165,6 +165,29 @@ def test_int4_folder_is_judged_by_its_perplexity(checkpoints, tmp_path, monkeypa
     assert "perplexity on the Zen of Python" in capsys.readouterr().out
 
 
+def test_fuse_dir_explains_what_it_left(checkpoints, tmp_path, capsys):
+    """`fuse DIR --explain --report F` on a genai folder: each candidate that did not fuse, with its reason (here an
+    o_proj whose B the builder prepacked into onnxruntime's fpA_intB layout: weight_prepacked 2), and the report's
+    JSON; that projection stays MatMulNBits, the others fuse."""
+    import onnx
+    src = genai.export_hf(str(checkpoints("llama")), tmp_path / "q4", precision="int4", fuse=False).folder
+    path = gf.decoder_path(src)
+    model = onnx.load(str(path), load_external_data=False)
+    node = next(n for n in model.graph.node if n.op_type == "MatMulNBits" and "o_proj" in n.name)
+    node.attribute.append(onnx.helper.make_attribute("weight_prepacked", 2))
+    onnx.save(model, str(path))
+    capsys.readouterr()
+    report = tmp_path / "report.json"
+    assert cli.main(["fuse", str(src), "-o", str(tmp_path / "f"), "--provider", "cuda", "--explain",
+                     "--report", str(report)]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if node.name in ln]
+    assert len(lines) == 1 and "refused" in lines[0] and "weight_prepacked 2" in lines[0], lines
+    fused = onnx.load(str(gf.decoder_path(tmp_path / "f")), load_external_data=False)
+    assert [n.name for n in fused.graph.node if n.op_type == "MatMulNBits"] == [node.name]
+    assert sum(n.op_type.startswith("SkipRMSNormInt4") for n in fused.graph.node) > 0
+    assert any("weight_prepacked 2" in r["reason"] for r in json.loads(report.read_text())["refusals"])
+
+
 def test_an_int4_cuda_build_asks_the_builder_for_accuracy_level_4_unless_told(checkpoints, tmp_path, monkeypatch):
     """Issue 28: `export hf --dtype int4 --provider cuda` passes accuracy_level=4 to the builder (the fused one-row
     GEMV then rounds X to int8) unless --extra-options names a level; other builds pass the user's options as given.

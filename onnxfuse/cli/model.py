@@ -124,14 +124,8 @@ def _fuse(args) -> int:
         con.print(f"{res.in_functions} candidate(s) inside model-local functions were left alone (onnxfuse rewrites "
                   "the main graph and If/Loop/Scan bodies; --explain names them)", soft_wrap=True)
     if args.explain:
-        if res.refusals:
-            con.print("candidates that did not fuse:")
-            for r in res.refusals:
-                # one line per candidate, never wrapped: users grep these
-                con.print(f"  {r['node']} ({r['op_type']}): rule {r['rule']} refused: {r['reason']}", soft_wrap=True)
-        else:
-            con.print("no candidate subgraph was refused, and no near miss (a GEMM before an unfused activation, a "
-                      "gated MLP with an activation SwiGLU does not compute) was seen", soft_wrap=True)
+        for line in res.explain_lines():
+            con.print(line, soft_wrap=True)
     return 0
 
 

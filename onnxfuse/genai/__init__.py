@@ -163,13 +163,16 @@ def _adapter_weights(peft_dirs: dict, built: pathlib.Path, hf_folder: pathlib.Pa
 
 
 def fuse_dir(src: str | pathlib.Path, out: str | pathlib.Path | None = None, *, provider: str | None = None,
-             cpu_isa: str | None = None, patterns: list[str] | None = None, force: bool = False):
-    """Fuse genai folder `src` into a new folder `out` (default `<src>-fused`). Returns (out, FuseResult)."""
+             cpu_isa: str | None = None, patterns: list[str] | None = None, force: bool = False,
+             explain: bool = False, report_path: str | pathlib.Path | None = None):
+    """Fuse genai folder `src` into a new folder `out` (default `<src>-fused`); `explain`, `report_path` as fuse's.
+    Returns (out, FuseResult)."""
     src = pathlib.Path(src)
     gf.read_config(src)
     out = pathlib.Path(out) if out is not None else src.with_name(src.name + "-fused")
     if out.resolve() == src.resolve():
         raise OnnxfuseError(f"{out}: is the input folder; give another folder with -o")
     with gf.staged(out, force) as tmp:
-        res = gf.fuse_folder(src, tmp, provider=provider, cpu_isa=cpu_isa, patterns=patterns)
+        res = gf.fuse_folder(src, tmp, provider=provider, cpu_isa=cpu_isa, patterns=patterns, explain=explain,
+                             report_path=report_path)
     return out, res

@@ -162,12 +162,12 @@ def generate_command(args) -> int:
 def fuse_command(args) -> int:
     """`fuse DIR`: a new fused folder."""
     from . import fuse_dir
-    if args.report or args.explain or args.backend or args.external_data or args.no_ort_fusions \
-            or args.write_unchanged:
-        raise OnnxfuseError("fuse DIR (a genai folder) takes -o, --provider, --cpu-isa, --patterns, --force, -q and "
-                            "--json; fuse the folder's model.onnx itself for the other options")
+    if args.backend or args.external_data or args.no_ort_fusions or args.write_unchanged:
+        raise OnnxfuseError("fuse DIR (a genai folder) takes -o, --provider, --cpu-isa, --patterns, --explain, "
+                            "--report, --force, -q and --json; fuse the folder's model.onnx itself for the other "
+                            "options")
     out, res = fuse_dir(args.model, args.output, provider=args.provider, cpu_isa=args.cpu_isa,
-                        patterns=args.patterns, force=args.force)
+                        patterns=args.patterns, force=args.force, explain=args.explain, report_path=args.report)
     if args.json:
         print(json.dumps({"folder": str(out), **res.report()}, indent=2))
     elif not args.quiet:
@@ -178,6 +178,8 @@ def fuse_command(args) -> int:
         print(f"wrote {out}: {fused or 'nothing fused'}")
         for pattern, why in res.left_to_ort.items():
             print(f"  {pattern}: left to onnxruntime: {why}")
+        if args.explain:
+            print("\n".join(res.explain_lines()))
     return 0
 
 
