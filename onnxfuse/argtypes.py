@@ -46,10 +46,15 @@ def name_list(text: str) -> list[str]:
     return names
 
 
+def option_key(pair: str) -> str:
+    """KEY of a KEY=VALUE pair, as genai's builder reads it (stripped)."""
+    return pair.split("=", 1)[0].strip()
+
+
 def option_list(text: str) -> list[str]:
     """Comma-separated KEY=VALUE pairs (`block_size=32,accuracy_level=4`)."""
     pairs = [v.strip() for v in text.split(",") if v.strip()]
-    bad = [v for v in pairs if "=" not in v or not v.split("=", 1)[0]]
+    bad = [v for v in pairs if "=" not in v or not option_key(v)]
     if not pairs or bad:
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated KEY=VALUE pairs like "
                                          "block_size=32,accuracy_level=4")

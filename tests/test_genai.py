@@ -203,6 +203,7 @@ def test_an_int4_cuda_build_asks_the_builder_for_accuracy_level_4_unless_told(ch
     monkeypatch.setattr(gf, "run_builder", builder)
     cases = [("int4", "cuda", ["prune_lm_head=true"], ["prune_lm_head=true", "accuracy_level=4"]),
              ("int4", "cuda", ["accuracy_level=0"], ["accuracy_level=0"]),
+             ("int4", "cuda", ["accuracy_level =0"], ["accuracy_level =0"]),  # the builder strips its keys
              ("int4", "cpu", [], []), ("fp16", "cuda", [], [])]
     for precision, provider, given, want in cases:
         out = tmp_path / f"{precision}-{provider}"

@@ -17,6 +17,7 @@ import dataclasses
 import pathlib
 import time
 
+from ..argtypes import option_key
 from ..errors import OnnxfuseError
 from . import folder as gf
 from .check import FolderVerifyResult, verify_folder  # noqa: F401
@@ -66,8 +67,7 @@ def builder_options(precision: str, provider: str, extra_options: list[str] | No
     """The builder's --extra_options for a build: the user's, and for an int4 CUDA build that names no
     accuracy_level, accuracy_level=CUDA_INT4_ACCURACY_LEVEL."""
     options = list(extra_options or [])
-    if precision == "int4" and provider == "cuda" and not any(o.split("=", 1)[0] == "accuracy_level"
-                                                              for o in options):
+    if precision == "int4" and provider == "cuda" and not any(option_key(o) == "accuracy_level" for o in options):
         options.append(f"accuracy_level={CUDA_INT4_ACCURACY_LEVEL}")
     return options
 

@@ -6,7 +6,7 @@ import json
 import pathlib
 import sys
 
-from ..argtypes import option_list, positive_int
+from ..argtypes import option_key, option_list, positive_int
 from ..errors import OnnxfuseError
 from ..host import FAMILIES
 
@@ -111,7 +111,7 @@ def export_command(args) -> int:
     if args.block_size is not None:
         if args.dtype != "int4":
             raise OnnxfuseError("--block-size quantizes int4 weights: add --dtype int4")
-        if any(o.split("=", 1)[0] in ("block_size", "int4_block_size") for o in extra):
+        if any(option_key(o) in ("block_size", "int4_block_size") for o in extra):
             raise OnnxfuseError("--block-size and --extra-options block_size=... both given; keep one")
         extra.append(f"block_size={args.block_size}")
     res = export_hf(args.source, args.output, precision=args.dtype, provider=args.provider, fuse=args.fuse,
