@@ -490,22 +490,25 @@ def test_int4_one_row_gemv_matches_matmulnbits(tmp_path, k, n, block, gated):
 
 
 def test_int4_linear_auto_picks_its_kernel_by_rows_and_width(tmp_path):
-    """backend=auto on an Int4Linear (triton/table.py AUTO_CUDA): the tensor-core kernel at 8 rows, Triton's GEMM at 32
-    rows where N is 16384 (an lm_head), the dequantization + cuBLASLt GEMM at 32 rows where N is 4096; each output
-    equal to the PyTorch dequantize-then-matmul."""
+    """backend=auto on an Int4Linear (triton/table.py AUTO_CUDA): the tensor-core kernel at 8 rows; at 32 rows the
+    rows path (Int4MmaGemm) where K is a multiple of 64, else Triton's GEMM where N is 16384 (an lm_head) and the
+    dequantization + cuBLASLt GEMM where N is 4096; the dequantization + GEMM at 300 rows; each output equal to the
+    PyTorch dequantize-then-matmul."""
     import torch
     from onnx import helper, numpy_helper
     from torch.profiler import ProfilerActivity, profile
 
     from onnxfuse import fuse, runtime
     from onnxfuse.ops.int4_linear import dequantize, quantize
-    k, block = 256, 32
+    block = 32
     rng = np.random.default_rng(3)
-    for n, m, want in ((16384, 8, "Int4Mma"), (16384, 32, "_int4_linear_kernel"), (4096, 32, "Int4Dequantize")):
+    for n, m, k, want in ((16384, 8, 256, "Int4MmaFast"), (16384, 32, 256, "Int4MmaGemm"),
+                          (4096, 32, 256, "Int4MmaGemm"), (16384, 32, 288, "_int4_linear_kernel"),
+                          (4096, 32, 288, "Int4Dequantize"), (4096, 300, 256, "Int4Dequantize")):
         wq, s = quantize(rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k), block, symmetric=True)[:2]
         node = helper.make_node("MatMulNBits", ["X", "B", "S"], ["Y"], domain="com.microsoft", K=k, N=n, bits=4,
                                 block_size=block)
-        src, dst = tmp_path / f"m{n}.onnx", tmp_path / f"f{n}.onnx"
+        src, dst = tmp_path / f"m{n}-{k}.onnx", tmp_path / f"f{n}-{k}.onnx"
         _save_fp16_model(src, [node], [numpy_helper.from_array(wq, "B"),
                          numpy_helper.from_array(s.astype(np.float16), "S")], k, n)
         fuse.fuse(src, dst, ort=False, provider="cuda", backend="auto", force=True)
@@ -784,12 +787,13 @@ def test_int4_bf16_with_zero_points_runs_the_tensor_cores_from_one_row(tmp_path)
 
 @pytest.mark.parametrize("zp", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_int4_past_16_rows_runs_cutlass_on_sm90(tmp_path, zp, dtype):
-    """On an sm_90 GPU, with a library built with CUTLASS: genai's int4 MLP (gate and up MatMulNBits, QuickGelu, the
-    product, down; block 128 dividing both K; fp32 in and out through Casts) fused to Int4SwiGLU + Int4Linear runs
-    CUTLASS's mixed-input GEMM past the GEMV's 16 rows (17, 64 and 128 rows: one row tile; 300, 1000) and no
-    dequantization kernel, in fp16 and bf16, the output equal to the PyTorch dequantize-then-matmul; with zero points,
-    or a block of 32 (below CUTLASS's K tile), it still dequantizes."""
+def test_int4_past_16_rows_runs_the_rows_path_then_cutlass(tmp_path, zp, dtype):
+    """genai's int4 MLP (gate and up MatMulNBits, QuickGelu, the product, down; K 512 and 1152; fp32 in and out through
+    Casts) fused to Int4SwiGLU + Int4Linear, past the GEMV's 16 rows (17, 64, 128, 300, 1000): the rows path
+    (Int4MmaGemm) to 128 rows in blocks of 32, and in blocks of 128 to 64 rows where CUTLASS's mixed-input GEMM runs
+    past it (sm_90, a library built with CUTLASS; elsewhere the rows path to 128), then CUTLASS or the dequantization
+    + cuBLAS GEMM; with zero points the dequantization at every row count. In fp16 and bf16, the output equal to the
+    PyTorch dequantize-then-matmul."""
     import onnx
     import torch
     from onnx import TensorProto, helper, numpy_helper
@@ -797,17 +801,21 @@ def test_int4_past_16_rows_runs_cutlass_on_sm90(tmp_path, zp, dtype):
 
     from onnxfuse import fuse, kernels, runtime
     from onnxfuse.ops.int4_linear import dequantize, quantize
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("CUTLASS's sm_90a kernels run on compute capability 9.0 only")
-    if not kernels.build_info(kernels.library_path(provider="cuda")).get("cutlass"):
-        pytest.skip("this library was built without CUTLASS")
+    cutlass = torch.cuda.get_device_capability() == (9, 0) and bool(
+        kernels.build_info(kernels.library_path(provider="cuda")).get("cutlass"))
     tt, td = (TensorProto.FLOAT16, torch.float16) if dtype == "float16" else (TensorProto.BFLOAT16, torch.bfloat16)
     hidden, inter = 512, 1152
     rng = np.random.default_rng(5)
-    cases = [(128, "cutlass", "Int4Dequantize"), (32, "Int4Dequantize", "cutlass")]
-    if zp:  # CUTLASS's q * s + z would not give 0 where q == zp (int4_linear.cu MixedPath): dequantized
-        cases[0] = (128, "Int4Dequantize", "cutlass")
-    for block, want, unwanted in cases:
+    paths = {"Int4MmaGemm", "cutlass", "Int4Dequantize"}
+
+    def want_for(block, m):
+        if zp:  # CUTLASS's q * s + z would not give 0 where q == zp (int4_linear.cu MixedPath): dequantized
+            return "Int4Dequantize"
+        if m <= (64 if block >= 64 and cutlass else 128):
+            return "Int4MmaGemm"
+        return "cutlass" if block >= 64 and cutlass else "Int4Dequantize"
+
+    for block in (128, 32):
         inits, ws = [], {}
         nodes = [helper.make_node("Cast", ["X32"], ["X"], to=tt)]
         for name, (k, n) in (("gate", (hidden, inter)), ("up", (hidden, inter)), ("down", (inter, hidden))):
@@ -840,7 +848,8 @@ def test_int4_past_16_rows_runs_cutlass_on_sm90(tmp_path, zp, dtype):
                 got = torch.from_numpy(sess.run(None, {"X32": x.numpy()})[0])
                 torch.cuda.synchronize()
             names = " ".join(e.name for e in prof.events() if e.device_type.name == "CUDA")
-            assert want in names and unwanted not in names, (block, m, names)
+            want = want_for(block, m)
+            assert want in names and not any(p in names for p in paths - {want}), (block, m, names)
             h = (torch.nn.functional.silu(x @ ws["gate"].T) * (x @ ws["up"].T)).to(td).float()
             ref = h @ ws["down"].T
             tol = (8e-3 if dtype == "float16" else 3e-2) * max(1.0, float(ref.abs().max()))

@@ -402,43 +402,50 @@ FAMILY = OpFamily("int4_linear", (
            (64, 256, 520, 256, "zp"), (40, 520, 264, 128, "zp"),
            (20, 203, 67, 16), (20, 203, 67, 16, "zp"),  # past 16 rows, K % 8 != 0: the scalar dequantization
            # past 16 rows, symmetric, a block of 64 or more dividing K and N % 8 == 0: CUTLASS's mixed-input GEMM on
-           # sm_90 (each of its tiles: the small one at 64 and 128 rows, the 128 x 128 one at 48 x 10496, whose N
-           # fills 0.6 of a wave of 132 SMs, the wide one at 512 x 8448); with zero points, the dequantization + GEMM
-           (128, 512, 264, 64), (48, 256, 10496, 64), (512, 256, 8448, 128), (300, 1024, 1032, 128, "zp"),
-           (24, 256, 136, 256, "zp")),
+           # sm_90 past the rows path's 64 rows (each of its tiles: the small one at 128 rows, the 128 x 128 one at
+           # 96 x 10496, whose N fills 0.6 of a wave of 132 SMs, the wide one at 512 x 8448); with zero points, the
+           # dequantization + GEMM
+           (128, 512, 264, 64), (96, 256, 10496, 64), (512, 256, 8448, 128), (300, 1024, 1032, 128, "zp"),
+           (24, 256, 136, 256, "zp"),
+           # the rows path (Int4MmaGemm: 17-128 rows, symmetric, K a multiple of 64; blocks of 64 or more to 64 rows
+           # on sm_90): its 32-row tile with ragged N and a K split, its 64-row tile over two row tiles, a block of 128
+           (24, 576, 1000, 32), (100, 1024, 520, 32), (64, 640, 264, 128)),
           doctor_entry, min_opset=MIN_OPSET, byte_inputs=("Wq", "zero_points"), doctor_inputs=doctor_inputs,
           optional_overload=ZP_OVERLOAD, special_type_max=False),
-    # Int4SwiGLU: decode rows (the GEMV), 5-16 (Triton), past 16 (CUTLASS's on sm_90, else dequantization + GEMMs),
-    # ragged K and N; every activation at one and at 7 rows; zero points on each path. One-node models carry the empty
-    # overload (zp with zero points), as SwiGLU's do.
+    # Int4SwiGLU: decode rows (the GEMV), 5-16 (Triton), past 16 (the rows path, CUTLASS's on sm_90, dequantization +
+    # GEMMs), ragged K and N; every activation at one and at 7 rows; zero points on each path. One-node models carry
+    # the empty overload (zp with zero points), as SwiGLU's do.
     OpDef(11, INT4_SWIGLU, swiglu_reference, swiglu_body_nodes, out_shape,
           tuple([(1, 256, 256, 32, "silu"), (2, 200, 67, 16, "silu"), (12, 1000, 130, 64, "silu"),
                  (40, 520, 264, 128, "silu"), (1, 4096, 1024, 32, "silu")]
                 + [(m, 96, 40, 32, act) for act in GATE_ACTIVATIONS[1:] for m in (1, 7)]
                 + [(1, 256, 256, 32, "silu", "zp"), (9, 200, 67, 16, "silu", "zp"), (40, 520, 264, 128, "silu", "zp"),
                    (2, 96, 40, 32, "gelu", "zp"), (20, 203, 40, 16, "silu"), (20, 203, 40, 16, "silu", "zp"),
-                   # CUTLASS's GEMM on sm_90 (gate and up side by side in its output; the 128 x 128 tile at 40 x
+                   # CUTLASS's GEMM on sm_90 (gate and up side by side in its output; the 128 x 128 tile at 96 x
                    # 10240); with zero points not
-                   (160, 512, 264, 64, "silu"), (40, 256, 10240, 64, "silu"), (300, 1024, 520, 128, "gelu"),
-                   (300, 1024, 520, 128, "gelu", "zp")]),
+                   (160, 512, 264, 64, "silu"), (96, 256, 10240, 64, "silu"), (300, 1024, 520, 128, "gelu"),
+                   (300, 1024, 520, 128, "gelu", "zp"),
+                   # the rows path (Int4MmaGemm), gate and up side by side in its output: blocks of 32 at 96 rows, of
+                   # 64 at 40
+                   (96, 512, 264, 32, "silu"), (40, 256, 1000, 64, "gelu")]),
           swiglu_doctor_entry, overload_attr="activation", min_opset=MIN_OPSET,
           byte_inputs=("Wq_gate", "Wq_up", "zero_points_gate", "zero_points_up"), doctor_inputs=doctor_inputs,
           optional_overload=ZP_OVERLOAD, special_type_max=False),
     # The norm ops: the norm kernel, then one and two rows (the GEMVs in fp16; bf16: the tensor cores), 3-16 rows (the
-    # tensor cores), past 16
-    # (CUTLASS's on sm_90 or the dequantization + GEMM); ragged K and N, zero points, a K past the GEMV's one-row
-    # staging and the vector norm kernel's reach (their element-by-element forms), a 7B qkv at one row.
+    # tensor cores), past 16 (the rows path, CUTLASS's on sm_90 or the dequantization + GEMM); ragged K and N, zero
+    # points, a K past the GEMV's one-row staging and the vector norm kernel's reach (their element-by-element forms),
+    # a 7B qkv at one row.
     OpDef(21, SKIP_RMS_NORM_INT4_LINEAR, skip_norm_reference, skip_norm_body, out_shape,
           ((1, 256, 256, 32), (2, 200, 67, 16), (7, 1000, 130, 64), (40, 520, 264, 128), (128, 512, 264, 64),
            (1, 4096, 12288, 32), (1, 256, 256, 32, "zp"), (2, 200, 67, 16, "zp"), (9, 200, 67, 16, "zp"),
-           (1, 24608, 24, 32)),
+           (1, 24608, 24, 32), (48, 512, 264, 32)),
           skip_norm_doctor_entry, min_opset=MIN_OPSET, byte_inputs=("Wq", "zero_points"), doctor_inputs=doctor_inputs,
           optional_overload=ZP_OVERLOAD, special_type_max=False, out_shapes=two_outputs),
     OpDef(22, SKIP_RMS_NORM_INT4_SWIGLU, skip_norm_swiglu_reference, skip_norm_swiglu_body, out_shape,
           ((1, 256, 256, 32, "silu"), (2, 200, 67, 16, "silu"), (12, 1000, 130, 64, "silu"),
            (40, 520, 264, 128, "silu"), (160, 512, 264, 64, "silu"), (1, 4096, 1024, 32, "silu"),
            (1, 96, 40, 32, "gelu"), (1, 256, 256, 32, "silu", "zp"), (2, 96, 40, 32, "gelu", "zp"),
-           (7, 200, 67, 16, "silu", "zp")),
+           (7, 200, 67, 16, "silu", "zp"), (48, 512, 264, 32, "silu")),
           skip_norm_swiglu_doctor_entry, overload_attr="activation", min_opset=MIN_OPSET,
           byte_inputs=("Wq_gate", "Wq_up", "zero_points_gate", "zero_points_up"), doctor_inputs=doctor_inputs,
           optional_overload=ZP_OVERLOAD, special_type_max=False, out_shapes=two_outputs),

@@ -90,6 +90,7 @@ static inline bool Int4BlockOk(int64_t block) { return block >= 16 && block <= 2
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 #include <utility>
 
@@ -1231,6 +1232,174 @@ __global__ void __launch_bounds__(WARPS * 32, (ROWS16 ? 16 : 32) / WARPS)
   MmaStoreTile<T, WARPS, GATED, RS, STAGES>(mma_smem, acc, act, y, m, N, n0);
 }
 
+// The tensor-core GEMM past the decode kernels' rows (Int4MmaGemm: symmetric weights in blocks of 32 or more, K a
+// multiple of 64, fp16 or bf16). sm_80-class mma.sync with the weights dequantized in registers: a block of 4 warps
+// computes BN output columns x BM rows of X (WN warps along N, each BN / WN columns as m16 tiles, the weights as the
+// mma's A operand; 4 / WN along M, each its rows as n8 tiles, X as B), a step of 64 values of K: the step's packed
+// weights (BN x 32 bytes) and X (BM x 128 bytes) cp.async into a ring of STAGES, each weight word dequantized once a
+// warp as (q - 8) * s rounded to the type (MmaDequant: what the reference's dequantized W holds, so Inf, NaN and
+// overflow come out as the reference's) and used by every n8 tile of the warp's rows. K is permuted within each
+// 32-value chunk as Int4Mma permutes it (a word's nibbles give the pairs (k_i, k_i+4), X's 16 bytes a lane are
+// byte-permuted to match). The scales of a step are read from global memory a step ahead (a column's two blocks of
+// 32 in one 4-byte load, SPB 2; one scale otherwise). SPLIT: the block sums steps [z * per, (z + 1) * per) into fp32
+// partials [gridDim.z][m][N], summed by Int4SplitSum. Shared memory is swizzled so that the fragment loads are
+// conflict-free: a weight row's two 16-byte chunks swap where (row / 4) is odd, an X row's chunk index flips bit 2
+// where the row is odd. The fragments are plain loads and the mma a non-volatile asm, so that the compiler may issue
+// a chunk's loads while the chunk before it multiplies.
+template <typename T>
+__device__ __forceinline__ void MmaSyncSched(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>)
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <typename T, int BM, int BN, int WN, int STAGES, int SPB, bool SPLIT>
+__global__ void __launch_bounds__(128)
+    Int4MmaGemm(const T* __restrict__ x, const uint8_t* __restrict__ wq, const T* __restrict__ scales,
+                T* __restrict__ y, float* __restrict__ part, int ldy, int m, int K, int N, int nb, int lb,
+                int row_bytes, int per) {
+  constexpr int WM = 4 / WN, WCOLS = BN / WN, WROWS = BM / WM, MT = WCOLS / 16, NT = WROWS / 8;
+  constexpr int W_BYTES = BN * 32, STAGE = W_BYTES + BM * 128;
+  static_assert(WCOLS % 16 == 0 && WROWS % 8 == 0, "whole m16 and n8 tiles a warp");
+  extern __shared__ uint4 gemm_smem[];
+  const uint32_t sbase = uint32_t(__cvta_generic_to_shared(gemm_smem));
+  const char* sgen = reinterpret_cast<const char*>(gemm_smem);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int wn = warp % WN, wm = warp / WN;
+  const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
+  const int s_begin = blockIdx.z * per, s_end = min(K >> 6, s_begin + per);
+  auto issue = [&](int step, int stage) {
+    if (step < s_end) {
+      const uint32_t st = sbase + stage * STAGE;
+#pragma unroll
+      for (int i = 0; i < BN * 2 / 128; ++i) {
+        const int id = tid + 128 * i, r = id >> 1, c = id & 1, col = n0 + r;
+        const bool ok = col < N;
+        CpAsync16(st + r * 32 + 16 * (c ^ ((r >> 2) & 1)), wq + int64_t(ok ? col : 0) * row_bytes + step * 32 + 16 * c,
+                  ok);
+      }
+#pragma unroll
+      for (int i = 0; i < BM * 8 / 128; ++i) {
+        const int id = tid + 128 * i, r = id >> 3, q = id & 7, row = m0 + r;
+        const bool ok = row < m;
+        CpAsync16(st + W_BYTES + r * 128 + 16 * (q ^ ((r & 1) << 2)), x + int64_t(ok ? row : 0) * K + step * 64 + 8 * q,
+                  ok);
+      }
+    }
+    CpAsyncCommit();
+  };
+  int soff[MT][2];  // the lane's columns' scale rows: columns g and g + 8 of each m16 tile
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) soff[mt][j] = min(n0 + wn * WCOLS + mt * 16 + 8 * j + g, N - 1) * nb;
+  auto load_scales = [&](int step, T(&s)[MT][2][2]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        if constexpr (SPB == 2) {
+          const uint32_t v = __ldg(reinterpret_cast<const uint32_t*>(scales + soff[mt][j] + 2 * step));
+          s[mt][j][0] = *reinterpret_cast<const T*>(&v);
+          s[mt][j][1] = reinterpret_cast<const T*>(&v)[1];
+        } else {
+          s[mt][j][0] = s[mt][j][1] = scales[soff[mt][j] + ((step << 6) >> lb)];
+        }
+      }
+  };
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i) issue(s_begin + i, i);
+  T sv[MT][2][2], sn[MT][2][2];
+  if (s_begin < s_end) load_scales(s_begin, sv);
+  float acc[MT][NT][4] = {};
+  int stage = 0;
+  const int wsw = 16 * ((g >> 2) & 1), xsw = (g & 1) << 2;
+  for (int step = s_begin; step < s_end; ++step) {
+    CpAsyncWait<STAGES - 2>();
+    __syncthreads();
+    issue(step + STAGES - 1, stage == 0 ? STAGES - 1 : stage - 1);
+    if (step + 1 < s_end) load_scales(step + 1, sn);
+    const char* st = sgen + stage * STAGE;
+    uint32_t wv[2][MT][2];
+    uint4 xv[2][NT];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+          wv[h][mt][j] = *reinterpret_cast<const uint32_t*>(st + (wn * WCOLS + mt * 16 + 8 * j + g) * 32 +
+                                                            ((16 * h) ^ wsw) + 4 * t);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+        xv[h][nt] =
+            *reinterpret_cast<const uint4*>(st + W_BYTES + (wm * WROWS + nt * 8 + g) * 128 + 16 * ((4 * h + t) ^ xsw));
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t a[MT][2][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        uint32_t d0[4], d1[4];
+        MmaDequant<T>::Dequant(wv[h][mt][0], sv[mt][0][h], 8, d0);
+        MmaDequant<T>::Dequant(wv[h][mt][1], sv[mt][1][h], 8, d1);
+        a[mt][0][0] = d0[0], a[mt][0][1] = d1[0], a[mt][0][2] = d0[1], a[mt][0][3] = d1[1];
+        a[mt][1][0] = d0[2], a[mt][1][1] = d1[2], a[mt][1][2] = d0[3], a[mt][1][3] = d1[3];
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint4 u = xv[h][nt];
+        const uint32_t x0 = __byte_perm(u.x, u.z, 0x5410), x1 = __byte_perm(u.x, u.z, 0x7632),
+                       x2 = __byte_perm(u.y, u.w, 0x5410), x3 = __byte_perm(u.y, u.w, 0x7632);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          MmaSyncSched<T>(acc[mt][nt], a[mt][0], x0, x1);
+          MmaSyncSched<T>(acc[mt][nt], a[mt][1], x2, x3);
+        }
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) sv[mt][j][0] = sn[mt][j][0], sv[mt][j][1] = sn[mt][j][1];
+    stage = stage + 1 == STAGES ? 0 : stage + 1;
+  }
+  CpAsyncWait<0>();
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = n0 + wn * WCOLS + mt * 16 + g + 8 * (e >> 1), row = m0 + wm * WROWS + nt * 8 + 2 * t + (e & 1);
+        if (col < N && row < m) {
+          if constexpr (SPLIT)
+            part[(int64_t(blockIdx.z) * m + row) * N + col] = acc[mt][nt][e];
+          else
+            y[int64_t(row) * ldy + col] = ock::from_f<T>(acc[mt][nt][e]);
+        }
+      }
+}
+
+// Y [m, ldy] = the sum of Int4MmaGemm's `splits` fp32 partials [splits][m][n], rounded once to T.
+template <typename T>
+__global__ void Int4SplitSum(const float* __restrict__ part, T* __restrict__ y, int ldy, int m, int n, int splits) {
+  const int64_t total = int64_t(m) * n;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    float v = 0.f;
+    for (int z = 0; z < splits; ++z) v += part[z * total + i];
+    const int64_t row = i / n;
+    y[row * ldy + (i - row * n)] = ock::from_f<T>(v);
+  }
+}
+
 // The norm ops' first kernel: sum = T(X + skip), xn = T(sum * inv * gamma), a block a row. A programmatic
 // dependent that lets its own dependent start at once: the projection after it may request its weights meanwhile.
 // Any K and alignment: element by element (sum read back by the thread that wrote it).
@@ -1615,6 +1784,58 @@ int LaunchMmaFast(const void* x, const Int4Weights& wt, int act, void* y, int64_
   return by_block(std::integral_constant<int, 8>{});
 }
 
+// Int4MmaGemm's launch: BM rows a block (32, 64 or 128) on WN warps along N, K split `splits` ways (fp32 partials
+// in `part`, [splits][m][n], then Int4SplitSum; 1: Y written directly). Symmetric weights, K a multiple of 64, blocks
+// of 32 or more (MmaGemmOk). tile: BM * 10 + WN.
+constexpr int kGemmBN = 128, kGemmStages = 4;
+template <typename T>
+int LaunchMmaGemm(const T* x, const Int4Weights& wt, T* y, int64_t ldy, int64_t m, int64_t k, int64_t n, float* part,
+                  int tile, int splits, cudaStream_t s) {
+  const int steps = int(k / 64);
+  if (steps < 1 || splits < 1) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  const int per = (steps + splits - 1) / splits;
+  splits = (steps + per - 1) / per;
+  if (splits > 1 && part == nullptr) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  const int bm = tile / 10;
+  const dim3 grid(unsigned((n + kGemmBN - 1) / kGemmBN), unsigned((m + bm - 1) / bm), unsigned(splits));
+  auto launch = [&](auto kernel, int bmv) {
+    const size_t smem = size_t(kGemmStages) * (kGemmBN * 32 + bmv * 128);
+    if (smem > 48 * 1024)
+      if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)))
+        return int(e);
+    kernel<<<grid, 128, smem, s>>>(x, wt.wq, static_cast<const T*>(wt.scales), y, part, int(ldy), int(m), int(k),
+                                   int(n), int(wt.nb), wt.lb, int(wt.row_bytes), per);
+    return int(cudaGetLastError());
+  };
+  auto by_tile = [&](auto spb, auto split) {
+    constexpr int SPB = decltype(spb)::value;
+    constexpr bool SPLIT = decltype(split)::value;
+    switch (tile) {
+      case 324:
+        return launch(Int4MmaGemm<T, 32, kGemmBN, 4, kGemmStages, SPB, SPLIT>, 32);
+      case 642:
+        return launch(Int4MmaGemm<T, 64, kGemmBN, 2, kGemmStages, SPB, SPLIT>, 64);
+      case 644:
+        return launch(Int4MmaGemm<T, 64, kGemmBN, 4, kGemmStages, SPB, SPLIT>, 64);
+      case 1282:
+        return launch(Int4MmaGemm<T, 128, kGemmBN, 2, kGemmStages, SPB, SPLIT>, 128);
+      case 1284:
+        return launch(Int4MmaGemm<T, 128, kGemmBN, 4, kGemmStages, SPB, SPLIT>, 128);
+      default:
+        return int(ONNXFUSE_ERR_BAD_ARGUMENT);
+    }
+  };
+  auto by_split = [&](auto spb) {
+    return splits > 1 ? by_tile(spb, std::true_type{}) : by_tile(spb, std::false_type{});
+  };
+  int err = wt.lb == 5 ? by_split(std::integral_constant<int, 2>{}) : by_split(std::integral_constant<int, 1>{});
+  if (err || splits == 1) return err;
+  const int64_t sum_blocks = Blocks(m * n, 256);
+  Int4SplitSum<T>
+      <<<unsigned(sum_blocks < 1024 ? sum_blocks : 1024), 256, 0, s>>>(part, y, int(ldy), int(m), int(n), splits);
+  return int(cudaGetLastError());
+}
+
 // Up to ONNXFUSE_INT4_GEMV_MAX_M rows, both ops: the GEMV by rows, or the byte-loading kernel for packed weights that
 // are not 8-byte aligned (wq_up null: Int4Linear); each with the zero points where wt has them.
 int GemvPath(int dtype, int act, const void* x, const Int4Weights& wt, void* y, int64_t m, int64_t k, int64_t n,
@@ -1756,17 +1977,80 @@ int MixedGemm(int dtype, const void* x, const uint8_t* wq, const void* scales, v
 #endif
 }
 
+// Where Int4MmaGemm runs (the rows path, "rows" in what follows): from kMixedMinRows to kRowsMaxRows rows, fp16 and
+// bf16, symmetric weights in blocks of 32 or more, K a multiple of 64, `aligned` pointers; where the sm_90 mixed-input
+// GEMM also takes the call (blocks of 64 or more), only to kRowsOverMixedRows rows. ONNXFUSE_INT4_ROWS=0 turns it
+// off. H200, a Llama-2-7B layer's five projections on RowsPlanFor's tiles, kernels alone (scripts/
+// int4_gemm_rows_probe.cu, benchmarks/results/h200-2026-12-01/int4/gemm-rows-probe.txt, us): blocks of 32 at 17 / 32
+// / 64 / 96 / 128 rows 103.5 / 108.9 / 165.3 / 257.3 / 264.8 against the dequantization + cuBLAS GEMM's 290.6 /
+// 291.9 / 291.5 / 302.7 / 301.9 (cuBLAS alone on the dequantized weights, the fp16 model's GEMMs: 128.2 / 130.7 /
+// 126.2 / 138.9 / 134.5); at 160 rows 364.0 against 322.8, so it stops at 128. Blocks of 128: 98.6 / 104.7 / 159.3 at
+// 17 / 32 / 64 rows, where the mixed-input GEMM took 222.9 / 206.5 / 194.5 (h200-2026-11-29/int4/
+// int4-probe-block128-tile128-on.json), and 248.0 / 258.4 at 96 / 128, where it took about 197.
+constexpr int64_t kRowsMaxRows = 128, kRowsOverMixedRows = 64;
+
+bool RowsPath(int dtype, int64_t m, int64_t k, int64_t n, int64_t block, int aligned, bool zero_points) {
+  static const bool off = [] {
+    const char* v = std::getenv("ONNXFUSE_INT4_ROWS");
+    return v != nullptr && v[0] == '0' && v[1] == '\0';
+  }();
+  if (off || (dtype != ONNXFUSE_FP16 && dtype != ONNXFUSE_BF16) || !aligned || zero_points || m < kMixedMinRows ||
+      m > kRowsMaxRows || block < 32 || block > 256 || k < 64 || k % 64 != 0 || k > 0x7fffffffLL || n < 1 ||
+      n * (k / block) > 0x7fffffffLL || m * n > 0x7fffffffLL)
+    return false;
+  return m <= kRowsOverMixedRows || !MixedPath(dtype, m, k, n, block, aligned, zero_points);
+}
+
+// The rows path's tile and K split: 32 rows a block to 32 rows, else 64 (4 warps along N: two m16 tiles of columns
+// and all the block's rows a warp); K split so that the grid is about three blocks an SM (the kernel holds two to
+// four an SM), at most 16 ways and at least 4 steps of 64 a split. Against the best of the probe's sweep at each size
+// (tiles of 32, 64 and 128 rows, 2 or 4 warps along N; splits 1-16): the layer within 5 % to 32 rows, 10-11 % at 48-
+// 96, 7 % at 128.
+struct RowsPlan {
+  int tile, splits;
+};
+RowsPlan RowsPlanFor(int64_t m, int64_t k, int64_t n) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) device = 0;
+  const int64_t sms = onnxfuse_cuda_sm_count(device);
+  const int bm = m <= 32 ? 32 : 64;
+  const int64_t tiles = ((n + kGemmBN - 1) / kGemmBN) * ((m + bm - 1) / bm);
+  int64_t splits = (3 * (sms > 0 ? sms : 132) + tiles / 2) / tiles;
+  splits = std::min<int64_t>(std::max<int64_t>(splits, 1), std::min<int64_t>(16, std::max<int64_t>(1, k / 256)));
+  return {bm == 32 ? 324 : 644, int(splits)};
+}
+
+int64_t RowsScratch(int64_t m, int64_t k, int64_t n) {
+  const RowsPlan p = RowsPlanFor(m, k, n);
+  return p.splits > 1 ? ock::Align256(int64_t(p.splits) * m * n * 4) : 0;
+}
+
+// Y [m, ldy] = X @ W^T on the rows path, its K split's partials in `scratch`.
+int RowsGemm(int dtype, const void* x, const Int4Weights& wt, void* y, int64_t ldy, int64_t m, int64_t k, int64_t n,
+             void* scratch, int64_t scratch_bytes, cudaStream_t s) {
+  const RowsPlan p = RowsPlanFor(m, k, n);
+  if (p.splits > 1 && (scratch == nullptr || scratch_bytes < RowsScratch(m, k, n))) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  float* part = static_cast<float*>(scratch);
+  if (dtype == ONNXFUSE_FP16)
+    return LaunchMmaGemm<__half>(static_cast<const __half*>(x), wt, static_cast<__half*>(y), ldy, m, k, n, part, p.tile,
+                                 p.splits, s);
+  return LaunchMmaGemm<__nv_bfloat16>(static_cast<const __nv_bfloat16*>(x), wt, static_cast<__nv_bfloat16*>(y), ldy, m,
+                                      k, n, part, p.tile, p.splits, s);
+}
+
 }  // namespace
 
 extern "C" int onnxfuse_cuda_int4_mixed_path(int dtype, int64_t m, int64_t k, int64_t n, int64_t block, int aligned,
                                              int zero_points) {
-  return MixedPath(dtype, m, k, n, block, aligned, zero_points != 0);
+  return RowsPath(dtype, m, k, n, block, aligned, zero_points != 0) ||
+         MixedPath(dtype, m, k, n, block, aligned, zero_points != 0);
 }
 
 extern "C" int64_t onnxfuse_cuda_int4_linear_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t block,
                                                            int aligned, int zero_points) {
   if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || m < 0 || k < 0 || n < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
   if (m <= ONNXFUSE_INT4_GEMV_MAX_M) return 0;
+  if (RowsPath(dtype, m, k, n, block, aligned, zero_points != 0)) return RowsScratch(m, k, n);
   if (MixedPath(dtype, m, k, n, block, aligned, zero_points != 0)) return MixedScratch(dtype, m, k, n, block);
   return ock::Align256(k * n * ock::ElemBytes(dtype)) + ONNXFUSE_CUBLASLT_WORKSPACE_BYTES;
 }
@@ -1784,6 +2068,8 @@ extern "C" int onnxfuse_cuda_int4_linear(int dtype, const void* x, const uint8_t
   if (m <= ONNXFUSE_INT4_GEMV_MAX_M) return GemvPath(dtype, 0, x, wt, y, m, k, n, s);
   const int aligned = Aligned16(x) && Aligned16(wq) && Aligned16(scales) && Aligned16(y) &&
                       (zero_points == nullptr || Aligned16(zero_points));
+  if (RowsPath(dtype, m, k, n, block, aligned, zero_points != nullptr))
+    return RowsGemm(dtype, x, wt, y, n, m, k, n, scratch, scratch_bytes, s);
   if (MixedPath(dtype, m, k, n, block, aligned, zero_points != nullptr))
     return MixedGemm(dtype, x, wq, scales, y, n, m, k, n, block, static_cast<char*>(scratch), scratch_bytes, s);
   if (k > 0x7fffffffLL - 16 || n > 0x7fffffffLL) return ONNXFUSE_ERR_TOO_LARGE;  // the dequantization's indices
@@ -1803,6 +2089,7 @@ extern "C" int64_t onnxfuse_cuda_int4_swiglu_scratch_bytes(int dtype, int64_t m,
   if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || m < 0 || k < 0 || n < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
   if (m <= ONNXFUSE_INT4_GEMV_MAX_M) return 0;
   const int64_t z = ock::Align256(2 * m * n * ock::ElemBytes(dtype));
+  if (RowsPath(dtype, m, k, n, block, aligned, zero_points != 0)) return z + RowsScratch(m, k, n);
   if (MixedPath(dtype, m, k, n, block, aligned, zero_points != 0)) return z + MixedScratch(dtype, m, k, n, block);
   return z + ock::Align256(2 * k * n * ock::ElemBytes(dtype)) + ONNXFUSE_CUBLASLT_WORKSPACE_BYTES;
 }
@@ -1833,7 +2120,13 @@ extern "C" int onnxfuse_cuda_int4_swiglu(int dtype, int act, const void* x, cons
   char* z = static_cast<char*>(scratch);
   char* rest = z + z_bytes;
   const int64_t rest_bytes = scratch_bytes - z_bytes;
-  if (MixedPath(dtype, m, k, n, block, aligned, zp)) {
+  if (RowsPath(dtype, m, k, n, block, aligned, zp)) {
+    // gate into z's first n columns, up into the last n (rows 2n apart), each on the rows path
+    Int4Weights up = wt;
+    up.wq = wq_up, up.scales = scales_up;
+    if (int err = RowsGemm(dtype, x, wt, z, 2 * n, m, k, n, rest, rest_bytes, s)) return err;
+    if (int err = RowsGemm(dtype, x, up, z + n * e, 2 * n, m, k, n, rest, rest_bytes, s)) return err;
+  } else if (MixedPath(dtype, m, k, n, block, aligned, zp)) {
     // gate into z's first n columns, up into the last n (rows 2n apart), each with its own transposed scales
     if (int err = MixedGemm(dtype, x, wq_gate, scales_gate, z, 2 * n, m, k, n, block, rest, rest_bytes, s)) return err;
     if (int err = MixedGemm(dtype, x, wq_up, scales_up, z + n * e, 2 * n, m, k, n, block, rest, rest_bytes, s))

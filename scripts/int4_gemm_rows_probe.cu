@@ -1,0 +1,249 @@
+// Issue 28, int4 prefill at 17-512 rows: cuda/int4_linear.cu's Int4MmaGemm (mma.sync, the weights dequantized in
+// registers once a block, any block size of 32 or more) against the library's path there for blocks of 32 (all of W^T
+// dequantized, then one cuBLASLt GEMM) and against cuBLAS on weights already dequantized (what the fp16 model pays),
+// on a Llama-2-7B layer's projections; cudaEvent time per run, the median of 7 batches of 10 (plain launches, no
+// graph). First a check on small ragged shapes in fp16 and bf16 against the dequantization + cuBLAS path (max |d| /
+// max |ref|), then the timings with each form's best tile rows (64 or 128) and K split (1-8) at each size. A program,
+// not the CLI. Build (CUDA 12.8+, from the repository root) and run on the GPU machine:
+//   python -m onnxfuse.kernels.ops_header > /tmp/onnxfuse_ops.h
+//   nvcc -std=c++17 -O3 -gencode=arch=compute_90,code=sm_90 -I onnxfuse/kernels -I onnxfuse/kernels/cuda -I /tmp \
+//        scripts/int4_gemm_rows_probe.cu onnxfuse/kernels/cuda/gemm.cu -o /tmp/int4_gemm_rows_probe -ldl
+//   LD_LIBRARY_PATH=<libcublasLt's folder> /tmp/int4_gemm_rows_probe [ROWS,ROWS,...] [BLOCK,BLOCK,...]
+#include "cuda/int4_linear.cu"  // the nvcc half in this TU: Int4MmaGemm, RowsPlanFor, Dequantize, Geometry
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "int4_probe_fill.cuh"
+
+namespace {
+
+std::vector<int64_t> List(const char* arg, std::vector<int64_t> def) {
+  if (arg == nullptr) return def;
+  std::vector<int64_t> v;
+  std::stringstream ss(arg);
+  std::string item;
+  while (std::getline(ss, item, ',')) v.push_back(atoll(item.c_str()));
+  return v;
+}
+
+template <typename T>
+float ToF(T v) {
+  return float(v);
+}
+template <>
+float ToF<__half>(__half v) {
+  return __half2float(v);
+}
+template <>
+float ToF<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+__global__ void HalfToBf16(const __half* a, __nv_bfloat16* b, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    b[i] = __float2bfloat16(__half2float(a[i]));
+}
+
+struct Bufs {
+  uint8_t* wq;
+  void *sc, *x, *y, *yr, *w;
+  float* part;
+  void* ws;
+};
+
+// Max |got - ref| / max |ref| over Y [m, n], and whether any value is not finite.
+template <typename T>
+double RelDiff(const void* got, const void* ref, int64_t count, bool* nonfinite) {
+  std::vector<T> a(static_cast<size_t>(count)), b(static_cast<size_t>(count));
+  cudaMemcpy(a.data(), got, count * sizeof(T), cudaMemcpyDeviceToHost);
+  cudaMemcpy(b.data(), ref, count * sizeof(T), cudaMemcpyDeviceToHost);
+  double md = 0, mr = 0;
+  *nonfinite = false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double u = ToF(a[i]), v = ToF(b[i]);
+    if (!std::isfinite(u) || !std::isfinite(v)) *nonfinite = true;
+    md = std::max(md, fabs(u - v));
+    mr = std::max(mr, fabs(v));
+  }
+  return mr > 0 ? md / mr : md;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<int64_t> rows = List(argc > 1 ? argv[1] : nullptr, {17, 32, 64, 128, 256, 512});
+  const std::vector<int64_t> blocks = List(argc > 2 ? argv[2] : nullptr, {32, 128});
+  cudaStream_t s;
+  cudaStreamCreate(&s);
+  Bufs b{};
+  const int64_t kMaxW = int64_t(12288) * 4096, kMaxM = 1024;  // qkv's W
+  cudaMalloc(&b.wq, kMaxW / 2);
+  cudaMalloc(&b.sc, kMaxW / 32 * 2);
+  cudaMalloc(&b.x, kMaxM * 11008 * 2);
+  cudaMalloc(&b.y, kMaxM * 12288 * 2);
+  cudaMalloc(&b.yr, kMaxM * 12288 * 2);
+  cudaMalloc(&b.w, kMaxW * 2);
+  cudaMalloc(&b.part, 16 * kMaxM * 12288 * 4);
+  cudaMalloc(&b.ws, ONNXFUSE_CUBLASLT_WORKSPACE_BYTES);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+
+  // The reference: the library's path past the GEMV's rows without CUTLASS (dequantize W^T, then cuBLASLt).
+  auto ref_path = [&](int dtype, const Int4Weights& wt, void* y, int64_t M, int64_t K, int64_t N) {
+    int err = Dequantize(dtype, b.wq, b.sc, nullptr, b.w, K, N, wt, s);
+    ock::GemmArgs g;
+    g.dtype = dtype, g.x = b.x, g.w = b.w, g.y = y, g.m = M, g.k = K, g.n = N;
+    g.trans_w = true;
+    return err | ock::Gemm(g, b.ws, ONNXFUSE_CUBLASLT_WORKSPACE_BYTES, s);
+  };
+  auto gemm_only = [&](int dtype, void* y, int64_t M, int64_t K, int64_t N) {
+    ock::GemmArgs g;
+    g.dtype = dtype, g.x = b.x, g.w = b.w, g.y = y, g.m = M, g.k = K, g.n = N;
+    g.trans_w = true;
+    return ock::Gemm(g, b.ws, ONNXFUSE_CUBLASLT_WORKSPACE_BYTES, s);
+  };
+  auto mma_gemm = [&](int dtype, const Int4Weights& wt, int64_t M, int64_t K, int64_t N, int bm, int splits) {
+    if (dtype == ONNXFUSE_FP16)
+      return LaunchMmaGemm<__half>(static_cast<const __half*>(b.x), wt, static_cast<__half*>(b.y), N, M, K, N, b.part,
+                                   bm, splits, s);
+    return LaunchMmaGemm<__nv_bfloat16>(static_cast<const __nv_bfloat16*>(b.x), wt, static_cast<__nv_bfloat16*>(b.y), N,
+                                        M, K, N, b.part, bm, splits, s);
+  };
+  auto fill = [&](int dtype, int64_t M, int64_t K, int64_t N, int64_t block, float sscale) {
+    Fill<<<1024, 256>>>(b.wq, N * K / 2, 1);
+    FillHalf<<<1024, 256>>>(static_cast<__half*>(b.sc), N * (K / block), sscale, 2);
+    FillHalf<<<1024, 256>>>(static_cast<__half*>(b.x), M * K, 1.f, 3);
+    if (dtype == ONNXFUSE_BF16) {  // the same values rounded to bf16, in place through the weights' scratch
+      HalfToBf16<<<1024, 256>>>(static_cast<const __half*>(b.sc), static_cast<__nv_bfloat16*>(b.w), N * (K / block));
+      cudaMemcpy(b.sc, b.w, N * (K / block) * 2, cudaMemcpyDeviceToDevice);
+      HalfToBf16<<<1024, 256>>>(static_cast<const __half*>(b.x), static_cast<__nv_bfloat16*>(b.w), M * K);
+      cudaMemcpy(b.x, b.w, M * K * 2, cudaMemcpyDeviceToDevice);
+    }
+  };
+
+  auto attrs = [](const char* name, const void* f) {
+    cudaFuncAttributes a{};
+    cudaFuncGetAttributes(&a, f);
+    printf("%s: %d registers, %zu bytes local\n", name, a.numRegs, a.localSizeBytes);
+  };
+  attrs("Int4MmaGemm<fp16, 32x4, block 32>",
+        reinterpret_cast<const void*>(Int4MmaGemm<__half, 32, kGemmBN, 4, kGemmStages, 2, false>));
+  attrs("Int4MmaGemm<fp16, 64x2, block 32>",
+        reinterpret_cast<const void*>(Int4MmaGemm<__half, 64, kGemmBN, 2, kGemmStages, 2, false>));
+  attrs("Int4MmaGemm<fp16, 128x2, block 32>",
+        reinterpret_cast<const void*>(Int4MmaGemm<__half, 128, kGemmBN, 2, kGemmStages, 2, false>));
+  attrs("Int4MmaGemm<fp16, 128x4, block 32>",
+        reinterpret_cast<const void*>(Int4MmaGemm<__half, 128, kGemmBN, 4, kGemmStages, 2, false>));
+  attrs("Int4MmaGemm<bf16, 128x4, block 128, split>",
+        reinterpret_cast<const void*>(Int4MmaGemm<__nv_bfloat16, 128, kGemmBN, 4, kGemmStages, 1, true>));
+
+  // 1. Check: ragged shapes, both types, every tile rows and a K split, against the reference path.
+  struct C {
+    int64_t m, k, n, block;
+  } checks[] = {{17, 576, 1000, 32},   {37, 1536, 576, 64}, {100, 4096, 1032, 128}, {300, 11008, 264, 32},
+                {129, 640, 4096, 256}, {64, 2048, 200, 32}, {1, 128, 8, 32}};
+  int bad = 0;
+  for (int dtype : {ONNXFUSE_FP16, ONNXFUSE_BF16})
+    for (const C& c : checks) {
+      fill(dtype, c.m, c.k, c.n, c.block, 0.01f);
+      const Int4Weights wt = Geometry(b.wq, b.sc, nullptr, nullptr, nullptr, nullptr, c.k, c.block);
+      int err = ref_path(dtype, wt, b.yr, c.m, c.k, c.n);
+      for (int bm : {324, 642, 644, 1282, 1284})
+        for (int splits : {1, 3}) {
+          cudaMemset(b.y, 0xFF, c.m * c.n * 2);
+          err |= mma_gemm(dtype, wt, c.m, c.k, c.n, bm, splits);
+          cudaStreamSynchronize(s);
+          bool nf = false;
+          const double d = dtype == ONNXFUSE_FP16 ? RelDiff<__half>(b.y, b.yr, c.m * c.n, &nf)
+                                                  : RelDiff<__nv_bfloat16>(b.y, b.yr, c.m * c.n, &nf);
+          const bool ok = err == 0 && !nf && d < (dtype == ONNXFUSE_FP16 ? 2e-3 : 1.6e-2);
+          bad += !ok;
+          printf("check %s m %4ld k %5ld n %5ld block %3ld tile %4d splits %d: rel %.3g%s%s\n",
+                 dtype == ONNXFUSE_FP16 ? "fp16" : "bf16", long(c.m), long(c.k), long(c.n), long(c.block), bm, splits,
+                 d, nf ? " NONFINITE" : "", ok ? "" : "  FAIL");
+        }
+    }
+  printf("checks: %s\n", bad ? "FAILED" : "passed");
+
+  // 2. Timing: the 7B layer's projections.
+  struct P {
+    const char* name;
+    int64_t k, n;
+  } projs[] = {{"qkv", 4096, 12288}, {"o", 4096, 4096}, {"gate", 4096, 11008}, {"down", 11008, 4096}};
+  auto time_us = [&](auto&& fn) {
+    int err = fn();
+    for (int i = 0; i < 3; ++i) err |= fn();
+    std::vector<float> t;
+    for (int r = 0; r < 7; ++r) {
+      cudaEventRecord(e0, s);
+      for (int i = 0; i < 10; ++i) err |= fn();
+      cudaEventRecord(e1, s);
+      cudaEventSynchronize(e1);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, e0, e1);
+      t.push_back(ms * 100.f);
+    }
+    std::sort(t.begin(), t.end());
+    return err ? -1.f : t[3];
+  };
+  for (int64_t block : blocks)
+    for (int64_t M : rows) {
+      double sum_ref = 0, sum_gemm = 0, sum_new = 0, sum_rule = 0;
+      for (const P& p : projs) {
+        const int dtype = ONNXFUSE_FP16;
+        fill(dtype, M, p.k, p.n, block, 0.01f);
+        const Int4Weights wt = Geometry(b.wq, b.sc, nullptr, nullptr, nullptr, nullptr, p.k, block);
+        const float t_ref = time_us([&] { return ref_path(dtype, wt, b.yr, M, p.k, p.n); });
+        const float t_gemm = time_us([&] { return gemm_only(dtype, b.y, M, p.k, p.n); });
+        float best = 1e30f;
+        int best_bm = 0, best_split = 0;
+        std::string all;
+        for (int bm : {324, 642, 644, 1282, 1284}) {
+          if (bm >= 1280 && M <= 64) continue;
+          for (int splits : {1, 2, 3, 4, 6, 8, 12, 16}) {
+            const float t = time_us([&] { return mma_gemm(dtype, wt, M, p.k, p.n, bm, splits); });
+            char buf[48];
+            snprintf(buf, sizeof buf, " %d/%d:%.1f", bm, splits, t);
+            all += buf;
+            if (t > 0 && t < best) best = t, best_bm = bm, best_split = splits;
+          }
+        }
+        const RowsPlan plan = RowsPlanFor(M, p.k, p.n);
+        const float t_rule = time_us([&] { return mma_gemm(dtype, wt, M, p.k, p.n, plan.tile, plan.splits); });
+        char rb[64];
+        snprintf(rb, sizeof rb, " rule %d/%d:%.1f", plan.tile, plan.splits, t_rule);
+        all += rb;
+        sum_rule += (std::string(p.name) == "gate" ? 2 : 1) * t_rule;
+        if (best_split == 0) {
+          printf("block %ld M %ld %s: every Int4MmaGemm launch failed\n", long(block), long(M), p.name);
+          return 1;
+        }
+        mma_gemm(dtype, wt, M, p.k, p.n, best_bm, best_split);
+        cudaStreamSynchronize(s);
+        bool nf = false;
+        const double d = RelDiff<__half>(b.y, b.yr, M * p.n, &nf);
+        printf(
+            "block %3ld M %4ld %-5s dq+cublas %7.1f  cublas-fp16 %7.1f  mma-gemm %7.1f (tile %d splits %d, rel %.2g%s) "
+            " [%s ]\n",
+            long(block), long(M), p.name, t_ref, t_gemm, best, best_bm, best_split, d, nf ? " NONFINITE" : "",
+            all.c_str());
+        const int times = std::string(p.name) == "gate" ? 2 : 1;  // gate and up
+        sum_ref += times * t_ref, sum_gemm += times * t_gemm, sum_new += times * best;
+      }
+      printf(
+          "block %3ld M %4ld LAYER dq+cublas %7.1f  cublas-fp16 %7.1f  mma-gemm best %7.1f, rule %7.1f  (the rule "
+          "%.2fx the dequantization + cuBLAS path)\n",
+          long(block), long(M), sum_ref, sum_gemm, sum_new, sum_rule, sum_ref / sum_rule);
+      fflush(stdout);
+    }
+  return bad ? 1 : 0;
+}
