@@ -78,6 +78,28 @@ double RelDiff(const void* got, const void* ref, int64_t count, bool* nonfinite)
 
 }  // namespace
 
+// A tile variant of Int4MmaGemm outside the library's launch (fp16; `variants` mode): BM rows, BN columns, WN warps
+// along N, STAGES, K split `splits` ways.
+template <int BM, int BN, int WN, int STAGES>
+int LaunchVariant(const __half* x, const Int4Weights& wt, __half* y, int64_t m, int64_t k, int64_t n, float* part,
+                  int splits, cudaStream_t s) {
+  const int steps = int(k / 64), per = (steps + splits - 1) / splits;
+  splits = (steps + per - 1) / per;
+  const dim3 grid(unsigned((n + BN - 1) / BN), unsigned((m + BM - 1) / BM), unsigned(splits));
+  const size_t smem = size_t(STAGES) * (BN * 32 + BM * 128);
+  auto launch = [&](auto kernel) {
+    if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    kernel<<<grid, 128, smem, s>>>(x, wt.wq, static_cast<const __half*>(wt.scales), y, part, int(n), int(m), int(k),
+                                   int(n), int(wt.nb), wt.lb, int(wt.row_bytes), per);
+    return int(cudaGetLastError());
+  };
+  int err = splits > 1 ? launch(Int4MmaGemm<__half, BM, BN, WN, STAGES, 2, true>)
+                       : launch(Int4MmaGemm<__half, BM, BN, WN, STAGES, 2, false>);
+  if (err || splits == 1) return err;
+  Int4SplitSum<__half><<<1024, 256, 0, s>>>(part, y, int(n), int(m), int(n), splits);
+  return int(cudaGetLastError());
+}
+
 int main(int argc, char** argv) {
   const std::vector<int64_t> rows = List(argc > 1 ? argv[1] : nullptr, {17, 32, 64, 128, 256, 512});
   const std::vector<int64_t> blocks = List(argc > 2 ? argv[2] : nullptr, {32, 128});
@@ -135,15 +157,13 @@ int main(int argc, char** argv) {
     cudaFuncGetAttributes(&a, f);
     printf("%s: %d registers, %zu bytes local\n", name, a.numRegs, a.localSizeBytes);
   };
-  attrs("Int4MmaGemm<fp16, 32x4, block 32>",
+  attrs("Int4MmaGemm<fp16, 32 rows, block 32>",
         reinterpret_cast<const void*>(Int4MmaGemm<__half, 32, kGemmBN, 4, kGemmStages, 2, false>));
-  attrs("Int4MmaGemm<fp16, 64x2, block 32>",
-        reinterpret_cast<const void*>(Int4MmaGemm<__half, 64, kGemmBN, 2, kGemmStages, 2, false>));
-  attrs("Int4MmaGemm<fp16, 128x2, block 32>",
-        reinterpret_cast<const void*>(Int4MmaGemm<__half, 128, kGemmBN, 2, kGemmStages, 2, false>));
-  attrs("Int4MmaGemm<fp16, 128x4, block 32>",
-        reinterpret_cast<const void*>(Int4MmaGemm<__half, 128, kGemmBN, 4, kGemmStages, 2, false>));
-  attrs("Int4MmaGemm<bf16, 128x4, block 128, split>",
+  attrs("Int4MmaGemm<fp16, 64 rows, block 32>",
+        reinterpret_cast<const void*>(Int4MmaGemm<__half, 64, kGemmBN, 4, kGemmStages, 2, false>));
+  attrs("Int4MmaGemm<fp16, 96 rows, block 32>",
+        reinterpret_cast<const void*>(Int4MmaGemm<__half, 96, kGemmBN, 4, kGemmStages, 2, false>));
+  attrs("Int4MmaGemm<bf16, 128 rows, block 128, split>",
         reinterpret_cast<const void*>(Int4MmaGemm<__nv_bfloat16, 128, kGemmBN, 4, kGemmStages, 1, true>));
 
   // 1. Check: ragged shapes, both types, every tile rows and a K split, against the reference path.
@@ -157,7 +177,7 @@ int main(int argc, char** argv) {
       fill(dtype, c.m, c.k, c.n, c.block, 0.01f);
       const Int4Weights wt = Geometry(b.wq, b.sc, nullptr, nullptr, nullptr, nullptr, c.k, c.block);
       int err = ref_path(dtype, wt, b.yr, c.m, c.k, c.n);
-      for (int bm : {324, 642, 644, 1282, 1284})
+      for (int bm : {324, 644, 964})
         for (int splits : {1, 3}) {
           cudaMemset(b.y, 0xFF, c.m * c.n * 2);
           err |= mma_gemm(dtype, wt, c.m, c.k, c.n, bm, splits);
@@ -174,11 +194,6 @@ int main(int argc, char** argv) {
     }
   printf("checks: %s\n", bad ? "FAILED" : "passed");
 
-  // 2. Timing: the 7B layer's projections.
-  struct P {
-    const char* name;
-    int64_t k, n;
-  } projs[] = {{"qkv", 4096, 12288}, {"o", 4096, 4096}, {"gate", 4096, 11008}, {"down", 11008, 4096}};
   auto time_us = [&](auto&& fn) {
     int err = fn();
     for (int i = 0; i < 3; ++i) err |= fn();
@@ -195,6 +210,64 @@ int main(int argc, char** argv) {
     std::sort(t.begin(), t.end());
     return err ? -1.f : t[3];
   };
+
+  // 1b. `variants` (third argument): tile variants against the library's rule, blocks of 32, fp16.
+  if (argc > 3 && std::string(argv[3]) == "variants") {
+    struct V {
+      const char* name;
+      int (*fn)(const __half*, const Int4Weights&, __half*, int64_t, int64_t, int64_t, float*, int, cudaStream_t);
+    } vars[] = {{"64x128w4s4", LaunchVariant<64, 128, 4, 4>}, {"64x256w4s4", LaunchVariant<64, 256, 4, 4>},
+                {"64x128w4s3", LaunchVariant<64, 128, 4, 3>}, {"64x256w4s3", LaunchVariant<64, 256, 4, 3>},
+                {"32x256w4s4", LaunchVariant<32, 256, 4, 4>}, {"32x128w4s4", LaunchVariant<32, 128, 4, 4>},
+                {"96x128w4s4", LaunchVariant<96, 128, 4, 4>}};
+    struct P {
+      const char* name;
+      int64_t k, n;
+    } projs[] = {{"qkv", 4096, 12288}, {"o", 4096, 4096}, {"gate", 4096, 11008}, {"down", 11008, 4096}};
+    for (int64_t M : rows) {
+      std::vector<double> layer(sizeof(vars) / sizeof(vars[0]), 0.0);
+      double rule_layer = 0;
+      for (const P& p : projs) {
+        fill(ONNXFUSE_FP16, M, p.k, p.n, 32, 0.01f);
+        const Int4Weights wt = Geometry(b.wq, b.sc, nullptr, nullptr, nullptr, nullptr, p.k, 32);
+        ref_path(ONNXFUSE_FP16, wt, b.yr, M, p.k, p.n);
+        const int times = std::string(p.name) == "gate" ? 2 : 1;
+        const RowsPlan plan = RowsPlanFor(M, p.k, p.n);
+        const float tr = time_us([&] { return mma_gemm(ONNXFUSE_FP16, wt, M, p.k, p.n, plan.tile, plan.splits); });
+        rule_layer += times * tr;
+        printf("M %4ld %-5s rule %.1f |", long(M), p.name, tr);
+        for (size_t v = 0; v < layer.size(); ++v) {
+          float best = 1e30f;
+          int bs = 0;
+          for (int splits : {1, 2, 3, 4, 6, 8, 12, 16}) {
+            const float t = time_us([&] {
+              return vars[v].fn(static_cast<const __half*>(b.x), wt, static_cast<__half*>(b.y), M, p.k, p.n, b.part,
+                                splits, s);
+            });
+            if (t > 0 && t < best) best = t, bs = splits;
+          }
+          vars[v].fn(static_cast<const __half*>(b.x), wt, static_cast<__half*>(b.y), M, p.k, p.n, b.part, bs, s);
+          cudaStreamSynchronize(s);
+          bool nf = false;
+          const double d = RelDiff<__half>(b.y, b.yr, M * p.n, &nf);
+          printf(" %s %.1f/%d%s", vars[v].name, best, bs, (nf || d > 2e-3) ? " BAD" : "");
+          layer[v] += times * best;
+        }
+        printf("\n");
+      }
+      printf("M %4ld LAYER rule %.1f |", long(M), rule_layer);
+      for (size_t v = 0; v < layer.size(); ++v) printf(" %s %.1f", vars[v].name, layer[v]);
+      printf("\n");
+      fflush(stdout);
+    }
+    return bad ? 1 : 0;
+  }
+
+  // 2. Timing: the 7B layer's projections.
+  struct P {
+    const char* name;
+    int64_t k, n;
+  } projs[] = {{"qkv", 4096, 12288}, {"o", 4096, 4096}, {"gate", 4096, 11008}, {"down", 11008, 4096}};
   for (int64_t block : blocks)
     for (int64_t M : rows) {
       double sum_ref = 0, sum_gemm = 0, sum_new = 0, sum_rule = 0;
@@ -207,8 +280,8 @@ int main(int argc, char** argv) {
         float best = 1e30f;
         int best_bm = 0, best_split = 0;
         std::string all;
-        for (int bm : {324, 642, 644, 1282, 1284}) {
-          if (bm >= 1280 && M <= 64) continue;
+        for (int bm : {324, 644, 964}) {
+          if ((bm >= 960 && M <= 64) || (bm == 324 && M > 64)) continue;
           for (int splits : {1, 2, 3, 4, 6, 8, 12, 16}) {
             const float t = time_us([&] { return mma_gemm(dtype, wt, M, p.k, p.n, bm, splits); });
             char buf[48];

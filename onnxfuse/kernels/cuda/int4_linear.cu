@@ -90,6 +90,7 @@ static inline bool Int4BlockOk(int64_t block) { return block >= 16 && block <= 2
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cmath>
 #include <cstdlib>
 #include <type_traits>
 #include <utility>
@@ -1784,9 +1785,9 @@ int LaunchMmaFast(const void* x, const Int4Weights& wt, int act, void* y, int64_
   return by_block(std::integral_constant<int, 8>{});
 }
 
-// Int4MmaGemm's launch: BM rows a block (32, 64 or 128) on WN warps along N, K split `splits` ways (fp32 partials
-// in `part`, [splits][m][n], then Int4SplitSum; 1: Y written directly). Symmetric weights, K a multiple of 64, blocks
-// of 32 or more (MmaGemmOk). tile: BM * 10 + WN.
+// Int4MmaGemm's launch: BM rows a block (32, 64 or 96) on WN (4) warps along N, K split `splits` ways (fp32
+// partials in `part`, [splits][m][n], then Int4SplitSum; 1: Y written directly). Symmetric weights, K a multiple of 64,
+// blocks of 32 or more (MmaGemmOk). tile: BM * 10 + WN.
 constexpr int kGemmBN = 128, kGemmStages = 4;
 template <typename T>
 int LaunchMmaGemm(const T* x, const Int4Weights& wt, T* y, int64_t ldy, int64_t m, int64_t k, int64_t n, float* part,
@@ -1813,14 +1814,10 @@ int LaunchMmaGemm(const T* x, const Int4Weights& wt, T* y, int64_t ldy, int64_t 
     switch (tile) {
       case 324:
         return launch(Int4MmaGemm<T, 32, kGemmBN, 4, kGemmStages, SPB, SPLIT>, 32);
-      case 642:
-        return launch(Int4MmaGemm<T, 64, kGemmBN, 2, kGemmStages, SPB, SPLIT>, 64);
       case 644:
         return launch(Int4MmaGemm<T, 64, kGemmBN, 4, kGemmStages, SPB, SPLIT>, 64);
-      case 1282:
-        return launch(Int4MmaGemm<T, 128, kGemmBN, 2, kGemmStages, SPB, SPLIT>, 128);
-      case 1284:
-        return launch(Int4MmaGemm<T, 128, kGemmBN, 4, kGemmStages, SPB, SPLIT>, 128);
+      case 964:
+        return launch(Int4MmaGemm<T, 96, kGemmBN, 4, kGemmStages, SPB, SPLIT>, 96);
       default:
         return int(ONNXFUSE_ERR_BAD_ARGUMENT);
     }
@@ -1981,12 +1978,12 @@ int MixedGemm(int dtype, const void* x, const uint8_t* wq, const void* scales, v
 // bf16, symmetric weights in blocks of 32 or more, K a multiple of 64, `aligned` pointers; where the sm_90 mixed-input
 // GEMM also takes the call (blocks of 64 or more), only to kRowsOverMixedRows rows. ONNXFUSE_INT4_ROWS=0 turns it
 // off. H200, a Llama-2-7B layer's five projections on RowsPlanFor's tiles, kernels alone (scripts/
-// int4_gemm_rows_probe.cu, benchmarks/results/h200-2026-12-01/int4/gemm-rows-probe.txt, us): blocks of 32 at 17 / 32
-// / 64 / 96 / 128 rows 103.5 / 108.9 / 165.3 / 257.3 / 264.8 against the dequantization + cuBLAS GEMM's 290.6 /
-// 291.9 / 291.5 / 302.7 / 301.9 (cuBLAS alone on the dequantized weights, the fp16 model's GEMMs: 128.2 / 130.7 /
-// 126.2 / 138.9 / 134.5); at 160 rows 364.0 against 322.8, so it stops at 128. Blocks of 128: 98.6 / 104.7 / 159.3 at
-// 17 / 32 / 64 rows, where the mixed-input GEMM took 222.9 / 206.5 / 194.5 (h200-2026-11-29/int4/
-// int4-probe-block128-tile128-on.json), and 248.0 / 258.4 at 96 / 128, where it took about 197.
+// int4_gemm_rows_probe.cu, benchmarks/results/h200-2026-12-01/int4/gemm-rows-probe-r2.txt, us): blocks of 32 at 17 /
+// 32 / 64 / 96 rows 102.6 / 106.8 / 153.9 / 224.0 against the dequantization + cuBLAS GEMM's 291.0 / 291.4 / 291.4 /
+// 301.7 (cuBLAS alone on the dequantized weights, the fp16 model's GEMMs: 125.0 / 125.4 / 124.2 / 137.6); at 128 rows
+// 264.8 against 301.9 and at 160 364.0 against 322.8 (gemm-rows-probe.txt), so it stops at 128. Blocks of 128: 98.6 /
+// 104.7 / 159.3 at 17 / 32 / 64 rows, where the mixed-input GEMM took 222.9 / 206.5 / 194.5 (h200-2026-11-29/int4/
+// int4-probe-block128-tile128-on.json), and 258.4 at 128, where it took 196.9.
 constexpr int64_t kRowsMaxRows = 128, kRowsOverMixedRows = 64;
 
 bool RowsPath(int dtype, int64_t m, int64_t k, int64_t n, int64_t block, int aligned, bool zero_points) {
@@ -2001,11 +1998,13 @@ bool RowsPath(int dtype, int64_t m, int64_t k, int64_t n, int64_t block, int ali
   return m <= kRowsOverMixedRows || !MixedPath(dtype, m, k, n, block, aligned, zero_points);
 }
 
-// The rows path's tile and K split: 32 rows a block to 32 rows, else 64 (4 warps along N: two m16 tiles of columns
-// and all the block's rows a warp); K split so that the grid is about three blocks an SM (the kernel holds two to
-// four an SM), at most 16 ways and at least 4 steps of 64 a split. Against the best of the probe's sweep at each size
-// (tiles of 32, 64 and 128 rows, 2 or 4 warps along N; splits 1-16): the layer within 5 % to 32 rows, 10-11 % at 48-
-// 96, 7 % at 128.
+// The rows path's tile and K split: to 96 rows one row tile of the rows rounded up to 32 (32, 64 or 96 rows a block;
+// 4 warps along N, each two m16 tiles of columns and all the block's rows), since the kernel's time follows the rows
+// it multiplies (a 7B layer 201.9 us at 96 rows on 96-row tiles against 252.4 on two of 64,
+// gemm-rows-probe-variants.txt), past 96 two or more of 64 (at 112 and 128 rows 259.0 and 264.8 us, one tile of 128
+// 271.0 and 278.9: gemm-rows-probe.txt, -r2.txt); K split so that the grid is about three blocks an SM (the kernel
+// holds two to four an SM), the split count one of 1, 2, 3, 4, 6, 8, 12, 16 (5 measured slow: a 7B gate at 64 rows
+// 39.2 us against 34.6 at 4) and at least 4 steps of 64 a split.
 struct RowsPlan {
   int tile, splits;
 };
@@ -2013,11 +2012,14 @@ RowsPlan RowsPlanFor(int64_t m, int64_t k, int64_t n) {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) device = 0;
   const int64_t sms = onnxfuse_cuda_sm_count(device);
-  const int bm = m <= 32 ? 32 : 64;
+  const int64_t bm = m <= 96 ? (m + 31) / 32 * 32 : 64;
   const int64_t tiles = ((n + kGemmBN - 1) / kGemmBN) * ((m + bm - 1) / bm);
-  int64_t splits = (3 * (sms > 0 ? sms : 132) + tiles / 2) / tiles;
-  splits = std::min<int64_t>(std::max<int64_t>(splits, 1), std::min<int64_t>(16, std::max<int64_t>(1, k / 256)));
-  return {bm == 32 ? 324 : 644, int(splits)};
+  const double ideal = 3.0 * double(sms > 0 ? sms : 132) / double(tiles);
+  const int64_t most = std::max<int64_t>(1, k / 256);
+  int64_t splits = 1;
+  for (int64_t c : {1, 2, 3, 4, 6, 8, 12, 16})
+    if (c <= most && std::abs(double(c) - ideal) < std::abs(double(splits) - ideal)) splits = c;
+  return {int(bm * 10 + 4), int(splits)};
 }
 
 int64_t RowsScratch(int64_t m, int64_t k, int64_t n) {
