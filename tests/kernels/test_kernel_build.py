@@ -203,11 +203,13 @@ def test_cpp_sources_take_the_domain_from_the_generated_header():
                  for m in re.findall(r'getenv\("([^"]*)"\)', p.read_text())}
     # the CPU kernels' two knobs, the GPU launchers' switches for programmatic dependent launches (read once for
     # the CUDA kernels and the Triton runtime) and for launching them so into a CUDA graph capture, the int4 ops'
-    # switch for CUTLASS's sm_90 GEMM, CachedAttention's for its clustered decode kernel and LinearSkipRMSNorm's for
-    # the norm in its GEMV's epilogue (each read once; for A/B runs: no switch picks a backend)
+    # switches for CUTLASS's sm_90 GEMM and for the rows path (Int4MmaGemm), CachedAttention's for its clustered decode
+    # kernel and LinearSkipRMSNorm's for the norm in its GEMV's epilogue (each read once; for A/B runs: no switch
+    # picks a backend)
     assert env_reads == {("cpu/gemm.cc", "ONNXFUSE_CPU_THREADS"), ("cpu/gemm.cc", "ONNXFUSE_CPU_ISA"),
                          ("cuda/gemm.cu", "ONNXFUSE_PDL"), ("cuda/gemm.cu", "ONNXFUSE_PDL_GRAPH"),
                          ("cuda/cutlass/int4_mixed_gemm.cu", "ONNXFUSE_INT4_CUTLASS"),
+                         ("cuda/int4_linear.cu", "ONNXFUSE_INT4_ROWS"),
                          ("cuda/cached_attention.cu", "ONNXFUSE_DECODE_CLUSTERS"),
                          ("cuda/linear.cu", "ONNXFUSE_LINEAR_NORM_EPILOGUE")}, env_reads
     printing = [str(p.relative_to(KERNELS)) for p in sources
