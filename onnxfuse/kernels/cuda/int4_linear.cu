@@ -1787,7 +1787,7 @@ int LaunchMmaFast(const void* x, const Int4Weights& wt, int act, void* y, int64_
 
 // Int4MmaGemm's launch: BM rows a block (32, 64 or 96) on WN (4) warps along N, K split `splits` ways (fp32
 // partials in `part`, [splits][m][n], then Int4SplitSum; 1: Y written directly). Symmetric weights, K a multiple of 64,
-// blocks of 32 or more (MmaGemmOk). tile: BM * 10 + WN.
+// blocks of 32 or more (RowsPath). tile: BM * 10 + WN.
 constexpr int kGemmBN = 128, kGemmStages = 4;
 template <typename T>
 int LaunchMmaGemm(const T* x, const Int4Weights& wt, T* y, int64_t ldy, int64_t m, int64_t k, int64_t n, float* part,
