@@ -283,7 +283,7 @@ PY
     # option "ep.cuda.fpa_intb_gemm" = "1", as the builder's enable_cuda_fpa_intb_gemm writes it) and a folder whose
     # weights the builder prepacked into the SM90 fpA_intB layout (blocks of PPBLOCK, default 128: that layout takes 64
     # and 128; /root/int4-b<PPBLOCK>-pp2: onnxruntime-gpu 1.31.1's Linux wheel refuses to load it, its SM90 kernel not
-    # built in); `fuse --explain` on the latter's decoder (the int4 rule refuses weight_prepacked).
+    # built in); `fuse --explain` on the latter's decoder (the int4 rule refuses weight_prepacked). PP2=0: not the latter.
     export PYTHONPATH=/root/ortsite:/root/genai:$PWD
     rm -rf /root/int4-fpa && mkdir -p /root/int4-fpa && for f in /root/int4/*; do ln "$f" /root/int4-fpa/; done
     rm /root/int4-fpa/genai_config.json
@@ -293,6 +293,7 @@ c = json.load(open("/root/int4/genai_config.json"))
 c["model"]["decoder"]["session_options"]["ep.cuda.fpa_intb_gemm"] = "1"
 json.dump(c, open("/root/int4-fpa/genai_config.json", "w"), indent=4)
 PY
+    [ "${PP2:-1}" = 0 ] && exit 0  # PP2=0: the fpA_intB folder only
     pp=/root/int4-b${PPBLOCK:-128}-pp2
     [ -f "$pp/genai_config.json" ] || python3 -m onnxfuse export hf /root/ckpt7b -o "$pp" --dtype int4 --provider cuda \
       --block-size "${PPBLOCK:-128}" --extra-options matmulnbits_weights_prepacked=2 --no-fuse --force \

@@ -4,11 +4,13 @@
 // on a Llama-2-7B layer's projections; cudaEvent time per run, the median of 7 batches of 10 (plain launches, no
 // graph). First a check on small ragged shapes in fp16 and bf16 against the dequantization + cuBLAS path (max |d| /
 // max |ref|), then the timings with each form's best tile rows (64 or 128) and K split (1-8) at each size. A program,
-// not the CLI. Build (CUDA 12.8+, from the repository root) and run on the GPU machine:
+// not the CLI. The sm_90a form (cuda/sm90a/int4_rows_wgmma.cu, "wg" tiles) is timed and checked beside it where
+// the device is 9.0. Build (CUDA 12.8+, from the repository root) and run on the GPU machine:
 //   python -m onnxfuse.kernels.ops_header > /tmp/onnxfuse_ops.h
-//   nvcc -std=c++17 -O3 -gencode=arch=compute_90,code=sm_90 -I onnxfuse/kernels -I onnxfuse/kernels/cuda -I /tmp \
-//        scripts/int4_gemm_rows_probe.cu onnxfuse/kernels/cuda/gemm.cu -o /tmp/int4_gemm_rows_probe -ldl
-//   LD_LIBRARY_PATH=<libcublasLt's folder> /tmp/int4_gemm_rows_probe [ROWS,ROWS,...] [BLOCK,BLOCK,...]
+//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DONNXFUSE_WITH_SM90A -I onnxfuse/kernels \
+//        -I onnxfuse/kernels/cuda -I /tmp scripts/int4_gemm_rows_probe.cu onnxfuse/kernels/cuda/gemm.cu \
+//        onnxfuse/kernels/cuda/sm90a/int4_rows_wgmma.cu -o /tmp/int4_gemm_rows_probe -ldl
+//   LD_LIBRARY_PATH=<libcublasLt's folder> /tmp/int4_gemm_rows_probe [ROWS,ROWS,...] [BLOCK,BLOCK,...] [variants [V]]
 #include "cuda/int4_linear.cu"  // the nvcc half in this TU: Int4MmaGemm, RowsPlanFor, Dequantize, Geometry
 
 #include <cuda_bf16.h>
@@ -100,6 +102,13 @@ int LaunchVariant(const __half* x, const Int4Weights& wt, __half* y, int64_t m, 
   return int(cudaGetLastError());
 }
 
+// The library's sm_90a form (cuda/sm90a/int4_rows_wgmma.cu) at BM rows, fp16, blocks of 32.
+template <int BM>
+int LaunchWg(const __half* x, const Int4Weights& wt, __half* y, int64_t m, int64_t k, int64_t n, float* part,
+             int splits, cudaStream_t s) {
+  return LaunchMmaGemm<__half>(x, wt, y, n, m, k, n, part, BM, splits, true, s);
+}
+
 int main(int argc, char** argv) {
   const std::vector<int64_t> rows = List(argc > 1 ? argv[1] : nullptr, {17, 32, 64, 128, 256, 512});
   const std::vector<int64_t> blocks = List(argc > 2 ? argv[2] : nullptr, {32, 128});
@@ -133,13 +142,16 @@ int main(int argc, char** argv) {
     g.trans_w = true;
     return ock::Gemm(g, b.ws, ONNXFUSE_CUBLASLT_WORKSPACE_BYTES, s);
   };
-  auto mma_gemm = [&](int dtype, const Int4Weights& wt, int64_t M, int64_t K, int64_t N, int bm, int splits) {
+  auto mma_gemm = [&](int dtype, const Int4Weights& wt, int64_t M, int64_t K, int64_t N, int bm, int splits,
+                      bool wgmma = false) {
     if (dtype == ONNXFUSE_FP16)
       return LaunchMmaGemm<__half>(static_cast<const __half*>(b.x), wt, static_cast<__half*>(b.y), N, M, K, N, b.part,
-                                   bm, splits, s);
+                                   bm, splits, wgmma, s);
     return LaunchMmaGemm<__nv_bfloat16>(static_cast<const __nv_bfloat16*>(b.x), wt, static_cast<__nv_bfloat16*>(b.y), N,
-                                        M, K, N, b.part, bm, splits, s);
+                                        M, K, N, b.part, bm, splits, wgmma, s);
   };
+  const bool wg = WgmmaRows(100, 32);  // the sm_90a form is built and this is a 9.0 device
+  printf("sm_90a rows form: %s\n", wg ? "yes" : "no");
   auto fill = [&](int dtype, int64_t M, int64_t K, int64_t N, int64_t block, float sscale) {
     Fill<<<1024, 256>>>(b.wq, N * K / 2, 1);
     FillHalf<<<1024, 256>>>(static_cast<__half*>(b.sc), N * (K / block), sscale, 2);
@@ -177,19 +189,21 @@ int main(int argc, char** argv) {
       fill(dtype, c.m, c.k, c.n, c.block, 0.01f);
       const Int4Weights wt = Geometry(b.wq, b.sc, nullptr, nullptr, nullptr, nullptr, c.k, c.block);
       int err = ref_path(dtype, wt, b.yr, c.m, c.k, c.n);
-      for (int bm : {324, 644, 964})
+      for (int form : {32, 64, 96, 1096, 1128})  // 1000 + bm: the sm_90a form (blocks of 32)
         for (int splits : {1, 3}) {
+          if (form > 1000 && (!wg || c.block != 32)) continue;
+          const int bm = form % 1000;
           cudaMemset(b.y, 0xFF, c.m * c.n * 2);
-          err |= mma_gemm(dtype, wt, c.m, c.k, c.n, bm, splits);
+          err |= mma_gemm(dtype, wt, c.m, c.k, c.n, bm, splits, form > 1000);
           cudaStreamSynchronize(s);
           bool nf = false;
           const double d = dtype == ONNXFUSE_FP16 ? RelDiff<__half>(b.y, b.yr, c.m * c.n, &nf)
                                                   : RelDiff<__nv_bfloat16>(b.y, b.yr, c.m * c.n, &nf);
           const bool ok = err == 0 && !nf && d < (dtype == ONNXFUSE_FP16 ? 2e-3 : 1.6e-2);
           bad += !ok;
-          printf("check %s m %4ld k %5ld n %5ld block %3ld tile %4d splits %d: rel %.3g%s%s\n",
-                 dtype == ONNXFUSE_FP16 ? "fp16" : "bf16", long(c.m), long(c.k), long(c.n), long(c.block), bm, splits,
-                 d, nf ? " NONFINITE" : "", ok ? "" : "  FAIL");
+          printf("check %s m %4ld k %5ld n %5ld block %3ld tile %s%d splits %d: rel %.3g%s%s\n",
+                 dtype == ONNXFUSE_FP16 ? "fp16" : "bf16", long(c.m), long(c.k), long(c.n), long(c.block),
+                 form > 1000 ? "wg" : "", bm, splits, d, nf ? " NONFINITE" : "", ok ? "" : "  FAIL");
         }
     }
   printf("checks: %s\n", bad ? "FAILED" : "passed");
@@ -216,24 +230,29 @@ int main(int argc, char** argv) {
     struct V {
       const char* name;
       int (*fn)(const __half*, const Int4Weights&, __half*, int64_t, int64_t, int64_t, float*, int, cudaStream_t);
-    } vars[] = {{"64x128w4s4", LaunchVariant<64, 128, 4, 4>}, {"64x256w4s4", LaunchVariant<64, 256, 4, 4>},
-                {"64x128w4s3", LaunchVariant<64, 128, 4, 3>}, {"64x256w4s3", LaunchVariant<64, 256, 4, 3>},
-                {"32x256w4s4", LaunchVariant<32, 256, 4, 4>}, {"32x128w4s4", LaunchVariant<32, 128, 4, 4>},
-                {"96x128w4s4", LaunchVariant<96, 128, 4, 4>}};
+    } all_vars[] = {{"32s4", LaunchVariant<32, 128, 4, 4>},
+                    {"64s4", LaunchVariant<64, 128, 4, 4>},
+                    {"96s4", LaunchVariant<96, 128, 4, 4>},
+                    {"wg96", LaunchWg<96>},
+                    {"wg128", LaunchWg<128>}};
+    std::vector<V> vars;  // a fourth argument keeps one variant (for Nsight Compute)
+    for (const V& v : all_vars)
+      if (argc <= 4 || std::string(argv[4]) == v.name) vars.push_back(v);
     struct P {
       const char* name;
       int64_t k, n;
     } projs[] = {{"qkv", 4096, 12288}, {"o", 4096, 4096}, {"gate", 4096, 11008}, {"down", 11008, 4096}};
     for (int64_t M : rows) {
-      std::vector<double> layer(sizeof(vars) / sizeof(vars[0]), 0.0);
+      std::vector<double> layer(vars.size(), 0.0);
       double rule_layer = 0;
       for (const P& p : projs) {
         fill(ONNXFUSE_FP16, M, p.k, p.n, 32, 0.01f);
         const Int4Weights wt = Geometry(b.wq, b.sc, nullptr, nullptr, nullptr, nullptr, p.k, 32);
         ref_path(ONNXFUSE_FP16, wt, b.yr, M, p.k, p.n);
         const int times = std::string(p.name) == "gate" ? 2 : 1;
-        const RowsPlan plan = RowsPlanFor(M, p.k, p.n);
-        const float tr = time_us([&] { return mma_gemm(ONNXFUSE_FP16, wt, M, p.k, p.n, plan.tile, plan.splits); });
+        const RowsPlan plan = RowsPlanFor(M, p.k, p.n, 32);
+        const float tr =
+            time_us([&] { return mma_gemm(ONNXFUSE_FP16, wt, M, p.k, p.n, plan.bm, plan.splits, plan.wgmma); });
         rule_layer += times * tr;
         printf("M %4ld %-5s rule %.1f |", long(M), p.name, tr);
         for (size_t v = 0; v < layer.size(); ++v) {
@@ -280,27 +299,29 @@ int main(int argc, char** argv) {
         float best = 1e30f;
         int best_bm = 0, best_split = 0;
         std::string all;
-        for (int bm : {324, 644, 964}) {
-          if ((bm >= 960 && M <= 64) || (bm == 324 && M > 64)) continue;
+        for (int form : {32, 64, 96, 1096, 1128}) {  // 1000 + bm: the sm_90a form
+          const int bm = form % 1000;
+          if ((bm >= 96 && M <= 64) || (bm == 32 && M > 64) || (form > 1000 && (!wg || block != 32))) continue;
           for (int splits : {1, 2, 3, 4, 6, 8, 12, 16}) {
-            const float t = time_us([&] { return mma_gemm(dtype, wt, M, p.k, p.n, bm, splits); });
+            const float t = time_us([&] { return mma_gemm(dtype, wt, M, p.k, p.n, bm, splits, form > 1000); });
             char buf[48];
-            snprintf(buf, sizeof buf, " %d/%d:%.1f", bm, splits, t);
+            snprintf(buf, sizeof buf, " %s%d/%d:%.1f", form > 1000 ? "wg" : "", bm, splits, t);
             all += buf;
-            if (t > 0 && t < best) best = t, best_bm = bm, best_split = splits;
+            if (t > 0 && t < best) best = t, best_bm = form, best_split = splits;
           }
         }
-        const RowsPlan plan = RowsPlanFor(M, p.k, p.n);
-        const float t_rule = time_us([&] { return mma_gemm(dtype, wt, M, p.k, p.n, plan.tile, plan.splits); });
+        const RowsPlan plan = RowsPlanFor(M, p.k, p.n, block);
+        const float t_rule =
+            time_us([&] { return mma_gemm(dtype, wt, M, p.k, p.n, plan.bm, plan.splits, plan.wgmma); });
         char rb[64];
-        snprintf(rb, sizeof rb, " rule %d/%d:%.1f", plan.tile, plan.splits, t_rule);
+        snprintf(rb, sizeof rb, " rule %s%d/%d:%.1f", plan.wgmma ? "wg" : "", plan.bm, plan.splits, t_rule);
         all += rb;
         sum_rule += (std::string(p.name) == "gate" ? 2 : 1) * t_rule;
         if (best_split == 0) {
           printf("block %ld M %ld %s: every Int4MmaGemm launch failed\n", long(block), long(M), p.name);
           return 1;
         }
-        mma_gemm(dtype, wt, M, p.k, p.n, best_bm, best_split);
+        mma_gemm(dtype, wt, M, p.k, p.n, best_bm % 1000, best_split, best_bm > 1000);
         cudaStreamSynchronize(s);
         bool nf = false;
         const double d = RelDiff<__half>(b.y, b.yr, M * p.n, &nf);

@@ -55,8 +55,8 @@ def aot_module():
     return sys.modules[name]
 # What the build reads from this folder. pyproject.toml's package-data must ship every one of these (a test checks).
 SOURCE_GLOBS = ("*.cc", "*.h", "cpu/*.cc", "cpu/*.h", "common/*.h", "cuda/*.cc", "cuda/*.h", "cuda/*.cu",
-                "cuda/cutlass/*.cu", "cuda/triton/*.cc", "cuda/triton/*.h", "cuda/*.cmake", "CMakeLists.txt",
-                "exports.map", "triton/*.py", "triton/*.json", "ops_header.py")
+                "cuda/cutlass/*.cu", "cuda/sm90a/*.cu", "cuda/triton/*.cc", "cuda/triton/*.h", "cuda/*.cmake",
+                "CMakeLists.txt", "exports.map", "triton/*.py", "triton/*.json", "ops_header.py")
 # Sources only the CUDA/Triton build compiles; a CPU-only build's key ignores them so edits there do not rebuild it.
 _GPU_ONLY = ("cuda/", "triton/")
 

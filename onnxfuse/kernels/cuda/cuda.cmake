@@ -145,6 +145,27 @@ if(ONNXFUSE_CUTLASS_DIR AND "90" IN_LIST ONNXFUSE_CUDA_ARCHS)
   add_dependencies(onnxfuse_cuda onnxfuse_cutlass)
 endif()
 
+# The hand-written sm_90a kernels (cuda/sm90a/*.cu: the int4 rows path's wgmma form) where 90 is among the archs:
+# their own target, compiled for sm_90a alone (wgmma has no PTX for other GPUs; the callers check for a 9.0 device).
+# int4_linear.cu calls them under ONNXFUSE_WITH_SM90A.
+if("90" IN_LIST ONNXFUSE_CUDA_ARCHS)
+  file(GLOB _onnxfuse_sm90a_sources CONFIGURE_DEPENDS "${_onnxfuse_cuda_dir}/sm90a/*.cu")
+  add_library(onnxfuse_sm90a OBJECT ${_onnxfuse_sm90a_sources})
+  onnxfuse_kernel_target(onnxfuse_sm90a)
+  set_target_properties(onnxfuse_sm90a PROPERTIES
+    CUDA_ARCHITECTURES OFF
+    CUDA_STANDARD 17
+    CUDA_STANDARD_REQUIRED ON
+    CUDA_VISIBILITY_PRESET hidden)
+  target_compile_options(onnxfuse_sm90a PRIVATE
+    $<$<COMPILE_LANGUAGE:CUDA>:-O3 -gencode=arch=compute_90a,code=sm_90a -Xptxas=-warn-spills
+    -Xcompiler=-fvisibility=hidden>)
+  target_include_directories(onnxfuse_sm90a PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+  target_compile_definitions(onnxfuse_cuda PRIVATE ONNXFUSE_WITH_SM90A)
+  target_sources(onnxfuse_ops PRIVATE $<TARGET_OBJECTS:onnxfuse_sm90a>)
+  add_dependencies(onnxfuse_cuda onnxfuse_sm90a)
+endif()
+
 target_sources(onnxfuse_ops PRIVATE $<TARGET_OBJECTS:onnxfuse_cuda>)
 # The link pulls in CUDA objects: no device link (no -rdc), the static runtime, and no arch probing.
 set_target_properties(onnxfuse_ops PROPERTIES CUDA_ARCHITECTURES OFF CUDA_RUNTIME_LIBRARY Static)

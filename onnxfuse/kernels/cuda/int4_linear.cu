@@ -10,13 +10,15 @@ extern "C" {
 // One fp16 row with symmetric weights in blocks of 32 or more dividing K: the one-row GEMV (Int4RowGemv below). Up to
 // ONNXFUSE_INT4_GEMV_MAX_M rows: a
 // GEMV that streams the packed weights once and dequantizes them in registers (Int4Gemv below; fp16 and bf16 on
-// tensor cores instead: Int4Mma from kMmaMinRows rows (bf16: one), its common form Int4MmaFast from one); past them on
-// an sm_90 GPU, without zero points, with a block of 64 or more dividing K, fp16 or bf16 and N a multiple of 8
-// (MixedPath below): CUTLASS's mixed-input GEMM, which dequantizes the weight tiles in registers inside its main loop
-// (cuda/cutlass/int4_mixed_gemm.cu; the scales transposed into scratch first); otherwise the weights dequantized into
-// scratch as W^T [n, k], then one cuBLASLt GEMM that transposes them.
-// `aligned`: X, Wq, the scales, the zero points and Y all 16-byte aligned; `zero_points`: the node has them (both
-// decide whether the sm_90 path below runs).
+// tensor cores instead: Int4Mma from kMmaMinRows rows (bf16: one), its common form Int4MmaFast from one); past them to
+// 128 rows with symmetric weights, K a multiple of 64 (RowsPath below): a GEMM that dequantizes each weight word in
+// registers once a block (Int4MmaGemm; on a 9.0 device from 65 rows in blocks of 32 its wgmma form,
+// cuda/sm90a/int4_rows_wgmma.cu); past them on an sm_90 GPU, without zero points, with a block of 64 or more dividing
+// K, fp16 or bf16 and N a multiple of 8 (MixedPath below): CUTLASS's mixed-input GEMM, which dequantizes the weight
+// tiles in registers inside its main loop (cuda/cutlass/int4_mixed_gemm.cu; the scales transposed into scratch first);
+// otherwise the weights dequantized into scratch as W^T [n, k], then one cuBLASLt GEMM that transposes them. `aligned`:
+// X, Wq, the scales, the zero points and Y all 16-byte aligned; `zero_points`: the node has them (both decide whether
+// the sm_90 path below runs).
 int64_t onnxfuse_cuda_int4_linear_scratch_bytes(int dtype, int64_t m, int64_t k, int64_t n, int64_t block, int aligned,
                                                 int zero_points);
 // Whether the CUDA backend runs these sizes on the sm_90 mixed-input GEMM (both ops; backend=auto then takes it).
@@ -97,11 +99,19 @@ static inline bool Int4BlockOk(int64_t block) { return block >= 16 && block <= 2
 
 #include "common/gate_act.h"
 #include "gemm.h"
+#include "cp_async.h"
 #include "mma.h"
 
 namespace ock = onnxfuse::cuda_kernels;
 
 namespace {
+
+using ock::AndOr;
+using ock::CpAsync16;
+using ock::CpAsync8;
+using ock::CpAsyncCommit;
+using ock::CpAsyncWait;
+using ock::LdShared32;
 
 constexpr int kWarps = 8;  // warps per block of the GEMV
 
@@ -132,13 +142,6 @@ constexpr int kCols = 2;
 // The 8 nibbles of a word as half2 (q - z) pairs (q_i, q_{i+4}), exactly, with one shift: FasterTransformer's trick
 // (0x6400 | q is the half 1024 + q; a nibble in bits 4-7 gives 1024 + 16 q, scaled back by an fma with 1/16). z the
 // zero point (8: symmetric), exact in fp16 as 1024 + z and 64 + z.
-// (a & mask) | magic in one instruction: lop3 with the look-up table (0xf0 & 0xcc) | 0xaa (the compiler's own form,
-// an and then an or with two immediates, takes two)
-__device__ __forceinline__ uint32_t AndOr(uint32_t a, uint32_t mask, uint32_t magic) {
-  uint32_t r;
-  asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(r) : "r"(a), "r"(mask), "r"(magic));
-  return r;
-}
 __device__ __forceinline__ void CentredHalf2(uint32_t word, __half2 d[4], int z) {
   const uint32_t top = word >> 8;
   const uint32_t h0 = AndOr(word, 0x000F000Fu, 0x64006400u), h1 = AndOr(word, 0x00F000F0u, 0x64006400u);
@@ -832,32 +835,6 @@ __device__ __forceinline__ void XPairs(const T* __restrict__ row, int k, int K, 
   p[3] = __byte_perm(u.y, u.w, 0x7632);
 }
 
-// cp.async: 16 (or 8) bytes from global into shared memory without passing through registers; pred false zero-fills.
-// (dst: a shared-memory address, as __cvta_generic_to_shared gives it, or a generic pointer into shared memory)
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool pred) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(pred ? 16 : 0));
-}
-__device__ __forceinline__ void CpAsync8(uint32_t dst, const void* src, bool pred) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(pred ? 8 : 0));
-}
-__device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool pred) {
-  CpAsync16(uint32_t(__cvta_generic_to_shared(dst)), src, pred);
-}
-__device__ __forceinline__ void CpAsync8(void* dst, const void* src, bool pred) {
-  CpAsync8(uint32_t(__cvta_generic_to_shared(dst)), src, pred);
-}
-// A 4-byte shared-memory load that stays after the cp.async wait before it (both volatile asm).
-__device__ __forceinline__ uint32_t LdShared32(uint32_t addr) {
-  uint32_t v;
-  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
-  return v;
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 // A step's X for one row, lane t's four words: word i holds values k0 + 32 i .. + 7 (k0 = 128 step + 8 t; `at` is the
 // row's value k0), as the pairs XPairs gives. Where the row allows 16-byte loads of the whole step (the usual case) the
 // four loads issue together, without a branch between them: each load of the warp reads 64 contiguous bytes of each
@@ -1247,20 +1224,6 @@ __global__ void __launch_bounds__(WARPS * 32, (ROWS16 ? 16 : 32) / WARPS)
 // conflict-free: a weight row's two 16-byte chunks swap where (row / 4) is odd, an X row's chunk index flips bit 2
 // where the row is odd. The fragments are plain loads and the mma a non-volatile asm, so that the compiler may issue
 // a chunk's loads while the chunk before it multiplies.
-template <typename T>
-__device__ __forceinline__ void MmaSyncSched(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __half>)
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  else
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 template <typename T, int BM, int BN, int WN, int STAGES, int SPB, bool SPLIT>
 __global__ void __launch_bounds__(128)
     Int4MmaGemm(const T* __restrict__ x, const uint8_t* __restrict__ wq, const T* __restrict__ scales,
@@ -1361,8 +1324,8 @@ __global__ void __launch_bounds__(128)
                        x2 = __byte_perm(u.y, u.w, 0x5410), x3 = __byte_perm(u.y, u.w, 0x7632);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          MmaSyncSched<T>(acc[mt][nt], a[mt][0], x0, x1);
-          MmaSyncSched<T>(acc[mt][nt], a[mt][1], x2, x3);
+          ock::MmaSyncSched<T>(acc[mt][nt], a[mt][0], x0, x1);
+          ock::MmaSyncSched<T>(acc[mt][nt], a[mt][1], x2, x3);
         }
       }
     }
@@ -1785,19 +1748,41 @@ int LaunchMmaFast(const void* x, const Int4Weights& wt, int act, void* y, int64_
   return by_block(std::integral_constant<int, 8>{});
 }
 
-// Int4MmaGemm's launch: BM rows a block (32, 64 or 96) on WN (4) warps along N, K split `splits` ways (fp32
-// partials in `part`, [splits][m][n], then Int4SplitSum; 1: Y written directly). Symmetric weights, K a multiple of 64,
-// blocks of 32 or more (RowsPath). tile: BM * 10 + WN.
+#ifdef ONNXFUSE_WITH_SM90A
+extern "C" int onnxfuse_sm90a_int4_rows_gemm(int dtype, const void* x, const uint8_t* wq, const void* scales, void* y,
+                                             float* part, int64_t ldy, int64_t m, int64_t k, int64_t n, int64_t nb,
+                                             int64_t row_bytes, int bm, int splits, int per, cudaStream_t s);
+#endif
+
+// Int4MmaGemm's launch: bm rows a block (32, 64 or 96) on 4 warps along N, K split `splits` ways (fp32 partials in
+// `part`, [splits][m][n], then Int4SplitSum; 1: Y written directly). Symmetric weights, K a multiple of 64, blocks of
+// 32 or more (RowsPath). wgmma: the sm_90a form instead (cuda/sm90a/int4_rows_wgmma.cu: blocks of 32, bm 96 or 128).
 constexpr int kGemmBN = 128, kGemmStages = 4;
 template <typename T>
 int LaunchMmaGemm(const T* x, const Int4Weights& wt, T* y, int64_t ldy, int64_t m, int64_t k, int64_t n, float* part,
-                  int tile, int splits, cudaStream_t s) {
+                  int bm, int splits, bool wgmma, cudaStream_t s) {
   const int steps = int(k / 64);
-  if (steps < 1 || splits < 1) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (steps < 1 || splits < 1 || bm < 1) return ONNXFUSE_ERR_BAD_ARGUMENT;
   const int per = (steps + splits - 1) / splits;
   splits = (steps + per - 1) / per;
   if (splits > 1 && part == nullptr) return ONNXFUSE_ERR_BAD_ARGUMENT;
-  const int bm = tile / 10;
+  auto sum = [&](int err) {
+    if (err || splits == 1) return err;
+    const int64_t sum_blocks = Blocks(m * n, 256);
+    Int4SplitSum<T>
+        <<<unsigned(sum_blocks < 1024 ? sum_blocks : 1024), 256, 0, s>>>(part, y, int(ldy), int(m), int(n), splits);
+    return int(cudaGetLastError());
+  };
+  if (wgmma) {
+#ifdef ONNXFUSE_WITH_SM90A
+    if (wt.lb != 5) return ONNXFUSE_ERR_BAD_ARGUMENT;
+    return sum(onnxfuse_sm90a_int4_rows_gemm(std::is_same_v<T, __half> ? ONNXFUSE_FP16 : ONNXFUSE_BF16, x, wt.wq,
+                                             wt.scales, y, part, ldy, m, k, n, wt.nb, wt.row_bytes, bm, splits, per,
+                                             s));
+#else
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
+#endif
+  }
   const dim3 grid(unsigned((n + kGemmBN - 1) / kGemmBN), unsigned((m + bm - 1) / bm), unsigned(splits));
   auto launch = [&](auto kernel, int bmv) {
     const size_t smem = size_t(kGemmStages) * (kGemmBN * 32 + bmv * 128);
@@ -1811,12 +1796,12 @@ int LaunchMmaGemm(const T* x, const Int4Weights& wt, T* y, int64_t ldy, int64_t 
   auto by_tile = [&](auto spb, auto split) {
     constexpr int SPB = decltype(spb)::value;
     constexpr bool SPLIT = decltype(split)::value;
-    switch (tile) {
-      case 324:
+    switch (bm) {
+      case 32:
         return launch(Int4MmaGemm<T, 32, kGemmBN, 4, kGemmStages, SPB, SPLIT>, 32);
-      case 644:
+      case 64:
         return launch(Int4MmaGemm<T, 64, kGemmBN, 4, kGemmStages, SPB, SPLIT>, 64);
-      case 964:
+      case 96:
         return launch(Int4MmaGemm<T, 96, kGemmBN, 4, kGemmStages, SPB, SPLIT>, 96);
       default:
         return int(ONNXFUSE_ERR_BAD_ARGUMENT);
@@ -1825,12 +1810,7 @@ int LaunchMmaGemm(const T* x, const Int4Weights& wt, T* y, int64_t ldy, int64_t 
   auto by_split = [&](auto spb) {
     return splits > 1 ? by_tile(spb, std::true_type{}) : by_tile(spb, std::false_type{});
   };
-  int err = wt.lb == 5 ? by_split(std::integral_constant<int, 2>{}) : by_split(std::integral_constant<int, 1>{});
-  if (err || splits == 1) return err;
-  const int64_t sum_blocks = Blocks(m * n, 256);
-  Int4SplitSum<T>
-      <<<unsigned(sum_blocks < 1024 ? sum_blocks : 1024), 256, 0, s>>>(part, y, int(ldy), int(m), int(n), splits);
-  return int(cudaGetLastError());
+  return sum(wt.lb == 5 ? by_split(std::integral_constant<int, 2>{}) : by_split(std::integral_constant<int, 1>{}));
 }
 
 // Up to ONNXFUSE_INT4_GEMV_MAX_M rows, both ops: the GEMV by rows, or the byte-loading kernel for packed weights that
@@ -2004,40 +1984,71 @@ bool RowsPath(int dtype, int64_t m, int64_t k, int64_t n, int64_t block, int ali
 // gemm-rows-probe-variants.txt), past 96 two or more of 64 (at 112 and 128 rows 259.0 and 264.8 us, one tile of 128
 // 271.0 and 278.9: gemm-rows-probe.txt, -r2.txt); K split so that the grid is about three blocks an SM (the kernel
 // holds two to four an SM), the split count one of 1, 2, 3, 4, 6, 8, 12, 16 (5 measured slow: a 7B gate at 64 rows
-// 39.2 us against 34.6 at 4) and at least 4 steps of 64 a split.
+// 39.2 us against 34.6 at 4) and at least 4 steps of 64 a split. On a 9.0 device with the sm_90a form built, blocks
+// of 32 from 65 rows take that form instead (WgmmaRows), one row tile of 96 or 128 rows, the split the largest (to 8)
+// whose grid stays within one wave: two blocks an SM on 96-row tiles, one on 128 (a 7B layer's best splits on 96-row
+// tiles: qkv's 96 column tiles 2-4, gate's 86 3, o's and down's 32 8; on 128-row tiles 1, 1, 4, 4, where a grid past
+// the wave measured up to 1.3x slower: gemm-rows-probe-wgmma.txt).
 struct RowsPlan {
-  int tile, splits;
+  int bm, splits;
+  bool wgmma;
 };
-RowsPlan RowsPlanFor(int64_t m, int64_t k, int64_t n) {
+
+bool WgmmaRows(int64_t m, int64_t block) {
+#ifdef ONNXFUSE_WITH_SM90A
+  if (m <= 64 || m > 128 || block != 32) return false;
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+    return false;
+  return major == 9 && minor == 0;
+#else
+  (void)m, (void)block;
+  return false;
+#endif
+}
+
+RowsPlan RowsPlanFor(int64_t m, int64_t k, int64_t n, int64_t block) {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) device = 0;
-  const int64_t sms = onnxfuse_cuda_sm_count(device);
-  const int64_t bm = m <= 96 ? (m + 31) / 32 * 32 : 64;
-  const int64_t tiles = ((n + kGemmBN - 1) / kGemmBN) * ((m + bm - 1) / bm);
-  const double ideal = 3.0 * double(sms > 0 ? sms : 132) / double(tiles);
+  const int64_t sms0 = onnxfuse_cuda_sm_count(device), sms = sms0 > 0 ? sms0 : 132;
   const int64_t most = std::max<int64_t>(1, k / 256);
+  const int64_t col_tiles = (n + kGemmBN - 1) / kGemmBN;
+  if (WgmmaRows(m, block)) {
+    const int64_t bm = m <= 96 ? 96 : 128, slots = (bm == 96 ? 2 : 1) * sms;
+    int64_t splits = 1;
+    for (int64_t c : {2, 3, 4, 6, 8})
+      if (c <= most && col_tiles * c <= slots) splits = c;
+    return {int(bm), int(splits), true};
+  }
+  const int64_t bm = m <= 96 ? (m + 31) / 32 * 32 : 64;
+  const int64_t tiles = col_tiles * ((m + bm - 1) / bm);
+  const double ideal = 3.0 * double(sms) / double(tiles);
   int64_t splits = 1;
   for (int64_t c : {1, 2, 3, 4, 6, 8, 12, 16})
     if (c <= most && std::abs(double(c) - ideal) < std::abs(double(splits) - ideal)) splits = c;
-  return {int(bm * 10 + 4), int(splits)};
+  return {int(bm), int(splits), false};
 }
 
-int64_t RowsScratch(int64_t m, int64_t k, int64_t n) {
-  const RowsPlan p = RowsPlanFor(m, k, n);
+int64_t RowsScratch(int64_t m, int64_t k, int64_t n, int64_t block) {
+  const RowsPlan p = RowsPlanFor(m, k, n, block);
   return p.splits > 1 ? ock::Align256(int64_t(p.splits) * m * n * 4) : 0;
 }
 
 // Y [m, ldy] = X @ W^T on the rows path, its K split's partials in `scratch`.
 int RowsGemm(int dtype, const void* x, const Int4Weights& wt, void* y, int64_t ldy, int64_t m, int64_t k, int64_t n,
              void* scratch, int64_t scratch_bytes, cudaStream_t s) {
-  const RowsPlan p = RowsPlanFor(m, k, n);
-  if (p.splits > 1 && (scratch == nullptr || scratch_bytes < RowsScratch(m, k, n))) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  const int64_t block = int64_t(1) << wt.lb;
+  const RowsPlan p = RowsPlanFor(m, k, n, block);
+  if (p.splits > 1 && (scratch == nullptr || scratch_bytes < RowsScratch(m, k, n, block)))
+    return ONNXFUSE_ERR_BAD_ARGUMENT;
   float* part = static_cast<float*>(scratch);
   if (dtype == ONNXFUSE_FP16)
-    return LaunchMmaGemm<__half>(static_cast<const __half*>(x), wt, static_cast<__half*>(y), ldy, m, k, n, part, p.tile,
-                                 p.splits, s);
+    return LaunchMmaGemm<__half>(static_cast<const __half*>(x), wt, static_cast<__half*>(y), ldy, m, k, n, part, p.bm,
+                                 p.splits, p.wgmma, s);
   return LaunchMmaGemm<__nv_bfloat16>(static_cast<const __nv_bfloat16*>(x), wt, static_cast<__nv_bfloat16*>(y), ldy, m,
-                                      k, n, part, p.tile, p.splits, s);
+                                      k, n, part, p.bm, p.splits, p.wgmma, s);
 }
 
 }  // namespace
@@ -2052,7 +2063,7 @@ extern "C" int64_t onnxfuse_cuda_int4_linear_scratch_bytes(int dtype, int64_t m,
                                                            int aligned, int zero_points) {
   if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || m < 0 || k < 0 || n < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
   if (m <= ONNXFUSE_INT4_GEMV_MAX_M) return 0;
-  if (RowsPath(dtype, m, k, n, block, aligned, zero_points != 0)) return RowsScratch(m, k, n);
+  if (RowsPath(dtype, m, k, n, block, aligned, zero_points != 0)) return RowsScratch(m, k, n, block);
   if (MixedPath(dtype, m, k, n, block, aligned, zero_points != 0)) return MixedScratch(dtype, m, k, n, block);
   return ock::Align256(k * n * ock::ElemBytes(dtype)) + ONNXFUSE_CUBLASLT_WORKSPACE_BYTES;
 }
@@ -2091,7 +2102,7 @@ extern "C" int64_t onnxfuse_cuda_int4_swiglu_scratch_bytes(int dtype, int64_t m,
   if (dtype < ONNXFUSE_FP32 || dtype > ONNXFUSE_BF16 || m < 0 || k < 0 || n < 0) return ONNXFUSE_ERR_BAD_ARGUMENT;
   if (m <= ONNXFUSE_INT4_GEMV_MAX_M) return 0;
   const int64_t z = ock::Align256(2 * m * n * ock::ElemBytes(dtype));
-  if (RowsPath(dtype, m, k, n, block, aligned, zero_points != 0)) return z + RowsScratch(m, k, n);
+  if (RowsPath(dtype, m, k, n, block, aligned, zero_points != 0)) return z + RowsScratch(m, k, n, block);
   if (MixedPath(dtype, m, k, n, block, aligned, zero_points != 0)) return z + MixedScratch(dtype, m, k, n, block);
   return z + ock::Align256(2 * k * n * ock::ElemBytes(dtype)) + ONNXFUSE_CUBLASLT_WORKSPACE_BYTES;
 }
