@@ -11,6 +11,8 @@
 //        -I onnxfuse/kernels/cuda -I /tmp scripts/int4_gemm_rows_probe.cu onnxfuse/kernels/cuda/gemm.cu \
 //        onnxfuse/kernels/cuda/sm90a/int4_rows_wgmma.cu -o /tmp/int4_gemm_rows_probe -ldl
 //   LD_LIBRARY_PATH=<libcublasLt's folder> /tmp/int4_gemm_rows_probe [ROWS,ROWS,...] [BLOCK,BLOCK,...] [variants [V]]
+// With -DWS_PROBE (and without the separate sm_90a source: it is included here) the variants add the warp-specialised
+// form of scripts/int4_wgmma_ws_probe.cuh (-I scripts).
 #include "cuda/int4_linear.cu"  // the nvcc half in this TU: Int4MmaGemm, RowsPlanFor, Dequantize, Geometry
 
 #include <cuda_bf16.h>
@@ -24,6 +26,10 @@
 #include <vector>
 
 #include "int4_probe_fill.cuh"
+#ifdef WS_PROBE  // the warp-specialised probe form (scripts/int4_wgmma_ws_probe.cuh), with the library's sm_90a TU here
+#include "cuda/sm90a/int4_rows_wgmma.cu"
+#include "int4_wgmma_ws_probe.cuh"
+#endif
 
 namespace {
 
@@ -108,6 +114,28 @@ int LaunchWg(const __half* x, const Int4Weights& wt, __half* y, int64_t m, int64
              int splits, cudaStream_t s) {
   return LaunchMmaGemm<__half>(x, wt, y, n, m, k, n, part, BM, splits, true, s);
 }
+
+#ifdef WS_PROBE
+template <int BM, int STAGES>
+int LaunchWs(const __half* x, const Int4Weights& wt, __half* y, int64_t m, int64_t k, int64_t n, float* part,
+             int splits, cudaStream_t s) {
+  const int steps = int(k / 64), per = (steps + splits - 1) / splits;
+  splits = (steps + per - 1) / per;
+  const dim3 grid(unsigned((n + 127) / 128), unsigned((m + BM - 1) / BM), unsigned(splits));
+  const size_t smem = size_t(STAGES) * (BM * 128 + 128 * 32) + 2 * 128 * 128 + 1024;
+  auto launch = [&](auto kernel) {
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    kernel<<<grid, 384, smem, s>>>(x, wt.wq, static_cast<const __half*>(wt.scales), y, part, int(n), int(m), int(k),
+                                   int(n), int(wt.nb), int(wt.row_bytes), per);
+    return int(cudaGetLastError());
+  };
+  int err =
+      splits > 1 ? launch(ws_probe::Int4WgmmaWs<BM, STAGES, true>) : launch(ws_probe::Int4WgmmaWs<BM, STAGES, false>);
+  if (err || splits == 1) return err;
+  Int4SplitSum<__half><<<1024, 256, 0, s>>>(part, y, int(n), int(m), int(n), splits);
+  return int(cudaGetLastError());
+}
+#endif
 
 int main(int argc, char** argv) {
   const std::vector<int64_t> rows = List(argc > 1 ? argv[1] : nullptr, {17, 32, 64, 128, 256, 512});
@@ -230,11 +258,18 @@ int main(int argc, char** argv) {
     struct V {
       const char* name;
       int (*fn)(const __half*, const Int4Weights&, __half*, int64_t, int64_t, int64_t, float*, int, cudaStream_t);
-    } all_vars[] = {{"32s4", LaunchVariant<32, 128, 4, 4>},
-                    {"64s4", LaunchVariant<64, 128, 4, 4>},
-                    {"96s4", LaunchVariant<96, 128, 4, 4>},
-                    {"wg96", LaunchWg<96>},
-                    {"wg128", LaunchWg<128>}};
+    } all_vars[] = {
+        {"32s4", LaunchVariant<32, 128, 4, 4>},
+        {"64s4", LaunchVariant<64, 128, 4, 4>},
+        {"96s4", LaunchVariant<96, 128, 4, 4>},
+        {"wg96", LaunchWg<96>},
+        {"wg128", LaunchWg<128>},
+#ifdef WS_PROBE
+        {"ws96s4", LaunchWs<96, 4>},
+        {"ws128s4", LaunchWs<128, 4>},
+        {"ws128s5", LaunchWs<128, 5>},
+#endif
+    };
     std::vector<V> vars;  // a fourth argument keeps one variant (for Nsight Compute)
     for (const V& v : all_vars)
       if (argc <= 4 || std::string(argv[4]) == v.name) vars.push_back(v);

@@ -65,6 +65,9 @@ __device__ __forceinline__ void WgmmaWait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ void FenceOperand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+// cp.async writes shared memory through the generic proxy and wgmma reads it through the async proxy: each thread
+// fences its own landed copies before the barrier that publishes them (PTX ISA, wgmma's async proxy).
+__device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // K-major, 128-byte swizzle: rows of 128 bytes, 8-row groups 1024 bytes apart (SBO); LBO unused (1)
 __device__ __forceinline__ uint64_t WgmmaDescSw128(uint32_t saddr) {
@@ -165,6 +168,7 @@ __global__ void __launch_bounds__(256)
   int stage = 0;
   for (int step = s_begin; step < s_end; ++step) {
     ock::CpAsyncWait<STAGES - 2>();
+    FenceProxyAsync();
     __syncthreads();
     issue(step + STAGES - 1, stage == 0 ? STAGES - 1 : stage - 1);
     if (step + 1 < s_end) load_scales(step + 1, sn);
@@ -193,10 +197,11 @@ __global__ void __launch_bounds__(256)
     stage = stage + 1 == STAGES ? 0 : stage + 1;
   }
   ock::CpAsyncWait<0>();
+  // the accumulators as mma.sync's C: its rows are columns g, g + 8, its columns X's rows
 #pragma unroll
   for (int i = 0; i < BM / 8; ++i)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {  // the accumulators as mma.sync's C: rows (columns here) g, g + 8; k 2t, 2t + 1
+    for (int e = 0; e < 4; ++e) {
       const int col = n0 + wrow + 8 * (e >> 1), row = m0 + 8 * i + 2 * t + (e & 1);
       if (col < N && row < m) {
         if constexpr (SPLIT)
