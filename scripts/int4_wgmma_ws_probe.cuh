@@ -138,19 +138,7 @@ __global__ void __launch_bounds__(384)
 #pragma unroll
   for (int i = 0; i < BM / 2; ++i) FenceOperand(acc[i]);
   if (s_end > s_begin) BarArrive(3 + ((s_end - 1) & 1), 384);
-  const int wrow = 64 * c + 16 * warp + g;
-#pragma unroll
-  for (int i = 0; i < BM / 8; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int col = n0 + wrow + 8 * (e >> 1), row = m0 + 8 * i + 2 * t + (e & 1);
-      if (col < N && row < m) {
-        if constexpr (SPLIT)
-          part[(int64_t(blockIdx.z) * m + row) * N + col] = acc[4 * i + e];
-        else
-          y[int64_t(row) * ldy + col] = __float2half_rn(acc[4 * i + e]);
-      }
-    }
+  StoreAcc<__half, BM, SPLIT>(acc, y, part, ldy, m, N, n0 + 64 * c + 16 * warp + g, m0, t);
 }
 #undef WS_D64
 #undef WS_D48

@@ -107,6 +107,25 @@ struct NatDequant<__nv_bfloat16> {
   }
 };
 
+// A warp's accumulators (mma.sync's C layout: its rows the columns col0 and col0 + 8, its columns the rows of X, 8 a
+// tile from m0, lane t's 2t and 2t + 1) to Y [m, ldy] rounded to T, or (SPLIT) to split blockIdx.z's fp32 partials.
+template <typename T, int BM, bool SPLIT>
+__device__ __forceinline__ void StoreAcc(const float (&acc)[BM / 2], T* __restrict__ y, float* __restrict__ part,
+                                         int ldy, int m, int N, int col0, int m0, int t) {
+#pragma unroll
+  for (int i = 0; i < BM / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = col0 + 8 * (e >> 1), row = m0 + 8 * i + 2 * t + (e & 1);
+      if (col < N && row < m) {
+        if constexpr (SPLIT)
+          part[(int64_t(blockIdx.z) * m + row) * N + col] = acc[4 * i + e];
+        else
+          y[int64_t(row) * ldy + col] = ock::from_f<T>(acc[4 * i + e]);
+      }
+    }
+}
+
 // Y = X @ W^T on the rows path's sm_90a form: symmetric int4 weights in blocks of 32 (a step's two scales in one
 // 4-byte load), K a multiple of 64; BN = 128 columns a block (two warpgroups, 64 each: the wgmma's M), BM rows of X
 // (its N), steps of 64 values of K through a cp.async ring of STAGES. X goes into shared memory as it is, in the
@@ -197,19 +216,7 @@ __global__ void __launch_bounds__(256)
     stage = stage + 1 == STAGES ? 0 : stage + 1;
   }
   ock::CpAsyncWait<0>();
-  // the accumulators as mma.sync's C: its rows are columns g, g + 8, its columns X's rows
-#pragma unroll
-  for (int i = 0; i < BM / 8; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int col = n0 + wrow + 8 * (e >> 1), row = m0 + 8 * i + 2 * t + (e & 1);
-      if (col < N && row < m) {
-        if constexpr (SPLIT)
-          part[(int64_t(blockIdx.z) * m + row) * N + col] = acc[4 * i + e];
-        else
-          y[int64_t(row) * ldy + col] = ock::from_f<T>(acc[4 * i + e]);
-      }
-    }
+  StoreAcc<T, BM, SPLIT>(acc, y, part, ldy, m, N, n0 + wrow, m0, t);
 }
 
 template <typename T>
