@@ -178,7 +178,7 @@ int main(int argc, char** argv) {
     return LaunchMmaGemm<__nv_bfloat16>(static_cast<const __nv_bfloat16*>(b.x), wt, static_cast<__nv_bfloat16*>(b.y), N,
                                         M, K, N, b.part, bm, splits, wgmma, s);
   };
-  const bool wg = WgmmaRows(100, 32);  // the sm_90a form is built and this is a 9.0 device
+  const bool wg = WgmmaRows(0, 100, 32);  // the sm_90a form is built and this is a 9.0 device
   printf("sm_90a rows form: %s\n", wg ? "yes" : "no");
   auto fill = [&](int dtype, int64_t M, int64_t K, int64_t N, int64_t block, float sscale) {
     Fill<<<1024, 256>>>(b.wq, N * K / 2, 1);

@@ -1994,17 +1994,16 @@ struct RowsPlan {
   bool wgmma;
 };
 
-bool WgmmaRows(int64_t m, int64_t block) {
+bool WgmmaRows(int device, int64_t m, int64_t block) {
 #ifdef ONNXFUSE_WITH_SM90A
   if (m <= 64 || m > 128 || block != 32) return false;
-  int device = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
     return false;
   return major == 9 && minor == 0;
 #else
-  (void)m, (void)block;
+  (void)device, (void)m, (void)block;
   return false;
 #endif
 }
@@ -2015,7 +2014,7 @@ RowsPlan RowsPlanFor(int64_t m, int64_t k, int64_t n, int64_t block) {
   const int64_t sms0 = onnxfuse_cuda_sm_count(device), sms = sms0 > 0 ? sms0 : 132;
   const int64_t most = std::max<int64_t>(1, k / 256);
   const int64_t col_tiles = (n + kGemmBN - 1) / kGemmBN;
-  if (WgmmaRows(m, block)) {
+  if (WgmmaRows(device, m, block)) {
     const int64_t bm = m <= 96 ? 96 : 128, slots = (bm == 96 ? 2 : 1) * sms;
     int64_t splits = 1;
     for (int64_t c : {2, 3, 4, 6, 8})
@@ -2031,9 +2030,12 @@ RowsPlan RowsPlanFor(int64_t m, int64_t k, int64_t n, int64_t block) {
   return {int(bm), int(splits), false};
 }
 
-int64_t RowsScratch(int64_t m, int64_t k, int64_t n, int64_t block) {
-  const RowsPlan p = RowsPlanFor(m, k, n, block);
+// The partials of a plan's K split.
+int64_t PlanScratch(const RowsPlan& p, int64_t m, int64_t n) {
   return p.splits > 1 ? ock::Align256(int64_t(p.splits) * m * n * 4) : 0;
+}
+int64_t RowsScratch(int64_t m, int64_t k, int64_t n, int64_t block) {
+  return PlanScratch(RowsPlanFor(m, k, n, block), m, n);
 }
 
 // Y [m, ldy] = X @ W^T on the rows path, its K split's partials in `scratch`.
@@ -2041,8 +2043,7 @@ int RowsGemm(int dtype, const void* x, const Int4Weights& wt, void* y, int64_t l
              void* scratch, int64_t scratch_bytes, cudaStream_t s) {
   const int64_t block = int64_t(1) << wt.lb;
   const RowsPlan p = RowsPlanFor(m, k, n, block);
-  if (p.splits > 1 && (scratch == nullptr || scratch_bytes < RowsScratch(m, k, n, block)))
-    return ONNXFUSE_ERR_BAD_ARGUMENT;
+  if (p.splits > 1 && (scratch == nullptr || scratch_bytes < PlanScratch(p, m, n))) return ONNXFUSE_ERR_BAD_ARGUMENT;
   float* part = static_cast<float*>(scratch);
   if (dtype == ONNXFUSE_FP16)
     return LaunchMmaGemm<__half>(static_cast<const __half*>(x), wt, static_cast<__half*>(y), ldy, m, k, n, part, p.bm,
