@@ -12,7 +12,8 @@
 //        onnxfuse/kernels/cuda/sm90a/int4_rows_wgmma.cu -o /tmp/int4_gemm_rows_probe -ldl
 //   LD_LIBRARY_PATH=<libcublasLt's folder> /tmp/int4_gemm_rows_probe [ROWS,ROWS,...] [BLOCK,BLOCK,...] [variants [V]]
 // With -DWS_PROBE (and without the separate sm_90a source: it is included here) the variants add the warp-specialised
-// form of scripts/int4_wgmma_ws_probe.cuh (-I scripts).
+// form of scripts/int4_wgmma_ws_probe.cuh (-I scripts); with -DWG_PROBE (the same way) the sm_90a kernel at template
+// settings the library does not launch (LaunchWgT: row tile, ring steps, blocks an SM).
 #include "cuda/int4_linear.cu"  // the nvcc half in this TU: Int4MmaGemm, RowsPlanFor, Dequantize, Geometry
 
 #include <cuda_bf16.h>
@@ -26,8 +27,10 @@
 #include <vector>
 
 #include "int4_probe_fill.cuh"
-#ifdef WS_PROBE  // the warp-specialised probe form (scripts/int4_wgmma_ws_probe.cuh), with the library's sm_90a TU here
+#if defined(WS_PROBE) || defined(WG_PROBE)  // the library's sm_90a TU here, its kernel's templates in reach
 #include "cuda/sm90a/int4_rows_wgmma.cu"
+#endif
+#ifdef WS_PROBE  // the warp-specialised probe form (scripts/int4_wgmma_ws_probe.cuh)
 #include "int4_wgmma_ws_probe.cuh"
 #endif
 
@@ -115,6 +118,29 @@ int LaunchWg(const __half* x, const Int4Weights& wt, __half* y, int64_t m, int64
   return LaunchMmaGemm<__half>(x, wt, y, n, m, k, n, part, BM, splits, true, s);
 }
 
+#if defined(WS_PROBE) || defined(WG_PROBE)
+// The sm_90a kernel at template settings the library does not launch: BM rows, STAGES, MINB blocks an SM.
+template <int BM, int STAGES, int MINB>
+int LaunchWgT(const __half* x, const Int4Weights& wt, __half* y, int64_t m, int64_t k, int64_t n, float* part,
+              int splits, cudaStream_t s) {
+  const int steps = int(k / 64), per = (steps + splits - 1) / splits;
+  splits = (steps + per - 1) / per;
+  const dim3 grid(unsigned((n + 127) / 128), unsigned((m + BM - 1) / BM), unsigned(splits));
+  const size_t smem = size_t(STAGES) * (BM * 128 + 128 * 32) + 1024;
+  auto launch = [&](auto kernel) {
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    kernel<<<grid, 256, smem, s>>>(x, wt.wq, static_cast<const __half*>(wt.scales), y, part, int(n), int(m), int(k),
+                                   int(n), int(wt.nb), int(wt.row_bytes), per);
+    return int(cudaGetLastError());
+  };
+  int err = splits > 1 ? launch(Int4WgmmaGemm<__half, BM, STAGES, true, MINB>)
+                       : launch(Int4WgmmaGemm<__half, BM, STAGES, false, MINB>);
+  if (err || splits == 1) return err;
+  Int4SplitSum<__half><<<1024, 256, 0, s>>>(part, y, int(n), int(m), int(n), splits);
+  return int(cudaGetLastError());
+}
+#endif
+
 #ifdef WS_PROBE
 template <int BM, int STAGES>
 int LaunchWs(const __half* x, const Int4Weights& wt, __half* y, int64_t m, int64_t k, int64_t n, float* part,
@@ -143,7 +169,7 @@ int main(int argc, char** argv) {
   cudaStream_t s;
   cudaStreamCreate(&s);
   Bufs b{};
-  const int64_t kMaxW = int64_t(12288) * 4096, kMaxM = 1024;  // qkv's W
+  const int64_t kMaxW = int64_t(12288) * 4096, kMaxM = 2048;  // qkv's W
   cudaMalloc(&b.wq, kMaxW / 2);
   cudaMalloc(&b.sc, kMaxW / 32 * 2);
   cudaMalloc(&b.x, kMaxM * 11008 * 2);
@@ -217,7 +243,7 @@ int main(int argc, char** argv) {
       fill(dtype, c.m, c.k, c.n, c.block, 0.01f);
       const Int4Weights wt = Geometry(b.wq, b.sc, nullptr, nullptr, nullptr, nullptr, c.k, c.block);
       int err = ref_path(dtype, wt, b.yr, c.m, c.k, c.n);
-      for (int form : {32, 64, 96, 1096, 1128})  // 1000 + bm: the sm_90a form (blocks of 32)
+      for (int form : {32, 64, 96, 1096, 1128, 1192})  // 1000 + bm: the sm_90a form (blocks of 32)
         for (int splits : {1, 3}) {
           if (form > 1000 && (!wg || c.block != 32)) continue;
           const int bm = form % 1000;
@@ -264,6 +290,13 @@ int main(int argc, char** argv) {
         {"96s4", LaunchVariant<96, 128, 4, 4>},
         {"wg96", LaunchWg<96>},
         {"wg128", LaunchWg<128>},
+        {"wg192", LaunchWg<192>},
+#if defined(WS_PROBE) || defined(WG_PROBE)
+        {"wg128b2", LaunchWgT<128, 4, 2>},
+        {"wg128s3b2", LaunchWgT<128, 3, 2>},
+        {"wg256s3", LaunchWgT<256, 3, 1>},
+        {"wg256s5", LaunchWgT<256, 5, 1>},
+#endif
 #ifdef WS_PROBE
         {"ws96s4", LaunchWs<96, 4>},
         {"ws128s4", LaunchWs<128, 4>},
@@ -279,7 +312,7 @@ int main(int argc, char** argv) {
     } projs[] = {{"qkv", 4096, 12288}, {"o", 4096, 4096}, {"gate", 4096, 11008}, {"down", 11008, 4096}};
     for (int64_t M : rows) {
       std::vector<double> layer(vars.size(), 0.0);
-      double rule_layer = 0;
+      double rule_layer = 0, dq_layer = 0, fp16_layer = 0;
       for (const P& p : projs) {
         fill(ONNXFUSE_FP16, M, p.k, p.n, 32, 0.01f);
         const Int4Weights wt = Geometry(b.wq, b.sc, nullptr, nullptr, nullptr, nullptr, p.k, 32);
@@ -289,7 +322,10 @@ int main(int argc, char** argv) {
         const float tr =
             time_us([&] { return mma_gemm(ONNXFUSE_FP16, wt, M, p.k, p.n, plan.bm, plan.splits, plan.wgmma); });
         rule_layer += times * tr;
-        printf("M %4ld %-5s rule %.1f |", long(M), p.name, tr);
+        const float tdq = time_us([&] { return ref_path(ONNXFUSE_FP16, wt, b.yr, M, p.k, p.n); });
+        const float tfp = time_us([&] { return gemm_only(ONNXFUSE_FP16, b.y, M, p.k, p.n); });
+        dq_layer += times * tdq, fp16_layer += times * tfp;
+        printf("M %4ld %-5s rule %.1f dq+cublas %.1f cublas-fp16 %.1f |", long(M), p.name, tr, tdq, tfp);
         for (size_t v = 0; v < layer.size(); ++v) {
           float best = 1e30f;
           int bs = 0;
@@ -309,7 +345,7 @@ int main(int argc, char** argv) {
         }
         printf("\n");
       }
-      printf("M %4ld LAYER rule %.1f |", long(M), rule_layer);
+      printf("M %4ld LAYER rule %.1f dq+cublas %.1f cublas-fp16 %.1f |", long(M), rule_layer, dq_layer, fp16_layer);
       for (size_t v = 0; v < layer.size(); ++v) printf(" %s %.1f", vars[v].name, layer[v]);
       printf("\n");
       fflush(stdout);
@@ -334,7 +370,7 @@ int main(int argc, char** argv) {
         float best = 1e30f;
         int best_bm = 0, best_split = 0;
         std::string all;
-        for (int form : {32, 64, 96, 1096, 1128}) {  // 1000 + bm: the sm_90a form
+        for (int form : {32, 64, 96, 1096, 1128, 1192}) {  // 1000 + bm: the sm_90a form
           const int bm = form % 1000;
           if ((bm >= 96 && M <= 64) || (bm == 32 && M > 64) || (form > 1000 && (!wg || block != 32))) continue;
           for (int splits : {1, 2, 3, 4, 6, 8, 12, 16}) {

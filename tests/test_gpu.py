@@ -789,11 +789,11 @@ def test_int4_bf16_with_zero_points_runs_the_tensor_cores_from_one_row(tmp_path)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_int4_past_16_rows_runs_the_rows_path_then_cutlass(tmp_path, zp, dtype):
     """genai's int4 MLP (gate and up MatMulNBits, QuickGelu, the product, down; K 512 and 1152; fp32 in and out through
-    Casts) fused to Int4SwiGLU + Int4Linear, past the GEMV's 16 rows (17, 64, 96, 128, 300, 1000): the rows path
-    (Int4MmaGemm) to 128 rows in blocks of 32, its sm_90a form (Int4WgmmaGemm) from 65 rows on a 9.0 device with a
-    library built for sm_90, and in blocks of 128 to 64 rows where CUTLASS's mixed-input GEMM runs past it (sm_90, a
-    library built with CUTLASS; elsewhere the rows path to 128), then CUTLASS or the dequantization + cuBLAS GEMM;
-    with zero points the dequantization at every row count. In fp16 and bf16, the output equal to the PyTorch
+    Casts) fused to Int4SwiGLU + Int4Linear, past the GEMV's 16 rows (17, 64, 96, 128, 160, 224, 300, 1000): the rows
+    path (Int4MmaGemm) to 128 rows in blocks of 32, its sm_90a form (Int4WgmmaGemm) from 65 to 192 rows on a 9.0
+    device with a library built for sm_90, and in blocks of 128 to 64 rows where CUTLASS's mixed-input GEMM runs past it
+    (sm_90, a library built with CUTLASS; elsewhere the rows path to 128), then CUTLASS or the dequantization + cuBLAS
+    GEMM; with zero points the dequantization at every row count. In fp16 and bf16, the output equal to the PyTorch
     dequantize-then-matmul."""
     import onnx
     import torch
@@ -813,7 +813,7 @@ def test_int4_past_16_rows_runs_the_rows_path_then_cutlass(tmp_path, zp, dtype):
     def want_for(block, m):
         if zp:  # CUTLASS's q * s + z would not give 0 where q == zp (int4_linear.cu MixedPath): dequantized
             return "Int4Dequantize"
-        if wgmma and block == 32 and 64 < m <= 128:
+        if wgmma and block == 32 and 64 < m <= 192:
             return "Int4WgmmaGemm"
         if m <= (64 if block >= 64 and cutlass else 128):
             return "Int4MmaGemm"
@@ -845,7 +845,7 @@ def test_int4_past_16_rows_runs_the_rows_path_then_cutlass(tmp_path, zp, dtype):
         res = fuse.fuse(src, dst, ort=False, provider="cuda", backend="cuda", force=True)
         assert sorted(m.op for m in res.matches) == ["Int4Linear", "Int4SwiGLU"]
         sess = runtime.session(str(dst), "cuda", library=True, cpu_fallback=False)
-        for m in (17, 64, 96, 128, 300, 1000):
+        for m in (17, 64, 96, 128, 160, 224, 300, 1000):
             x = torch.from_numpy(rng.standard_normal((m, hidden)).astype(np.float32)).to(td).float()
             sess.run(None, {"X32": x.numpy()})
             with profile(activities=[ProfilerActivity.CUDA]) as prof:

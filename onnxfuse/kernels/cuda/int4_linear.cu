@@ -1756,7 +1756,8 @@ extern "C" int onnxfuse_sm90a_int4_rows_gemm(int dtype, const void* x, const uin
 
 // Int4MmaGemm's launch: bm rows a block (32, 64 or 96) on 4 warps along N, K split `splits` ways (fp32 partials in
 // `part`, [splits][m][n], then Int4SplitSum; 1: Y written directly). Symmetric weights, K a multiple of 64, blocks of
-// 32 or more (RowsPath). wgmma: the sm_90a form instead (cuda/sm90a/int4_rows_wgmma.cu: blocks of 32, bm 96 or 128).
+// 32 or more (RowsPath). wgmma: the sm_90a form instead (cuda/sm90a/int4_rows_wgmma.cu: blocks of 32, bm 96, 128 or
+// 192).
 constexpr int kGemmBN = 128, kGemmStages = 4;
 template <typename T>
 int LaunchMmaGemm(const T* x, const Int4Weights& wt, T* y, int64_t ldy, int64_t m, int64_t k, int64_t n, float* part,
@@ -1954,17 +1955,19 @@ int MixedGemm(int dtype, const void* x, const uint8_t* wq, const void* scales, v
 #endif
 }
 
-// Where Int4MmaGemm runs (the rows path, "rows" in what follows): from kMixedMinRows to kRowsMaxRows rows, fp16 and
-// bf16, symmetric weights in blocks of 32 or more, K a multiple of 64, `aligned` pointers; where the sm_90 mixed-input
-// GEMM also takes the call (blocks of 64 or more), only to kRowsOverMixedRows rows. ONNXFUSE_INT4_ROWS=0 turns it
-// off. H200, a Llama-2-7B layer's five projections on RowsPlanFor's tiles, kernels alone (scripts/
-// int4_gemm_rows_probe.cu, benchmarks/results/h200-2026-12-01/int4/gemm-rows-probe-r2.txt, us): blocks of 32 at 17 /
-// 32 / 64 / 96 rows 102.6 / 106.8 / 153.9 / 224.0 against the dequantization + cuBLAS GEMM's 291.0 / 291.4 / 291.4 /
-// 301.7 (cuBLAS alone on the dequantized weights, the fp16 model's GEMMs: 125.0 / 125.4 / 124.2 / 137.6); at 128 rows
-// 264.8 against 301.9 and at 160 364.0 against 322.8 (gemm-rows-probe.txt), so it stops at 128. Blocks of 128: 98.6 /
-// 104.7 / 159.3 at 17 / 32 / 64 rows, where the mixed-input GEMM took 222.9 / 206.5 / 194.5 (h200-2026-11-29/int4/
-// int4-probe-block128-tile128-on.json), and 258.4 at 128, where it took 196.9.
-constexpr int64_t kRowsMaxRows = 128, kRowsOverMixedRows = 64;
+// Where Int4MmaGemm runs (the rows path, "rows" in what follows): from kMixedMinRows to kRowsMaxRows rows (its sm_90a
+// form to kWgmmaMaxRows: WgmmaRows), fp16 and bf16, symmetric weights in blocks of 32 or more, K a multiple of 64,
+// `aligned` pointers; where the sm_90 mixed-input GEMM also takes the call (blocks of 64 or more), only to
+// kRowsOverMixedRows rows. ONNXFUSE_INT4_ROWS=0 turns it off. H200, a Llama-2-7B layer's five projections on
+// RowsPlanFor's tiles, kernels alone (scripts/int4_gemm_rows_probe.cu, us, benchmarks/results/h200-2026-12-01/int4/
+// gemm-rows-probe-r2.txt): blocks of 32 at 17 / 32 / 64 / 96 rows 102.6 / 106.8 / 153.9 / 224.0 against the
+// dequantization + cuBLAS GEMM's 291.0 / 291.4 / 291.4 / 301.7 (cuBLAS alone on the dequantized weights, the fp16
+// model's GEMMs: 125.0 / 125.4 / 124.2 / 137.6); at 128 rows 264.8 against 301.9 and at 160 364.0 against 322.8
+// (gemm-rows-probe.txt), so it stops at 128. Blocks of 128: 98.6 / 104.7 / 159.3 at 17 / 32 / 64 rows, where the
+// mixed-input GEMM took 222.9 / 206.5 / 194.5 (h200-2026-11-29/int4/int4-probe-block128-tile128-on.json), and 258.4
+// at 128, where it took 196.9.
+constexpr int64_t kRowsMaxRows = 128, kRowsOverMixedRows = 64, kWgmmaMaxRows = 192;
+bool WgmmaRows(int device, int64_t m, int64_t block);
 
 bool RowsPath(int dtype, int64_t m, int64_t k, int64_t n, int64_t block, int aligned, bool zero_points) {
   static const bool off = [] {
@@ -1972,9 +1975,13 @@ bool RowsPath(int dtype, int64_t m, int64_t k, int64_t n, int64_t block, int ali
     return v != nullptr && v[0] == '0' && v[1] == '\0';
   }();
   if (off || (dtype != ONNXFUSE_FP16 && dtype != ONNXFUSE_BF16) || !aligned || zero_points || m < kMixedMinRows ||
-      m > kRowsMaxRows || block < 32 || block > 256 || k < 64 || k % 64 != 0 || k > 0x7fffffffLL || n < 1 ||
+      m > kWgmmaMaxRows || block < 32 || block > 256 || k < 64 || k % 64 != 0 || k > 0x7fffffffLL || n < 1 ||
       n * (k / block) > 0x7fffffffLL || m * n > 0x7fffffffLL)
     return false;
+  if (m > kRowsMaxRows) {  // past 128 rows the sm_90a form alone
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess || !WgmmaRows(device, m, block)) return false;
+  }
   return m <= kRowsOverMixedRows || !MixedPath(dtype, m, k, n, block, aligned, zero_points);
 }
 
@@ -1985,10 +1992,12 @@ bool RowsPath(int dtype, int64_t m, int64_t k, int64_t n, int64_t block, int ali
 // 271.0 and 278.9: gemm-rows-probe.txt, -r2.txt); K split so that the grid is about three blocks an SM (the kernel
 // holds two to four an SM), the split count one of 1, 2, 3, 4, 6, 8, 12, 16 (5 measured slow: a 7B gate at 64 rows
 // 39.2 us against 34.6 at 4) and at least 4 steps of 64 a split. On a 9.0 device with the sm_90a form built, blocks
-// of 32 from 65 rows take that form instead (WgmmaRows), one row tile of 96 or 128 rows, the split the largest (to 8)
-// whose grid stays within one wave: two blocks an SM on 96-row tiles, one on 128 (a 7B layer's best splits on 96-row
-// tiles: qkv's 96 column tiles 2-4, gate's 86 3, o's and down's 32 8; on 128-row tiles 1, 1, 4, 4, where a grid past
-// the wave measured up to 1.3x slower: gemm-rows-probe-wgmma.txt).
+// of 32 from 65 rows take that form instead (WgmmaRows), to kWgmmaMaxRows (192) rows where it beats the dequantization
+// + cuBLAS GEMM that runs past Int4MmaGemm's 128: one row tile of 96, 128 or 192 rows, the split the largest (to 8)
+// whose grid stays within one wave: two blocks an SM on 96- and 128-row tiles, one on 192 (a 7B layer's best splits on
+// 96-row tiles: qkv's 96 column tiles 2-4, gate's 86 3, o's and down's 32 8, where a grid past the wave measured up
+// to 1.3x slower: gemm-rows-probe-wgmma.txt). The 7B layer on this plan (gemm-rows-probe-wgmma-rows.txt, us): 180.6 /
+// 191.0 / 265.6 at 96 / 128 / 192 rows against the dequantization + cuBLAS GEMM's 299.8 / 302.6 / 335.7.
 struct RowsPlan {
   int bm, splits;
   bool wgmma;
@@ -1996,7 +2005,7 @@ struct RowsPlan {
 
 bool WgmmaRows(int device, int64_t m, int64_t block) {
 #ifdef ONNXFUSE_WITH_SM90A
-  if (m <= 64 || m > 128 || block != 32) return false;
+  if (m <= 64 || m > kWgmmaMaxRows || block != 32) return false;
   int major = 0, minor = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
@@ -2015,7 +2024,7 @@ RowsPlan RowsPlanFor(int64_t m, int64_t k, int64_t n, int64_t block) {
   const int64_t most = std::max<int64_t>(1, k / 256);
   const int64_t col_tiles = (n + kGemmBN - 1) / kGemmBN;
   if (WgmmaRows(device, m, block)) {
-    const int64_t bm = m <= 96 ? 96 : 128, slots = (bm == 96 ? 2 : 1) * sms;
+    const int64_t bm = m <= 96 ? 96 : m <= 128 ? 128 : 192, slots = (bm == 192 ? 1 : 2) * sms;
     int64_t splits = 1;
     for (int64_t c : {2, 3, 4, 6, 8})
       if (c <= most && col_tiles * c <= slots) splits = c;

@@ -3,9 +3,10 @@
 // sm_90a alone (cuda/cuda.cmake: wgmma has no PTX for other GPUs). The weights are the wgmma's A operand from
 // registers, dequantized in them as (q - 8) * s rounded once to the type, as the reference's dequantized W holds them;
 // X is its B operand from shared memory. H200, a Llama-2-7B layer's five projections (blocks of 32), kernels alone
-// (scripts/int4_gemm_rows_probe.cu `variants`, benchmarks/results/h200-2026-12-01/int4/gemm-rows-probe-wgmma.txt):
-// 177.6 us at 96 rows against Int4MmaGemm's 224.1, 226.5-230.0 at 128 against 260.2-264.8; 145.3 against 144.6 at
-// 64 and slower below (110.5 against 98.5 at 17), so it runs from 65 rows.
+// (scripts/int4_gemm_rows_probe.cu `variants`, benchmarks/results/h200-2026-12-01/int4/gemm-rows-probe-wgmma.txt,
+// -wgmma-rows.txt): 177.6 us at 96 rows against Int4MmaGemm's 224.1; 145.3 against 144.6 at 64 and slower below
+// (110.5 against 98.5 at 17), so it runs from 65 rows; to 192 rows (265.6 against the dequantization + cuBLAS GEMM's
+// 335.7 us; past it two 128-row tiles gained 2-3 %, 325.5 against 334.8 at 224, and lost from 256 rows on).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -20,8 +21,6 @@ namespace ock = onnxfuse::cuda_kernels;
 
 namespace {
 
-constexpr int kStages = 4;
-
 template <typename T, int N>
 __device__ __forceinline__ void WgmmaRS(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc);
 // wgmma.mma_async m64nNk16, fp32 accumulators d (the "+f" operands, eight a macro), A {a} from registers, B by its
@@ -31,14 +30,31 @@ __device__ __forceinline__ void WgmmaRS(float (&d)[N / 2], const uint32_t (&a)[4
       "+f"(d[b + 7])
 #define ONNXFUSE_D48 ONNXFUSE_D8(0), ONNXFUSE_D8(8), ONNXFUSE_D8(16), ONNXFUSE_D8(24), ONNXFUSE_D8(32), ONNXFUSE_D8(40)
 #define ONNXFUSE_D64 ONNXFUSE_D48, ONNXFUSE_D8(48), ONNXFUSE_D8(56)
-#define ONNXFUSE_R48                                                                                                \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
-  "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "  \
-  "%46, %47}"
-#define ONNXFUSE_R64                                                                                                \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
-  "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "  \
-  "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define ONNXFUSE_D96 ONNXFUSE_D64, ONNXFUSE_D8(64), ONNXFUSE_D8(72), ONNXFUSE_D8(80), ONNXFUSE_D8(88)
+#define ONNXFUSE_D128 ONNXFUSE_D96, ONNXFUSE_D8(96), ONNXFUSE_D8(104), ONNXFUSE_D8(112), ONNXFUSE_D8(120)
+#define ONNXFUSE_R48                                                                                      \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "  \
+  "%42, %43, %44, %45, %46, %47}"
+#define ONNXFUSE_R64                                                                                      \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "  \
+  "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "  \
+  "%62, %63}"
+#define ONNXFUSE_R96                                                                                      \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "  \
+  "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "  \
+  "%62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, "  \
+  "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}"
+#define ONNXFUSE_R128                                                                                      \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "  \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "   \
+  "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "   \
+  "%62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, "   \
+  "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, " \
+  "%102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, " \
+  "%119, %120, %121, %122, %123, %124, %125, %126, %127}"
 #define ONNXFUSE_WGMMA_RS(T, PTX, N, REGS, DOPS, A0, A1, A2, A3, DESC, ONE)                                          \
   template <>                                                                                                        \
   __device__ __forceinline__ void WgmmaRS<T, N>(float(&d)[N / 2], const uint32_t(&a)[4], uint64_t desc) {            \
@@ -51,9 +67,18 @@ ONNXFUSE_WGMMA_RS(__half, "f16", 96, ONNXFUSE_R48, ONNXFUSE_D48, "%48", "%49", "
 ONNXFUSE_WGMMA_RS(__half, "f16", 128, ONNXFUSE_R64, ONNXFUSE_D64, "%64", "%65", "%66", "%67", "%68", "%69")
 ONNXFUSE_WGMMA_RS(__nv_bfloat16, "bf16", 96, ONNXFUSE_R48, ONNXFUSE_D48, "%48", "%49", "%50", "%51", "%52", "%53")
 ONNXFUSE_WGMMA_RS(__nv_bfloat16, "bf16", 128, ONNXFUSE_R64, ONNXFUSE_D64, "%64", "%65", "%66", "%67", "%68", "%69")
+ONNXFUSE_WGMMA_RS(__half, "f16", 192, ONNXFUSE_R96, ONNXFUSE_D96, "%96", "%97", "%98", "%99", "%100", "%101")
+ONNXFUSE_WGMMA_RS(__half, "f16", 256, ONNXFUSE_R128, ONNXFUSE_D128, "%128", "%129", "%130", "%131", "%132", "%133")
+ONNXFUSE_WGMMA_RS(__nv_bfloat16, "bf16", 192, ONNXFUSE_R96, ONNXFUSE_D96, "%96", "%97", "%98", "%99", "%100", "%101")
+ONNXFUSE_WGMMA_RS(__nv_bfloat16, "bf16", 256, ONNXFUSE_R128, ONNXFUSE_D128, "%128", "%129", "%130", "%131", "%132",
+                  "%133")
 #undef ONNXFUSE_WGMMA_RS
+#undef ONNXFUSE_R128
+#undef ONNXFUSE_R96
 #undef ONNXFUSE_R64
 #undef ONNXFUSE_R48
+#undef ONNXFUSE_D128
+#undef ONNXFUSE_D96
 #undef ONNXFUSE_D64
 #undef ONNXFUSE_D48
 #undef ONNXFUSE_D8
@@ -131,13 +156,13 @@ __device__ __forceinline__ void StoreAcc(const float (&acc)[BM / 2], T* __restri
 // (its N), steps of 64 values of K through a cp.async ring of STAGES. X goes into shared memory as it is, in the
 // 128-byte swizzle the descriptor reads; each lane dequantizes its column's bytes t of each k16 slice (NatDequant), so
 // the weights' K order is the wgmma's own. SPLIT: fp32 partials [gridDim.z][m][n] of steps [z * per, (z + 1) * per).
-template <typename T, int BM, int STAGES, bool SPLIT>
-__global__ void __launch_bounds__(256)
+template <typename T, int BM, int STAGES, bool SPLIT, int MINB = 1>
+__global__ void __launch_bounds__(256, MINB)
     Int4WgmmaGemm(const T* __restrict__ x, const uint8_t* __restrict__ wq, const T* __restrict__ scales,
                   T* __restrict__ y, float* __restrict__ part, int ldy, int m, int K, int N, int nb, int row_bytes,
                   int per) {
   constexpr int BN = 128, X_BYTES = BM * 128, STAGE = X_BYTES + BN * 32;
-  static_assert(BM % 32 == 0 && BM <= 128, "the wgmma's N");
+  static_assert(BM % 32 == 0 && BM <= 256, "the wgmma's N");
   using T2 = typename std::conditional<std::is_same_v<T, __half>, __half2, __nv_bfloat162>::type;
   extern __shared__ uint4 wg_smem_raw[];
   const uint32_t sraw = uint32_t(__cvta_generic_to_shared(wg_smem_raw));
@@ -223,27 +248,33 @@ template <typename T>
 int Launch(const void* x, const uint8_t* wq, const void* scales, void* y, float* part, int64_t ldy, int64_t m,
            int64_t k, int64_t n, int64_t nb, int64_t row_bytes, int bm, int splits, int per, cudaStream_t s) {
   const dim3 grid(unsigned((n + 127) / 128), unsigned((m + bm - 1) / bm), unsigned(splits));
-  auto launch = [&](auto kernel, int bmv) {
-    const size_t smem = size_t(kStages) * (bmv * 128 + 128 * 32) + 1024;
+  auto launch = [&](auto kernel, int bmv, int stages) {
+    const size_t smem = size_t(stages) * (bmv * 128 + 128 * 32) + 1024;
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)))
       return int(e);
     kernel<<<grid, 256, smem, s>>>(static_cast<const T*>(x), wq, static_cast<const T*>(scales), static_cast<T*>(y),
                                    part, int(ldy), int(m), int(k), int(n), int(nb), int(row_bytes), per);
     return int(cudaGetLastError());
   };
+  // Each tile's stages and blocks an SM (h200-2026-12-01/int4/gemm-rows-probe-wgmma-rows.txt, the 7B layer): 96 rows
+  // 4 stages (90 registers, two blocks an SM as they are); 128 rows 3 stages held to 128 registers, two blocks an SM
+  // (188.7 us at 128 rows against 210.1 on one block an SM with 4 stages); 192 rows 4 stages, one block an SM (157
+  // registers).
   if (bm == 96)
-    return splits > 1 ? launch(Int4WgmmaGemm<T, 96, kStages, true>, 96)
-                      : launch(Int4WgmmaGemm<T, 96, kStages, false>, 96);
+    return splits > 1 ? launch(Int4WgmmaGemm<T, 96, 4, true>, 96, 4) : launch(Int4WgmmaGemm<T, 96, 4, false>, 96, 4);
   if (bm == 128)
-    return splits > 1 ? launch(Int4WgmmaGemm<T, 128, kStages, true>, 128)
-                      : launch(Int4WgmmaGemm<T, 128, kStages, false>, 128);
+    return splits > 1 ? launch(Int4WgmmaGemm<T, 128, 3, true, 2>, 128, 3)
+                      : launch(Int4WgmmaGemm<T, 128, 3, false, 2>, 128, 3);
+  if (bm == 192)
+    return splits > 1 ? launch(Int4WgmmaGemm<T, 192, 4, true>, 192, 4)
+                      : launch(Int4WgmmaGemm<T, 192, 4, false>, 192, 4);
   return ONNXFUSE_ERR_BAD_ARGUMENT;
 }
 
 }  // namespace
 
 // Y [m, ldy] (splits 1) or the fp32 partials part [splits][m][n] (splits > 1; the caller sums them) = X @ W^T for
-// dtype fp16/bf16 X [m, k], packed symmetric weights [n, k / 2] in blocks of 32 with scales [n, nb]; bm 96 or 128,
+// dtype fp16/bf16 X [m, k], packed symmetric weights [n, k / 2] in blocks of 32 with scales [n, nb]; bm 96, 128 or 192,
 // K split in `splits` shares of `per` steps of 64. 0 or the CUDA error.
 extern "C" int onnxfuse_sm90a_int4_rows_gemm(int dtype, const void* x, const uint8_t* wq, const void* scales, void* y,
                                              float* part, int64_t ldy, int64_t m, int64_t k, int64_t n, int64_t nb,
