@@ -188,6 +188,25 @@ def test_fuse_dir_explains_what_it_left(checkpoints, tmp_path, capsys):
     assert any("weight_prepacked 2" in r["reason"] for r in json.loads(report.read_text())["refusals"])
 
 
+def test_a_fuse_dir_that_fails_writes_no_report(checkpoints, tmp_path, monkeypatch, capsys):
+    """`fuse DIR -o OUT --report F` that fails after fusing (here writing the recipe) leaves neither OUT nor F: the
+    report is written once the folder is in place, as it is when the fuse succeeds."""
+    src = genai.export_hf(str(checkpoints("llama")), tmp_path / "f32", fuse=False).folder
+    out, report = tmp_path / "fused", tmp_path / "report.json"
+
+    def fail(folder, recipe):
+        raise OnnxfuseError("cannot write the recipe")
+
+    monkeypatch.setattr(gf, "write_recipe", fail)
+    capsys.readouterr()
+    assert cli.main(["fuse", str(src), "-o", str(out), "--report", str(report)]) != 0
+    assert "cannot write the recipe" in capsys.readouterr().err
+    assert not out.exists() and not report.exists()
+    monkeypatch.undo()
+    assert cli.main(["fuse", str(src), "-o", str(out), "--report", str(report), "-q"]) == 0
+    assert out.is_dir() and json.loads(report.read_text())["matches"]
+
+
 def test_an_int4_cuda_build_asks_the_builder_for_accuracy_level_4_unless_told(checkpoints, tmp_path, monkeypatch):
     """Issue 28: `export hf --dtype int4 --provider cuda` passes accuracy_level=4 to the builder (the fused one-row
     GEMV then rounds X to int8) unless --extra-options names a level; other builds pass the user's options as given.

@@ -14,9 +14,11 @@ Modules: source (checkpoint folders, GGUF, hub ids), folder (genai folders: buil
 from __future__ import annotations
 
 import dataclasses
+import json
 import pathlib
 import time
 
+from .. import onnxio
 from ..argtypes import option_key
 from ..errors import OnnxfuseError
 from . import folder as gf
@@ -172,7 +174,10 @@ def fuse_dir(src: str | pathlib.Path, out: str | pathlib.Path | None = None, *, 
     out = pathlib.Path(out) if out is not None else src.with_name(src.name + "-fused")
     if out.resolve() == src.resolve():
         raise OnnxfuseError(f"{out}: is the input folder; give another folder with -o")
+    if report_path is not None:
+        onnxio.check_output_path(report_path, force=True)
     with gf.staged(out, force) as tmp:
-        res = gf.fuse_folder(src, tmp, provider=provider, cpu_isa=cpu_isa, patterns=patterns, explain=explain,
-                             report_path=report_path)
+        res = gf.fuse_folder(src, tmp, provider=provider, cpu_isa=cpu_isa, patterns=patterns, explain=explain)
+    if report_path is not None:  # once the folder is in place: a fuse that fails leaves neither
+        onnxio.write_atomic(report_path, json.dumps(res.report(), indent=2))
     return out, res

@@ -178,11 +178,11 @@ def _keep_log(log: pathlib.Path, name: str) -> pathlib.Path:
 
 def fuse_folder(src: pathlib.Path, out: pathlib.Path, *, provider: str | None = None, cpu_isa: str | None = None,
                 patterns: list[str] | None = None, recipe: dict | None = None, library: pathlib.Path | None = None,
-                explain: bool = False, report_path: str | os.PathLike | None = None):
+                explain: bool = False):
     """Fuse the decoder of genai folder `src` into folder `out` (a new folder; every other file copied): the
     fused model under the decoder's name, the kernel library beside it and named in the config's session options
-    when an onnxfuse node was written, and the recipe. `explain`, `report_path`: fuse's (the candidates that did not
-    fuse and why; the fusion report as JSON). Returns the FuseResult."""
+    when an onnxfuse node was written, and the recipe. `explain`: fuse's (the candidates that did not fuse and why).
+    Returns the FuseResult."""
     from .. import fuse as fuse_mod
     from .. import kernels
     config = read_config(src)
@@ -199,7 +199,7 @@ def fuse_folder(src: pathlib.Path, out: pathlib.Path, *, provider: str | None = 
     # Stage 1 (onnxruntime's fusions) is off: the builder already wrote them, and its graph is left as it is.
     res = fuse_mod.fuse(model, out / model.name, patterns=patterns, provider=provider,
                         cpu_isa=cpu_isa if provider == "cpu" else None, ort=False, write_unchanged=True,
-                        explain=explain, report_path=report_path)
+                        explain=explain)
     after = op_counts(out / model.name)
     def kept(op: str) -> int:  # the op's count after fusing, what its replacements took counted as kept
         return after.get(op, 0) + sum(each * (after.get(new, 0) - before.get(new, 0))
