@@ -243,7 +243,7 @@ int main(int argc, char** argv) {
       fill(dtype, c.m, c.k, c.n, c.block, 0.01f);
       const Int4Weights wt = Geometry(b.wq, b.sc, nullptr, nullptr, nullptr, nullptr, c.k, c.block);
       int err = ref_path(dtype, wt, b.yr, c.m, c.k, c.n);
-      for (int form : {32, 64, 96, 1096, 1128, 1192})  // 1000 + bm: the sm_90a form (blocks of 32)
+      for (int form : {32, 64, 96, 1096, 1128, 1160, 1192})  // 1000 + bm: the sm_90a form (blocks of 32)
         for (int splits : {1, 3}) {
           if (form > 1000 && (!wg || c.block != 32)) continue;
           const int bm = form % 1000;
@@ -292,10 +292,13 @@ int main(int argc, char** argv) {
         {"wg128", LaunchWg<128>},
         {"wg192", LaunchWg<192>},
 #if defined(WS_PROBE) || defined(WG_PROBE)
-        {"wg128b2", LaunchWgT<128, 4, 2>},
-        {"wg128s3b2", LaunchWgT<128, 3, 2>},
-        {"wg256s3", LaunchWgT<256, 3, 1>},
-        {"wg256s5", LaunchWgT<256, 5, 1>},
+        {"wg96b3", LaunchWgT<96, 4, 3>},
+        {"wg96s3b3", LaunchWgT<96, 3, 3>},
+        {"wg128s4b2", LaunchWgT<128, 4, 2>},
+        {"wg160s3b2", LaunchWgT<160, 3, 2>},
+        {"wg160s4", LaunchWgT<160, 4, 1>},
+        {"wg192s3", LaunchWgT<192, 3, 1>},
+        {"wg256s4", LaunchWgT<256, 4, 1>},
 #endif
 #ifdef WS_PROBE
         {"ws96s4", LaunchWs<96, 4>},
@@ -370,7 +373,7 @@ int main(int argc, char** argv) {
         float best = 1e30f;
         int best_bm = 0, best_split = 0;
         std::string all;
-        for (int form : {32, 64, 96, 1096, 1128, 1192}) {  // 1000 + bm: the sm_90a form
+        for (int form : {32, 64, 96, 1096, 1128, 1160, 1192}) {  // 1000 + bm: the sm_90a form
           const int bm = form % 1000;
           if ((bm >= 96 && M <= 64) || (bm == 32 && M > 64) || (form > 1000 && (!wg || block != 32))) continue;
           for (int splits : {1, 2, 3, 4, 6, 8, 12, 16}) {

@@ -411,9 +411,10 @@ FAMILY = OpFamily("int4_linear", (
            # on sm_90): its 32-row tile with ragged N and a K split, a block of 128; blocks of 32 from 65 to 192 rows
            # on a 9.0 device its sm_90a form (Int4WgmmaGemm; elsewhere the 64- and 96-row tiles to 128 rows, then the
            # dequantization + GEMM): the 128-row tile with a K split, the 96-row tile with ragged N and a K split, the
-           # 128-row tile with ragged N whole, the 192-row tile with ragged rows and a K split, and whole
+           # 128-row tile with ragged N whole, the 160-row tile with ragged rows and a K split, the 192-row tile with
+           # ragged rows and a K split, and whole
            (24, 576, 1000, 32), (100, 1024, 520, 32), (64, 640, 264, 128), (72, 4096, 1000, 32),
-           (120, 256, 4100, 32), (150, 2048, 1000, 32), (192, 256, 264, 32)),
+           (120, 256, 4100, 32), (150, 2048, 1000, 32), (180, 1024, 264, 32), (192, 256, 264, 32)),
           doctor_entry, min_opset=MIN_OPSET, byte_inputs=("Wq", "zero_points"), doctor_inputs=doctor_inputs,
           optional_overload=ZP_OVERLOAD, special_type_max=False),
     # Int4SwiGLU: decode rows (the GEMV), 5-16 (Triton), past 16 (the rows path, CUTLASS's on sm_90, dequantization +
@@ -430,8 +431,9 @@ FAMILY = OpFamily("int4_linear", (
                    (160, 512, 264, 64, "silu"), (96, 256, 10240, 64, "silu"), (300, 1024, 520, 128, "gelu"),
                    (300, 1024, 520, 128, "gelu", "zp"),
                    # the rows path (Int4MmaGemm; blocks of 32 from 65 to 192 rows on a 9.0 device its sm_90a form),
-                   # gate and up side by side in its output: blocks of 32 at 96 and 176 rows, of 64 at 40
-                   (96, 512, 264, 32, "silu"), (176, 512, 264, 32, "silu"), (40, 256, 1000, 64, "gelu")]),
+                   # gate and up side by side in its output: blocks of 32 at 96, 144 and 176 rows, of 64 at 40
+                   (96, 512, 264, 32, "silu"), (144, 256, 264, 32, "silu"), (176, 512, 264, 32, "silu"),
+                   (40, 256, 1000, 64, "gelu")]),
           swiglu_doctor_entry, overload_attr="activation", min_opset=MIN_OPSET,
           byte_inputs=("Wq_gate", "Wq_up", "zero_points_gate", "zero_points_up"), doctor_inputs=doctor_inputs,
           optional_overload=ZP_OVERLOAD, special_type_max=False),

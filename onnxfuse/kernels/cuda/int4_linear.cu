@@ -1756,8 +1756,8 @@ extern "C" int onnxfuse_sm90a_int4_rows_gemm(int dtype, const void* x, const uin
 
 // Int4MmaGemm's launch: bm rows a block (32, 64 or 96) on 4 warps along N, K split `splits` ways (fp32 partials in
 // `part`, [splits][m][n], then Int4SplitSum; 1: Y written directly). Symmetric weights, K a multiple of 64, blocks of
-// 32 or more (RowsPath). wgmma: the sm_90a form instead (cuda/sm90a/int4_rows_wgmma.cu: blocks of 32, bm 96, 128 or
-// 192).
+// 32 or more (RowsPath). wgmma: the sm_90a form instead (cuda/sm90a/int4_rows_wgmma.cu: blocks of 32, bm 96, 128, 160
+// or 192).
 constexpr int kGemmBN = 128, kGemmStages = 4;
 template <typename T>
 int LaunchMmaGemm(const T* x, const Int4Weights& wt, T* y, int64_t ldy, int64_t m, int64_t k, int64_t n, float* part,
@@ -1993,11 +1993,12 @@ bool RowsPath(int dtype, int64_t m, int64_t k, int64_t n, int64_t block, int ali
 // holds two to four an SM), the split count one of 1, 2, 3, 4, 6, 8, 12, 16 (5 measured slow: a 7B gate at 64 rows
 // 39.2 us against 34.6 at 4) and at least 4 steps of 64 a split. On a 9.0 device with the sm_90a form built, blocks
 // of 32 from 65 rows take that form instead (WgmmaRows), to kWgmmaMaxRows (192) rows where it beats the dequantization
-// + cuBLAS GEMM that runs past Int4MmaGemm's 128: one row tile of 96, 128 or 192 rows, the split the largest (to 8)
-// whose grid stays within one wave: two blocks an SM on 96- and 128-row tiles, one on 192 (a 7B layer's best splits on
-// 96-row tiles: qkv's 96 column tiles 2-4, gate's 86 3, o's and down's 32 8, where a grid past the wave measured up
-// to 1.3x slower: gemm-rows-probe-wgmma.txt). The 7B layer on this plan (gemm-rows-probe-wgmma-rows.txt, us): 180.6 /
-// 191.0 / 265.6 at 96 / 128 / 192 rows against the dequantization + cuBLAS GEMM's 299.8 / 302.6 / 335.7.
+// + cuBLAS GEMM that runs past Int4MmaGemm's 128: one row tile of 96, 128, 160 or 192 rows, the split the largest (to
+// 8) whose grid stays within one wave: two blocks an SM on 96- to 160-row tiles, one on 192 (a 7B layer's best splits
+// on 96-row tiles: qkv's 96 column tiles 2-4, gate's 86 3, o's and down's 32 8, where a grid past the wave measured up
+// to 1.3x slower: gemm-rows-probe-wgmma.txt). The 7B layer on this plan (gemm-rows-probe-wgmma-rows.txt,
+// -tile160-rule.txt, us): 180.6 / 191.0 / 231.9 / 263.6 at 96 / 128 / 160 / 192 rows against the dequantization +
+// cuBLAS GEMM's 299.8 / 302.6 / 323.9 / 338.9.
 struct RowsPlan {
   int bm, splits;
   bool wgmma;
@@ -2024,7 +2025,7 @@ RowsPlan RowsPlanFor(int64_t m, int64_t k, int64_t n, int64_t block) {
   const int64_t most = std::max<int64_t>(1, k / 256);
   const int64_t col_tiles = (n + kGemmBN - 1) / kGemmBN;
   if (WgmmaRows(device, m, block)) {
-    const int64_t bm = m <= 96 ? 96 : m <= 128 ? 128 : 192, slots = (bm == 192 ? 1 : 2) * sms;
+    const int64_t bm = m <= 96 ? 96 : m <= 128 ? 128 : m <= 160 ? 160 : 192, slots = (bm == 192 ? 1 : 2) * sms;
     int64_t splits = 1;
     for (int64_t c : {2, 3, 4, 6, 8})
       if (c <= most && col_tiles * c <= slots) splits = c;

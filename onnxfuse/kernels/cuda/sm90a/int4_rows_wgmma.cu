@@ -30,7 +30,8 @@ __device__ __forceinline__ void WgmmaRS(float (&d)[N / 2], const uint32_t (&a)[4
       "+f"(d[b + 7])
 #define ONNXFUSE_D48 ONNXFUSE_D8(0), ONNXFUSE_D8(8), ONNXFUSE_D8(16), ONNXFUSE_D8(24), ONNXFUSE_D8(32), ONNXFUSE_D8(40)
 #define ONNXFUSE_D64 ONNXFUSE_D48, ONNXFUSE_D8(48), ONNXFUSE_D8(56)
-#define ONNXFUSE_D96 ONNXFUSE_D64, ONNXFUSE_D8(64), ONNXFUSE_D8(72), ONNXFUSE_D8(80), ONNXFUSE_D8(88)
+#define ONNXFUSE_D80 ONNXFUSE_D64, ONNXFUSE_D8(64), ONNXFUSE_D8(72)
+#define ONNXFUSE_D96 ONNXFUSE_D80, ONNXFUSE_D8(80), ONNXFUSE_D8(88)
 #define ONNXFUSE_D128 ONNXFUSE_D96, ONNXFUSE_D8(96), ONNXFUSE_D8(104), ONNXFUSE_D8(112), ONNXFUSE_D8(120)
 #define ONNXFUSE_R48                                                                                      \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
@@ -41,6 +42,11 @@ __device__ __forceinline__ void WgmmaRS(float (&d)[N / 2], const uint32_t (&a)[4
   "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "  \
   "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "  \
   "%62, %63}"
+#define ONNXFUSE_R80                                                                                      \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "  \
+  "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "  \
+  "%62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79}"
 #define ONNXFUSE_R96                                                                                      \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
   "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "  \
@@ -67,6 +73,8 @@ ONNXFUSE_WGMMA_RS(__half, "f16", 96, ONNXFUSE_R48, ONNXFUSE_D48, "%48", "%49", "
 ONNXFUSE_WGMMA_RS(__half, "f16", 128, ONNXFUSE_R64, ONNXFUSE_D64, "%64", "%65", "%66", "%67", "%68", "%69")
 ONNXFUSE_WGMMA_RS(__nv_bfloat16, "bf16", 96, ONNXFUSE_R48, ONNXFUSE_D48, "%48", "%49", "%50", "%51", "%52", "%53")
 ONNXFUSE_WGMMA_RS(__nv_bfloat16, "bf16", 128, ONNXFUSE_R64, ONNXFUSE_D64, "%64", "%65", "%66", "%67", "%68", "%69")
+ONNXFUSE_WGMMA_RS(__half, "f16", 160, ONNXFUSE_R80, ONNXFUSE_D80, "%80", "%81", "%82", "%83", "%84", "%85")
+ONNXFUSE_WGMMA_RS(__nv_bfloat16, "bf16", 160, ONNXFUSE_R80, ONNXFUSE_D80, "%80", "%81", "%82", "%83", "%84", "%85")
 ONNXFUSE_WGMMA_RS(__half, "f16", 192, ONNXFUSE_R96, ONNXFUSE_D96, "%96", "%97", "%98", "%99", "%100", "%101")
 ONNXFUSE_WGMMA_RS(__half, "f16", 256, ONNXFUSE_R128, ONNXFUSE_D128, "%128", "%129", "%130", "%131", "%132", "%133")
 ONNXFUSE_WGMMA_RS(__nv_bfloat16, "bf16", 192, ONNXFUSE_R96, ONNXFUSE_D96, "%96", "%97", "%98", "%99", "%100", "%101")
@@ -75,10 +83,12 @@ ONNXFUSE_WGMMA_RS(__nv_bfloat16, "bf16", 256, ONNXFUSE_R128, ONNXFUSE_D128, "%12
 #undef ONNXFUSE_WGMMA_RS
 #undef ONNXFUSE_R128
 #undef ONNXFUSE_R96
+#undef ONNXFUSE_R80
 #undef ONNXFUSE_R64
 #undef ONNXFUSE_R48
 #undef ONNXFUSE_D128
 #undef ONNXFUSE_D96
+#undef ONNXFUSE_D80
 #undef ONNXFUSE_D64
 #undef ONNXFUSE_D48
 #undef ONNXFUSE_D8
@@ -256,15 +266,19 @@ int Launch(const void* x, const uint8_t* wq, const void* scales, void* y, float*
                                    part, int(ldy), int(m), int(k), int(n), int(nb), int(row_bytes), per);
     return int(cudaGetLastError());
   };
-  // Each tile's stages and blocks an SM (h200-2026-12-01/int4/gemm-rows-probe-wgmma-rows.txt, the 7B layer): 96 rows
-  // 4 stages (90 registers, two blocks an SM as they are); 128 rows 3 stages held to 128 registers, two blocks an SM
-  // (188.7 us at 128 rows against 210.1 on one block an SM with 4 stages); 192 rows 4 stages, one block an SM (157
-  // registers).
+  // Each tile's stages and blocks an SM (h200-2026-12-01/int4/gemm-rows-probe-wgmma-rows.txt, -tiles160.txt, the 7B
+  // layer): 96 rows 4 stages (90 registers, two blocks an SM as they are; held to 85 for three, it spilled and lost);
+  // 128 and 160 rows 3 stages held to 128 registers, two blocks an SM (188.7 us at 128 rows against 210.1 on one
+  // block an SM with 4 stages; 222.8 / 231.0 at 144 / 160 rows against the 192-row tile's 258.9 / 258.8); 192 rows 4
+  // stages, one block an SM (157 registers).
   if (bm == 96)
     return splits > 1 ? launch(Int4WgmmaGemm<T, 96, 4, true>, 96, 4) : launch(Int4WgmmaGemm<T, 96, 4, false>, 96, 4);
   if (bm == 128)
     return splits > 1 ? launch(Int4WgmmaGemm<T, 128, 3, true, 2>, 128, 3)
                       : launch(Int4WgmmaGemm<T, 128, 3, false, 2>, 128, 3);
+  if (bm == 160)
+    return splits > 1 ? launch(Int4WgmmaGemm<T, 160, 3, true, 2>, 160, 3)
+                      : launch(Int4WgmmaGemm<T, 160, 3, false, 2>, 160, 3);
   if (bm == 192)
     return splits > 1 ? launch(Int4WgmmaGemm<T, 192, 4, true>, 192, 4)
                       : launch(Int4WgmmaGemm<T, 192, 4, false>, 192, 4);
@@ -274,8 +288,8 @@ int Launch(const void* x, const uint8_t* wq, const void* scales, void* y, float*
 }  // namespace
 
 // Y [m, ldy] (splits 1) or the fp32 partials part [splits][m][n] (splits > 1; the caller sums them) = X @ W^T for
-// dtype fp16/bf16 X [m, k], packed symmetric weights [n, k / 2] in blocks of 32 with scales [n, nb]; bm 96, 128 or 192,
-// K split in `splits` shares of `per` steps of 64. 0 or the CUDA error.
+// dtype fp16/bf16 X [m, k], packed symmetric weights [n, k / 2] in blocks of 32 with scales [n, nb]; bm 96, 128, 160
+// or 192, K split in `splits` shares of `per` steps of 64. 0 or the CUDA error.
 extern "C" int onnxfuse_sm90a_int4_rows_gemm(int dtype, const void* x, const uint8_t* wq, const void* scales, void* y,
                                              float* part, int64_t ldy, int64_t m, int64_t k, int64_t n, int64_t nb,
                                              int64_t row_bytes, int bm, int splits, int per, cudaStream_t s) {
