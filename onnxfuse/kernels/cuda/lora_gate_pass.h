@@ -31,7 +31,7 @@
 
 namespace onnxfuse::cuda_kernels::gate_pass {
 
-constexpr int kSmem = 2 * kStageBytes;  // two stages (lora_gate_frag.h: a block's geometry, a stage's bytes)
+constexpr int kStages = 2;  // the library's ring of chunks (lora_gate_frag.h: a block's geometry, a stage's bytes)
 
 struct Args {
   const void* g;    // the gate product [m, n] (may be y itself)
@@ -82,7 +82,8 @@ __device__ __forceinline__ void Issue(char* stage, const Args& p, int64_t row0, 
 // A block: 4 warps, 64 rows (a warp 16) and a range of 64-column chunks (grid.x splits the columns). A warp takes its
 // 16 rows of a chunk 16 columns (two mma n-blocks) at a time: ldmatrix of g and u gives their values in the
 // accumulators' layout, ldmatrix.trans of bg and bu the B fragments, T is one A fragment a warp.
-template <typename T, int A>
+// S: the ring's stages (S - 1 chunks in flight while one is computed; the library's kStages, the probe's others).
+template <typename T, int A, int S>
 __global__ void __launch_bounds__(kWarps * 32) LoRAGatePass(const Args p) {
   extern __shared__ __align__(128) char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -92,8 +93,10 @@ __global__ void __launch_bounds__(kWarps * 32) LoRAGatePass(const Args p) {
   const int first = int(int64_t(blockIdx.x) * total / gridDim.x);
   const int count = int(int64_t(blockIdx.x + 1) * total / gridDim.x) - first;
   if (count <= 0) return;
-  Issue<T>(smem, p, row0, int64_t(first) * kChunk);
-  asm volatile("cp.async.commit_group;\n" ::);
+  for (int j = 0; j < S - 1; ++j) {  // chunks 0 .. S - 2, a group each (empty past count)
+    if (j < count) Issue<T>(smem + j * kStageBytes, p, row0, int64_t(first + j) * kChunk);
+    asm volatile("cp.async.commit_group;\n" ::);
+  }
   uint32_t ag[4], au[4];
   RankFragment<T>(p.tg, p.split, p.m, r0, r1, t, p.sg, ag);
   RankFragment<T>(p.tu, p.split, p.m, r0, r1, t, p.su, au);
@@ -101,12 +104,13 @@ __global__ void __launch_bounds__(kWarps * 32) LoRAGatePass(const Args p) {
   const int mi = lane >> 3, mr = lane & 7;  // this lane's ldmatrix row: matrix lane / 8, its row lane % 8
   T* y = static_cast<T*>(p.y);
   for (int i = 0; i < count; ++i) {
-    char* stage = smem + (i & 1) * kStageBytes;
+    char* stage = smem + (i % S) * kStageBytes;
     const uint32_t gs = SmemAddr(stage), us = gs + kTileBytes, bgs = gs + 2 * kTileBytes, bus = bgs + kBBytes,
                    ads = bus + kBBytes;
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");  // chunk i has landed ...
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 2) : "memory");  // chunk i has landed ...
     __syncthreads();  // ... for every thread, and chunk i - 1's stage has been stored from
-    if (i + 1 < count) Issue<T>(smem + ((i + 1) & 1) * kStageBytes, p, row0, int64_t(first + i + 1) * kChunk);
+    if (i + S - 1 < count)
+      Issue<T>(smem + ((i + S - 1) % S) * kStageBytes, p, row0, int64_t(first + i + S - 1) * kChunk);
     asm volatile("cp.async.commit_group;\n" ::);
     for (int q2 = 0; q2 < kChunk / 16; ++q2) {  // 16 columns: mma n-blocks 2 q2 and 2 q2 + 1
       uint32_t gd[4], ud[4], bgf[4], buf[4];
@@ -155,45 +159,52 @@ inline bool Takes(int dtype, int64_t n, int64_t r) {
   return (dtype == ONNXFUSE_FP16 || dtype == ONNXFUSE_BF16) && r >= 0 && r <= kRank && n > 0 && n % kChunk == 0;
 }
 
-template <typename T, int A>
+template <typename T, int A, int S>
 int Launch(const Args& p, int64_t splits, cudaStream_t s) {
   // past 48 KB of dynamic shared memory, opted in per launch (as Int4Gemv and the embedding interaction do)
-  if (cudaError_t e = cudaFuncSetAttribute(LoRAGatePass<T, A>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem))
+  constexpr int smem = S * kStageBytes;
+  if (cudaError_t e = cudaFuncSetAttribute(LoRAGatePass<T, A, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem))
     return int(e);
-  LoRAGatePass<T, A><<<dim3(unsigned(splits), unsigned((p.m + kRows - 1) / kRows)), kWarps * 32, kSmem, s>>>(p);
+  LoRAGatePass<T, A, S><<<dim3(unsigned(splits), unsigned((p.m + kRows - 1) / kRows)), kWarps * 32, smem, s>>>(p);
   return int(cudaGetLastError());
 }
 
-template <typename T>
+template <typename T, int S>
 int LaunchAct(int act, const Args& p, int64_t splits, cudaStream_t s) {
   switch (act) {
     case ONNXFUSE_GATE_SILU:
-      return Launch<T, ONNXFUSE_GATE_SILU>(p, splits, s);
+      return Launch<T, ONNXFUSE_GATE_SILU, S>(p, splits, s);
     case ONNXFUSE_GATE_GELU:
-      return Launch<T, ONNXFUSE_GATE_GELU>(p, splits, s);
+      return Launch<T, ONNXFUSE_GATE_GELU, S>(p, splits, s);
     case ONNXFUSE_GATE_GELU_TANH:
-      return Launch<T, ONNXFUSE_GATE_GELU_TANH>(p, splits, s);
+      return Launch<T, ONNXFUSE_GATE_GELU_TANH, S>(p, splits, s);
     case ONNXFUSE_GATE_QUICK_GELU:
-      return Launch<T, ONNXFUSE_GATE_QUICK_GELU>(p, splits, s);
+      return Launch<T, ONNXFUSE_GATE_QUICK_GELU, S>(p, splits, s);
     case ONNXFUSE_GATE_RELU:
-      return Launch<T, ONNXFUSE_GATE_RELU>(p, splits, s);
+      return Launch<T, ONNXFUSE_GATE_RELU, S>(p, splits, s);
     case ONNXFUSE_GATE_SIGMOID:
-      return Launch<T, ONNXFUSE_GATE_SIGMOID>(p, splits, s);
+      return Launch<T, ONNXFUSE_GATE_SIGMOID, S>(p, splits, s);
     default:
       return ONNXFUSE_ERR_BAD_ARGUMENT;
   }
 }
 
 // The pass on `s` (dtype: ONNXFUSE_FP16 or _BF16; Takes() holds, buffers 16-byte aligned, split >= 1). Blocks: 64-row
-// tiles x `splits` column ranges; 0 picks about 2.5 blocks an SM (`sms`; 5 fit by registers and shared memory): at 2048
-// x 11008, 10 ranges and 320 blocks took 55.0 us against 56.5 for 512 and 56.3 for 640 (H100, the probe's kernel).
-inline int Run(int dtype, int act, const Args& p, int sms, int64_t splits, cudaStream_t s) {
+// tiles x `splits` column ranges; 0 picks floor(4 SMs / row tiles), about 4 blocks an SM (`sms`; 5 fit by registers
+// and shared memory, so one wave): at 2048 x 11008 (rank 16, 4 partials, H200) 16 ranges and 512 blocks took 42.6 us
+// against 47.1 for the 11 of the rule before (2.5 blocks an SM), 44.1-48.4 for 12-15, 17 and 18, 43.7 for 20, and a
+// ring of 3 or 4 stages, which leaves room for 3 or 2 blocks an SM, 52.6-90.4 (benchmarks/results/h200-2026-12-01/
+// lora/gate-pass-splits.txt: the pass is bound by its instructions' latency, so the warps an SM count, not the bytes
+// in flight). An H100 had 10 ranges at 55.0 us against 56.5 for 16 with lora_gate_ldm's form of the kernel.
+template <int S = kStages>
+int Run(int dtype, int act, const Args& p, int sms, int64_t splits, cudaStream_t s) {
   if (!Takes(dtype, p.n, std::max({p.rg, p.ru, p.rd})) || p.m <= 0 || p.split < 1 || splits < 0)
     return ONNXFUSE_ERR_BAD_ARGUMENT;
   const int64_t row_tiles = (p.m + kRows - 1) / kRows, chunks = p.n / kChunk;
-  if (splits == 0) splits = (5 * int64_t(std::max(sms, 1)) / 2 + row_tiles - 1) / row_tiles;
+  if (splits == 0) splits = 4 * int64_t(std::max(sms, 1)) / row_tiles;
   splits = std::max<int64_t>(1, std::min(chunks, splits));
-  return dtype == ONNXFUSE_FP16 ? LaunchAct<__half>(act, p, splits, s) : LaunchAct<__nv_bfloat16>(act, p, splits, s);
+  return dtype == ONNXFUSE_FP16 ? LaunchAct<__half, S>(act, p, splits, s)
+                                : LaunchAct<__nv_bfloat16, S>(act, p, splits, s);
 }
 
 }  // namespace onnxfuse::cuda_kernels::gate_pass

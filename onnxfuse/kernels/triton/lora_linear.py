@@ -231,12 +231,17 @@ KERNELS = {
 # of K (the launcher picks SPLIT so that about one program per SM runs); memory bound (reads X once, A per program
 # from L2). lora_main: the GEMM tiles (gemm_loop.GEMM_TILES_*), on sm_90 a 128 x 256 large tile.
 _H_XA = {"small": (16, 0, 128, 1, 4, 3), "medium": (16, 0, 128, 1, 4, 3), "large": (64, 0, 64, 1, 4, 4)}
+# sm_90's lora_xa past 128 rows: steps of 128 values of K. At 2048 rows, both adapters of a 7B MLP (K 4096 in 4
+# slices, LoRASwiGLU's cuBLASLt path; 128 programs) on an H200, X read from DRAM as in the MLP: 16.6 us against 23.5
+# for steps of 64 (10.3 against 12.9 with X in L2), the best at 4 slices with 64x256 on 8 warps (16.0)
+# (benchmarks/results/h200-2026-12-01/lora/lora-xa-probe.txt).
+_H_XA_90 = dict(_H_XA, large=(64, 0, 128, 1, 4, 4))
 _F_XA = {"small": (16, 0, 64, 1, 4, 3), "medium": (16, 0, 64, 1, 4, 3), "large": (64, 0, 32, 1, 4, 3)}
 # multi_lora_xa / multi_lora_main: lora_xa's tiles and lora_main's tuned ones (triton/tuned.json; the adapters' dots
 # of a decode tile are thin).
 _H_MULTI_MAIN = {"small": (16, 64, 256, 1, 4, 5), "medium": (64, 128, 64, 8, 4, 4), "large": (128, 256, 64, 8, 8, 3)}
 CONFIGS = {
-    "90": {"lora_xa": {"h": _H_XA, "f": _F_XA},
+    "90": {"lora_xa": {"h": _H_XA_90, "f": _F_XA},
            "lora_main": {"h": dict(GEMM_TILES_H, large=(128, 256, 64, 8, 8, 3)), "f": GEMM_TILES_F},
            "multi_lora_xa": {"h": _H_XA, "f": _F_XA}, "multi_lora_main": {"h": _H_MULTI_MAIN, "f": GEMM_TILES_F}},
     "80": {"lora_xa": {"h": _H_XA, "f": _F_XA}, "lora_main": {"h": GEMM_TILES_H, "f": GEMM_TILES_F},
