@@ -125,16 +125,8 @@ int LaunchWgT(const __half* x, const Int4Weights& wt, __half* y, int64_t m, int6
               int splits, cudaStream_t s) {
   const int steps = int(k / 64), per = (steps + splits - 1) / splits;
   splits = (steps + per - 1) / per;
-  const dim3 grid(unsigned((n + 127) / 128), unsigned((m + BM - 1) / BM), unsigned(splits));
-  const size_t smem = size_t(STAGES) * (BM * 128 + 128 * 32) + 1024;
-  auto launch = [&](auto kernel) {
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    kernel<<<grid, 256, smem, s>>>(x, wt.wq, static_cast<const __half*>(wt.scales), y, part, int(n), int(m), int(k),
-                                   int(n), int(wt.nb), int(wt.row_bytes), per);
-    return int(cudaGetLastError());
-  };
-  int err = splits > 1 ? launch(Int4WgmmaGemm<__half, BM, STAGES, true, MINB>)
-                       : launch(Int4WgmmaGemm<__half, BM, STAGES, false, MINB>);
+  int err = LaunchWgmma<__half, BM, STAGES, MINB>(x, wt.wq, wt.scales, y, part, n, m, k, n, wt.nb, wt.row_bytes, splits,
+                                                  per, s);
   if (err || splits == 1) return err;
   Int4SplitSum<__half><<<1024, 256, 0, s>>>(part, y, int(n), int(m), int(n), splits);
   return int(cudaGetLastError());
@@ -204,7 +196,7 @@ int main(int argc, char** argv) {
     return LaunchMmaGemm<__nv_bfloat16>(static_cast<const __nv_bfloat16*>(b.x), wt, static_cast<__nv_bfloat16*>(b.y), N,
                                         M, K, N, b.part, bm, splits, wgmma, s);
   };
-  const bool wg = WgmmaRows(0, 100, 32);  // the sm_90a form is built and this is a 9.0 device
+  const bool wg = WgmmaRows(100, 32);  // the sm_90a form is built and this is a 9.0 device
   printf("sm_90a rows form: %s\n", wg ? "yes" : "no");
   auto fill = [&](int dtype, int64_t M, int64_t K, int64_t N, int64_t block, float sscale) {
     Fill<<<1024, 256>>>(b.wq, N * K / 2, 1);

@@ -101,6 +101,7 @@ static inline bool Int4BlockOk(int64_t block) { return block >= 16 && block <= 2
 #include "gemm.h"
 #include "cp_async.h"
 #include "mma.h"
+#include "sm90a/int4_rows_tiles.h"
 
 namespace ock = onnxfuse::cuda_kernels;
 
@@ -1966,8 +1967,9 @@ int MixedGemm(int dtype, const void* x, const uint8_t* wq, const void* scales, v
 // (gemm-rows-probe.txt), so it stops at 128. Blocks of 128: 98.6 / 104.7 / 159.3 at 17 / 32 / 64 rows, where the
 // mixed-input GEMM took 222.9 / 206.5 / 194.5 (h200-2026-11-29/int4/int4-probe-block128-tile128-on.json), and 258.4
 // at 128, where it took 196.9.
-constexpr int64_t kRowsMaxRows = 128, kRowsOverMixedRows = 64, kWgmmaMaxRows = 192;
-bool WgmmaRows(int device, int64_t m, int64_t block);
+constexpr int64_t kRowsMaxRows = 128, kRowsOverMixedRows = 64,
+                  kWgmmaMaxRows = ock::int4_rows::kWgmmaTiles[ock::int4_rows::kWgmmaTileCount - 1].rows;
+bool WgmmaRows(int64_t m, int64_t block);
 
 bool RowsPath(int dtype, int64_t m, int64_t k, int64_t n, int64_t block, int aligned, bool zero_points) {
   static const bool off = [] {
@@ -1978,10 +1980,7 @@ bool RowsPath(int dtype, int64_t m, int64_t k, int64_t n, int64_t block, int ali
       m > kWgmmaMaxRows || block < 32 || block > 256 || k < 64 || k % 64 != 0 || k > 0x7fffffffLL || n < 1 ||
       n * (k / block) > 0x7fffffffLL || m * n > 0x7fffffffLL)
     return false;
-  if (m > kRowsMaxRows) {  // past 128 rows the sm_90a form alone
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess || !WgmmaRows(device, m, block)) return false;
-  }
+  if (m > kRowsMaxRows && !WgmmaRows(m, block)) return false;  // past 128 rows the sm_90a form alone
   return m <= kRowsOverMixedRows || !MixedPath(dtype, m, k, n, block, aligned, zero_points);
 }
 
@@ -1993,43 +1992,42 @@ bool RowsPath(int dtype, int64_t m, int64_t k, int64_t n, int64_t block, int ali
 // holds two to four an SM), the split count one of 1, 2, 3, 4, 6, 8, 12, 16 (5 measured slow: a 7B gate at 64 rows
 // 39.2 us against 34.6 at 4) and at least 4 steps of 64 a split. On a 9.0 device with the sm_90a form built, blocks
 // of 32 from 65 rows take that form instead (WgmmaRows), to kWgmmaMaxRows (192) rows where it beats the dequantization
-// + cuBLAS GEMM that runs past Int4MmaGemm's 128: one row tile of 96, 128, 160 or 192 rows, the split the largest (to
-// 8) whose grid stays within one wave: two blocks an SM on 96- to 160-row tiles, one on 192 (a 7B layer's best splits
-// on 96-row tiles: qkv's 96 column tiles 2-4, gate's 86 3, o's and down's 32 8, where a grid past the wave measured up
-// to 1.3x slower: gemm-rows-probe-wgmma.txt). The 7B layer on this plan (gemm-rows-probe-wgmma-rows.txt,
-// -tile160-rule.txt, us): 180.6 / 191.0 / 231.9 / 263.6 at 96 / 128 / 160 / 192 rows against the dequantization +
-// cuBLAS GEMM's 299.8 / 302.6 / 323.9 / 338.9.
+// + cuBLAS GEMM that runs past Int4MmaGemm's 128: one row tile of 96, 128, 160 or 192 rows (sm90a/int4_rows_tiles.h),
+// the split the largest (to 8) whose grid stays within one wave: two blocks an SM on 96- to 160-row tiles, one on 192
+// (a 7B layer's best splits on 96-row tiles: qkv's 96 column tiles 2-4, gate's 86 3, o's and down's 32 8, where a grid
+// past the wave measured up to 1.3x slower: gemm-rows-probe-wgmma.txt). The 7B layer on this plan
+// (gemm-rows-probe-wgmma-rows.txt, -tile160-rule.txt, us): 180.6 / 191.0 / 231.9 / 263.6 at 96 / 128 / 160 / 192 rows
+// against the dequantization + cuBLAS GEMM's 299.8 / 302.6 / 323.9 / 338.9.
 struct RowsPlan {
   int bm, splits;
   bool wgmma;
 };
 
-bool WgmmaRows(int device, int64_t m, int64_t block) {
+// Whether the current device (a 9.0 one: the cached arch of onnxfuse_cuda_current_arch) runs m rows in blocks of
+// `block` on the sm_90a form.
+bool WgmmaRows(int64_t m, int64_t block) {
 #ifdef ONNXFUSE_WITH_SM90A
-  if (m <= 64 || m > kWgmmaMaxRows || block != 32) return false;
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
-    return false;
-  return major == 9 && minor == 0;
+  int device = 0;
+  return m > 64 && m <= kWgmmaMaxRows && block == 32 && onnxfuse_cuda_current_arch(&device) == 90;
 #else
-  (void)device, (void)m, (void)block;
+  (void)m, (void)block;
   return false;
 #endif
 }
 
 RowsPlan RowsPlanFor(int64_t m, int64_t k, int64_t n, int64_t block) {
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) device = 0;
+  if (onnxfuse_cuda_current_arch(&device) < 0) device = 0;
   const int64_t sms0 = onnxfuse_cuda_sm_count(device), sms = sms0 > 0 ? sms0 : 132;
   const int64_t most = std::max<int64_t>(1, k / 256);
   const int64_t col_tiles = (n + kGemmBN - 1) / kGemmBN;
-  if (WgmmaRows(device, m, block)) {
-    const int64_t bm = m <= 96 ? 96 : m <= 128 ? 128 : m <= 160 ? 160 : 192, slots = (bm == 192 ? 1 : 2) * sms;
+  if (WgmmaRows(m, block)) {
+    const ock::int4_rows::WgmmaTile& tile = ock::int4_rows::kWgmmaTiles[ock::int4_rows::WgmmaTileFor(m)];
+    const int64_t slots = int64_t(tile.per_sm) * sms;
     int64_t splits = 1;
     for (int64_t c : {2, 3, 4, 6, 8})
       if (c <= most && col_tiles * c <= slots) splits = c;
-    return {int(bm), int(splits), true};
+    return {tile.rows, int(splits), true};
   }
   const int64_t bm = m <= 96 ? (m + 31) / 32 * 32 : 64;
   const int64_t tiles = col_tiles * ((m + bm - 1) / bm);

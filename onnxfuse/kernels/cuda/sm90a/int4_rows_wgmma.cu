@@ -16,6 +16,7 @@
 
 #include "cuda/cp_async.h"
 #include "cuda/gemm.h"
+#include "cuda/sm90a/int4_rows_tiles.h"
 
 namespace ock = onnxfuse::cuda_kernels;
 
@@ -76,10 +77,12 @@ ONNXFUSE_WGMMA_RS(__nv_bfloat16, "bf16", 128, ONNXFUSE_R64, ONNXFUSE_D64, "%64",
 ONNXFUSE_WGMMA_RS(__half, "f16", 160, ONNXFUSE_R80, ONNXFUSE_D80, "%80", "%81", "%82", "%83", "%84", "%85")
 ONNXFUSE_WGMMA_RS(__nv_bfloat16, "bf16", 160, ONNXFUSE_R80, ONNXFUSE_D80, "%80", "%81", "%82", "%83", "%84", "%85")
 ONNXFUSE_WGMMA_RS(__half, "f16", 192, ONNXFUSE_R96, ONNXFUSE_D96, "%96", "%97", "%98", "%99", "%100", "%101")
-ONNXFUSE_WGMMA_RS(__half, "f16", 256, ONNXFUSE_R128, ONNXFUSE_D128, "%128", "%129", "%130", "%131", "%132", "%133")
 ONNXFUSE_WGMMA_RS(__nv_bfloat16, "bf16", 192, ONNXFUSE_R96, ONNXFUSE_D96, "%96", "%97", "%98", "%99", "%100", "%101")
+#if defined(WG_PROBE) || defined(WS_PROBE)  // a 256-row tile: scripts/int4_gemm_rows_probe.cu's variants only
+ONNXFUSE_WGMMA_RS(__half, "f16", 256, ONNXFUSE_R128, ONNXFUSE_D128, "%128", "%129", "%130", "%131", "%132", "%133")
 ONNXFUSE_WGMMA_RS(__nv_bfloat16, "bf16", 256, ONNXFUSE_R128, ONNXFUSE_D128, "%128", "%129", "%130", "%131", "%132",
                   "%133")
+#endif
 #undef ONNXFUSE_WGMMA_RS
 #undef ONNXFUSE_R128
 #undef ONNXFUSE_R96
@@ -254,35 +257,49 @@ __global__ void __launch_bounds__(256, MINB)
   StoreAcc<T, BM, SPLIT>(acc, y, part, ldy, m, N, n0 + wrow, m0, t);
 }
 
-template <typename T>
-int Launch(const void* x, const uint8_t* wq, const void* scales, void* y, float* part, int64_t ldy, int64_t m,
-           int64_t k, int64_t n, int64_t nb, int64_t row_bytes, int bm, int splits, int per, cudaStream_t s) {
-  const dim3 grid(unsigned((n + 127) / 128), unsigned((m + bm - 1) / bm), unsigned(splits));
-  auto launch = [&](auto kernel, int bmv, int stages) {
-    const size_t smem = size_t(stages) * (bmv * 128 + 128 * 32) + 1024;
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)))
-      return int(e);
+// The kernel at BM rows, a ring of STAGES, MINB blocks an SM by its launch bounds, on `splits` shares of `per` steps:
+// its shared memory from them (the ring's X and weight steps, and 1 KB to align the swizzled X). The library launches
+// int4_rows_tiles.h's tiles (Launch); scripts/int4_gemm_rows_probe.cu (-DWG_PROBE) others.
+template <typename T, int BM, int STAGES, int MINB>
+int LaunchWgmma(const void* x, const uint8_t* wq, const void* scales, void* y, float* part, int64_t ldy, int64_t m,
+                int64_t k, int64_t n, int64_t nb, int64_t row_bytes, int splits, int per, cudaStream_t s) {
+  constexpr int smem = STAGES * (BM * 128 + 128 * 32) + 1024;
+  const dim3 grid(unsigned((n + 127) / 128), unsigned((m + BM - 1) / BM), unsigned(splits));
+  auto launch = [&](auto kernel) {
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return int(e);
     kernel<<<grid, 256, smem, s>>>(static_cast<const T*>(x), wq, static_cast<const T*>(scales), static_cast<T*>(y),
                                    part, int(ldy), int(m), int(k), int(n), int(nb), int(row_bytes), per);
     return int(cudaGetLastError());
   };
-  // Each tile's stages and blocks an SM (h200-2026-12-01/int4/gemm-rows-probe-wgmma-rows.txt, -tiles160.txt, the 7B
-  // layer): 96 rows 4 stages (90 registers, two blocks an SM as they are; held to 85 for three, it spilled and lost);
-  // 128 and 160 rows 3 stages held to 128 registers, two blocks an SM (188.7 us at 128 rows against 210.1 on one
-  // block an SM with 4 stages; 222.8 / 231.0 at 144 / 160 rows against the 192-row tile's 258.9 / 258.8); 192 rows 4
-  // stages, one block an SM (157 registers).
-  if (bm == 96)
-    return splits > 1 ? launch(Int4WgmmaGemm<T, 96, 4, true>, 96, 4) : launch(Int4WgmmaGemm<T, 96, 4, false>, 96, 4);
-  if (bm == 128)
-    return splits > 1 ? launch(Int4WgmmaGemm<T, 128, 3, true, 2>, 128, 3)
-                      : launch(Int4WgmmaGemm<T, 128, 3, false, 2>, 128, 3);
-  if (bm == 160)
-    return splits > 1 ? launch(Int4WgmmaGemm<T, 160, 3, true, 2>, 160, 3)
-                      : launch(Int4WgmmaGemm<T, 160, 3, false, 2>, 160, 3);
-  if (bm == 192)
-    return splits > 1 ? launch(Int4WgmmaGemm<T, 192, 4, true>, 192, 4)
-                      : launch(Int4WgmmaGemm<T, 192, 4, false>, 192, 4);
-  return ONNXFUSE_ERR_BAD_ARGUMENT;
+  return splits > 1 ? launch(Int4WgmmaGemm<T, BM, STAGES, true, MINB>)
+                    : launch(Int4WgmmaGemm<T, BM, STAGES, false, MINB>);
+}
+
+// Tile I of int4_rows_tiles.h's table.
+template <typename T, int I>
+int LaunchTile(const void* x, const uint8_t* wq, const void* scales, void* y, float* part, int64_t ldy, int64_t m,
+               int64_t k, int64_t n, int64_t nb, int64_t row_bytes, int splits, int per, cudaStream_t s) {
+  constexpr ock::int4_rows::WgmmaTile tile = ock::int4_rows::kWgmmaTiles[I];
+  return LaunchWgmma<T, tile.rows, tile.stages, tile.minb>(x, wq, scales, y, part, ldy, m, k, n, nb, row_bytes, splits,
+                                                           per, s);
+}
+
+template <typename T>
+int Launch(const void* x, const uint8_t* wq, const void* scales, void* y, float* part, int64_t ldy, int64_t m,
+           int64_t k, int64_t n, int64_t nb, int64_t row_bytes, int bm, int splits, int per, cudaStream_t s) {
+  static_assert(ock::int4_rows::kWgmmaTileCount == 4, "a tile per case below");
+  const int i = ock::int4_rows::WgmmaTileFor(bm);
+  if (ock::int4_rows::kWgmmaTiles[i].rows != bm) return ONNXFUSE_ERR_BAD_ARGUMENT;
+  switch (i) {
+    case 0:
+      return LaunchTile<T, 0>(x, wq, scales, y, part, ldy, m, k, n, nb, row_bytes, splits, per, s);
+    case 1:
+      return LaunchTile<T, 1>(x, wq, scales, y, part, ldy, m, k, n, nb, row_bytes, splits, per, s);
+    case 2:
+      return LaunchTile<T, 2>(x, wq, scales, y, part, ldy, m, k, n, nb, row_bytes, splits, per, s);
+    default:
+      return LaunchTile<T, 3>(x, wq, scales, y, part, ldy, m, k, n, nb, row_bytes, splits, per, s);
+  }
 }
 
 }  // namespace
