@@ -11,7 +11,7 @@ Time: one CUDA graph of the chain replayed back to back (the GPU's own time per 
 against PyTorch. Needs a CUDA GPU (sm_90), torch and triton; nothing of onnxruntime.
 
     python scripts/lora_mlp_fold_probe.py [--reps 200] [--rounds 5] [--gate-tiles 16x128x4,32x128x4] [--profile]
-                                          [--before DIR]
+                                          [--before DIR] [--multi-tiles 16x64x128x4x4,...] [--mixed-only]
 
 --gate-tiles: the 2048-token folded chain again with lora_gate on each BLOCK_M x BLOCK_N x warps tile (the library's:
 swiglu.py's _GATE), the base MLP and every tile round-robin (their CUDA graphs replayed in turn, `--rounds` rounds,
@@ -96,6 +96,8 @@ def main(argv=None) -> int:
                     "a programmatic dependent of phase 1 (in at most S slices), round-robin with the base and the "
                     "library's form")
     ap.add_argument("--mixed-only", action="store_true", help="the mixed batch's runs only")
+    ap.add_argument("--multi-tiles", default="", help="BMxBNxBKxWARPSxSTAGES,...: the folded mixed batch as the "
+                    "library launches it (PDL, phase 1 in at most 2 slices) with multi_lora_swiglu on each tile")
     ap.add_argument("--before", default="", help="a folder of the kernel files (e.g. an earlier commit's "
                     "onnxfuse/kernels/triton): the folded chains on its kernels and on the checkout's, round-robin "
                     "with the base")
@@ -157,17 +159,19 @@ def main(argv=None) -> int:
     (m, na, x, ag, au, bg, bu, ad, bd, sg, su, sd, idx, h, y, cx, s1, kb1, g1, s2, kb2, g2, tg, tu, td, csw, cmain, gsw,
      gmain) = mixed_batch(dev, dt)
 
-    def multi(fold, max_split=16, mods=(LO, SW), pdl=False):
+    def multi(fold, max_split=16, mods=(LO, SW), pdl=False, tile=None):
         s1, kb1, g1 = plan(m, H, na, cx, max_split)
         lo, sw = mods
         pdl_args = dict(PDL=True) if pdl else {}
+        c_sw = tile or csw
+        g_sw = (triton.cdiv(m, c_sw["BLOCK_M"]) * triton.cdiv(I, c_sw["BLOCK_N"]),)
 
         def run():
             lo._multi_lora_xa_kernel[(g1,)](x, ag, au, idx, tg, tu, m, H, R, R, 2, na, 1, kb1, td, int(fold),
                                             R_PAD=16, DOT_PRECISION="tf32", **pdl_args, **cx)
-            sw._multi_lora_swiglu_kernel[gsw](x, wg, wu, tg, bg, sg, tu, bu, su, idx, h, m, I, H, R, R, na, 1, s1, 0,
-                                              ad, td, R if fold else 0, R_PAD=16, DOT_PRECISION="tf32",
-                                              **({"PDL": True, "launch_pdl": True} if pdl else {}), **csw)
+            sw._multi_lora_swiglu_kernel[g_sw](x, wg, wu, tg, bg, sg, tu, bu, su, idx, h, m, I, H, R, R, na, 1, s1, 0,
+                                               ad, td, R if fold else 0, R_PAD=16, DOT_PRECISION="tf32",
+                                               **({"PDL": True, "launch_pdl": True} if pdl else {}), **c_sw)
             if not fold:
                 lo._multi_lora_xa_kernel[(g2,)](h, ad, ad, idx, td, td, m, I, R, R, 1, na, 1, kb2, td, 0, R_PAD=16,
                                                 DOT_PRECISION="tf32", **cx)
@@ -193,6 +197,14 @@ def main(argv=None) -> int:
     if pdl_splits:
         fns = {"base MLP": base(8, x), "folded, phase 1 in <= 16 slices": multi(True, 16),
                **{f"folded, PDL, phase 1 in <= {sp} slices": multi(True, sp, pdl=True) for sp in pdl_splits}}
+        split_rounds("mixed batch, 8 rows", fns, ref)
+    tiles = [t for t in args.multi_tiles.split(",") if t]
+    if tiles:  # the library's launch (PDL, phase 1 in at most 2 slices) with multi_lora_swiglu on each tile
+        def tile_of(t):
+            bm, bn, bk, warps, stages = (int(v) for v in t.split("x"))
+            return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=1, num_warps=warps, num_stages=stages)
+        fns = {"base MLP": base(8, x), "folded, PDL, library tile": multi(True, 2, pdl=True),
+               **{f"folded, PDL, tile {t}": multi(True, 2, pdl=True, tile=tile_of(t)) for t in tiles}}
         split_rounds("mixed batch, 8 rows", fns, ref)
     if args.mixed_only:
         return 0
