@@ -79,13 +79,10 @@ def cutlass_forms(lib, h, wd, t, bd, zb, y) -> dict:
     return forms
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--reps", type=int, default=50)
-    ap.add_argument("--cutlass", help="scripts/lora_main_cutlass_probe.cu built as a shared library")
-    args = ap.parse_args(argv)
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+def down_inputs():
+    """The down projection's seeded tensors (fp16, on the GPU): h [M, I], wd [I, H], one fp32 partial t [1, M, 16],
+    bd [R, H], a zero bias zb [H], an output y [M, H], and PyTorch's y in fp32 (T scaled and rounded as the kernels
+    do). Returns (h, wd, t, bd, zb, y, ref)."""
     torch.manual_seed(0)
     dev, dt = "cuda", torch.float16
     h = torch.randn(M, I, device=dev, dtype=dt)
@@ -94,8 +91,20 @@ def main(argv=None) -> int:
     bd = torch.randn(R, H, device=dev, dtype=dt) / 4
     zb = torch.zeros(H, device=dev, dtype=dt)
     y = torch.empty(M, H, device=dev, dtype=dt)
-    c = torch.empty(M, H, device=dev, dtype=dt)
     ref = h.float() @ wd.float() + (SCALE * t[0]).to(dt).float() @ bd.float()
+    return h, wd, t, bd, zb, y, ref
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--cutlass", help="scripts/lora_main_cutlass_probe.cu built as a shared library")
+    args = ap.parse_args(argv)
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    h, wd, t, bd, zb, y, ref = down_inputs()
+    dt = h.dtype
+    c = torch.empty_like(y)
     cmain = cfg("lora_main", M)
     gmain = triton.cdiv(M, cmain["BLOCK_M"]) * triton.cdiv(H, cmain["BLOCK_N"])
     nprog = min(gmain, SMS)

@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from lora_down_probe import M, SCALE, down_inputs  # noqa: E402
 from lora_mlp_fold_probe import report_over, round_robin  # noqa: E402
 from lora_pdl_probe import LO, SMS, H, I, R, cfg  # noqa: E402
 
@@ -40,7 +41,6 @@ GL = sys.modules["_onnxfuse_triton_kernels.gemm_loop"]
 _tma_descs, _tile_of, _lora_epilogue = GL._tma_descs, GL._tile_of, LO._lora_epilogue
 _rank_b, _rank_dot, _store_tile = GL._rank_b, GL._rank_dot, GL._store_tile
 
-M, SCALE = 2048, 0.5
 CONFIGS = ("128x256x64g8w8s3", "128x256x64g8w8s4", "128x256x64g16w8s3", "256x128x64g8w8s3", "256x128x64g8w8s4",
            "128x128x64g8w8s4", "128x128x64g8w4s5", "128x256x128g8w8s2")
 
@@ -92,15 +92,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-flat", action="store_true", help="time each config as the library's body only")
     args = ap.parse_args(argv)
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-    torch.manual_seed(0)
-    dev, dt = "cuda", torch.float16
-    h = torch.randn(M, I, device=dev, dtype=dt)
-    wd = torch.randn(I, H, device=dev, dtype=dt) / I ** 0.5
-    t = torch.randn(1, M, 16, device=dev) / 4
-    bd = torch.randn(R, H, device=dev, dtype=dt) / 4
-    zb = torch.zeros(H, device=dev, dtype=dt)
-    y = torch.empty(M, H, device=dev, dtype=dt)
-    ref = h.float() @ wd.float() + (SCALE * t[0]).to(dt).float() @ bd.float()
+    h, wd, t, bd, zb, y, ref = down_inputs()
     print(f"LoRA down projection on {torch.cuda.get_device_name()}: [{M}, {I}] @ [{I}, {H}], rank {R}, fp16; us per "
           f"run (CUDA graph, {args.reps} replays, median of {args.rounds} rounds, round-robin)")
 
