@@ -212,7 +212,7 @@ def main(argv=None) -> int:
         lo, sw = mods
         pdl_args = dict(PDL=True) if pdl else {}
         c_sw = tile or csw
-        g_sw = (triton.cdiv(m, c_sw["BLOCK_M"]) * triton.cdiv(I, c_sw["BLOCK_N"]),)
+        g_sw = gsw if tile is None else (triton.cdiv(m, tile["BLOCK_M"]) * triton.cdiv(I, tile["BLOCK_N"]),)
 
         def run():
             lo._multi_lora_xa_kernel[(g1,)](x, ag, au, idx, tg, tu, m, H, R, R, 2, na, 1, kb1, td, int(fold),
