@@ -335,6 +335,38 @@ def _down_xa(y, a, offs_m, td_ptr, M, RD, R_PAD: tl.constexpr, DOT_PRECISION: tl
 
 
 @triton.jit
+def _multi_down_a(ad_ptr, j0, offs_n, n_ok, N, RD, NA, R_PAD: tl.constexpr):
+    """The down adapters' A tiles of adapters j0 .. j0 + CH - 1 side by side, [BLOCK_N, CH * R_PAD] (CH = 128 / R_PAD;
+    zero past RD and past NA, nothing read where RD is 0; ad [NA, N, RD]): one chunk of _multi_down_xa's adapters."""
+    CH: tl.constexpr = 128 // R_PAD
+    offs_c = tl.arange(0, CH * R_PAD)
+    c_rank = offs_c % R_PAD
+    c_adapter = j0 + offs_c // R_PAD
+    col = (c_adapter.to(tl.int64) * N)[None, :] * RD + c_rank[None, :]
+    return tl.load(ad_ptr + offs_n.to(tl.int64)[:, None] * RD + col,
+                   mask=n_ok[:, None] & ((c_adapter < NA) & (c_rank < RD))[None, :], other=0.0)
+
+
+@triton.jit
+def _multi_down_chunk(t, yq, a, aid, j0, BLOCK_M: tl.constexpr, R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """``t + (each row's block of yq @ a)``: one dot of the tile with a chunk's A tiles (_multi_down_a), each row
+    keeping the block of its own adapter."""
+    CH: tl.constexpr = 128 // R_PAD
+    p = tl.reshape(tl.dot(yq, a, input_precision=DOT_PRECISION), (BLOCK_M, CH, R_PAD))
+    js = j0 + tl.arange(0, CH)
+    return t + tl.sum(tl.where((aid[:, None] == js[None, :])[:, :, None], p, 0.0), axis=1)
+
+
+@triton.jit
+def _multi_down_add(td_ptr, t, aid, offs_m, M, RD, NA, R_PAD: tl.constexpr):
+    """``td[m, :RD] += t[m]`` (fp32 atomics) for the tile's rows below M that have an adapter below NA."""
+    offs_r = tl.arange(0, R_PAD)
+    ok = (offs_m < M) & (aid >= 0) & (aid < NA)
+    tl.atomic_add(td_ptr + offs_m.to(tl.int64)[:, None] * R_PAD + offs_r[None, :], t,
+                  mask=ok[:, None] & (offs_r < RD)[None, :], sem="relaxed")
+
+
+@triton.jit
 def _multi_down_xa(y, aid, offs_m, offs_n, n_ok, ad_ptr, td_ptr, M, N, RD, NA, BLOCK_M: tl.constexpr,
                    R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """_down_xa for a mixed batch: ``td[m, :RD] += y[m].to(T) @ ad[j_m][cols, :RD]``, j_m the row's adapter (`aid`;
@@ -343,20 +375,10 @@ def _multi_down_xa(y, aid, offs_m, offs_n, n_ok, ad_ptr, td_ptr, M, N, RD, NA, B
     a chunk no row of the tile uses is skipped (as _multi_rank_term's)."""
     if RD > 0:
         CH: tl.constexpr = 128 // R_PAD
-        offs_r = tl.arange(0, R_PAD)
-        offs_c = tl.arange(0, CH * R_PAD)
-        c_rank = offs_c % R_PAD
         yq = y.to(ad_ptr.dtype.element_ty)
         t = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
         for j0 in range(0, NA, CH):
             if tl.max(((aid >= j0) & (aid < j0 + CH)).to(tl.int32), axis=0) > 0:
-                c_adapter = j0 + offs_c // R_PAD
-                col = (c_adapter.to(tl.int64) * N)[None, :] * RD + c_rank[None, :]
-                a = tl.load(ad_ptr + offs_n.to(tl.int64)[:, None] * RD + col,
-                            mask=n_ok[:, None] & ((c_adapter < NA) & (c_rank < RD))[None, :], other=0.0)
-                p = tl.reshape(tl.dot(yq, a, input_precision=DOT_PRECISION), (BLOCK_M, CH, R_PAD))
-                js = j0 + tl.arange(0, CH)
-                t += tl.sum(tl.where((aid[:, None] == js[None, :])[:, :, None], p, 0.0), axis=1)
-        ok = (offs_m < M) & (aid >= 0) & (aid < NA)
-        tl.atomic_add(td_ptr + offs_m.to(tl.int64)[:, None] * R_PAD + offs_r[None, :], t,
-                      mask=ok[:, None] & (offs_r < RD)[None, :], sem="relaxed")
+                a = _multi_down_a(ad_ptr, j0, offs_n, n_ok, N, RD, NA, R_PAD)
+                t = _multi_down_chunk(t, yq, a, aid, j0, BLOCK_M, R_PAD, DOT_PRECISION)
+        _multi_down_add(td_ptr, t, aid, offs_m, M, RD, NA, R_PAD)

@@ -12,8 +12,9 @@ arguments in this order.
 import triton
 import triton.language as tl
 
-from .gemm_loop import (GEMM_TILES_F, GEMM_TILES_H, _down_a, _down_xa, _gemm_main, _multi_down_xa, _multi_rank_term,
-                        _pdl_wait, _rank_b, _rank_dot, _rank_t2, _row_adapters, _store_tile, _tile_ids)
+from .gemm_loop import (GEMM_TILES_F, GEMM_TILES_H, _down_a, _down_xa, _gemm_main, _multi_chunk, _multi_down_a,
+                        _multi_down_add, _multi_down_chunk, _multi_down_xa, _multi_rank_b, _multi_rank_term, _pdl_wait,
+                        _rank_b, _rank_dot, _rank_t, _rank_t2, _row_adapters, _store_tile, _tile_ids)
 from .table import LORA_GATE_MAX_SPLIT
 
 # (Triton kernels read module globals only as constexpr.)
@@ -129,19 +130,44 @@ def _multi_lora_swiglu_kernel(x_ptr, wg_ptr, wu_ptr, tg_ptr, bg_ptr, sg_ptr, tu_
     """MultiLoRASwiGLU's second phase: SwiGLU's main loop, then each projection's rank-r terms of every row's adapter
     (gemm_loop._multi_rank_term: bg, bu [NA, R, N], scales [NA]) before the activation; NaN in rows whose index is
     >= NA. tg and tu: lora_linear.py's _multi_lora_xa_kernel partials of each stack. RD > 0 (MultiLoRAGatedMLP): each
-    row's down adapter's X @ A from the finished tile into td (gemm_loop._multi_down_xa; ad [NA, N, RD])."""
+    row's down adapter's X @ A from the finished tile into td (gemm_loop._multi_down_xa; ad [NA, N, RD]).
+
+    At most 128 / R_PAD adapters (one chunk: 8 of rank 16, a decode batch's) the epilogue's loads go out together:
+    both B chunks and the down adapters' A chunk before phase 1's wait, both projections' partials after it, then the
+    dots; the chunk loops load T, gate's B, up's B and the down A one after another, four round trips at the end of
+    every program. The 7B MLP's mixed batch (8 rows, 8 rank-16 adapters, H200, scripts/lora_mlp_fold_probe.py
+    --hoisted) 82.1 against 85.3 us, the base MLP 71.7 (benchmarks/results/h200-2026-12-01/lora/multi-hoisted.txt)."""
     gate, up, offs_m, offs_n, rows, n_ok = _gemm_main(x_ptr, wg_ptr, wu_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
                                                       GROUP_M, True, DOT_PRECISION)
     aid = _row_adapters(index_ptr, offs_m, M, RPI)
-    _pdl_wait(PDL)
-    gate = _multi_rank_term(gate, aid, rows, offs_n, n_ok, tg_ptr, bg_ptr, sg_ptr, M, N, RG, NA, SPLIT, BLOCK_M,
-                            R_PAD, DOT_PRECISION)
-    up = _multi_rank_term(up, aid, rows, offs_n, n_ok, tu_ptr, bu_ptr, su_ptr, M, N, RU, NA, SPLIT, BLOCK_M, R_PAD,
-                          DOT_PRECISION)
-    y = _gate_activation(gate, ACT) * up
-    y = tl.where((aid >= NA)[:, None], float("nan"), y)
-    _store_tile(y_ptr, N, y, offs_m, offs_m < M, offs_n, n_ok)
-    _multi_down_xa(y, aid, offs_m, offs_n, n_ok, ad_ptr, td_ptr, M, N, RD, NA, BLOCK_M, R_PAD, DOT_PRECISION)
+    if NA <= 128 // R_PAD:
+        bgc = _multi_rank_b(bg_ptr, 0, offs_n, n_ok, N, RG, NA, R_PAD)
+        buc = _multi_rank_b(bu_ptr, 0, offs_n, n_ok, N, RU, NA, R_PAD)
+        adc = _multi_down_a(ad_ptr, 0, offs_n, n_ok, N, RD, NA, R_PAD)  # nothing read where RD is 0
+        _pdl_wait(PDL)
+        tgt = _rank_t(rows, tg_ptr, M, SPLIT, BLOCK_M, R_PAD)
+        tut = _rank_t(rows, tu_ptr, M, SPLIT, BLOCK_M, R_PAD)
+        used = tl.max(((aid >= 0) & (aid < NA)).to(tl.int32), axis=0) > 0  # a tile without adapters adds nothing
+        if used:
+            gate = _multi_chunk(gate, aid, tgt, bgc, sg_ptr, 0, NA, BLOCK_M, R_PAD, DOT_PRECISION)
+            up = _multi_chunk(up, aid, tut, buc, su_ptr, 0, NA, BLOCK_M, R_PAD, DOT_PRECISION)
+        y = _gate_activation(gate, ACT) * up
+        y = tl.where((aid >= NA)[:, None], float("nan"), y)
+        _store_tile(y_ptr, N, y, offs_m, offs_m < M, offs_n, n_ok)
+        if RD > 0 and used:
+            t = _multi_down_chunk(tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32), y.to(ad_ptr.dtype.element_ty), adc,
+                                  aid, 0, BLOCK_M, R_PAD, DOT_PRECISION)
+            _multi_down_add(td_ptr, t, aid, offs_m, M, RD, NA, R_PAD)
+    else:
+        _pdl_wait(PDL)
+        gate = _multi_rank_term(gate, aid, rows, offs_n, n_ok, tg_ptr, bg_ptr, sg_ptr, M, N, RG, NA, SPLIT, BLOCK_M,
+                                R_PAD, DOT_PRECISION)
+        up = _multi_rank_term(up, aid, rows, offs_n, n_ok, tu_ptr, bu_ptr, su_ptr, M, N, RU, NA, SPLIT, BLOCK_M,
+                              R_PAD, DOT_PRECISION)
+        y = _gate_activation(gate, ACT) * up
+        y = tl.where((aid >= NA)[:, None], float("nan"), y)
+        _store_tile(y_ptr, N, y, offs_m, offs_m < M, offs_n, n_ok)
+        _multi_down_xa(y, aid, offs_m, offs_n, n_ok, ad_ptr, td_ptr, M, N, RD, NA, BLOCK_M, R_PAD, DOT_PRECISION)
 
 
 # The gated LoRA kernels' last arguments: the down adapter's A, the fp32 [M, R_PAD] sum its X @ A goes into, and its
