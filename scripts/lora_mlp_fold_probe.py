@@ -11,7 +11,7 @@ Time: one CUDA graph of the chain replayed back to back (the GPU's own time per 
 against PyTorch. Needs a CUDA GPU (sm_90), torch and triton; nothing of onnxruntime.
 
     python scripts/lora_mlp_fold_probe.py [--reps 200] [--rounds 5] [--gate-tiles 16x128x4,32x128x4] [--profile]
-                                          [--before DIR] [--multi-tiles 16x64x128x4x4,...] [--hoisted] [--mixed-only]
+                                          [--before DIR] [--multi-tiles 16x64x128x4x4,...] [--mixed-only]
 
 --gate-tiles: the 2048-token folded chain again with lora_gate on each BLOCK_M x BLOCK_N x warps tile (the library's:
 swiglu.py's _GATE), the base MLP and every tile round-robin (their CUDA graphs replayed in turn, `--rounds` rounds,
@@ -49,52 +49,6 @@ def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, n, BLOCK: tl.constexpr):
     g = tl.load(g_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + offs, (g / (1.0 + tl.exp(-g)) * u).to(y_ptr.dtype.element_ty), mask=ok)
-
-
-GL = sys.modules["_onnxfuse_triton_kernels.gemm_loop"]
-_gemm_main, _row_adapters, _pdl_wait, _rank_t, _multi_rank_b, _multi_chunk, _store_tile = (
-    GL._gemm_main, GL._row_adapters, GL._pdl_wait, GL._rank_t, GL._multi_rank_b, GL._multi_chunk, GL._store_tile)
-_gate_activation = SW._gate_activation
-
-
-@triton.jit
-def _multi_lora_swiglu_hoisted(x_ptr, wg_ptr, wu_ptr, tg_ptr, bg_ptr, sg_ptr, tu_ptr, bu_ptr, su_ptr, index_ptr, y_ptr,
-                               M, N, K, RG, RU, NA, RPI, SPLIT, ACT, ad_ptr, td_ptr, RD,
-                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                               GROUP_M: tl.constexpr, R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                               PDL: tl.constexpr = False):
-    """swiglu.py's _multi_lora_swiglu_kernel for at most 128 / R_PAD adapters (one chunk, the launcher asserts it) and
-    a down adapter (RD > 0), its epilogue's loads issued together: both B chunks and the down adapter's A chunk before
-    phase 1's wait, both projections' partials after it, then the dots. The library's epilogue loads T, then gate's
-    B, then up's B, then the down A, each inside its chunk loop behind a test of the tile's adapters: four round trips
-    one after another at the end of every program."""
-    CH: tl.constexpr = 128 // R_PAD
-    gate, up, offs_m, offs_n, rows, n_ok = _gemm_main(x_ptr, wg_ptr, wu_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
-                                                      GROUP_M, True, DOT_PRECISION)
-    aid = _row_adapters(index_ptr, offs_m, M, RPI)
-    bgc = _multi_rank_b(bg_ptr, 0, offs_n, n_ok, N, RG, NA, R_PAD)
-    buc = _multi_rank_b(bu_ptr, 0, offs_n, n_ok, N, RU, NA, R_PAD)
-    offs_c = tl.arange(0, CH * R_PAD)
-    c_rank = offs_c % R_PAD
-    c_adapter = offs_c // R_PAD
-    col = (c_adapter.to(tl.int64) * N)[None, :] * RD + c_rank[None, :]
-    a = tl.load(ad_ptr + offs_n.to(tl.int64)[:, None] * RD + col,
-                mask=n_ok[:, None] & ((c_adapter < NA) & (c_rank < RD))[None, :], other=0.0)
-    _pdl_wait(PDL)
-    tgt = _rank_t(rows, tg_ptr, M, SPLIT, BLOCK_M, R_PAD)
-    tut = _rank_t(rows, tu_ptr, M, SPLIT, BLOCK_M, R_PAD)
-    gate = _multi_chunk(gate, aid, tgt, bgc, sg_ptr, 0, NA, BLOCK_M, R_PAD, DOT_PRECISION)
-    up = _multi_chunk(up, aid, tut, buc, su_ptr, 0, NA, BLOCK_M, R_PAD, DOT_PRECISION)
-    y = _gate_activation(gate, ACT) * up
-    y = tl.where((aid >= NA)[:, None], float("nan"), y)
-    _store_tile(y_ptr, N, y, offs_m, offs_m < M, offs_n, n_ok)
-    p = tl.reshape(tl.dot(y.to(ad_ptr.dtype.element_ty), a, input_precision=DOT_PRECISION), (BLOCK_M, CH, R_PAD))
-    js = tl.arange(0, CH)
-    t = tl.sum(tl.where((aid[:, None] == js[None, :])[:, :, None], p, 0.0), axis=1)
-    offs_r = tl.arange(0, R_PAD)
-    ok = (offs_m < M) & (aid >= 0) & (aid < NA)
-    tl.atomic_add(td_ptr + offs_m.to(tl.int64)[:, None] * R_PAD + offs_r[None, :], t,
-                  mask=ok[:, None] & (offs_r < RD)[None, :], sem="relaxed")
 
 
 def round_robin(fns: dict, reps: int, rounds: int, launches: int = 1) -> dict:
@@ -142,8 +96,6 @@ def main(argv=None) -> int:
                     "a programmatic dependent of phase 1 (in at most S slices), round-robin with the base and the "
                     "library's form")
     ap.add_argument("--mixed-only", action="store_true", help="the mixed batch's runs only")
-    ap.add_argument("--hoisted", action="store_true", help="the folded mixed batch with multi_lora_swiglu's epilogue "
-                    "loads issued together (this file's _multi_lora_swiglu_hoisted) beside the library's kernel")
     ap.add_argument("--multi-tiles", default="", help="BMxBNxBKxWARPSxSTAGES,...: the folded mixed batch as the "
                     "library launches it (PDL, phase 1 in at most 2 slices) with multi_lora_swiglu on each tile")
     ap.add_argument("--before", default="", help="a folder of the kernel files (e.g. an earlier commit's "
@@ -207,7 +159,7 @@ def main(argv=None) -> int:
     (m, na, x, ag, au, bg, bu, ad, bd, sg, su, sd, idx, h, y, cx, s1, kb1, g1, s2, kb2, g2, tg, tu, td, csw, cmain, gsw,
      gmain) = mixed_batch(dev, dt)
 
-    def multi(fold, max_split=16, mods=(LO, SW), pdl=False, tile=None, hoisted=False):
+    def multi(fold, max_split=16, mods=(LO, SW), pdl=False, tile=None):
         s1, kb1, g1 = plan(m, H, na, cx, max_split)
         lo, sw = mods
         pdl_args = dict(PDL=True) if pdl else {}
@@ -217,8 +169,7 @@ def main(argv=None) -> int:
         def run():
             lo._multi_lora_xa_kernel[(g1,)](x, ag, au, idx, tg, tu, m, H, R, R, 2, na, 1, kb1, td, int(fold),
                                             R_PAD=16, DOT_PRECISION="tf32", **pdl_args, **cx)
-            gated = _multi_lora_swiglu_hoisted if hoisted else sw._multi_lora_swiglu_kernel
-            gated[g_sw](x, wg, wu, tg, bg, sg, tu, bu, su, idx, h, m, I, H, R, R, na, 1, s1, 0,
+            sw._multi_lora_swiglu_kernel[g_sw](x, wg, wu, tg, bg, sg, tu, bu, su, idx, h, m, I, H, R, R, na, 1, s1, 0,
                         ad, td, R if fold else 0, R_PAD=16, DOT_PRECISION="tf32",
                         **({"PDL": True, "launch_pdl": True} if pdl else {}), **c_sw)
             if not fold:
@@ -254,11 +205,6 @@ def main(argv=None) -> int:
             return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=1, num_warps=warps, num_stages=stages)
         fns = {"base MLP": base(8, x), "folded, PDL, library tile": multi(True, 2, pdl=True),
                **{f"folded, PDL, tile {t}": multi(True, 2, pdl=True, tile=tile_of(t)) for t in tiles}}
-        split_rounds("mixed batch, 8 rows", fns, ref)
-    if args.hoisted:  # the library's launch, multi_lora_swiglu's epilogue loads together (fold, one chunk)
-        assert na <= 128 // 16
-        fns = {"base MLP": base(8, x), "folded, PDL, library kernel": multi(True, 2, pdl=True),
-               "folded, PDL, epilogue's loads together": multi(True, 2, pdl=True, hoisted=True)}
         split_rounds("mixed batch, 8 rows", fns, ref)
     if args.mixed_only:
         return 0

@@ -147,17 +147,20 @@ def _multi_lora_swiglu_kernel(x_ptr, wg_ptr, wu_ptr, tg_ptr, bg_ptr, sg_ptr, tu_
         _pdl_wait(PDL)
         tgt = _rank_t(rows, tg_ptr, M, SPLIT, BLOCK_M, R_PAD)
         tut = _rank_t(rows, tu_ptr, M, SPLIT, BLOCK_M, R_PAD)
-        used = tl.max(((aid >= 0) & (aid < NA)).to(tl.int32), axis=0) > 0  # a tile without adapters adds nothing
-        if used:
-            gate = _multi_chunk(gate, aid, tgt, bgc, sg_ptr, 0, NA, BLOCK_M, R_PAD, DOT_PRECISION)
-            up = _multi_chunk(up, aid, tut, buc, su_ptr, 0, NA, BLOCK_M, R_PAD, DOT_PRECISION)
+        # A tile without adapters adds nothing (its rows' zeros would meet another adapter's Inf as 0 * Inf): the
+        # dots' results are selected, not branched around. With an `if` around the dots, the sm_90 build (aot.py's
+        # options) came out wrong in fp32 (max error 2.9 where the interpreter and the JIT agree with the reference:
+        # scripts/multi_swiglu_variant_probe.py --aot). The down dot runs where RD is 0 too (a thin dot; no row's sum
+        # is added then).
+        used = tl.max(((aid >= 0) & (aid < NA)).to(tl.int32), axis=0) > 0
+        gate = tl.where(used, _multi_chunk(gate, aid, tgt, bgc, sg_ptr, 0, NA, BLOCK_M, R_PAD, DOT_PRECISION), gate)
+        up = tl.where(used, _multi_chunk(up, aid, tut, buc, su_ptr, 0, NA, BLOCK_M, R_PAD, DOT_PRECISION), up)
         y = _gate_activation(gate, ACT) * up
         y = tl.where((aid >= NA)[:, None], float("nan"), y)
         _store_tile(y_ptr, N, y, offs_m, offs_m < M, offs_n, n_ok)
-        if RD > 0 and used:
-            t = _multi_down_chunk(tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32), y.to(ad_ptr.dtype.element_ty), adc,
-                                  aid, 0, BLOCK_M, R_PAD, DOT_PRECISION)
-            _multi_down_add(td_ptr, t, aid, offs_m, M, RD, NA, R_PAD)
+        t = _multi_down_chunk(tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32), y.to(ad_ptr.dtype.element_ty), adc, aid,
+                              0, BLOCK_M, R_PAD, DOT_PRECISION)
+        _multi_down_add(td_ptr, t, aid, offs_m, M, RD, NA, R_PAD)  # rows with an adapter, ranks below RD
     else:
         _pdl_wait(PDL)
         gate = _multi_rank_term(gate, aid, rows, offs_n, n_ok, tg_ptr, bg_ptr, sg_ptr, M, N, RG, NA, SPLIT, BLOCK_M,
