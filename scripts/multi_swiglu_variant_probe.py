@@ -1,5 +1,5 @@
 """multi_lora_swiglu's epilogue variants on the GPU, by Triton's JIT, against onnxfuse.schema's reference: the doctor's
-MultiLoRASwiGLU shapes in each dtype with the build's tiles (aot.py's configs for sm_90), for the library's kernel and
+MultiLoRASwiGLU shapes in each dtype with the build's tiles (aot.specialisations, sm_90), for the library's kernel and
 for source edits of it (VARIANTS: text replacements of swiglu.py, loaded as a private package beside gemm_loop.py).
 Needs torch and triton only (the device's /opt/torch/.venv):
 
@@ -39,10 +39,6 @@ VARIANTS = {
                 "DOT_PRECISION)\n            up = _multi_chunk(up, aid, tut, buc, su_ptr, 0, NA, BLOCK_M, R_PAD, "
                 "DOT_PRECISION)\n")],
 }
-# the build's sm_90 tiles of multi_lora_swiglu (aot.specialisations), for the JIT runs
-CONFIGS = {"float": {"small": (16, 32, 64, 1, 4, 3), "medium": (64, 64, 32, 8, 4, 3), "large": (128, 64, 32, 8, 8, 3)},
-           "float16": {"small": (16, 128, 64, 1, 4, 4), "medium": (64, 128, 64, 8, 4, 4),
-                       "large": (128, 128, 64, 8, 8, 3)}}
 TT = {"float": torch.float32, "float16": torch.float16}
 
 
@@ -63,13 +59,18 @@ def load_variant(name, edits, tmp):
     return importlib.import_module(pkg_name + ".swiglu"), importlib.import_module(pkg_name + ".lora_linear")
 
 
-def aot_kernel(sw, dtype, size, rpad, aligned):
-    """``(compiled, signature)``: the variant's multi_lora_swiglu as aot.compile_one builds it for sm_90."""
+def build_spec(dtype, size, rpad, aligned):
+    """aot.py's sm_90 specialisation of multi_lora_swiglu (its tile config among it), as the library build takes it."""
     from onnxfuse.kernels.triton import aot
     specs = aot.specialisations(["90"], aot.default_overrides(None))
-    spec = next(s for s in specs if s["kernel"] == "multi_lora_swiglu"
+    return next(s for s in specs if s["kernel"] == "multi_lora_swiglu"
                 and s["dtype"] == {"float": "fp32", "float16": "fp16"}[dtype] and s["size"] == size
                 and s["r_pad"] == rpad and s["aligned"] == aligned)
+
+
+def aot_kernel(sw, spec):
+    """``(compiled, source)``: the variant's multi_lora_swiglu as aot.compile_one builds `spec`."""
+    from onnxfuse.kernels.triton import aot
     cap = {}
     orig_compile, orig_load = triton.compile, aot._load_kernels
     params = orig_load()["multi_lora_swiglu"][1]
@@ -83,7 +84,7 @@ def aot_kernel(sw, dtype, size, rpad, aligned):
         aot.compile_one(spec)
     finally:
         triton.compile, aot._load_kernels = orig_compile, orig_load
-    return cap["c"], cap["src"], spec["config"]
+    return cap["c"], cap["src"]
 
 
 def size_class(m):
@@ -104,7 +105,9 @@ def run_case(sop, mods, entry, dtype, seed, splits, use_aot):
     rpad = next(p for p in (16, 32, 64) if max(entry[4], entry[5]) <= p)
     x2 = x.reshape(m, k)
     ref = ref.reshape(m, n).float()
-    bm, bn, bk, gm, warps, stages = CONFIGS[dtype][size_class(m)]
+    aligned = int(k % 16 == 0 and n % 16 == 0 and entry[4] % 8 == 0 and entry[5] % 8 == 0)
+    spec = build_spec(dtype, size_class(m), rpad, aligned)
+    bm, bn, bk, gm, warps, stages = spec["config"]
     line = []
     for name, (sw, lora) in mods.items():
         for split in splits:
@@ -119,8 +122,7 @@ def run_case(sop, mods, entry, dtype, seed, splits, use_aot):
             kargs = [x2, wg, wu, tg, bg, sg, tu, bu, su, idx, y, m, n, k, entry[4], entry[5], na, rpi, split, code,
                      bg, tg, 0]  # (the launcher passes B_gate as ad where RD is 0)
             if use_aot:
-                aligned = int(k % 16 == 0 and n % 16 == 0 and entry[4] % 8 == 0 and entry[5] % 8 == 0)
-                compiled, src, (bm, bn, *_) = aot_kernel(sw, dtype, size_class(m), rpad, aligned)
+                compiled, src = aot_kernel(sw, spec)
                 # the signature: the kernel's parameters, then its constexprs (which the launcher skips)
                 compiled[(triton.cdiv(m, bm) * triton.cdiv(n, bn), 1, 1)](
                     *(kargs + [None] * (len(src.signature) - len(kargs))))

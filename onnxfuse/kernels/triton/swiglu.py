@@ -135,8 +135,10 @@ def _multi_lora_swiglu_kernel(x_ptr, wg_ptr, wu_ptr, tg_ptr, bg_ptr, sg_ptr, tu_
     At most 128 / R_PAD adapters (one chunk: 8 of rank 16, a decode batch's) the epilogue's loads go out together:
     both B chunks and the down adapters' A chunk before phase 1's wait, both projections' partials after it, then the
     dots; the chunk loops load T, gate's B, up's B and the down A one after another, four round trips at the end of
-    every program. The 7B MLP's mixed batch (8 rows, 8 rank-16 adapters, H200, scripts/lora_mlp_fold_probe.py
-    --hoisted) 82.1 against 85.3 us, the base MLP 71.7 (benchmarks/results/h200-2026-12-01/lora/multi-hoisted.txt)."""
+    every program. The 7B MLP's mixed batch (8 rows, 8 rank-16 adapters, H200): in the fold probe (its form since
+    removed from scripts/lora_mlp_fold_probe.py) 82.1 against 85.3 us, the base MLP 71.7
+    (benchmarks/results/h200-2026-12-01/lora/multi-hoisted.txt); in onnxruntime 82.6 against the base's 72.6
+    (ab-multi-lora-mlp-8-hoisted.*)."""
     gate, up, offs_m, offs_n, rows, n_ok = _gemm_main(x_ptr, wg_ptr, wu_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
                                                       GROUP_M, True, DOT_PRECISION)
     aid = _row_adapters(index_ptr, offs_m, M, RPI)
