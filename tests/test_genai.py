@@ -424,6 +424,65 @@ def test_smollm2_gguf_answers_and_verifies(tmp_path):
     assert result.passed, result.to_dict()
 
 
+def test_bench_genai_leaves_out_a_folder_whose_batched_prompt_is_refused(tmp_path, monkeypatch):
+    # genai 0.18's CUDA-graph mode feeds a prompt with past context: onnxruntime's GroupQueryAttention refuses a batch
+    # of them, a fused CachedAttention runs it. time_folders, given `refused`, leaves such a folder out of the runs
+    # (its row None, the reason kept) and times the others; without it the error propagates.
+    from onnxfuse.genai import timing
+
+    class Gen:
+        def __init__(self, model, params):
+            self.model, self.steps = model, 0
+
+        def append_tokens(self, ids):
+            assert np.asarray(ids).shape == (3, 4)  # the batch's prompts
+            if self.model == "refuses":
+                raise RuntimeError("batch_size must be 1 when sequence_length > 1 and past context is given\nmore")
+
+        def get_logits(self):
+            return np.zeros((3, 1, 5), np.float32)
+
+        def generate_next_token(self):
+            self.steps += 1
+
+        def get_next_tokens(self):
+            return np.zeros(3, np.int32)
+
+    class Params:
+        def __init__(self, model):
+            pass
+
+        def set_search_options(self, **kw):
+            assert kw["batch_size"] == 3
+
+    class Og:
+        GeneratorParams, Generator = Params, Gen
+
+    folders = []
+    for name in ("refuses", "runs"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "genai_config.json").write_text(json.dumps(
+            {"model": {"vocab_size": 300, "context_length": 64, "decoder": {"filename": "model.onnx"}}}))
+        folders.append(tmp_path / name)
+    monkeypatch.setattr(timing, "load_model", lambda folder, provider, graph: (Og, pathlib.Path(folder).name))
+    refused = {}
+    rows = timing.time_folders(folders, provider="cuda", cuda_graph=True, prompt_tokens=4, new_tokens=2, runs=2,
+                               warmup=1, batch=3, refused=refused)
+    assert rows[0] is None and rows[1]["batch"] == 3 and rows[1]["decode_ms_per_token"] > 0
+    assert refused == {0: "batch_size must be 1 when sequence_length > 1 and past context is given"}
+    with pytest.raises(RuntimeError, match="batch_size must be 1"):
+        timing.time_folders(folders, provider="cuda", cuda_graph=True, prompt_tokens=4, new_tokens=2, runs=1,
+                            warmup=0, batch=3)
+    # the table: a row whose first folder has none in its mode is against that folder's fastest row, starred
+    row = dict(folder="b", cuda_graph=True, batch=3, prompt_tokens=4, prefill_ms=2.0, decode_ms_per_token=1.0,
+               decode_tokens_per_s=3e3, decode_weight_gbs=1.0, decode_pct_of_copy=None, decode_speedup_vs_first=2.5,
+               vs_first_cuda_graph=False)
+    printed = timing.table({"rows": [row]})
+    assert "2.500x*" in printed and "*: against the first folder's fastest row" in printed
+    alone = {k: v for k, v in row.items() if not k.startswith(("decode_speedup", "vs_"))}  # no first-folder row
+    assert timing.table({"rows": [alone]}).splitlines()[1].endswith(" -")
+
+
 def test_bench_genai_times_folders_against_the_first(checkpoints, tmp_path, capsys):
     ckpt = checkpoints("llama")
     genai.export_hf(str(ckpt), tmp_path / "plain", fuse=False)

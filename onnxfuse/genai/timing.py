@@ -191,23 +191,36 @@ def _prompt(vocab: int, batch: int, prompt_tokens: int, seed: int):
 
 
 def time_folders(folders, *, provider: str, cuda_graph: bool, prompt_tokens: int, new_tokens: int, runs: int,
-                 warmup: int, seed: int = 0, batch: int = 1) -> list[dict]:
+                 warmup: int, seed: int = 0, batch: int = 1, refused: dict | None = None) -> list[dict]:
     """Each folder's prefill and decode times on the same prompt, the folders' runs taken in turn (run r of every
     folder, then run r + 1), so that a host whose speed drifts (a shared CPU, a GPU's clocks) moves them alike: one
-    dict per folder, medians over `runs` after `warmup`."""
+    dict per folder, medians over `runs` after `warmup`. `refused` (a dict): a folder whose first prompt genai or
+    onnxruntime refuses is left out of the runs and its reason put there under its index (a batched prompt in genai
+    0.18's CUDA-graph mode: onnxruntime's GroupQueryAttention refuses it, a fused CachedAttention takes it); without
+    it such an error propagates. The rows of the folders left out are None."""
     loaded = [load_model(folder, provider, cuda_graph) for folder in folders]
     configs = [gf.read_config(folder) for folder in folders]
     ids = _prompt(int(configs[0]["model"]["vocab_size"]), batch, prompt_tokens, seed)
     prefill, decode = [[] for _ in folders], [[] for _ in folders]
     for r in range(warmup + runs):
         for i, ((og, model), config) in enumerate(zip(loaded, configs)):
+            if refused is not None and i in refused:
+                continue
             params = og.GeneratorParams(model)
             params.set_search_options(max_length=kv_length(config, prompt_tokens + new_tokens), do_sample=False,
                                       min_length=prompt_tokens + new_tokens,  # no stop at EOS: the same work each run
                                       batch_size=batch)
             gen = og.Generator(model, params)
             t0 = time.perf_counter()
-            gen.append_tokens(ids)
+            if refused is not None and r == 0:
+                try:
+                    gen.append_tokens(ids)
+                except Exception as e:  # genai and onnxruntime raise plain RuntimeErrors
+                    refused[i] = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+                    del gen
+                    continue
+            else:
+                gen.append_tokens(ids)
             gen.get_logits()  # the prefill has finished
             t1 = time.perf_counter()
             for _ in range(new_tokens):
@@ -220,7 +233,8 @@ def time_folders(folders, *, provider: str, cuda_graph: bool, prompt_tokens: int
             del gen
     del loaded
     # decode_ms_per_token is one step's time (a token for every sequence of the batch)
-    return [{"batch": batch, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "cuda_graph": cuda_graph,
+    return [None if not p else
+            {"batch": batch, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "cuda_graph": cuda_graph,
              "threads": cpu_threads(config) if provider == "cpu" else None,
              "prefill_ms": statistics.median(p), "prefill_ms_p10_p90": _p10_p90(p),
              "decode_ms_per_token": statistics.median(d), "decode_ms_p10_p90": _p10_p90(d),
@@ -338,10 +352,6 @@ def bench(folders: list, *, provider: str = "cpu", sizes: list[int] | None = Non
     modes = [False, True] if provider == "cuda" else [False]
     peak = copy_peak_gbs() if provider == "cuda" else cpu_read_gbs()
     rows, skipped, gemm = [], [], None
-    if provider == "cuda" and any(b > 1 for b in batches):
-        # genai 0.18's CUDA-graph mode (KV buffers shared between steps) refuses a batched prompt: onnxruntime's
-        # GroupQueryAttention says "batch_size must be 1 when sequence_length > 1 and past context is given"
-        skipped.append("CUDA graph at batch > 1: genai 0.18 refuses a batched prompt there")
     about = []  # per folder: its weight bytes, onnxfuse ops, shape and recipe
     by_folder = [[] for _ in folders]
     for folder in folders:
@@ -355,14 +365,20 @@ def bench(folders: list, *, provider: str = "cpu", sizes: list[int] | None = Non
         about.append((nbytes, counts, shape, gf.read_recipe(folder) or {}))
     for cuda_graph in modes:
         for batch, size in ((b, z) for b in batches for z in sizes):
-            if cuda_graph and batch > 1:
-                continue
             if progress:
                 progress(f"{len(folders)} folder(s){f' batch {batch}' if batch > 1 else ''} prompt {size}"
                          f"{' cuda graph' if cuda_graph else ''}")
+            # genai 0.18's CUDA-graph mode (KV buffers shared between steps) feeds a prompt with past context (its
+            # static mask's length): onnxruntime's GroupQueryAttention refuses a batch of them ("batch_size must be
+            # 1 when sequence_length > 1 and past context is given"), a fused CachedAttention runs it
+            refused = {} if cuda_graph and batch > 1 else None
             timed = time_folders(folders, provider=provider, cuda_graph=cuda_graph, prompt_tokens=size,
-                                 new_tokens=new_tokens, runs=runs, warmup=warmup, batch=batch)
+                                 new_tokens=new_tokens, runs=runs, warmup=warmup, batch=batch, refused=refused)
+            for i, reason in sorted((refused or {}).items()):
+                skipped.append(f"{folders[i]}: CUDA graph at batch {batch}, prompt {size}: refused ({reason})")
             for i, (folder, row, (nbytes, counts, shape, recipe)) in enumerate(zip(folders, timed, about)):
+                if row is None:
+                    continue
                 row.update(folder=str(folder), weight_bytes=nbytes,
                            fused={k: v for k, v in counts.items() if k.startswith("onnxfuse::")},
                            precision=recipe.get("precision"), decoder_shape=shape)
@@ -376,9 +392,17 @@ def bench(folders: list, *, provider: str = "cpu", sizes: list[int] | None = Non
                                    new_tokens=new_tokens, runs=runs, warmup=warmup, progress=progress,
                                    limits=lambda row, nbytes, table: _limits(
                                        row, nbytes, dict(first, table_bytes=table), gemm, peak))
-    base = {(r["cuda_graph"], r["batch"], r["prompt_tokens"]): r for r in rows if r["folder"] == str(folders[0])}
+    first = [r for r in rows if r["folder"] == str(folders[0])]
+    base = {(r["cuda_graph"], r["batch"], r["prompt_tokens"]): r for r in first}
     for r in rows:
         b = base.get((r["cuda_graph"], r["batch"], r["prompt_tokens"]))
+        if b is None:
+            # the first folder has no row in this mode (its batched prompt refused in the CUDA graph): against its
+            # fastest decode at this batch and prompt, named in the row
+            others = [x for x in first if (x["batch"], x["prompt_tokens"]) == (r["batch"], r["prompt_tokens"])]
+            b = min(others, key=lambda x: x["decode_ms_per_token"], default=None)
+            if b is not None:
+                r["vs_first_cuda_graph"] = b["cuda_graph"]
         if b is not None:
             r["prefill_speedup_vs_first"] = b["prefill_ms"] / r["prefill_ms"]
             r["decode_speedup_vs_first"] = b["decode_ms_per_token"] / r["decode_ms_per_token"]
@@ -432,12 +456,15 @@ def table(result: dict) -> str:
         pct = f"{r['decode_pct_of_copy']:.0f}" if r["decode_pct_of_copy"] is not None else "-"
         pre = f"{r['prefill_pct_of_limit']:.0f}" if r.get("prefill_pct_of_limit") is not None else "-"
         dec = f"{r['decode_pct_of_limit']:.0f}" if r.get("decode_pct_of_limit") is not None else "-"
-        vs = f"{r.get('decode_speedup_vs_first', 1):.3f}x"
+        vs = "-" if "decode_speedup_vs_first" not in r else \
+            f"{r['decode_speedup_vs_first']:.3f}x{'' if 'vs_first_cuda_graph' not in r else '*'}"
         lines.append(f"{r['folder'][-40:]:40} {'yes' if r['cuda_graph'] else 'no':5} {r.get('batch', 1):>5} "
                      f"{r['prompt_tokens']:>6} {r['prefill_ms']:>10.2f} {pre:>6} "
                      f"{r['decode_ms_per_token']:>13.3f} {dec:>6} {r['decode_tokens_per_s']:>7.1f} "
                      f"{r['decode_weight_gbs']:>7.0f} {pct:>6} {vs:>9}")
     limits = [f"prefill limit: its FLOPs at the run's GEMM peak ({result['peak_tflops']} TFLOP/s, "
               f"{result['peak_gemm']})" if result.get("peak_tflops") else None,
-              "decode limit: the step's weight and KV-cache bytes at the run's memory rate (%peak's)"]
+              "decode limit: the step's weight and KV-cache bytes at the run's memory rate (%peak's)",
+              "*: against the first folder's fastest row at that batch and prompt (it has none in this mode)"
+              if any("vs_first_cuda_graph" in r for r in result["rows"]) else None]
     return "\n".join(lines + [x for x in limits if x])

@@ -64,7 +64,9 @@ CASES = [
     (1, 1, [40], [40], 9, 3, 64, 64, 0, 41),           # SmolLM2's heads after 40 tokens
     (1, 1, [33], [33], 10, 2, 48, 48, 0, 34),          # groups of 5, head size 48 (the decode loop's odd ends)
     (1, 6, [0], [5], 8, 8, 64, 64, 0, 16, 16),         # a prompt as genai's CUDA-graph mode feeds it: no past, total
-]                                                      # its static mask's length (16), not S
+                                                       # its static mask's length (16), not S
+    (3, 6, [0, 0, 0], [5, 5, 5], 8, 8, 64, 64, 0, 16, 16),  # a batch of them (genai's graph mode at batch 3)
+]
 
 
 def _inputs(case, dtype=torch.float32, seed=0):
@@ -125,8 +127,18 @@ def _compare(got, want, case, dtype, what):
                                  f"{what}: present {j} of sequence {i}")
 
 
+def _onnxruntime_takes(case) -> bool:
+    """onnxruntime's GroupQueryAttention refuses a batch of prompts with past context ("batch_size must be 1 when
+    sequence_length > 1 and past context is given"), which genai's CUDA-graph mode feeds at batch > 1; the op runs
+    them (its own kernels)."""
+    b, s, past = case[:3]
+    return not (b > 1 and s > 1 and past is not None)
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"B{c[0]}S{c[1]}{'prompt' if c[2] is None else 'past'}H{c[4]}")
 def test_reference_is_what_onnxruntimes_node_computes(case):
+    if not _onnxruntime_takes(case):
+        pytest.skip("onnxruntime's node refuses a batch of prompts with past context")
     ins, attrs = _inputs(case)
     ref = [t.float().numpy() for t in schema.reference(OP, ins, attrs)]
     _compare(_run_onnxruntime_node(case, ins, torch.float32), ref, case, "float", "onnxruntime")
@@ -153,7 +165,7 @@ def test_cpu_kernel_matches_pytorch_and_onnxruntime(case, dtype, share):
     if not share:  # separate buffers: every row of present is defined (past's, zeros, the new ones)
         for j in (1, 2):
             testing.assert_close(got[j], ref[j], dtype, f"present {j}, every row")
-    if dtype != torch.bfloat16:  # onnxruntime's CPU kernel has no bfloat16
+    if dtype != torch.bfloat16 and _onnxruntime_takes(case):  # onnxruntime's CPU kernel has no bfloat16
         _compare(got, _run_onnxruntime_node(case, ins, dtype, share), case, dtype, "kernel against onnxruntime")
 
 
