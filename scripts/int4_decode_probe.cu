@@ -220,7 +220,6 @@ double CheckOne(const char* what, Fn fn, Proj<T>& p, int m, T* x, T* y, T* ref, 
   return e;
 }
 
-#ifndef INT4_DECODE_PROBE_NO_MAIN  // scripts/int4_stream_probe.cu takes the helpers above with a main of its own
 int main(int argc, char** argv) {
   cudaStream_t s;
   cudaStreamCreate(&s);
@@ -561,4 +560,3 @@ int main(int argc, char** argv) {
   printf("done: %s\n", cudaGetErrorString(cudaDeviceSynchronize()));
   return 0;
 }
-#endif  // INT4_DECODE_PROBE_NO_MAIN
