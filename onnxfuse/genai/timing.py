@@ -392,20 +392,7 @@ def bench(folders: list, *, provider: str = "cpu", sizes: list[int] | None = Non
                                    new_tokens=new_tokens, runs=runs, warmup=warmup, progress=progress,
                                    limits=lambda row, nbytes, table: _limits(
                                        row, nbytes, dict(first, table_bytes=table), gemm, peak))
-    first = [r for r in rows if r["folder"] == str(folders[0])]
-    base = {(r["cuda_graph"], r["batch"], r["prompt_tokens"]): r for r in first}
-    for r in rows:
-        b = base.get((r["cuda_graph"], r["batch"], r["prompt_tokens"]))
-        if b is None:
-            # the first folder has no row in this mode (its batched prompt refused in the CUDA graph): against its
-            # fastest decode at this batch and prompt, named in the row
-            others = [x for x in first if (x["batch"], x["prompt_tokens"]) == (r["batch"], r["prompt_tokens"])]
-            b = min(others, key=lambda x: x["decode_ms_per_token"], default=None)
-            if b is not None:
-                r["vs_first_cuda_graph"] = b["cuda_graph"]
-        if b is not None:
-            r["prefill_speedup_vs_first"] = b["prefill_ms"] / r["prefill_ms"]
-            r["decode_speedup_vs_first"] = b["decode_ms_per_token"] / r["decode_ms_per_token"]
+    _vs_first(rows, str(folders[0]))
     return {"kind": "genai", "date": datetime.date.today().isoformat(), "provider": provider,
             "device": _device(provider), "versions": {"onnxruntime": onnxruntime.__version__,
                                                       "onnxruntime_genai": onnxruntime_genai.__version__},
@@ -420,6 +407,24 @@ def bench(folders: list, *, provider: str = "cpu", sizes: list[int] | None = Non
                     "decode_bytes (the weights and the batch's KV cache at the mean context) at that memory rate; "
                     "*_pct_of_limit: the limit over the measured median (100: at the limit; above it where a tiny "
                     "model's weights stay in cache)"}
+
+
+def _vs_first(rows: list[dict], first_folder: str) -> None:
+    """Each row's prefill and decode speedups against the first folder's row of the same mode, batch and prompt; where
+    the first folder has none in that mode (its batched prompt refused in the CUDA graph), against its fastest decode
+    at that batch and prompt, whose mode the row names (vs_first_cuda_graph)."""
+    first = [r for r in rows if r["folder"] == first_folder]
+    base = {(r["cuda_graph"], r["batch"], r["prompt_tokens"]): r for r in first}
+    for r in rows:
+        b = base.get((r["cuda_graph"], r["batch"], r["prompt_tokens"]))
+        if b is None:
+            others = [x for x in first if (x["batch"], x["prompt_tokens"]) == (r["batch"], r["prompt_tokens"])]
+            b = min(others, key=lambda x: x["decode_ms_per_token"], default=None)
+            if b is not None:
+                r["vs_first_cuda_graph"] = b["cuda_graph"]
+        if b is not None:
+            r["prefill_speedup_vs_first"] = b["prefill_ms"] / r["prefill_ms"]
+            r["decode_speedup_vs_first"] = b["decode_ms_per_token"] / r["decode_ms_per_token"]
 
 
 def _limits(row: dict, nbytes: int, shape: dict, gemm: dict, peak: float | None) -> dict:
