@@ -2,10 +2,10 @@
 
 genai 0.18's CUDA-graph mode feeds a prompt with past context (its static mask's length); onnxruntime's
 GroupQueryAttention refuses a batch of such prompts, and a folder whose attention is onnxfuse's CachedAttention runs
-them (its own prompt kernels). This script says, for each folder: whether the graph mode takes a batch of BATCH
-prompts of PROMPT random tokens (the ids `bench genai` uses), and where it does, whether its greedy tokens (NEW of
-them a sequence) equal those of the same folder without the graph, and the largest logit difference of the prefill's
-last position and of the first steps, over the largest logit.
+them (on the CUDA EP by handing onnxruntime's kernel a sequence a call). This script says, for each folder: whether the
+graph mode takes a batch of BATCH prompts of PROMPT random tokens (the ids `bench genai` uses), and where it does,
+whether its greedy tokens (NEW of them a sequence) equal those of the same folder without the graph, and the largest
+logit difference of the prefill's last position and of the first steps, over the largest logit.
 
     python scripts/genai_graph_batch_check.py FOLDER [FOLDER ...] [--batch 8] [--prompt 128] [--new 32]
 """
@@ -19,7 +19,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from onnxfuse.genai import folder as gf  # noqa: E402
 from onnxfuse.genai.generate import kv_length, load_model  # noqa: E402
-from onnxfuse.genai.timing import _prompt  # noqa: E402
+from onnxfuse.genai.timing import _prompt, refusal  # noqa: E402
 
 
 def run(folder: pathlib.Path, cuda_graph: bool, batch: int, prompt: int, new: int):
@@ -34,7 +34,7 @@ def run(folder: pathlib.Path, cuda_graph: bool, batch: int, prompt: int, new: in
     try:
         gen.append_tokens(ids)
     except Exception as e:  # genai and onnxruntime raise plain RuntimeErrors
-        return str(e).strip().splitlines()[0][:300]
+        return refusal(e)
     logits = [np.array(gen.get_logits()).reshape(batch, -1).astype(np.float32)]
     tokens = []
     for step in range(new):

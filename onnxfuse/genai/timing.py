@@ -190,6 +190,12 @@ def _prompt(vocab: int, batch: int, prompt_tokens: int, seed: int):
         rng.integers(min(100, vocab // 2), vocab - 1, (batch, prompt_tokens)).astype(np.int32)
 
 
+def refusal(e: Exception) -> str:
+    """The first line of what genai or onnxruntime said when it refused a call (its type where it said nothing)."""
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else type(e).__name__
+
+
 def time_folders(folders, *, provider: str, cuda_graph: bool, prompt_tokens: int, new_tokens: int, runs: int,
                  warmup: int, seed: int = 0, batch: int = 1, refused: dict | None = None) -> list[dict]:
     """Each folder's prefill and decode times on the same prompt, the folders' runs taken in turn (run r of every
@@ -212,15 +218,14 @@ def time_folders(folders, *, provider: str, cuda_graph: bool, prompt_tokens: int
                                       batch_size=batch)
             gen = og.Generator(model, params)
             t0 = time.perf_counter()
-            if refused is not None and r == 0:
-                try:
-                    gen.append_tokens(ids)
-                except Exception as e:  # genai and onnxruntime raise plain RuntimeErrors
-                    refused[i] = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
-                    del gen
-                    continue
-            else:
+            try:
                 gen.append_tokens(ids)
+            except Exception as e:  # genai and onnxruntime raise plain RuntimeErrors
+                if refused is None or r > 0:
+                    raise
+                refused[i] = refusal(e)
+                del gen
+                continue
             gen.get_logits()  # the prefill has finished
             t1 = time.perf_counter()
             for _ in range(new_tokens):

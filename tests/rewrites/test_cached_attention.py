@@ -130,7 +130,7 @@ def _compare(got, want, case, dtype, what):
 def _onnxruntime_takes(case) -> bool:
     """onnxruntime's GroupQueryAttention refuses a batch of prompts with past context ("batch_size must be 1 when
     sequence_length > 1 and past context is given"), which genai's CUDA-graph mode feeds at batch > 1; the op runs
-    them (its own kernels)."""
+    them (on the CPU its own loop, on the CUDA EP onnxruntime's kernel a sequence a call)."""
     b, s, past = case[:3]
     return not (b > 1 and s > 1 and past is not None)
 
